@@ -10,6 +10,9 @@ import enum
 
 PLUGIN_NAMESPACE = "trtfuse"
 PLUGIN_VERSION = "1"
+# Fused nodes live in their own ONNX domain so onnx.checker accepts them; TensorRT's parser keys plugins on op_type.
+ONNX_DOMAIN = "trtfuse"
+ONNX_DOMAIN_VERSION = 1
 
 RMS_NORM_OP = "TrtfuseRmsNorm"
 QK_NORM_OP = "TrtfuseQkNorm"
