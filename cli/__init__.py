@@ -1,0 +1,1 @@
+"""The `trtfuse` command line: click commands that are thin wrappers over the trtfuse modules."""

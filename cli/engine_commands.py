@@ -1,0 +1,207 @@
+"""`trtfuse compile`, `trtfuse run` and `trtfuse compare`.
+
+Exit statuses: 0 success; 1 `compare` found outputs beyond tolerance; 2 bad input (the group's TrtfuseError
+handling); 3 TensorRT or a GPU is missing, so no engine was built or run (`compile` has still fused and written the
+fused model and report).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from cli.fuse_commands import _parse_dim, _parse_shape
+from trtfuse.errors import MissingDependencyError, TrtfuseError
+
+EXIT_MISMATCH = 1
+EXIT_NO_TENSORRT = 3
+
+
+def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
+    click.secho(f"trtfuse: {done}: {error}", fg="yellow", err=True)
+    raise SystemExit(EXIT_NO_TENSORRT)
+
+
+def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
+    """The fused model and the fusion report written beside the engine: MODEL.fused.onnx, MODEL.fusion.json."""
+    stem = engine_path.with_suffix("")
+    return stem.with_name(stem.name + ".fused.onnx"), stem.with_name(stem.name + ".fusion.json")
+
+
+@click.command("compile")
+@click.argument("model_path", metavar="MODEL.onnx", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "engine_path", type=click.Path(path_type=Path), help="Engine [default: MODEL.engine].")
+@click.option(
+    "--profile",
+    "presets",
+    multiple=True,
+    type=click.Choice(["default", "decode", "prefill"]),
+    help="A preset profile; repeat for several (e.g. --profile decode --profile prefill).",
+)
+@click.option("--tokens", multiple=True, metavar="MIN:OPT:MAX", help="One profile with this token range; repeatable.")
+@click.option("--batch", metavar="MIN:OPT:MAX", help="Batch range of every profile [default: 1:1:1].")
+@click.option("--past", metavar="MIN:OPT:MAX", help="Past (KV cache) length range [default: 0:256:4096].")
+@click.option(
+    "--shape", "shapes", multiple=True, metavar="NAME=MIN:OPT:MAX", help="Whole input shapes, e.g. 1x1:1x64:1x512."
+)
+@click.option("--opt-level", default=3, show_default=True, help="TensorRT builder optimisation level, 0-5.")
+@click.option("--workspace", metavar="SIZE", help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
+@click.option(
+    "--timing-cache", type=click.Path(path_type=Path), help="Timing cache file, read if present, then updated."
+)
+@click.option("--tf32", is_flag=True, help="Let TensorRT use TF32 for fp32 matmuls (faster, fp16-level error).")
+def compile_command(
+    model_path: Path,
+    engine_path: Path | None,
+    presets: tuple[str, ...],
+    tokens: tuple[str, ...],
+    batch: str | None,
+    past: str | None,
+    shapes: tuple[str, ...],
+    opt_level: int,
+    workspace: str | None,
+    timing_cache: Path | None,
+    tf32: bool,
+) -> None:
+    """Fuse MODEL.onnx, write the fused model and its report beside the engine, then build the TensorRT engine."""
+    from trtfuse.build import BuildOptions, build_engine, parse_size, plugins_used
+    from trtfuse.fuse import fuse_model
+    from trtfuse.io import load_model, save_model, write_text_atomic
+    from trtfuse.profiles import derive_profiles, request_from_options
+
+    engine_path = engine_path or model_path.with_suffix(".engine")
+    fused_path, report_path = compile_outputs(engine_path)
+    request = request_from_options(presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes)
+    workspace_bytes = parse_size(workspace) if workspace is not None else None
+    if not engine_path.resolve().parent.is_dir():
+        raise TrtfuseError(f"{engine_path}: output folder does not exist")
+    if model_path.resolve() in {fused_path.resolve(), report_path.resolve(), engine_path.resolve()}:
+        raise TrtfuseError(f"{model_path}: compile would overwrite its own input; choose another -o")
+    loaded = load_model(model_path)
+    try:
+        result = fuse_model(loaded.model)
+    except TrtfuseError as error:
+        raise TrtfuseError(f"{model_path}: {error}") from None
+    options = BuildOptions(
+        profiles=tuple(derive_profiles(result.model, request)),
+        optimization_level=opt_level,
+        workspace_bytes=workspace_bytes,
+        timing_cache=timing_cache,
+        allow_tf32=tf32,
+    )
+    save_model(result.model, fused_path, source=loaded)
+    report = result.report()
+    write_text_atomic(report_path, json.dumps(report, indent=2) + "\n")
+    used = ", ".join(f"{plugin['nodes']} {plugin['name']}" for plugin in plugins_used(result.model))
+    click.echo(f"{model_path}: {used or 'no plugin nodes'} -> {fused_path} (report {report_path})")
+    for profile in options.profiles:
+        click.echo(f"profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items()))
+    try:
+        built = build_engine(fused_path, engine_path, options)
+    except MissingDependencyError as error:
+        _no_tensorrt(error, f"fused, but no engine built ({engine_path})")
+    click.echo(f"built {built.engine_path} in {built.seconds:.1f} s (sidecar {built.sidecar_path})")
+
+
+def _feed_options(command: click.Command) -> click.Command:
+    for option in reversed(
+        [
+            click.option("--seed", default=0, show_default=True, help="Seed of the random inputs."),
+            click.option("--shape", "shapes", multiple=True, metavar="NAME=D0xD1", help="Shape of one graph input."),
+            click.option("--dim", "dims", multiple=True, metavar="SYMBOL=N", help="Value of one symbolic dim."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+@click.command("run")
+@click.argument("engine_path", metavar="MODEL.engine", type=click.Path(path_type=Path))
+@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path), help="Inputs as .npz (else random ones).")
+@_feed_options
+@click.option("--iterations", default=10, show_default=True, help="Timed runs.")
+@click.option("--warmup", default=2, show_default=True, help="Untimed runs first.")
+@click.option("--save-outputs", type=click.Path(path_type=Path), help="Write the outputs of the last run as .npz.")
+def run_command(
+    engine_path: Path,
+    inputs_path: Path | None,
+    seed: int,
+    shapes: tuple[str, ...],
+    dims: tuple[str, ...],
+    iterations: int,
+    warmup: int,
+    save_outputs: Path | None,
+) -> None:
+    """Run MODEL.engine with TensorRT (plugins registered first) on given or generated inputs; print timings."""
+    from trtfuse.runner import generated_feed, load_feed, run_engine, save_arrays
+
+    if inputs_path is not None:
+        feed = load_feed(inputs_path)
+    else:
+        feed = generated_feed(
+            engine_path,
+            seed,
+            shapes=dict(_parse_shape(text) for text in shapes),
+            dims=dict(_parse_dim(text) for text in dims),
+        )
+    try:
+        result = run_engine(engine_path, feed, iterations=iterations, warmup=warmup)
+    except MissingDependencyError as error:
+        _no_tensorrt(error, f"cannot run {engine_path}")
+    for name, array in feed.items():
+        click.echo(f"input  {name}: {'x'.join(map(str, array.shape))} {array.dtype}")
+    for name, array in result.outputs.items():
+        click.echo(f"output {name}: {'x'.join(map(str, array.shape))} {array.dtype}")
+    click.echo(result.timing.line())
+    if save_outputs is not None:
+        save_arrays(save_outputs, result.outputs)
+
+
+@click.command("compare")
+@click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
+@click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=click.Path(path_type=Path))
+@_feed_options
+@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the comparison as JSON.")
+def compare_command(
+    original_path: Path,
+    candidate_path: Path,
+    seed: int,
+    shapes: tuple[str, ...],
+    dims: tuple[str, ...],
+    report_path: Path | None,
+) -> None:
+    """Compare onnxruntime on ORIGINAL.onnx with the engine (or with FUSED.onnx, its plugin nodes lowered, in
+    onnxruntime) on the same random inputs through Polygraphy's Comparator; exit 1 beyond the dtype's tolerance."""
+    from trtfuse.compare import ORIGINAL_RUNNER, compare
+    from trtfuse.io import write_text_atomic
+
+    try:
+        report = compare(
+            original_path,
+            candidate_path,
+            seed=seed,
+            shapes=dict(_parse_shape(text) for text in shapes),
+            dims=dict(_parse_dim(text) for text in dims),
+        )
+    except MissingDependencyError as error:
+        _no_tensorrt(error, f"cannot compare against {candidate_path}")
+    shapes_text = ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in report.input_shapes.items())
+    click.echo(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}, seed {report.seed}, inputs {shapes_text}")
+    width = max([len("output"), *(len(error.name) for error in report.outputs)])
+    click.echo(f"{'output':<{width}}  {'dtype':<8}  {'max abs':>9}  {'max rel':>9}  {'rtol':>7}  result")
+    for error in report.outputs:
+        status = click.style("ok", fg="green") if error.passed else click.style("FAIL", fg="red")
+        click.echo(
+            f"{error.name:<{width}}  {error.dtype:<8}  {error.max_abs:9.3e}  {error.max_rel:9.3e}  "
+            f"{error.tolerance.rtol:7.0e}  {status}"
+        )
+    if report_path is not None:
+        write_text_atomic(report_path, json.dumps(report.to_json(), indent=2) + "\n")
+    failed = sum(not error.passed for error in report.outputs)
+    if not report.passed:
+        click.secho(f"{failed} of {len(report.outputs)} outputs differ beyond tolerance", fg="red", err=True)
+        raise SystemExit(EXIT_MISMATCH)
+    click.echo(f"all {len(report.outputs)} outputs within tolerance")

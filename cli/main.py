@@ -1,0 +1,38 @@
+"""The `trtfuse` command group; every command module adds its commands here."""
+
+from __future__ import annotations
+
+import click
+
+from cli.fuse_commands import check, fuse, inspect
+from trtfuse import __version__
+from trtfuse.errors import TrtfuseError
+
+EXIT_ERROR = 2
+
+
+class TrtfuseGroup(click.Group):
+    """Turns a `TrtfuseError` from any command into one red line on stderr and exit status 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except TrtfuseError as error:
+            message = " ".join(str(error).split("\n"))
+            click.secho(f"trtfuse: error: {message}", fg="red", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+@click.group(cls=TrtfuseGroup)
+@click.version_option(__version__, prog_name="trtfuse")
+def cli() -> None:
+    """Fuse the RMSNorms and QK-norms of an ONNX LLM into CuTeDSL-backed TensorRT plugin nodes."""
+
+
+cli.add_command(inspect)
+cli.add_command(fuse)
+cli.add_command(check)
+
+
+def main() -> None:
+    cli(prog_name="trtfuse")

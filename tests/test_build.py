@@ -1,0 +1,281 @@
+"""Engine build: the pure parts in CI, `trtfuse compile` without TensorRT in CI, the real build where TensorRT is."""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from test_compare import save_model_file, tiny_lm
+
+from cli.engine_commands import EXIT_NO_TENSORRT, compile_command
+from cli.main import TrtfuseGroup
+from trtfuse import build, contract
+from trtfuse.build import (
+    BuildOptions,
+    BuildProgress,
+    ParserIssue,
+    make_sidecar,
+    parse_size,
+    parser_error_line,
+    plugins_used,
+    read_sidecar,
+    write_bytes_atomic,
+    write_engine,
+)
+from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.profiles import Profile, ShapeRange
+
+HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
+PROFILE = Profile("default", {"input_ids": ShapeRange((1, 1), (1, 256), (1, 4096))})
+needs_tensorrt = pytest.mark.skipif(
+    not HAS_TENSORRT, reason="needs the real `tensorrt` module and an NVIDIA GPU (not installable here)"
+)
+
+
+def _cli() -> TrtfuseGroup:
+    return TrtfuseGroup(commands={"compile": compile_command})
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("1024", 1024), ("4G", 4 << 30), ("512MiB", 512 << 20), ("2 kb", 2048), ("1t", 1 << 40)]
+)
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "4X", "-1G", "1.5G", "G"])
+def test_parse_size_rejects(text):
+    with pytest.raises(TrtfuseError, match=r"--workspace: expected a size"):
+        parse_size(text)
+
+
+def test_build_options_are_checked():
+    with pytest.raises(TrtfuseError, match="at least one optimisation profile"):
+        BuildOptions(profiles=())
+    with pytest.raises(TrtfuseError, match=r"--opt-level must be 0 to 5, got 6"):
+        BuildOptions(profiles=(PROFILE,), optimization_level=6)
+    with pytest.raises(TrtfuseError, match=r"--workspace must be positive"):
+        BuildOptions(profiles=(PROFILE,), workspace_bytes=0)
+
+
+def test_plugins_used_counts_only_trtfuse_nodes():
+    assert plugins_used(tiny_lm(np.float16, fused=True)) == [
+        {"name": contract.RMS_NORM_OP, "namespace": "trtfuse", "version": contract.PLUGIN_VERSION, "nodes": 1}
+    ]
+    assert plugins_used(tiny_lm(np.float16, fused=False)) == []
+
+
+def test_parser_error_names_the_node_and_counts_the_rest():
+    model = tiny_lm(np.float16, fused=True)
+    issues = [
+        ParserIssue(1, "norm", contract.RMS_NORM_OP, "Plugin not found\nmore detail"),
+        ParserIssue(2, "lm_head", "MatMul", "x"),
+    ]
+    line = parser_error_line(Path("m.onnx"), issues, model)
+    assert line == (
+        "m.onnx: TensorRT's ONNX parser failed at node 'norm' (TrtfuseRmsNorm): Plugin not found; "
+        "is the 'TrtfuseRmsNorm' plugin registered in namespace 'trtfuse'? (and 1 more parser errors)"
+    )
+    assert "\n" not in line
+
+
+def test_parser_error_finds_the_node_name_from_its_index():
+    model = tiny_lm(np.float16, fused=True)
+    line = parser_error_line(Path("m.onnx"), [ParserIssue(2, "", "", "unsupported")], model)
+    assert line == "m.onnx: TensorRT's ONNX parser failed at node 'lm_head' (MatMul): unsupported"
+    graph_line = parser_error_line(Path("m.onnx"), [ParserIssue(-1, "", "", "")], model)
+    assert graph_line == "m.onnx: TensorRT's ONNX parser failed at the graph: no description"
+    assert "without saying why" in parser_error_line(Path("m.onnx"), [], model)
+
+
+def test_sidecar_round_trip(tmp_path):
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    engine = tmp_path / "m.engine"
+    options = BuildOptions(profiles=(PROFILE,), optimization_level=2, workspace_bytes=1 << 30)
+    sidecar = make_sidecar(
+        engine_path=engine,
+        fused_model_path=fused,
+        versions=build.tool_versions("10.99"),
+        gpu="NVIDIA H200",
+        plugins=plugins_used(onnx.load(str(fused))),
+        options=options,
+    )
+    sidecar_path = write_engine(engine, b"engine bytes", sidecar)
+    assert engine.read_bytes() == b"engine bytes"
+    assert sidecar_path == tmp_path / "m.engine.json"
+    loaded = read_sidecar(engine)
+    assert loaded == json.loads(json.dumps(sidecar))
+    assert loaded["fused_model"] == "m.fused.onnx"
+    assert loaded["versions"]["tensorrt"] == "10.99"
+    assert loaded["versions"]["nvidia-cutlass-dsl"] != ""
+    assert loaded["build"] == {
+        "strongly_typed": True,
+        "optimization_level": 2,
+        "workspace_bytes": 1 << 30,
+        "timing_cache": None,
+        "allow_tf32": False,
+    }
+    assert [Profile.from_json(p) for p in loaded["profiles"]] == [PROFILE]
+    assert loaded["plugins"][0]["nodes"] == 1
+
+
+def test_sidecar_errors(tmp_path):
+    engine = tmp_path / "m.engine"
+    assert read_sidecar(engine) is None
+    (tmp_path / "m.engine.json").write_text("{not json")
+    with pytest.raises(TrtfuseError, match=r"m\.engine\.json: unreadable engine sidecar"):
+        read_sidecar(engine)
+    (tmp_path / "m.engine.json").write_text('{"format": "other"}')
+    with pytest.raises(TrtfuseError, match=r"not a trtfuse engine sidecar"):
+        read_sidecar(engine)
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    target = tmp_path / "m.engine"
+    target.write_bytes(b"old engine")
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_bytes_atomic(target, b"new engine")
+    assert target.read_bytes() == b"old engine"
+    assert os.listdir(tmp_path) == ["m.engine"]
+
+
+def test_atomic_write_needs_the_folder(tmp_path):
+    with pytest.raises(TrtfuseError, match=r"output folder does not exist"):
+        write_bytes_atomic(tmp_path / "missing" / "m.engine", b"x")
+
+
+def test_progress_lines_are_indented_by_phase_depth():
+    lines = []
+    progress = BuildProgress(lines.append)
+    progress.phase_start("Building engine", None, 3)
+    progress.phase_start("Tactic search", "Building engine", 10)
+    assert progress.step_complete("Tactic search", 0) is True
+    progress.phase_finish("Tactic search")
+    progress.phase_finish("Building engine")
+    assert lines[0] == "Building engine (3 steps)"
+    assert lines[1] == "  Tactic search (10 steps)"
+    assert lines[2].startswith("  Tactic search done in ")
+    assert lines[3].startswith("Building engine done in ")
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
+def test_build_without_tensorrt_says_how_to_get_it(tmp_path):
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    with pytest.raises(MissingDependencyError, match=r"pip install 'trtfuse\[gpu\]'"):
+        build.build_engine(fused, tmp_path / "m.engine", BuildOptions(profiles=(PROFILE,)))
+    assert sorted(os.listdir(tmp_path)) == ["m.fused.onnx"]
+
+
+def test_build_checks_the_output_folder_first(tmp_path):
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    with pytest.raises(TrtfuseError, match=r"output folder does not exist"):
+        build.build_engine(fused, tmp_path / "no" / "m.engine", BuildOptions(profiles=(PROFILE,)))
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
+def test_compile_without_tensorrt_fuses_then_exits_3(tmp_path):
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    engine = tmp_path / "out" / "model.engine"
+    engine.parent.mkdir()
+    result = CliRunner().invoke(_cli(), ["compile", str(original), "-o", str(engine), "--profile", "decode"])
+    assert result.exit_code == EXIT_NO_TENSORRT, result.output
+    assert "fused, but no engine built" in result.output
+    assert "pip install 'trtfuse[gpu]'" in result.output
+    assert sorted(os.listdir(engine.parent)) == ["model.fused.onnx", "model.fusion.json"]
+    report = json.loads((engine.parent / "model.fusion.json").read_text())
+    assert len(report["fused"]) == 1
+    assert plugins_used(onnx.load(str(engine.parent / "model.fused.onnx")))[0]["nodes"] == 1
+
+
+def test_compile_bad_profile_spec_is_exit_2_and_writes_nothing(tmp_path):
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    for args in (["--tokens", "8:4:16"], ["--shape", "ids=1x1:1x2:1x3"], ["--workspace", "lots"]):
+        result = CliRunner().invoke(_cli(), ["compile", str(original), *args])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("trtfuse: error: ")
+        assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+
+
+def test_compile_never_overwrites_its_input(tmp_path):
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "m.fused.onnx")
+    result = CliRunner().invoke(_cli(), ["compile", str(original), "-o", str(tmp_path / "m.engine")])
+    assert result.exit_code == 2
+    assert "compile would overwrite its own input" in result.output
+    assert onnx.load(str(original)) == tiny_lm(np.float16, fused=False)
+
+
+def test_compile_unknown_symbolic_dim_names_input(tmp_path):
+    model = tiny_lm(np.float16, fused=False)
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "s1"
+    original = save_model_file(model, tmp_path / "model.onnx")
+    result = CliRunner().invoke(_cli(), ["compile", str(original)])
+    assert result.exit_code == 2
+    assert "input 'input_ids' dim 1 is symbolic dim 's1'" in result.output
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=["fp16", "fp32"])
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_compile_builds_an_engine_that_matches_onnxruntime(dtype, tmp_path):
+    from trtfuse.compare import compare
+
+    original = save_model_file(tiny_lm(dtype, fused=False), tmp_path / "model.onnx")
+    engine = tmp_path / "model.engine"
+    cache = tmp_path / "timing.cache"
+    args = ["compile", str(original), "--profile", "decode", "--tokens", "1:16:64", "--timing-cache", str(cache)]
+    result = CliRunner().invoke(_cli(), args)
+    assert result.exit_code == 0, result.output
+    sidecar = read_sidecar(engine)
+    assert [p["name"] for p in sidecar["profiles"]] == ["decode", "tokens 1:16:64"]
+    assert sidecar["plugins"][0]["name"] == contract.RMS_NORM_OP
+    assert cache.stat().st_size > 0
+    report = compare(original, engine, dims={"batch": 1, "sequence": 9})
+    assert report.candidate_runner == "tensorrt-engine"
+    assert report.passed, report.to_json()
+
+
+@pytest.mark.filterwarnings("ignore:.*Timing cache operations are no-ops in TensorRT-RTX")
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt_rtx") is None,
+    reason="needs TensorRT-RTX's Python module as an API stand-in (pip install tensorrt-rtx-cu13)",
+)
+def test_tensorrt_layer_against_the_tensorrt_rtx_api(tmp_path, monkeypatch):
+    """TensorRT-RTX shares TensorRT's builder, ONNX parser, profile, timing-cache and progress-monitor API and builds
+    ahead of time without a GPU, but aborts on Python plugins. So this drives `build_engine`'s TensorRT calls on the
+    unfused model, and the parser-error path on the fused one with no plugin registered. It checks trtfuse's use of
+    the API, not a TensorRT engine."""
+    import tensorrt_rtx
+
+    monkeypatch.setattr(build, "import_tensorrt", lambda: tensorrt_rtx)
+    monkeypatch.setattr(build, "register_plugins", lambda: None)
+    plain = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "plain.onnx")
+    cache = tmp_path / "timing.cache"
+    decode = Profile("decode", {"input_ids": ShapeRange((1, 1), (1, 1), (2, 1))})
+    options = BuildOptions(
+        profiles=(decode, PROFILE), optimization_level=0, workspace_bytes=1 << 28, timing_cache=cache
+    )
+    lines = []
+    result = build.build_engine(plain, tmp_path / "plain.engine", options, emit=lines.append)
+    assert result.engine_path.stat().st_size > 0
+    assert cache.stat().st_size > 0
+    assert read_sidecar(result.engine_path)["versions"]["tensorrt"] == tensorrt_rtx.__version__
+    assert any(line.endswith("steps)") for line in lines)
+    assert any(" done in " in line for line in lines)
+
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "fused.onnx")
+    with pytest.raises(TrtfuseError) as error:
+        build.build_engine(fused, tmp_path / "fused.engine", options)
+    assert str(error.value).startswith(f"{fused}: TensorRT's ONNX parser failed at node 'norm' (TrtfuseRmsNorm): ")
+    assert "is the 'TrtfuseRmsNorm' plugin registered in namespace 'trtfuse'?" in str(error.value)
+    assert not (tmp_path / "fused.engine").exists()

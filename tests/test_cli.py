@@ -1,0 +1,166 @@
+"""The trtfuse command line: inspect, fuse and check, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from conftest import layer_norm_model, llama_norm_model, projection_model, save_external
+
+from cli.main import EXIT_ERROR, cli
+from trtfuse import __version__, contract
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(cli, [str(arg) for arg in args])
+
+
+@pytest.fixture
+def llama_path(write_model) -> Path:
+    return write_model(llama_norm_model(layers=2), "llama.onnx")
+
+
+def test_version() -> None:
+    result = _invoke("--version")
+    assert result.exit_code == 0
+    assert result.output.strip() == f"trtfuse, version {__version__}"
+
+
+def test_inspect_lists_matches(llama_path: Path) -> None:
+    result = _invoke("inspect", llama_path)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"{llama_path}: 2 RMSNorm, 0 QK-norm pairs, 0 rejected"
+    assert len(lines) == 3
+    assert lines[1].startswith("  rms_norm  ")
+    assert "eps=1e-06 hidden=64 float16 weight=AFTER_CAST offset=0 tags=" in lines[1]
+
+
+def test_inspect_explains_rejections(write_model) -> None:
+    result = _invoke("inspect", write_model(layer_norm_model()))
+    assert result.exit_code == 0, result.output
+    assert "0 RMSNorm" in result.output
+    assert "  rejected  ln/mean: LayerNorm" in result.output
+
+
+def test_inspect_json(llama_path: Path) -> None:
+    result = _invoke("inspect", llama_path, "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert [match["hidden_size"] for match in found["rms_norms"]] == [64, 64]
+    assert found["rms_norms"][0]["replaces"][0] == "layers.0.norm/Cast"
+    assert found["qk_norm_pairs"] == []
+
+
+def test_fuse_writes_model_and_report(llama_path: Path, tmp_path: Path) -> None:
+    out, report_path = tmp_path / "fused.onnx", tmp_path / "report.json"
+    result = _invoke("fuse", llama_path, "-o", out, "--report", report_path)
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == (
+        f"{llama_path}: 2 TrtfuseRmsNorm and 0 TrtfuseQkNorm nodes (2 norms), 0 rejected -> {out}"
+    )
+    fused = onnx.load(str(out))
+    assert [node.op_type for node in fused.graph.node].count(contract.RMS_NORM_OP) == 2
+    report = json.loads(report_path.read_text())
+    assert report["totals"]["norms"] == 2
+    assert len(report["fused"]) == 2
+
+
+def test_check_passes_and_fails(llama_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fused.onnx"
+    assert _invoke("fuse", llama_path, "-o", out).exit_code == 0
+    result = _invoke("check", llama_path, out, "--seed", "4", "--dim", "sequence=3", "--shape", "x=1x3x64")
+    assert result.exit_code == 0, result.output
+    assert "all 1 outputs within tolerance" in result.output
+    fused = onnx.load(str(out))
+    # The last norm: an earlier one's change of scale would be undone by the norm after it.
+    last_norm = [node for node in fused.graph.node if node.op_type == contract.RMS_NORM_OP][-1]
+    for attribute in last_norm.attribute:
+        if attribute.name == contract.ATTR_EPSILON:
+            attribute.f = 10.0
+    onnx.save_model(fused, str(out))
+    result = _invoke("check", llama_path, out)
+    assert result.exit_code == 1
+    assert "FAIL" in result.output
+    assert "1 of 1 outputs differ beyond tolerance" in result.output
+
+
+@pytest.mark.parametrize("bad_option", [["--shape", "x=1xfoo"], ["--dim", "sequence"]])
+def test_check_rejects_malformed_options(llama_path: Path, bad_option: list[str]) -> None:
+    result = _invoke("check", llama_path, llama_path, *bad_option)
+    assert result.exit_code == 2
+    assert "Invalid value" in result.output
+
+
+def _bad_models(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """One model file per bad-input case of issue 2 item 9, with the message each must give."""
+    cases = {}
+    text = tmp_path / "notes.onnx"
+    text.write_text("not a model\n")
+    cases["not onnx"] = (text, f"{text}: not an ONNX model")
+    cases["missing"] = (tmp_path / "absent.onnx", f"{tmp_path / 'absent.onnx'}: no such file")
+    old = tmp_path / "old.onnx"
+    onnx.save_model(projection_model(opset=9), str(old))
+    cases["opset"] = (old, f"{old}: unsupported opset 9 (supported: 13-23)")
+    broken = projection_model()
+    broken.graph.node[0].input[1] = "nowhere"
+    broken_path = tmp_path / "broken.onnx"
+    onnx.save_model(broken, str(broken_path))
+    cases["checker"] = (broken_path, f"{broken_path}: fails the ONNX checker")
+    for name, location in (("missing_data", None), ("escape", "../weights.data")):
+        folder = tmp_path / name
+        folder.mkdir()
+        path = save_external(projection_model(), folder / "model.onnx")
+        if location is None:
+            (folder / "weights.data").unlink()
+            cases[name] = (path, "external data file 'weights.data' of tensor 'W' is missing")
+        else:
+            model = onnx.load(str(path), load_external_data=False)
+            for tensor in model.graph.initializer:
+                tensor.external_data[0].value = location
+            onnx.save_model(model, str(path))
+            cases[name] = (path, "points outside the model's folder to external data '../weights.data'")
+    return cases
+
+
+@pytest.mark.parametrize("case", ["not onnx", "missing", "opset", "checker", "missing_data", "escape"])
+@pytest.mark.parametrize("command", ["inspect", "fuse"])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, case: str, command: str) -> None:
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    path, message = _bad_models(inputs)[case]
+    out_folder = tmp_path / "out"
+    out_folder.mkdir()
+    extra = ["-o", out_folder / "fused.onnx", "--report", out_folder / "report.json"] if command == "fuse" else []
+    result = _invoke(command, path, *extra)
+    assert result.exit_code == EXIT_ERROR
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("trtfuse: error: ")
+    assert message in lines[0]
+    assert list(out_folder.iterdir()) == []
+
+
+def test_fuse_into_a_missing_folder(llama_path: Path, tmp_path: Path) -> None:
+    result = _invoke("fuse", llama_path, "-o", tmp_path / "no" / "fused.onnx")
+    assert result.exit_code == EXIT_ERROR
+    assert "output folder does not exist" in result.stderr
+
+
+def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", "fuse", str(tmp_path / "x.onnx"), "-o", "y.onnx"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=False,
+    )
+    assert completed.returncode == EXIT_ERROR
+    assert completed.stderr == f"trtfuse: error: {tmp_path / 'x.onnx'}: no such file\n"
+    assert "Traceback" not in completed.stdout + completed.stderr

@@ -1,0 +1,168 @@
+"""The comparison plumbing (Polygraphy Comparator, data loader, tolerances, report, exit status), run in CI with the
+lowered fused model in onnxruntime standing in for the engine; with TensorRT present the engine takes that place."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from cli.engine_commands import EXIT_MISMATCH, compare_command
+from trtfuse import contract
+from trtfuse.compare import LOWERED_RUNNER, ToleranceCompareFunc, compare
+from trtfuse.errors import TrtfuseError
+
+VOCAB, HIDDEN, OUT = 32, 16, 8
+EPSILON = 1e-6
+
+
+def tiny_lm(dtype: np.dtype, fused: bool, epsilon: float = EPSILON) -> onnx.ModelProto:
+    """Embedding -> RMSNorm (Llama form: normalise in fp32, cast back, scale) -> projection.
+
+    `fused` writes the norm as the plugin node the fusion pass would produce, so these tests need only the contract.
+    """
+    rng = np.random.default_rng(7)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((VOCAB, HIDDEN)).astype(dtype), "embedding"),
+        numpy_helper.from_array((1.0 + 0.5 * rng.standard_normal(HIDDEN)).astype(dtype), "norm.weight"),
+        numpy_helper.from_array(rng.standard_normal((HIDDEN, OUT)).astype(dtype), "lm_head"),
+    ]
+    nodes = [helper.make_node("Gather", ["embedding", "input_ids"], ["hidden"], name="embed")]
+    if fused:
+        nodes.append(
+            helper.make_node(
+                contract.RMS_NORM_OP,
+                ["hidden", "norm.weight"],
+                ["normed"],
+                name="norm",
+                domain=contract.ONNX_DOMAIN,
+                **{
+                    contract.ATTR_NAMESPACE: contract.PLUGIN_NAMESPACE,
+                    contract.ATTR_VERSION: contract.PLUGIN_VERSION,
+                    contract.ATTR_EPSILON: epsilon,
+                    contract.ATTR_WEIGHT_OFFSET: 0.0,
+                    contract.ATTR_WEIGHT_MODE: int(contract.WeightMode.AFTER_CAST),
+                    contract.ATTR_HIDDEN: HIDDEN,
+                },
+            )
+        )
+    else:
+        initializers += [
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+            numpy_helper.from_array(np.array(epsilon, np.float32), "eps"),
+        ]
+        nodes += [
+            helper.make_node("Cast", ["hidden"], ["x32"], to=TensorProto.FLOAT, name="norm/cast"),
+            helper.make_node("Pow", ["x32", "two"], ["square"], name="norm/pow"),
+            helper.make_node("ReduceMean", ["square"], ["mean"], axes=[-1], keepdims=1, name="norm/mean"),
+            helper.make_node("Add", ["mean", "eps"], ["variance"], name="norm/add"),
+            helper.make_node("Sqrt", ["variance"], ["root"], name="norm/sqrt"),
+            helper.make_node("Reciprocal", ["root"], ["inverse"], name="norm/reciprocal"),
+            helper.make_node("Mul", ["x32", "inverse"], ["normalised"], name="norm/mul"),
+            helper.make_node("Cast", ["normalised"], ["rounded"], to=elem, name="norm/cast_back"),
+            helper.make_node("Mul", ["rounded", "norm.weight"], ["normed"], name="norm/scale"),
+        ]
+    nodes.append(helper.make_node("MatMul", ["normed", "lm_head"], ["logits"], name="lm_head"))
+    graph = helper.make_graph(
+        nodes,
+        "tiny_lm",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", elem, ["batch", "sequence", OUT])],
+        initializers,
+        # Shape inference cannot see through a plugin node; the fusion pass records its output type like this.
+        value_info=[helper.make_tensor_value_info("normed", elem, ["batch", "sequence", HIDDEN])] if fused else None,
+    )
+    opsets = [helper.make_opsetid("", 17)]
+    if fused:
+        opsets.append(helper.make_opsetid(contract.ONNX_DOMAIN, contract.ONNX_DOMAIN_VERSION))
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def save_model_file(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(params=[np.float32, np.float16], ids=["fp32", "fp16"])
+def model_pair(request, tmp_path):
+    dtype = request.param
+    original = save_model_file(tiny_lm(dtype, fused=False), tmp_path / "original.onnx")
+    fused = save_model_file(tiny_lm(dtype, fused=True), tmp_path / "fused.onnx")
+    corrupted = save_model_file(tiny_lm(dtype, fused=True, epsilon=1.0), tmp_path / "corrupted.onnx")
+    return original, fused, corrupted, np.dtype(dtype).name
+
+
+def test_fused_model_matches_original_through_polygraphy(model_pair):
+    original, fused, _, dtype = model_pair
+    report = compare(original, fused, seed=3)
+    assert report.passed
+    assert report.candidate_runner == LOWERED_RUNNER
+    assert report.input_shapes == {"input_ids": (2, 5)}
+    (logits,) = report.outputs
+    assert logits.name == "logits"
+    assert logits.dtype == dtype
+    assert logits.max_rel <= logits.tolerance.rtol
+
+
+def test_corrupted_fused_model_fails(model_pair):
+    original, _, corrupted, _ = model_pair
+    report = compare(original, corrupted, seed=3)
+    assert not report.passed
+    (logits,) = report.outputs
+    assert logits.max_rel > 10 * logits.tolerance.rtol
+
+
+def test_shape_and_dim_overrides_reach_the_data_loader(model_pair):
+    original, fused, _, _ = model_pair
+    assert compare(original, fused, shapes={"input_ids": (1, 7)}).input_shapes == {"input_ids": (1, 7)}
+    assert compare(original, fused, dims={"sequence": 3}).input_shapes == {"input_ids": (2, 3)}
+
+
+def test_compare_func_reports_a_missing_output_as_failure():
+    compare_func = ToleranceCompareFunc()
+    reference = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float16)}
+    verdicts = compare_func(reference, {"a": np.ones(3, np.float32)})
+    assert verdicts == {"a": True, "b": False}
+    assert compare_func.errors[1].max_abs == float("inf")
+    assert compare_func.errors[1].tolerance.rtol == 2e-3
+
+
+def test_missing_candidate_is_one_clear_error(model_pair, tmp_path):
+    original, _, _, _ = model_pair
+    with pytest.raises(TrtfuseError, match=r"missing\.onnx: no such file"):
+        compare(original, tmp_path / "missing.onnx")
+
+
+def test_cli_exit_status_and_json_report(model_pair, tmp_path):
+    original, fused, corrupted, _ = model_pair
+    runner = CliRunner()
+    report_path = tmp_path / "report.json"
+    passed = runner.invoke(compare_command, [str(original), str(fused), "--report", str(report_path)])
+    assert passed.exit_code == 0, passed.output
+    assert "logits" in passed.output
+    assert "all 1 outputs within tolerance" in passed.output
+    saved = json.loads(report_path.read_text())
+    assert saved["passed"] is True
+    assert saved["runners"] == ["onnxruntime-original", LOWERED_RUNNER]
+    assert saved["outputs"][0]["name"] == "logits"
+
+    failed = runner.invoke(compare_command, [str(original), str(corrupted), "--report", str(report_path)])
+    assert failed.exit_code == EXIT_MISMATCH, failed.output
+    assert "FAIL" in failed.output
+    assert json.loads(report_path.read_text())["passed"] is False
+
+
+def test_cli_bad_input_is_exit_2_in_the_trtfuse_group(model_pair, tmp_path):
+    from cli.main import TrtfuseGroup
+
+    group = TrtfuseGroup(commands={"compare": compare_command})
+    original, _, _, _ = model_pair
+    not_onnx = tmp_path / "junk.onnx"
+    not_onnx.write_text("not a model")
+    result = CliRunner().invoke(group, ["compare", str(original), str(not_onnx)])
+    assert result.exit_code == 2
+    assert "junk.onnx: not an ONNX model" in result.output

@@ -1,0 +1,165 @@
+"""CPU/CI: every kernel code path compiles for sm_90a without a GPU, and its PTX uses the accesses it should."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
+
+from trtfuse.contract import WeightMode
+from trtfuse.kernels.api import QkNormKernel, RmsNormKernel
+from trtfuse.kernels.cache import KernelCache
+from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_variant
+from trtfuse.kernels.device import DeviceInfo
+from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+from trtfuse.kernels.tiling import Regime, full_vector, regime_for, row_tiling, vector_for_pointers
+
+ARCH = "sm_90a"
+HOPPER = DeviceInfo(arch=ARCH, sm_count=132, has_gpu=False)
+AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
+
+
+def global_accesses(ptx: str) -> list[str]:
+    return re.findall(r"\b(?:ld|st)\.global(?:\.[a-z0-9]+)+", ptx)
+
+
+def compiled_ptx(variant: RmsNormVariant | QkNormVariant, folder: Path) -> str:
+    compile_variant(variant, ptx_dir=folder)
+    (ptx_file,) = folder.glob("*.ptx")
+    return ptx_file.read_text()
+
+
+def rms_variant(spec: RmsNormSpec, regime: Regime, aligned: bool = True) -> RmsNormVariant:
+    return RmsNormKernel(spec, KernelCache(Path("/nonexistent")), HOPPER).variant(regime, aligned)
+
+
+RMS_CASES = [
+    # (spec, regime, aligned, expected: "vector" = only 128-bit global accesses, "scalar" = none, "mixed" = both)
+    (RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), Regime.PREFILL, True, "vector"),
+    (RmsNormSpec(4096, "float16", "float32", 1e-6, 1.0, BEFORE), Regime.PREFILL, True, "vector"),
+    (RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-5, 0.0, AFTER), Regime.DECODE, True, "vector"),
+    (RmsNormSpec(8192, "bfloat16", "float32", 1e-6, 0.0, BEFORE), Regime.DECODE, True, "vector"),
+    (RmsNormSpec(1000, "float32", None, 1e-6, 0.0, NONE), Regime.PREFILL, True, "vector"),
+    (RmsNormSpec(5120, "float32", "bfloat16", 1e-6, 1.0, AFTER), Regime.PREFILL, True, "mixed"),
+    (RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), Regime.PREFILL, False, "scalar"),
+    (RmsNormSpec(1001, "float16", "float16", 1e-6, 0.0, AFTER), Regime.PREFILL, True, "scalar"),
+]
+
+
+@pytest.mark.parametrize(("spec", "regime", "aligned", "expected"), RMS_CASES)
+def test_rms_norm_variant_compiles_with_expected_accesses(
+    spec: RmsNormSpec, regime: Regime, aligned: bool, expected: str, tmp_path: Path
+) -> None:
+    variant = rms_variant(spec, regime, aligned)
+    accesses = global_accesses(compiled_ptx(variant, tmp_path))
+    wide = [a for a in accesses if a.endswith(".v4.b32")]
+    assert any(a.startswith("ld.") for a in accesses) and any(a.startswith("st.") for a in accesses)
+    if expected == "vector":
+        assert wide == accesses, sorted(set(accesses))
+    elif expected == "scalar":
+        assert not wide, sorted(set(accesses))
+    else:
+        # An fp32 x with a bf16 weight: x and y stay 128-bit, the 4-element bf16 weight vector is one 64-bit load.
+        assert any(a.startswith("st.") for a in wide)
+        assert set(accesses) - set(wide) <= {"ld.global.v2.b32", "ld.global.v4.b16"}
+    if variant.tiling.warps_per_row > 1:
+        assert "bar.sync" in compiled_ptx_text(tmp_path)
+
+
+def compiled_ptx_text(folder: Path) -> str:
+    return "".join(p.read_text() for p in folder.glob("*.ptx"))
+
+
+QK_CASES = [
+    QkNormSpec(128, 128, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER),  # Qwen3
+    QkNormSpec(256, 256, "bfloat16", "float32", 1e-6, 1.0, BEFORE),  # Gemma3
+    QkNormSpec(64, 64, "float16", None, 1e-6, 0.0, NONE),
+    QkNormSpec(4096, 1024, "float32", "float32", 1e-6, 0.0, BEFORE),  # OLMo2 full-width norms
+]
+
+
+@pytest.mark.parametrize("spec", QK_CASES)
+def test_qk_norm_compiles_head_dims_to_shuffles_only(spec: QkNormSpec, tmp_path: Path) -> None:
+    kernel = QkNormKernel(spec, KernelCache(tmp_path / "cache"), HOPPER)
+    ptx = compiled_ptx(kernel.variant(aligned=True), tmp_path)
+    accesses = global_accesses(ptx)
+    assert accesses and all(a.endswith(".v4.b32") for a in accesses), sorted(set(accesses))
+    assert "shfl.sync.bfly" in ptx
+    if spec.q_hidden <= 512 and spec.k_hidden <= 512:
+        # A head is part of a warp: the reduction is butterfly shuffles alone, no shared memory, no barrier.
+        assert "bar.sync" not in ptx and ".shared" not in ptx.split(".entry", 1)[1]
+
+
+def test_qk_norm_unaligned_variant_compiles_scalar(tmp_path: Path) -> None:
+    kernel = QkNormKernel(QK_CASES[0], KernelCache(tmp_path / "cache"), HOPPER)
+    accesses = global_accesses(compiled_ptx(kernel.variant(aligned=False), tmp_path))
+    assert accesses and not any(a.endswith(".v4.b32") for a in accesses)
+
+
+def test_disk_cache_is_loaded_by_a_fresh_cache(tmp_path: Path) -> None:
+    spec = RmsNormSpec(2048, "float16", "float16", 1e-6, 0.0, AFTER)
+    first = RmsNormKernel(spec, KernelCache(tmp_path), HOPPER)
+    first.warm_up(max_rows=4096)
+    # Decode and prefill tilings, each with a 16-byte and a scalar variant.
+    assert first.cache.compiled == 4 and first.cache.loaded == 0
+    assert len(list(tmp_path.rglob("*.o"))) == 4
+    folder = next(tmp_path.iterdir()).name
+    assert folder.startswith("trtfuse-") and "cutlass-dsl-" in folder and folder.endswith(ARCH)
+    second = RmsNormKernel(spec, KernelCache(tmp_path), HOPPER)
+    second.warm_up(max_rows=4096)
+    assert second.cache.compiled == 0 and second.cache.loaded == 4
+
+
+def test_warm_up_only_builds_reachable_regimes(tmp_path: Path) -> None:
+    kernel = RmsNormKernel(RmsNormSpec(256, "float32", None, 1e-6, 0.0, NONE), KernelCache(tmp_path), HOPPER)
+    kernel.warm_up(max_rows=8)
+    assert kernel.cache.compiled == 2  # decode only, both alignments
+
+
+@pytest.mark.parametrize("hidden", [64, 128, 1000, 1001, 2048, 4096, 5120, 8192, 16384])
+@pytest.mark.parametrize("elem_bytes", [2, 4])
+@pytest.mark.parametrize("regime", list(Regime))
+def test_row_tiling_covers_each_row_exactly_once(hidden: int, elem_bytes: int, regime: Regime) -> None:
+    for vector in {full_vector(hidden, elem_bytes), 1}:
+        t = row_tiling(hidden, vector, regime)
+        assert hidden % t.vector == 0
+        assert t.threads_per_row & (t.threads_per_row - 1) == 0
+        # Enough slots for every vector, and no thread slot entirely past the row end except in the last column.
+        assert t.threads_per_row * t.vectors_per_thread >= t.vectors_per_row
+        assert t.threads_per_row * (t.vectors_per_thread - 1) < t.vectors_per_row
+        assert t.block_threads <= 1024 and t.block_threads % 32 == 0
+        if regime is Regime.DECODE and t.vectors_per_row > 64:
+            assert t.rows_per_block == 1 and t.threads_per_row >= 32
+
+
+def test_head_dim_rows_are_sub_warp() -> None:
+    for head_dim in (64, 128, 256):
+        t = row_tiling(head_dim, 8, Regime.PREFILL)
+        assert t.threads_per_row < 32 and t.warps_per_row == 1
+
+
+def test_pointer_alignment_picks_scalar_variant() -> None:
+    assert vector_for_pointers(4096, 2, 2, (0x1000, 0x2000, 0x3000), n_act=2) == 8
+    assert vector_for_pointers(4096, 2, 2, (0x1002, 0x2000, 0x3000), n_act=2) == 1
+    assert vector_for_pointers(4096, 2, 4, (0x1000, 0x2000, 0x3008), n_act=2) == 1
+    assert vector_for_pointers(1001, 2, 2, (0x1000, 0x2000, 0x3000), n_act=2) == 1
+
+
+def test_regime_switches_at_sm_count() -> None:
+    assert regime_for(1, 132) is Regime.DECODE and regime_for(132, 132) is Regime.DECODE
+    assert regime_for(133, 132) is Regime.PREFILL
+
+
+def test_specs_reject_bad_fields() -> None:
+    with pytest.raises(ValueError, match="weight_dtype"):
+        RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, NONE)
+    with pytest.raises(ValueError, match="weight dtype"):
+        RmsNormSpec(128, "float16", None, 1e-6, 0.0, AFTER)
+    with pytest.raises(ValueError, match="activation dtype"):
+        QkNormSpec(128, 128, "int8", "float16", 1e-6, 0.0, AFTER)
+    with pytest.raises(ValueError, match="q_hidden"):
+        QkNormSpec(0, 128, "float16", "float16", 1e-6, 0.0, AFTER)
+    assert RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, 1).weight_mode is AFTER

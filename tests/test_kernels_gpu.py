@@ -1,0 +1,185 @@
+"""GPU: the kernels against a float64 reference on fresh random inputs, with poisoned outputs (run on the H200)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+
+from trtfuse.contract import WeightMode
+from trtfuse.kernels import QkNormSpec, RmsNormSpec, get_qk_norm, get_rms_norm
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with `python3 -m pytest -m gpu`)"),
+]
+
+AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
+DTYPES = ("float32", "float16", "bfloat16")
+HIDDENS = (64, 128, 1000, 2048, 4096, 5120, 8192)
+ROWS = (1, 3, 64, 4096)
+# Elementwise: two units in the last place of the output dtype (the kernel rounds once from fp32, the reference
+# from fp64, and AFTER_CAST rounds twice), plus an absolute floor for outputs near zero.
+TOLERANCE = {"float32": (1e-5, 1e-6), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2)}
+
+
+@pytest.fixture(autouse=True)
+def fresh_seed() -> None:
+    """A new random seed per test, printed so a failure can be replayed with torch.manual_seed."""
+    print(f"torch seed {torch.seed()}")
+
+
+def dt(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def rand(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """Fresh random inputs on every call (N(0, 1) scaled by a random per-row magnitude, so rows differ in size)."""
+    x = torch.randn(shape, device="cuda", dtype=torch.float32)
+    x *= torch.rand((*shape[:-1], 1), device="cuda") * 4 + 0.1
+    return x.to(dt(dtype))
+
+
+def poisoned(shape: tuple[int, ...], dtype: str, offset: int = 0) -> torch.Tensor:
+    """NaN-filled output, optionally starting `offset` elements into its buffer (a pointer off 16-byte alignment)."""
+    buf = torch.full((offset + int(torch.tensor(shape).prod()),), float("nan"), device="cuda", dtype=dt(dtype))
+    return buf[offset:].view(shape)
+
+
+def shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A copy of `t` whose data pointer is `offset` elements past an aligned allocation."""
+    if offset == 0:
+        return t
+    buf = torch.empty(offset + t.numel(), device=t.device, dtype=t.dtype)
+    view = buf[offset:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def reference(x: torch.Tensor, w: torch.Tensor | None, eps: float, offset: float, mode: WeightMode) -> torch.Tensor:
+    """The contract's semantics (trtfuse/contract.py, WeightMode) in float64, cast to x's dtype where it says so."""
+    out_dtype = x.dtype
+    xd = x.double()
+    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    if mode is NONE:
+        return normed.to(out_dtype)
+    wd = w.double() + offset
+    if mode is AFTER:
+        return (normed.to(out_dtype).double() * wd).to(out_dtype)
+    return (normed * wd).to(out_dtype)
+
+
+def assert_matches(y: torch.Tensor, ref: torch.Tensor) -> None:
+    assert not torch.isnan(y).any(), "output has unwritten (NaN-poisoned) or NaN elements"
+    rtol, atol = TOLERANCE[str(y.dtype).removeprefix("torch.")]
+    torch.testing.assert_close(y.double(), ref.double(), rtol=rtol, atol=atol)
+
+
+def run_rms(spec: RmsNormSpec, rows: int, misalign: int = 0) -> None:
+    x = shifted(rand((rows, spec.hidden), spec.dtype), misalign)
+    w = None if spec.weight_dtype is None else shifted(rand((spec.hidden,), spec.weight_dtype), misalign)
+    out = poisoned((rows, spec.hidden), spec.dtype, misalign)
+    y = get_rms_norm(spec)(x, w, out)
+    torch.cuda.synchronize()
+    assert y.data_ptr() == out.data_ptr()
+    assert_matches(y, reference(x, w, spec.epsilon, spec.weight_offset, spec.weight_mode))
+
+
+DTYPE_PAIR_SPECS = [
+    RmsNormSpec(4096, act, wdt, 1e-6, offset, mode)
+    for act, wdt in itertools.product(DTYPES, DTYPES)
+    for mode, offset in ((AFTER, 0.0), (BEFORE, 1.0))
+] + [RmsNormSpec(4096, act, None, 1e-5, 0.0, NONE) for act in DTYPES]
+
+
+@pytest.mark.parametrize("spec", DTYPE_PAIR_SPECS, ids=repr)
+def test_rms_norm_every_dtype_pair_and_mode(spec: RmsNormSpec) -> None:
+    for rows in ROWS:
+        run_rms(spec, rows)
+
+
+@pytest.mark.parametrize("hidden", HIDDENS)
+@pytest.mark.parametrize(
+    ("dtype", "weight_dtype", "offset", "mode"),
+    [("bfloat16", "bfloat16", 0.0, AFTER), ("float16", "float32", 1.0, BEFORE), ("float32", "bfloat16", 1.0, AFTER)],
+)
+def test_rms_norm_every_hidden_size(
+    hidden: int, dtype: str, weight_dtype: str, offset: float, mode: WeightMode
+) -> None:
+    spec = RmsNormSpec(hidden, dtype, weight_dtype, 1e-6, offset, mode)
+    for rows in ROWS:
+        run_rms(spec, rows)
+
+
+@pytest.mark.parametrize("hidden", [1001, 4096])
+@pytest.mark.parametrize("misalign", [1, 2])
+def test_rms_norm_unaligned_pointers_take_the_scalar_variant(hidden: int, misalign: int) -> None:
+    spec = RmsNormSpec(hidden, "bfloat16", "float32", 1e-6, 0.0, AFTER)
+    for rows in ROWS:
+        run_rms(spec, rows, misalign)
+
+
+def test_rms_norm_zero_rows_is_a_no_op() -> None:
+    spec = RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER)
+    x = rand((0, 4096), "bfloat16")
+    get_rms_norm(spec)(x, rand((4096,), "bfloat16"))
+    torch.cuda.synchronize()
+
+
+def test_raw_pointer_launch_on_a_side_stream_replays_from_a_cuda_graph() -> None:
+    """What a plugin does: warm up, then launch on raw pointers and TensorRT's stream inside a graph capture."""
+    spec = RmsNormSpec(4096, "float16", "float32", 1e-6, 0.0, AFTER)
+    kernel = get_rms_norm(spec)
+    kernel.warm_up(max_rows=4096)
+    rows = 32
+    x, w = rand((rows, 4096), "float16"), rand((4096,), "float32")
+    out = poisoned((rows, 4096), "float16")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        kernel.launch(x.data_ptr(), w.data_ptr(), out.data_ptr(), rows, torch.cuda.current_stream().cuda_stream)
+    for _ in range(2):
+        x.copy_(rand((rows, 4096), "float16"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(out, reference(x, w, 1e-6, 0.0, AFTER))
+
+
+def run_qk(spec: QkNormSpec, tokens: int, q_heads: int, k_heads: int, misalign: int = 0) -> None:
+    q = shifted(rand((tokens, q_heads, spec.q_hidden), spec.dtype), misalign)
+    k = shifted(rand((tokens, k_heads, spec.k_hidden), spec.dtype), misalign)
+    wq = wk = None
+    if spec.weight_dtype is not None:
+        wq, wk = rand((spec.q_hidden,), spec.weight_dtype), rand((spec.k_hidden,), spec.weight_dtype)
+    q_out = poisoned(tuple(q.shape), spec.dtype)
+    k_out = poisoned(tuple(k.shape), spec.dtype)
+    get_qk_norm(spec)(q, k, wq, wk, q_out, k_out)
+    torch.cuda.synchronize()
+    assert_matches(q_out, reference(q, wq, spec.epsilon, spec.weight_offset, spec.weight_mode))
+    assert_matches(k_out, reference(k, wk, spec.epsilon, spec.weight_offset, spec.weight_mode))
+
+
+QK_CASES = [
+    ("qwen3", QkNormSpec(128, 128, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), 32, 8),
+    ("gemma3", QkNormSpec(256, 256, "bfloat16", "float32", 1e-6, 1.0, BEFORE), 8, 4),
+    ("head64", QkNormSpec(64, 64, "float16", "float16", 1e-5, 0.0, AFTER), 16, 16),
+    ("no-weight", QkNormSpec(128, 128, "float32", None, 1e-6, 0.0, NONE), 8, 2),
+    ("olmo2", QkNormSpec(4096, 1024, "bfloat16", "float32", 1e-6, 0.0, BEFORE), 1, 1),
+]
+
+
+@pytest.mark.parametrize(("name", "spec", "q_heads", "k_heads"), QK_CASES, ids=[c[0] for c in QK_CASES])
+def test_qk_norm_matches_two_reference_norms(name: str, spec: QkNormSpec, q_heads: int, k_heads: int) -> None:
+    for tokens in ROWS:
+        run_qk(spec, tokens, q_heads, k_heads)
+
+
+def test_qk_norm_unaligned_pointers() -> None:
+    spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER)
+    for tokens in (1, 3, 64):
+        run_qk(spec, tokens, 32, 8, misalign=1)

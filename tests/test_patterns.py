@@ -1,0 +1,200 @@
+"""find_norms on synthetic graphs: every accepted spelling matched with the right parameters, every near miss named."""
+
+from __future__ import annotations
+
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from graphs import (
+    ACCEPTED,
+    ACCEPTED_TAGS,
+    REJECTED,
+    AttentionSpec,
+    NormSpec,
+    attention_block,
+    before_cast_gate,
+    expected,
+    fused_op_norm,
+    partial_weight,
+    shared_normalized,
+    single_norm,
+)
+
+from trtfuse.contract import WeightMode
+from trtfuse.patterns import NormSearch, find_norms
+from trtfuse.patterns.queries import dtype_name
+
+
+def search(model: onnx.ModelProto) -> NormSearch:
+    return find_norms(gs.import_onnx(model))
+
+
+def only_match(model: onnx.ModelProto):
+    found = search(model)
+    assert not found.qk_norm_pairs
+    assert len(found.matches) == 1, found
+    return found.matches[0], found
+
+
+def output_source(model: onnx.ModelProto) -> str:
+    """The tensor the first graph output is cast from: the norm's output in single-norm graphs."""
+    name = model.graph.output[0].name
+    return next(node.input[0] for node in model.graph.node if node.output[0] == name)
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPTED))
+def test_accepted_spelling_matches(name: str) -> None:
+    spec, opset = ACCEPTED[name]
+    model = single_norm(spec, opset)
+    match, found = only_match(model)
+    want = expected(spec)
+    assert match.epsilon == want.epsilon
+    assert match.weight_offset == want.weight_offset
+    assert match.weight_mode == want.weight_mode
+    assert match.hidden_size == want.hidden
+    assert dtype_name(match.x) == dtype_name(match.y) == spec.dtype
+    assert match.x.name == "x" or dtype_name(match.x.inputs[0].inputs[0]) == "float32"
+    # In fp32 graphs the no-op Cast to the fp32 graph output is part of the chain.
+    assert match.y.name in (output_source(model), model.graph.output[0].name)
+    assert (match.weight is None) == (spec.weight == "none")
+    assert {"decomposed", *ACCEPTED_TAGS.get(name, ())} <= set(match.tags)
+    assert not found.near_misses
+    ops = {node.op for node in match.nodes}
+    assert {"Add"} <= ops and ops & {"ReduceMean", "ReduceSum", "ReduceSumSquare"}
+
+
+def test_epsilon_is_the_float32_the_graph_adds() -> None:
+    match, _ = only_match(single_norm(NormSpec(epsilon=1e-6)))
+    assert match.epsilon == 9.999999974752427e-07
+
+
+def test_weight_offset_and_dtype_for_gemma() -> None:
+    match, _ = only_match(single_norm(NormSpec(dtype="bfloat16", weight="before-cast", offset="add-one-first")))
+    assert (match.weight_mode, match.weight_offset) == (WeightMode.BEFORE_CAST, 1.0)
+    assert isinstance(match.weight, gs.Constant) and dtype_name(match.weight) == "bfloat16"
+    assert {node.op for node in match.nodes} >= {"Cast", "Add", "Mul"}
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_rejected_form_is_a_near_miss(name: str) -> None:
+    build, reason = REJECTED[name]
+    found = search(build())
+    assert not found.matches and not found.qk_norm_pairs
+    assert any(reason in miss.reason for miss in found.near_misses), found.near_misses
+    assert all(miss.node for miss in found.near_misses)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    ("kind", "mode", "tag"),
+    [
+        ("RMSNormalization", WeightMode.AFTER_CAST, "onnx-rms-normalization"),
+        ("SimplifiedLayerNormalization", WeightMode.BEFORE_CAST, "ort-simplified-layer-norm"),
+        ("SkipSimplifiedLayerNormalization", WeightMode.BEFORE_CAST, "ort-skip-simplified-layer-norm"),
+    ],
+)
+def test_fused_norm_ops(kind: str, mode: WeightMode, tag: str, dtype: str) -> None:
+    match, _ = only_match(fused_op_norm(kind, dtype, epsilon=1e-6))
+    assert (match.weight_mode, match.tags, match.hidden_size) == (mode, (tag,), 64)
+    assert match.epsilon == 9.999999974752427e-07
+    assert dtype_name(match.x) == dtype
+    if kind.startswith("Skip"):
+        assert match.skip_inputs[0].name != match.x.name
+        assert len(match.skip_inputs) == 2 and match.skip_sum is not None
+
+
+def test_rms_normalization_over_several_axes_is_rejected() -> None:
+    found = search(fused_op_norm("RMSNormalization", axis=1))
+    assert not found.matches
+    assert "not over the last axis" in found.near_misses[0].reason
+
+
+def test_fused_norm_with_stash_type_not_float32_is_rejected() -> None:
+    found = search(fused_op_norm("RMSNormalization", "float16", stash_type=10))
+    assert not found.matches and "stash_type" in found.near_misses[0].reason
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [("gate", "not a constant"), ("wrong-length", "not a weight of the hidden size"), ("scalar", "of shape []")],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_multiply_that_is_not_a_weight_stays_outside(case: str, reason: str, dtype: str) -> None:
+    model = partial_weight(case, dtype)
+    match, found = only_match(model)
+    assert match.weight is None and match.weight_mode == WeightMode.NONE
+    assert dtype_name(match.y) == dtype
+    assert [consumer.op for consumer in match.y.outputs] == ["Mul"]
+    assert any(reason in miss.reason and "weight multiply not fused" in miss.reason for miss in found.near_misses)
+
+
+def test_normalised_value_read_twice_fuses_without_the_weight() -> None:
+    match, _ = only_match(shared_normalized("float16"))
+    assert match.weight_mode == WeightMode.NONE and dtype_name(match.y) == "float16"
+    assert sorted(consumer.op for consumer in match.y.outputs) == ["Mul", "Relu"]
+
+
+def test_fp32_multiply_by_a_gate_fuses_the_fp32_part() -> None:
+    match, _ = only_match(before_cast_gate("float16"))
+    assert dtype_name(match.x) == dtype_name(match.y) == "float32"
+    assert match.x.inputs[0].op == "Cast" and match.weight_mode == WeightMode.NONE
+
+
+LAYOUTS = ["qk-head-dim", "qk-head-dim-transposed", "qk-full-width", "mla-latent"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_qk_norms_pair_per_attention_block(layout: str, dtype: str) -> None:
+    spec = AttentionSpec(layout, dtype)
+    found = search(attention_block(spec))
+    assert len(found.qk_norm_pairs) == 1, found.near_misses
+    pair = found.qk_norm_pairs[0]
+    assert layout in pair.q.tags and layout in pair.k.tags
+    hidden = {
+        "qk-head-dim": (16, 16),
+        "qk-head-dim-transposed": (16, 16),
+        "qk-full-width": (64, 32),
+        "mla-latent": (spec.q_rank, spec.kv_rank),
+    }[layout]
+    assert (pair.q.hidden_size, pair.k.hidden_size) == hidden
+    assert pair.q.weight_mode == pair.k.weight_mode == expected(spec.norm).weight_mode
+    [input_norm] = found.matches
+    assert input_norm.x.name == "x" or input_norm.hidden_size == 64
+    assert not any(tag.startswith(("qk-", "mla-")) for tag in input_norm.tags)
+
+
+def test_qk_norms_with_different_epsilon_stay_separate() -> None:
+    found = search(attention_block(AttentionSpec("qk-head-dim", q_epsilon=1e-6, k_epsilon=1e-5)))
+    assert not found.qk_norm_pairs
+    assert sum("qk-head-dim" in match.tags for match in found.matches) == 2
+
+
+def test_qk_norms_that_would_form_a_cycle_stay_separate() -> None:
+    found = search(attention_block(AttentionSpec("qk-head-dim", kv_heads=4, k_reads_q=True)))
+    assert not found.qk_norm_pairs
+    assert len(found.matches) == 3
+
+
+def test_gemma_qk_norms_pair_with_offset() -> None:
+    norm = NormSpec(weight="before-cast", offset="add-one-first")
+    found = search(attention_block(AttentionSpec("qk-head-dim-transposed", "bfloat16", norm=norm)))
+    [pair] = found.qk_norm_pairs
+    assert (pair.q.weight_offset, pair.q.weight_mode) == (1.0, WeightMode.BEFORE_CAST)
+
+
+def test_lazily_loaded_weights_are_not_read(tmp_path) -> None:
+    path = tmp_path / "model.onnx"
+    onnx.save_model(single_norm(NormSpec(dtype="bfloat16")), str(path), save_as_external_data=True, size_threshold=100)
+    model = onnx.load(str(path), load_external_data=False)
+    graph = gs.import_onnx(model)
+    match, _ = only_match_graph(graph)
+    assert match.epsilon == 9.999999974752427e-07
+    weight = match.weight
+    assert isinstance(weight, gs.Constant) and isinstance(weight._values, gs.ir.tensor.LazyValues)
+
+
+def only_match_graph(graph: gs.Graph):
+    found = find_norms(graph)
+    assert len(found.matches) == 1
+    return found.matches[0], found

@@ -1,0 +1,96 @@
+"""The trtfuse plugins on a GPU, driven through TensorRT's IPluginV3 call order by trtfuse.plugins.lifecycle: real
+CuTeDSL kernels enqueued on raw device pointers and a side stream, checked against a float64 reference, host cost per
+enqueue, and a CUDA-graph capture of several enqueues replayed with fresh inputs.
+
+Needs CUDA (torch), nvidia-cutlass-dsl and TensorRT's plugin types (`tensorrt`, or TensorRT-RTX's `tensorrt_rtx`,
+which these tests ask for where `tensorrt` is absent). Run: python3 -m pytest -m gpu tests/test_plugins_gpu.py -rA
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from trtfuse.contract import WeightMode
+from trtfuse.errors import MissingDependencyError
+from trtfuse.plugins.trt_module import RTX_MODULE, TRT_MODULE_ENV, load_trt
+
+pytestmark = pytest.mark.gpu
+
+if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver: skip before paying for torch's import
+    pytest.skip("no NVIDIA driver on this machine: the GPU plugin tests run on the H200", allow_module_level=True)
+torch = pytest.importorskip("torch", reason="the GPU plugin tests allocate device memory with torch")
+if not torch.cuda.is_available():
+    pytest.skip(
+        "no CUDA device: the GPU plugin tests run on the H200 (python3 -m pytest -m gpu)", allow_module_level=True
+    )
+os.environ.setdefault(TRT_MODULE_ENV, RTX_MODULE)
+try:
+    load_trt()
+except MissingDependencyError as missing:
+    pytest.skip(f"no TensorRT plugin types: {missing}", allow_module_level=True)
+
+from trtfuse.plugins import lifecycle  # noqa: E402  (needs the TensorRT types chosen above)
+
+# Python's own share of an enqueue, on top of the kernel launch under it: a few attribute reads and one call.
+PLUGIN_OVERHEAD_BUDGET_US = 2.0
+# Anything near a compilation (tens of ms) or a synchronisation would show up far above this.
+ENQUEUE_SANITY_BOUND_US = 200.0
+ENQUEUE_TARGET_US = 8.0
+
+CASES = lifecycle.default_cases()
+
+
+def describe(report: lifecycle.LifecycleReport) -> str:
+    lines = [f"{report.case.name}:"]
+    for run in report.runs:
+        for check in run.checks:
+            lines.append(
+                f"  shapes {run.shapes} {check.name}: max abs {check.max_abs:.3e} max rel {check.max_rel:.3e} "
+                f"(rtol {check.rtol:g}), unwritten elements {check.unwritten}, guard tail intact {run.guards_intact}"
+            )
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_lifecycle_enqueues_match_the_float64_reference(case: lifecycle.NormCase) -> None:
+    """Build phase, runtime re-creation from the serialised fields, attach, clone, then for a prefill-sized and two
+    decode-sized runs: on_shape_change and one enqueue on a side stream into NaN-poisoned outputs."""
+    report = lifecycle.drive(case)
+    assert report.passed, describe(report)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [lifecycle.rms_case(4096, "bfloat16", "bfloat16"), lifecycle.qk_case(32, 8, 128, "bfloat16", "bfloat16")],
+    ids=["rms-bf16-4096", "qk-qwen3-bf16"],
+)
+def test_enqueue_host_cost(case: lifecycle.NormCase, record_property: pytest.RecordProperty) -> None:
+    report = lifecycle.drive(case)
+    cost = report.host
+    summary = (
+        f"{case.name}: enqueue {cost.enqueue_us:.2f} us median (target {ENQUEUE_TARGET_US} us), "
+        f"bare kernel launch {cost.launch_us:.2f} us, plugin overhead {cost.enqueue_us - cost.launch_us:.2f} us"
+    )
+    print(summary)
+    record_property("host_cost", summary)
+    assert cost.enqueue_us < ENQUEUE_SANITY_BOUND_US, f"enqueue compiles or synchronises: {summary}"
+    assert cost.enqueue_us - cost.launch_us <= PLUGIN_OVERHEAD_BUDGET_US, summary
+
+
+def test_cuda_graph_of_several_enqueues_replays_correctly() -> None:
+    """RMSNorm -> RMSNorm (reading the first one's output) -> QK-norm, captured once on a side stream in torch's
+    global capture mode (which fails on any allocation or synchronisation), then replayed twice with new inputs."""
+    cases = [
+        lifecycle.rms_case(4096, "bfloat16", "float32", runs=((1, 8),)),
+        lifecycle.rms_case(4096, "bfloat16", None, WeightMode.NONE, runs=((1, 8),)),
+        lifecycle.qk_case(32, 8, 128, "bfloat16", "bfloat16", runs=(8,)),
+    ]
+    replay = lifecycle.graph_replay(cases)
+    details = "\n".join(
+        f"replay {index}: {check.name} max rel {check.max_rel:.3e} (rtol {check.rtol:g}), unwritten {check.unwritten}"
+        for index, checks in enumerate(replay.checks)
+        for check in checks
+    )
+    assert replay.passed, f"guard tails intact: {replay.guards_intact}\n{details}"

@@ -1,0 +1,164 @@
+"""Optimisation profiles from symbolic input dims: roles, presets, overrides and every bad spec."""
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from trtfuse.errors import TrtfuseError
+from trtfuse.profiles import (
+    DimRange,
+    DimRole,
+    Profile,
+    ShapeRange,
+    derive_profiles,
+    dim_role,
+    parse_range,
+    parse_shape_spec,
+    request_from_options,
+)
+
+
+def _model(inputs: dict[str, list], initializer_as_input: bool = False) -> onnx.ModelProto:
+    values = [helper.make_tensor_value_info(name, TensorProto.INT64, dims) for name, dims in inputs.items()]
+    initializers = []
+    if initializer_as_input:
+        initializers.append(helper.make_tensor("weight", TensorProto.FLOAT, [2], [1.0, 2.0]))
+        values.append(helper.make_tensor_value_info("weight", TensorProto.FLOAT, [2]))
+    out = helper.make_tensor_value_info("y", TensorProto.INT64, None)
+    first = next(iter(inputs))
+    graph = helper.make_graph([helper.make_node("Identity", [first], ["y"])], "g", values, [out], initializers)
+    return helper.make_model(graph)
+
+
+LLAMA_WITH_CACHE = {
+    "input_ids": ["batch_size", "sequence_length"],
+    "attention_mask": ["batch_size", "past_sequence_length + sequence_length"],
+    "past_key_values.0.key": ["batch_size", 4, "past_sequence_length", 16],
+}
+
+
+def test_roles_from_dim_names():
+    assert dim_role("batch_size") is DimRole.BATCH
+    assert dim_role("sequence_length") is DimRole.TOKENS
+    assert dim_role("past_sequence_length") is DimRole.PAST
+    assert dim_role("total_sequence_length") is DimRole.TOTAL
+    assert dim_role("s17") is None
+
+
+def test_default_profile_covers_tokens_1_256_4096():
+    (profile,) = derive_profiles(_model({"input_ids": ["batch", "sequence"]}), request_from_options())
+    assert profile.name == "default"
+    assert profile.shapes == {"input_ids": ShapeRange((1, 1), (1, 256), (1, 4096))}
+
+
+def test_kv_cache_model_total_is_past_plus_tokens():
+    request = request_from_options(presets=["decode", "prefill"], past="1:512:2048")
+    decode, prefill = derive_profiles(_model(LLAMA_WITH_CACHE), request)
+    assert decode.name == "decode"
+    assert decode.shapes["input_ids"] == ShapeRange((1, 1), (1, 1), (1, 1))
+    assert decode.shapes["attention_mask"] == ShapeRange((1, 2), (1, 513), (1, 2049))
+    assert decode.shapes["past_key_values.0.key"] == ShapeRange((1, 4, 1, 16), (1, 4, 512, 16), (1, 4, 2048, 16))
+    # Prefill has no past whatever --past says: the cache is empty when a prompt is first processed.
+    assert prefill.shapes["past_key_values.0.key"] == ShapeRange((1, 4, 0, 16), (1, 4, 0, 16), (1, 4, 0, 16))
+    assert prefill.shapes["attention_mask"] == ShapeRange((1, 1), (1, 256), (1, 4096))
+
+
+def test_one_profile_per_tokens_option_and_batch_everywhere():
+    request = request_from_options(tokens=["1:1:8", "16:512:8192"], batch="1:2:4")
+    small, large = derive_profiles(_model({"input_ids": ["batch", "seq"]}), request)
+    assert small.shapes["input_ids"] == ShapeRange((1, 1), (2, 1), (4, 8))
+    assert large.shapes["input_ids"] == ShapeRange((1, 16), (2, 512), (4, 8192))
+    assert small.name == "tokens 1:1:8"
+
+
+def test_shape_override_replaces_derivation_and_resolves_unknown_dims():
+    model = _model({"input_ids": ["s0", "s1"], "position_ids": ["batch", "sequence"]})
+    request = request_from_options(shapes=["input_ids=1x1:1x64:2x128"])
+    (profile,) = derive_profiles(model, request)
+    assert profile.shapes["input_ids"] == ShapeRange((1, 1), (1, 64), (2, 128))
+    assert profile.shapes["position_ids"] == ShapeRange((1, 1), (1, 256), (1, 4096))
+
+
+def test_initializers_listed_as_inputs_are_not_profiled():
+    (profile,) = derive_profiles(_model({"input_ids": [1, "seq"]}, initializer_as_input=True), request_from_options())
+    assert set(profile.shapes) == {"input_ids"}
+
+
+def test_profile_json_round_trip():
+    profile = Profile("decode", {"x": ShapeRange((1, 1), (1, 2), (1, 3))})
+    assert Profile.from_json(profile.to_json()) == profile
+    assert profile.opt_shapes() == {"x": (1, 2)}
+
+
+def test_unknown_symbolic_dim_names_input_and_dim():
+    with pytest.raises(TrtfuseError, match=r"input 'input_ids' dim 1 is symbolic dim 's1'.*--shape input_ids="):
+        derive_profiles(_model({"input_ids": ["batch", "s1"]}), request_from_options())
+
+
+def test_unnamed_dynamic_dim_names_input_and_dim():
+    model = _model({"input_ids": ["batch", "seq"]})
+    model.graph.input[0].type.tensor_type.shape.dim[1].Clear()
+    with pytest.raises(TrtfuseError, match=r"input 'input_ids' dim 1 is an unnamed dynamic dim"):
+        derive_profiles(model, request_from_options())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1:256", r"--tokens: expected MIN:OPT:MAX"),
+        ("1:a:4", r"--tokens: expected MIN:OPT:MAX"),
+        ("8:4:16", r"--tokens: need MIN <= OPT <= MAX"),
+        ("0:1:4", r"--tokens: MIN must be at least 1"),
+        ("-1:1:4", r"--tokens: expected MIN:OPT:MAX"),
+    ],
+)
+def test_bad_tokens_ranges(text, message):
+    with pytest.raises(TrtfuseError, match=message):
+        request_from_options(tokens=[text])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1x1:1x2:1x3", r"expected NAME=MIN:OPT:MAX"),
+        ("ids=1x1:1x2", r"--shape ids: expected three shapes"),
+        ("ids=1x1:1x2:1", r"--shape ids: MIN, OPT and MAX have different ranks"),
+        ("ids=1x1:1xq:1x3", r"--shape ids: a shape is dims joined by 'x'"),
+        ("ids=1x4:1x2:1x8", r"--shape ids: dim 1 needs MIN <= OPT <= MAX, got 4:2:8"),
+    ],
+)
+def test_bad_shape_specs(text, message):
+    with pytest.raises(TrtfuseError, match=message):
+        parse_shape_spec(text)
+
+
+def test_shape_for_missing_input_lists_the_inputs():
+    with pytest.raises(TrtfuseError, match=r"--shape ids: the model has no such input \(inputs: input_ids\)"):
+        derive_profiles(_model({"input_ids": ["batch", "seq"]}), request_from_options(shapes=["ids=1:1:1"]))
+
+
+def test_shape_with_wrong_rank_or_fixed_dim():
+    model = _model({"input_ids": [1, "seq"]})
+    with pytest.raises(TrtfuseError, match=r"--shape input_ids: the input has rank 2, the shapes have 1"):
+        derive_profiles(model, request_from_options(shapes=["input_ids=1:1:1"]))
+    with pytest.raises(TrtfuseError, match=r"--shape input_ids: dim 0 is fixed at 1 in the model"):
+        derive_profiles(model, request_from_options(shapes=["input_ids=1x1:2x1:2x1"]))
+
+
+def test_bad_presets_and_duplicates():
+    with pytest.raises(
+        TrtfuseError, match=r"--profile: unknown profile 'warmup'; choose from default, decode, prefill"
+    ):
+        request_from_options(presets=["warmup"])
+    with pytest.raises(TrtfuseError, match=r"profile 'decode' is asked for twice"):
+        request_from_options(presets=["decode", "decode"])
+    with pytest.raises(TrtfuseError, match=r"--shape x: given twice"):
+        request_from_options(shapes=["x=1:1:1", "x=2:2:2"])
+    with pytest.raises(TrtfuseError, match=r"--batch: MIN must be at least 1"):
+        request_from_options(batch="0:1:1")
+
+
+def test_parse_range_accepts_spaces_and_zero_past():
+    assert parse_range(" 0:0:16 ", "--past") == DimRange(0, 0, 16)
+    assert str(DimRange(1, 2, 3)) == "1:2:3"
+    assert str(ShapeRange((1, 2), (1, 3), (1, 4))) == "1x2:1x3:1x4"

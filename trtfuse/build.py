@@ -1,0 +1,374 @@
+"""Build a TensorRT engine from a fused ONNX model, written atomically with a JSON sidecar.
+
+The TensorRT calls live in `build_engine` and its two helpers; everything around them (options, sidecar content,
+parser-error translation, progress lines, atomic writes) is plain Python that the CPU tests exercise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import onnx
+
+import trtfuse
+from trtfuse import contract
+from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.io import load_model, write_text_atomic
+from trtfuse.profiles import Profile
+
+SIDECAR_FORMAT = "trtfuse-engine/1"
+# TensorRT documents builder optimisation levels 0 (fastest build) to 5 (most tactics); 3 is its default.
+OPTIMIZATION_LEVELS = range(6)
+DEFAULT_OPTIMIZATION_LEVEL = 3
+INSTALL_HINT = "install it with `pip install 'trtfuse[gpu]'` (tensorrt>=10.8) on a machine with an NVIDIA GPU"
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    profiles: tuple[Profile, ...]
+    optimization_level: int = DEFAULT_OPTIMIZATION_LEVEL
+    workspace_bytes: int | None = None
+    timing_cache: Path | None = None
+    # TensorRT allows TF32 for fp32 matmuls by default; that is about fp16-level error, so an fp32 model would fail
+    # the fp32 tolerance of `trtfuse compare`. Off unless asked for.
+    allow_tf32: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.profiles:
+            raise TrtfuseError("an engine needs at least one optimisation profile")
+        if self.optimization_level not in OPTIMIZATION_LEVELS:
+            raise TrtfuseError(f"--opt-level must be 0 to 5, got {self.optimization_level}")
+        if self.workspace_bytes is not None and self.workspace_bytes <= 0:
+            raise TrtfuseError(f"--workspace must be positive, got {self.workspace_bytes} bytes")
+
+    def to_json(self) -> dict:
+        return {
+            "strongly_typed": True,
+            "optimization_level": self.optimization_level,
+            "workspace_bytes": self.workspace_bytes,
+            "timing_cache": str(self.timing_cache) if self.timing_cache else None,
+            "allow_tf32": self.allow_tf32,
+        }
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    engine_path: Path
+    sidecar_path: Path
+    sidecar: dict
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ParserIssue:
+    """One error of TensorRT's ONNX parser, read off its IParserError."""
+
+    node_index: int
+    node_name: str
+    op_type: str
+    description: str
+
+
+def parse_size(text: str) -> int:
+    """A byte count such as `4G`, `512MiB` or `1073741824` (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not match:
+        raise TrtfuseError(f"--workspace: expected a size such as 4G, 512MiB or 1073741824, got {text!r}")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def sidecar_path_for(engine_path: Path) -> Path:
+    return engine_path.with_name(engine_path.name + ".json")
+
+
+def plugins_used(model: onnx.ModelProto) -> list[dict]:
+    """Each trtfuse plugin the fused graph uses, with its namespace, version and number of nodes."""
+    counts = {op: 0 for op in contract.FUSED_OPS}
+    for node in model.graph.node:
+        if node.domain == contract.ONNX_DOMAIN and node.op_type in counts:
+            counts[node.op_type] += 1
+    return [
+        {"name": op, "namespace": contract.PLUGIN_NAMESPACE, "version": contract.PLUGIN_VERSION, "nodes": count}
+        for op, count in counts.items()
+        if count
+    ]
+
+
+def parser_error_line(model_path: Path, issues: Sequence[ParserIssue], model: onnx.ModelProto) -> str:
+    """One line for a failed parse: the first error, the node it names, and how many more there were."""
+    if not issues:
+        return f"{model_path}: TensorRT's ONNX parser rejected the model without saying why"
+    first = issues[0]
+    name, op_type = first.node_name, first.op_type
+    if not name and 0 <= first.node_index < len(model.graph.node):
+        node = model.graph.node[first.node_index]
+        name, op_type = node.name, op_type or node.op_type
+    if name:
+        where = f"node '{name}' ({op_type})" if op_type else f"node '{name}'"
+    elif first.node_index >= 0:
+        where = f"node #{first.node_index}"
+    else:
+        where = "the graph"
+    description = first.description.strip().splitlines()[0] if first.description.strip() else "no description"
+    hint = ""
+    if op_type in contract.FUSED_OPS:
+        hint = f"; is the '{op_type}' plugin registered in namespace '{contract.PLUGIN_NAMESPACE}'?"
+    more = f" (and {len(issues) - 1} more parser errors)" if len(issues) > 1 else ""
+    return f"{model_path}: TensorRT's ONNX parser failed at {where}: {description}{hint}{more}"
+
+
+def make_sidecar(
+    *,
+    engine_path: Path,
+    fused_model_path: Path,
+    versions: dict[str, str],
+    gpu: str,
+    plugins: list[dict],
+    options: BuildOptions,
+) -> dict:
+    """What an engine was built from and with; the fused model path is relative to the engine's folder if possible."""
+    fused = Path(os.path.relpath(fused_model_path.resolve(), engine_path.resolve().parent))
+    return {
+        "format": SIDECAR_FORMAT,
+        "engine": engine_path.name,
+        "fused_model": fused.as_posix(),
+        "versions": versions,
+        "gpu": gpu,
+        "plugins": plugins,
+        "profiles": [profile.to_json() for profile in options.profiles],
+        "build": options.to_json(),
+    }
+
+
+def read_sidecar(engine_path: Path) -> dict | None:
+    """The sidecar written beside an engine, or None when there is none."""
+    path = sidecar_path_for(engine_path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise TrtfuseError(f"{path}: unreadable engine sidecar ({error})") from None
+    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+        raise TrtfuseError(f"{path}: not a trtfuse engine sidecar (expected format {SIDECAR_FORMAT})")
+    return data
+
+
+def tool_versions(tensorrt_version: str) -> dict[str, str]:
+    return {
+        "trtfuse": trtfuse.__version__,
+        "tensorrt": tensorrt_version,
+        "nvidia-cutlass-dsl": _distribution_version("nvidia-cutlass-dsl"),
+    }
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def gpu_name() -> str:
+    """The name of GPU 0 as the driver reports it (nvidia-smi needs no Python CUDA package)."""
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "--id=0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+def write_bytes_atomic(path: Path, data: bytes | memoryview) -> None:
+    """Write through a temp file in the target folder and rename, so a failure leaves no partial file."""
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise TrtfuseError(f"{path}: output folder does not exist")
+    handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.chmod(temp_name, 0o644)
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise
+
+
+def write_engine(engine_path: Path, engine: bytes | memoryview, sidecar: dict) -> Path:
+    """The engine, then its sidecar; each atomic, so neither is ever seen half written."""
+    write_bytes_atomic(engine_path, engine)
+    sidecar_path = sidecar_path_for(engine_path)
+    write_text_atomic(sidecar_path, json.dumps(sidecar, indent=2) + "\n")
+    return sidecar_path
+
+
+class BuildProgress:
+    """Turns TensorRT's progress callbacks into indented lines: one when a phase starts, one when it ends.
+
+    TensorRT calls these from its own threads, hence the lock.
+    """
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self._emit = emit
+        self._lock = threading.Lock()
+        self._depth: dict[str, int] = {}
+        self._started: dict[str, float] = {}
+
+    def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+        with self._lock:
+            depth = self._depth.get(parent_phase, -1) + 1 if parent_phase else 0
+            self._depth[phase_name] = depth
+            self._started[phase_name] = time.monotonic()
+            self._emit(f"{'  ' * depth}{phase_name} ({num_steps} steps)")
+
+    def step_complete(self, phase_name: str, step: int) -> bool:
+        # True lets the build go on; False would cancel it.
+        return True
+
+    def phase_finish(self, phase_name: str) -> None:
+        with self._lock:
+            depth = self._depth.pop(phase_name, 0)
+            seconds = time.monotonic() - self._started.pop(phase_name, time.monotonic())
+            self._emit(f"{'  ' * depth}{phase_name} done in {seconds:.1f} s")
+
+
+def import_tensorrt() -> ModuleType:
+    try:
+        import tensorrt
+    except ImportError:
+        raise MissingDependencyError(f"TensorRT's Python module `tensorrt` is not installed; {INSTALL_HINT}") from None
+    return tensorrt
+
+
+def register_plugins() -> None:
+    from trtfuse import plugins
+
+    plugins.register()
+
+
+def create_builder(trt: ModuleType, logger: object) -> object:
+    """A TensorRT builder, or MissingDependencyError when TensorRT finds no GPU it can use."""
+    try:
+        builder = trt.Builder(logger)
+    except (TypeError, RuntimeError) as error:
+        raise MissingDependencyError(
+            f"TensorRT {trt.__version__} could not start: no usable NVIDIA GPU or driver ({error})"
+        ) from None
+    if builder is None:
+        raise MissingDependencyError(f"TensorRT {trt.__version__} could not start: no usable NVIDIA GPU or driver")
+    return builder
+
+
+def _parse_issue(error: object) -> ParserIssue:
+    return ParserIssue(error.node(), error.node_name(), error.node_operator(), error.desc())
+
+
+def _progress_monitor(trt: ModuleType, progress: BuildProgress) -> object:
+    class ProgressMonitor(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            progress.phase_start(phase_name, parent_phase, num_steps)
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            return progress.step_complete(phase_name, step)
+
+        def phase_finish(self, phase_name: str) -> None:
+            progress.phase_finish(phase_name)
+
+    return ProgressMonitor()
+
+
+def _read_timing_cache(path: Path | None) -> bytes:
+    if path is None or not path.exists():
+        return b""
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise TrtfuseError(f"{path}: cannot read the timing cache ({error.strerror})") from None
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def build_engine(
+    fused_model_path: Path,
+    engine_path: Path,
+    options: BuildOptions,
+    emit: Callable[[str], None] = _stderr_line,
+) -> BuildResult:
+    """Parse the fused model with the trtfuse plugins registered, build one engine for all profiles, write it."""
+    if not engine_path.resolve().parent.is_dir():
+        raise TrtfuseError(f"{engine_path}: output folder does not exist")
+    model = load_model(fused_model_path).model
+    timing_cache_bytes = _read_timing_cache(options.timing_cache)
+    trt = import_tensorrt()
+    register_plugins()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = create_builder(trt, logger)
+    # Strongly typed: the fp16/bf16 types of the ONNX graph are kept as written. TensorRT 11 ignores the flag
+    # because every network is strongly typed there.
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    # parse_from_file, not parse: it resolves external data files relative to the model.
+    parsed = parser.parse_from_file(str(fused_model_path))
+    if not parsed or parser.num_errors:
+        issues = [_parse_issue(parser.get_error(index)) for index in range(parser.num_errors)]
+        raise TrtfuseError(parser_error_line(fused_model_path, issues, model))
+
+    config = builder.create_builder_config()
+    for profile in options.profiles:
+        trt_profile = builder.create_optimization_profile()
+        for name, shape in profile.shapes.items():
+            trt_profile.set_shape(name, shape.min, shape.opt, shape.max)
+        config.add_optimization_profile(trt_profile)
+    config.builder_optimization_level = options.optimization_level
+    if not options.allow_tf32:
+        config.clear_flag(trt.BuilderFlag.TF32)
+    if options.workspace_bytes is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
+    timing_cache = config.create_timing_cache(timing_cache_bytes)
+    config.set_timing_cache(timing_cache, ignore_mismatch=False)
+    monitor = _progress_monitor(trt, BuildProgress(emit))
+    config.progress_monitor = monitor
+
+    started = time.monotonic()
+    serialized = builder.build_serialized_network(network, config)
+    seconds = time.monotonic() - started
+    if serialized is None:
+        raise TrtfuseError(f"{fused_model_path}: TensorRT could not build an engine; its messages above say why")
+    if options.timing_cache is not None:
+        write_bytes_atomic(options.timing_cache, memoryview(config.get_timing_cache().serialize()))
+    sidecar = make_sidecar(
+        engine_path=engine_path,
+        fused_model_path=fused_model_path,
+        versions=tool_versions(trt.__version__),
+        gpu=gpu_name(),
+        plugins=plugins_used(model),
+        options=options,
+    )
+    sidecar_path = write_engine(engine_path, memoryview(serialized), sidecar)
+    return BuildResult(engine_path, sidecar_path, sidecar, seconds)

@@ -1,0 +1,82 @@
+"""Numerical check of a fused model against its original, both run by onnxruntime on the CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.inputs import make_feed
+from trtfuse.io import LoadedModel
+from trtfuse.reference import lower_fused_nodes
+from trtfuse.tolerances import OutputError, output_error
+
+# onnxruntime resolves external data of a model given as bytes against this folder.
+_EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Per-output errors of the fused model against the original on the same inputs."""
+
+    errors: list[OutputError]
+
+    @property
+    def passed(self) -> bool:
+        return all(error.passed for error in self.errors)
+
+
+def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run `model` on `feed` with onnxruntime's CPU provider and no graph optimisations (the graph as written)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise MissingDependencyError("onnxruntime is not installed: pip install onnxruntime") from None
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.resolve().parent))
+    try:
+        session = onnxruntime.InferenceSession(
+            model.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        names = [output.name for output in session.get_outputs()]
+        return dict(zip(names, session.run(names, dict(feed)), strict=True))
+    except Exception as error:
+        # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise TrtfuseError(f"{model.path}: onnxruntime cannot run it: {message}") from None
+
+
+def check_fused(
+    original: LoadedModel,
+    fused: LoadedModel,
+    seed: int = 0,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
+) -> CheckResult:
+    """Feed both models the same random inputs (the fused one with its plugin nodes lowered) and compare outputs."""
+    feed = make_feed(original.model, seed, shapes=shapes, dims=dims)
+    _check_same_interface(original, fused)
+    reference_outputs = run_onnxruntime(original, feed)
+    lowered = LoadedModel(model=lower_fused_nodes(fused.model), path=fused.path)
+    fused_outputs = run_onnxruntime(lowered, feed)
+    errors = [output_error(name, fused_outputs[name], reference) for name, reference in reference_outputs.items()]
+    return CheckResult(errors=errors)
+
+
+def _check_same_interface(original: LoadedModel, fused: LoadedModel) -> None:
+    def names(values: Sequence[onnx.ValueInfoProto], model: onnx.ModelProto) -> set[str]:
+        initializers = {tensor.name for tensor in model.graph.initializer}
+        return {value.name for value in values if value.name not in initializers}
+
+    for kind, original_names, fused_names in (
+        ("inputs", names(original.model.graph.input, original.model), names(fused.model.graph.input, fused.model)),
+        ("outputs", names(original.model.graph.output, original.model), names(fused.model.graph.output, fused.model)),
+    ):
+        if original_names != fused_names:
+            difference = ", ".join(sorted(original_names ^ fused_names))
+            raise TrtfuseError(f"{fused.path}: graph {kind} differ from {original.path}'s: {difference}")

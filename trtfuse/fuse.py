@@ -1,0 +1,67 @@
+"""The fusion pass on an in-memory model: shape inference, find the norms, rewrite them, export."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import helper
+
+from trtfuse import contract
+from trtfuse.errors import TrtfuseError
+from trtfuse.patterns import NormSearch, find_norms
+from trtfuse.rewrite import FusedNode, rewrite
+
+
+@dataclass
+class FuseResult:
+    """The fused model, one record per fused node, and everything the matcher found or rejected."""
+
+    model: onnx.ModelProto
+    fused: list[FusedNode]
+    search: NormSearch
+
+    def report(self) -> dict:
+        """The JSON report: one entry per fused node, totals per node kind, and the rejected candidates."""
+        totals = {op: sum(node.kind == op for node in self.fused) for op in contract.FUSED_OPS}
+        return {
+            "fused": [node.as_dict() for node in self.fused],
+            "totals": {**totals, "norms": totals[contract.RMS_NORM_OP] + 2 * totals[contract.QK_NORM_OP]},
+            "near_misses": [{"node": miss.node, "reason": miss.reason} for miss in self.search.near_misses],
+        }
+
+
+def import_graph(model: onnx.ModelProto) -> gs.Graph:
+    """The model as an onnx-graphsurgeon graph with every shape that ONNX shape inference can work out."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
+        raise TrtfuseError(f"shape inference failed: {str(error).strip().splitlines()[0]}") from None
+    return gs.import_onnx(inferred)
+
+
+def search_model(model: onnx.ModelProto) -> NormSearch:
+    """Every norm candidate of the model, matched or rejected, without changing it."""
+    return find_norms(import_graph(model))
+
+
+def fuse_model(model: onnx.ModelProto) -> FuseResult:
+    """Replace every RMSNorm and QK-norm of `model` by a plugin node; `model` itself is left unchanged."""
+    graph = import_graph(model)
+    search = find_norms(graph)
+    fused = rewrite(graph, search)
+    exported = gs.export_onnx(graph, opset_imports=_opset_imports(model, graph))
+    exported.ir_version = model.ir_version
+    for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(exported, field, getattr(model, field))
+    exported.metadata_props.extend(model.metadata_props)
+    return FuseResult(model=exported, fused=fused, search=search)
+
+
+def _opset_imports(model: onnx.ModelProto, graph: gs.Graph) -> list[onnx.OperatorSetIdProto]:
+    imports = [helper.make_opsetid(opset.domain, opset.version) for opset in model.opset_import]
+    uses_plugins = any(node.domain == contract.ONNX_DOMAIN for node in graph.nodes)
+    if uses_plugins and all(opset.domain != contract.ONNX_DOMAIN for opset in imports):
+        imports.append(helper.make_opsetid(contract.ONNX_DOMAIN, contract.ONNX_DOMAIN_VERSION))
+    return imports

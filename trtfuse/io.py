@@ -1,0 +1,256 @@
+"""Load and save ONNX models without ever reading the large external weight payloads.
+
+Large LLM exports keep their weights in external data files. The pass only needs the small tensors (norm weights,
+epsilons, shapes), so `load_model` reads external tensors of at most `SMALL_TENSOR_BYTES` into the proto and leaves the
+rest as references to files next to the model. `save_model` keeps those references valid in the output folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import external_data_helper
+
+from trtfuse.errors import TrtfuseError
+
+MIN_OPSET = 13
+MAX_OPSET = 23
+SMALL_TENSOR_BYTES = 1 << 20
+# Protobuf cannot serialise a message of 2 GiB or more; what is left inline must stay below it.
+MAX_PROTO_BYTES = (1 << 31) - 1
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A validated model; `path` locates the external data files that `model`'s large tensors still reference."""
+
+    model: onnx.ModelProto
+    path: Path
+
+
+@dataclass(frozen=True)
+class _ExternalRef:
+    location: str
+    offset: int
+    length: int | None
+
+
+def iter_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every dense tensor of the model: initializers and node attributes, subgraphs and functions included."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            yield from _node_tensors(node)
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+    for attribute in node.attribute:
+        if attribute.HasField("t"):
+            yield attribute.t
+        yield from attribute.tensors
+        if attribute.HasField("g"):
+            yield from _graph_tensors(attribute.g)
+        for subgraph in attribute.graphs:
+            yield from _graph_tensors(subgraph)
+
+
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The tensors whose payload still lives in an external data file."""
+    return [tensor for tensor in iter_tensors(model) if external_data_helper.uses_external_data(tensor)]
+
+
+def load_model(path: str | os.PathLike) -> LoadedModel:
+    """Read and validate an ONNX model; every problem is a one-line `TrtfuseError` naming the file or tensor."""
+    path = Path(path)
+    if not path.exists():
+        raise TrtfuseError(f"{path}: no such file")
+    if not path.is_file():
+        raise TrtfuseError(f"{path}: not a file")
+    model = _parse(path)
+    _check_opset(model, path)
+    folder = path.resolve().parent
+    _check_external_data(model, path, folder)
+    _check_graph(path)
+    for tensor in external_tensors(model):
+        ref = _external_ref(tensor, path)
+        if ref.length is not None and ref.length <= SMALL_TENSOR_BYTES:
+            try:
+                external_data_helper.load_external_data_for_tensor(tensor, str(folder))
+            except (OSError, onnx.checker.ValidationError) as error:
+                raise TrtfuseError(f"{path}: cannot read tensor '{tensor.name}': {_first_line(error)}") from None
+    return LoadedModel(model=model, path=path)
+
+
+def _parse(path: Path) -> onnx.ModelProto:
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as error:
+        raise TrtfuseError(f"{path}: not an ONNX model ({_first_line(error)})") from None
+    # Protobuf parses many non-ONNX byte strings into a message with no fields set.
+    if model.ir_version == 0 or not model.HasField("graph"):
+        raise TrtfuseError(f"{path}: not an ONNX model (no IR version or no graph)")
+    return model
+
+
+def _check_opset(model: onnx.ModelProto, path: Path) -> None:
+    versions = [opset.version for opset in model.opset_import if opset.domain in DEFAULT_DOMAINS]
+    if not versions:
+        raise TrtfuseError(f"{path}: imports no ai.onnx opset (supported: {MIN_OPSET}-{MAX_OPSET})")
+    version = versions[0]
+    if not MIN_OPSET <= version <= MAX_OPSET:
+        raise TrtfuseError(f"{path}: unsupported opset {version} (supported: {MIN_OPSET}-{MAX_OPSET})")
+
+
+def _external_ref(tensor: onnx.TensorProto, path: Path) -> _ExternalRef:
+    fields = {entry.key: entry.value for entry in tensor.external_data}
+    location = fields.get("location")
+    if not location:
+        raise TrtfuseError(f"{path}: tensor '{tensor.name}' has external data without a location")
+    try:
+        offset = int(fields.get("offset", 0))
+        length = int(fields["length"]) if "length" in fields else None
+    except ValueError:
+        raise TrtfuseError(f"{path}: tensor '{tensor.name}' has a malformed external data offset or length") from None
+    return _ExternalRef(location=location, offset=offset, length=length)
+
+
+def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> None:
+    sizes: dict[Path, int] = {}
+    for tensor in external_tensors(model):
+        ref = _external_ref(tensor, path)
+        data_path = (folder / ref.location).resolve()
+        if Path(ref.location).is_absolute() or not data_path.is_relative_to(folder):
+            raise TrtfuseError(
+                f"{path}: tensor '{tensor.name}' points outside the model's folder to external data '{ref.location}'"
+            )
+        if data_path not in sizes:
+            if not data_path.is_file():
+                raise TrtfuseError(f"{path}: external data file '{ref.location}' of tensor '{tensor.name}' is missing")
+            sizes[data_path] = data_path.stat().st_size
+        end = ref.offset + (ref.length or 0)
+        if ref.offset < 0 or end > sizes[data_path]:
+            raise TrtfuseError(
+                f"{path}: tensor '{tensor.name}' reads bytes {ref.offset}-{end} of '{ref.location}', "
+                f"which holds only {sizes[data_path]}"
+            )
+
+
+def _check_graph(path: Path) -> None:
+    # The path-based checker works for models of any size and resolves external data against the model's folder.
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as error:
+        raise TrtfuseError(f"{path}: fails the ONNX checker: {_first_line(error)}") from None
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, source: LoadedModel | None = None) -> None:
+    """Write `model` atomically to `path`; tensors that reference external data keep it.
+
+    External locations are relative to `source.path`'s folder (or `path`'s when there is no source). When `path` is in
+    another folder, the data files the model still references are copied there.
+    The written file must pass the ONNX checker, else nothing is left behind.
+    """
+    path = Path(path)
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise TrtfuseError(f"{path}: output folder does not exist")
+    source_folder = source.path.resolve().parent if source is not None else folder
+    if model.ByteSize() > MAX_PROTO_BYTES:
+        raise TrtfuseError(f"{path}: model is over 2 GiB without its external data; keep large tensors external")
+    created: list[Path] = []
+    try:
+        if source_folder != folder:
+            for location in sorted({_external_ref(tensor, path).location for tensor in external_tensors(model)}):
+                created.extend(_place_data_file(source_folder / location, folder / location))
+        _write_checked(model, path)
+    except BaseException:
+        for created_path in reversed(created):
+            with contextlib.suppress(OSError):
+                created_path.unlink()
+        raise
+
+
+def _place_data_file(source: Path, target: Path) -> list[Path]:
+    """Make `target` a copy of `source`; returns what it created so a failed save can remove it.
+
+    A copy, not a hard link: onnx (1.17 and later) refuses to read external data files with several links, so a link
+    would break both the output and the source model.
+    """
+    if target.exists() and source.exists() and os.path.samefile(source, target):
+        return []
+    if not source.is_file():
+        raise TrtfuseError(f"{source}: external data file is missing")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        shutil.copyfile(source, temp_name)
+        _set_default_permissions(Path(temp_name))
+        os.replace(temp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise
+    return [target]
+
+
+def _write_checked(model: onnx.ModelProto, path: Path) -> None:
+    handle, temp_name = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
+    temp = Path(temp_name)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(model.SerializeToString())
+        _set_default_permissions(temp)
+        try:
+            onnx.checker.check_model(str(temp))
+        except onnx.checker.ValidationError as error:
+            raise TrtfuseError(f"{path}: result fails the ONNX checker, not written: {_first_line(error)}") from None
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write a text file (a report) through a temp file in its folder, so a failure leaves no partial file."""
+    path = Path(path)
+    if not path.resolve().parent.is_dir():
+        raise TrtfuseError(f"{path}: output folder does not exist")
+    handle, temp_name = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        _set_default_permissions(Path(temp_name))
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise
+
+
+def _set_default_permissions(path: Path) -> None:
+    # mkstemp creates files readable by the owner only; a saved model should get the usual umask-derived mode.
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,237 @@
+"""The kernel objects the plugins call: variant choice per call, warm-up, raw-pointer launch, torch convenience."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from trtfuse.contract import WeightMode
+from trtfuse.kernels.cache import KernelCache
+from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant
+from trtfuse.kernels.device import DeviceInfo, current_device
+from trtfuse.kernels.specs import DTYPE_BYTES, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.tiling import (
+    ACCESS_BYTES,
+    Regime,
+    RowTiling,
+    full_vector,
+    regime_for,
+    row_tiling,
+    with_block_threads,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+_shared_cache: KernelCache | None = None
+_kernels: dict[RmsNormSpec | QkNormSpec, RmsNormKernel | QkNormKernel] = {}
+_kernels_lock = threading.Lock()
+
+
+def shared_cache() -> KernelCache:
+    """The process-wide compile cache (on-disk root from TRTFUSE_KERNEL_CACHE or ~/.cache/trtfuse/kernels)."""
+    global _shared_cache
+    if _shared_cache is None:
+        _shared_cache = KernelCache()
+    return _shared_cache
+
+
+def _alignment_masks(hidden: int, dtype: str, weight_dtype: str | None) -> tuple[int, int]:
+    """Low-bit masks a pointer must clear for the full-vector variant: (activations, weight)."""
+    vector = full_vector(hidden, DTYPE_BYTES[dtype])
+    weight_bytes = DTYPE_BYTES[weight_dtype or dtype]
+    return vector * DTYPE_BYTES[dtype] - 1, min(ACCESS_BYTES, vector * weight_bytes) - 1
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _check_tensor(what: str, t: torch.Tensor, dtype: str, last_dim: int | None) -> None:
+    if not t.is_cuda or not t.is_contiguous():
+        raise ValueError(f"{what} must be a contiguous CUDA tensor")
+    if t.dtype != _torch_dtype(dtype):
+        raise ValueError(f"{what} has dtype {t.dtype}, expected {dtype}")
+    if last_dim is not None and (t.dim() == 0 or t.shape[-1] != last_dim):
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected last dimension {last_dim}")
+
+
+def _current_stream() -> int:
+    import torch
+
+    return torch.cuda.current_stream().cuda_stream
+
+
+class RmsNormKernel:
+    """RMSNorm over rows of `spec.hidden`: a decode and a prefill tiling, each with a 16-byte and a scalar variant."""
+
+    def __init__(self, spec: RmsNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
+        self.spec = spec
+        self.cache = cache
+        self.device = device
+        self._act_mask, self._weight_mask = _alignment_masks(spec.hidden, spec.dtype, spec.weight_dtype)
+        self._vector = full_vector(spec.hidden, DTYPE_BYTES[spec.dtype])
+        self._decode_max_rows = device.sm_count
+        self._functions: dict[tuple[bool, bool], Any] = {}
+
+    def variant(self, regime: Regime, aligned: bool) -> RmsNormVariant:
+        tiling = row_tiling(self.spec.hidden, self._vector if aligned else 1, regime)
+        return RmsNormVariant(self.spec, tiling, self.device.arch)
+
+    def _function(self, decode: bool, aligned: bool) -> Any:
+        function = self._functions.get((decode, aligned))
+        if function is None:
+            regime = Regime.DECODE if decode else Regime.PREFILL
+            function = self.cache.get(self.variant(regime, aligned))
+            self._functions[(decode, aligned)] = function
+        return function
+
+    def warm_up(self, max_rows: int) -> None:
+        """Compile or load every variant a call with 1..max_rows rows and any pointer alignment can pick."""
+        regimes = {regime_for(1, self.device.sm_count), regime_for(max(1, max_rows), self.device.sm_count)}
+        for regime in regimes:
+            for aligned in (True, False):
+                self._function(regime is Regime.DECODE, aligned)
+
+    def launch(self, x_ptr: int, w_ptr: int, y_ptr: int, rows: int, stream: int) -> None:
+        """Enqueue on `stream` (a cudaStream_t as int); `w_ptr` is 0 without a weight. No allocation, no sync."""
+        aligned = not ((x_ptr | y_ptr) & self._act_mask or w_ptr & self._weight_mask)
+        key = (rows <= self._decode_max_rows, aligned)
+        function = self._functions.get(key) or self._function(*key)
+        function(x_ptr, w_ptr, y_ptr, rows, stream)
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Torch convenience for tests and benchmarks: x [..., hidden] on the current stream; returns `out`."""
+        spec = self.spec
+        _check_tensor("x", x, spec.dtype, spec.hidden)
+        if (w is None) != (spec.weight_mode is WeightMode.NONE):
+            raise ValueError("a weight is required exactly when weight_mode is not NONE")
+        if w is not None:
+            _check_tensor("w", w, spec.weight_dtype, spec.hidden)
+        out = torch_empty_like(x) if out is None else out
+        _check_tensor("out", out, spec.dtype, spec.hidden)
+        rows = x.numel() // spec.hidden
+        self.launch(x.data_ptr(), 0 if w is None else w.data_ptr(), out.data_ptr(), rows, _current_stream())
+        return out
+
+
+class QkNormKernel:
+    """q rows of `q_hidden` and k rows of `k_hidden`, one launch; a 16-byte and a scalar variant."""
+
+    def __init__(self, spec: QkNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
+        self.spec = spec
+        self.cache = cache
+        self.device = device
+        q_act, q_w = _alignment_masks(spec.q_hidden, spec.dtype, spec.weight_dtype)
+        k_act, k_w = _alignment_masks(spec.k_hidden, spec.dtype, spec.weight_dtype)
+        self._q_masks = (q_act, q_w)
+        self._k_masks = (k_act, k_w)
+        self._functions: dict[bool, Any] = {}
+
+    def tilings(self, aligned: bool) -> tuple[RowTiling, RowTiling]:
+        """Both parts in one block size; head-dim rows use the small-row table entry, wide rows the prefill one."""
+        elem = DTYPE_BYTES[self.spec.dtype]
+        q = row_tiling(self.spec.q_hidden, full_vector(self.spec.q_hidden, elem) if aligned else 1, Regime.PREFILL)
+        k = row_tiling(self.spec.k_hidden, full_vector(self.spec.k_hidden, elem) if aligned else 1, Regime.PREFILL)
+        block = max(q.block_threads, k.block_threads)
+        return with_block_threads(q, block), with_block_threads(k, block)
+
+    def variant(self, aligned: bool) -> QkNormVariant:
+        q, k = self.tilings(aligned)
+        return QkNormVariant(self.spec, q, k, self.device.arch)
+
+    def _function(self, aligned: bool) -> Any:
+        function = self._functions.get(aligned)
+        if function is None:
+            function = self.cache.get(self.variant(aligned))
+            self._functions[aligned] = function
+        return function
+
+    def warm_up(self, max_rows: int) -> None:
+        """Compile or load both alignment variants (the tiling does not depend on the row count)."""
+        del max_rows
+        for aligned in (True, False):
+            self._function(aligned)
+
+    def launch(
+        self,
+        q_ptr: int,
+        k_ptr: int,
+        wq_ptr: int,
+        wk_ptr: int,
+        q_out_ptr: int,
+        k_out_ptr: int,
+        q_rows: int,
+        k_rows: int,
+        stream: int,
+    ) -> None:
+        """Enqueue both norms on `stream`; weight pointers are 0 without weights. No allocation, no sync."""
+        q_act, q_w = self._q_masks
+        k_act, k_w = self._k_masks
+        aligned = not ((q_ptr | q_out_ptr) & q_act or (k_ptr | k_out_ptr) & k_act or wq_ptr & q_w or wk_ptr & k_w)
+        function = self._functions.get(aligned) or self._function(aligned)
+        function(q_ptr, k_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr, q_rows, k_rows, stream)
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        wq: torch.Tensor | None = None,
+        wk: torch.Tensor | None = None,
+        q_out: torch.Tensor | None = None,
+        k_out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Torch convenience: q [..., q_hidden], k [..., k_hidden] on the current stream; returns (q_out, k_out)."""
+        spec = self.spec
+        _check_tensor("q", q, spec.dtype, spec.q_hidden)
+        _check_tensor("k", k, spec.dtype, spec.k_hidden)
+        if (wq is None or wk is None) != (spec.weight_mode is WeightMode.NONE) or (wq is None) != (wk is None):
+            raise ValueError("both weights are required exactly when weight_mode is not NONE")
+        if wq is not None:
+            _check_tensor("wq", wq, spec.weight_dtype, spec.q_hidden)
+            _check_tensor("wk", wk, spec.weight_dtype, spec.k_hidden)
+        q_out = torch_empty_like(q) if q_out is None else q_out
+        k_out = torch_empty_like(k) if k_out is None else k_out
+        _check_tensor("q_out", q_out, spec.dtype, spec.q_hidden)
+        _check_tensor("k_out", k_out, spec.dtype, spec.k_hidden)
+        self.launch(
+            q.data_ptr(),
+            k.data_ptr(),
+            0 if wq is None else wq.data_ptr(),
+            0 if wk is None else wk.data_ptr(),
+            q_out.data_ptr(),
+            k_out.data_ptr(),
+            q.numel() // spec.q_hidden,
+            k.numel() // spec.k_hidden,
+            _current_stream(),
+        )
+        return q_out, k_out
+
+
+def torch_empty_like(t: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.empty_like(t)
+
+
+def _get(spec: RmsNormSpec | QkNormSpec, kind: type) -> Any:
+    kernel = _kernels.get(spec)
+    if kernel is None:
+        with _kernels_lock:
+            kernel = _kernels.get(spec)
+            if kernel is None:
+                kernel = kind(spec, shared_cache(), current_device())
+                _kernels[spec] = kernel
+    return kernel
+
+
+def get_rms_norm(spec: RmsNormSpec) -> RmsNormKernel:
+    """The process's one kernel object for `spec`."""
+    return _get(spec, RmsNormKernel)
+
+
+def get_qk_norm(spec: QkNormSpec) -> QkNormKernel:
+    """The process's one kernel object for `spec`."""
+    return _get(spec, QkNormKernel)

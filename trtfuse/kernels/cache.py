@@ -1,0 +1,80 @@
+"""Compile cache: one compilation per variant, kept in memory and as object files on disk.
+
+The on-disk folder is keyed by trtfuse version, cutlass-dsl version and GPU architecture; inside it each variant is
+one object file named by a hash of the variant, so a second process loads (JIT-links) instead of compiling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from cutlass.cute.runtime import load_module
+
+import trtfuse
+from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_variant
+
+CACHE_ENV = "TRTFUSE_KERNEL_CACHE"
+
+
+def default_cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "trtfuse" / "kernels")
+
+
+def cache_folder(root: Path, arch: str) -> Path:
+    dsl_version = importlib.metadata.version("nvidia-cutlass-dsl")
+    return root / f"trtfuse-{trtfuse.__version__}_cutlass-dsl-{dsl_version}_{arch}"
+
+
+def variant_key(variant: RmsNormVariant | QkNormVariant) -> str:
+    """A file-name-safe digest of everything that shapes the machine code (the dataclasses' reprs are exhaustive)."""
+    return hashlib.sha256(repr(variant).encode()).hexdigest()[:24]
+
+
+class KernelCache:
+    """Variant -> callable TVM-FFI function. Thread-safe; compiles or loads each variant once per process."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root if root is not None else default_cache_root()
+        self._functions: dict[RmsNormVariant | QkNormVariant, Any] = {}
+        self._lock = threading.Lock()
+        self.compiled = 0  # counters for tests and the benchmark: what this process had to build or load
+        self.loaded = 0
+
+    def get(self, variant: RmsNormVariant | QkNormVariant) -> Any:
+        function = self._functions.get(variant)
+        if function is None:
+            with self._lock:
+                function = self._functions.get(variant)
+                if function is None:
+                    function = self._load_or_compile(variant)
+                    self._functions[variant] = function
+        return function
+
+    def path_for(self, variant: RmsNormVariant | QkNormVariant) -> Path:
+        return cache_folder(self.root, variant.arch) / f"{variant_key(variant)}.o"
+
+    def _load_or_compile(self, variant: RmsNormVariant | QkNormVariant) -> Any:
+        path = self.path_for(variant)
+        symbol = f"trtfuse_{variant_key(variant)}"
+        if path.exists():
+            self.loaded += 1
+            return getattr(load_module(str(path), enable_tvm_ffi=True), symbol)
+        function = compile_variant(variant)
+        self.compiled += 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write then rename, so a concurrent process never loads a half-written object file.
+        fd, tmp = tempfile.mkstemp(suffix=".o", dir=path.parent)
+        os.close(fd)
+        try:
+            function.export_to_c(tmp, function_name=symbol)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return function

@@ -1,0 +1,53 @@
+"""The GPU the kernels are built for: architecture string and SM count, read once through the CUDA driver."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+
+# Without a GPU (CI), kernels are compiled for CUTE_DSL_ARCH, default Hopper, and tiled for an H100/H200's 132 SMs.
+DEFAULT_ARCH = "sm_90a"
+DEFAULT_SM_COUNT = 132
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    arch: str  # CuTeDSL's --gpu-arch, e.g. "sm_90a"
+    sm_count: int
+    has_gpu: bool
+
+
+def arch_for(major: int, minor: int) -> str:
+    """CuTeDSL names Hopper and Blackwell datacenter parts with the 'a' suffix that unlocks their own instructions."""
+    suffix = "a" if major in (9, 10) and minor == 0 else ""
+    return f"sm_{major}{minor}{suffix}"
+
+
+def _attribute(attr: cuda.CUdevice_attribute, device: cuda.CUdevice) -> int:
+    err, value = cuda.cuDeviceGetAttribute(attr, device)
+    if err != cuda.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuDeviceGetAttribute({attr.name}) failed: {err.name}")
+    return int(value)
+
+
+@functools.cache
+def current_device() -> DeviceInfo:
+    """The current context's device (device 0 when no context is current); a compile-only target without a GPU."""
+    try:
+        (err,) = cuda.cuInit(0)
+    except RuntimeError:  # cuda-bindings raises when libcuda itself is missing (no driver installed)
+        err = cuda.CUresult.CUDA_ERROR_NO_DEVICE
+    count = cuda.cuDeviceGetCount()[1] if err == cuda.CUresult.CUDA_SUCCESS else 0
+    if count == 0:
+        return DeviceInfo(arch=os.environ.get("CUTE_DSL_ARCH", DEFAULT_ARCH), sm_count=DEFAULT_SM_COUNT, has_gpu=False)
+    err, device = cuda.cuCtxGetDevice()
+    if err != cuda.CUresult.CUDA_SUCCESS:
+        device = cuda.cuDeviceGet(0)[1]
+    attrs = cuda.CUdevice_attribute
+    major = _attribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)
+    minor = _attribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
+    sms = _attribute(attrs.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
+    return DeviceInfo(arch=arch_for(major, minor), sm_count=sms, has_gpu=True)

@@ -1,0 +1,119 @@
+"""Host-side launch configuration: how a row of `hidden` elements is spread over threads, and which variant runs.
+
+Every kernel here keeps a whole row in registers: each thread loads `vectors_per_thread` vectors of `vector`
+elements (16 bytes when the pointers allow it), the row's threads reduce the sum of squares (butterfly shuffles, plus
+one shared-memory exchange when a row spans several warps), and each thread writes its vectors once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+ACCESS_BYTES = 16  # the widest global access a thread can issue (ld.global.v4.b32)
+WARP = 32
+MAX_BLOCK_THREADS = 1024  # CUDA's limit; rows wider than 1024 threads' worth give each thread more vectors
+PREFILL_BLOCK_THREADS = 128  # 4 warps: small enough for 16 resident blocks per SM, large enough to share a weight line
+SMALL_ROW_VECTORS = 64  # rows of at most 64 vectors (head dims, 512 bf16) are handled by part of a warp
+SMALL_ROW_VECTORS_PER_THREAD = 2  # two 16-byte loads in flight per thread: twice the bytes per shuffle round
+PREFILL_VECTORS_PER_THREAD = 8  # 128 bytes of x per thread in flight; fewer threads per row, fewer shuffle rounds
+DECODE_VECTORS_PER_THREAD = 16  # one warp covers a 4096-wide bf16 row: no shared memory, no block barrier
+
+
+class Regime(enum.Enum):
+    """Few rows (decode: spread rows over the SMs, one row per block) or many rows (prefill: pack rows into blocks)."""
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
+@dataclass(frozen=True)
+class RowTiling:
+    """How one row of `hidden` elements maps onto threads; every field is a compile-time constant of the kernel."""
+
+    hidden: int
+    vector: int  # elements per access
+    threads_per_row: int  # a power of two; below 32 a row is part of a warp, above it several warps
+    vectors_per_thread: int
+    rows_per_block: int
+
+    @property
+    def vectors_per_row(self) -> int:
+        return self.hidden // self.vector
+
+    @property
+    def block_threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def warps_per_row(self) -> int:
+        return max(1, self.threads_per_row // WARP)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def full_vector(hidden: int, elem_bytes: int) -> int:
+    """The widest vector (elements) that divides the row, so every row starts as aligned as the tensor does."""
+    vector = ACCESS_BYTES // elem_bytes
+    while hidden % vector:
+        vector //= 2
+    return vector
+
+
+def vector_for_pointers(hidden: int, elem_bytes: int, weight_bytes: int, pointers: tuple[int, ...], n_act: int) -> int:
+    """`full_vector` when every pointer is aligned to its access, else 1 (scalar accesses, never a misaligned fault).
+
+    `pointers` lists the activation pointers first (`n_act` of them), then the weight pointers.
+    """
+    vector = full_vector(hidden, elem_bytes)
+    act_align = vector * elem_bytes
+    weight_align = min(ACCESS_BYTES, vector * weight_bytes)
+    for i, ptr in enumerate(pointers):
+        if ptr % (act_align if i < n_act else weight_align):
+            return 1
+    return vector
+
+
+def regime_for(rows: int, sm_count: int) -> Regime:
+    """Decode while one row per block still leaves SMs idle or just fills them; prefill packs rows beyond that."""
+    return Regime.DECODE if rows <= sm_count else Regime.PREFILL
+
+
+def row_tiling(hidden: int, vector: int, regime: Regime) -> RowTiling:
+    """The table: threads per row from the vectors each thread should hold; rows per block from the block size.
+
+    - rows of at most SMALL_ROW_VECTORS vectors (attention heads): 2 vectors per thread, part of a warp per row,
+      blocks of 128 threads; the same in both regimes, since many heads per token fill the SMs even in decode.
+    - prefill: 8 vectors per thread, 128-thread blocks holding 128 / threads_per_row rows.
+    - decode: 16 vectors per thread but at least one warp per row, one row per block, so rows land on distinct SMs.
+    """
+    vectors = hidden // vector
+    if vectors <= SMALL_ROW_VECTORS:
+        threads = _next_pow2(-(-vectors // SMALL_ROW_VECTORS_PER_THREAD))
+        per_block = PREFILL_BLOCK_THREADS
+    elif regime is Regime.PREFILL:
+        threads = min(MAX_BLOCK_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
+        per_block = max(PREFILL_BLOCK_THREADS, threads)
+    else:
+        threads = min(MAX_BLOCK_THREADS, max(WARP, _next_pow2(-(-vectors // DECODE_VECTORS_PER_THREAD))))
+        per_block = threads
+    return RowTiling(
+        hidden=hidden,
+        vector=vector,
+        threads_per_row=threads,
+        vectors_per_thread=-(-vectors // threads),
+        rows_per_block=max(1, per_block // threads),
+    )
+
+
+def with_block_threads(tiling: RowTiling, block_threads: int) -> RowTiling:
+    """The same row mapping in a block of `block_threads` threads (QK-norm's two parts share one block size)."""
+    return RowTiling(
+        hidden=tiling.hidden,
+        vector=tiling.vector,
+        threads_per_row=tiling.threads_per_row,
+        vectors_per_thread=tiling.vectors_per_thread,
+        rows_per_block=block_threads // tiling.threads_per_row,
+    )

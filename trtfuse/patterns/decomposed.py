@@ -1,0 +1,315 @@
+"""RMSNorm written out in elementary ops, matched by walking from its reduction node.
+
+Canonical chain, every equivalent spelling accepted at each step:
+    square    Pow(a, 2) | Mul(a, a)                      (ReduceSumSquare squares implicitly)
+    mean      ReduceMean | ReduceSum then Mul(1/H) or Div(H), over the last axis only, keepdims=1
+    + eps     Add(mean, eps), eps a one-element constant of any float dtype, either operand
+    rsqrt     Sqrt then Div(1, .) | Sqrt then Reciprocal | Pow(., -0.5); or Div(a', Sqrt(.)) directly
+    scale     Mul(a', r) in either order, r possibly cast down to the activation dtype first (T5)
+where a and a' are the same activation x seen through widening Casts. The epilogue (cast back, weight) follows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trtfuse.contract import ACTIVATION_DTYPES, WeightMode
+from trtfuse.patterns.epilogue import EndPoint, walk_epilogue
+from trtfuse.patterns.matches import NearMiss, Rejected, RmsNormMatch
+from trtfuse.patterns.queries import (
+    describe,
+    dtype_name,
+    exclusively_consumed,
+    look_through_lossless_casts,
+    only_consumer,
+    other_input,
+    producer,
+    rank,
+    scalar_constant,
+    small_constant,
+    static_last_dim,
+    unique,
+)
+
+REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare")
+ALWAYS_REJECTED = {
+    "ReduceL2": "L2 normalisation: ReduceL2 takes no mean over the hidden size",
+    "LpNormalization": "Lp normalisation: no mean over the hidden size and no epsilon",
+}
+ANCHORS = REDUCTIONS + tuple(ALWAYS_REJECTED)
+RELATIVE_TOLERANCE = 1e-6
+
+
+@dataclass
+class _Core:
+    """The matched chain from the square to the normalised product x · r."""
+
+    nodes: list[gs.Node]
+    square_input: gs.Tensor
+    scaled_input: gs.Tensor
+    normalized: gs.Variable
+    epsilon: float
+    hidden: int
+    tags: list[str]
+
+
+class _Walk:
+    """Steps along a chain of single-consumer tensors, rejecting the anchor when a step fails."""
+
+    def __init__(self, anchor: gs.Node, graph_outputs: set[str]) -> None:
+        self.anchor = anchor
+        self.graph_outputs = graph_outputs
+
+    def reject(self, reason: str) -> Rejected:
+        return Rejected(self.anchor, reason)
+
+    def next_node(self, tensor: gs.Tensor) -> gs.Node:
+        """The one consumer of an intermediate tensor; a second reader or a graph output ends the match."""
+        if tensor.name in self.graph_outputs:
+            raise self.reject(f"intermediate {tensor.name} is a graph output")
+        consumer = only_consumer(tensor, self.graph_outputs)
+        if consumer is None:
+            readers = ", ".join(describe(node) for node in tensor.outputs) or "nothing"
+            raise self.reject(f"intermediate {tensor.name} is read by {readers}, not by one node")
+        return consumer
+
+
+def _reduction_axes(node: gs.Node) -> list[int] | None:
+    if "axes" in node.attrs:
+        return list(node.attrs["axes"])
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        values = small_constant(node.inputs[1])
+        return None if values is None else [int(axis) for axis in values.reshape(-1)]
+    return []
+
+
+def _check_last_axis(walk: _Walk, reduced: gs.Tensor) -> None:
+    node = walk.anchor
+    if node.attrs.get("keepdims", 1) != 1:
+        raise walk.reject("keepdims=0: the reduction drops the normalised axis")
+    axes = _reduction_axes(node)
+    if axes is None:
+        raise walk.reject("the reduction axes are not a constant")
+    if not axes:
+        if node.attrs.get("noop_with_empty_axes", 0):
+            raise walk.reject("the reduction has no axes (a no-op)")
+        raise walk.reject("the reduction runs over every axis, not only the last")
+    if len(axes) != 1:
+        raise walk.reject(f"the reduction runs over several axes {axes}")
+    input_rank = rank(reduced)
+    if axes[0] != -1 and (input_rank is None or axes[0] != input_rank - 1):
+        raise walk.reject(f"the reduction runs over axis {axes[0]}, not the last axis")
+
+
+def _square_base(walk: _Walk, reduced: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node], str]:
+    if walk.anchor.op == "ReduceSumSquare":
+        return reduced, [], "reduce-sum-square"
+    square = producer(reduced)
+    if square is None or square.op not in ("Pow", "Mul"):
+        raise walk.reject("the reduced tensor is not a square (Pow(x, 2) or Mul(x, x))")
+    walk.next_node(reduced)
+    if square.op == "Pow":
+        exponent = scalar_constant(square.inputs[1])
+        if exponent is None:
+            raise walk.reject(f"the exponent of {describe(square)} is not a constant")
+        if exponent != 2.0:
+            raise walk.reject(f"{describe(square)} raises to the power {exponent:g}, not 2")
+        return square.inputs[0], [square], "pow"
+    first, second = square.inputs
+    if first is second or _same_value(first, second):
+        return first, [square], "mul"
+    raise walk.reject("the reduced tensor is not a square (Pow(x, 2) or Mul(x, x))")
+
+
+def _same_value(first: gs.Tensor, second: gs.Tensor) -> bool:
+    return dtype_name(first) == dtype_name(second) and (
+        look_through_lossless_casts(first) is look_through_lossless_casts(second)
+    )
+
+
+def _reject_layer_norm(walk: _Walk, base: gs.Tensor) -> None:
+    centred = producer(look_through_lossless_casts(base))
+    if centred is None or centred.op != "Sub":
+        return
+    subtracted = producer(look_through_lossless_casts(centred.inputs[1]))
+    if subtracted is not None and subtracted.op == "ReduceMean":
+        raise walk.reject("LayerNorm: the squared tensor is x - mean(x)")
+
+
+def _mean(walk: _Walk, hidden: int) -> tuple[gs.Tensor, list[gs.Node], str]:
+    reduced_out = walk.anchor.outputs[0]
+    if walk.anchor.op == "ReduceMean":
+        return reduced_out, [], "reduce-mean"
+    scale = walk.next_node(reduced_out)
+    factor = None
+    if scale.op == "Mul":
+        factor = scalar_constant(other_input(scale, reduced_out))
+    elif scale.op == "Div" and scale.inputs[0] is reduced_out:
+        divisor = scalar_constant(scale.inputs[1])
+        factor = 1.0 / divisor if divisor else None
+    if factor is None or not math.isclose(factor, 1.0 / hidden, rel_tol=RELATIVE_TOLERANCE):
+        raise walk.reject(f"L2 normalisation: the sum of squares is not divided by the hidden size {hidden}")
+    return scale.outputs[0], [scale], "reduce-sum"
+
+
+def _add_epsilon(walk: _Walk, mean: gs.Tensor) -> tuple[gs.Tensor, gs.Node, float]:
+    add = walk.next_node(mean)
+    if add.op == "Sqrt":
+        after = only_consumer(add.outputs[0], walk.graph_outputs)
+        if after is not None and after.op == "Add":
+            raise walk.reject("epsilon is added outside the square root: x / (rms + eps)")
+    if add.op != "Add":
+        raise walk.reject(f"the mean of squares goes to {describe(add)}, not to Add(epsilon)")
+    epsilon = scalar_constant(other_input(add, mean))
+    if epsilon is None:
+        raise walk.reject(f"{describe(add)} does not add a one-element constant epsilon")
+    if not math.isfinite(epsilon) or epsilon < 0:
+        raise walk.reject(f"epsilon {epsilon} is negative or not finite")
+    return add.outputs[0], add, epsilon
+
+
+def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.Node], str]:
+    """The nodes from variance+eps to the normalising product, and that product's node (a Mul or a Div)."""
+    root = walk.next_node(variance)
+    if root.op == "Pow":
+        if root.inputs[0] is not variance:
+            raise walk.reject(f"{describe(root)} uses the variance as its exponent")
+        exponent = scalar_constant(root.inputs[1])
+        if exponent != -0.5:
+            raise walk.reject(f"{describe(root)} raises to the power {exponent}, not -0.5")
+        nodes, tag = [root], "pow-half"
+    elif root.op == "Sqrt":
+        after = walk.next_node(root.outputs[0])
+        if after.op == "Reciprocal":
+            nodes, tag = [root, after], "reciprocal"
+        elif after.op == "Div" and after.inputs[1] is root.outputs[0]:
+            numerator = scalar_constant(after.inputs[0])
+            if numerator is None:
+                return after, [root], "div-sqrt"
+            if numerator != 1.0:
+                raise walk.reject(f"{describe(after)} divides {numerator:g}, not 1, by the root")
+            nodes, tag = [root, after], "div-one"
+        else:
+            raise walk.reject(f"the square root goes to {describe(after)}, not to Div or Reciprocal")
+    else:
+        raise walk.reject(f"variance + eps goes to {describe(root)}, not to Sqrt or Pow(-0.5)")
+    inverse = nodes[-1].outputs[0]
+    product = walk.next_node(inverse)
+    if product.op == "Cast":
+        nodes.append(product)
+        tag = f"{tag}+rsqrt-cast"
+        product = walk.next_node(product.outputs[0])
+    if product.op != "Mul":
+        raise walk.reject(f"the inverse root goes to {describe(product)}, not to Mul(x, r)")
+    return product, nodes, tag
+
+
+def _core(walk: _Walk) -> _Core:
+    anchor = walk.anchor
+    if anchor.op in ALWAYS_REJECTED:
+        raise walk.reject(ALWAYS_REJECTED[anchor.op])
+    reduced = anchor.inputs[0]
+    _check_last_axis(walk, reduced)
+    hidden = static_last_dim(reduced)
+    if hidden is None:
+        raise walk.reject(f"the normalised axis of {reduced.name} has no static length")
+    base, square_nodes, square_tag = _square_base(walk, reduced)
+    _reject_layer_norm(walk, base)
+    mean, mean_nodes, mean_tag = _mean(walk, hidden)
+    variance, add, epsilon = _add_epsilon(walk, mean)
+    product, root_nodes, root_tag = _inverse_root(walk, variance)
+    inverse = root_nodes[-1].outputs[0]
+    scaled = product.inputs[0] if product.op == "Div" else other_input(product, inverse)
+    if look_through_lossless_casts(scaled) is not look_through_lossless_casts(base):
+        raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
+    return _Core(
+        nodes=[*square_nodes, anchor, *mean_nodes, add, *root_nodes, product],
+        square_input=base,
+        scaled_input=scaled,
+        normalized=product.outputs[0],
+        epsilon=epsilon,
+        hidden=hidden,
+        tags=[square_tag, mean_tag, root_tag],
+    )
+
+
+def _cast_chain(tensor: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node | None]]:
+    """`tensor` and each tensor it was converted from through widening Casts: (tensor, the node producing it)."""
+    chain = [(tensor, producer(tensor))]
+    while look_through_lossless_casts(tensor) is not tensor:
+        tensor = producer(tensor).inputs[0]
+        chain.append((tensor, producer(tensor)))
+    return chain
+
+
+def _choose_end(end_points: list[EndPoint], x_dtypes: set[str]) -> EndPoint | None:
+    for end in reversed(end_points):
+        if dtype_name(end.y) in x_dtypes:
+            return end
+    return None
+
+
+def match_decomposed(anchor: gs.Node, graph_outputs: set[str]) -> tuple[RmsNormMatch, list[NearMiss]]:
+    """Match the chain around a reduction node, or raise Rejected saying which condition failed."""
+    walk = _Walk(anchor, graph_outputs)
+    core = _core(walk)
+    chain = _cast_chain(core.square_input)
+    scaled_chain = _cast_chain(core.scaled_input)
+    x_dtypes = {dtype_name(tensor) for tensor, _ in chain} & set(ACTIVATION_DTYPES)
+    epilogue = walk_epilogue(core.normalized, core.hidden, graph_outputs)
+    end = _choose_end(epilogue.end_points, x_dtypes)
+    if end is None:
+        dtypes = ", ".join(sorted(x_dtypes)) or "no activation dtype"
+        raise walk.reject(f"the chain never returns to the input dtype ({dtypes}) before another reader")
+    dtype = dtype_name(end.y)
+    x = next(tensor for tensor, _ in reversed(chain) if dtype_name(tensor) == dtype)
+    if isinstance(x, gs.Constant):
+        raise walk.reject(f"the normalised input {x.name} is a constant")
+    core_dtype = dtype_name(core.square_input)
+    tags = ["decomposed", *core.tags]
+    if core_dtype != "float32":
+        tags.append(f"core-{core_dtype}")
+    if dtype_name(core.normalized) == dtype and core_dtype != dtype:
+        tags.append("t5")
+    if end.weight is None:
+        mode, weight, offset = WeightMode.NONE, None, 0.0
+    else:
+        weight, offset = end.weight.weight, end.weight.offset
+        mode = WeightMode.AFTER_CAST if end.weight.multiply_dtype == dtype else WeightMode.BEFORE_CAST
+    upcasts = _upcasts_below(x, chain) + _upcasts_below(x, scaled_chain)
+    weight_nodes = list(end.weight.nodes) if end.weight else []
+    required = [*core.nodes, *end.nodes]
+    required_ids = {id(node) for node in required}
+    optional = exclusively_consumed(unique(upcasts + weight_nodes), required_ids, graph_outputs)
+    match = RmsNormMatch(
+        nodes=unique(optional + required),
+        x=x,
+        y=end.y,
+        weight=weight,
+        epsilon=epsilon_float32(core.epsilon),
+        weight_offset=offset,
+        weight_mode=mode,
+        hidden_size=core.hidden,
+        tags=tuple(tags),
+        name=describe(anchor),
+    )
+    return match, epilogue.notes
+
+
+def _upcasts_below(x: gs.Tensor, chain: list[tuple[gs.Tensor, gs.Node | None]]) -> list[gs.Node]:
+    """The Casts between x and a tensor of the core (the chain's root is where x was produced, never a cast)."""
+    nodes = []
+    for tensor, node in chain[:-1]:
+        if tensor is x:
+            break
+        nodes.append(node)
+    return nodes
+
+
+def epsilon_float32(value: float) -> float:
+    """The epsilon as the float32 attribute stores it; exact for float16, bfloat16 and float32 constants."""
+    return float(np.float32(value))

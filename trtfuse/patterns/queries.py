@@ -1,0 +1,191 @@
+"""Read-only questions about an onnx-graphsurgeon graph: producers, consumers, dtypes and small constant values."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+# A constant larger than this is never loaded: scalars and axes lists are all the matcher reads.
+MAX_READ_ELEMENTS = 64
+
+NUMPY_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+
+# Casts the matcher may look through: converting the key to any of its values loses nothing.
+LOSSLESS_CASTS = {
+    "float16": ("float16", "float32", "float64"),
+    "bfloat16": ("bfloat16", "float32", "float64"),
+    "float32": ("float32", "float64"),
+}
+
+
+def dtype_name(tensor: gs.Tensor) -> str | None:
+    """The tensor's element type as a NumPy-style name ("float16", "bfloat16", ...), or None when unknown."""
+    dtype = tensor.dtype
+    if dtype is None:
+        return None
+    if isinstance(dtype, int):
+        return onnx.helper.tensor_dtype_to_np_dtype(dtype).name if dtype else None
+    return np.dtype(dtype).name
+
+
+def cast_target(node: gs.Node) -> str:
+    return onnx.helper.tensor_dtype_to_np_dtype(node.attrs["to"]).name
+
+
+def producer(tensor: gs.Tensor) -> gs.Node | None:
+    return tensor.inputs[0] if tensor.inputs else None
+
+
+def producer_op(tensor: gs.Tensor) -> str | None:
+    node = producer(tensor)
+    return node.op if node is not None else None
+
+
+def only_consumer(tensor: gs.Tensor, graph_outputs: set[str]) -> gs.Node | None:
+    """The one node reading `tensor`, or None when it has several readers, none, or is a graph output."""
+    if tensor.name in graph_outputs or len(tensor.outputs) != 1:
+        return None
+    return tensor.outputs[0]
+
+
+def describe(node: gs.Node) -> str:
+    """A node's name, or for an unnamed node its op and first output, so messages always point somewhere."""
+    if node.name:
+        return node.name
+    first_output = node.outputs[0].name if node.outputs else "?"
+    return f"<{node.op} -> {first_output}>"
+
+
+def other_input(node: gs.Node, tensor: gs.Tensor) -> gs.Tensor | None:
+    """For a two-input node, the input that is not `tensor` (the second one when both are `tensor`)."""
+    if len(node.inputs) != 2:
+        return None
+    first, second = node.inputs
+    return second if first is tensor else first
+
+
+def is_constant(tensor: gs.Tensor) -> bool:
+    return isinstance(tensor, gs.Constant) or producer_op(tensor) == "Constant"
+
+
+def constant_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
+    """Shape of a constant without loading its values (initializer or Constant-node output), else None."""
+    if isinstance(tensor, gs.Constant):
+        return tuple(int(dim) for dim in tensor.shape)
+    node = producer(tensor)
+    if node is None or node.op != "Constant":
+        return None
+    if "value" in node.attrs:
+        return tuple(int(dim) for dim in node.attrs["value"].shape)
+    for key in ("value_float", "value_int"):
+        if key in node.attrs:
+            return ()
+    for key in ("value_floats", "value_ints"):
+        if key in node.attrs:
+            return (len(node.attrs[key]),)
+    return None
+
+
+def _array_of(constant: gs.Constant) -> np.ndarray | None:
+    # Never touch `.values` of a lazily loaded constant: it would replace the stored tensor with a NumPy copy,
+    # which for bfloat16 changes the exported dtype. Read the TensorProto instead.
+    stored = constant._values
+    if isinstance(stored, LazyValues):
+        try:
+            return onnx.numpy_helper.to_array(stored.tensor)
+        except Exception:
+            return None
+    return np.asarray(stored)
+
+
+def small_constant(tensor: gs.Tensor) -> np.ndarray | None:
+    """The float64 values of a constant of at most MAX_READ_ELEMENTS elements, else None (never loads big ones)."""
+    shape = constant_shape(tensor)
+    if shape is None or math.prod(shape) > MAX_READ_ELEMENTS:
+        return None
+    if isinstance(tensor, gs.Constant):
+        values = _array_of(tensor)
+    else:
+        attrs = producer(tensor).attrs
+        if "value" in attrs:
+            values = _array_of(attrs["value"])
+        else:
+            key = next(key for key in ("value_float", "value_int", "value_floats", "value_ints") if key in attrs)
+            values = np.asarray(attrs[key])
+    if values is None:
+        return None
+    try:
+        return np.asarray(values, dtype=np.float64).reshape(shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def scalar_constant(tensor: gs.Tensor) -> float | None:
+    """The value of a one-element constant, also seen through a Cast (as the cast computes it), else None."""
+    cast = producer(tensor)
+    if cast is not None and cast.op == "Cast":
+        value = scalar_constant(cast.inputs[0])
+        if value is None:
+            return None
+        return float(np.asarray(value).astype(NUMPY_DTYPES.get(cast_target(cast), np.float64)))
+    values = small_constant(tensor)
+    if values is None or values.size != 1:
+        return None
+    return float(values.reshape(()))
+
+
+def look_through_lossless_casts(tensor: gs.Tensor) -> gs.Tensor:
+    """Walk up through Identity nodes and widening Casts to the tensor they merely convert."""
+    while True:
+        node = producer(tensor)
+        if node is None or not node.inputs:
+            return tensor
+        source = node.inputs[0]
+        if node.op == "Identity":
+            tensor = source
+            continue
+        if node.op != "Cast" or dtype_name(tensor) not in LOSSLESS_CASTS.get(dtype_name(source), ()):
+            return tensor
+        tensor = source
+
+
+def static_last_dim(tensor: gs.Tensor) -> int | None:
+    shape = tensor.shape
+    if not shape or not isinstance(shape[-1], int) or shape[-1] <= 0:
+        return None
+    return shape[-1]
+
+
+def rank(tensor: gs.Tensor) -> int | None:
+    return len(tensor.shape) if tensor.shape is not None else None
+
+
+def exclusively_consumed(candidates: list[gs.Node], kept: set[int], graph_outputs: set[str]) -> list[gs.Node]:
+    """The candidates whose every output is read only by nodes that go away too (a fixpoint over the candidates)."""
+    chosen = {id(node) for node in candidates}
+    changed = True
+    while changed:
+        changed = False
+        for node in candidates:
+            if id(node) not in chosen:
+                continue
+            for tensor in node.outputs:
+                outside = any(id(reader) not in chosen and id(reader) not in kept for reader in tensor.outputs)
+                if outside or tensor.name in graph_outputs:
+                    chosen.discard(id(node))
+                    changed = True
+                    break
+    return [node for node in candidates if id(node) in chosen]
+
+
+def unique(nodes: list[gs.Node]) -> list[gs.Node]:
+    seen: dict[int, gs.Node] = {}
+    for node in nodes:
+        seen.setdefault(id(node), node)
+    return list(seen.values())

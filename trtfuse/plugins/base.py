@@ -1,0 +1,219 @@
+"""What the RMSNorm and QK-norm plugins share: TensorRT's IPluginV3 lifecycle around one cached norm kernel.
+
+A plugin's inputs are its activations, then (unless weight_mode is NONE) one weight per activation; its outputs
+mirror the activations. Every activation of a plugin shares one dtype (fp32, fp16 or bf16), every weight one dtype of
+its own, and each output has its activation's dtype and shape; all tensors are LINEAR. Leading dims are flattened into
+rows of `hidden_sizes[i]` elements.
+
+Work is done where TensorRT allows time for it: `configure_plugin` (build) and `on_shape_change` (build and run)
+pick the kernel and warm it up for every row count up to the largest seen, so `enqueue` is one call of a bound
+method with plain ints: no allocation, no synchronisation, no compilation, capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION
+from trtfuse.errors import TrtfuseError
+from trtfuse.plugins.fields import NormConfig, advertised_fields, parse_fields, serialize_fields
+from trtfuse.plugins.trt_module import load_trt
+
+trt = load_trt()
+
+DTYPE_NAMES = {trt.DataType.FLOAT: "float32", trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
+
+
+class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
+    """One fused norm node. Subclasses name the op and its tensors, build the kernel and launch it."""
+
+    OP: ClassVar[str]
+    ACTIVATION_NAMES: ClassVar[tuple[str, ...]]
+    WEIGHT_NAMES: ClassVar[tuple[str, ...]]
+
+    def __init__(self, config: NormConfig, phase: Any, node: str = "") -> None:
+        trt.IPluginV3.__init__(self)
+        trt.IPluginV3OneCore.__init__(self)
+        trt.IPluginV3OneBuild.__init__(self)
+        trt.IPluginV3OneRuntime.__init__(self)
+        self.plugin_name = self.OP
+        self.plugin_namespace = PLUGIN_NAMESPACE
+        self.plugin_version = PLUGIN_VERSION
+        self.num_outputs = len(self.ACTIVATION_NAMES)
+        self.timing_cache_id = ""
+        self.config = config
+        self.phase = phase
+        self.node = node
+        self._label = f"{self.OP} '{node}'" if node else self.OP
+        self._weighted = config.has_weight
+        self._input_names = self.ACTIVATION_NAMES + (self.WEIGHT_NAMES if config.has_weight else ())
+        self._same_type_as = self._type_ties()
+        self._kernel: Any = None
+        self._kernel_dtypes: tuple[str, str | None] | None = None
+        self._warm_rows = 0
+        self._rows: tuple[int, ...] = (0,) * len(self.ACTIVATION_NAMES)
+        self._launch = self._launch_unprepared
+        self._serialized: tuple[Any, Any] | None = None
+
+    @property
+    def kernel(self) -> Any:
+        """The prepared kernel (shared by clones), or None before configure_plugin / on_shape_change."""
+        return self._kernel
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """Row counts of the activations for the coming enqueues, from the last on_shape_change."""
+        return self._rows
+
+    # --- subclass hooks -------------------------------------------------------------------------------------------
+
+    def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
+        raise NotImplementedError
+
+    # --- core and capabilities ------------------------------------------------------------------------------------
+
+    def get_capability_interface(self, type: Any) -> NormPlugin:
+        return self
+
+    def clone(self) -> NormPlugin:
+        """A plugin with the same fields and the same prepared kernel (compiled code is immutable and shared); the
+        per-call state (row counts, bound launch) is the twin's own."""
+        twin = type(self)(self.config, self.phase, self.node)
+        twin._kernel = self._kernel
+        twin._kernel_dtypes = self._kernel_dtypes
+        twin._warm_rows = self._warm_rows
+        twin._rows = self._rows
+        twin._launch = self._kernel.launch if self._kernel is not None else twin._launch_unprepared
+        return twin
+
+    def destroy(self) -> None:
+        self._kernel = None
+        self._kernel_dtypes = None
+        self._warm_rows = 0
+        self._launch = self._launch_unprepared
+        self._serialized = None
+
+    # --- build ----------------------------------------------------------------------------------------------------
+
+    def get_output_data_types(self, input_types: Sequence[Any]) -> list[Any]:
+        self._check_input_count(len(input_types))
+        for position in range(len(input_types)):
+            self._dtype_name(input_types[position], position)
+        return [input_types[i] for i in range(len(self.ACTIVATION_NAMES))]
+
+    def get_output_shapes(self, inputs: Sequence[Any], shape_inputs: Sequence[Any], expr_builder: Any) -> list[Any]:
+        self._check_input_count(len(inputs))
+        return [trt.DimsExprs(inputs[i]) for i in range(len(self.ACTIVATION_NAMES))]
+
+    def supports_format_combination(self, pos: int, in_out: Sequence[Any], num_inputs: int) -> bool:
+        if num_inputs != len(self._input_names) or not 0 <= pos < len(self._same_type_as):
+            return False
+        desc = in_out[pos].desc
+        if desc.format != trt.TensorFormat.LINEAR or desc.type not in DTYPE_NAMES:
+            return False
+        tied_to = self._same_type_as[pos]
+        return tied_to is None or desc.type == in_out[tied_to].desc.type
+
+    def configure_plugin(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        """Build phase: check the profile's shapes and warm the kernel up for its largest row count."""
+        self._check_input_count(len(inputs))
+        self._check_inputs([desc.min for desc in inputs])
+        max_rows = self._check_inputs([desc.max for desc in inputs])
+        self._prepare([desc.desc.type for desc in inputs], max(max_rows))
+
+    # --- runtime --------------------------------------------------------------------------------------------------
+
+    def on_shape_change(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        """Concrete shapes for the enqueues that follow: keep their row counts, warm up if they grew."""
+        self._check_input_count(len(inputs))
+        rows = self._check_inputs([desc.dims for desc in inputs])
+        self._prepare([desc.type for desc in inputs], max(rows))
+        self._rows = rows
+
+    def attach_to_context(self, resource_context: Any) -> NormPlugin:
+        return self.clone()
+
+    def get_fields_to_serialize(self) -> Any:
+        # TensorRT reads the field data after this returns: the arrays live as long as the plugin.
+        self._serialized = serialize_fields(self.config)
+        return self._serialized[0]
+
+    # --- helpers --------------------------------------------------------------------------------------------------
+
+    def _type_ties(self) -> tuple[int | None, ...]:
+        """For each position of inputs then outputs: the earlier position whose dtype it must share, or None."""
+        activations = len(self.ACTIVATION_NAMES)
+        ties: list[int | None] = [None] + [0] * (activations - 1)
+        if self.config.has_weight:
+            ties += [None] + [activations] * (activations - 1)
+        return (*ties, *range(activations))
+
+    def _check_input_count(self, count: int) -> None:
+        if count != len(self._input_names):
+            raise TrtfuseError(
+                f"{self._label}: expected {len(self._input_names)} inputs ({', '.join(self._input_names)}) with "
+                f"weight_mode {self.config.weight_mode.name}, got {count}"
+            )
+
+    def _dtype_name(self, data_type: Any, position: int) -> str:
+        name = DTYPE_NAMES.get(data_type)
+        if name is None:
+            raise TrtfuseError(
+                f"{self._label}: input '{self._input_names[position]}' has dtype {data_type.name}; "
+                f"supported: {', '.join(DTYPE_NAMES.values())}"
+            )
+        return name
+
+    def _check_inputs(self, shapes: Sequence[Any]) -> tuple[int, ...]:
+        """Row counts of the activations (product of leading dims) after checking every input's shape: each
+        activation ends in its hidden size, each weight holds exactly one row of it."""
+        activations = len(self.ACTIVATION_NAMES)
+        rows = []
+        for position, dims in enumerate(shapes):
+            hidden = self.config.hidden_sizes[position % activations]
+            shape = [int(dims[i]) for i in range(len(dims))]
+            name = self._input_names[position]
+            if position >= activations:
+                if not shape or shape[-1] != hidden or math.prod(shape) != hidden:
+                    raise TrtfuseError(f"{self._label}: input '{name}' has shape {shape}, expected [{hidden}]")
+                continue
+            if not shape or shape[-1] != hidden:
+                raise TrtfuseError(f"{self._label}: input '{name}' has shape {shape}; its last dim must be {hidden}")
+            if any(size < 0 for size in shape):
+                raise TrtfuseError(f"{self._label}: input '{name}' has an unresolved dim in {shape}")
+            rows.append(math.prod(shape[:-1]))
+        return tuple(rows)
+
+    def _prepare(self, input_types: Sequence[Any], rows: int) -> None:
+        activations = len(self.ACTIVATION_NAMES)
+        dtype = self._dtype_name(input_types[0], 0)
+        weight_dtype = self._dtype_name(input_types[activations], activations) if self.config.has_weight else None
+        if self._kernel is None or self._kernel_dtypes != (dtype, weight_dtype):
+            self._kernel = self._make_kernel(dtype, weight_dtype)
+            self._kernel_dtypes = (dtype, weight_dtype)
+            self._warm_rows = 0
+        if rows > self._warm_rows:
+            self._kernel.warm_up(rows)
+            self._warm_rows = rows
+        self._launch = self._kernel.launch
+
+    def _launch_unprepared(self, *args: int) -> None:
+        raise TrtfuseError(f"{self._label}: enqueue before configure_plugin or on_shape_change prepared a kernel")
+
+
+class NormPluginCreator(trt.IPluginCreatorV3One):
+    """Creates `PLUGIN` instances from fields: the ONNX parser's node attributes, or a serialised engine's fields."""
+
+    PLUGIN: ClassVar[type[NormPlugin]]
+
+    def __init__(self) -> None:
+        trt.IPluginCreatorV3One.__init__(self)
+        self.name = self.PLUGIN.OP
+        self.plugin_namespace = PLUGIN_NAMESPACE
+        self.plugin_version = PLUGIN_VERSION
+        self.field_names, self._field_arrays = advertised_fields(self.PLUGIN.OP)
+
+    def create_plugin(self, name: str, field_collection: Any, phase: Any) -> NormPlugin:
+        return self.PLUGIN(parse_fields(self.PLUGIN.OP, field_collection, name), phase, name)

@@ -1,0 +1,67 @@
+"""TrtfuseQkNorm: inputs (q, k, q_weight, k_weight), or (q, k) when weight_mode is NONE; outputs (q_out, k_out).
+
+q and k share one dtype and one epsilon / weight_offset / weight_mode; each is normalised over its own last axis
+(q_hidden_size, k_hidden_size) with its own weight, both in one kernel launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trtfuse.contract import QK_NORM_OP
+from trtfuse.errors import MissingDependencyError
+from trtfuse.plugins.base import NormPlugin, NormPluginCreator
+
+
+class QkNormPlugin(NormPlugin):
+    """The q-norm and k-norm of one attention block: two RMSNorms with shared constants, one launch."""
+
+    OP = QK_NORM_OP
+    ACTIVATION_NAMES = ("q", "k")
+    WEIGHT_NAMES = ("q_weight", "k_weight")
+
+    def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
+        try:
+            from trtfuse.kernels import QkNormSpec, get_qk_norm
+        except ImportError as error:
+            message = f"{self._label} needs trtfuse.kernels (nvidia-cutlass-dsl): {error}"
+            raise MissingDependencyError(message) from error
+        q_hidden, k_hidden = self.config.hidden_sizes
+        spec = QkNormSpec(
+            q_hidden=q_hidden,
+            k_hidden=k_hidden,
+            dtype=dtype,
+            weight_dtype=weight_dtype,
+            epsilon=self.config.epsilon,
+            weight_offset=self.config.weight_offset,
+            weight_mode=self.config.weight_mode,
+        )
+        return get_qk_norm(spec)
+
+    def enqueue(
+        self,
+        input_desc: Sequence[Any],
+        output_desc: Sequence[Any],
+        inputs: Sequence[int],
+        outputs: Sequence[int],
+        workspace: int,
+        stream: int,
+    ) -> None:
+        weighted = self._weighted
+        q_rows, k_rows = self._rows
+        self._launch(
+            inputs[0],
+            inputs[1],
+            inputs[2] if weighted else 0,
+            inputs[3] if weighted else 0,
+            outputs[0],
+            outputs[1],
+            q_rows,
+            k_rows,
+            stream,
+        )
+
+
+class QkNormPluginCreator(NormPluginCreator):
+    PLUGIN = QkNormPlugin

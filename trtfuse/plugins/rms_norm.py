@@ -1,0 +1,49 @@
+"""TrtfuseRmsNorm: inputs (x, weight), or (x) when weight_mode is NONE; output y with x's shape and dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trtfuse.contract import RMS_NORM_OP
+from trtfuse.errors import MissingDependencyError
+from trtfuse.plugins.base import NormPlugin, NormPluginCreator
+
+
+class RmsNormPlugin(NormPlugin):
+    """y = x · rsqrt(mean(x², last axis) + epsilon) · (weight + weight_offset), per contract.WeightMode."""
+
+    OP = RMS_NORM_OP
+    ACTIVATION_NAMES = ("x",)
+    WEIGHT_NAMES = ("weight",)
+
+    def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
+        try:
+            from trtfuse.kernels import RmsNormSpec, get_rms_norm
+        except ImportError as error:
+            message = f"{self._label} needs trtfuse.kernels (nvidia-cutlass-dsl): {error}"
+            raise MissingDependencyError(message) from error
+        spec = RmsNormSpec(
+            hidden=self.config.hidden_sizes[0],
+            dtype=dtype,
+            weight_dtype=weight_dtype,
+            epsilon=self.config.epsilon,
+            weight_offset=self.config.weight_offset,
+            weight_mode=self.config.weight_mode,
+        )
+        return get_rms_norm(spec)
+
+    def enqueue(
+        self,
+        input_desc: Sequence[Any],
+        output_desc: Sequence[Any],
+        inputs: Sequence[int],
+        outputs: Sequence[int],
+        workspace: int,
+        stream: int,
+    ) -> None:
+        self._launch(inputs[0], inputs[1] if self._weighted else 0, outputs[0], self._rows[0], stream)
+
+
+class RmsNormPluginCreator(NormPluginCreator):
+    PLUGIN = RmsNormPlugin

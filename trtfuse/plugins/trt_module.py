@@ -1,0 +1,33 @@
+"""Which Python module provides TensorRT's plugin types: `tensorrt`, or TensorRT-RTX's only when asked for."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+from trtfuse.errors import MissingDependencyError
+
+# TensorRT-RTX shares TensorRT's plugin and descriptor types but cannot run these plugins in an engine, so it is a
+# stand-in for tests and never taken silently.
+TRT_MODULE_ENV = "TRTFUSE_TRT_MODULE"
+RTX_MODULE = "tensorrt_rtx"
+
+
+def load_trt() -> ModuleType:
+    """The `tensorrt` module; `tensorrt_rtx` only where `tensorrt` is absent and TRTFUSE_TRT_MODULE names it."""
+    try:
+        return importlib.import_module("tensorrt")
+    except ImportError as tensorrt_error:
+        requested = os.environ.get(TRT_MODULE_ENV, "")
+        if requested != RTX_MODULE:
+            raise MissingDependencyError(
+                f"the trtfuse plugins need TensorRT's Python module `tensorrt` (pip install tensorrt): {tensorrt_error}"
+            ) from tensorrt_error
+        try:
+            return importlib.import_module(RTX_MODULE)
+        except ImportError as rtx_error:
+            raise MissingDependencyError(
+                f"{TRT_MODULE_ENV}={RTX_MODULE} but `tensorrt_rtx` does not import (pip install tensorrt-rtx-cu13): "
+                f"{rtx_error}"
+            ) from rtx_error

@@ -1,0 +1,272 @@
+"""TensorRT optimisation profiles derived from the symbolic input dims of an ONNX model.
+
+Each symbolic dim gets a role from its name: batch, tokens (the new tokens of this call), past (tokens already in the
+KV cache) or total (past + tokens, also written as a sum such as `past_sequence_length + sequence_length`). A profile
+fixes a MIN:OPT:MAX range per role; every input shape follows from it, so dims that share a name share a range.
+docs/engine.md documents the syntax of the command-line specs parsed here.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import onnx
+
+from trtfuse.errors import TrtfuseError
+
+
+class DimRole(enum.Enum):
+    BATCH = "batch"
+    TOKENS = "tokens"
+    PAST = "past"
+    TOTAL = "total"
+
+
+# Checked in order: "past_sequence_length" is past and "total_sequence_length" total, not tokens.
+_ROLE_PATTERNS = (
+    (DimRole.BATCH, re.compile(r"batch")),
+    (DimRole.PAST, re.compile(r"past")),
+    (DimRole.TOTAL, re.compile(r"total|kv_len|kv_seq")),
+    (DimRole.TOKENS, re.compile(r"seq|token|length|^len$")),
+)
+
+
+@dataclass(frozen=True)
+class DimRange:
+    min: int
+    opt: int
+    max: int
+
+    def __add__(self, other: DimRange) -> DimRange:
+        return DimRange(self.min + other.min, self.opt + other.opt, self.max + other.max)
+
+    def __str__(self) -> str:
+        return f"{self.min}:{self.opt}:{self.max}"
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return ":".join("x".join(str(d) for d in shape) for shape in (self.min, self.opt, self.max))
+
+
+@dataclass(frozen=True)
+class RoleRanges:
+    """What varies between the profiles of one engine: the token and past-length ranges."""
+
+    name: str
+    tokens: DimRange
+    past: DimRange
+
+
+DEFAULT_BATCH = DimRange(1, 1, 1)
+DEFAULT_PAST = DimRange(0, 256, 4096)
+DEFAULT_TOKENS = DimRange(1, 256, 4096)
+NO_PAST = DimRange(0, 0, 0)
+PRESETS = {
+    "default": RoleRanges("default", DEFAULT_TOKENS, DEFAULT_PAST),
+    "decode": RoleRanges("decode", DimRange(1, 1, 1), DEFAULT_PAST),
+    "prefill": RoleRanges("prefill", DEFAULT_TOKENS, NO_PAST),
+}
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """Everything the user said about profiles: one RoleRanges per profile, plus what holds in all of them."""
+
+    profiles: tuple[RoleRanges, ...] = (PRESETS["default"],)
+    batch: DimRange = DEFAULT_BATCH
+    shapes: Mapping[str, ShapeRange] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    shapes: dict[str, ShapeRange]
+
+    def opt_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: shape.opt for name, shape in self.shapes.items()}
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "shapes": {
+                name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in self.shapes.items()
+            },
+        }
+
+    @staticmethod
+    def from_json(data: Mapping) -> Profile:
+        return Profile(
+            name=data["name"],
+            shapes={
+                name: ShapeRange(tuple(s["min"]), tuple(s["opt"]), tuple(s["max"]))
+                for name, s in data["shapes"].items()
+            },
+        )
+
+
+def parse_range(text: str, what: str, minimum: int = 0) -> DimRange:
+    """`MIN:OPT:MAX` with MIN <= OPT <= MAX and MIN >= `minimum`; `what` names the option in errors."""
+    parts = text.strip().split(":")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise TrtfuseError(f"{what}: expected MIN:OPT:MAX with non-negative integers, got {text!r}")
+    low, opt, high = (int(p) for p in parts)
+    if not low <= opt <= high:
+        raise TrtfuseError(f"{what}: need MIN <= OPT <= MAX, got {text!r}")
+    if low < minimum:
+        raise TrtfuseError(f"{what}: MIN must be at least {minimum}, got {text!r}")
+    return DimRange(low, opt, high)
+
+
+def _parse_shape(text: str, what: str) -> tuple[int, ...]:
+    dims = text.strip().split("x")
+    if not all(d.strip().isdigit() for d in dims):
+        raise TrtfuseError(f"{what}: a shape is dims joined by 'x' (e.g. 1x128), got {text!r}")
+    return tuple(int(d) for d in dims)
+
+
+def parse_shape_spec(text: str) -> tuple[str, ShapeRange]:
+    """`NAME=MIN:OPT:MAX` where each of MIN, OPT and MAX is a shape such as `1x128`."""
+    name, sep, ranges = text.rpartition("=")
+    if not sep or not name.strip():
+        raise TrtfuseError(f"--shape: expected NAME=MIN:OPT:MAX (e.g. input_ids=1x1:1x256:1x4096), got {text!r}")
+    name = name.strip()
+    what = f"--shape {name}"
+    parts = ranges.split(":")
+    if len(parts) != 3:
+        raise TrtfuseError(f"{what}: expected three shapes MIN:OPT:MAX, got {ranges!r}")
+    low, opt, high = (_parse_shape(p, what) for p in parts)
+    if not len(low) == len(opt) == len(high):
+        raise TrtfuseError(f"{what}: MIN, OPT and MAX have different ranks in {ranges!r}")
+    for axis, (a, b, c) in enumerate(zip(low, opt, high, strict=True)):
+        if not a <= b <= c:
+            raise TrtfuseError(f"{what}: dim {axis} needs MIN <= OPT <= MAX, got {a}:{b}:{c}")
+    return name, ShapeRange(low, opt, high)
+
+
+def request_from_options(
+    presets: Sequence[str] = (),
+    tokens: Sequence[str] = (),
+    batch: str | None = None,
+    past: str | None = None,
+    shapes: Sequence[str] = (),
+) -> ProfileRequest:
+    """The command line's view: one profile per preset and per `--tokens`; batch, past and shapes apply to all.
+
+    `--past` sets the past range of every profile that has one (all but `prefill`, whose past is 0 by definition).
+    """
+    past_range = parse_range(past, "--past") if past is not None else DEFAULT_PAST
+    profiles = []
+    for preset in presets:
+        if preset not in PRESETS:
+            raise TrtfuseError(f"--profile: unknown profile {preset!r}; choose from {', '.join(PRESETS)}")
+        ranges = PRESETS[preset]
+        profiles.append(ranges if ranges.past == NO_PAST else RoleRanges(ranges.name, ranges.tokens, past_range))
+    for text in tokens:
+        token_range = parse_range(text, "--tokens", minimum=1)
+        profiles.append(RoleRanges(f"tokens {token_range}", token_range, past_range))
+    if not profiles:
+        profiles.append(RoleRanges("default", DEFAULT_TOKENS, past_range))
+    names = [p.name for p in profiles]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise TrtfuseError(f"profile {duplicates[0]!r} is asked for twice")
+    shape_ranges: dict[str, ShapeRange] = {}
+    for text in shapes:
+        name, shape_range = parse_shape_spec(text)
+        if name in shape_ranges:
+            raise TrtfuseError(f"--shape {name}: given twice")
+        shape_ranges[name] = shape_range
+    batch_range = parse_range(batch, "--batch", minimum=1) if batch is not None else DEFAULT_BATCH
+    return ProfileRequest(profiles=tuple(profiles), batch=batch_range, shapes=shape_ranges)
+
+
+def dim_role(symbol: str) -> DimRole | None:
+    lowered = symbol.lower()
+    for role, pattern in _ROLE_PATTERNS:
+        if pattern.search(lowered):
+            return role
+    return None
+
+
+def _dim_range(
+    input_name: str, axis: int, dim: onnx.TensorShapeProto.Dimension, ranges: Mapping[DimRole, DimRange]
+) -> DimRange:
+    if dim.HasField("dim_value"):
+        return DimRange(dim.dim_value, dim.dim_value, dim.dim_value)
+    symbol = dim.dim_param if dim.HasField("dim_param") else ""
+    total = DimRange(0, 0, 0)
+    for term in (t.strip() for t in symbol.split("+")):
+        role = dim_role(term) if term else None
+        if term.isdigit():
+            total += DimRange(int(term), int(term), int(term))
+        elif role is not None:
+            total += ranges[role]
+        else:
+            label = f"symbolic dim {symbol!r}" if symbol else "an unnamed dynamic dim"
+            raise TrtfuseError(
+                f"input {input_name!r} dim {axis} is {label} with no known role (batch, sequence/tokens, past, "
+                f"total); give its shape with --shape {input_name}=MIN:OPT:MAX"
+            )
+    return total
+
+
+def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs a caller feeds (initializers listed as inputs by old exporters are not)."""
+    initializers = {init.name for init in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in initializers]
+
+
+def _check_override(value: onnx.ValueInfoProto, shape_range: ShapeRange) -> None:
+    dims = value.type.tensor_type.shape.dim
+    if len(dims) != len(shape_range.min):
+        raise TrtfuseError(
+            f"--shape {value.name}: the input has rank {len(dims)}, the shapes have {len(shape_range.min)}"
+        )
+    for axis, dim in enumerate(dims):
+        fixed = dim.dim_value if dim.HasField("dim_value") else None
+        if fixed is not None and {shape_range.min[axis], shape_range.opt[axis], shape_range.max[axis]} != {fixed}:
+            raise TrtfuseError(f"--shape {value.name}: dim {axis} is fixed at {fixed} in the model")
+
+
+def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Profile]:
+    """One Profile per requested RoleRanges, covering every graph input; raises naming the input and dim at fault."""
+    inputs = model_inputs(model)
+    known = {value.name for value in inputs}
+    for name in request.shapes:
+        if name not in known:
+            raise TrtfuseError(f"--shape {name}: the model has no such input (inputs: {', '.join(sorted(known))})")
+    for value in inputs:
+        if value.name in request.shapes:
+            _check_override(value, request.shapes[value.name])
+        elif not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+            raise TrtfuseError(f"input {value.name!r} has no static rank; give its shape with --shape")
+    profiles = []
+    for role_ranges in request.profiles:
+        ranges = {
+            DimRole.BATCH: request.batch,
+            DimRole.TOKENS: role_ranges.tokens,
+            DimRole.PAST: role_ranges.past,
+            DimRole.TOTAL: role_ranges.past + role_ranges.tokens,
+        }
+        shapes = {}
+        for value in inputs:
+            if value.name in request.shapes:
+                shapes[value.name] = request.shapes[value.name]
+                continue
+            dims = [
+                _dim_range(value.name, axis, dim, ranges) for axis, dim in enumerate(value.type.tensor_type.shape.dim)
+            ]
+            shapes[value.name] = ShapeRange(
+                tuple(d.min for d in dims), tuple(d.opt for d in dims), tuple(d.max for d in dims)
+            )
+        profiles.append(Profile(role_ranges.name, shapes))
+    return profiles

@@ -1,0 +1,174 @@
+"""Load a trtfuse engine, the plugins registered first, and run it through Polygraphy's TrtRunner."""
+
+from __future__ import annotations
+
+import io
+import statistics
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtfuse.build import import_tensorrt, read_sidecar, register_plugins, write_bytes_atomic
+from trtfuse.errors import TrtfuseError
+from trtfuse.inputs import make_feed
+from trtfuse.io import load_model
+from trtfuse.profiles import Profile
+
+
+@dataclass(frozen=True)
+class TimingSummary:
+    runs: int
+    min_ms: float
+    median_ms: float
+    mean_ms: float
+    max_ms: float
+
+    @staticmethod
+    def from_seconds(times: Sequence[float]) -> TimingSummary:
+        if not times:
+            raise TrtfuseError("no timed runs to summarise; ask for at least one iteration")
+        ms = [t * 1e3 for t in times]
+        return TimingSummary(len(ms), min(ms), statistics.median(ms), statistics.fmean(ms), max(ms))
+
+    def line(self) -> str:
+        return (
+            f"{self.runs} runs: min {self.min_ms:.3f} ms, median {self.median_ms:.3f} ms, "
+            f"mean {self.mean_ms:.3f} ms, max {self.max_ms:.3f} ms"
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    timing: TimingSummary
+
+
+def engine_profiles(engine_path: Path) -> list[Profile]:
+    """The optimisation profiles the sidecar records, in the engine's profile order (empty without a sidecar)."""
+    sidecar = read_sidecar(engine_path)
+    return [Profile.from_json(profile) for profile in sidecar["profiles"]] if sidecar else []
+
+
+def fused_model_path(engine_path: Path) -> Path:
+    sidecar = read_sidecar(engine_path)
+    if sidecar is None:
+        raise TrtfuseError(f"{engine_path}: no sidecar beside the engine; give the inputs with --inputs FILE.npz")
+    return engine_path.resolve().parent / sidecar["fused_model"]
+
+
+def profile_for_feed(profiles: Sequence[Profile], feed: Mapping[str, np.ndarray]) -> int:
+    """The first profile whose ranges hold every fed shape; raises naming an input that no profile holds."""
+    if not profiles:
+        return 0
+    for index, profile in enumerate(profiles):
+        if all(_shape_fits(profile, name, array.shape) for name, array in feed.items()):
+            return index
+    outside = [name for name, array in feed.items() if not any(_shape_fits(p, name, array.shape) for p in profiles)]
+    # When every shape fits some profile but no profile fits them all, the first input is as good a culprit as any.
+    name = outside[0] if outside else next(iter(feed))
+    shape = "x".join(str(dim) for dim in feed[name].shape)
+    ranges = "; ".join(f"{p.name}: {p.shapes[name]}" for p in profiles if name in p.shapes)
+    raise TrtfuseError(
+        f"input '{name}' of shape {shape} fits no optimisation profile of the engine together with the other inputs "
+        f"({ranges}); pick shapes inside one profile with --shape/--dim"
+    )
+
+
+def _shape_fits(profile: Profile, name: str, shape: tuple[int, ...]) -> bool:
+    if name not in profile.shapes:
+        return True
+    ranges = profile.shapes[name]
+    return len(shape) == len(ranges.min) and all(
+        low <= dim <= high for dim, low, high in zip(shape, ranges.min, ranges.max, strict=True)
+    )
+
+
+def load_feed(path: Path) -> dict[str, np.ndarray]:
+    """Inputs saved with numpy.savez: one array per input name."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise TrtfuseError(f"{path}: not a readable .npz of input arrays ({error})") from None
+
+
+def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Arrays as an .npz (the format `load_feed` reads), written atomically."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes_atomic(path, buffer.getbuffer())
+
+
+def generated_feed(
+    engine_path: Path,
+    seed: int,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
+) -> dict[str, np.ndarray]:
+    """Random inputs from the engine's fused model; without shapes or dims, the first profile's OPT shapes."""
+    model = load_model(fused_model_path(engine_path)).model
+    profiles = engine_profiles(engine_path)
+    if not shapes and not dims and profiles:
+        shapes = profiles[0].opt_shapes()
+    return make_feed(model, seed, shapes=shapes, dims=dims)
+
+
+def engine_loader(engine_path: Path) -> Callable[[], object]:
+    """A Polygraphy-style loader: calling it registers the trtfuse plugins, then deserialises the engine."""
+    if not engine_path.is_file():
+        raise TrtfuseError(f"{engine_path}: no such engine file")
+
+    def load() -> object:
+        import_tensorrt()
+        register_plugins()
+        from polygraphy.backend.common import BytesFromPath
+        from polygraphy.backend.trt import EngineFromBytes
+        from polygraphy.exception import PolygraphyException
+
+        try:
+            return EngineFromBytes(BytesFromPath(str(engine_path)))()
+        except PolygraphyException as error:
+            raise TrtfuseError(
+                f"{engine_path}: TensorRT cannot deserialise the engine ({str(error).strip().splitlines()[-1]}); "
+                "was it built by another TensorRT version or for another GPU? its sidecar says"
+            ) from None
+
+    return load
+
+
+def trt_runner(engine_path: Path, profile_index: int = 0) -> object:
+    """Polygraphy's TrtRunner over the engine, set to one optimisation profile."""
+    loader = engine_loader(engine_path)
+    import_tensorrt()
+    from polygraphy.backend.trt import TrtRunner
+
+    return TrtRunner(loader, name="tensorrt-engine", optimization_profile=profile_index)
+
+
+def run_engine(
+    engine_path: Path,
+    feed: Mapping[str, np.ndarray],
+    iterations: int = 10,
+    warmup: int = 2,
+) -> RunResult:
+    """Run the engine `warmup + iterations` times on `feed` in the profile that holds it; time the last ones."""
+    if iterations < 1 or warmup < 0:
+        raise TrtfuseError(f"need at least one iteration and no negative warm-up, got {iterations} and {warmup}")
+    runner = trt_runner(engine_path, profile_for_feed(engine_profiles(engine_path), feed))
+    from polygraphy.exception import PolygraphyException
+
+    times = []
+    try:
+        with runner:
+            for _ in range(warmup):
+                runner.infer(dict(feed))
+            for _ in range(iterations):
+                outputs = runner.infer(dict(feed))
+                times.append(runner.last_inference_time())
+    except PolygraphyException as error:
+        raise TrtfuseError(f"{engine_path}: inference failed: {str(error).strip().splitlines()[-1]}") from None
+    host_outputs = {name: np.asarray(array) for name, array in outputs.items()}
+    return RunResult(outputs=host_outputs, timing=TimingSummary.from_seconds(times))
