@@ -36,3 +36,7 @@ cli.add_command(check)
 
 def main() -> None:
     cli(prog_name="trtfuse")
+
+
+if __name__ == "__main__":
+    main()

@@ -141,7 +141,10 @@ def _gpt2() -> PretrainedConfig:
 
 
 def _cohere() -> PretrainedConfig:
-    return CohereConfig(**_common(), use_qk_norm=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    # With fewer kv heads than heads, the TorchScript trace bakes the query's head count into the key's Reshape.
+    return CohereConfig(
+        **{**_common(), "num_key_value_heads": HEADS}, use_qk_norm=False, pad_token_id=0, bos_token_id=1, eos_token_id=2
+    )
 
 
 def _common() -> dict[str, object]:
@@ -187,24 +190,25 @@ class ExportSpec:
         return f"{self.arch}-{self.exporter}-{DTYPE_TAGS[self.dtype]}.onnx"
 
 
-# The committed set: every architecture at least once, both exporters and both dtypes for each RMSNorm family
-# where the 8 MB fixture budget allows, and the LayerNorm negatives in one fp32 and one fp16 form.
+# The committed set, about 7.9 MB: every architecture, both exporters and both dtypes (the
+# TorchScript exports of the LayerNorm negatives compute wrong logits, see models/README.md); Llama in all four forms; the
+# q/k-norm families in both dtypes of the dynamo export and in the TorchScript fp16 one (casts around every norm).
 FIXTURES = (
+    *(ExportSpec("llama", exporter, dtype) for exporter in EXPORTERS for dtype in DTYPES),
     *(
         ExportSpec(arch, exporter, dtype)
-        for arch in ("llama", "qwen3", "gemma3")
-        for exporter in EXPORTERS
-        for dtype in DTYPES
+        for arch in ("qwen3", "gemma3")
+        for exporter, dtype in (("torchscript", "float16"), ("dynamo", "float32"), ("dynamo", "float16"))
     ),
-    *(
-        ExportSpec(arch, exporter, dtype)
-        for arch in ("olmo2", "phi3", "deepseek_v3")
-        for exporter, dtype in (("torchscript", "float16"), ("dynamo", "float32"))
-    ),
-    ExportSpec("gpt2", "torchscript", "float32"),
+    ExportSpec("olmo2", "torchscript", "float16"),
+    ExportSpec("olmo2", "dynamo", "float32"),
+    ExportSpec("phi3", "torchscript", "float16"),
+    ExportSpec("phi3", "dynamo", "float16"),
+    ExportSpec("deepseek_v3", "torchscript", "float16"),
+    ExportSpec("deepseek_v3", "dynamo", "float32"),
     ExportSpec("gpt2", "dynamo", "float16"),
-    ExportSpec("cohere", "torchscript", "float16"),
     ExportSpec("cohere", "dynamo", "float32"),
+    ExportSpec("cohere", "dynamo", "float16"),
 )
 
 

@@ -28,6 +28,7 @@ from trtfuse.build import (
 )
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.profiles import Profile, ShapeRange
+from trtfuse.runner import ENGINE_RUNNER
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 PROFILE = Profile("default", {"input_ids": ShapeRange((1, 1), (1, 256), (1, 4096))})
@@ -179,6 +180,9 @@ def test_build_checks_the_output_folder_first(tmp_path):
     fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
     with pytest.raises(TrtfuseError, match=r"output folder does not exist"):
         build.build_engine(fused, tmp_path / "no" / "m.engine", BuildOptions(profiles=(PROFILE,)))
+    cache_elsewhere = BuildOptions(profiles=(PROFILE,), timing_cache=tmp_path / "no" / "timing.cache")
+    with pytest.raises(TrtfuseError, match=r"timing\.cache: output folder does not exist"):
+        build.build_engine(fused, tmp_path / "m.engine", cache_elsewhere)
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
@@ -241,7 +245,7 @@ def test_compile_builds_an_engine_that_matches_onnxruntime(dtype, tmp_path):
     assert sidecar["plugins"][0]["name"] == contract.RMS_NORM_OP
     assert cache.stat().st_size > 0
     report = compare(original, engine, dims={"batch": 1, "sequence": 9})
-    assert report.candidate_runner == "tensorrt-engine"
+    assert report.candidate_runner == ENGINE_RUNNER
     assert report.passed, report.to_json()
 
 

@@ -168,6 +168,8 @@ def test_feed_shape_overrides_and_bad_names() -> None:
     assert make_feed(model, 0, shapes={"input_ids": (1, 9)})["input_ids"].shape == (1, 9)
     with pytest.raises(TrtfuseError, match="--shape names no graph input: tokens"):
         make_feed(model, 0, shapes={"tokens": (1, 9)})
+    with pytest.raises(TrtfuseError, match="--dim names no symbolic dim of a graph input: batch"):
+        make_feed(model, 0, dims={"batch": 1, "batch_size": 1})
 
 
 def test_feed_rejects_an_unreadable_dim() -> None:

@@ -262,7 +262,7 @@ def test_configure_warms_the_kernel_up_for_the_profile(
     [
         ([(2, 8, 32), (64,)], r"input 'x' has shape \[2, 8, 32\]; its last dim must be 64"),
         ([(2, 8, 64), (32,)], r"input 'weight' has shape \[32\], expected \[64\]"),
-        ([(2, 8, 64), (2, 64)], r"input 'weight' has shape \[2, 64\], expected \[64\]"),
+        ([(2, 8, 64), (2, 64)], r"input 'weight' has shape \[2, 64\], expected \[64\] or \[1, ..., 1, 64\]"),
     ],
 )
 def test_configure_rejects_shapes_that_contradict_the_fields(shapes: list[tuple[int, ...]], message: str) -> None:
@@ -367,13 +367,25 @@ def test_enqueue_before_preparation_or_after_destroy_raises(kernels: list[Record
     case = lifecycle.rms_case(64, "float32", "float32")
     creator = RmsNormPluginCreator()
     plugin = create(creator, rms_fields(), node="n", phase=trt.TensorRTPhase.RUNTIME)
-    with pytest.raises(TrtfuseError, match="TrtfuseRmsNorm 'n': enqueue before configure_plugin or on_shape_change"):
+    with pytest.raises(TrtfuseError, match="TrtfuseRmsNorm 'n': enqueue before on_shape_change gave the shapes"):
         enqueue_args(plugin, case, ((1, 1, 64),), stream=0)
     lifecycle.shape_change(plugin, case, ((1, 1, 64),))
     enqueue_args(plugin, case, ((1, 1, 64),), stream=0)
     plugin.destroy()
-    with pytest.raises(TrtfuseError, match="enqueue before configure_plugin"):
+    with pytest.raises(TrtfuseError, match="enqueue before on_shape_change"):
         enqueue_args(plugin, case, ((1, 1, 64),), stream=0)
+
+
+def test_configured_plugin_still_waits_for_shapes_and_skips_empty_tensors(kernels: list[RecordingKernel]) -> None:
+    case = lifecycle.rms_case(64, "float16", "float32")
+    build = lifecycle.build_phase(RmsNormPluginCreator(), case)
+    with pytest.raises(TrtfuseError, match="enqueue before on_shape_change"):
+        enqueue_args(build.plugin.clone(), case, ((1, 1, 64),), stream=0)
+    lifecycle.shape_change(build.plugin, case, ((1, 0, 64),))
+    enqueue_args(build.plugin.clone(), case, ((1, 0, 64),), stream=0)
+    lifecycle.shape_change(build.plugin, case, ((1, 2, 64),))
+    enqueue_args(build.plugin, case, ((1, 2, 64),), stream=0)
+    assert [launch[3] for launch in kernels[0].launches] == [2]
 
 
 def test_parse_fields_matches_the_creator() -> None:
@@ -456,3 +468,11 @@ def test_reference_places_the_cast_where_the_weight_mode_says() -> None:
     after = (normed.to(torch.bfloat16).double() * weight.double()).to(torch.bfloat16).double()
     assert torch.equal(modes[WeightMode.AFTER_CAST], after)
     assert not torch.equal(modes[WeightMode.AFTER_CAST], modes[WeightMode.BEFORE_CAST])
+
+
+def test_configure_accepts_a_weight_with_leading_ones(kernels: list[RecordingKernel]) -> None:
+    plugin = create(RmsNormPluginCreator(), rms_fields())
+    shapes = [(3, 64), (1, 1, 64)]
+    inputs = [lifecycle.dynamic_desc(shape, shape, shape, "bfloat16") for shape in shapes]
+    plugin.configure_plugin(inputs, [lifecycle.dynamic_desc((3, 64), (3, 64), (3, 64), "bfloat16")])
+    assert kernels[0].warm_ups == [3]

@@ -47,8 +47,9 @@ def describe(report: lifecycle.LifecycleReport) -> str:
     for run in report.runs:
         for check in run.checks:
             lines.append(
-                f"  shapes {run.shapes} {check.name}: max abs {check.max_abs:.3e} max rel {check.max_rel:.3e} "
-                f"(rtol {check.rtol:g}), unwritten elements {check.unwritten}, guard tail intact {run.guards_intact}"
+                f"  {run.plugin} plugin, shapes {run.shapes}, {check.name}: max abs {check.max_abs:.3e} "
+                f"max rel {check.max_rel:.3e} (rtol {check.rtol:g}), unwritten elements {check.unwritten}, "
+                f"guard tail intact {run.guards_intact}"
             )
     return "\n".join(lines)
 

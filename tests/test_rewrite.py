@@ -51,7 +51,11 @@ def run(model: onnx.ModelProto, feed: dict[str, np.ndarray], dtype: str) -> list
     """onnxruntime, except for bfloat16 graphs: its CPU provider has no bfloat16 Mul or MatMul, onnx's evaluator has."""
     if dtype == "bfloat16":
         return ReferenceEvaluator(model).run(None, feed)
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    # onnxruntime's optimiser fuses RMSNorm chains into its own op with other rounding: run the graph as written.
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, feed)
 
 
@@ -118,15 +122,9 @@ def test_fused_norm_op_becomes_one_node(kind: str, dtype: str) -> None:
     if kind.startswith("Skip"):
         adds = [other for other in fused.graph.node if other.op_type == "Add"]
         assert len(adds) == 2 and node.input[0] == adds[-1].output[0]
-    if dtype != "bfloat16" and kind != "RMSNormalization":
+    # Nothing on this machine runs onnxruntime's own norm ops in bfloat16: onnx's evaluator does not know them.
+    if dtype != "bfloat16" or kind == "RMSNormalization":
         assert_same_numbers(original, fused, dtype)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rms_normalization_numerics(dtype: str) -> None:
-    original = fused_op_norm("RMSNormalization", dtype)
-    fused, _ = fuse(original)
-    assert_same_numbers(original, fused, dtype)
 
 
 @pytest.mark.parametrize("name", sorted(REJECTED))

@@ -321,8 +321,9 @@ def build_engine(
     emit: Callable[[str], None] = _stderr_line,
 ) -> BuildResult:
     """Parse the fused model with the trtfuse plugins registered, build one engine for all profiles, write it."""
-    if not engine_path.resolve().parent.is_dir():
-        raise TrtfuseError(f"{engine_path}: output folder does not exist")
+    for path in (engine_path, options.timing_cache):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise TrtfuseError(f"{path}: output folder does not exist")
     model = load_model(fused_model_path).model
     timing_cache_bytes = _read_timing_cache(options.timing_cache)
     trt = import_tensorrt()
@@ -352,6 +353,7 @@ def build_engine(
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
     timing_cache = config.create_timing_cache(timing_cache_bytes)
     config.set_timing_cache(timing_cache, ignore_mismatch=False)
+    # Held in a local: TensorRT requires the monitor to outlive every object that uses it.
     monitor = _progress_monitor(trt, BuildProgress(emit))
     config.progress_monitor = monitor
 

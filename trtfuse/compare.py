@@ -18,14 +18,13 @@ from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.inputs import make_feed
 from trtfuse.io import LoadedModel, load_model
 from trtfuse.reference import lower_fused_nodes
-from trtfuse.runner import engine_profiles, profile_for_feed, trt_runner
+from trtfuse.runner import engine_profiles, first_line, profile_for_feed, trt_runner
 from trtfuse.tolerances import OutputError, output_error, tolerance_for
 
 # onnxruntime resolves the external data of a model handed over as bytes against this folder.
 _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 ORIGINAL_RUNNER = "onnxruntime-original"
 LOWERED_RUNNER = "onnxruntime-fused-lowered"
-ENGINE_RUNNER = "tensorrt-engine"
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ def onnxruntime_session(loaded: LoadedModel) -> Callable[[], object]:
             )
         except Exception as error:
             # onnxruntime raises its own exception types for unsupported ops and bad graphs alike.
-            raise TrtfuseError(f"{loaded.path}: onnxruntime cannot load it: {_first_line(error)}") from None
+            raise TrtfuseError(f"{loaded.path}: onnxruntime cannot load it: {first_line(error)}") from None
 
     return load
 
@@ -171,7 +170,7 @@ def compare(
             results = Comparator.run(runners, data_loader=[feed])
             Comparator.compare_accuracy(results, compare_func=compare_func)
         except PolygraphyException as error:
-            raise TrtfuseError(f"{candidate_path}: comparison failed: {_first_line(error)}") from None
+            raise TrtfuseError(f"{candidate_path}: comparison failed: {first_line(error)}") from None
     return ComparisonReport(
         original=original_path,
         candidate=candidate_path,
@@ -180,8 +179,3 @@ def compare(
         input_shapes={name: tuple(array.shape) for name, array in feed.items()},
         outputs=compare_func.errors,
     )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -37,6 +37,9 @@ def make_feed(
     unknown = sorted(set(shapes) - {value.name for value in graph_inputs})
     if unknown:
         raise TrtfuseError(f"--shape names no graph input: {', '.join(unknown)}")
+    unknown = sorted(set(dims) - _symbols(graph_inputs))
+    if unknown:
+        raise TrtfuseError(f"--dim names no symbolic dim of a graph input: {', '.join(unknown)}")
     rng = np.random.default_rng(seed)
     index_bounds = _gather_index_bounds(model)
     feed = {}
@@ -51,6 +54,21 @@ def _numpy_dtype(value: onnx.ValueInfoProto) -> np.dtype:
     if not value.type.HasField("tensor_type"):
         raise TrtfuseError(f"graph input '{value.name}' is not a tensor; cannot generate it")
     return np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+
+
+def _symbols(graph_inputs: list[onnx.ValueInfoProto]) -> set[str]:
+    """Every symbol in the inputs' dims, also those inside expressions such as `past + 1`."""
+    symbols = set()
+    for value in graph_inputs:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param"):
+                symbols.add(dim.dim_param)
+                try:
+                    tree = ast.parse(dim.dim_param, mode="eval")
+                except SyntaxError:
+                    continue
+                symbols.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
+    return symbols
 
 
 def _resolve_shape(value: onnx.ValueInfoProto, dims: dict[str, int]) -> tuple[int, ...]:

@@ -17,6 +17,8 @@ from trtfuse.inputs import make_feed
 from trtfuse.io import load_model
 from trtfuse.profiles import Profile
 
+ENGINE_RUNNER = "tensorrt-engine"
+
 
 @dataclass(frozen=True)
 class TimingSummary:
@@ -44,6 +46,12 @@ class TimingSummary:
 class RunResult:
     outputs: dict[str, np.ndarray]
     timing: TimingSummary
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (Polygraphy's and onnxruntime's run over several)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def engine_profiles(engine_path: Path) -> list[Profile]:
@@ -132,8 +140,8 @@ def engine_loader(engine_path: Path) -> Callable[[], object]:
             return EngineFromBytes(BytesFromPath(str(engine_path)))()
         except PolygraphyException as error:
             raise TrtfuseError(
-                f"{engine_path}: TensorRT cannot deserialise the engine ({str(error).strip().splitlines()[-1]}); "
-                "was it built by another TensorRT version or for another GPU? its sidecar says"
+                f"{engine_path}: TensorRT cannot deserialise the engine ({first_line(error)}); its sidecar records "
+                "the TensorRT version and GPU it was built for"
             ) from None
 
     return load
@@ -145,7 +153,7 @@ def trt_runner(engine_path: Path, profile_index: int = 0) -> object:
     import_tensorrt()
     from polygraphy.backend.trt import TrtRunner
 
-    return TrtRunner(loader, name="tensorrt-engine", optimization_profile=profile_index)
+    return TrtRunner(loader, name=ENGINE_RUNNER, optimization_profile=profile_index)
 
 
 def run_engine(
@@ -169,6 +177,7 @@ def run_engine(
                 outputs = runner.infer(dict(feed))
                 times.append(runner.last_inference_time())
     except PolygraphyException as error:
-        raise TrtfuseError(f"{engine_path}: inference failed: {str(error).strip().splitlines()[-1]}") from None
-    host_outputs = {name: np.asarray(array) for name, array in outputs.items()}
+        raise TrtfuseError(f"{engine_path}: inference failed: {first_line(error)}") from None
+    # Copies: Polygraphy may hand out the same host buffers again on the next inference.
+    host_outputs = {name: np.array(array, copy=True) for name, array in outputs.items()}
     return RunResult(outputs=host_outputs, timing=TimingSummary.from_seconds(times))

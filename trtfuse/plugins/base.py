@@ -54,6 +54,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self._kernel_dtypes: tuple[str, str | None] | None = None
         self._warm_rows = 0
         self._rows: tuple[int, ...] = (0,) * len(self.ACTIVATION_NAMES)
+        self._has_shapes = False
         self._launch = self._launch_unprepared
         self._serialized: tuple[Any, Any] | None = None
 
@@ -85,14 +86,16 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         twin._kernel_dtypes = self._kernel_dtypes
         twin._warm_rows = self._warm_rows
         twin._rows = self._rows
-        twin._launch = self._kernel.launch if self._kernel is not None else twin._launch_unprepared
+        twin._has_shapes = self._has_shapes
+        twin._bind_launch()
         return twin
 
     def destroy(self) -> None:
         self._kernel = None
         self._kernel_dtypes = None
         self._warm_rows = 0
-        self._launch = self._launch_unprepared
+        self._has_shapes = False
+        self._bind_launch()
         self._serialized = None
 
     # --- build ----------------------------------------------------------------------------------------------------
@@ -131,6 +134,8 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         rows = self._check_inputs([desc.dims for desc in inputs])
         self._prepare([desc.type for desc in inputs], max(rows))
         self._rows = rows
+        self._has_shapes = True
+        self._bind_launch()
 
     def attach_to_context(self, resource_context: Any) -> NormPlugin:
         return self.clone()
@@ -177,7 +182,9 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
             name = self._input_names[position]
             if position >= activations:
                 if not shape or shape[-1] != hidden or math.prod(shape) != hidden:
-                    raise TrtfuseError(f"{self._label}: input '{name}' has shape {shape}, expected [{hidden}]")
+                    raise TrtfuseError(
+                        f"{self._label}: input '{name}' has shape {shape}, expected [{hidden}] or [1, ..., 1, {hidden}]"
+                    )
                 continue
             if not shape or shape[-1] != hidden:
                 raise TrtfuseError(f"{self._label}: input '{name}' has shape {shape}; its last dim must be {hidden}")
@@ -197,10 +204,22 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         if rows > self._warm_rows:
             self._kernel.warm_up(rows)
             self._warm_rows = rows
-        self._launch = self._kernel.launch
+
+    def _bind_launch(self) -> None:
+        """What enqueue calls: the kernel's launch once on_shape_change gave shapes; nothing for empty tensors (a
+        launch of zero blocks is a CUDA error); an error before any shapes, rather than a launch of unknown size."""
+        if self._kernel is None or not self._has_shapes:
+            self._launch = self._launch_unprepared
+        elif not any(self._rows):
+            self._launch = self._launch_nothing
+        else:
+            self._launch = self._kernel.launch
 
     def _launch_unprepared(self, *args: int) -> None:
-        raise TrtfuseError(f"{self._label}: enqueue before configure_plugin or on_shape_change prepared a kernel")
+        raise TrtfuseError(f"{self._label}: enqueue before on_shape_change gave the shapes to launch for")
+
+    def _launch_nothing(self, *args: int) -> None:
+        return None
 
 
 class NormPluginCreator(trt.IPluginCreatorV3One):

@@ -507,6 +507,7 @@ def graph_replay(cases: Sequence[NormCase], replays: int = 2, seed: int = 100) -
 @dataclass
 class RunResult:
     shapes: tuple[Shape, ...]
+    plugin: str  # which per-context plugin enqueued: "attached" or its "clone"
     checks: list[OutputCheck]
     guards_intact: bool
 
@@ -524,8 +525,9 @@ class LifecycleReport:
 
 
 def drive(case: NormCase, seed: int = 0) -> LifecycleReport:
-    """The full documented order on the GPU: build phase, runtime re-creation, then per run on_shape_change and
-    an enqueue on a side stream checked against the reference; host cost at the last run; destroy."""
+    """The full documented order on the GPU: build phase, runtime re-creation, attach and clone, then per run
+    on_shape_change and an enqueue on a side stream (runs alternate between the attached plugin and its clone),
+    checked against the reference; host cost at the last run's shapes; destroy."""
     import torch
 
     creator = CREATORS[case.config.plugin]()
@@ -534,13 +536,14 @@ def drive(case: NormCase, seed: int = 0) -> LifecycleReport:
     stream = torch.cuda.Stream()
     runs = []
     for index, shapes in enumerate(case.runs):
+        role, plugin = (("attached", attached), ("clone", clone))[index % 2]
         tensors = device_tensors(case, shapes, seed + index)
-        descs = shape_change(attached, case, shapes)
+        descs = shape_change(plugin, case, shapes)
         torch.cuda.synchronize()
-        enqueue(attached, descs, tensors, stream.cuda_stream)
+        enqueue(plugin, descs, tensors, stream.cuda_stream)
         stream.synchronize()
-        runs.append(RunResult(shapes, check_outputs(case, tensors), tensors.guards_intact()))
-    cost = host_cost(attached, descs, tensors, stream)
+        runs.append(RunResult(shapes, role, check_outputs(case, tensors), tensors.guards_intact()))
+    cost = host_cost(plugin, descs, tensors, stream)
     for plugin in (attached, clone, build.plugin):
         plugin.destroy()
     return LifecycleReport(case, build, runs, cost)
