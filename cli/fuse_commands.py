@@ -1,4 +1,8 @@
-"""`trtfuse inspect`, `trtfuse fuse` and `trtfuse check`."""
+"""`trtfuse inspect`, `trtfuse fuse` and `trtfuse check`.
+
+Each command imports the pipeline modules when it runs, so `trtfuse --help` and the other commands do not pay for
+onnx-graphsurgeon and onnxruntime imports they do not use.
+"""
 
 from __future__ import annotations
 
@@ -93,11 +97,11 @@ def inspect(model_path: Path, as_json: bool) -> None:
 def fuse(input_path: Path, output_path: Path, report_path: Path | None) -> None:
     """Rewrite every RMSNorm and QK-norm of IN.onnx into trtfuse plugin nodes and write OUT.onnx."""
     from trtfuse.fuse import fuse_model
-    from trtfuse.io import load_model, save_model, write_text_atomic
+    from trtfuse.io import check_output_path, load_model, save_model, write_text_atomic
 
     for path in (output_path, report_path):
-        if path is not None and not path.resolve().parent.is_dir():
-            raise TrtfuseError(f"{path}: output folder does not exist")
+        if path is not None:
+            check_output_path(path)
     loaded = load_model(input_path)
     try:
         result = fuse_model(loaded.model)

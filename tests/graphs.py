@@ -445,6 +445,7 @@ class AttentionSpec:
     q_epsilon: float = 1e-6
     k_epsilon: float = 1e-6
     k_reads_q: bool = False  # k's Reshape takes its shape from q's normalised output: pairing would make a cycle
+    latent_reshape: bool = False  # the kv latent is flattened to 2-D before its up-projection (TorchScript)
     norm: NormSpec = NormSpec()
 
 
@@ -477,6 +478,8 @@ def attention_block(spec: AttentionSpec) -> onnx.ModelProto:
         split = b.constant([spec.kv_rank, spec.rope_dim], "int64", base="split")
         kv_latent, k_rope = b.op("Split", compressed, split, axis=-1, outputs=2)
         kv = rms_norm(b, kv_latent, replace(k_norm, hidden=spec.kv_rank))
+        if spec.latent_reshape:
+            kv = b.op("Reshape", kv, b.constant([BATCH * SEQUENCE, spec.kv_rank], "int64", base="shape"))
         b.output(q)
         b.output(_project(b, kv, spec.kv_rank, spec.kv_heads * spec.head_dim, dtype))
         b.output(k_rope)
@@ -505,3 +508,80 @@ def _norm_heads(
     if spec.layout == "qk-head-dim":
         return b.op("Transpose", rms_norm(b, split, replace(norm, hidden=spec.head_dim)), perm=perm)
     return rms_norm(b, b.op("Transpose", split, perm=perm), replace(norm, hidden=spec.head_dim))
+
+
+# Random graphs for property tests: elementwise ops, reductions and whole norms over a small pool of tensors.
+RANDOM_SHAPE = [2, 3, 8]
+UNARY_OPS = ("Sqrt", "Reciprocal", "Relu", "Neg", "Abs")
+BINARY_OPS = ("Add", "Mul", "Div", "Sub")
+
+
+@dataclass
+class RandomGraph:
+    """Builds a graph step by step from choices a test draws; `pool` holds (tensor, dtype, last dim)."""
+
+    builder: Builder
+    pool: list[tuple[str, str, int]]
+
+    @classmethod
+    def start(cls) -> RandomGraph:
+        b = Builder()
+        x = b.input("x", RANDOM_SHAPE)
+        return cls(b, [(x, "float32", RANDOM_SHAPE[-1])])
+
+    def unary(self, op: str, index: int) -> None:
+        tensor, dtype, width = self.pool[index % len(self.pool)]
+        self.pool.append((self.builder.op(op, tensor), dtype, width))
+
+    def binary(self, op: str, first: int, second: int) -> None:
+        a, dtype, width = self.pool[first % len(self.pool)]
+        same = [entry for entry in self.pool if entry[1] == dtype]
+        b, _, other_width = same[second % len(same)]
+        self.pool.append((self.builder.op(op, a, b), dtype, max(width, other_width)))
+
+    def constant_op(self, op: str, index: int, value: float) -> None:
+        tensor, dtype, width = self.pool[index % len(self.pool)]
+        self.pool.append((self.builder.op(op, tensor, self.builder.constant(value, dtype)), dtype, width))
+
+    def reduce(self, op: str, index: int, axis: int) -> None:
+        tensor, dtype, width = self.pool[index % len(self.pool)]
+        self.pool.append((self.builder.reduce(op, tensor, [axis]), dtype, 1 if axis == -1 else width))
+
+    def cast(self, index: int, dtype: str) -> None:
+        tensor, _, width = self.pool[index % len(self.pool)]
+        self.pool.append((self.builder.cast(tensor, dtype), dtype, width))
+
+    def norm(self, index: int, spec: NormSpec) -> None:
+        """A whole norm, every intermediate of it added to the pool so later steps may read them."""
+        candidates = [entry for entry in self.pool if entry[2] == RANDOM_SHAPE[-1]]
+        tensor, dtype, width = candidates[index % len(candidates)]
+        first_new = len(self.builder.nodes)
+        y = rms_norm(self.builder, tensor, replace(spec, dtype=dtype, hidden=width))
+        types = self._types()
+        for node in self.builder.nodes[first_new:]:
+            name = node.output[0]
+            if node.op_type != "Constant" and name != y and types.get(name, ("other",))[0] in ELEM_TYPES:
+                self.pool.append((name, *types[name]))
+        self.pool.append((y, dtype, width))
+
+    def _types(self) -> dict[str, tuple[str, int]]:
+        """dtype name and last dim of every inferred tensor of the graph built so far."""
+        graph = helper.make_graph(self.builder.nodes, "partial", self.builder.inputs, [], self.builder.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.builder.opset)])
+        inferred = onnx.shape_inference.infer_shapes(model)
+        names = {code: name for name, code in ELEM_TYPES.items()}
+        return {
+            value.name: (
+                names.get(value.type.tensor_type.elem_type, "other"),
+                value.type.tensor_type.shape.dim[-1].dim_value,
+            )
+            for value in inferred.graph.value_info
+            if len(value.type.tensor_type.shape.dim) == len(RANDOM_SHAPE)
+        }
+
+    def model(self, outputs: list[int]) -> onnx.ModelProto:
+        """Expose the last tensor and the chosen others as graph outputs."""
+        chosen = dict.fromkeys([len(self.pool) - 1, *(index % len(self.pool) for index in outputs)])
+        for index in chosen:
+            self.builder.output(self.pool[index][0])
+        return self.builder.model()

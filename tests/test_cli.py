@@ -153,6 +153,14 @@ def test_fuse_into_a_missing_folder(llama_path: Path, tmp_path: Path) -> None:
     assert "output folder does not exist" in result.stderr
 
 
+def test_report_path_that_is_a_folder_writes_nothing(llama_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    result = _invoke("fuse", llama_path, "-o", tmp_path / "fused.onnx", "--report", tmp_path / "taken")
+    assert result.exit_code == EXIT_ERROR
+    assert result.stderr == f"trtfuse: error: {tmp_path / 'taken'}: is a folder, not a file name\n"
+    assert not (tmp_path / "fused.onnx").exists()
+
+
 def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     completed = subprocess.run(
         [sys.executable, "-c", "from cli.main import main; main()", "fuse", str(tmp_path / "x.onnx"), "-o", "y.onnx"],

@@ -94,6 +94,20 @@ def test_load_reads_small_external_tensors_only(external_model: Path) -> None:
     assert not weight.raw_data
 
 
+def test_external_tensor_without_a_length_field(external_model: Path) -> None:
+    model = onnx.load(str(external_model), load_external_data=False)
+    for tensor in model.graph.initializer:
+        kept = [entry for entry in tensor.external_data if entry.key != "length"]
+        del tensor.external_data[:]
+        tensor.external_data.extend(kept)
+    onnx.save_model(model, str(external_model))
+    assert _tensor_names(load_model(external_model).model) == {"W"}
+    data = external_model.parent / "weights.data"
+    data.write_bytes(data.read_bytes()[:1000])
+    with pytest.raises(TrtfuseError, match=r"'W' reads bytes 0-2097152"):
+        load_model(external_model)
+
+
 def test_save_into_the_same_folder_keeps_the_data_file(external_model: Path) -> None:
     data = external_model.parent / "weights.data"
     before = data.stat()

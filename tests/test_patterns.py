@@ -164,6 +164,12 @@ def test_qk_norms_pair_per_attention_block(layout: str, dtype: str) -> None:
     assert not any(tag.startswith(("qk-", "mla-")) for tag in input_norm.tags)
 
 
+def test_mla_latent_read_through_a_reshape() -> None:
+    found = search(attention_block(AttentionSpec("mla-latent", latent_reshape=True)))
+    [pair] = found.qk_norm_pairs
+    assert "mla-latent" in pair.q.tags and "mla-latent" in pair.k.tags
+
+
 def test_qk_norms_with_different_epsilon_stay_separate() -> None:
     found = search(attention_block(AttentionSpec("qk-head-dim", q_epsilon=1e-6, k_epsilon=1e-5)))
     assert not found.qk_norm_pairs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -111,12 +112,22 @@ def case(request: pytest.FixtureRequest) -> lifecycle.NormCase:
 # --- registration and creators -----------------------------------------------------------------------------------
 
 
-def test_register_adds_one_creator_per_node_kind_once() -> None:
+@pytest.fixture
+def registry() -> Iterator[Any]:
+    """TensorRT's plugin registry, left without trtfuse creators afterwards: with TensorRT-RTX standing in, a
+    registered Python plugin would make a later test's network build abort the process."""
+    registry = trt.get_plugin_registry()
+    yield registry
+    for creator in list(registry.all_creators):
+        if getattr(creator, "plugin_namespace", None) == "trtfuse":
+            registry.deregister_creator(creator)
+
+
+def test_register_adds_one_creator_per_node_kind_once(registry: Any) -> None:
     first = plugins.register()
     second = plugins.register()
     assert set(first) == {RMS_NORM_OP, QK_NORM_OP}
     assert first == second
-    registry = trt.get_plugin_registry()
     for op in (RMS_NORM_OP, QK_NORM_OP):
         assert registry.get_creator(op, "1", "trtfuse") is first[op]
     trtfuse_creators = [c for c in registry.all_creators if getattr(c, "plugin_namespace", None) == "trtfuse"]
@@ -476,3 +487,22 @@ def test_configure_accepts_a_weight_with_leading_ones(kernels: list[RecordingKer
     inputs = [lifecycle.dynamic_desc(shape, shape, shape, "bfloat16") for shape in shapes]
     plugin.configure_plugin(inputs, [lifecycle.dynamic_desc((3, 64), (3, 64), (3, 64), "bfloat16")])
     assert kernels[0].warm_ups == [3]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [lifecycle.rms_case(4096, "bfloat16", "float32"), lifecycle.qk_case(32, 8, 128, "bfloat16", "bfloat16")],
+    ids=["rms", "qk"],
+)
+def test_the_real_kernels_compile_through_configure_plugin(case: lifecycle.NormCase) -> None:
+    """Without a GPU trtfuse.kernels compiles for sm_90a: configure_plugin's warm-up builds every variant for real,
+    and a plugin re-created at runtime gets the process's same kernel object."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    creator = lifecycle.CREATORS[case.config.plugin]()
+    build = lifecycle.build_phase(creator, case)
+    is_rms = case.config.plugin == RMS_NORM_OP
+    assert isinstance(build.plugin.kernel, trtfuse.kernels.RmsNormKernel if is_rms else trtfuse.kernels.QkNormKernel)
+    assert (build.plugin.kernel.spec.dtype, build.plugin.kernel.spec.epsilon) == (case.dtype, case.config.epsilon)
+    attached, _clone = lifecycle.runtime_phase(creator, build)
+    lifecycle.shape_change(attached, case, case.runs[-1])
+    assert attached.kernel is build.plugin.kernel

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -9,16 +11,22 @@ import onnxruntime
 import pytest
 from graphs import (
     ACCEPTED,
+    BINARY_OPS,
     REJECTED,
+    UNARY_OPS,
     AttentionSpec,
     NormSpec,
+    RandomGraph,
     attention_block,
     before_cast_gate,
+    expected,
     fused_op_norm,
     partial_weight,
     shared_normalized,
     single_norm,
 )
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from onnx.reference import ReferenceEvaluator
 
 from trtfuse import contract
@@ -192,3 +200,87 @@ def test_cycle_is_not_created() -> None:
     fused, _ = fuse(original)
     assert [node.op_type for node in fused_nodes(fused)] == [contract.RMS_NORM_OP] * 3
     assert_same_numbers(original, fused, "float32")
+
+
+SPELLINGS = st.builds(
+    NormSpec,
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+    square=st.sampled_from(["pow", "mul"]),
+    exponent_dtype=st.sampled_from(["float32", "float16", "int64"]),
+    mean=st.sampled_from(["reduce-mean", "reduce-sum-mul", "reduce-sum-div"]),
+    root=st.sampled_from(["div-one", "reciprocal", "pow-half", "div-sqrt"]),
+    epsilon=st.sampled_from([1e-5, 1e-6, 3e-6]),
+    epsilon_dtype=st.sampled_from(["float32", "float16"]),
+    epsilon_as_node=st.booleans(),
+    epsilon_first=st.booleans(),
+    rsqrt_first=st.booleans(),
+    weight=st.sampled_from(["after-cast", "before-cast", "none"]),
+    offset=st.sampled_from(["none", "add-one-first", "add-one-last", "folded"]),
+    weight_first=st.booleans(),
+    weight_as_node=st.booleans(),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=SPELLINGS, opset=st.sampled_from([17, 18]))
+def test_any_combination_of_spellings_fuses_exactly(spec: NormSpec, opset: int) -> None:
+    original = single_norm(spec, opset)
+    fused, records = fuse(original)
+    assert [node.op_type for node in fused_nodes(fused)] == [contract.RMS_NORM_OP]
+    assert records[0].weight_mode == expected(spec).weight_mode.name
+    assert_same_numbers(original, fused, spec.dtype)
+
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("unary"), st.sampled_from(UNARY_OPS), st.integers(0, 50)),
+        st.tuples(st.just("binary"), st.sampled_from(BINARY_OPS), st.integers(0, 50), st.integers(0, 50)),
+        st.tuples(
+            st.just("constant_op"),
+            st.sampled_from(["Add", "Mul", "Pow", "Div"]),
+            st.integers(0, 50),
+            st.sampled_from([2.0, 1.0, -0.5, 1e-6, 8.0, 0.125]),
+        ),
+        st.tuples(
+            st.just("reduce"),
+            st.sampled_from(["ReduceMean", "ReduceSum"]),
+            st.integers(0, 50),
+            st.sampled_from([1, -1]),
+        ),
+        st.tuples(st.just("cast"), st.integers(0, 50), st.sampled_from(["float16", "float32"])),
+        st.tuples(st.just("norm"), st.integers(0, 50), SPELLINGS),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, outputs=st.lists(st.integers(0, 50), max_size=3))
+def test_random_graphs_never_crash_and_keep_their_numbers(steps: list[tuple], outputs: list[int]) -> None:
+    """Norms mixed with random ops that read their intermediates: whatever fuses, the outputs do not change."""
+    graph = RandomGraph.start()
+    for kind, *arguments in steps:
+        if kind == "norm":
+            index, spec = arguments
+            graph.norm(index, replace(spec, dtype="float32", weight_dtype=None))
+        else:
+            getattr(graph, kind)(*arguments)
+    original = graph.model(outputs)
+    fused, records = fuse(original)
+    event(f"{len(records)} norm(s) fused")
+    low_precision = any(node.op_type == "Cast" for node in original.graph.node[:-1])
+    feed = feed_for(original)
+    # onnx's evaluator, not onnxruntime: onnxruntime's CPU provider computes float16 ops in float32 and drops cast
+    # pairs around them, so removing a dead Cast alone would change its numbers.
+    want = ReferenceEvaluator(original).run(None, feed)
+    got = ReferenceEvaluator(lower_fused_nodes(fused)).run(None, feed)
+    tolerance = tolerance_for("float16" if low_precision else "float32").rtol
+    for expected_output, actual in zip(want, got, strict=True):
+        finite = np.isfinite(expected_output)
+        assert np.array_equal(finite, np.isfinite(actual))
+        if not records:
+            assert np.array_equal(expected_output[finite], actual[finite])
+        elif finite.any():
+            scale = np.abs(expected_output[finite]).max()
+            assert np.abs(actual[finite] - expected_output[finite]).max() <= tolerance * scale

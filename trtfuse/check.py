@@ -38,7 +38,7 @@ def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.resolve().parent))
+    options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.absolute().parent))
     try:
         session = onnxruntime.InferenceSession(
             model.model.SerializeToString(), options, providers=["CPUExecutionProvider"]

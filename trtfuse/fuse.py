@@ -36,7 +36,7 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """The model as an onnx-graphsurgeon graph with every shape that ONNX shape inference can work out."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as error:
         raise TrtfuseError(f"shape inference failed: {str(error).strip().splitlines()[0]}") from None
     return gs.import_onnx(inferred)
 

@@ -8,6 +8,7 @@ rest as references to files next to the model. `save_model` keeps those referenc
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -15,9 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import external_data_helper
+from onnx import external_data_helper, helper
 
 from trtfuse.errors import TrtfuseError
 
@@ -27,6 +29,7 @@ SMALL_TENSOR_BYTES = 1 << 20
 # Protobuf cannot serialise a message of 2 GiB or more; what is left inline must stay below it.
 MAX_PROTO_BYTES = (1 << 31) - 1
 DEFAULT_DOMAINS = ("", "ai.onnx")
+_FOUR_BIT_TYPES = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1}
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class LoadedModel:
 class _ExternalRef:
     location: str
     offset: int
-    length: int | None
+    length: int
 
 
 def iter_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -83,12 +86,13 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise TrtfuseError(f"{path}: not a file")
     model = _parse(path)
     _check_opset(model, path)
-    folder = path.resolve().parent
+    # Like onnx, resolve external data against the folder the path names, not the target of a symlinked model file.
+    folder = path.absolute().parent
     _check_external_data(model, path, folder)
     _check_graph(path)
     for tensor in external_tensors(model):
         ref = _external_ref(tensor, path)
-        if ref.length is not None and ref.length <= SMALL_TENSOR_BYTES:
+        if ref.length <= SMALL_TENSOR_BYTES:
             try:
                 external_data_helper.load_external_data_for_tensor(tensor, str(folder))
             except (OSError, onnx.checker.ValidationError) as error:
@@ -99,6 +103,8 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
 def _parse(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
+    except OSError as error:
+        raise TrtfuseError(f"{path}: cannot read: {error.strerror or error}") from None
     except (DecodeError, ValueError, RuntimeError) as error:
         raise TrtfuseError(f"{path}: not an ONNX model ({_first_line(error)})") from None
     # Protobuf parses many non-ONNX byte strings into a message with no fields set.
@@ -123,10 +129,18 @@ def _external_ref(tensor: onnx.TensorProto, path: Path) -> _ExternalRef:
         raise TrtfuseError(f"{path}: tensor '{tensor.name}' has external data without a location")
     try:
         offset = int(fields.get("offset", 0))
-        length = int(fields["length"]) if "length" in fields else None
-    except ValueError:
+        # Without a length field the payload is exactly the tensor's dims times its element size.
+        length = int(fields["length"]) if "length" in fields else _payload_bytes(tensor)
+    except (ValueError, TypeError, KeyError):
         raise TrtfuseError(f"{path}: tensor '{tensor.name}' has a malformed external data offset or length") from None
     return _ExternalRef(location=location, offset=offset, length=length)
+
+
+def _payload_bytes(tensor: onnx.TensorProto) -> int:
+    element_bits = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize * 8
+    if tensor.data_type in _FOUR_BIT_TYPES:
+        element_bits = 4
+    return (math.prod(tensor.dims) * element_bits + 7) // 8
 
 
 def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> None:
@@ -134,7 +148,7 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
     for tensor in external_tensors(model):
         ref = _external_ref(tensor, path)
         data_path = (folder / ref.location).resolve()
-        if Path(ref.location).is_absolute() or not data_path.is_relative_to(folder):
+        if Path(ref.location).is_absolute() or not data_path.is_relative_to(folder.resolve()):
             raise TrtfuseError(
                 f"{path}: tensor '{tensor.name}' points outside the model's folder to external data '{ref.location}'"
             )
@@ -142,7 +156,7 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
             if not data_path.is_file():
                 raise TrtfuseError(f"{path}: external data file '{ref.location}' of tensor '{tensor.name}' is missing")
             sizes[data_path] = data_path.stat().st_size
-        end = ref.offset + (ref.length or 0)
+        end = ref.offset + ref.length
         if ref.offset < 0 or end > sizes[data_path]:
             raise TrtfuseError(
                 f"{path}: tensor '{tensor.name}' reads bytes {ref.offset}-{end} of '{ref.location}', "
@@ -166,10 +180,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, source: LoadedMo
     The written file must pass the ONNX checker, else nothing is left behind.
     """
     path = Path(path)
-    folder = path.resolve().parent
-    if not folder.is_dir():
-        raise TrtfuseError(f"{path}: output folder does not exist")
-    source_folder = source.path.resolve().parent if source is not None else folder
+    folder = check_output_path(path)
+    source_folder = source.path.absolute().parent if source is not None else folder
     if model.ByteSize() > MAX_PROTO_BYTES:
         raise TrtfuseError(f"{path}: model is over 2 GiB without its external data; keep large tensors external")
     created: list[Path] = []
@@ -178,15 +190,33 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, source: LoadedMo
             for location in sorted({_external_ref(tensor, path).location for tensor in external_tensors(model)}):
                 created.extend(_place_data_file(source_folder / location, folder / location))
         _write_checked(model, path)
+    except OSError as error:
+        _remove(created)
+        raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
     except BaseException:
-        for created_path in reversed(created):
-            with contextlib.suppress(OSError):
-                created_path.unlink()
+        _remove(created)
         raise
 
 
+def check_output_path(path: str | os.PathLike) -> Path:
+    """The folder `path` will be written into; a missing folder or a `path` that is a folder is a `TrtfuseError`."""
+    path = Path(path)
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise TrtfuseError(f"{path}: output folder does not exist")
+    if path.is_dir():
+        raise TrtfuseError(f"{path}: is a folder, not a file name")
+    return folder
+
+
+def _remove(paths: list[Path]) -> None:
+    for created_path in reversed(paths):
+        with contextlib.suppress(OSError):
+            created_path.unlink()
+
+
 def _place_data_file(source: Path, target: Path) -> list[Path]:
-    """Make `target` a copy of `source`; returns what it created so a failed save can remove it.
+    """Make `target` a copy of `source`; returns it when it is new, so a failed save can remove it again.
 
     A copy, not a hard link: onnx (1.17 and later) refuses to read external data files with several links, so a link
     would break both the output and the source model.
@@ -195,6 +225,7 @@ def _place_data_file(source: Path, target: Path) -> list[Path]:
         return []
     if not source.is_file():
         raise TrtfuseError(f"{source}: external data file is missing")
+    existed = target.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(handle)
@@ -206,11 +237,11 @@ def _place_data_file(source: Path, target: Path) -> list[Path]:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
         raise
-    return [target]
+    return [] if existed else [target]
 
 
 def _write_checked(model: onnx.ModelProto, path: Path) -> None:
-    handle, temp_name = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
+    handle, temp_name = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".tmp")
     temp = Path(temp_name)
     try:
         with os.fdopen(handle, "wb") as file:
@@ -230,17 +261,21 @@ def _write_checked(model: onnx.ModelProto, path: Path) -> None:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write a text file (a report) through a temp file in its folder, so a failure leaves no partial file."""
     path = Path(path)
-    if not path.resolve().parent.is_dir():
-        raise TrtfuseError(f"{path}: output folder does not exist")
-    handle, temp_name = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
+    folder = check_output_path(path)
+    try:
+        handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
         _set_default_permissions(Path(temp_name))
         os.replace(temp_name, path)
+    except OSError as error:
+        _remove([Path(temp_name)])
+        raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
+        _remove([Path(temp_name)])
         raise
 
 

@@ -35,7 +35,8 @@ class RowTiling:
     vector: int  # elements per access
     threads_per_row: int  # a power of two; below 32 a row is part of a warp, above it several warps
     vectors_per_thread: int
-    rows_per_block: int
+    rows_per_block: int  # thread groups per block
+    rows_per_thread: int = 1  # rows each thread group normalises, all loaded before the first reduction
 
     @property
     def vectors_per_row(self) -> int:
@@ -116,4 +117,5 @@ def with_block_threads(tiling: RowTiling, block_threads: int) -> RowTiling:
         threads_per_row=tiling.threads_per_row,
         vectors_per_thread=tiling.vectors_per_thread,
         rows_per_block=block_threads // tiling.threads_per_row,
+        rows_per_thread=tiling.rows_per_thread,
     )

@@ -213,12 +213,12 @@ def _core(walk: _Walk) -> _Core:
     if anchor.op in ALWAYS_REJECTED:
         raise walk.reject(ALWAYS_REJECTED[anchor.op])
     reduced = anchor.inputs[0]
+    base, square_nodes, square_tag = _square_base(walk, reduced)
+    _reject_layer_norm(walk, base)
     _check_last_axis(walk, reduced)
     hidden = static_last_dim(reduced)
     if hidden is None:
         raise walk.reject(f"the normalised axis of {reduced.name} has no static length")
-    base, square_nodes, square_tag = _square_base(walk, reduced)
-    _reject_layer_norm(walk, base)
     mean, mean_nodes, mean_tag = _mean(walk, hidden)
     variance, add, epsilon = _add_epsilon(walk, mean)
     product, root_nodes, root_tag = _inverse_root(walk, variance)

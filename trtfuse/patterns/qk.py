@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import onnx_graphsurgeon as gs
 
 from trtfuse.patterns.matches import QkNormPair, RmsNormMatch
-from trtfuse.patterns.queries import dtype_name, is_constant, look_through_lossless_casts, producer
+from trtfuse.patterns.queries import dtype_name, is_constant, producer
 
 LAYOUT_OPS = ("Reshape", "Transpose", "Cast", "Split", "Slice", "Identity", "Squeeze", "Unsqueeze")
 PROJECTIONS = ("MatMul", "Gemm")
@@ -55,7 +55,7 @@ def _projection_behind(x: gs.Tensor) -> tuple[gs.Node, list[str]] | None:
         if node.op in LAYOUT_OPS:
             ops.append(node.op)
             tensor = node.inputs[0]
-        elif node.op == "Add" and not bias_seen and any(is_constant(operand) for operand in node.inputs):
+        elif node.op == "Add" and not bias_seen and sum(map(is_constant, node.inputs)) == 1:
             bias_seen = True
             tensor = next(operand for operand in node.inputs if not is_constant(operand))
         else:
@@ -68,17 +68,16 @@ def _projection_readers(source: gs.Tensor) -> int:
 
 
 def _feeds_projection(y: gs.Tensor) -> bool:
-    return any(_is_projection(node) and look_through_lossless_casts(node.inputs[0]) is y for node in _readers(y))
-
-
-def _readers(tensor: gs.Tensor) -> list[gs.Node]:
-    """Nodes reading `tensor` directly or through Casts."""
-    readers = []
-    for node in tensor.outputs:
-        readers.append(node)
-        if node.op == "Cast":
-            readers.extend(node.outputs[0].outputs)
-    return readers
+    """Whether y, directly or through layout ops (a Reshape, a Cast...), is the input of a projection."""
+    frontier = [y]
+    for _ in range(MAX_LAYOUT_STEPS):
+        readers = [node for tensor in frontier for node in tensor.outputs]
+        if any(_is_projection(node) and node.inputs[0] in frontier for node in readers):
+            return True
+        frontier = [node.outputs[0] for node in readers if node.op in LAYOUT_OPS]
+        if not frontier:
+            return False
+    return False
 
 
 def _layout_tag(match: RmsNormMatch, ops: list[str]) -> str:

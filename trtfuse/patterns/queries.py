@@ -166,8 +166,8 @@ def rank(tensor: gs.Tensor) -> int | None:
     return len(tensor.shape) if tensor.shape is not None else None
 
 
-def exclusively_consumed(candidates: list[gs.Node], kept: set[int], graph_outputs: set[str]) -> list[gs.Node]:
-    """The candidates whose every output is read only by nodes that go away too (a fixpoint over the candidates)."""
+def exclusively_consumed(candidates: list[gs.Node], removed: set[int], graph_outputs: set[str]) -> list[gs.Node]:
+    """The candidates whose outputs are read only by each other or by `removed` (node ids): those that can go too."""
     chosen = {id(node) for node in candidates}
     changed = True
     while changed:
@@ -176,7 +176,7 @@ def exclusively_consumed(candidates: list[gs.Node], kept: set[int], graph_output
             if id(node) not in chosen:
                 continue
             for tensor in node.outputs:
-                outside = any(id(reader) not in chosen and id(reader) not in kept for reader in tensor.outputs)
+                outside = any(id(reader) not in chosen and id(reader) not in removed for reader in tensor.outputs)
                 if outside or tensor.name in graph_outputs:
                     chosen.discard(id(node))
                     changed = True

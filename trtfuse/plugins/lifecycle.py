@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -209,12 +209,14 @@ class SerializedField:
 
 @dataclass
 class BuildPhase:
+    """What the build phase left: the configured plugin, its answers, and its serialised fields."""
+
     plugin: NormPlugin
     output_dtypes: tuple[str, ...]
     output_ranks: tuple[int, ...]
     accepted: dict[int, tuple[str, ...]]  # per position: the dtypes accepted in LINEAR, earlier positions as the case
     non_linear_accepted: list[tuple[int, str]]  # (position, format) pairs wrongly accepted
-    serialized: list[SerializedField] = field(default_factory=list)
+    serialized: list[SerializedField]
 
 
 def probe_formats(plugin: NormPlugin, case: NormCase) -> tuple[dict[int, tuple[str, ...]], list[tuple[int, str]]]:
@@ -478,6 +480,7 @@ def graph_replay(cases: Sequence[NormCase], replays: int = 2, seed: int = 100) -
             if previous.shape == tensors.inputs[0].shape and previous.dtype == tensors.inputs[0].dtype:
                 tensors.inputs[0] = previous
         descs = shape_change(plugin, case, shapes)
+        torch.cuda.synchronize()  # the tensors were written on the default stream
         enqueue(plugin, descs, tensors, stream.cuda_stream)
         steps.append((plugin, descs, tensors, case))
     stream.synchronize()
@@ -565,6 +568,11 @@ def default_cases() -> list[NormCase]:
 
 
 def main() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("trtfuse.plugins.lifecycle: no CUDA device; run it on the GPU machine", file=sys.stderr)
+        return 2
     failed = 0
     for case in default_cases():
         report = drive(case)
