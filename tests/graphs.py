@@ -133,7 +133,6 @@ class Expect:
     weight_offset: float
     weight_mode: WeightMode
     hidden: int
-    tags: tuple[str, ...] = ()
 
 
 def expected(spec: NormSpec) -> Expect:

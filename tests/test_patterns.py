@@ -109,6 +109,15 @@ def test_rms_normalization_over_several_axes_is_rejected() -> None:
     assert "not over the last axis" in found.near_misses[0].reason
 
 
+def test_fused_norm_whose_output_dtype_differs_is_rejected() -> None:
+    model = fused_op_norm("SimplifiedLayerNormalization", "float16")
+    scale = model.graph.node[1].input[1]
+    initializer = next(tensor for tensor in model.graph.initializer if tensor.name == scale)
+    initializer.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(initializer).astype("float32"), scale))
+    found = search(model)
+    assert not found.matches and "has dtype float32, the input float16" in found.near_misses[0].reason
+
+
 def test_fused_norm_with_stash_type_not_float32_is_rejected() -> None:
     found = search(fused_op_norm("RMSNormalization", "float16", stash_type=10))
     assert not found.matches and "stash_type" in found.near_misses[0].reason

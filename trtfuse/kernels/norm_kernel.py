@@ -18,10 +18,6 @@ from cutlass import Float32, Int32, Int64
 from trtfuse.contract import WeightMode
 from trtfuse.kernels.tiling import WARP, RowTiling
 
-# L1 eviction priorities: x and y are touched once (streamed); the weight is re-read by every row.
-STREAM_POLICY = cute.nvgpu.CacheEvictionPriority.EVICT_NORMAL
-WEIGHT_POLICY = cute.nvgpu.CacheEvictionPriority.EVICT_NORMAL
-
 CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
 
@@ -36,16 +32,38 @@ class NormMath:
 
 def smem_bytes(tiling: RowTiling) -> int:
     """One fp32 partial sum per warp of each row; allocated always (a few bytes), read only when a row spans warps."""
-    return 4 * tiling.rows_per_thread * tiling.rows_per_block * tiling.warps_per_row
+    return 4 * tiling.rows_per_block * tiling.warps_per_row
 
 
 @cute.jit
-def _copy_if_in_row(
-    src: cute.Tensor, dst: cute.Tensor, vector_index: Int32, vectors: cutlass.Constexpr, policy: cutlass.Constexpr
-):
+def _copy_if_in_row(src: cute.Tensor, dst: cute.Tensor, vector_index: Int32, vectors: cutlass.Constexpr):
     """Copy one vector unless it lies past the end of the row (the ragged last slot)."""
     if vector_index < vectors:
-        cute.autovec_copy(src, dst, l1c_evict_priority=policy)
+        cute.autovec_copy(src, dst)
+
+
+@cute.jit
+def _copy_row_slots(
+    src: cute.Tensor, dst: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr, row_side: cutlass.Constexpr
+):
+    """Copy this thread's slots between a row view (vector, vector index) and its registers (vector, slot).
+
+    Slot k of a thread is vector `lane + k * threads_per_row`: consecutive lanes touch consecutive 16-byte vectors,
+    so each warp-wide access is fully coalesced. `row_side` says which of src and dst is the row.
+    """
+    threads = tiling.threads_per_row
+    full_slots = tiling.vectors_per_row // threads
+    for k in cutlass.range_constexpr(full_slots):
+        if cutlass.const_expr(row_side == "src"):
+            cute.autovec_copy(src[None, lane + k * threads], dst[None, k])
+        else:
+            cute.autovec_copy(src[None, k], dst[None, lane + k * threads])
+    if cutlass.const_expr(full_slots < tiling.vectors_per_thread):
+        last = lane + full_slots * threads
+        if cutlass.const_expr(row_side == "src"):
+            _copy_if_in_row(src[None, last], dst[None, full_slots], last, tiling.vectors_per_row)
+        else:
+            _copy_if_in_row(src[None, full_slots], dst[None, last], last, tiling.vectors_per_row)
 
 
 @cute.jit
@@ -62,98 +80,69 @@ def _normalize_block_rows(
     """Normalise the rows of block number `block` (of this problem); every thread of the block must call this."""
     vec = tiling.vector
     threads = tiling.threads_per_row
-    per_thread = tiling.vectors_per_thread
-    vectors = tiling.vectors_per_row
-    passes = tiling.rows_per_thread
-    # Only the last vector slot of a thread can fall past the row end (when threads do not divide the row): that
-    # slot alone is predicated, and zeroed first so it adds nothing to the sum of squares.
-    full_slots = vectors // threads
-    ragged = full_slots < per_thread
+    # Only the last slot of a thread can fall past the row end (when threads do not divide the row's vectors): it
+    # alone is predicated, and zeroed first so that it adds nothing to the sum of squares.
+    ragged = tiling.vectors_per_row % threads != 0
     has_weight = math.weight_mode != WeightMode.NONE
 
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % threads
     row_in_block = tidx // threads
-    # A block owns rows_per_block * rows_per_thread consecutive rows; pass p of a thread group takes every
-    # rows_per_block-th of them, so each pass of the block still reads one contiguous stretch.
-    first_row = block * (tiling.rows_per_block * passes) + row_in_block
+    row = block * tiling.rows_per_block + row_in_block
+    row_ok = row < rows
 
     # (vector, vector index) view of one row: mode 0 is contiguous, so each column is one 16-byte access.
-    row_layout = cute.make_layout((vec, vectors), stride=(1, vec))
-    # Registers: (vector, slot, pass); every pass's x is loaded before any reduction, for more bytes in flight.
-    frag_layout = cute.make_layout((vec, per_thread, passes), stride=(1, vec, vec * per_thread))
-    r_x = cute.make_rmem_tensor(frag_layout, x_ptr.dtype)
-    r_y = cute.make_rmem_tensor(frag_layout, y_ptr.dtype)
-
+    row_layout = cute.make_layout((vec, tiling.vectors_per_row), stride=(1, vec))
+    # This thread's share of the row, (vector, slot), held in registers from the load to the store.
+    slots_layout = cute.make_layout((vec, tiling.vectors_per_thread), stride=(1, vec))
+    # 64-bit row offset: rows·hidden overflows 32 bits for long prefill batches of wide rows.
+    offset = Int64(row) * tiling.hidden
+    g_x = cute.make_tensor(x_ptr + offset, row_layout)
+    g_y = cute.make_tensor(y_ptr + offset, row_layout)
+    r_x = cute.make_rmem_tensor(slots_layout, x_ptr.dtype)
+    r_y = cute.make_rmem_tensor(slots_layout, y_ptr.dtype)
     if cutlass.const_expr(has_weight):
-        # The weight is the same for every row: loaded once per thread, kept in L2 while x and y stream past.
-        g_w = cute.make_tensor(w_ptr, row_layout)
-        r_w = cute.make_rmem_tensor(cute.make_layout((vec, per_thread), stride=(1, vec)), w_ptr.dtype)
-        if first_row < rows:
-            for k in cutlass.range_constexpr(full_slots):
-                cute.autovec_copy(g_w[None, lane + k * threads], r_w[None, k], l1c_evict_priority=WEIGHT_POLICY)
-            if cutlass.const_expr(ragged):
-                last = lane + full_slots * threads
-                _copy_if_in_row(g_w[None, last], r_w[None, full_slots], last, vectors, WEIGHT_POLICY)
+        r_w = cute.make_rmem_tensor(slots_layout, w_ptr.dtype)
 
-    for p in cutlass.range_constexpr(passes):
-        row = first_row + p * tiling.rows_per_block
-        if cutlass.const_expr(ragged):
-            r_x[None, full_slots, p].fill(0)
-        if row < rows:
-            # 64-bit row offset: rows·hidden overflows 32 bits for long prefill batches of wide rows.
-            g_x = cute.make_tensor(x_ptr + Int64(row) * tiling.hidden, row_layout)
-            for k in cutlass.range_constexpr(full_slots):
-                cute.autovec_copy(g_x[None, lane + k * threads], r_x[None, k, p], l1c_evict_priority=STREAM_POLICY)
-            if cutlass.const_expr(ragged):
-                last = lane + full_slots * threads
-                _copy_if_in_row(g_x[None, last], r_x[None, full_slots, p], last, vectors, STREAM_POLICY)
+    if cutlass.const_expr(ragged):
+        r_x[None, tiling.vectors_per_thread - 1].fill(0)
+    if row_ok:
+        _copy_row_slots(g_x, r_x, lane, tiling, "src")
+        if cutlass.const_expr(has_weight):
+            _copy_row_slots(cute.make_tensor(w_ptr, row_layout), r_w, lane, tiling, "src")
 
-    sums = []
-    for p in cutlass.range_constexpr(passes):
-        x = r_x[None, None, p].load().to(Float32)
-        sum_sq = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        sums.append(cute.arch.warp_reduction(sum_sq, lambda a, b: a + b, threads_in_group=min(threads, WARP)))
+    x = r_x.load().to(Float32)
+    sum_sq = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    # Butterfly over the row's lanes; sub-warp rows use the low log2(threads) rounds and stay inside their group.
+    sum_sq = cute.arch.warp_reduction(sum_sq, lambda a, b: a + b, threads_in_group=min(threads, WARP))
     if cutlass.const_expr(tiling.warps_per_row > 1):
-        # A row spans several warps: one shared-memory exchange of per-warp sums, one barrier for all passes.
+        # A row spans several warps: one shared-memory exchange of the per-warp sums, one barrier.
         if lane % WARP == 0:
-            for p in cutlass.range_constexpr(passes):
-                partials[p, row_in_block, lane // WARP] = sums[p]
+            partials[row_in_block, lane // WARP] = sum_sq
         cute.arch.barrier()
-        for p in cutlass.range_constexpr(passes):
-            total = Float32(0.0)
-            for w in cutlass.range_constexpr(tiling.warps_per_row):
-                total = total + partials[p, row_in_block, w]
-            sums[p] = total
+        sum_sq = Float32(0.0)
+        for w in cutlass.range_constexpr(tiling.warps_per_row):
+            sum_sq = sum_sq + partials[row_in_block, w]
+    rstd = cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.epsilon), fastmath=True)
 
     out_dtype = y_ptr.dtype
-    if cutlass.const_expr(has_weight):
+    if cutlass.const_expr(not has_weight):
+        r_y.store((x * rstd).to(out_dtype))
+    else:
         w = r_w.load().to(Float32)
         if cutlass.const_expr(math.weight_offset != 0.0):
             w = w + Float32(math.weight_offset)
-    for p in cutlass.range_constexpr(passes):
-        rstd = cute.math.rsqrt(sums[p] / Float32(tiling.hidden) + Float32(math.epsilon), fastmath=True)
-        x = r_x[None, None, p].load().to(Float32)
-        if cutlass.const_expr(not has_weight):
-            r_y[None, None, p].store((x * rstd).to(out_dtype))
-        elif cutlass.const_expr(math.weight_mode == WeightMode.AFTER_CAST):
-            r_y[None, None, p].store(((x * rstd).to(out_dtype).to(Float32) * w).to(out_dtype))
+        if cutlass.const_expr(math.weight_mode == WeightMode.AFTER_CAST):
+            r_y.store(((x * rstd).to(out_dtype).to(Float32) * w).to(out_dtype))
         else:
-            r_y[None, None, p].store((x * rstd * w).to(out_dtype))
+            r_y.store((x * rstd * w).to(out_dtype))
 
-    for p in cutlass.range_constexpr(passes):
-        row = first_row + p * tiling.rows_per_block
-        if row < rows:
-            g_y = cute.make_tensor(y_ptr + Int64(row) * tiling.hidden, row_layout)
-            for k in cutlass.range_constexpr(full_slots):
-                cute.autovec_copy(r_y[None, k, p], g_y[None, lane + k * threads], l1c_evict_priority=STREAM_POLICY)
-            if cutlass.const_expr(ragged):
-                last = lane + full_slots * threads
-                _copy_if_in_row(r_y[None, full_slots, p], g_y[None, last], last, vectors, STREAM_POLICY)
+    if row_ok:
+        _copy_row_slots(r_y, g_y, lane, tiling, "dst")
 
 
 def _partials_layout(tiling: RowTiling) -> cute.Layout:
-    return cute.make_layout((tiling.rows_per_thread, tiling.rows_per_block, tiling.warps_per_row))
+    return cute.make_layout((tiling.rows_per_block, tiling.warps_per_row), stride=(tiling.warps_per_row, 1))
 
 
 @cute.kernel
@@ -182,8 +171,7 @@ def rms_norm_launcher(
     math: cutlass.Constexpr,
 ):
     """Host entry: one block per `rows_per_block` rows; at least one block, so a 0-row call is a valid no-op."""
-    per_block = tiling.rows_per_block * tiling.rows_per_thread
-    blocks = cutlass.max((rows + per_block - 1) // per_block, 1)
+    blocks = cutlass.max((rows + tiling.rows_per_block - 1) // tiling.rows_per_block, 1)
     _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rows, tiling, math).launch(
         grid=[blocks, 1, 1],
         block=[tiling.block_threads, 1, 1],
@@ -234,10 +222,8 @@ def qk_norm_launcher(
     math: cutlass.Constexpr,
 ):
     """Host entry: q blocks first, then k blocks, in one grid."""
-    q_per_block = q_tiling.rows_per_block * q_tiling.rows_per_thread
-    k_per_block = k_tiling.rows_per_block * k_tiling.rows_per_thread
-    q_blocks = (q_rows + q_per_block - 1) // q_per_block
-    k_blocks = (k_rows + k_per_block - 1) // k_per_block
+    q_blocks = (q_rows + q_tiling.rows_per_block - 1) // q_tiling.rows_per_block
+    k_blocks = (k_rows + k_tiling.rows_per_block - 1) // k_tiling.rows_per_block
     _qk_norm_kernel(
         q_ptr, k_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr, q_rows, k_rows, q_blocks, q_tiling, k_tiling, math
     ).launch(

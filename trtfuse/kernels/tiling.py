@@ -13,11 +13,11 @@ from dataclasses import dataclass
 ACCESS_BYTES = 16  # the widest global access a thread can issue (ld.global.v4.b32)
 WARP = 32
 MAX_BLOCK_THREADS = 1024  # CUDA's limit; rows wider than 1024 threads' worth give each thread more vectors
-PREFILL_BLOCK_THREADS = 128  # 4 warps: small enough for 16 resident blocks per SM, large enough to share a weight line
-SMALL_ROW_VECTORS = 64  # rows of at most 64 vectors (head dims, 512 bf16) are handled by part of a warp
-SMALL_ROW_VECTORS_PER_THREAD = 2  # two 16-byte loads in flight per thread: twice the bytes per shuffle round
-PREFILL_VECTORS_PER_THREAD = 8  # 128 bytes of x per thread in flight; fewer threads per row, fewer shuffle rounds
-DECODE_VECTORS_PER_THREAD = 16  # one warp covers a 4096-wide bf16 row: no shared memory, no block barrier
+PREFILL_BLOCK_THREADS = 128  # blocks of at least 4 warps: rows narrower than that share a block
+# Vectors per thread, from the H200 sweep recorded in docs/performance.md (bf16, 16384x4096, 8192x8192, 16384x2048):
+SMALL_ROW_VECTORS = 32  # rows of at most one warp of vectors (head dims up to 256 bf16) take one vector per lane
+PREFILL_VECTORS_PER_THREAD = 2  # 91.7% of copy at H=4096 against 90.5% with 8 and 88% with 2 rows per thread
+DECODE_VECTORS_PER_THREAD = 4  # 1.35 µs per 1-row call in graph replay, against 1.51 with 2 and 1.82 with 16
 
 
 class Regime(enum.Enum):
@@ -35,8 +35,7 @@ class RowTiling:
     vector: int  # elements per access
     threads_per_row: int  # a power of two; below 32 a row is part of a warp, above it several warps
     vectors_per_thread: int
-    rows_per_block: int  # thread groups per block
-    rows_per_thread: int = 1  # rows each thread group normalises, all loaded before the first reduction
+    rows_per_block: int
 
     @property
     def vectors_per_row(self) -> int:
@@ -85,14 +84,17 @@ def regime_for(rows: int, sm_count: int) -> Regime:
 def row_tiling(hidden: int, vector: int, regime: Regime) -> RowTiling:
     """The table: threads per row from the vectors each thread should hold; rows per block from the block size.
 
-    - rows of at most SMALL_ROW_VECTORS vectors (attention heads): 2 vectors per thread, part of a warp per row,
-      blocks of 128 threads; the same in both regimes, since many heads per token fill the SMs even in decode.
-    - prefill: 8 vectors per thread, 128-thread blocks holding 128 / threads_per_row rows.
-    - decode: 16 vectors per thread but at least one warp per row, one row per block, so rows land on distinct SMs.
+    - rows of at most one warp of vectors (attention heads): one vector per lane, part of a warp per row, reduced
+      by butterfly shuffles alone; 128-thread blocks. The same in both regimes, since many heads per token already
+      fill the SMs in decode.
+    - prefill: 2 vectors per thread, so a row spans several warps (more warps in flight, lighter threads); blocks
+      of at least 128 threads, one row per block from 256 vectors up.
+    - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
+      per-thread work (the latency of a lone row) stays short.
     """
     vectors = hidden // vector
     if vectors <= SMALL_ROW_VECTORS:
-        threads = _next_pow2(-(-vectors // SMALL_ROW_VECTORS_PER_THREAD))
+        threads = _next_pow2(vectors)
         per_block = PREFILL_BLOCK_THREADS
     elif regime is Regime.PREFILL:
         threads = min(MAX_BLOCK_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
@@ -117,5 +119,4 @@ def with_block_threads(tiling: RowTiling, block_threads: int) -> RowTiling:
         threads_per_row=tiling.threads_per_row,
         vectors_per_thread=tiling.vectors_per_thread,
         rows_per_block=block_threads // tiling.threads_per_row,
-        rows_per_thread=tiling.rows_per_thread,
     )

@@ -59,8 +59,10 @@ def match_fused(node: gs.Node, graph_outputs: set[str]) -> RmsNormMatch:
     if dtype != "float32" and node.attrs.get("stash_type", FLOAT32_STASH) != FLOAT32_STASH:
         raise Rejected(node, "stash_type is not float32")
     y = node.outputs[0]
-    if dtype_name(y) not in (None, dtype):
-        raise Rejected(node, f"output dtype {dtype_name(y)} differs from input dtype {dtype}")
+    # These ops give Y the scale's dtype; onnx's shape inference does not know onnxruntime's, so check both.
+    for tensor in (y, scale):
+        if dtype_name(tensor) not in (None, dtype):
+            raise Rejected(node, f"{tensor.name} has dtype {dtype_name(tensor)}, the input {dtype}")
     hidden = static_last_dim(x)
     if hidden is None:
         raise Rejected(node, f"the normalised axis of {x.name} has no static length")
