@@ -195,9 +195,9 @@ class ExportSpec:
         return f"{self.arch}-{self.exporter}-{DTYPE_TAGS[self.dtype]}.onnx"
 
 
-# The committed set, about 7.6 MB: every architecture, both exporters and both dtypes; Llama in all four forms; the
-# q/k-norm families in the TorchScript fp16 form and both dynamo forms. The LayerNorm negatives are dynamo exports
-# only: their TorchScript exports compute wrong logits (models/README.md).
+# The committed set, about 7.8 MB: every architecture, both exporters and both dtypes; Llama in all four forms; the
+# q/k-norm families in the TorchScript fp16 form and both dynamo forms. Cohere's TorchScript export only runs at the
+# traced shape (models/README.md), so the decomposed-LayerNorm negative is a dynamo export.
 FIXTURES = (
     *(ExportSpec("llama", exporter, dtype) for exporter in EXPORTERS for dtype in DTYPES),
     *(
@@ -211,7 +211,7 @@ FIXTURES = (
     ExportSpec("phi3", "dynamo", "float16"),
     ExportSpec("deepseek_v3", "torchscript", "float16"),
     ExportSpec("deepseek_v3", "dynamo", "float32"),
-    ExportSpec("gpt2", "dynamo", "float16"),
+    ExportSpec("gpt2", "torchscript", "float16"),
     ExportSpec("cohere", "dynamo", "float32"),
     ExportSpec("cohere", "dynamo", "float16"),
 )
@@ -237,7 +237,9 @@ def build_model(arch: Architecture, dtype: str, seed: int = 0) -> LogitsOnly:
     implementations = {"experts_implementation": arch.experts_implementation} if arch.experts_implementation else {}
     model = AutoModelForCausalLM.from_config(arch.build_config(), attn_implementation="eager", **implementations)
     _randomise_norm_weights(model, arch.norm_weight_centre)
-    return LogitsOnly(model.to(DTYPES[dtype]).eval())
+    # The wrapper itself must be in eval mode: after exporting, the TorchScript exporter puts every submodule back into
+    # the top module's training mode, which would switch GPT-2's dropout on for the torch comparison that follows.
+    return LogitsOnly(model.to(DTYPES[dtype])).eval()
 
 
 def _randomise_norm_weights(model: nn.Module, centre: float) -> None:

@@ -69,6 +69,15 @@ def test_external_data_outside_the_folder(external_model: Path, location: str) -
         load_model(external_model)
 
 
+def test_external_data_symlinked_out_of_the_folder(external_model: Path, tmp_path: Path) -> None:
+    data = external_model.parent / "weights.data"
+    outside = tmp_path / "elsewhere.data"
+    data.rename(outside)
+    data.symlink_to(outside)
+    with pytest.raises(TrtfuseError, match="tensor 'W' points outside the model's folder"):
+        load_model(external_model)
+
+
 def test_absolute_external_path(external_model: Path) -> None:
     model = onnx.load(str(external_model), load_external_data=False)
     model.graph.initializer[0].external_data[0].value = str(external_model.parent / "weights.data")

@@ -131,8 +131,10 @@ def test_rms_norm_zero_rows_is_a_no_op() -> None:
 
 
 def test_raw_pointer_launch_on_a_side_stream_replays_from_a_cuda_graph() -> None:
-    """What a plugin does: warm up, then launch on raw pointers and TensorRT's stream inside a graph capture."""
-    spec = RmsNormSpec(4096, "float16", "float32", 1e-6, 0.0, AFTER)
+    """What a plugin does: warm up, then launch on raw pointers and TensorRT's stream inside a graph capture.
+
+    The spec (its epsilon) is used by no other test, so the capture is the first launch after warm-up."""
+    spec = RmsNormSpec(4096, "float16", "float32", 3e-6, 0.0, AFTER)
     kernel = get_rms_norm(spec)
     kernel.warm_up(max_rows=4096)
     rows = 32
@@ -147,7 +149,25 @@ def test_raw_pointer_launch_on_a_side_stream_replays_from_a_cuda_graph() -> None
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert_matches(out, reference(x, w, 1e-6, 0.0, AFTER))
+        assert_matches(out, reference(x, w, 3e-6, 0.0, AFTER))
+
+
+def test_qk_norm_raw_pointer_launch_replays_from_a_cuda_graph() -> None:
+    spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", 3e-6, 0.0, AFTER)
+    kernel = get_qk_norm(spec)
+    kernel.warm_up(max_rows=4096)
+    q, k = rand((4, 32, 128), "bfloat16"), rand((4, 8, 128), "bfloat16")
+    wq, wk = rand((128,), "bfloat16"), rand((128,), "bfloat16")
+    q_out, k_out = poisoned((4, 32, 128), "bfloat16"), poisoned((4, 8, 128), "bfloat16")
+    pointers = (q.data_ptr(), k.data_ptr(), wq.data_ptr(), wk.data_ptr(), q_out.data_ptr(), k_out.data_ptr())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        kernel.launch(*pointers, 4 * 32, 4 * 8, torch.cuda.current_stream().cuda_stream)
+    q.copy_(rand((4, 32, 128), "bfloat16"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_matches(q_out, reference(q, wq, 3e-6, 0.0, AFTER))
+    assert_matches(k_out, reference(k, wk, 3e-6, 0.0, AFTER))
 
 
 def run_qk(spec: QkNormSpec, tokens: int, q_heads: int, k_heads: int, misalign: int = 0) -> None:

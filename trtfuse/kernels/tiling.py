@@ -17,6 +17,9 @@ PREFILL_BLOCK_THREADS = 128  # blocks of at least 4 warps: rows narrower than th
 # Vectors per thread, from the H200 sweep recorded in docs/performance.md (bf16, 16384x4096, 8192x8192, 16384x2048):
 SMALL_ROW_VECTORS = 32  # rows of at most one warp of vectors (head dims up to 256 bf16) take one vector per lane
 PREFILL_VECTORS_PER_THREAD = 2  # 91.7% of copy at H=4096 against 90.5% with 8 and 88% with 2 rows per thread
+# Prefill rows stop growing at 256 threads (wider rows give each thread more vectors): 512-thread blocks fall to 77%
+# of copy at 8192x8192 whenever the compiler's register count halves their residency; 256 stays at 91% throughout.
+PREFILL_MAX_ROW_THREADS = 256
 DECODE_VECTORS_PER_THREAD = 4  # 1.35 µs per 1-row call in graph replay, against 1.51 with 2 and 1.82 with 16
 
 
@@ -87,8 +90,8 @@ def row_tiling(hidden: int, vector: int, regime: Regime) -> RowTiling:
     - rows of at most one warp of vectors (attention heads): one vector per lane, part of a warp per row, reduced
       by butterfly shuffles alone; 128-thread blocks. The same in both regimes, since many heads per token already
       fill the SMs in decode.
-    - prefill: 2 vectors per thread, so a row spans several warps (more warps in flight, lighter threads); blocks
-      of at least 128 threads, one row per block from 256 vectors up.
+    - prefill: 2 vectors per thread, so a row spans several warps (more warps in flight, lighter threads), up to
+      256 threads per row; blocks of at least 128 threads, one row per block from 256 vectors up.
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
     """
@@ -97,7 +100,7 @@ def row_tiling(hidden: int, vector: int, regime: Regime) -> RowTiling:
         threads = _next_pow2(vectors)
         per_block = PREFILL_BLOCK_THREADS
     elif regime is Regime.PREFILL:
-        threads = min(MAX_BLOCK_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
+        threads = min(PREFILL_MAX_ROW_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
         per_block = max(PREFILL_BLOCK_THREADS, threads)
     else:
         threads = min(MAX_BLOCK_THREADS, max(WARP, _next_pow2(-(-vectors // DECODE_VECTORS_PER_THREAD))))
