@@ -20,9 +20,13 @@ def bench() -> None:
 def kernels(json_path: Path | None, no_torch_compile: bool) -> None:
     """RMSNorm / QK-norm kernels against the copy ceiling, torch and torch.compile (docs/performance.md)."""
     try:
+        import torch
+
         from trtfuse.kernels import bench as kernel_bench
     except ImportError as error:
         raise MissingDependencyError(f"the kernel benchmark needs torch and nvidia-cutlass-dsl: {error}") from error
+    if not torch.cuda.is_available():
+        raise MissingDependencyError("the kernel benchmark needs a CUDA GPU, and torch sees none")
     argv = ["--json", str(json_path)] if json_path else []
     if no_torch_compile:
         argv.append("--no-torch-compile")

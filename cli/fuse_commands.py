@@ -12,29 +12,12 @@ from typing import TYPE_CHECKING
 
 import click
 
+from cli.options import echo_output_errors, feed_options
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError
 
 if TYPE_CHECKING:
     from trtfuse.patterns import NormSearch, RmsNormMatch
-
-
-def _parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    name, _, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(dim) for dim in dims.split("x"))
-    except ValueError:
-        shape = ()
-    if not name or not shape or min(shape) < 0:
-        raise click.BadParameter(f"'{text}' is not NAME=D0xD1x... (for example input_ids=1x16)")
-    return name, shape
-
-
-def _parse_dim(text: str) -> tuple[str, int]:
-    name, _, value = text.rpartition("=")
-    if not name or not value.isdigit():
-        raise click.BadParameter(f"'{text}' is not SYMBOL=N (for example batch=2)")
-    return name, int(value)
 
 
 def _match_line(match: RmsNormMatch) -> str:
@@ -121,32 +104,14 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None) -> None:
 @click.command()
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
 @click.argument("fused_path", metavar="FUSED.onnx", type=click.Path(path_type=Path))
-@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
-@click.option("--shape", "shapes", multiple=True, metavar="NAME=D0xD1", help="Shape of one graph input.")
-@click.option("--dim", "dims", multiple=True, metavar="SYMBOL=N", help="Value of one symbolic dim.")
-def check(original_path: Path, fused_path: Path, seed: int, shapes: tuple[str, ...], dims: tuple[str, ...]) -> None:
+@feed_options
+def check(
+    original_path: Path, fused_path: Path, seed: int, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]
+) -> None:
     """Run ORIGINAL.onnx and FUSED.onnx (plugin nodes lowered to standard ops) in onnxruntime on the same random
     inputs; print each output's max abs and max relative error and exit 1 beyond the dtype's tolerance."""
     from trtfuse.check import check_fused
     from trtfuse.io import load_model
 
-    result = check_fused(
-        load_model(original_path),
-        load_model(fused_path),
-        seed=seed,
-        shapes=dict(_parse_shape(text) for text in shapes),
-        dims=dict(_parse_dim(text) for text in dims),
-    )
-    width = max([len("output"), *(len(error.name) for error in result.errors)])
-    click.echo(f"{'output':<{width}}  {'dtype':<8}  {'max abs':>9}  {'max rel':>9}  {'rtol':>7}  result")
-    for error in result.errors:
-        status = click.style("ok", fg="green") if error.passed else click.style("FAIL", fg="red")
-        click.echo(
-            f"{error.name:<{width}}  {error.dtype:<8}  {error.max_abs:9.3e}  {error.max_rel:9.3e}  "
-            f"{error.tolerance.rtol:7.0e}  {status}"
-        )
-    failed = sum(not error.passed for error in result.errors)
-    if failed:
-        click.secho(f"{failed} of {len(result.errors)} outputs differ beyond tolerance", fg="red", err=True)
-        raise SystemExit(1)
-    click.echo(f"all {len(result.errors)} outputs within tolerance")
+    result = check_fused(load_model(original_path), load_model(fused_path), seed=seed, shapes=shapes, dims=dims)
+    echo_output_errors(result.errors)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from cli.bench_commands import bench
+from cli.engine_commands import compare_command, compile_command, run_command
 from cli.fuse_commands import check, fuse, inspect
 from trtfuse import __version__
 from trtfuse.errors import TrtfuseError
@@ -32,6 +34,10 @@ def cli() -> None:
 cli.add_command(inspect)
 cli.add_command(fuse)
 cli.add_command(check)
+cli.add_command(compile_command)
+cli.add_command(run_command)
+cli.add_command(compare_command)
+cli.add_command(bench)
 
 
 def main() -> None:

@@ -23,10 +23,10 @@ from trtfuse.build import (
     parser_error_line,
     plugins_used,
     read_sidecar,
-    write_bytes_atomic,
     write_engine,
 )
 from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.io import write_bytes_atomic
 from trtfuse.profiles import Profile, ShapeRange
 from trtfuse.runner import ENGINE_RUNNER
 
@@ -143,7 +143,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(TrtfuseError, match="disk full"):
         write_bytes_atomic(target, b"new engine")
     assert target.read_bytes() == b"old engine"
     assert os.listdir(tmp_path) == ["m.engine"]

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from cli.engine_commands import EXIT_MISMATCH, compare_command
+from cli.engine_commands import compare_command
+from cli.options import EXIT_MISMATCH
 from trtfuse import contract
 from trtfuse.compare import LOWERED_RUNNER, ToleranceCompareFunc, compare
 from trtfuse.errors import TrtfuseError

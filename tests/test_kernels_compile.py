@@ -163,3 +163,19 @@ def test_specs_reject_bad_fields() -> None:
     with pytest.raises(ValueError, match="q_hidden"):
         QkNormSpec(0, 128, "float16", "float16", 1e-6, 0.0, AFTER)
     assert RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, 1).weight_mode is AFTER
+
+
+def test_bench_command_without_gpu_says_so_in_one_line() -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the benchmark itself would run")
+    from click.testing import CliRunner
+
+    from cli.bench_commands import bench
+    from cli.main import TrtfuseGroup
+
+    group = TrtfuseGroup()
+    group.add_command(bench)
+    result = CliRunner().invoke(group, ["bench", "kernels", "--no-torch-compile"])
+    assert result.exit_code == 2
+    assert result.output == "trtfuse: error: the kernel benchmark needs a CUDA GPU, and torch sees none\n"

@@ -6,14 +6,12 @@ parser-error translation, progress lines, atomic writes) is plain Python that th
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +24,7 @@ import onnx
 import trtfuse
 from trtfuse import contract
 from trtfuse.errors import MissingDependencyError, TrtfuseError
-from trtfuse.io import load_model, write_text_atomic
+from trtfuse.io import load_model, write_bytes_atomic, write_text_atomic
 from trtfuse.profiles import Profile
 
 SIDECAR_FORMAT = "trtfuse-engine/1"
@@ -196,23 +194,6 @@ def gpu_name() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return result.stdout.strip() or "unknown"
-
-
-def write_bytes_atomic(path: Path, data: bytes | memoryview) -> None:
-    """Write through a temp file in the target folder and rename, so a failure leaves no partial file."""
-    folder = path.resolve().parent
-    if not folder.is_dir():
-        raise TrtfuseError(f"{path}: output folder does not exist")
-    handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.chmod(temp_name, 0o644)
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        raise
 
 
 def write_engine(engine_path: Path, engine: bytes | memoryview, sidecar: dict) -> Path:

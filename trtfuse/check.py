@@ -29,8 +29,9 @@ class CheckResult:
         return all(error.passed for error in self.errors)
 
 
-def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run `model` on `feed` with onnxruntime's CPU provider and no graph optimisations (the graph as written)."""
+def onnxruntime_session(model: LoadedModel) -> object:
+    """An onnxruntime CPU session running `model` as written: no graph optimisations, which would fuse and re-round
+    the very norm chains being checked. External data resolves against the model's own folder."""
     try:
         import onnxruntime
     except ImportError:
@@ -38,17 +39,30 @@ def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.absolute().parent))
+    options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.resolve().parent))
     try:
-        session = onnxruntime.InferenceSession(
+        return onnxruntime.InferenceSession(
             model.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
-        names = [output.name for output in session.get_outputs()]
+    except Exception as error:
+        # onnxruntime raises its own exception types for unsupported ops and bad graphs alike.
+        raise TrtfuseError(f"{model.path}: onnxruntime cannot load it: {_first_line(error)}") from None
+
+
+def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run `model` on `feed` with `onnxruntime_session`."""
+    session = onnxruntime_session(model)
+    names = [output.name for output in session.get_outputs()]
+    try:
         return dict(zip(names, session.run(names, dict(feed)), strict=True))
     except Exception as error:
         # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise TrtfuseError(f"{model.path}: onnxruntime cannot run it: {message}") from None
+        raise TrtfuseError(f"{model.path}: onnxruntime cannot run it: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def check_fused(

@@ -8,21 +8,21 @@ interface, data loader, comparison function, tolerances and report, so CI exerci
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.check import onnxruntime_session
+from trtfuse.errors import TrtfuseError
 from trtfuse.inputs import make_feed
 from trtfuse.io import LoadedModel, load_model
 from trtfuse.reference import lower_fused_nodes
 from trtfuse.runner import engine_profiles, first_line, profile_for_feed, trt_runner
 from trtfuse.tolerances import OutputError, output_error, tolerance_for
 
-# onnxruntime resolves the external data of a model handed over as bytes against this folder.
-_EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 ORIGINAL_RUNNER = "onnxruntime-original"
 LOWERED_RUNNER = "onnxruntime-fused-lowered"
 
@@ -91,29 +91,6 @@ class ToleranceCompareFunc:
         return verdicts
 
 
-def onnxruntime_session(loaded: LoadedModel) -> Callable[[], object]:
-    """A loader for an onnxruntime CPU session running the graph as written (no graph optimisations)."""
-
-    def load() -> object:
-        try:
-            import onnxruntime
-        except ImportError:
-            raise MissingDependencyError("onnxruntime is not installed: pip install onnxruntime") from None
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(loaded.path.resolve().parent))
-        try:
-            return onnxruntime.InferenceSession(
-                loaded.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as error:
-            # onnxruntime raises its own exception types for unsupported ops and bad graphs alike.
-            raise TrtfuseError(f"{loaded.path}: onnxruntime cannot load it: {first_line(error)}") from None
-
-    return load
-
-
 def is_engine(path: Path) -> bool:
     return path.suffix.lower() != ".onnx"
 
@@ -126,7 +103,7 @@ def candidate_runner(candidate: Path, feed: Mapping[str, np.ndarray]) -> object:
         return trt_runner(candidate, profile_for_feed(engine_profiles(candidate), feed))
     fused = load_model(candidate)
     lowered = LoadedModel(model=lower_fused_nodes(fused.model), path=fused.path)
-    return OnnxrtRunner(onnxruntime_session(lowered), name=LOWERED_RUNNER)
+    return OnnxrtRunner(partial(onnxruntime_session, lowered), name=LOWERED_RUNNER)
 
 
 def comparison_feed(
@@ -162,7 +139,7 @@ def compare(
     original = load_model(original_path)
     feed = comparison_feed(original, candidate_path, seed, shapes, dims)
     candidate = candidate_runner(candidate_path, feed)
-    runners = [OnnxrtRunner(onnxruntime_session(original), name=ORIGINAL_RUNNER), candidate]
+    runners = [OnnxrtRunner(partial(onnxruntime_session, original), name=ORIGINAL_RUNNER), candidate]
     compare_func = ToleranceCompareFunc()
     # trtfuse prints its own report; Polygraphy's log would repeat it at length.
     with G_LOGGER.verbosity(G_LOGGER.CRITICAL):

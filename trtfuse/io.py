@@ -259,7 +259,12 @@ def _write_checked(model: onnx.ModelProto, path: Path) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a text file (a report) through a temp file in its folder, so a failure leaves no partial file."""
+    """Write a text file (a report, a sidecar) atomically: see `write_bytes_atomic`."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write through a temp file in the target folder and rename, so a failure leaves no partial file."""
     path = Path(path)
     folder = check_output_path(path)
     try:
@@ -267,8 +272,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     except OSError as error:
         raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
         _set_default_permissions(Path(temp_name))
         os.replace(temp_name, path)
     except OSError as error:

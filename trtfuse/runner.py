@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trtfuse.build import import_tensorrt, read_sidecar, register_plugins, write_bytes_atomic
+from trtfuse.build import import_tensorrt, read_sidecar, register_plugins
 from trtfuse.errors import TrtfuseError
 from trtfuse.inputs import make_feed
-from trtfuse.io import load_model
+from trtfuse.io import load_model, write_bytes_atomic
 from trtfuse.profiles import Profile
 
 ENGINE_RUNNER = "tensorrt-engine"
