@@ -13,15 +13,13 @@ from typing import NoReturn
 
 import click
 
-from cli.options import echo_output_errors, feed_options
+from cli.options import EXIT_MISSING_DEPENDENCY, echo_output_errors, feed_options
 from trtfuse.errors import MissingDependencyError, TrtfuseError
-
-EXIT_NO_TENSORRT = 3
 
 
 def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
     click.secho(f"trtfuse: {done}: {error}", fg="yellow", err=True)
-    raise SystemExit(EXIT_NO_TENSORRT)
+    raise SystemExit(EXIT_MISSING_DEPENDENCY)
 
 
 def compile_outputs(engine_path: Path) -> tuple[Path, Path]:

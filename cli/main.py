@@ -7,22 +7,26 @@ import click
 from cli.bench_commands import bench
 from cli.engine_commands import compare_command, compile_command, run_command
 from cli.fuse_commands import check, fuse, inspect
+from cli.options import EXIT_BAD_INPUT, EXIT_MISSING_DEPENDENCY
 from trtfuse import __version__
-from trtfuse.errors import TrtfuseError
-
-EXIT_ERROR = 2
+from trtfuse.errors import MissingDependencyError, TrtfuseError
 
 
 class TrtfuseGroup(click.Group):
-    """Turns a `TrtfuseError` from any command into one red line on stderr and exit status 2, never a traceback."""
+    """Turns a `TrtfuseError` from any command into one line on stderr, never a traceback: exit status 3 for a
+    missing optional dependency, 2 for anything wrong with the input."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except MissingDependencyError as error:
+            message = " ".join(str(error).split("\n"))
+            click.secho(f"trtfuse: {message}", fg="yellow", err=True)
+            ctx.exit(EXIT_MISSING_DEPENDENCY)
         except TrtfuseError as error:
             message = " ".join(str(error).split("\n"))
             click.secho(f"trtfuse: error: {message}", fg="red", err=True)
-            ctx.exit(EXIT_ERROR)
+            ctx.exit(EXIT_BAD_INPUT)
 
 
 @click.group(cls=TrtfuseGroup)

@@ -10,6 +10,9 @@ import click
 from trtfuse.tolerances import OutputError
 
 EXIT_MISMATCH = 1
+EXIT_BAD_INPUT = 2
+# A missing optional dependency (TensorRT, a GPU, CuTeDSL) is not the user's input's fault: a status of its own.
+EXIT_MISSING_DEPENDENCY = 3
 
 F = TypeVar("F", bound=Callable[..., object])
 

@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 from test_compare import save_model_file, tiny_lm
 
-from cli.engine_commands import EXIT_NO_TENSORRT, compile_command
+from cli.engine_commands import compile_command
 from cli.main import TrtfuseGroup
+from cli.options import EXIT_MISSING_DEPENDENCY
 from trtfuse import build, contract
 from trtfuse.build import (
     BuildOptions,
@@ -191,7 +192,7 @@ def test_compile_without_tensorrt_fuses_then_exits_3(tmp_path):
     engine = tmp_path / "out" / "model.engine"
     engine.parent.mkdir()
     result = CliRunner().invoke(_cli(), ["compile", str(original), "-o", str(engine), "--profile", "decode"])
-    assert result.exit_code == EXIT_NO_TENSORRT, result.output
+    assert result.exit_code == EXIT_MISSING_DEPENDENCY, result.output
     assert "fused, but no engine built" in result.output
     assert "pip install 'trtfuse[gpu]'" in result.output
     assert sorted(os.listdir(engine.parent)) == ["model.fused.onnx", "model.fusion.json"]

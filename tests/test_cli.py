@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import layer_norm_model, llama_norm_model, projection_model, save_external
 
-from cli.main import EXIT_ERROR, cli
+from cli.main import cli
+from cli.options import EXIT_BAD_INPUT
 from trtfuse import __version__, contract
 
 
@@ -138,7 +139,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, case: str, com
     out_folder.mkdir()
     extra = ["-o", out_folder / "fused.onnx", "--report", out_folder / "report.json"] if command == "fuse" else []
     result = _invoke(command, path, *extra)
-    assert result.exit_code == EXIT_ERROR
+    assert result.exit_code == EXIT_BAD_INPUT
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1
@@ -149,14 +150,14 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, case: str, com
 
 def test_fuse_into_a_missing_folder(llama_path: Path, tmp_path: Path) -> None:
     result = _invoke("fuse", llama_path, "-o", tmp_path / "no" / "fused.onnx")
-    assert result.exit_code == EXIT_ERROR
+    assert result.exit_code == EXIT_BAD_INPUT
     assert "output folder does not exist" in result.stderr
 
 
 def test_report_path_that_is_a_folder_writes_nothing(llama_path: Path, tmp_path: Path) -> None:
     (tmp_path / "taken").mkdir()
     result = _invoke("fuse", llama_path, "-o", tmp_path / "fused.onnx", "--report", tmp_path / "taken")
-    assert result.exit_code == EXIT_ERROR
+    assert result.exit_code == EXIT_BAD_INPUT
     assert result.stderr == f"trtfuse: error: {tmp_path / 'taken'}: is a folder, not a file name\n"
     assert not (tmp_path / "fused.onnx").exists()
 
@@ -169,6 +170,6 @@ def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
         cwd=Path(__file__).resolve().parent.parent,
         check=False,
     )
-    assert completed.returncode == EXIT_ERROR
+    assert completed.returncode == EXIT_BAD_INPUT
     assert completed.stderr == f"trtfuse: error: {tmp_path / 'x.onnx'}: no such file\n"
     assert "Traceback" not in completed.stdout + completed.stderr

@@ -8,8 +8,9 @@ import pytest
 from click.testing import CliRunner
 from test_compare import save_model_file, tiny_lm
 
-from cli.engine_commands import EXIT_NO_TENSORRT, compile_command, run_command
+from cli.engine_commands import compile_command, run_command
 from cli.main import TrtfuseGroup
+from cli.options import EXIT_MISSING_DEPENDENCY
 from trtfuse.build import BuildOptions, make_sidecar, tool_versions, write_engine
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.profiles import Profile, ShapeRange
@@ -110,7 +111,7 @@ def test_run_without_tensorrt(tmp_path):
     with pytest.raises(MissingDependencyError, match=r"`tensorrt` is not installed"):
         run_engine(engine, _feed(1, 1))
     result = CliRunner().invoke(_cli(), ["run", str(engine)])
-    assert result.exit_code == EXIT_NO_TENSORRT, result.output
+    assert result.exit_code == EXIT_MISSING_DEPENDENCY, result.output
     assert "cannot run" in result.output
 
 
