@@ -52,6 +52,30 @@ def test_graph_failing_the_checker(write_model) -> None:
         load_model(path)
 
 
+def _simplified_layer_norm_model(op_type: str) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 8])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 8])
+    weight = onnx.numpy_helper.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "w")
+    node = helper.make_node(op_type, ["x", "w"], ["y"], axis=-1, epsilon=1e-6)
+    graph = helper.make_graph([node], "g", [x], [y], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_onnxruntime_contrib_op_in_the_default_domain_loads(write_model, tmp_path: Path) -> None:
+    # onnxruntime's optimizer writes SimplifiedLayerNormalization into the default domain, where the checker has no
+    # schema for it; such a model must still load, and nothing may be left beside it.
+    path = write_model(_simplified_layer_norm_model("SimplifiedLayerNormalization"))
+    loaded = load_model(path)
+    assert loaded.model.graph.node[0].domain == ""
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+
+
+def test_unknown_op_in_the_default_domain_fails_the_checker(write_model) -> None:
+    path = write_model(_simplified_layer_norm_model("SimplifiedLayerNormalisation"))
+    with pytest.raises(TrtfuseError, match=r"fails the ONNX checker.*SimplifiedLayerNormalisation"):
+        load_model(path)
+
+
 def test_missing_external_data(external_model: Path) -> None:
     (external_model.parent / "weights.data").unlink()
     with pytest.raises(TrtfuseError, match=r"external data file 'weights\.data' of tensor 'W' is missing"):

@@ -29,6 +29,10 @@ SMALL_TENSOR_BYTES = 1 << 20
 # Protobuf cannot serialise a message of 2 GiB or more; what is left inline must stay below it.
 MAX_PROTO_BYTES = (1 << 31) - 1
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# onnxruntime registers these contrib ops in the default ONNX domain too (its transformers optimizer writes them
+# there), where onnx.checker has no schema for them; the checker then looks at them in onnxruntime's own domain.
+ONNXRUNTIME_DOMAIN = "com.microsoft"
+ONNXRUNTIME_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
 _FOUR_BIT_TYPES = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1}
 
 
@@ -89,7 +93,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     # Like onnx, resolve external data against the folder the path names, not the target of a symlinked model file.
     folder = path.absolute().parent
     _check_external_data(model, path, folder)
-    _check_graph(path)
+    _check_graph(path, model)
     for tensor in external_tensors(model):
         ref = _external_ref(tensor, path)
         if ref.length <= SMALL_TENSOR_BYTES:
@@ -164,12 +168,40 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
             )
 
 
-def _check_graph(path: Path) -> None:
+def _check_graph(path: Path, model: onnx.ModelProto) -> None:
     # The path-based checker works for models of any size and resolves external data against the model's folder.
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as error:
+        if not any(node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS for node in model.graph.node):
+            raise TrtfuseError(f"{path}: fails the ONNX checker: {_first_line(error)}") from None
+        _check_with_contrib_domain(path, model)
+
+
+def _check_with_contrib_domain(path: Path, model: onnx.ModelProto) -> None:
+    """Check a copy whose onnxruntime contrib ops sit in onnxruntime's own domain, where the checker skips them.
+
+    The copy goes next to the model, so its external data references resolve as the original's do.
+    """
+    remapped = onnx.ModelProto()
+    remapped.CopyFrom(model)
+    for node in remapped.graph.node:
+        if node.domain in DEFAULT_DOMAINS and node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS:
+            node.domain = ONNXRUNTIME_DOMAIN
+    if all(opset.domain != ONNXRUNTIME_DOMAIN for opset in remapped.opset_import):
+        remapped.opset_import.append(helper.make_opsetid(ONNXRUNTIME_DOMAIN, 1))
+    try:
+        handle, temp_name = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".check")
+    except OSError as error:
+        raise TrtfuseError(f"{path}: cannot check it (no temp file beside it: {error.strerror or error})") from None
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(remapped.SerializeToString())
+        onnx.checker.check_model(temp_name)
+    except onnx.checker.ValidationError as error:
         raise TrtfuseError(f"{path}: fails the ONNX checker: {_first_line(error)}") from None
+    finally:
+        _remove([Path(temp_name)])
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, source: LoadedModel | None = None) -> None:
