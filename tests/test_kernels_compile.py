@@ -171,11 +171,9 @@ def test_bench_command_without_gpu_says_so_in_one_line() -> None:
         pytest.skip("a GPU is present: the benchmark itself would run")
     from click.testing import CliRunner
 
-    from cli.bench_commands import bench
-    from cli.main import TrtfuseGroup
+    from cli.main import cli
+    from cli.options import EXIT_MISSING_DEPENDENCY
 
-    group = TrtfuseGroup()
-    group.add_command(bench)
-    result = CliRunner().invoke(group, ["bench", "kernels", "--no-torch-compile"])
-    assert result.exit_code == 2
-    assert result.output == "trtfuse: error: the kernel benchmark needs a CUDA GPU, and torch sees none\n"
+    result = CliRunner().invoke(cli, ["bench", "kernels", "--no-torch-compile"])
+    assert result.exit_code == EXIT_MISSING_DEPENDENCY
+    assert result.output == "trtfuse: the kernel benchmark needs a CUDA GPU, and torch sees none\n"
