@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any, ClassVar
 
 from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.fields import NormConfig, advertised_fields, parse_fields, serialize_fields
 from trtfuse.plugins.trt_module import load_trt
 
@@ -72,6 +73,16 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
 
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
         raise NotImplementedError
+
+    def _kernels(self) -> ModuleType:
+        """trtfuse.kernels, imported on first use so the plugins import (and deserialise) without CuTeDSL."""
+        try:
+            import trtfuse.kernels as kernels
+        except ImportError as error:
+            raise MissingDependencyError(
+                f"{self._label} needs trtfuse.kernels (nvidia-cutlass-dsl): {error}"
+            ) from error
+        return kernels
 
     # --- core and capabilities ------------------------------------------------------------------------------------
 

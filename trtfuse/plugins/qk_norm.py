@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtfuse.contract import QK_NORM_OP
-from trtfuse.errors import MissingDependencyError
 from trtfuse.plugins.base import NormPlugin, NormPluginCreator
 
 
@@ -22,13 +21,9 @@ class QkNormPlugin(NormPlugin):
     WEIGHT_NAMES = ("q_weight", "k_weight")
 
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
-        try:
-            from trtfuse.kernels import QkNormSpec, get_qk_norm
-        except ImportError as error:
-            message = f"{self._label} needs trtfuse.kernels (nvidia-cutlass-dsl): {error}"
-            raise MissingDependencyError(message) from error
+        kernels = self._kernels()
         q_hidden, k_hidden = self.config.hidden_sizes
-        spec = QkNormSpec(
+        spec = kernels.QkNormSpec(
             q_hidden=q_hidden,
             k_hidden=k_hidden,
             dtype=dtype,
@@ -37,7 +32,7 @@ class QkNormPlugin(NormPlugin):
             weight_offset=self.config.weight_offset,
             weight_mode=self.config.weight_mode,
         )
-        return get_qk_norm(spec)
+        return kernels.get_qk_norm(spec)
 
     def enqueue(
         self,

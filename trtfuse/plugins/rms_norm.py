@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtfuse.contract import RMS_NORM_OP
-from trtfuse.errors import MissingDependencyError
 from trtfuse.plugins.base import NormPlugin, NormPluginCreator
 
 
@@ -18,12 +17,8 @@ class RmsNormPlugin(NormPlugin):
     WEIGHT_NAMES = ("weight",)
 
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
-        try:
-            from trtfuse.kernels import RmsNormSpec, get_rms_norm
-        except ImportError as error:
-            message = f"{self._label} needs trtfuse.kernels (nvidia-cutlass-dsl): {error}"
-            raise MissingDependencyError(message) from error
-        spec = RmsNormSpec(
+        kernels = self._kernels()
+        spec = kernels.RmsNormSpec(
             hidden=self.config.hidden_sizes[0],
             dtype=dtype,
             weight_dtype=weight_dtype,
@@ -31,7 +26,7 @@ class RmsNormPlugin(NormPlugin):
             weight_offset=self.config.weight_offset,
             weight_mode=self.config.weight_mode,
         )
-        return get_rms_norm(spec)
+        return kernels.get_rms_norm(spec)
 
     def enqueue(
         self,
