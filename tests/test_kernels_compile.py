@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_variant
 from trtfuse.kernels.device import DeviceInfo
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
-from trtfuse.kernels.tiling import Regime, full_vector, regime_for, row_tiling, vector_for_pointers
+from trtfuse.kernels.tiling import Regime, full_vector, regime_for, row_tiling
 
 ARCH = "sm_90a"
 HOPPER = DeviceInfo(arch=ARCH, sm_count=132, has_gpu=False)
@@ -141,11 +142,35 @@ def test_head_dim_rows_are_sub_warp() -> None:
         assert t.threads_per_row <= 32 and t.warps_per_row == 1 and t.block_threads == 128
 
 
-def test_pointer_alignment_picks_scalar_variant() -> None:
-    assert vector_for_pointers(4096, 2, 2, (0x1000, 0x2000, 0x3000), n_act=2) == 8
-    assert vector_for_pointers(4096, 2, 2, (0x1002, 0x2000, 0x3000), n_act=2) == 1
-    assert vector_for_pointers(4096, 2, 4, (0x1000, 0x2000, 0x3008), n_act=2) == 1
-    assert vector_for_pointers(1001, 2, 2, (0x1000, 0x2000, 0x3000), n_act=2) == 1
+def test_launch_picks_variant_from_rows_and_pointer_alignment(tmp_path: Path) -> None:
+    """The per-call choice of `launch`, with recording stand-ins for the compiled functions (no GPU needed)."""
+    spec = RmsNormSpec(4096, "bfloat16", "float32", 1e-6, 0.0, AFTER)
+    kernel = RmsNormKernel(spec, KernelCache(tmp_path), HOPPER)
+    picked: list[tuple[bool, bool]] = []
+    for key in itertools.product((True, False), repeat=2):
+        kernel._functions[key] = lambda *args, key=key: picked.append(key)
+    aligned = 0x7F0000000000
+    kernel.launch(aligned, aligned + 0x10000, aligned + 0x20000, 1, 0)
+    kernel.launch(aligned, aligned + 0x10000, aligned + 0x20000, 132, 0)
+    kernel.launch(aligned, aligned + 0x10000, aligned + 0x20000, 133, 0)
+    kernel.launch(aligned + 2, aligned + 0x10000, aligned + 0x20000, 4096, 0)  # x one bf16 element off
+    kernel.launch(aligned, aligned + 0x10008, aligned + 0x20000, 4096, 0)  # fp32 weight 8 bytes off
+    kernel.launch(aligned, aligned + 0x10000, aligned + 0x20010, 1, 0)  # y 16 bytes off: still aligned
+    assert picked == [(True, True), (True, True), (False, True), (False, False), (False, False), (True, True)]
+
+
+def test_qk_launch_needs_every_pointer_aligned(tmp_path: Path) -> None:
+    kernel = QkNormKernel(QK_CASES[0], KernelCache(tmp_path), HOPPER)
+    picked: list[bool] = []
+    for aligned in (True, False):
+        kernel._functions[aligned] = lambda *args, aligned=aligned: picked.append(aligned)
+    base = [0x7F0000000000 + i * 0x10000 for i in range(6)]
+    kernel.launch(*base, 32, 8, 0)
+    for i in range(6):
+        shifted = list(base)
+        shifted[i] += 2
+        kernel.launch(*shifted, 32, 8, 0)
+    assert picked == [True] + [False] * 6
 
 
 def test_regime_switches_at_sm_count() -> None:

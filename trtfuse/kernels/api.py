@@ -49,13 +49,19 @@ def _torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _check_tensor(what: str, t: torch.Tensor, dtype: str, last_dim: int | None) -> None:
+def _check_tensor(what: str, t: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> None:
     if not t.is_cuda or not t.is_contiguous():
         raise ValueError(f"{what} must be a contiguous CUDA tensor")
     if t.dtype != _torch_dtype(dtype):
         raise ValueError(f"{what} has dtype {t.dtype}, expected {dtype}")
-    if last_dim is not None and (t.dim() == 0 or t.shape[-1] != last_dim):
-        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected last dimension {last_dim}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {shape}")
+
+
+def _check_activation(what: str, t: torch.Tensor, dtype: str, hidden: int) -> None:
+    if t.dim() == 0 or t.shape[-1] != hidden:
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected last dimension {hidden}")
+    _check_tensor(what, t, dtype, tuple(t.shape))
 
 
 def load_into_context(function: Any, n_args: int) -> None:
@@ -107,6 +113,7 @@ class RmsNormKernel:
     def launch(self, x_ptr: int, w_ptr: int, y_ptr: int, rows: int, stream: int) -> None:
         """Enqueue on `stream` (a cudaStream_t as int); `w_ptr` is 0 without a weight. No allocation, no sync."""
         aligned = not ((x_ptr | y_ptr) & self._act_mask or w_ptr & self._weight_mask)
+        # regime_for's rule, inlined: this is the per-enqueue path.
         key = (rows <= self._decode_max_rows, aligned)
         function = self._functions.get(key) or self._function(*key)
         function(x_ptr, w_ptr, y_ptr, rows, stream)
@@ -114,13 +121,13 @@ class RmsNormKernel:
     def __call__(self, x: torch.Tensor, w: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """Torch convenience for tests and benchmarks: x [..., hidden] on the current stream; returns `out`."""
         spec = self.spec
-        _check_tensor("x", x, spec.dtype, spec.hidden)
+        _check_activation("x", x, spec.dtype, spec.hidden)
         if (w is None) != (spec.weight_mode is WeightMode.NONE):
             raise ValueError("a weight is required exactly when weight_mode is not NONE")
         if w is not None:
-            _check_tensor("w", w, spec.weight_dtype, spec.hidden)
-        out = torch_empty_like(x) if out is None else out
-        _check_tensor("out", out, spec.dtype, spec.hidden)
+            _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
+        out = _empty_like(x) if out is None else out
+        _check_tensor("out", out, spec.dtype, tuple(x.shape))
         rows = x.numel() // spec.hidden
         self.launch(x.data_ptr(), 0 if w is None else w.data_ptr(), out.data_ptr(), rows, _current_stream())
         return out
@@ -196,17 +203,17 @@ class QkNormKernel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Torch convenience: q [..., q_hidden], k [..., k_hidden] on the current stream; returns (q_out, k_out)."""
         spec = self.spec
-        _check_tensor("q", q, spec.dtype, spec.q_hidden)
-        _check_tensor("k", k, spec.dtype, spec.k_hidden)
+        _check_activation("q", q, spec.dtype, spec.q_hidden)
+        _check_activation("k", k, spec.dtype, spec.k_hidden)
         if (wq is None or wk is None) != (spec.weight_mode is WeightMode.NONE) or (wq is None) != (wk is None):
             raise ValueError("both weights are required exactly when weight_mode is not NONE")
         if wq is not None:
-            _check_tensor("wq", wq, spec.weight_dtype, spec.q_hidden)
-            _check_tensor("wk", wk, spec.weight_dtype, spec.k_hidden)
-        q_out = torch_empty_like(q) if q_out is None else q_out
-        k_out = torch_empty_like(k) if k_out is None else k_out
-        _check_tensor("q_out", q_out, spec.dtype, spec.q_hidden)
-        _check_tensor("k_out", k_out, spec.dtype, spec.k_hidden)
+            _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
+            _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
+        q_out = _empty_like(q) if q_out is None else q_out
+        k_out = _empty_like(k) if k_out is None else k_out
+        _check_tensor("q_out", q_out, spec.dtype, tuple(q.shape))
+        _check_tensor("k_out", k_out, spec.dtype, tuple(k.shape))
         self.launch(
             q.data_ptr(),
             k.data_ptr(),
@@ -221,7 +228,7 @@ class QkNormKernel:
         return q_out, k_out
 
 
-def torch_empty_like(t: torch.Tensor) -> torch.Tensor:
+def _empty_like(t: torch.Tensor) -> torch.Tensor:
     import torch
 
     return torch.empty_like(t)

@@ -221,7 +221,8 @@ def qk_norm_launcher(
     k_tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
-    """Host entry: q blocks first, then k blocks, in one grid."""
+    """Host entry: q blocks first, then k blocks, in one grid of the block size both tilings share
+    (QkNormKernel.tilings gives them one)."""
     q_blocks = (q_rows + q_tiling.rows_per_block - 1) // q_tiling.rows_per_block
     k_blocks = (k_rows + k_tiling.rows_per_block - 1) // k_tiling.rows_per_block
     _qk_norm_kernel(

@@ -65,20 +65,6 @@ def full_vector(hidden: int, elem_bytes: int) -> int:
     return vector
 
 
-def vector_for_pointers(hidden: int, elem_bytes: int, weight_bytes: int, pointers: tuple[int, ...], n_act: int) -> int:
-    """`full_vector` when every pointer is aligned to its access, else 1 (scalar accesses, never a misaligned fault).
-
-    `pointers` lists the activation pointers first (`n_act` of them), then the weight pointers.
-    """
-    vector = full_vector(hidden, elem_bytes)
-    act_align = vector * elem_bytes
-    weight_align = min(ACCESS_BYTES, vector * weight_bytes)
-    for i, ptr in enumerate(pointers):
-        if ptr % (act_align if i < n_act else weight_align):
-            return 1
-    return vector
-
-
 def regime_for(rows: int, sm_count: int) -> Regime:
     """Decode while one row per block still leaves SMs idle or just fills them; prefill packs rows beyond that."""
     return Regime.DECODE if rows <= sm_count else Regime.PREFILL
