@@ -202,3 +202,24 @@ def test_output_error_nan_and_shape_mismatches_fail() -> None:
     assert not output_error("y", np.zeros(3, np.float32), reference).passed
     assert output_error("ids", np.array([1, 2]), np.array([1, 2])).passed
     assert not output_error("ids", np.array([1, 3]), np.array([1, 2])).passed
+
+
+def _fused_pair(spec_dtype: str, tmp_path: Path) -> tuple[LoadedModel, onnx.ModelProto]:
+    from graphs import NormSpec, single_norm
+
+    from trtfuse.fuse import fuse_model
+
+    original = _loaded(single_norm(NormSpec(dtype=spec_dtype, weight_dtype=spec_dtype)), tmp_path / "original.onnx")
+    return original, fuse_model(original.model).model
+
+
+def test_bfloat16_models_run_in_the_reference_evaluator(tmp_path: Path) -> None:
+    # onnxruntime's CPU build has no bfloat16 Mul; `check` must still compare such models, and still catch a mismatch.
+    original, fused = _fused_pair("bfloat16", tmp_path)
+    with pytest.raises(TrtfuseError, match="onnxruntime cannot"):
+        run_onnxruntime(original, make_feed(original.model, 0))
+    assert check_fused(original, _loaded(fused, tmp_path / "fused.onnx")).passed
+    (node,) = [node for node in fused.graph.node if node.op_type == contract.RMS_NORM_OP]
+    (offset,) = [attribute for attribute in node.attribute if attribute.name == contract.ATTR_WEIGHT_OFFSET]
+    offset.f = 1.0
+    assert not check_fused(original, _loaded(fused, tmp_path / "corrupted.onnx")).passed

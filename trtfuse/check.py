@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import external_data_helper, helper
 
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.inputs import make_feed
@@ -49,6 +50,41 @@ def onnxruntime_session(model: LoadedModel) -> object:
         raise TrtfuseError(f"{model.path}: onnxruntime cannot load it: {_first_line(error)}") from None
 
 
+def run_model(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """onnxruntime, or for bfloat16 models, which onnxruntime's CPU kernels mostly lack, onnx's reference evaluator."""
+    if uses_bfloat16(model.model):
+        return run_reference_evaluator(model, feed)
+    return run_onnxruntime(model, feed)
+
+
+def uses_bfloat16(model: onnx.ModelProto) -> bool:
+    """Whether any graph input, output, value, initializer or Cast of the main graph is bfloat16."""
+    graph = model.graph
+    values = [*graph.input, *graph.output, *graph.value_info]
+    bf16 = onnx.TensorProto.BFLOAT16
+    return (
+        any(value.type.tensor_type.elem_type == bf16 for value in values)
+        or any(tensor.data_type == bf16 for tensor in graph.initializer)
+        or any(node.op_type == "Cast" and helper.get_node_attr_value(node, "to") == bf16 for node in graph.node)
+    )
+
+
+def run_reference_evaluator(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run `model` with `onnx.reference.ReferenceEvaluator`: exact per-op rounding in every dtype, slow, CPU only."""
+    from onnx.reference import ReferenceEvaluator
+
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.model)
+    external_data_helper.load_external_data_for_model(proto, str(model.path.resolve().parent))
+    try:
+        evaluator = ReferenceEvaluator(proto)
+        names = list(evaluator.output_names)
+        return dict(zip(names, evaluator.run(names, dict(feed)), strict=True))
+    except Exception as error:
+        # The evaluator raises whatever its op implementations raise.
+        raise TrtfuseError(f"{model.path}: onnx's reference evaluator cannot run it: {_first_line(error)}") from None
+
+
 def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run `model` on `feed` with `onnxruntime_session`."""
     session = onnxruntime_session(model)
@@ -75,9 +111,9 @@ def check_fused(
     """Feed both models the same random inputs (the fused one with its plugin nodes lowered) and compare outputs."""
     feed = make_feed(original.model, seed, shapes=shapes, dims=dims)
     _check_same_interface(original, fused)
-    reference_outputs = run_onnxruntime(original, feed)
+    reference_outputs = run_model(original, feed)
     lowered = LoadedModel(model=lower_fused_nodes(fused.model), path=fused.path)
-    fused_outputs = run_onnxruntime(lowered, feed)
+    fused_outputs = run_model(lowered, feed)
     errors = [output_error(name, fused_outputs[name], reference) for name, reference in reference_outputs.items()]
     return CheckResult(errors=errors)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper
+from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError
@@ -38,7 +39,9 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as error:
         raise TrtfuseError(f"shape inference failed: {str(error).strip().splitlines()[0]}") from None
-    return gs.import_onnx(inferred)
+    # graphsurgeon warns on stdout about every bfloat16 constant (numpy has no such dtype); the graph is right anyway.
+    with G_LOGGER.suppress(G_LOGGER.ERROR):
+        return gs.import_onnx(inferred)
 
 
 def search_model(model: onnx.ModelProto) -> NormSearch:
@@ -51,7 +54,8 @@ def fuse_model(model: onnx.ModelProto) -> FuseResult:
     graph = import_graph(model)
     search = find_norms(graph)
     fused = rewrite(graph, search)
-    exported = gs.export_onnx(graph, opset_imports=_opset_imports(model, graph))
+    with G_LOGGER.suppress(G_LOGGER.ERROR):
+        exported = gs.export_onnx(graph, opset_imports=_opset_imports(model, graph))
     exported.ir_version = model.ir_version
     for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
         setattr(exported, field, getattr(model, field))
