@@ -136,6 +136,31 @@ def test_row_tiling_covers_each_row_exactly_once(hidden: int, elem_bytes: int, r
             assert t.rows_per_block == 1 and t.threads_per_row >= 32
 
 
+@pytest.mark.parametrize(
+    ("spec", "threads", "floor"),
+    [
+        (RmsNormSpec(4096, "float16", "float16", 1e-6, 0.0, BEFORE), 256, 6),
+        (RmsNormSpec(2048, "float32", "bfloat16", 1e-6, 0.0, AFTER), 256, 6),
+        (RmsNormSpec(8192, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), 256, None),
+        (RmsNormSpec(2048, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), 128, None),
+        (RmsNormSpec(3072, "bfloat16", "float32", 1e-6, 0.0, AFTER), 256, None),
+    ],
+)
+def test_prefill_rows_of_256_threads_by_2_vectors_fit_6_blocks_per_sm(
+    spec: RmsNormSpec, threads: int, floor: int | None, tmp_path: Path
+) -> None:
+    """The residency floor reaches ptxas as `.minnctapersm` (a cap of 40 registers); rows of more vectors per
+    thread, 128-thread rows, ragged rows and decode have none."""
+    variant = rms_variant(spec, Regime.PREFILL)
+    assert variant.tiling.threads_per_row == threads
+    ptx = compiled_ptx(variant, tmp_path)
+    if floor is None:
+        assert ".minnctapersm" not in ptx
+    else:
+        assert f".minnctapersm {floor}" in ptx
+    assert rms_variant(spec, Regime.DECODE).tiling.min_blocks_per_sm == 0
+
+
 def test_head_dim_rows_are_sub_warp() -> None:
     for head_dim in (64, 128, 256):
         t = row_tiling(head_dim, 8, Regime.PREFILL)

@@ -177,6 +177,11 @@ def rms_norm_launcher(
         block=[tiling.block_threads, 1, 1],
         smem=smem_bytes(tiling),
         stream=stream,
+        # `.minnctapersm`: ptxas must fit this many blocks on an SM, so it caps the registers per thread (0: no cap).
+        min_blocks_per_mp=tiling.min_blocks_per_sm,
+        # With that floor CuTeDSL would otherwise read the GPU's shared memory size while compiling; -1 is the
+        # driver's default carveout, and lets a machine without a GPU compile.
+        preferred_smem_carveout=-1 if tiling.min_blocks_per_sm > 1 else None,
     )
 
 

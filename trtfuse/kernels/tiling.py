@@ -20,6 +20,11 @@ PREFILL_VECTORS_PER_THREAD = 2  # 91.7% of copy at H=4096 against 90.5% with 8 a
 # Prefill rows stop growing at 256 threads (wider rows give each thread more vectors): 512-thread blocks fall to 77%
 # of copy at 8192x8192 whenever the compiler's register count halves their residency; 256 stays at 91% throughout.
 PREFILL_MAX_ROW_THREADS = 256
+# Prefill rows of exactly 256 threads x 2 vectors (H=4096 fp16/bf16, 2048 fp32) are compiled to fit 1536 threads (6
+# blocks) per SM, which caps them at 40 registers: left alone the compiler takes 48 for fp16, BEFORE_CAST or an fp32
+# weight (5 blocks) and 16384x4096 loses 0.6-1.4 points of copy. Not capped: 128-thread rows (H=2048; no gain),
+# ragged rows (an fp32 weight would spill) and rows of more vectors per thread (they would spill).
+PREFILL_RESIDENT_THREADS = 1536
 DECODE_VECTORS_PER_THREAD = 4  # 1.35 µs per 1-row call in graph replay, against 1.51 with 2 and 1.82 with 16
 
 
@@ -39,6 +44,8 @@ class RowTiling:
     threads_per_row: int  # a power of two; below 32 a row is part of a warp, above it several warps
     vectors_per_thread: int
     rows_per_block: int
+    # At least this many blocks must fit on one SM (ptxas caps the registers per thread to allow it); 0: no floor.
+    min_blocks_per_sm: int = 0
 
     @property
     def vectors_per_row(self) -> int:
@@ -77,17 +84,21 @@ def row_tiling(hidden: int, vector: int, regime: Regime) -> RowTiling:
       by butterfly shuffles alone; 128-thread blocks. The same in both regimes, since many heads per token already
       fill the SMs in decode.
     - prefill: 2 vectors per thread, so a row spans several warps (more warps in flight, lighter threads), up to
-      256 threads per row; blocks of at least 128 threads, one row per block from 256 vectors up.
+      256 threads per row; blocks of at least 128 threads, one row per block from 256 vectors up. Rows of exactly
+      256 threads x 2 vectors must fit 6 blocks per SM (a register cap of 40).
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
     """
     vectors = hidden // vector
+    min_blocks = 0
     if vectors <= SMALL_ROW_VECTORS:
         threads = _next_pow2(vectors)
         per_block = PREFILL_BLOCK_THREADS
     elif regime is Regime.PREFILL:
         threads = min(PREFILL_MAX_ROW_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
         per_block = max(PREFILL_BLOCK_THREADS, threads)
+        if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD:
+            min_blocks = PREFILL_RESIDENT_THREADS // per_block
     else:
         threads = min(MAX_BLOCK_THREADS, max(WARP, _next_pow2(-(-vectors // DECODE_VECTORS_PER_THREAD))))
         per_block = threads
@@ -97,6 +108,7 @@ def row_tiling(hidden: int, vector: int, regime: Regime) -> RowTiling:
         threads_per_row=threads,
         vectors_per_thread=-(-vectors // threads),
         rows_per_block=max(1, per_block // threads),
+        min_blocks_per_sm=min_blocks,
     )
 
 
