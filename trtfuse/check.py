@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper
 
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
 from trtfuse.inputs import make_feed
 from trtfuse.io import LoadedModel
 from trtfuse.reference import lower_fused_nodes
@@ -47,7 +47,7 @@ def onnxruntime_session(model: LoadedModel) -> object:
         )
     except Exception as error:
         # onnxruntime raises its own exception types for unsupported ops and bad graphs alike.
-        raise TrtfuseError(f"{model.path}: onnxruntime cannot load it: {_first_line(error)}") from None
+        raise TrtfuseError(f"{model.path}: onnxruntime cannot load it: {first_line(error)}") from None
 
 
 def run_model(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -82,7 +82,7 @@ def run_reference_evaluator(model: LoadedModel, feed: Mapping[str, np.ndarray]) 
         return dict(zip(names, evaluator.run(names, dict(feed)), strict=True))
     except Exception as error:
         # The evaluator raises whatever its op implementations raise.
-        raise TrtfuseError(f"{model.path}: onnx's reference evaluator cannot run it: {_first_line(error)}") from None
+        raise TrtfuseError(f"{model.path}: onnx's reference evaluator cannot run it: {first_line(error)}") from None
 
 
 def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -93,12 +93,7 @@ def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[
         return dict(zip(names, session.run(names, dict(feed)), strict=True))
     except Exception as error:
         # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
-        raise TrtfuseError(f"{model.path}: onnxruntime cannot run it: {_first_line(error)}") from None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+        raise TrtfuseError(f"{model.path}: onnxruntime cannot run it: {first_line(error)}") from None
 
 
 def check_fused(

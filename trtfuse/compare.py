@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from trtfuse.check import onnxruntime_session
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.inputs import make_feed
 from trtfuse.io import LoadedModel, load_model
 from trtfuse.reference import lower_fused_nodes
-from trtfuse.runner import engine_profiles, first_line, profile_for_feed, trt_runner
+from trtfuse.runner import engine_profiles, profile_for_feed, trt_runner
 from trtfuse.tolerances import OutputError, output_error, tolerance_for
 
 ORIGINAL_RUNNER = "onnxruntime-original"

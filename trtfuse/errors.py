@@ -7,3 +7,9 @@ class TrtfuseError(Exception):
 
 class MissingDependencyError(TrtfuseError):
     """An optional dependency (TensorRT, a GPU, CuTeDSL...) is not available; the message says how to get it."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of a library's exception message (or its type's name), for a one-line `TrtfuseError`."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

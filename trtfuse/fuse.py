@@ -10,7 +10,7 @@ from onnx import helper
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtfuse import contract
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.patterns import NormSearch, find_norms
 from trtfuse.rewrite import FusedNode, rewrite
 
@@ -38,7 +38,7 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as error:
-        raise TrtfuseError(f"shape inference failed: {str(error).strip().splitlines()[0]}") from None
+        raise TrtfuseError(f"shape inference failed: {first_line(error)}") from None
     # graphsurgeon warns on stdout about every bfloat16 constant (numpy has no such dtype); the graph is right anyway.
     with G_LOGGER.suppress(G_LOGGER.ERROR):
         return gs.import_onnx(inferred)

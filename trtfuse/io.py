@@ -21,7 +21,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper, helper
 
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import TrtfuseError, first_line
 
 MIN_OPSET = 13
 MAX_OPSET = 23
@@ -100,7 +100,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
             try:
                 external_data_helper.load_external_data_for_tensor(tensor, str(folder))
             except (OSError, onnx.checker.ValidationError) as error:
-                raise TrtfuseError(f"{path}: cannot read tensor '{tensor.name}': {_first_line(error)}") from None
+                raise TrtfuseError(f"{path}: cannot read tensor '{tensor.name}': {first_line(error)}") from None
     return LoadedModel(model=model, path=path)
 
 
@@ -110,7 +110,7 @@ def _parse(path: Path) -> onnx.ModelProto:
     except OSError as error:
         raise TrtfuseError(f"{path}: cannot read: {error.strerror or error}") from None
     except (DecodeError, ValueError, RuntimeError) as error:
-        raise TrtfuseError(f"{path}: not an ONNX model ({_first_line(error)})") from None
+        raise TrtfuseError(f"{path}: not an ONNX model ({first_line(error)})") from None
     # Protobuf parses many non-ONNX byte strings into a message with no fields set.
     if model.ir_version == 0 or not model.HasField("graph"):
         raise TrtfuseError(f"{path}: not an ONNX model (no IR version or no graph)")
@@ -174,7 +174,7 @@ def _check_graph(path: Path, model: onnx.ModelProto) -> None:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as error:
         if not any(node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS for node in model.graph.node):
-            raise TrtfuseError(f"{path}: fails the ONNX checker: {_first_line(error)}") from None
+            raise TrtfuseError(f"{path}: fails the ONNX checker: {first_line(error)}") from None
         _check_with_contrib_domain(path, model)
 
 
@@ -199,7 +199,7 @@ def _check_with_contrib_domain(path: Path, model: onnx.ModelProto) -> None:
             file.write(remapped.SerializeToString())
         onnx.checker.check_model(temp_name)
     except onnx.checker.ValidationError as error:
-        raise TrtfuseError(f"{path}: fails the ONNX checker: {_first_line(error)}") from None
+        raise TrtfuseError(f"{path}: fails the ONNX checker: {first_line(error)}") from None
     finally:
         _remove([Path(temp_name)])
 
@@ -282,7 +282,7 @@ def _write_checked(model: onnx.ModelProto, path: Path) -> None:
         try:
             onnx.checker.check_model(str(temp))
         except onnx.checker.ValidationError as error:
-            raise TrtfuseError(f"{path}: result fails the ONNX checker, not written: {_first_line(error)}") from None
+            raise TrtfuseError(f"{path}: result fails the ONNX checker, not written: {first_line(error)}") from None
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -321,8 +321,3 @@ def _set_default_permissions(path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     path.chmod(0o666 & ~umask)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

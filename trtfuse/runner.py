@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from trtfuse.build import import_tensorrt, read_sidecar, register_plugins
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.inputs import make_feed
 from trtfuse.io import load_model, write_bytes_atomic
 from trtfuse.profiles import Profile
@@ -46,12 +46,6 @@ class TimingSummary:
 class RunResult:
     outputs: dict[str, np.ndarray]
     timing: TimingSummary
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an exception's message (Polygraphy's and onnxruntime's run over several)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def engine_profiles(engine_path: Path) -> list[Profile]:
