@@ -16,7 +16,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse.contract import WeightMode
 
-ELEM_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+ELEM_TYPES = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
+    "float64": TensorProto.DOUBLE,
+}
 NUMPY_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 HIDDEN = 64
 BATCH, SEQUENCE = 2, 3

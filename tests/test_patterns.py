@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
@@ -95,7 +96,9 @@ def test_rejected_form_is_a_near_miss(name: str) -> None:
 )
 def test_fused_norm_ops(kind: str, mode: WeightMode, tag: str, dtype: str) -> None:
     match, _ = only_match(fused_op_norm(kind, dtype, epsilon=1e-6))
-    assert (match.weight_mode, match.tags, match.hidden_size) == (mode, (tag,), 64)
+    # For float32 activations both weighted modes are one function, always written AFTER_CAST.
+    expected_mode = WeightMode.AFTER_CAST if dtype == "float32" and mode == WeightMode.BEFORE_CAST else mode
+    assert (match.weight_mode, match.tags, match.hidden_size) == (expected_mode, (tag,), 64)
     assert match.epsilon == 9.999999974752427e-07
     assert dtype_name(match.x) == dtype
     if kind.startswith("Skip"):
@@ -118,9 +121,22 @@ def test_fused_norm_whose_output_dtype_differs_is_rejected() -> None:
     assert not found.matches and "has dtype float32, the input float16" in found.near_misses[0].reason
 
 
-def test_fused_norm_with_stash_type_not_float32_is_rejected() -> None:
-    found = search(fused_op_norm("RMSNormalization", "float16", stash_type=10))
+@pytest.mark.parametrize(("dtype", "stash_type"), [("float16", 10), ("float32", 11)])
+def test_fused_norm_with_stash_type_not_float32_is_rejected(dtype: str, stash_type: int) -> None:
+    found = search(fused_op_norm("RMSNormalization", dtype, stash_type=stash_type))
     assert not found.matches and "stash_type" in found.near_misses[0].reason
+
+
+@pytest.mark.parametrize(
+    ("kind", "epsilon"),
+    [("RMSNormalization", 1e-5), ("SimplifiedLayerNormalization", 1e-5), ("SkipSimplifiedLayerNormalization", 1e-12)],
+)
+def test_fused_norm_without_epsilon_takes_the_op_default(kind: str, epsilon: float) -> None:
+    model = fused_op_norm(kind, "float16")
+    (node,) = [node for node in model.graph.node if node.op_type == kind]
+    node.attribute.remove(next(attribute for attribute in node.attribute if attribute.name == "epsilon"))
+    match, _ = only_match(model)
+    assert match.epsilon == float(np.float32(epsilon))
 
 
 @pytest.mark.parametrize(
@@ -213,3 +229,10 @@ def only_match_graph(graph: gs.Graph):
     found = find_norms(graph)
     assert len(found.matches) == 1
     return found.matches[0], found
+
+
+def test_float64_core_is_rejected() -> None:
+    # Fusing would move the reduction from float64 to the kernels' float32: a loss of precision, so never fused.
+    found = search(single_norm(NormSpec(dtype="float32", core_dtype="float64")))
+    assert not found.matches
+    assert any("float64" in miss.reason for miss in found.near_misses), found.near_misses

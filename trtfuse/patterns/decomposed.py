@@ -270,6 +270,8 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str]) -> tuple[RmsNormM
     if isinstance(x, gs.Constant):
         raise walk.reject(f"the normalised input {x.name} is a constant")
     core_dtype = dtype_name(core.square_input)
+    if core_dtype == "float64":
+        raise walk.reject("the chain computes in float64; the kernels reduce in float32, which would lose precision")
     tags = ["decomposed", *core.tags]
     if core_dtype != "float32":
         tags.append(f"core-{core_dtype}")

@@ -21,7 +21,13 @@ FUSED_NORM_OPS = {
     ("SimplifiedLayerNormalization", "com.microsoft"): "ort-simplified-layer-norm",
     ("SkipSimplifiedLayerNormalization", "com.microsoft"): "ort-skip-simplified-layer-norm",
 }
-DEFAULT_EPSILON = 1e-5
+# Epsilon when the node has no attribute: ONNX's RMSNormalization and onnxruntime's SimplifiedLayerNormalization
+# default to 1e-5, onnxruntime's SkipSimplifiedLayerNormalization to 1e-12 (its skip-layer-norm default).
+DEFAULT_EPSILON = {
+    "RMSNormalization": 1e-5,
+    "SimplifiedLayerNormalization": 1e-5,
+    "SkipSimplifiedLayerNormalization": 1e-12,
+}
 FLOAT32_STASH = 1
 SKIP_SUM_OUTPUT = 3
 
@@ -56,8 +62,8 @@ def match_fused(node: gs.Node, graph_outputs: set[str]) -> RmsNormMatch:
     dtype = dtype_name(x)
     if dtype not in ACTIVATION_DTYPES:
         raise Rejected(node, f"input {x.name} has dtype {dtype}")
-    if dtype != "float32" and node.attrs.get("stash_type", FLOAT32_STASH) != FLOAT32_STASH:
-        raise Rejected(node, "stash_type is not float32")
+    if node.attrs.get("stash_type", FLOAT32_STASH) != FLOAT32_STASH:
+        raise Rejected(node, "stash_type is not float32: the kernels reduce in float32")
     y = node.outputs[0]
     # These ops give Y the scale's dtype; onnx's shape inference does not know onnxruntime's, so check both.
     for tensor in (y, scale):
@@ -79,7 +85,7 @@ def match_fused(node: gs.Node, graph_outputs: set[str]) -> RmsNormMatch:
         x=x,
         y=y,
         weight=weight.weight,
-        epsilon=epsilon_float32(node.attrs.get("epsilon", DEFAULT_EPSILON)),
+        epsilon=epsilon_float32(node.attrs.get("epsilon", DEFAULT_EPSILON[node.op])),
         weight_offset=weight.offset,
         weight_mode=mode,
         hidden_size=hidden,

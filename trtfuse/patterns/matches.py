@@ -32,6 +32,12 @@ class RmsNormMatch:
     skip_inputs: tuple[gs.Tensor, ...] = ()
     skip_sum: gs.Variable | None = None
 
+    def __post_init__(self) -> None:
+        # With float32 activations the cast back is the identity and both weighted modes are one function; naming it
+        # one way keeps one kernel variant per norm, as docs/plugin-nodes.md says.
+        if self.weight_mode == WeightMode.BEFORE_CAST and self.dtype == "float32":
+            self.weight_mode = WeightMode.AFTER_CAST
+
     @property
     def dtype(self) -> str:
         return dtype_name(self.x) or "unknown"
