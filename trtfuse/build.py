@@ -332,8 +332,10 @@ def build_engine(
         config.clear_flag(trt.BuilderFlag.TF32)
     if options.workspace_bytes is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
-    timing_cache = config.create_timing_cache(timing_cache_bytes)
-    config.set_timing_cache(timing_cache, ignore_mismatch=False)
+    if not config.set_timing_cache(config.create_timing_cache(timing_cache_bytes), ignore_mismatch=False):
+        # A cache from another TensorRT version or GPU: start a fresh one (written back after the build).
+        emit(f"timing cache {options.timing_cache} does not fit this TensorRT and GPU; starting a fresh one")
+        config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
     # Held in a local: TensorRT requires the monitor to outlive every object that uses it.
     monitor = _progress_monitor(trt, BuildProgress(emit))
     config.progress_monitor = monitor
@@ -343,8 +345,9 @@ def build_engine(
     seconds = time.monotonic() - started
     if serialized is None:
         raise TrtfuseError(f"{fused_model_path}: TensorRT could not build an engine; its messages above say why")
-    if options.timing_cache is not None:
-        write_bytes_atomic(options.timing_cache, memoryview(config.get_timing_cache().serialize()))
+    timing_cache = config.get_timing_cache()
+    if options.timing_cache is not None and timing_cache is not None:
+        write_bytes_atomic(options.timing_cache, memoryview(timing_cache.serialize()))
     sidecar = make_sidecar(
         engine_path=engine_path,
         fused_model_path=fused_model_path,
