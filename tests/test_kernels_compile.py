@@ -108,7 +108,7 @@ def test_disk_cache_is_loaded_by_a_fresh_cache(tmp_path: Path) -> None:
     assert first.cache.compiled == 4 and first.cache.loaded == 0
     assert len(list(tmp_path.rglob("*.o"))) == 4
     folder = next(tmp_path.iterdir()).name
-    assert folder.startswith("trtfuse-") and "cutlass-dsl-" in folder and folder.endswith(ARCH)
+    assert folder.startswith("trtfuse-") and "cutlass-dsl-" in folder and f"_{ARCH}_src-" in folder
     second = RmsNormKernel(spec, KernelCache(tmp_path), HOPPER)
     second.warm_up(max_rows=4096)
     assert second.cache.compiled == 0 and second.cache.loaded == 4
@@ -227,3 +227,23 @@ def test_bench_command_without_gpu_says_so_in_one_line() -> None:
     result = CliRunner().invoke(cli, ["bench", "kernels", "--no-torch-compile"])
     assert result.exit_code == EXIT_MISSING_DEPENDENCY
     assert result.output == "trtfuse: the kernel benchmark needs a CUDA GPU, and torch sees none\n"
+
+
+def test_cache_folder_changes_with_the_kernel_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # An edited kernel must never load the object files compiled from its previous text.
+    from trtfuse.kernels import cache
+
+    before = cache.cache_folder(tmp_path, "sm_90a")
+    edited = tmp_path / "kernels"
+    edited.mkdir()
+    for name in cache._KERNEL_SOURCES:
+        (edited / name).write_bytes((Path(cache.__file__).parent / name).read_bytes())
+    (edited / "norm_kernel.py").write_text((edited / "norm_kernel.py").read_text() + "\n# edited\n")
+    monkeypatch.setattr(cache, "__file__", str(edited / "cache.py"))
+    cache.kernel_sources_digest.cache_clear()
+    try:
+        assert cache.cache_folder(tmp_path, "sm_90a") != before
+    finally:
+        monkeypatch.undo()
+        cache.kernel_sources_digest.cache_clear()
+    assert cache.cache_folder(tmp_path, "sm_90a") == before

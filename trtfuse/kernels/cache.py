@@ -1,11 +1,13 @@
 """Compile cache: one compilation per variant, kept in memory and as object files on disk.
 
-The on-disk folder is keyed by trtfuse version, cutlass-dsl version and GPU architecture; inside it each variant is
-one object file named by a hash of the variant, so a second process loads (JIT-links) instead of compiling.
+The on-disk folder is keyed by trtfuse version, cutlass-dsl version, GPU architecture and a digest of the kernel
+sources (so an edited kernel never loads its stale object files); inside it each variant is one object file named
+by a hash of the variant, so a second process loads (JIT-links) instead of compiling.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -26,9 +28,21 @@ def default_cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "trtfuse" / "kernels")
 
 
+# The modules whose text decides the generated code.
+_KERNEL_SOURCES = ("norm_kernel.py", "tiling.py", "compiler.py", "specs.py")
+
+
+@functools.cache
+def kernel_sources_digest() -> str:
+    digest = hashlib.sha256()
+    for name in _KERNEL_SOURCES:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def cache_folder(root: Path, arch: str) -> Path:
     dsl_version = importlib.metadata.version("nvidia-cutlass-dsl")
-    return root / f"trtfuse-{trtfuse.__version__}_cutlass-dsl-{dsl_version}_{arch}"
+    return root / f"trtfuse-{trtfuse.__version__}_cutlass-dsl-{dsl_version}_{arch}_src-{kernel_sources_digest()}"
 
 
 def variant_key(variant: RmsNormVariant | QkNormVariant) -> str:
