@@ -115,6 +115,24 @@ def test_rms_norm_every_hidden_size(
         run_rms(spec, rows)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        RmsNormSpec(8192, "float16", "float16", 1e-6, 1.0, BEFORE),
+        RmsNormSpec(8192, "bfloat16", "float16", 1e-5, 0.0, AFTER),
+        RmsNormSpec(8192, "float16", None, 1e-6, 0.0, NONE),
+        RmsNormSpec(5120, "float16", "float16", 1e-6, 1.0, AFTER),
+        RmsNormSpec(3000, "bfloat16", None, 1e-6, 0.0, NONE),
+    ],
+    ids=repr,
+)
+def test_rms_norm_staged_and_reread_variants(spec: RmsNormSpec) -> None:
+    """x through shared memory (H=8192, 16-bit x and weight) and x read twice (ragged rows), every mode; 4097 rows
+    leaves one row in the last wave."""
+    for rows in (133, 4097):
+        run_rms(spec, rows)
+
+
 @pytest.mark.parametrize("hidden", [1001, 4096])
 @pytest.mark.parametrize("misalign", [1, 2])
 def test_rms_norm_unaligned_pointers_take_the_scalar_variant(hidden: int, misalign: int) -> None:
@@ -190,6 +208,7 @@ QK_CASES = [
     ("head64", QkNormSpec(64, 64, "float16", "float16", 1e-5, 0.0, AFTER), 16, 16),
     ("no-weight", QkNormSpec(128, 128, "float32", None, 1e-6, 0.0, NONE), 8, 2),
     ("olmo2", QkNormSpec(4096, 1024, "bfloat16", "float32", 1e-6, 0.0, BEFORE), 1, 1),
+    ("wide-ragged", QkNormSpec(8192, 5120, "float16", "float16", 1e-6, 1.0, AFTER), 1, 1),
 ]
 
 

@@ -90,7 +90,9 @@ class RmsNormKernel:
         self._functions: dict[tuple[bool, bool], Any] = {}
 
     def variant(self, regime: Regime, aligned: bool) -> RmsNormVariant:
-        tiling = row_tiling(self.spec.hidden, self._vector if aligned else 1, regime)
+        spec = self.spec
+        weight_bytes = DTYPE_BYTES[spec.weight_dtype] if spec.weight_dtype else 0
+        tiling = row_tiling(spec.hidden, self._vector if aligned else 1, regime, DTYPE_BYTES[spec.dtype], weight_bytes)
         return RmsNormVariant(self.spec, tiling, self.device.arch)
 
     def _function(self, decode: bool, aligned: bool) -> Any:
@@ -148,9 +150,15 @@ class QkNormKernel:
 
     def tilings(self, aligned: bool) -> tuple[RowTiling, RowTiling]:
         """Both parts in one block size; head-dim rows use the small-row table entry, wide rows the prefill one."""
-        elem = DTYPE_BYTES[self.spec.dtype]
-        q = row_tiling(self.spec.q_hidden, full_vector(self.spec.q_hidden, elem) if aligned else 1, Regime.PREFILL)
-        k = row_tiling(self.spec.k_hidden, full_vector(self.spec.k_hidden, elem) if aligned else 1, Regime.PREFILL)
+        spec = self.spec
+        elem = DTYPE_BYTES[spec.dtype]
+        weight_bytes = DTYPE_BYTES[spec.weight_dtype] if spec.weight_dtype else 0
+
+        def tiling(hidden: int) -> RowTiling:
+            vector = full_vector(hidden, elem) if aligned else 1
+            return row_tiling(hidden, vector, Regime.PREFILL, elem, weight_bytes, staging=False)
+
+        q, k = tiling(spec.q_hidden), tiling(spec.k_hidden)
         block = max(q.block_threads, k.block_threads)
         return with_block_threads(q, block), with_block_threads(k, block)
 

@@ -16,7 +16,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from trtfuse.contract import WeightMode
-from trtfuse.kernels.tiling import WARP, RowTiling
+from trtfuse.kernels.tiling import ACCESS_BYTES, WARP, RowTiling
 
 CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
@@ -31,39 +31,88 @@ class NormMath:
 
 
 def smem_bytes(tiling: RowTiling) -> int:
-    """One fp32 partial sum per warp of each row; allocated always (a few bytes), read only when a row spans warps."""
-    return 4 * tiling.rows_per_block * tiling.warps_per_row
+    """One fp32 partial sum per warp of each row (allocated always, a few bytes, read only when a row spans warps),
+    plus the block's rows of x when the tiling stages x through shared memory."""
+    return staging_bytes(tiling) + 4 * tiling.rows_per_block * tiling.warps_per_row
+
+
+def staging_bytes(tiling: RowTiling) -> int:
+    return tiling.rows_per_block * tiling.vectors_per_row * ACCESS_BYTES if tiling.staged else 0
+
+
+def _staging_layout(tiling: RowTiling) -> cute.Layout:
+    # (vector, vector index, row in block): each row exactly as it lies in global memory, rows back to back.
+    return cute.make_layout(
+        (tiling.vector, tiling.vectors_per_row, tiling.rows_per_block),
+        stride=(1, tiling.vector, tiling.vector * tiling.vectors_per_row),
+    )
 
 
 @cute.jit
-def _copy_if_in_row(src: cute.Tensor, dst: cute.Tensor, vector_index: Int32, vectors: cutlass.Constexpr):
-    """Copy one vector unless it lies past the end of the row (the ragged last slot)."""
-    if vector_index < vectors:
-        cute.autovec_copy(src, dst)
-
-
-@cute.jit
-def _copy_row_slots(
-    src: cute.Tensor, dst: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr, row_side: cutlass.Constexpr
-):
-    """Copy this thread's slots between a row view (vector, vector index) and its registers (vector, slot).
+def _for_each_slot(lane: Int32, tiling: cutlass.Constexpr, visit: cutlass.Constexpr):
+    """Call visit(vector index in the row, slot) for each of this thread's slots.
 
     Slot k of a thread is vector `lane + k * threads_per_row`: consecutive lanes touch consecutive 16-byte vectors,
-    so each warp-wide access is fully coalesced. `row_side` says which of src and dst is the row.
+    so each warp-wide access is fully coalesced. Only the last slot can fall past the row end (when the threads do
+    not divide the row's vectors): it alone is predicated.
     """
     threads = tiling.threads_per_row
-    full_slots = tiling.vectors_per_row // threads
-    for k in cutlass.range_constexpr(full_slots):
-        if cutlass.const_expr(row_side == "src"):
-            cute.autovec_copy(src[None, lane + k * threads], dst[None, k])
+    for k in cutlass.range_constexpr(tiling.vectors_per_thread):
+        index = lane + k * threads
+        if cutlass.const_expr((k + 1) * threads > tiling.vectors_per_row):
+            if index < tiling.vectors_per_row:
+                visit(index, k)
         else:
-            cute.autovec_copy(src[None, k], dst[None, lane + k * threads])
-    if cutlass.const_expr(full_slots < tiling.vectors_per_thread):
-        last = lane + full_slots * threads
-        if cutlass.const_expr(row_side == "src"):
-            _copy_if_in_row(src[None, last], dst[None, full_slots], last, tiling.vectors_per_row)
-        else:
-            _copy_if_in_row(src[None, full_slots], dst[None, last], last, tiling.vectors_per_row)
+            visit(index, k)
+
+
+@cute.jit
+def _load_slots(row: cute.Tensor, slots: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr):
+    """Row (vector, vector index) -> this thread's registers (vector, slot), any memory space, plain accesses."""
+    _for_each_slot(lane, tiling, lambda index, k: cute.autovec_copy(row[None, index], slots[None, k]))
+
+
+@cute.jit
+def _store_slots(slots: cute.Tensor, row: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr):
+    _for_each_slot(lane, tiling, lambda index, k: cute.autovec_copy(slots[None, k], row[None, index]))
+
+
+def _load_atom(dtype: type, tiling: RowTiling, evict: cute.nvgpu.CacheEvictionPriority) -> cute.CopyAtom:
+    """One global load of a whole vector into registers, with an L1 eviction priority."""
+    return cute.make_copy_atom(
+        cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=tiling.vector * dtype.width, l1c_evict_priority=evict
+    )
+
+
+@cute.jit
+def _load_slots_evicting(
+    row: cute.Tensor, slots: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr, evict: cutlass.Constexpr
+):
+    """`_load_slots` from global memory with an L1 eviction priority (the vector must fit one access)."""
+    atom = _load_atom(row.element_type, tiling, evict)
+    _for_each_slot(lane, tiling, lambda index, k: cute.copy(atom, row[None, index], slots[None, k]))
+
+
+@cute.jit
+def _stage_slots(row: cute.Tensor, staged_row: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr):
+    """Start this thread's vectors of a global row on their way into the same places of a shared-memory row: 16-byte
+    cp.async copies, which hold no registers while in flight and bypass L1 (x is read from DRAM once)."""
+    atom = cute.make_copy_atom(
+        cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
+        row.element_type,
+        num_bits_per_copy=ACCESS_BYTES * 8,
+    )
+    _for_each_slot(lane, tiling, lambda index, k: cute.copy(atom, row[None, index], staged_row[None, index]))
+
+
+@cute.jit
+def _load_weight_slots(g_w: cute.Tensor, r_w: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr):
+    """The weight after the reduction: every row reads it, so it stays in L1 (evict-last) where one access holds a
+    vector; a wider (fp32) weight vector takes two plain accesses."""
+    if cutlass.const_expr(tiling.vector * g_w.element_type.width <= ACCESS_BYTES * 8):
+        _load_slots_evicting(g_w, r_w, lane, tiling, cute.nvgpu.CacheEvictionPriority.EVICT_LAST)
+    else:
+        _load_slots(g_w, r_w, lane, tiling)
 
 
 @cute.jit
@@ -74,6 +123,7 @@ def _normalize_block_rows(
     rows: Int32,
     block: Int32,
     partials: cute.Tensor,
+    staging: cute.Tensor | None,
     tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
@@ -95,8 +145,9 @@ def _normalize_block_rows(
     row_layout = cute.make_layout((vec, tiling.vectors_per_row), stride=(1, vec))
     # This thread's share of the row, (vector, slot), held in registers from the load to the store.
     slots_layout = cute.make_layout((vec, tiling.vectors_per_thread), stride=(1, vec))
-    # 64-bit row offset: rows·hidden overflows 32 bits for long prefill batches of wide rows.
-    offset = Int64(row) * tiling.hidden
+    # 64-bit row offset: rows·hidden overflows 32 bits for long prefill batches of wide rows. It is a multiple of the
+    # vector (the vector divides the row), which keeps each row start as aligned as the tensor for the copy atoms.
+    offset = cute.assume(Int64(row) * tiling.hidden, divby=vec)
     g_x = cute.make_tensor(x_ptr + offset, row_layout)
     g_y = cute.make_tensor(y_ptr + offset, row_layout)
     r_x = cute.make_rmem_tensor(slots_layout, x_ptr.dtype)
@@ -106,10 +157,28 @@ def _normalize_block_rows(
 
     if cutlass.const_expr(ragged):
         r_x[None, tiling.vectors_per_thread - 1].fill(0)
-    if row_ok:
-        _copy_row_slots(g_x, r_x, lane, tiling, "src")
-        if cutlass.const_expr(has_weight):
-            _copy_row_slots(cute.make_tensor(w_ptr, row_layout), r_w, lane, tiling, "src")
+    g_w = cute.make_tensor(w_ptr, row_layout)
+    if cutlass.const_expr(tiling.staged):
+        # x goes to shared memory asynchronously, so no registers wait for it. Each thread reads back only the
+        # vectors it copied: waiting for its own copies is enough (no barrier).
+        s_x = staging[None, None, row_in_block]
+        if row_ok:
+            _stage_slots(g_x, s_x, lane, tiling)
+        cute.arch.cp_async_commit_group()
+        # A compile-time and a run-time condition cannot share one `if` in CuTeDSL: hence the nesting (twice).
+        if cutlass.const_expr(has_weight and not tiling.late_weight):  # noqa: SIM102
+            if row_ok:
+                _load_slots(g_w, r_w, lane, tiling)
+        cute.arch.cp_async_wait_group(0)
+        _load_slots(s_x, r_x, lane, tiling)
+    elif row_ok:
+        if cutlass.const_expr(tiling.reread):
+            # Read again after the reduction: keep x in L1 until then.
+            _load_slots_evicting(g_x, r_x, lane, tiling, cute.nvgpu.CacheEvictionPriority.EVICT_LAST)
+        else:
+            _load_slots(g_x, r_x, lane, tiling)
+        if cutlass.const_expr(has_weight and not tiling.late_weight):
+            _load_slots(g_w, r_w, lane, tiling)
 
     x = r_x.load().to(Float32)
     sum_sq = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
@@ -125,6 +194,19 @@ def _normalize_block_rows(
             sum_sq = sum_sq + partials[row_in_block, w]
     rstd = cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.epsilon), fastmath=True)
 
+    # Staged or reread, x is fetched again for the output pass rather than held in registers across the reduction:
+    # from shared memory, or from L1 (evict-first: this is its last use).
+    if cutlass.const_expr(tiling.staged):
+        _load_slots(s_x, r_x, lane, tiling)
+        x = r_x.load().to(Float32)
+    elif cutlass.const_expr(tiling.reread):
+        if row_ok:
+            _load_slots_evicting(g_x, r_x, lane, tiling, cute.nvgpu.CacheEvictionPriority.EVICT_FIRST)
+        x = r_x.load().to(Float32)
+    if cutlass.const_expr(has_weight and tiling.late_weight):  # noqa: SIM102
+        # An L1/L2 hit: loaded only now, it leaves the first phase to x's DRAM loads.
+        if row_ok:
+            _load_weight_slots(g_w, r_w, lane, tiling)
     out_dtype = y_ptr.dtype
     if cutlass.const_expr(not has_weight):
         r_y.store((x * rstd).to(out_dtype))
@@ -138,7 +220,7 @@ def _normalize_block_rows(
             r_y.store((x * rstd * w).to(out_dtype))
 
     if row_ok:
-        _copy_row_slots(r_y, g_y, lane, tiling, "dst")
+        _store_slots(r_y, g_y, lane, tiling)
 
 
 def _partials_layout(tiling: RowTiling) -> cute.Layout:
@@ -156,8 +238,11 @@ def _rms_norm_kernel(
 ):
     block, _, _ = cute.arch.block_idx()
     smem = cutlass.memory.SmemAllocator()
+    staging = None
+    if cutlass.const_expr(tiling.staged):
+        staging = smem.allocate_tensor(x_ptr.dtype, _staging_layout(tiling), byte_alignment=ACCESS_BYTES)
     partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
-    _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math)
+    _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, staging, tiling, math)
 
 
 @cute.jit
@@ -206,9 +291,9 @@ def _qk_norm_kernel(
     k_partials = smem.allocate_tensor(Float32, _partials_layout(k_tiling), byte_alignment=4)
     # The branch is uniform per block, so the barrier of a multi-warp row stays inside one side.
     if block < q_blocks:
-        _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_tiling, math)
+        _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, None, q_tiling, math)
     else:
-        _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_tiling, math)
+        _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, None, k_tiling, math)
 
 
 @cute.jit
