@@ -25,6 +25,7 @@ from trtfuse.kernels.bench import (
     copy_bandwidth_gbs,
     fresh_compile,
     input_sets,
+    launch_floor_us,
     llama_rms_norm,
     median_event_us,
     same_size_copy_us,
@@ -107,14 +108,6 @@ def label(t: RowTiling) -> str:
     return f"T{t.threads_per_row}K{t.vectors_per_thread}v{t.vector}R{t.rows_per_block}m{t.min_blocks_per_sm}{flags}"
 
 
-def launch_floor_us(cache: KernelCache, arch: str) -> float:
-    """Event-timed no-op launch (0 rows: one block that returns): what every timed call pays whatever its size."""
-    spec = RmsNormSpec(4096, "bfloat16", "bfloat16", EPS, 0.0, AFTER)
-    fn = cache.get(RmsNormVariant(spec, row_tiling(4096, 8, Regime.PREFILL), arch))
-    stream = torch.cuda.current_stream().cuda_stream
-    return median_event_us(lambda _: fn(0, 0, 0, 0, stream), 1)
-
-
 def time_candidates(
     rows: int, hidden: int, pair: tuple[str, str, WeightMode], reps: int, copy: float, cache: KernelCache
 ) -> list[dict[str, Any]]:
@@ -177,7 +170,7 @@ def main() -> None:
     args = parser.parse_args()
     cache = KernelCache(Path(tempfile.mkdtemp()))
     copy = copy_bandwidth_gbs()
-    floor = launch_floor_us(cache, current_device().arch)
+    floor = launch_floor_us()
     print(f"copy ceiling {copy:.0f} GB/s; event-timed no-op launch {floor:.2f} µs", flush=True)
     results = []
     for (rows, hidden), pairs in SHAPES.items():
