@@ -49,33 +49,13 @@ SHAPES: dict[tuple[int, int], tuple[tuple[str, str, WeightMode], ...]] = {
 }
 # hidden -> candidates beyond the table's own choice: RowTiling fields (threads per row; rows per block, 1 unless
 # given; the rest off unless given).
+# hidden -> candidates beyond the table's own choice: RowTiling fields (threads per row; rows per block, 1 unless
+# given; the rest off unless given). Here: x held in registers (the first session's table) and a 512-thread reread.
 CANDIDATES: dict[int, tuple[dict[str, Any], ...]] = {
-    4096: (
-        {"threads": 256, "reread": True, "late_weight": True},
-        {"threads": 256, "late_weight": True, "floor": 6},
-        {"threads": 256, "staged": True, "late_weight": True},
-        {"threads": 256, "narrow": 2, "floor": 6},
-        {"threads": 256, "narrow": 2, "reread": True, "late_weight": True},
-    ),
-    8192: (
-        {"threads": 512, "reread": True, "late_weight": True},
-        {"threads": 512, "reread": True, "late_weight": True, "floor": 4},
-        {"threads": 512, "late_weight": True, "floor": 4},
-        {"threads": 512, "staged": True, "floor": 4},
-        {"threads": 512, "staged": True, "late_weight": True, "floor": 4},
-        {"threads": 256, "reread": True, "late_weight": True},
-        {"threads": 512, "narrow": 2, "reread": True, "late_weight": True},
-    ),
-    2048: (
-        {"threads": 128, "reread": True, "late_weight": True},
-        {"threads": 128, "late_weight": True},
-        {"threads": 128, "staged": True, "late_weight": True},
-    ),
-    5120: (
-        {"threads": 256, "reread": True},
-        {"threads": 256, "reread": True, "late_weight": True},
-        {"threads": 256, "staged": True, "late_weight": True},
-    ),
+    4096: ({"threads": 256, "floor": 6}, {"threads": 256, "reread": True}, {"threads": 128, "reread": True}),
+    8192: ({"threads": 256}, {"threads": 512, "reread": True, "floor": 4}),
+    2048: ({"threads": 128}, {"threads": 64, "reread": True}),
+    5120: ({"threads": 256},),
 }
 
 
@@ -87,10 +67,8 @@ def reference(x: torch.Tensor, w: torch.Tensor, mode: WeightMode) -> torch.Tenso
 
 
 def candidate_tiling(
-    hidden: int, vector: int, threads: int, rows: int = 1, floor: int = 0, narrow: int = 1, **flags: Any
+    hidden: int, vector: int, threads: int, rows: int = 1, floor: int = 0, reread: bool = False
 ) -> RowTiling:
-    """`narrow` divides the vector: 2 gives 8-byte accesses (16-bit x), 4 gives 4-byte ones."""
-    vector //= narrow
     return RowTiling(
         hidden=hidden,
         vector=vector,
@@ -98,14 +76,13 @@ def candidate_tiling(
         vectors_per_thread=-(-(hidden // vector) // threads),
         rows_per_block=rows,
         min_blocks_per_sm=floor,
-        **flags,
+        reread=reread,
     )
 
 
 def label(t: RowTiling) -> str:
-    flags = ("s" if t.staged else "") + ("r" if t.reread else "") + ("w" if t.late_weight else "")
-    flags += f"p{t.l2_prefetch}" if t.l2_prefetch else ""
-    return f"T{t.threads_per_row}K{t.vectors_per_thread}v{t.vector}R{t.rows_per_block}m{t.min_blocks_per_sm}{flags}"
+    reread = "r" if t.reread else ""
+    return f"T{t.threads_per_row}K{t.vectors_per_thread}v{t.vector}R{t.rows_per_block}m{t.min_blocks_per_sm}{reread}"
 
 
 def time_candidates(
@@ -116,7 +93,7 @@ def time_candidates(
     dtype, wdtype = getattr(torch, name), getattr(torch, wname)
     vector = full_vector(hidden, dtype.itemsize)
     spec = RmsNormSpec(hidden, name, wname, EPS, 0.0, mode)
-    tilings = [row_tiling(hidden, vector, Regime.PREFILL, dtype.itemsize, wdtype.itemsize)]
+    tilings = [row_tiling(hidden, vector, Regime.PREFILL, dtype.itemsize)]
     tilings += [candidate_tiling(hidden, vector, **c) for c in CANDIDATES.get(hidden, ())]
     nbytes = 2 * rows * hidden * dtype.itemsize + hidden * wdtype.itemsize
     n_sets = input_sets(nbytes)

@@ -28,16 +28,15 @@ def main() -> None:
     parser.add_argument("rows", type=int)
     parser.add_argument("hidden", type=int)
     parser.add_argument("dtype", choices=("bfloat16", "float16", "float32"))
-    parser.add_argument("--tiling", nargs="*", default=[], help="extra tilings as THREADS:ROWS:STAGED:MINBLOCKS")
+    parser.add_argument("--tiling", nargs="*", default=[], help="extra tilings as THREADS:ROWS:REREAD:MINBLOCKS")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     vector = full_vector(args.hidden, dtype.itemsize)
-    tilings = [row_tiling(args.hidden, vector, Regime.PREFILL)]
+    tilings = [row_tiling(args.hidden, vector, Regime.PREFILL, dtype.itemsize)]
     for text in args.tiling:
-        threads, rows, staged, floor = (int(v) for v in text.split(":"))
-        tilings.append(
-            RowTiling(args.hidden, vector, threads, -(-(args.hidden // vector) // threads), rows, floor, bool(staged))
-        )
+        threads, rows, reread, floor = (int(v) for v in text.split(":"))
+        vectors = -(-(args.hidden // vector) // threads)
+        tilings.append(RowTiling(args.hidden, vector, threads, vectors, rows, floor, reread=bool(reread)))
     spec = RmsNormSpec(args.hidden, args.dtype, args.dtype, EPS, 0.0, WeightMode.AFTER_CAST)
     cache = KernelCache(Path(tempfile.mkdtemp()))
     x = torch.randn(args.rows, args.hidden, device="cuda", dtype=dtype)

@@ -80,7 +80,7 @@ QK_CASES = [
     QkNormSpec(256, 256, "bfloat16", "float32", 1e-6, 1.0, BEFORE),  # Gemma3
     QkNormSpec(64, 64, "float16", None, 1e-6, 0.0, NONE),
     QkNormSpec(4096, 1024, "float32", "float32", 1e-6, 0.0, BEFORE),  # OLMo2 full-width norms
-    QkNormSpec(8192, 5120, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER),  # wide rows: x stays out of shared memory
+    QkNormSpec(8192, 5120, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER),  # wide and ragged rows: x read twice
 ]
 
 
@@ -90,7 +90,7 @@ def test_qk_norm_compiles_head_dims_to_shuffles_only(spec: QkNormSpec, tmp_path:
     ptx = compiled_ptx(kernel.variant(aligned=True), tmp_path)
     accesses = global_accesses(ptx)
     assert accesses and all(a.endswith(".v4.b32") for a in accesses), sorted(set(accesses))
-    assert "shfl.sync.bfly" in ptx and "cp.async" not in ptx
+    assert "shfl.sync.bfly" in ptx
     if spec.q_hidden <= 256 and spec.k_hidden <= 256:
         # A head is part of a warp: the reduction is butterfly shuffles alone, no shared memory, no barrier.
         assert "bar.sync" not in ptx and ".shared" not in ptx.split(".entry", 1)[1]
@@ -143,7 +143,7 @@ def test_row_tiling_covers_each_row_exactly_once(hidden: int, elem_bytes: int, r
     [
         (RmsNormSpec(4096, "float16", "float16", 1e-6, 0.0, BEFORE), 256, 6),
         (RmsNormSpec(2048, "float32", "bfloat16", 1e-6, 0.0, AFTER), 256, 6),
-        (RmsNormSpec(8192, "bfloat16", "float32", 1e-6, 0.0, AFTER), 256, None),
+        (RmsNormSpec(8192, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), 256, None),
         (RmsNormSpec(2048, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), 128, None),
         (RmsNormSpec(3072, "bfloat16", "float32", 1e-6, 0.0, AFTER), 256, None),
     ],
@@ -166,46 +166,29 @@ def test_prefill_rows_of_256_threads_by_2_vectors_fit_6_blocks_per_sm(
 @pytest.mark.parametrize(
     "spec",
     [
-        RmsNormSpec(8192, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER),
-        RmsNormSpec(8192, "float16", "float16", 1e-6, 1.0, BEFORE),
-        RmsNormSpec(8192, "float16", None, 1e-6, 0.0, NONE),
+        RmsNormSpec(5120, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER),  # ragged: 640 vectors over 256 threads
+        RmsNormSpec(4096, "float16", "float32", 1e-6, 1.0, BEFORE),
+        RmsNormSpec(8192, "bfloat16", None, 1e-6, 0.0, NONE),
     ],
+    ids=repr,
 )
-def test_wide_16_bit_rows_stage_x_through_shared_memory(spec: RmsNormSpec, tmp_path: Path) -> None:
-    """Rows of 1024 16-byte vectors with a 16-bit weight: 512 threads, x copied by 16-byte cp.async into shared memory
-    (no x load into registers from global), the weight loaded after the barrier, 4 blocks per SM."""
+def test_prefill_reads_16_bit_x_twice_with_cache_policies(spec: RmsNormSpec, tmp_path: Path) -> None:
+    """Prefill, 16-bit x in 16-byte vectors: x loaded evict-last in L1 and L2 (one `createpolicy`) before the
+    reduction's barrier, loaded again evict-first after it, 16 bytes per access; the weight once, before."""
     variant = rms_variant(spec, Regime.PREFILL)
-    t = variant.tiling
-    assert (t.threads_per_row, t.vectors_per_thread, t.staged, t.min_blocks_per_sm) == (512, 2, True, 4)
-    ptx = compiled_ptx(variant, tmp_path)
-    assert ptx.count("cp.async.cg.shared.global") == 2 and re.search(r"cp\.async\.wait_group\s+0;", ptx)
-    assert ".minnctapersm 4" in ptx
-    loads = [a for a in global_accesses(ptx) if a.startswith("ld.")]
-    body = ptx[ptx.index("bar.sync") :]
-    if spec.weight_mode is NONE:
-        assert not loads
-    else:
-        # Only the weight is loaded from global into registers, after the reduction's barrier, kept in L1.
-        assert loads == ["ld.global.L1::evict_last.v4.b32"] * 2
-        assert body.count("ld.global.L1::evict_last.v4.b32") == 2
-    # An fp32 weight, or an unaligned pointer, keeps x in registers.
-    wide = RmsNormSpec(8192, spec.dtype, "float32", 1e-6, 0.0, AFTER)
-    assert not rms_variant(wide, Regime.PREFILL).tiling.staged
-    assert not rms_variant(spec, Regime.PREFILL, aligned=False).tiling.staged
-
-
-def test_ragged_rows_read_x_again_from_l1(tmp_path: Path) -> None:
-    """H=5120 (640 vectors over 256 threads): x loaded evict-last for the sum of squares, again evict-first after the
-    barrier for the output, instead of three vectors per thread held in registers across it."""
-    variant = rms_variant(RmsNormSpec(5120, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), Regime.PREFILL)
-    assert variant.tiling.reread and not variant.tiling.staged
+    assert variant.tiling.reread
     ptx = compiled_ptx(variant, tmp_path)
     head, body = ptx.split("bar.sync", 1)
-    assert head.count("ld.global.L1::evict_last.v4.b32") == 3
-    assert body.count("ld.global.L1::evict_first.v4.b32") == 3
-    assert "ld.global.L1::evict_first" not in head
-    even = rms_variant(RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), Regime.PREFILL)
-    assert not even.tiling.reread
+    slots = variant.tiling.vectors_per_thread
+    assert head.count("ld.global.L1::evict_last.L2::cache_hint.v4.b32") == slots
+    assert body.count("ld.global.L1::evict_first.L2::cache_hint.v4.b32") == slots
+    assert "createpolicy.fractional.L2::evict_last" in head and "createpolicy.fractional.L2::evict_first" in body
+    assert "evict_first" not in head and "evict_last" not in body
+    # Decode, fp32 x and unaligned pointers hold x in registers.
+    assert not rms_variant(spec, Regime.DECODE).tiling.reread
+    assert not rms_variant(spec, Regime.PREFILL, aligned=False).tiling.reread
+    fp32 = RmsNormSpec(spec.hidden, "float32", spec.weight_dtype, 1e-6, 0.0, spec.weight_mode)
+    assert not rms_variant(fp32, Regime.PREFILL).tiling.reread
 
 
 def test_head_dim_rows_are_sub_warp() -> None:

@@ -126,9 +126,9 @@ def test_rms_norm_every_hidden_size(
     ],
     ids=repr,
 )
-def test_rms_norm_staged_and_reread_variants(spec: RmsNormSpec) -> None:
-    """x through shared memory (H=8192, 16-bit x and weight) and x read twice (ragged rows), every mode; 4097 rows
-    leaves one row in the last wave."""
+def test_rms_norm_prefill_reading_x_twice(spec: RmsNormSpec) -> None:
+    """Prefill rows of 16-bit x read twice (with cache policies), ragged or not, in every mode; 4097 rows leave one
+    row in the last wave."""
     for rows in (133, 4097):
         run_rms(spec, rows)
 

@@ -91,8 +91,7 @@ class RmsNormKernel:
 
     def variant(self, regime: Regime, aligned: bool) -> RmsNormVariant:
         spec = self.spec
-        weight_bytes = DTYPE_BYTES[spec.weight_dtype] if spec.weight_dtype else 0
-        tiling = row_tiling(spec.hidden, self._vector if aligned else 1, regime, DTYPE_BYTES[spec.dtype], weight_bytes)
+        tiling = row_tiling(spec.hidden, self._vector if aligned else 1, regime, DTYPE_BYTES[spec.dtype])
         return RmsNormVariant(self.spec, tiling, self.device.arch)
 
     def _function(self, decode: bool, aligned: bool) -> Any:
@@ -150,15 +149,12 @@ class QkNormKernel:
 
     def tilings(self, aligned: bool) -> tuple[RowTiling, RowTiling]:
         """Both parts in one block size; head-dim rows use the small-row table entry, wide rows the prefill one."""
-        spec = self.spec
-        elem = DTYPE_BYTES[spec.dtype]
-        weight_bytes = DTYPE_BYTES[spec.weight_dtype] if spec.weight_dtype else 0
+        elem = DTYPE_BYTES[self.spec.dtype]
 
         def tiling(hidden: int) -> RowTiling:
-            vector = full_vector(hidden, elem) if aligned else 1
-            return row_tiling(hidden, vector, Regime.PREFILL, elem, weight_bytes, staging=False)
+            return row_tiling(hidden, full_vector(hidden, elem) if aligned else 1, Regime.PREFILL, elem)
 
-        q, k = tiling(spec.q_hidden), tiling(spec.k_hidden)
+        q, k = tiling(self.spec.q_hidden), tiling(self.spec.k_hidden)
         block = max(q.block_threads, k.block_threads)
         return with_block_threads(q, block), with_block_threads(k, block)
 

@@ -1,7 +1,9 @@
-"""CuTeDSL RMSNorm and QK-norm kernels: one register-resident pass over each row, compile-time specialised.
+"""CuTeDSL RMSNorm and QK-norm kernels: one pass over each row from DRAM, compile-time specialised.
 
-A row's `threads_per_row` threads each hold `vectors_per_thread` vectors of the row (x and weight) in registers, so x
-is read once and y written once. The sum of squares is reduced in fp32 with butterfly shuffles inside the row's
+A row's `threads_per_row` threads each load `vectors_per_thread` vectors of the row (x and weight) into registers, so
+x comes from DRAM once and y is written once. Prefill tilings (`reread`) load x a second time for the output, from
+L1 or L2, where cache-eviction policies keep it until then, instead of holding it across the reduction. The sum of
+squares is reduced in fp32 with butterfly shuffles inside the row's
 lanes; a row wider than a warp adds one shared-memory exchange between its warps. QK-norm runs two such problems in
 one grid: the first blocks take q rows, the rest k rows.
 """
@@ -16,7 +18,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from trtfuse.contract import WeightMode
-from trtfuse.kernels.tiling import ACCESS_BYTES, WARP, RowTiling
+from trtfuse.kernels.ptx import l2_evict_policy, load_16_bytes
+from trtfuse.kernels.tiling import WARP, RowTiling
 
 CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
@@ -31,21 +34,8 @@ class NormMath:
 
 
 def smem_bytes(tiling: RowTiling) -> int:
-    """One fp32 partial sum per warp of each row (allocated always, a few bytes, read only when a row spans warps),
-    plus the block's rows of x when the tiling stages x through shared memory."""
-    return staging_bytes(tiling) + 4 * tiling.rows_per_block * tiling.warps_per_row
-
-
-def staging_bytes(tiling: RowTiling) -> int:
-    return tiling.rows_per_block * tiling.vectors_per_row * ACCESS_BYTES if tiling.staged else 0
-
-
-def _staging_layout(tiling: RowTiling) -> cute.Layout:
-    # (vector, vector index, row in block): each row exactly as it lies in global memory, rows back to back.
-    return cute.make_layout(
-        (tiling.vector, tiling.vectors_per_row, tiling.rows_per_block),
-        stride=(1, tiling.vector, tiling.vector * tiling.vectors_per_row),
-    )
+    """One fp32 partial sum per warp of each row; allocated always (a few bytes), read only when a row spans warps."""
+    return 4 * tiling.rows_per_block * tiling.warps_per_row
 
 
 @cute.jit
@@ -77,42 +67,20 @@ def _store_slots(slots: cute.Tensor, row: cute.Tensor, lane: Int32, tiling: cutl
     _for_each_slot(lane, tiling, lambda index, k: cute.autovec_copy(slots[None, k], row[None, index]))
 
 
-def _load_atom(dtype: type, tiling: RowTiling, evict: cute.nvgpu.CacheEvictionPriority) -> cute.CopyAtom:
-    """One global load of a whole vector into registers, with an L1 eviction priority."""
-    return cute.make_copy_atom(
-        cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=tiling.vector * dtype.width, l1c_evict_priority=evict
-    )
-
-
 @cute.jit
-def _load_slots_evicting(
-    row: cute.Tensor, slots: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr, evict: cutlass.Constexpr
+def _load_slots_with_policy(
+    row: cute.Tensor, slots: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr, keep: cutlass.Constexpr
 ):
-    """`_load_slots` from global memory with an L1 eviction priority (the vector must fit one access)."""
-    atom = _load_atom(row.element_type, tiling, evict)
-    _for_each_slot(lane, tiling, lambda index, k: cute.copy(atom, row[None, index], slots[None, k]))
+    """`_load_slots` from global memory, 16 bytes per access, marked evict-last (`keep`) or evict-first in both L1
+    and L2."""
+    words = cute.recast_tensor(slots, Int32)
+    policy = l2_evict_policy(keep)
 
+    def load(index: Int32, k: int) -> None:
+        address = row[None, index].iterator.toint()
+        words[None, k].store(cute.TensorSSA(load_16_bytes(address, policy, keep), (4,), Int32))
 
-@cute.jit
-def _stage_slots(row: cute.Tensor, staged_row: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr):
-    """Start this thread's vectors of a global row on their way into the same places of a shared-memory row: 16-byte
-    cp.async copies, which hold no registers while in flight and bypass L1 (x is read from DRAM once)."""
-    atom = cute.make_copy_atom(
-        cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL),
-        row.element_type,
-        num_bits_per_copy=ACCESS_BYTES * 8,
-    )
-    _for_each_slot(lane, tiling, lambda index, k: cute.copy(atom, row[None, index], staged_row[None, index]))
-
-
-@cute.jit
-def _load_weight_slots(g_w: cute.Tensor, r_w: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr):
-    """The weight after the reduction: every row reads it, so it stays in L1 (evict-last) where one access holds a
-    vector; a wider (fp32) weight vector takes two plain accesses."""
-    if cutlass.const_expr(tiling.vector * g_w.element_type.width <= ACCESS_BYTES * 8):
-        _load_slots_evicting(g_w, r_w, lane, tiling, cute.nvgpu.CacheEvictionPriority.EVICT_LAST)
-    else:
-        _load_slots(g_w, r_w, lane, tiling)
+    _for_each_slot(lane, tiling, load)
 
 
 @cute.jit
@@ -123,7 +91,6 @@ def _normalize_block_rows(
     rows: Int32,
     block: Int32,
     partials: cute.Tensor,
-    staging: cute.Tensor | None,
     tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
@@ -146,7 +113,7 @@ def _normalize_block_rows(
     # This thread's share of the row, (vector, slot), held in registers from the load to the store.
     slots_layout = cute.make_layout((vec, tiling.vectors_per_thread), stride=(1, vec))
     # 64-bit row offset: rows·hidden overflows 32 bits for long prefill batches of wide rows. It is a multiple of the
-    # vector (the vector divides the row), which keeps each row start as aligned as the tensor for the copy atoms.
+    # vector (the vector divides the row): each row start is as aligned as the tensor, so accesses stay vector-wide.
     offset = cute.assume(Int64(row) * tiling.hidden, divby=vec)
     g_x = cute.make_tensor(x_ptr + offset, row_layout)
     g_y = cute.make_tensor(y_ptr + offset, row_layout)
@@ -157,28 +124,14 @@ def _normalize_block_rows(
 
     if cutlass.const_expr(ragged):
         r_x[None, tiling.vectors_per_thread - 1].fill(0)
-    g_w = cute.make_tensor(w_ptr, row_layout)
-    if cutlass.const_expr(tiling.staged):
-        # x goes to shared memory asynchronously, so no registers wait for it. Each thread reads back only the
-        # vectors it copied: waiting for its own copies is enough (no barrier).
-        s_x = staging[None, None, row_in_block]
-        if row_ok:
-            _stage_slots(g_x, s_x, lane, tiling)
-        cute.arch.cp_async_commit_group()
-        # A compile-time and a run-time condition cannot share one `if` in CuTeDSL: hence the nesting (twice).
-        if cutlass.const_expr(has_weight and not tiling.late_weight):  # noqa: SIM102
-            if row_ok:
-                _load_slots(g_w, r_w, lane, tiling)
-        cute.arch.cp_async_wait_group(0)
-        _load_slots(s_x, r_x, lane, tiling)
-    elif row_ok:
+    if row_ok:
         if cutlass.const_expr(tiling.reread):
-            # Read again after the reduction: keep x in L1 until then.
-            _load_slots_evicting(g_x, r_x, lane, tiling, cute.nvgpu.CacheEvictionPriority.EVICT_LAST)
+            # Read again after the reduction: ask L1 and L2 to keep x until then.
+            _load_slots_with_policy(g_x, r_x, lane, tiling, True)
         else:
             _load_slots(g_x, r_x, lane, tiling)
-        if cutlass.const_expr(has_weight and not tiling.late_weight):
-            _load_slots(g_w, r_w, lane, tiling)
+        if cutlass.const_expr(has_weight):
+            _load_slots(cute.make_tensor(w_ptr, row_layout), r_w, lane, tiling)
 
     x = r_x.load().to(Float32)
     sum_sq = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
@@ -194,19 +147,12 @@ def _normalize_block_rows(
             sum_sq = sum_sq + partials[row_in_block, w]
     rstd = cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.epsilon), fastmath=True)
 
-    # Staged or reread, x is fetched again for the output pass rather than held in registers across the reduction:
-    # from shared memory, or from L1 (evict-first: this is its last use).
-    if cutlass.const_expr(tiling.staged):
-        _load_slots(s_x, r_x, lane, tiling)
-        x = r_x.load().to(Float32)
-    elif cutlass.const_expr(tiling.reread):
+    if cutlass.const_expr(tiling.reread):
+        # x again, rather than its fp32 copy held in registers across the reduction: an L1 or L2 hit, marked
+        # evict-first since this is its last use, so its lines make room for the rows still to come.
         if row_ok:
-            _load_slots_evicting(g_x, r_x, lane, tiling, cute.nvgpu.CacheEvictionPriority.EVICT_FIRST)
+            _load_slots_with_policy(g_x, r_x, lane, tiling, False)
         x = r_x.load().to(Float32)
-    if cutlass.const_expr(has_weight and tiling.late_weight):  # noqa: SIM102
-        # An L1/L2 hit: loaded only now, it leaves the first phase to x's DRAM loads.
-        if row_ok:
-            _load_weight_slots(g_w, r_w, lane, tiling)
     out_dtype = y_ptr.dtype
     if cutlass.const_expr(not has_weight):
         r_y.store((x * rstd).to(out_dtype))
@@ -238,11 +184,8 @@ def _rms_norm_kernel(
 ):
     block, _, _ = cute.arch.block_idx()
     smem = cutlass.memory.SmemAllocator()
-    staging = None
-    if cutlass.const_expr(tiling.staged):
-        staging = smem.allocate_tensor(x_ptr.dtype, _staging_layout(tiling), byte_alignment=ACCESS_BYTES)
     partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
-    _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, staging, tiling, math)
+    _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math)
 
 
 @cute.jit
@@ -291,9 +234,9 @@ def _qk_norm_kernel(
     k_partials = smem.allocate_tensor(Float32, _partials_layout(k_tiling), byte_alignment=4)
     # The branch is uniform per block, so the barrier of a multi-warp row stays inside one side.
     if block < q_blocks:
-        _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, None, q_tiling, math)
+        _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_tiling, math)
     else:
-        _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, None, k_tiling, math)
+        _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_tiling, math)
 
 
 @cute.jit

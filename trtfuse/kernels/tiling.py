@@ -3,7 +3,8 @@
 Every kernel here reads a row once from DRAM: each thread loads `vectors_per_thread` vectors of `vector` elements
 (16 bytes when the pointers allow it), the row's threads reduce the sum of squares (butterfly shuffles, plus one
 shared-memory exchange when a row spans several warps), and each thread writes its vectors once. Between the
-reduction and the store x is held in registers, or (two measured exceptions below) in shared memory or L1.
+reduction and the store x is held in registers (decode, head-dim rows, narrow vectors) or read again from the
+caches (prefill).
 """
 
 from __future__ import annotations
@@ -27,15 +28,11 @@ PREFILL_MAX_ROW_THREADS = 256
 # weight (5 blocks) and 16384x4096 loses 0.6-1.4 points of copy. Not capped: 128-thread rows (H=2048; no gain),
 # ragged rows (an fp32 weight would spill) and rows of more vectors per thread (they would spill).
 PREFILL_RESIDENT_THREADS = 1536
-# Rows of 1024 16-bit vectors with a 16-bit weight (H=8192 fp16/bf16) run 512 threads x 2 vectors with x staged
-# through shared memory, the weight loaded after the reduction and 4 blocks per SM: 8192x8192 at 91.9-92.6% of copy
-# against 90.8-91.0% for 256 x 4 in registers (64-80 registers, 3 blocks per SM). In registers, 512 threads fall to
-# 70-77% whenever fp16 or a wide weight costs one register too many; an fp32 weight loses 7 points staged.
-WIDE_ROW_VECTORS = 1024
-WIDE_ROW_THREADS = 512
-# Ragged prefill rows (threads do not divide the row: H=5120 is 640 vectors over 256 threads) read x a second time
-# from L1 for the output pass instead of holding three vectors per thread: 95.0% of copy at 16384x5120 bf16 against
-# 91.7%.
+# Prefill rows with 16-byte vectors load x twice: evict-last in L1 and L2 for the sum of squares, evict-first for the
+# output (torch.compile's Triton kernel does the same). Against x held in registers, same runs: 16384x4096
+# 94.1-94.6% of copy against 91.4-92.8%, 8192x8192 (bf16) 94.1% against 91.0%, 16384x2048 89.8-90.3% against
+# 89.0-89.4%, 4096x4096 79.4-79.9% against 77.0-78.0%, ragged 16384x5120 96.2% against 91.7%. Without the L2
+# policies (L1 hints only) the second read cost 0.5-3 points; with them it is the fastest choice at every shape.
 DECODE_VECTORS_PER_THREAD = 4  # 1.35 µs per 1-row call in graph replay, against 1.51 with 2 and 1.82 with 16
 
 
@@ -57,12 +54,9 @@ class RowTiling:
     rows_per_block: int
     # At least this many blocks must fit on one SM (ptxas caps the registers per thread to allow it); 0: no floor.
     min_blocks_per_sm: int = 0
-    # x travels through shared memory (16-byte cp.async) and is read back from there; needs 16-byte vectors.
-    staged: bool = False
-    # x is loaded again (evict-first, from L1, where the first load left it evict-last) for the output pass.
+    # x is loaded twice, 16 bytes per access: evict-last (L1 and L2) for the sum of squares, evict-first for the
+    # output, instead of held in registers across the reduction. Needs 16-byte vectors (`ptx.load_16_bytes`).
     reread: bool = False
-    # The weight is loaded after the reduction (evict-last), not together with x.
-    late_weight: bool = False
 
     @property
     def vectors_per_row(self) -> int:
@@ -94,46 +88,31 @@ def regime_for(rows: int, sm_count: int) -> Regime:
     return Regime.DECODE if rows <= sm_count else Regime.PREFILL
 
 
-def row_tiling(
-    hidden: int, vector: int, regime: Regime, x_bytes: int = 2, weight_bytes: int = 2, staging: bool = True
-) -> RowTiling:
+def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2) -> RowTiling:
     """The table: threads per row from the vectors each thread should hold; rows per block from the block size.
-
-    `x_bytes` and `weight_bytes` are the element sizes of x and of the weight (0: no weight); `staging=False` keeps
-    x out of shared memory (QK-norm: a block of its grid may hold either problem).
 
     - rows of at most one warp of vectors (attention heads): one vector per lane, part of a warp per row, reduced
       by butterfly shuffles alone; 128-thread blocks. The same in both regimes, since many heads per token already
       fill the SMs in decode.
     - prefill: 2 vectors per thread, so a row spans several warps (more warps in flight, lighter threads), up to
       256 threads per row; blocks of at least 128 threads, one row per block from 256 vectors up. Rows of exactly
-      256 threads x 2 vectors must fit 6 blocks per SM (a register cap of 40). Rows of 1024 16-byte vectors of a
-      16-bit x and weight: 512 threads, x staged in shared memory, the weight loaded late, 4 blocks per SM. Ragged
-      rows read x twice (the second time from L1).
+      256 threads x 2 vectors must fit 6 blocks per SM (a register cap of 40). A 16-bit x (`x_bytes` is x's
+      element size) in 16-byte vectors is read twice.
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
     """
     vectors = hidden // vector
     min_blocks = 0
-    staged = reread = late_weight = False
+    reread = False
     if vectors <= SMALL_ROW_VECTORS:
         threads = _next_pow2(vectors)
         per_block = PREFILL_BLOCK_THREADS
     elif regime is Regime.PREFILL:
         threads = min(PREFILL_MAX_ROW_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
-        if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD:
-            min_blocks = PREFILL_RESIDENT_THREADS // threads
-        elif (
-            staging
-            and vectors == WIDE_ROW_VECTORS
-            and vector * x_bytes == ACCESS_BYTES
-            and x_bytes == 2
-            and weight_bytes <= x_bytes
-        ):
-            threads, staged, late_weight = WIDE_ROW_THREADS, True, weight_bytes > 0
-            min_blocks = 2 * MAX_BLOCK_THREADS // threads
-        reread = vectors % threads != 0
         per_block = max(PREFILL_BLOCK_THREADS, threads)
+        if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD:
+            min_blocks = PREFILL_RESIDENT_THREADS // per_block
+        reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES  # measured for fp16/bf16 only
     else:
         threads = min(MAX_BLOCK_THREADS, max(WARP, _next_pow2(-(-vectors // DECODE_VECTORS_PER_THREAD))))
         per_block = threads
@@ -144,9 +123,7 @@ def row_tiling(
         vectors_per_thread=-(-vectors // threads),
         rows_per_block=max(1, per_block // threads),
         min_blocks_per_sm=min_blocks,
-        staged=staged,
         reread=reread,
-        late_weight=late_weight,
     )
 
 
