@@ -156,6 +156,12 @@ def _normalize_block_rows(
     out_dtype = y_ptr.dtype
     if cutlass.const_expr(not has_weight):
         r_y.store((x * rstd).to(out_dtype))
+    elif cutlass.const_expr(
+        math.weight_mode == WeightMode.AFTER_CAST and math.weight_offset == 0.0 and w_ptr.dtype == out_dtype
+    ):
+        # Llama's semantics with the weight in the output dtype: the product of two values of that dtype is exact in
+        # fp32, so one multiply in the output dtype (packed, fewer registers) rounds exactly as the fp32 path does.
+        r_y.store((x * rstd).to(out_dtype) * r_w.load())
     else:
         w = r_w.load().to(Float32)
         if cutlass.const_expr(math.weight_offset != 0.0):
