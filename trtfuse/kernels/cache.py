@@ -29,7 +29,7 @@ def default_cache_root() -> Path:
 
 
 # The modules whose text decides the generated code.
-_KERNEL_SOURCES = ("norm_kernel.py", "tiling.py", "compiler.py", "specs.py")
+_KERNEL_SOURCES = ("norm_kernel.py", "ptx.py", "tiling.py", "compiler.py", "specs.py")
 
 
 @functools.cache
