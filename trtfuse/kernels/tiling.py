@@ -28,11 +28,12 @@ PREFILL_MAX_ROW_THREADS = 256
 # weight (5 blocks) and 16384x4096 loses 0.6-1.4 points of copy. Not capped: 128-thread rows (H=2048; no gain),
 # ragged rows (an fp32 weight would spill) and rows of more vectors per thread (they would spill).
 PREFILL_RESIDENT_THREADS = 1536
-# Prefill rows with 16-byte vectors load x twice: evict-last in L1 and L2 for the sum of squares, evict-first for the
-# output (torch.compile's Triton kernel does the same). Against x held in registers, same runs: 16384x4096
-# 94.1-94.6% of copy against 91.4-92.8%, 8192x8192 (bf16) 94.1% against 91.0%, 16384x2048 89.8-90.3% against
-# 89.0-89.4%, 4096x4096 79.4-79.9% against 77.0-78.0%, ragged 16384x5120 96.2% against 91.7%. Without the L2
-# policies (L1 hints only) the second read cost 0.5-3 points; with them it is the fastest choice at every shape.
+# Prefill rows of a 16-bit x in 16-byte vectors load x twice: evict-last in L1 and L2 for the sum of squares,
+# evict-first for the output (torch.compile's Triton kernel does the same). Against x held in registers, same runs:
+# 16384x4096 93.9-94.7% of copy against 91.4-93.7%, 8192x8192 94.1-94.6% against 90.8-93.3%, 16384x2048 89.8-90.3%
+# against 89.0-89.4%, 4096x4096 79.4-80.3% against 77.0-79.7%, ragged 16384x5120 96.0-96.3% against 91.5-91.9%; one
+# loss, 8192x8192 with an fp32 weight, 90.7-91.2% against 91.1-92.4%. With L1 hints alone the second read cost
+# 0.5-3 points: the L2 policies are what make it pay.
 DECODE_VECTORS_PER_THREAD = 4  # 1.35 µs per 1-row call in graph replay, against 1.51 with 2 and 1.82 with 16
 
 
