@@ -39,7 +39,7 @@ from trtfuse.kernels.tiling import Regime, RowTiling, full_vector, row_tiling
 AFTER, BEFORE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST
 PAIRS_16 = (("bfloat16", "bfloat16", AFTER), ("float16", "float16", AFTER))
 PAIRS_MIXED = (("bfloat16", "float32", BEFORE),)
-# (rows, hidden) -> dtype pairs; candidates are (threads per row, rows per block, staged, min blocks per SM).
+# (rows, hidden) -> (x, weight, mode) dtype pairs.
 SHAPES: dict[tuple[int, int], tuple[tuple[str, str, WeightMode], ...]] = {
     (16384, 4096): PAIRS_16 + PAIRS_MIXED,
     (8192, 8192): PAIRS_16 + PAIRS_MIXED,
@@ -47,8 +47,6 @@ SHAPES: dict[tuple[int, int], tuple[tuple[str, str, WeightMode], ...]] = {
     (4096, 4096): PAIRS_16,
     (16384, 5120): PAIRS_16[:1],
 }
-# hidden -> candidates beyond the table's own choice: RowTiling fields (threads per row; rows per block, 1 unless
-# given; the rest off unless given).
 # hidden -> candidates beyond the table's own choice: RowTiling fields (threads per row; rows per block, 1 unless
 # given; the rest off unless given). Here: x held in registers (the first session's table) and a 512-thread reread.
 CANDIDATES: dict[int, tuple[dict[str, Any], ...]] = {

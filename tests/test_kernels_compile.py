@@ -184,11 +184,41 @@ def test_prefill_reads_16_bit_x_twice_with_cache_policies(spec: RmsNormSpec, tmp
     assert body.count("ld.global.L1::evict_first.L2::cache_hint.v4.b32") == slots
     assert "createpolicy.fractional.L2::evict_last" in head and "createpolicy.fractional.L2::evict_first" in body
     assert "evict_first" not in head and "evict_last" not in body
-    # Decode, fp32 x and unaligned pointers hold x in registers.
+    # The weight is loaded once, with x, by plain 16-byte loads (two per slot for an fp32 weight).
+    weight_loads = {None: 0, "bfloat16": slots, "float16": slots, "float32": 2 * slots}[spec.weight_dtype]
+    assert head.count("ld.global.v4.b32") == weight_loads and "ld.global.v4.b32" not in body
+    # Decode, fp32 x, unaligned pointers and rows under 128 threads hold x in registers.
     assert not rms_variant(spec, Regime.DECODE).tiling.reread
     assert not rms_variant(spec, Regime.PREFILL, aligned=False).tiling.reread
     fp32 = RmsNormSpec(spec.hidden, "float32", spec.weight_dtype, 1e-6, 0.0, spec.weight_mode)
     assert not rms_variant(fp32, Regime.PREFILL).tiling.reread
+    narrow = RmsNormSpec(1000, spec.dtype, spec.weight_dtype, 1e-6, 0.0, spec.weight_mode)
+    assert rms_variant(narrow, Regime.PREFILL).tiling.threads_per_row == 64
+    assert not rms_variant(narrow, Regime.PREFILL).tiling.reread
+
+
+@pytest.mark.parametrize(
+    ("spec", "packed"),
+    [
+        (RmsNormSpec(8192, "float16", "float16", 1e-6, 0.0, AFTER), "mul.f16x2"),
+        (RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), "mul.bf16x2"),
+        (RmsNormSpec(8192, "float16", "float16", 1e-6, 1.0, AFTER), None),  # Gemma's offset: w + 1 in fp32
+        (RmsNormSpec(8192, "float16", "float32", 1e-6, 0.0, AFTER), None),  # weight in another dtype
+        (RmsNormSpec(8192, "float16", "float16", 1e-6, 0.0, BEFORE), None),
+    ],
+    ids=repr,
+)
+def test_llama_weight_multiply_is_packed_in_the_output_dtype(
+    spec: RmsNormSpec, packed: str | None, tmp_path: Path
+) -> None:
+    """AFTER_CAST with the weight in the output dtype and no offset: one packed multiply in that dtype (exact: the
+    product of two 16-bit values is exact in fp32); every other case multiplies in fp32."""
+    ptx = compiled_ptx(rms_variant(spec, Regime.PREFILL), tmp_path)
+    products = re.findall(r"\bmul(?:\.rn)?\.(?:bf16|f16)x2\b", ptx)
+    if packed is None:
+        assert not products
+    else:
+        assert products and all(p.replace(".rn", "") == packed for p in products)
 
 
 def test_head_dim_rows_are_sub_warp() -> None:

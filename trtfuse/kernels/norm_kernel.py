@@ -3,9 +3,9 @@
 A row's `threads_per_row` threads each load `vectors_per_thread` vectors of the row (x and weight) into registers, so
 x comes from DRAM once and y is written once. Prefill tilings (`reread`) load x a second time for the output, from
 L1 or L2, where cache-eviction policies keep it until then, instead of holding it across the reduction. The sum of
-squares is reduced in fp32 with butterfly shuffles inside the row's
-lanes; a row wider than a warp adds one shared-memory exchange between its warps. QK-norm runs two such problems in
-one grid: the first blocks take q rows, the rest k rows.
+squares is reduced in fp32 with butterfly shuffles inside the row's lanes; a row wider than a warp adds one
+shared-memory exchange between its warps. QK-norm runs two such problems in one grid: the first blocks take q rows,
+the rest k rows.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _for_each_slot(lane: Int32, tiling: cutlass.Constexpr, visit: cutlass.Conste
 
 @cute.jit
 def _load_slots(row: cute.Tensor, slots: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr):
-    """Row (vector, vector index) -> this thread's registers (vector, slot), any memory space, plain accesses."""
+    """Global row (vector, vector index) -> this thread's registers (vector, slot), plain accesses."""
     _for_each_slot(lane, tiling, lambda index, k: cute.autovec_copy(row[None, index], slots[None, k]))
 
 
@@ -110,7 +110,7 @@ def _normalize_block_rows(
 
     # (vector, vector index) view of one row: mode 0 is contiguous, so each column is one 16-byte access.
     row_layout = cute.make_layout((vec, tiling.vectors_per_row), stride=(1, vec))
-    # This thread's share of the row, (vector, slot), held in registers from the load to the store.
+    # This thread's share of the row, (vector, slot), in registers.
     slots_layout = cute.make_layout((vec, tiling.vectors_per_thread), stride=(1, vec))
     # 64-bit row offset: rows·hidden overflows 32 bits for long prefill batches of wide rows. It is a multiple of the
     # vector (the vector divides the row): each row start is as aligned as the tensor, so accesses stay vector-wide.
@@ -159,8 +159,9 @@ def _normalize_block_rows(
     elif cutlass.const_expr(
         math.weight_mode == WeightMode.AFTER_CAST and math.weight_offset == 0.0 and w_ptr.dtype == out_dtype
     ):
-        # Llama's semantics with the weight in the output dtype: the product of two values of that dtype is exact in
-        # fp32, so one multiply in the output dtype (packed, fewer registers) rounds exactly as the fp32 path does.
+        # Llama's semantics with the weight in the output dtype: the product of two fp16 or two bf16 values is exact in
+        # fp32, so one multiply in that dtype (packed, fewer registers) rounds exactly as the fp32 path does (for
+        # fp32 the two paths are the same operations).
         r_y.store((x * rstd).to(out_dtype) * r_w.load())
     else:
         w = r_w.load().to(Float32)

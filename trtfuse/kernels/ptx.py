@@ -33,7 +33,8 @@ def _asm(
 def l2_evict_policy(evict_last: bool, *, loc: ir.Location | None = None, ip: ir.InsertionPoint | None = None) -> Int64:
     """A cache policy covering every line it is applied to: keep them in L2 (evict-last) or drop them first."""
     priority = "evict_last" if evict_last else "evict_first"
-    return Int64(_asm(T.i64(), [], f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;", "=l", False, loc, ip))
+    # Ordered like the loads, so that each policy is created where its loads are (before or after the barrier).
+    return Int64(_asm(T.i64(), [], f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;", "=l", True, loc, ip))
 
 
 @dsl_user_op

@@ -98,7 +98,7 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2) -> Ro
     - prefill: 2 vectors per thread, so a row spans several warps (more warps in flight, lighter threads), up to
       256 threads per row; blocks of at least 128 threads, one row per block from 256 vectors up. Rows of exactly
       256 threads x 2 vectors must fit 6 blocks per SM (a register cap of 40). A 16-bit x (`x_bytes` is x's
-      element size) in 16-byte vectors is read twice.
+      element size) in 16-byte vectors is read twice when its row takes 128 threads or more.
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
     """
@@ -113,7 +113,8 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2) -> Ro
         per_block = max(PREFILL_BLOCK_THREADS, threads)
         if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD:
             min_blocks = PREFILL_RESIDENT_THREADS // per_block
-        reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES  # measured for fp16/bf16 only
+        # Measured for fp16/bf16 rows of 128 threads or more (H >= 2048) only.
+        reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES and threads >= PREFILL_BLOCK_THREADS
     else:
         threads = min(MAX_BLOCK_THREADS, max(WARP, _next_pow2(-(-vectors // DECODE_VECTORS_PER_THREAD))))
         per_block = threads
