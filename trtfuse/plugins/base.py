@@ -74,6 +74,17 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
         raise NotImplementedError
 
+    def _spec_fields(self, dtype: str, weight_dtype: str | None) -> dict[str, Any]:
+        """The kernel-spec fields both plugins share: dtypes and the node's compile-time constants."""
+        config = self.config
+        return {
+            "dtype": dtype,
+            "weight_dtype": weight_dtype,
+            "epsilon": config.epsilon,
+            "weight_offset": config.weight_offset,
+            "weight_mode": config.weight_mode,
+        }
+
     def _kernels(self) -> ModuleType:
         """trtfuse.kernels, imported on first use so the plugins import (and deserialise) without CuTeDSL."""
         try:

@@ -23,15 +23,7 @@ class QkNormPlugin(NormPlugin):
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
         kernels = self._kernels()
         q_hidden, k_hidden = self.config.hidden_sizes
-        spec = kernels.QkNormSpec(
-            q_hidden=q_hidden,
-            k_hidden=k_hidden,
-            dtype=dtype,
-            weight_dtype=weight_dtype,
-            epsilon=self.config.epsilon,
-            weight_offset=self.config.weight_offset,
-            weight_mode=self.config.weight_mode,
-        )
+        spec = kernels.QkNormSpec(q_hidden=q_hidden, k_hidden=k_hidden, **self._spec_fields(dtype, weight_dtype))
         return kernels.get_qk_norm(spec)
 
     def enqueue(

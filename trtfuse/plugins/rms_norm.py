@@ -18,14 +18,7 @@ class RmsNormPlugin(NormPlugin):
 
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
         kernels = self._kernels()
-        spec = kernels.RmsNormSpec(
-            hidden=self.config.hidden_sizes[0],
-            dtype=dtype,
-            weight_dtype=weight_dtype,
-            epsilon=self.config.epsilon,
-            weight_offset=self.config.weight_offset,
-            weight_mode=self.config.weight_mode,
-        )
+        spec = kernels.RmsNormSpec(hidden=self.config.hidden_sizes[0], **self._spec_fields(dtype, weight_dtype))
         return kernels.get_rms_norm(spec)
 
     def enqueue(
