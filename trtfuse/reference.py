@@ -1,7 +1,8 @@
 """Reference semantics of the fused nodes: each one lowered to standard ONNX ops, so onnxruntime runs fused models.
 
 The lowering is the contract's definition written as a graph (see `contract.WeightMode`): the square, mean, epsilon
-and root in fp32, the weight plus its offset in fp32, and the casts exactly where the weight mode puts them.
+and root in fp32, the weight plus its offset in fp32, and the casts exactly where the weight mode puts them: to the
+node's 16-bit dtype R before an AFTER_CAST weight multiply, to the output dtype T at the end.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from trtfuse.errors import TrtfuseError
 from trtfuse.io import DEFAULT_DOMAINS
 
 _FLOAT = TensorProto.FLOAT
+_DTYPE_NAMES = {code: name for name, code in contract.OUTPUT_DTYPE_CODES.items()}
 
 
 def lower_fused_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -71,21 +73,42 @@ class _Lowering:
             raise TrtfuseError(f"node '{self.node.name}': {self.node.op_type} lacks attribute(s) {', '.join(missing)}")
         mode = contract.WeightMode(self.attributes[contract.ATTR_WEIGHT_MODE])
         inputs = list(self.node.input)
+        out_type = self._output_type(inputs[0])
         if self.node.op_type == contract.RMS_NORM_OP:
             weight = inputs[1] if len(inputs) > 1 and inputs[1] else None
-            self._norm("x", inputs[0], weight, self.node.output[0], mode)
+            self._norm("x", inputs[0], weight, self.node.output[0], mode, out_type)
         else:
             q_weight = inputs[2] if len(inputs) > 2 and inputs[2] else None
             k_weight = inputs[3] if len(inputs) > 3 and inputs[3] else None
-            self._norm("q", inputs[0], q_weight, self.node.output[0], mode)
-            self._norm("k", inputs[1], k_weight, self.node.output[1], mode)
+            self._norm("q", inputs[0], q_weight, self.node.output[0], mode, out_type)
+            self._norm("k", inputs[1], k_weight, self.node.output[1], mode, out_type)
         return self.nodes
 
-    def _norm(self, role: str, x: str, weight: str | None, y: str, mode: contract.WeightMode) -> None:
+    def _output_type(self, x: str) -> int:
+        """The `output_dtype` attribute, or x's dtype for a node written before the attribute existed."""
+        if contract.ATTR_OUTPUT_DTYPE not in self.attributes:
+            return self._elem_type(x)
+        code = self.attributes[contract.ATTR_OUTPUT_DTYPE]
+        if code not in _DTYPE_NAMES:
+            allowed = ", ".join(f"{code} ({name})" for code, name in _DTYPE_NAMES.items())
+            raise TrtfuseError(f"node '{self.node.name}': output_dtype must be one of {allowed}, got {code}")
+        return code
+
+    def _norm(self, role: str, x: str, weight: str | None, y: str, mode: contract.WeightMode, out_type: int) -> None:
         if (mode == contract.WeightMode.NONE) != (weight is None):
             raise TrtfuseError(f"node '{self.node.name}': weight_mode {mode.name} does not fit its {role} weight input")
-        # The contract gives the output the input's dtype; a fused output without a declared type has no other source.
-        out_type = self.elem_types.get(y) or self._elem_type(x)
+        x_dtype = helper.tensor_dtype_to_np_dtype(self._elem_type(x)).name
+        out_dtype = _DTYPE_NAMES[out_type]
+        problem = contract.dtype_pair_problem(x_dtype, out_dtype)
+        if problem is not None:
+            raise TrtfuseError(f"node '{self.node.name}': {role}: {problem}")
+        declared = self.elem_types.get(y, out_type)
+        if declared != out_type:
+            declared_name = helper.tensor_dtype_to_np_dtype(declared).name
+            raise TrtfuseError(
+                f"node '{self.node.name}': output '{y}' is declared {declared_name}, but output_dtype is {out_dtype}"
+            )
+        round_type = contract.OUTPUT_DTYPE_CODES[contract.rounding_dtype(x_dtype, out_dtype)]
         name = f"{self.prefix}/{role}"
         x32 = self._cast(x, _FLOAT, f"{name}/x_fp32")
         square = self._op("Mul", [x32, x32], f"{name}/square")
@@ -100,7 +123,7 @@ class _Lowering:
             return
         scale = self._scale(weight, name)
         if mode == contract.WeightMode.AFTER_CAST:
-            rounded = self._cast(self._cast(normalised, out_type, f"{name}/round"), _FLOAT, f"{name}/round_fp32")
+            rounded = self._cast(self._cast(normalised, round_type, f"{name}/round"), _FLOAT, f"{name}/round_fp32")
             self._cast(self._op("Mul", [rounded, scale], f"{name}/scale"), out_type, f"{name}/y", output=y)
         else:
             self._cast(self._op("Mul", [normalised, scale], f"{name}/scale"), out_type, f"{name}/y", output=y)

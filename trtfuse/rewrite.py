@@ -8,8 +8,9 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtfuse import contract
+from trtfuse.errors import TrtfuseError
 from trtfuse.patterns import NormSearch, RmsNormMatch
-from trtfuse.patterns.queries import describe
+from trtfuse.patterns.queries import describe, dtype_name
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class FusedNode:
     weight_mode: str
     weight_offset: float
     dtype: str
+    output_dtype: str
     tags: tuple[str, ...]
 
     def as_dict(self) -> dict:
@@ -36,17 +38,28 @@ class FusedNode:
             "weight_mode": self.weight_mode,
             "weight_offset": self.weight_offset,
             "dtype": self.dtype,
+            "output_dtype": self.output_dtype,
             "tags": list(self.tags),
         }
 
 
+def output_dtype(match: RmsNormMatch) -> str:
+    """The dtype of the match's final tensor; a `y` the graph leaves untyped is a norm ending in x's dtype."""
+    return dtype_name(match.y) or match.dtype
+
+
 def _common_attrs(match: RmsNormMatch) -> dict:
+    out = output_dtype(match)
+    problem = contract.dtype_pair_problem(match.dtype, out)
+    if problem is not None:
+        raise TrtfuseError(f"norm '{match.name}' cannot be one fused node: {problem}")
     return {
         contract.ATTR_NAMESPACE: contract.PLUGIN_NAMESPACE,
         contract.ATTR_VERSION: contract.PLUGIN_VERSION,
         contract.ATTR_EPSILON: match.epsilon,
         contract.ATTR_WEIGHT_OFFSET: float(match.weight_offset),
         contract.ATTR_WEIGHT_MODE: int(match.weight_mode),
+        contract.ATTR_OUTPUT_DTYPE: contract.OUTPUT_DTYPE_CODES[out],
     }
 
 
@@ -83,10 +96,10 @@ def _weights(*matches: RmsNormMatch) -> list[gs.Tensor]:
 
 
 def _rms_norm_node(graph: gs.Graph, match: RmsNormMatch) -> FusedNode:
+    attrs = {**_common_attrs(match), contract.ATTR_HIDDEN: match.hidden_size}
     x = _normalised_input(graph, match)
     y = _detach_output(match)
     name = f"{contract.RMS_NORM_OP}/{y.name}"
-    attrs = {**_common_attrs(match), contract.ATTR_HIDDEN: match.hidden_size}
     graph.nodes.append(
         gs.Node(
             contract.RMS_NORM_OP,
@@ -101,13 +114,18 @@ def _rms_norm_node(graph: gs.Graph, match: RmsNormMatch) -> FusedNode:
 
 
 def _qk_norm_node(graph: gs.Graph, q: RmsNormMatch, k: RmsNormMatch) -> FusedNode:
-    q_out, k_out = _detach_output(q), _detach_output(k)
-    name = f"{contract.QK_NORM_OP}/{q_out.name}"
+    if (q.dtype, output_dtype(q)) != (k.dtype, output_dtype(k)):
+        raise TrtfuseError(
+            f"q/k norms '{q.name}' and '{k.name}' cannot be one fused node: dtypes {q.dtype} -> {output_dtype(q)} "
+            f"and {k.dtype} -> {output_dtype(k)} differ"
+        )
     attrs = {
         **_common_attrs(q),
         contract.ATTR_Q_HIDDEN: q.hidden_size,
         contract.ATTR_K_HIDDEN: k.hidden_size,
     }
+    q_out, k_out = _detach_output(q), _detach_output(k)
+    name = f"{contract.QK_NORM_OP}/{q_out.name}"
     graph.nodes.append(
         gs.Node(
             contract.QK_NORM_OP,
@@ -132,6 +150,7 @@ def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tup
         weight_mode=first.weight_mode.name,
         weight_offset=first.weight_offset,
         dtype=first.dtype,
+        output_dtype=output_dtype(first),
         tags=tuple(dict.fromkeys(tag for match in matches for tag in match.tags)),
     )
 
