@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from onnx.reference import ReferenceEvaluator
 
 from trtfuse import contract
-from trtfuse.patterns import find_norms
+from trtfuse.errors import TrtfuseError
+from trtfuse.patterns import NormSearch, RmsNormMatch, find_norms
 from trtfuse.reference import lower_fused_nodes
 from trtfuse.rewrite import FusedNode, rewrite
 from trtfuse.tolerances import tolerance_for
@@ -98,7 +99,12 @@ def test_single_norm_becomes_one_node(name: str) -> None:
     attrs = attributes(node)
     assert attrs[contract.ATTR_NAMESPACE] == b"trtfuse" and attrs[contract.ATTR_VERSION] == b"1"
     assert attrs[contract.ATTR_HIDDEN] == spec.hidden
-    assert set(attrs) == {contract.ATTR_NAMESPACE, contract.ATTR_VERSION, *contract.RMS_NORM_FIELDS}
+    assert set(attrs) == {
+        contract.ATTR_NAMESPACE,
+        contract.ATTR_VERSION,
+        *contract.RMS_NORM_FIELDS,
+        contract.ATTR_OUTPUT_DTYPE,
+    }
     assert len(node.input) == (1 if spec.weight == "none" else 2)
     assert [output.name for output in fused.graph.output] == [output.name for output in original.graph.output]
     assert {"domain": "trtfuse", "version": 1} in [
@@ -108,6 +114,9 @@ def test_single_norm_becomes_one_node(name: str) -> None:
     [record] = records
     assert record.kind == contract.RMS_NORM_OP and record.hidden_sizes == (spec.hidden,)
     assert record.epsilon == attrs[contract.ATTR_EPSILON] and len(record.replaced) >= 5
+    types = {value.name: value.type.tensor_type.elem_type for value in [*fused.graph.value_info, *fused.graph.output]}
+    assert attrs[contract.ATTR_OUTPUT_DTYPE] == types[node.output[0]]
+    assert contract.OUTPUT_DTYPE_CODES[record.output_dtype] == types[node.output[0]]
     assert_same_numbers(original, fused, spec.dtype)
 
 
@@ -116,6 +125,37 @@ def test_fused_node_output_keeps_its_dtype_in_value_info() -> None:
     [node] = fused_nodes(fused)
     types = {value.name: value.type.tensor_type.elem_type for value in fused.graph.value_info}
     assert types[node.output[0]] == onnx.TensorProto.FLOAT16
+
+
+def _cast_match(x_dtype: type, y_dtype: type | None) -> tuple[gs.Graph, RmsNormMatch]:
+    """A graph x -> Cast -> y and a hand-made match over it: the rewrite's side of a mixed-precision norm, whatever
+    the matcher finds."""
+    x = gs.Variable("x", dtype=x_dtype, shape=[2, 8])
+    y = gs.Variable("y", dtype=y_dtype, shape=[2, 8])
+    to = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(y_dtype or x_dtype))
+    cast = gs.Node("Cast", "cast", attrs={"to": to}, inputs=[x], outputs=[y])
+    graph = gs.Graph(nodes=[cast], inputs=[x], outputs=[y], opset=18)
+    match = RmsNormMatch([cast], x, y, None, 1e-6, 0.0, contract.WeightMode.NONE, 8, (), "norm")
+    return graph, match
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "y_dtype", "code"),
+    [(np.float32, np.float16, 10), (np.float16, np.float32, 1), (np.float16, None, 10), (np.float32, None, 1)],
+)
+def test_output_dtype_comes_from_the_final_tensor(x_dtype: type, y_dtype: type | None, code: int) -> None:
+    graph, match = _cast_match(x_dtype, y_dtype)
+    [record] = rewrite(graph, NormSearch(matches=[match]))
+    [node] = graph.nodes
+    assert node.attrs[contract.ATTR_OUTPUT_DTYPE] == code
+    assert record.output_dtype == onnx.helper.tensor_dtype_to_np_dtype(code).name
+    assert record.as_dict()["output_dtype"] == record.output_dtype and record.dtype == np.dtype(x_dtype).name
+
+
+def test_output_dtype_outside_the_contract_is_refused() -> None:
+    graph, match = _cast_match(np.float16, np.float64)
+    with pytest.raises(TrtfuseError, match="norm 'norm' cannot be one fused node: output dtype float64"):
+        rewrite(graph, NormSearch(matches=[match]))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -171,7 +211,12 @@ def test_qk_pair_becomes_one_node(layout: str, dtype: str) -> None:
     assert ops == [contract.QK_NORM_OP, contract.RMS_NORM_OP]
     [qk] = [node for node in fused_nodes(fused) if node.op_type == contract.QK_NORM_OP]
     attrs = attributes(qk)
-    assert set(attrs) == {contract.ATTR_NAMESPACE, contract.ATTR_VERSION, *contract.QK_NORM_FIELDS}
+    assert set(attrs) == {
+        contract.ATTR_NAMESPACE,
+        contract.ATTR_VERSION,
+        *contract.QK_NORM_FIELDS,
+        contract.ATTR_OUTPUT_DTYPE,
+    }
     assert len(qk.input) == 4 and len(qk.output) == 2
     [qk_record] = [record for record in records if record.kind == contract.QK_NORM_OP]
     assert qk_record.hidden_sizes == (attrs[contract.ATTR_Q_HIDDEN], attrs[contract.ATTR_K_HIDDEN])
