@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from trtfuse.contract import PLUGIN_NAMESPACE
+from trtfuse.errors import TrtfuseError
 
 # The registry keeps raw pointers to the creators: these references keep the Python objects alive for the process.
 _creators: list[Any] = []
+_creation_errors: list[str] = []
 
 
 def _registered(registry: Any) -> dict[str, Any]:
@@ -37,6 +39,25 @@ def register() -> dict[str, Any]:
     for creator_class in (RmsNormPluginCreator, QkNormPluginCreator):
         if creator_class.PLUGIN.OP not in present:
             creator = creator_class()
-            registry.register_creator(creator, PLUGIN_NAMESPACE)
+            # False means TensorRT refused the creator (for one, another library holds the name): every build that
+            # uses the plugin would then fail at the parser, so say so here.
+            if not registry.register_creator(creator, PLUGIN_NAMESPACE):
+                raise TrtfuseError(
+                    f"TensorRT's plugin registry refused the {creator_class.PLUGIN.OP} creator in namespace "
+                    f"'{PLUGIN_NAMESPACE}' (its log above says why)"
+                )
             _creators.append(creator)
     return _registered(registry)
+
+
+def record_creation_error(message: str) -> None:
+    """Keep why a plugin creation failed: TensorRT's binding prints the exception and gives the ONNX parser a null
+    plugin, whose message ("Could not create the plugin") does not say why."""
+    _creation_errors.append(message)
+
+
+def take_creation_errors() -> list[str]:
+    """The messages of plugin creations that failed since the last call, oldest first."""
+    taken = list(_creation_errors)
+    _creation_errors.clear()
+    return taken

@@ -17,14 +17,24 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, ClassVar
 
+import trtfuse
 from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION
 from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.plugins import record_creation_error
 from trtfuse.plugins.fields import NormConfig, advertised_fields, parse_fields, serialize_fields
 from trtfuse.plugins.trt_module import load_trt
 
 trt = load_trt()
 
 DTYPE_NAMES = {trt.DataType.FLOAT: "float32", trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
+# With no custom tactics advertised (no get_valid_tactics), TensorRT passes set_tactic this one, the default.
+DEFAULT_TACTIC = 0
+
+
+def timing_cache_id(config: NormConfig) -> str:
+    """TensorRT reuses a plugin's timings across nodes with equal IDs, so the ID names everything the kernel is
+    compiled for (the repr holds every field, floats exactly) and the trtfuse version that compiled it."""
+    return f"trtfuse {trtfuse.__version__} {config!r}"
 
 
 class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
@@ -43,7 +53,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self.plugin_namespace = PLUGIN_NAMESPACE
         self.plugin_version = PLUGIN_VERSION
         self.num_outputs = len(self.ACTIVATION_NAMES)
-        self.timing_cache_id = ""
+        self.timing_cache_id = timing_cache_id(config)
         self.config = config
         self.phase = phase
         self.node = node
@@ -159,6 +169,11 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self._has_shapes = True
         self._bind_launch()
 
+    def set_tactic(self, tactic: int) -> None:
+        """TensorRT's bindings treat this as required (a plugin without it fails every build and every run)."""
+        if tactic != DEFAULT_TACTIC:
+            raise TrtfuseError(f"{self._label}: TensorRT asked for tactic {tactic}; this plugin has only the default")
+
     def attach_to_context(self, resource_context: Any) -> NormPlugin:
         return self.clone()
 
@@ -257,4 +272,10 @@ class NormPluginCreator(trt.IPluginCreatorV3One):
         self.field_names, self._field_arrays = advertised_fields(self.PLUGIN.OP)
 
     def create_plugin(self, name: str, field_collection: Any, phase: Any) -> NormPlugin:
-        return self.PLUGIN(parse_fields(self.PLUGIN.OP, field_collection, name), phase, name)
+        try:
+            return self.PLUGIN(parse_fields(self.PLUGIN.OP, field_collection, name), phase, name)
+        except TrtfuseError as error:
+            # TensorRT's binding prints the exception and hands the parser a null plugin, whose own message does
+            # not say why; the build reads this back to name the node and the field at fault.
+            record_creation_error(str(error))
+            raise

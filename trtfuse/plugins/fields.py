@@ -60,31 +60,35 @@ def _field_error(label: str, name: str, problem: str) -> TrtfuseError:
     return TrtfuseError(f"{label}: field '{name}' {problem}")
 
 
-def _char_value(field: Any) -> str:
+def _char_value(label: str, field: Any) -> str:
+    # Check the type before reading `data`: TensorRT's binding raises for FLOAT16, BF16, FP8, INT4, FP4 and DIMS.
+    # UNKNOWN is what a PluginField made without a type has; its data reads as bytes.
+    if field.type not in (trt.PluginFieldType.CHAR, trt.PluginFieldType.UNKNOWN):
+        raise _field_error(label, field.name, f"must be a string (CHAR), got {field.type.name}")
     return bytes(np.asarray(field.data, dtype=np.int8).tobytes()).rstrip(b"\0").decode("utf-8", "replace")
 
 
 def _scalar(label: str, field: Any) -> float | int:
     """The single number a field holds, exactly as TensorRT would read it."""
     name = field.name
+    # The type first: TensorRT's binding raises on reading `data` of FLOAT16, BF16, FP8, INT4, FP4 and DIMS fields,
+    # which a hand-edited tensor attribute of the node can produce.
+    if name in _FLOAT_FIELDS:
+        if field.type not in (trt.PluginFieldType.FLOAT32, trt.PluginFieldType.FLOAT64):
+            raise _field_error(label, name, f"must be FLOAT32, got {field.type.name}")
+    elif field.type not in (trt.PluginFieldType.INT32, trt.PluginFieldType.INT64):
+        raise _field_error(label, name, f"must be INT32, got {field.type.name}")
     data = np.asarray(field.data).reshape(-1)
     if data.size != 1:
         raise _field_error(label, name, f"must hold exactly one value, got {data.size}")
-    if name in _FLOAT_FIELDS:
-        if field.type == trt.PluginFieldType.FLOAT32:
-            value = float(data.astype(np.float32)[0])
-        elif field.type == trt.PluginFieldType.FLOAT64:
-            value = float(data.astype(np.float64)[0])
-            if float(np.float32(value)) != value and math.isfinite(value):
-                raise _field_error(label, name, f"must be a float32 value, got the float64 {value!r}")
-        else:
-            raise _field_error(label, name, f"must be FLOAT32, got {field.type.name}")
-        if not math.isfinite(value):
-            raise _field_error(label, name, f"must be finite, got {value!r}")
-        return value
-    if field.type not in (trt.PluginFieldType.INT32, trt.PluginFieldType.INT64):
-        raise _field_error(label, name, f"must be INT32, got {field.type.name}")
-    return int(data[0])
+    if name not in _FLOAT_FIELDS:
+        return int(data[0])
+    value = float(data[0])
+    if field.type == trt.PluginFieldType.FLOAT64 and float(np.float32(value)) != value and math.isfinite(value):
+        raise _field_error(label, name, f"must be a float32 value, got the float64 {value!r}")
+    if not math.isfinite(value):
+        raise _field_error(label, name, f"must be finite, got {value!r}")
+    return value
 
 
 def _collect(plugin: str, label: str, fields: Iterable[Any]) -> dict[str, float | int]:
@@ -93,7 +97,7 @@ def _collect(plugin: str, label: str, fields: Iterable[Any]) -> dict[str, float 
     for field in fields:
         name = field.name
         if name in _LOOKUP_FIELDS:
-            given = _char_value(field)
+            given = _char_value(label, field)
             if given != _LOOKUP_FIELDS[name]:
                 raise _field_error(label, name, f"is {given!r}, but this creator is {_LOOKUP_FIELDS[name]!r}")
             continue

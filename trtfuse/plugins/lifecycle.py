@@ -2,11 +2,11 @@
 
 TensorRT cannot run here, so this harness plays the builder's and the execution context's part, in their order:
 
-  build:   creator.create_plugin(BUILD) -> get_capability_interface(CORE, BUILD, RUNTIME) -> get_output_data_types
-           -> get_output_shapes -> supports_format_combination (every position, every dtype) -> configure_plugin
-           -> get_fields_to_serialize
+  build:   creator.create_plugin(BUILD) -> get_capability_interface(CORE, BUILD, RUNTIME) -> num_outputs
+           -> get_output_data_types -> get_output_shapes -> supports_format_combination (every position, every
+           dtype) -> configure_plugin -> timing_cache_id -> set_tactic(0) -> get_fields_to_serialize
   runtime: creator.create_plugin(RUNTIME) from the serialised fields -> attach_to_context -> clone
-           -> on_shape_change -> enqueue (raw device pointers, a non-default stream) -> destroy
+           -> set_tactic(0) -> on_shape_change -> enqueue (raw device pointers, a non-default stream) -> destroy
 
 The build and runtime steps up to `on_shape_change` need only the TensorRT types; `enqueue`, the host-cost
 measurement and the CUDA-graph replay need a GPU, torch and trtfuse.kernels. What it cannot reproduce: TensorRT's own
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from trtfuse.contract import QK_NORM_FIELDS, QK_NORM_OP, RMS_NORM_FIELDS, RMS_NORM_OP, WeightMode
-from trtfuse.plugins.base import DTYPE_NAMES, NormPlugin, NormPluginCreator, trt
+from trtfuse.plugins.base import DEFAULT_TACTIC, DTYPE_NAMES, NormPlugin, NormPluginCreator, trt
 from trtfuse.plugins.fields import NormConfig
 from trtfuse.plugins.qk_norm import QkNormPluginCreator
 from trtfuse.plugins.rms_norm import RmsNormPluginCreator
@@ -250,11 +250,16 @@ def build_phase(creator: NormPluginCreator, case: NormCase, node: str = "node") 
     for capability in CAPABILITIES:
         if plugin.get_capability_interface(getattr(trt.PluginCapabilityType, capability)) is None:
             raise AssertionError(f"{case.name}: no {capability} capability interface")
+    if plugin.num_outputs != len(plugin.ACTIVATION_NAMES):
+        raise AssertionError(f"{case.name}: num_outputs is {plugin.num_outputs}")
     output_types = plugin.get_output_data_types([DTYPE_BY_NAME[dtype] for dtype in case.input_dtypes])
     shapes = plugin.get_output_shapes([trt.DimsExprs(len(s)) for s in case.input_shapes(case.max_shapes)], [], None)
     accepted, non_linear = probe_formats(plugin, case)
     inputs, outputs = profile_descs(case)
     plugin.configure_plugin(inputs, outputs)
+    if not plugin.timing_cache_id:
+        raise AssertionError(f"{case.name}: an empty timing_cache_id would share timings with every other node")
+    plugin.set_tactic(DEFAULT_TACTIC)
     fields = plugin.get_fields_to_serialize()
     serialized = [SerializedField(f.name, f.type, np.array(f.data, copy=True)) for f in fields]
     return BuildPhase(
@@ -283,7 +288,10 @@ def runtime_phase(creator: NormPluginCreator, build: BuildPhase, node: str = "no
     """Re-create from the serialised fields, attach to a (resource-less) context and clone: (attached, clone)."""
     plugin = recreate(creator, build.serialized, node)
     attached = plugin.attach_to_context(None)
-    return attached, attached.clone()
+    clone = attached.clone()
+    for runtime_plugin in (attached, clone):
+        runtime_plugin.set_tactic(DEFAULT_TACTIC)
+    return attached, clone
 
 
 # --- GPU: enqueue, reference, host cost, CUDA graph --------------------------------------------------------------
