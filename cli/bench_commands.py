@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
+from cli.options import common_options, echo_json
 from trtfuse.errors import MissingDependencyError
+from trtfuse.outputs import OutputPlan, write_json_atomic
 
 
 @click.group("bench")
@@ -15,10 +17,12 @@ def bench() -> None:
 
 
 @bench.command("kernels")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the full results here.")
+@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Also write the full results here.")
 @click.option("--no-torch-compile", is_flag=True, help="Skip the torch.compile baselines (saves their compile time).")
-def kernels(json_path: Path | None, no_torch_compile: bool) -> None:
+@common_options
+def kernels(report_path: Path | None, no_torch_compile: bool, as_json: bool) -> None:
     """RMSNorm / QK-norm kernels against the copy ceiling, torch and torch.compile (docs/performance.md)."""
+    OutputPlan().write("benchmark report", report_path).check()
     try:
         import torch
 
@@ -27,7 +31,10 @@ def kernels(json_path: Path | None, no_torch_compile: bool) -> None:
         raise MissingDependencyError(f"the kernel benchmark needs torch and nvidia-cutlass-dsl: {error}") from error
     if not torch.cuda.is_available():
         raise MissingDependencyError("the kernel benchmark needs a CUDA GPU, and torch sees none")
-    argv = ["--json", str(json_path)] if json_path else []
-    if no_torch_compile:
-        argv.append("--no-torch-compile")
-    kernel_bench.main(argv)
+    report = kernel_bench.run(compiled=not no_torch_compile)
+    if as_json:
+        echo_json(report)
+    else:
+        kernel_bench.print_report(report)
+    if report_path is not None:
+        write_json_atomic(report_path, report)

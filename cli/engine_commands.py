@@ -7,18 +7,33 @@ fused model and report).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import NoReturn
 
 import click
 
-from cli.options import EXIT_MISSING_DEPENDENCY, echo_output_errors, feed_options
+from cli.fuse_commands import plan_model_outputs
+from cli.options import (
+    EXIT_MISSING_DEPENDENCY,
+    ShapeRangeType,
+    common_options,
+    echo_json,
+    echo_output_errors,
+    feed_options,
+    info,
+    printable,
+    summary,
+)
 from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
+
+COMPARE_INSTALL_HINT = (
+    "install it with `pip install -e '.[compare]'` in a trtfuse checkout, or `pip install polygraphy`"
+)
 
 
 def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
-    click.secho(f"trtfuse: {done}: {error}", fg="yellow", err=True)
+    click.secho(printable(f"trtfuse: {done}: {error}"), fg="yellow", err=True)
     raise SystemExit(EXIT_MISSING_DEPENDENCY)
 
 
@@ -42,7 +57,11 @@ def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
 @click.option("--batch", metavar="MIN:OPT:MAX", help="Batch range of every profile [default: 1:1:1].")
 @click.option("--past", metavar="MIN:OPT:MAX", help="Past (KV cache) length range [default: 0:256:4096].")
 @click.option(
-    "--shape", "shapes", multiple=True, metavar="NAME=MIN:OPT:MAX", help="Whole input shapes, e.g. 1x1:1x64:1x512."
+    "--shape",
+    "shapes",
+    multiple=True,
+    type=ShapeRangeType(),
+    help="Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
 )
 @click.option("--opt-level", default=3, show_default=True, help="TensorRT builder optimisation level, 0-5.")
 @click.option("--workspace", metavar="SIZE", help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
@@ -50,6 +69,7 @@ def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
     "--timing-cache", type=click.Path(path_type=Path), help="Timing cache file, read if present, then updated."
 )
 @click.option("--tf32", is_flag=True, help="Let TensorRT use TF32 for fp32 matmuls (faster, fp16-level error).")
+@common_options
 def compile_command(
     model_path: Path,
     engine_path: Path | None,
@@ -62,45 +82,62 @@ def compile_command(
     workspace: str | None,
     timing_cache: Path | None,
     tf32: bool,
+    as_json: bool,
 ) -> None:
     """Fuse MODEL.onnx, write the fused model and its report beside the engine, then build the TensorRT engine."""
-    from trtfuse.build import BuildOptions, build_engine, parse_size, plugins_used
+    from trtfuse.build import BuildOptions, build_engine, parse_size, plugins_used, sidecar_path_for
     from trtfuse.fuse import fuse_model
-    from trtfuse.io import load_model, save_model, write_text_atomic
+    from trtfuse.io import load_model, save_model
     from trtfuse.profiles import derive_profiles, request_from_options
 
     engine_path = engine_path or model_path.with_suffix(".engine")
     fused_path, report_path = compile_outputs(engine_path)
     request = request_from_options(presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes)
     workspace_bytes = parse_size(workspace) if workspace is not None else None
-    if not engine_path.resolve().parent.is_dir():
-        raise TrtfuseError(f"{engine_path}: output folder does not exist")
-    if model_path.resolve() in {fused_path.resolve(), report_path.resolve(), engine_path.resolve()}:
-        raise TrtfuseError(f"{model_path}: compile would overwrite its own input; choose another -o")
+    plan = OutputPlan().read(model_path)
+    plan.write("engine", engine_path).write("engine sidecar", sidecar_path_for(engine_path))
+    plan.write("fused model", fused_path).write("fusion report", report_path).write("timing cache", timing_cache)
+    plan.check()
     loaded = load_model(model_path)
-    try:
-        result = fuse_model(loaded.model)
-    except TrtfuseError as error:
-        raise TrtfuseError(f"{model_path}: {error}") from None
-    options = BuildOptions(
-        profiles=tuple(derive_profiles(result.model, request)),
-        optimization_level=opt_level,
-        workspace_bytes=workspace_bytes,
-        timing_cache=timing_cache,
-        allow_tf32=tf32,
-    )
-    save_model(result.model, fused_path, source=loaded)
-    report = result.report()
-    write_text_atomic(report_path, json.dumps(report, indent=2) + "\n")
-    used = ", ".join(f"{plugin['nodes']} {plugin['name']}" for plugin in plugins_used(result.model))
-    click.echo(f"{model_path}: {used or 'no plugin nodes'} -> {fused_path} (report {report_path})")
-    for profile in options.profiles:
-        click.echo(f"profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items()))
-    try:
-        built = build_engine(fused_path, engine_path, options)
-    except MissingDependencyError as error:
-        _no_tensorrt(error, f"fused, but no engine built ({engine_path})")
-    click.echo(f"built {built.engine_path} in {built.seconds:.1f} s (sidecar {built.sidecar_path})")
+    plan_model_outputs(plan, loaded, fused_path)
+    missing: MissingDependencyError | None = None
+    with Transaction():
+        try:
+            result = fuse_model(loaded.model)
+        except TrtfuseError as error:
+            raise TrtfuseError(f"{model_path}: {error}") from None
+        options = BuildOptions(
+            profiles=tuple(derive_profiles(result.model, request)),
+            optimization_level=opt_level,
+            workspace_bytes=workspace_bytes,
+            timing_cache=timing_cache,
+            allow_tf32=tf32,
+        )
+        save_model(result.model, fused_path, source=loaded, notify=info)
+        report = result.report()
+        write_json_atomic(report_path, report)
+        used = ", ".join(f"{plugin['nodes']} {plugin['name']}" for plugin in plugins_used(result.model))
+        summary(f"{model_path}: {used or 'no plugin nodes'} -> {fused_path} (report {report_path})", as_json)
+        for profile in options.profiles:
+            info(f"profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items()))
+        try:
+            built = build_engine(fused_path, engine_path, options, emit=info)
+        except MissingDependencyError as error:
+            # What was fused stays written: the user can check it, or build on a machine with TensorRT.
+            missing = error
+    result_json = {
+        "model": str(model_path),
+        "fused_model": str(fused_path),
+        "report": str(report_path),
+        "profiles": [profile.to_json() for profile in options.profiles],
+        "engine": None if missing else str(built.engine_path),
+        "build_seconds": None if missing else built.seconds,
+    }
+    if as_json:
+        echo_json(result_json)
+    if missing is not None:
+        _no_tensorrt(missing, f"fused, but no engine built ({engine_path})")
+    summary(f"built {built.engine_path} in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json)
 
 
 @click.command("run")
@@ -110,6 +147,7 @@ def compile_command(
 @click.option("--iterations", default=10, show_default=True, help="Timed runs.")
 @click.option("--warmup", default=2, show_default=True, help="Untimed runs first.")
 @click.option("--save-outputs", type=click.Path(path_type=Path), help="Write the outputs of the last run as .npz.")
+@common_options
 def run_command(
     engine_path: Path,
     inputs_path: Path | None,
@@ -119,30 +157,49 @@ def run_command(
     iterations: int,
     warmup: int,
     save_outputs: Path | None,
+    as_json: bool,
 ) -> None:
     """Run MODEL.engine with TensorRT (plugins registered first) on given or generated inputs; print timings."""
     from trtfuse.runner import generated_feed, load_feed, run_engine, save_arrays
 
+    if not engine_path.is_file():
+        raise TrtfuseError(
+            f"{engine_path}: no such engine file" if not engine_path.exists() else f"{engine_path}: not a file"
+        )
+    if inputs_path is not None and (shapes or dims):
+        raise click.UsageError("--inputs gives every input already; drop --shape/--dim")
+    OutputPlan().read(engine_path).read(*([inputs_path] if inputs_path else [])).write(
+        "outputs file", save_outputs
+    ).check()
     if inputs_path is not None:
         feed = load_feed(inputs_path)
     else:
-        feed = generated_feed(
-            engine_path,
-            seed,
-            shapes=shapes,
-            dims=dims,
-        )
+        feed = generated_feed(engine_path, seed, shapes=shapes, dims=dims)
     try:
         result = run_engine(engine_path, feed, iterations=iterations, warmup=warmup)
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot run {engine_path}")
-    for name, array in feed.items():
-        click.echo(f"input  {name}: {'x'.join(map(str, array.shape))} {array.dtype}")
-    for name, array in result.outputs.items():
-        click.echo(f"output {name}: {'x'.join(map(str, array.shape))} {array.dtype}")
-    click.echo(result.timing.line())
     if save_outputs is not None:
         save_arrays(save_outputs, result.outputs)
+    if as_json:
+        echo_json(
+            {
+                "engine": str(engine_path),
+                "inputs": {name: _array_json(array) for name, array in feed.items()},
+                "outputs": {name: _array_json(array) for name, array in result.outputs.items()},
+                "timing_ms": vars(result.timing),
+            }
+        )
+        return
+    for name, array in feed.items():
+        click.echo(printable(f"input  {name}: {'x'.join(map(str, array.shape))} {array.dtype}"))
+    for name, array in result.outputs.items():
+        click.echo(printable(f"output {name}: {'x'.join(map(str, array.shape))} {array.dtype}"))
+    click.echo(result.timing.line())
+
+
+def _array_json(array: object) -> dict:
+    return {"shape": list(array.shape), "dtype": str(array.dtype)}
 
 
 @click.command("compare")
@@ -150,6 +207,7 @@ def run_command(
 @click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=click.Path(path_type=Path))
 @feed_options
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the comparison as JSON.")
+@common_options
 def compare_command(
     original_path: Path,
     candidate_path: Path,
@@ -157,18 +215,28 @@ def compare_command(
     shapes: dict[str, tuple[int, ...]],
     dims: dict[str, int],
     report_path: Path | None,
+    as_json: bool,
 ) -> None:
     """Compare onnxruntime on ORIGINAL.onnx with the engine (or with FUSED.onnx, its plugin nodes lowered, in
     onnxruntime) on the same random inputs through Polygraphy's Comparator; exit 1 beyond the dtype's tolerance."""
+    try:
+        import polygraphy  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
     from trtfuse.compare import ORIGINAL_RUNNER, compare
-    from trtfuse.io import write_text_atomic
 
+    OutputPlan().read(original_path, candidate_path).write("comparison report", report_path).check()
     try:
         report = compare(original_path, candidate_path, seed=seed, shapes=shapes, dims=dims)
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot compare against {candidate_path}")
-    shapes_text = ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in report.input_shapes.items())
-    click.echo(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}, seed {report.seed}, inputs {shapes_text}")
     if report_path is not None:
-        write_text_atomic(report_path, json.dumps(report.to_json(), indent=2) + "\n")
-    echo_output_errors(report.outputs)
+        write_json_atomic(report_path, report.to_json())
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        shapes_text = ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in report.input_shapes.items())
+        click.echo(
+            printable(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}, seed {report.seed}, inputs {shapes_text}")
+        )
+    echo_output_errors(report.outputs, as_json)

@@ -6,17 +6,18 @@ onnx-graphsurgeon and onnxruntime imports they do not use.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from cli.options import echo_output_errors, feed_options
+from cli.options import common_options, echo_json, echo_output_errors, feed_options, info, printable, summary
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError
+from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
+    from trtfuse.io import LoadedModel
     from trtfuse.patterns import NormSearch, RmsNormMatch
 
 
@@ -50,7 +51,7 @@ def _search_json(search: NormSearch) -> dict:
 
 @click.command()
 @click.argument("model_path", metavar="MODEL.onnx", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
+@common_options
 def inspect(model_path: Path, as_json: bool) -> None:
     """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected."""
     from trtfuse.fuse import search_model
@@ -58,55 +59,77 @@ def inspect(model_path: Path, as_json: bool) -> None:
 
     search = search_model(load_model(model_path).model)
     if as_json:
-        click.echo(json.dumps(_search_json(search), indent=2))
+        echo_json(_search_json(search))
         return
-    click.echo(
+    lines = [
         f"{model_path}: {len(search.matches)} RMSNorm, {len(search.qk_norm_pairs)} QK-norm pairs, "
         f"{len(search.near_misses)} rejected"
-    )
-    for match in search.matches:
-        click.echo(f"  rms_norm  {_match_line(match)}")
+    ]
+    lines += [f"  rms_norm  {_match_line(match)}" for match in search.matches]
     for pair in search.qk_norm_pairs:
-        click.echo(f"  qk_norm   q: {_match_line(pair.q)}")
-        click.echo(f"            k: {_match_line(pair.k)}")
-    for miss in search.near_misses:
-        click.echo(f"  rejected  {miss.node}: {miss.reason}")
+        lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
+    lines += [f"  rejected  {miss.node}: {miss.reason}" for miss in search.near_misses]
+    for line in lines:
+        click.echo(printable(line))
 
 
 @click.command()
 @click.argument("input_path", metavar="IN.onnx", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "output_path", required=True, type=click.Path(path_type=Path), help="Fused model.")
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the JSON fusion report here.")
-def fuse(input_path: Path, output_path: Path, report_path: Path | None) -> None:
+@common_options
+def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json: bool) -> None:
     """Rewrite every RMSNorm and QK-norm of IN.onnx into trtfuse plugin nodes and write OUT.onnx."""
     from trtfuse.fuse import fuse_model
-    from trtfuse.io import check_output_path, load_model, save_model, write_text_atomic
+    from trtfuse.io import load_model, save_model
 
-    for path in (output_path, report_path):
-        if path is not None:
-            check_output_path(path)
+    plan = OutputPlan().read(input_path).write("fused model", output_path).write("report", report_path)
+    plan.check()
     loaded = load_model(input_path)
-    try:
-        result = fuse_model(loaded.model)
-    except TrtfuseError as error:
-        raise TrtfuseError(f"{input_path}: {error}") from None
-    save_model(result.model, output_path, source=loaded)
-    report = result.report()
-    if report_path is not None:
-        write_text_atomic(report_path, json.dumps(report, indent=2) + "\n")
+    plan_model_outputs(plan, loaded, output_path)
+    with Transaction():
+        try:
+            result = fuse_model(loaded.model)
+        except TrtfuseError as error:
+            raise TrtfuseError(f"{input_path}: {error}") from None
+        save_model(result.model, output_path, source=loaded, notify=info)
+        report = result.report()
+        if report_path is not None:
+            write_json_atomic(report_path, report)
     totals = report["totals"]
-    click.echo(
+    if as_json:
+        echo_json({"input": str(input_path), "output": str(output_path), **report})
+    rejected = len(report["near_misses"])
+    summary(
         f"{input_path}: {totals[contract.RMS_NORM_OP]} {contract.RMS_NORM_OP} and {totals[contract.QK_NORM_OP]} "
-        f"{contract.QK_NORM_OP} nodes ({totals['norms']} norms), {len(report['near_misses'])} rejected -> {output_path}"
+        f"{contract.QK_NORM_OP} nodes ({totals['norms']} norms), {rejected} rejected -> {output_path}",
+        as_json,
     )
+
+
+def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path) -> None:
+    """Add the loaded input's external data files to the plan's reads, and the copies of them the fused model would
+    get beside `output_path` to its writes; check the plan again."""
+    from trtfuse.io import data_copies, external_data_files
+
+    plan.read(*external_data_files(loaded))
+    for target in data_copies(loaded.model, output_path, loaded):
+        plan.write("external data copy", target)
+    plan.check()
 
 
 @click.command()
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
 @click.argument("fused_path", metavar="FUSED.onnx", type=click.Path(path_type=Path))
 @feed_options
+@common_options
 def check(
-    original_path: Path, fused_path: Path, seed: int, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]
+    original_path: Path,
+    fused_path: Path,
+    seed: int,
+    shapes: dict[str, tuple[int, ...]],
+    dims: dict[str, int],
+    as_json: bool,
 ) -> None:
     """Run ORIGINAL.onnx and FUSED.onnx (plugin nodes lowered to standard ops) in onnxruntime on the same random
     inputs; print each output's max abs and max relative error and exit 1 beyond the dtype's tolerance."""
@@ -114,4 +137,4 @@ def check(
     from trtfuse.io import load_model
 
     result = check_fused(load_model(original_path), load_model(fused_path), seed=seed, shapes=shapes, dims=dims)
-    echo_output_errors(result.errors)
+    echo_output_errors(result.errors, as_json)

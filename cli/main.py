@@ -2,35 +2,90 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+from collections.abc import Sequence
+
 import click
 
 from cli.bench_commands import bench
 from cli.engine_commands import compare_command, compile_command, run_command
 from cli.fuse_commands import check, fuse, inspect
-from cli.options import EXIT_BAD_INPUT, EXIT_MISSING_DEPENDENCY
+from cli.options import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERNAL_ERROR,
+    EXIT_MISSING_DEPENDENCY,
+    VERBOSITY,
+    printable,
+)
 from trtfuse import __version__
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.errors import Interrupted, MissingDependencyError, TrtfuseError, first_line
+from trtfuse.outputs import termination_as_exception
+
+# The shell's convention for a process ended by a signal: 128 + its number.
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+def _error_line(message: str, colour: str = "red") -> None:
+    click.secho(printable(" ".join(message.split("\n"))), fg=colour, err=True)
 
 
 class TrtfuseGroup(click.Group):
-    """Turns a `TrtfuseError` from any command into one line on stderr, never a traceback: exit status 3 for a
-    missing optional dependency, 2 for anything wrong with the input."""
+    """Every way a command can end becomes an exit status and at most one line on stderr, never a traceback:
+    3 for a missing optional dependency, 2 for bad input or usage, 130/143 for SIGINT/SIGTERM, 4 for a bug."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: object,
+    ) -> object:
+        VERBOSITY.level = 0
+        try:
+            with termination_as_exception():
+                status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except MissingDependencyError as error:
+            _error_line(f"trtfuse: {error}", "yellow")
+            status = EXIT_MISSING_DEPENDENCY
+        except TrtfuseError as error:
+            _error_line(f"trtfuse: error: {error}")
+            status = EXIT_BAD_INPUT
+        except click.UsageError as error:
+            command = error.ctx.command_path if error.ctx is not None else "trtfuse"
+            _error_line(f"trtfuse: error: {error.format_message()} (see '{command} --help')")
+            status = EXIT_BAD_INPUT
+        except click.ClickException as error:
+            _error_line(f"trtfuse: error: {error.format_message()}")
+            status = error.exit_code
+        except (click.Abort, KeyboardInterrupt):
+            _error_line("trtfuse: interrupted")
+            status = EXIT_SIGINT
+        except Interrupted as error:
+            _error_line(f"trtfuse: stopped by {error}")
+            status = 128 + error.signal_number
+        except Exception as error:
+            _error_line(
+                f"trtfuse: internal error: {type(error).__name__}: {first_line(error)} (a bug in trtfuse; please "
+                "report it with the command line)"
+            )
+            status = EXIT_INTERNAL_ERROR
+        if not standalone_mode:
+            return status
+        sys.exit(status if isinstance(status, int) else 0)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except MissingDependencyError as error:
-            message = " ".join(str(error).split("\n"))
-            click.secho(f"trtfuse: {message}", fg="yellow", err=True)
-            ctx.exit(EXIT_MISSING_DEPENDENCY)
-        except TrtfuseError as error:
-            message = " ".join(str(error).split("\n"))
-            click.secho(f"trtfuse: error: {message}", fg="red", err=True)
-            ctx.exit(EXIT_BAD_INPUT)
+        except KeyboardInterrupt:
+            # Raised past click, which would turn it into Abort after printing an empty line.
+            raise Interrupted(signal.SIGINT) from None
 
 
-@click.group(cls=TrtfuseGroup)
-@click.version_option(__version__, prog_name="trtfuse")
+@click.group(cls=TrtfuseGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="trtfuse")
 def cli() -> None:
     """Fuse the RMSNorms and QK-norms of an ONNX LLM into CuTeDSL-backed TensorRT plugin nodes."""
 

@@ -1,40 +1,98 @@
-"""Options and output shared by the commands that feed a model random inputs and compare its outputs."""
+"""What every command shares: exit statuses, the shape grammar, -v/-q/--json, and printing to a terminal."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import click
 
+from trtfuse.outputs import json_text
 from trtfuse.tolerances import OutputError
 
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
 # A missing optional dependency (TensorRT, a GPU, CuTeDSL) is not the user's input's fault: a status of its own.
 EXIT_MISSING_DEPENDENCY = 3
+# A bug in trtfuse, not in the input: the last-resort handler's status (a traceback is never shown).
+EXIT_INTERNAL_ERROR = 4
 
 F = TypeVar("F", bound=Callable[..., object])
 
-
-def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """`NAME=D0xD1x...` -> (NAME, (D0, D1, ...))."""
-    name, _, dims = text.rpartition("=")
-    try:
-        shape = tuple(int(dim) for dim in dims.split("x"))
-    except ValueError:
-        shape = ()
-    if not name or not shape or min(shape) < 0:
-        raise click.BadParameter(f"'{text}' is not NAME=D0xD1x... (for example input_ids=1x16)")
-    return name, shape
+# One shape: trtexec's `1x16` or Polygraphy's `[1,16]`.
+_SHAPE = r"(?:\d+(?:x\d+)*|\[\s*\d+(?:\s*,\s*\d+)*\s*\])"
+_SHAPE_RANGE = rf"{_SHAPE}:{_SHAPE}:{_SHAPE}"
 
 
-def parse_dim(text: str) -> tuple[str, int]:
-    """`SYMBOL=N` -> (SYMBOL, N)."""
-    name, _, value = text.rpartition("=")
-    if not name or not value.isdigit():
-        raise click.BadParameter(f"'{text}' is not SYMBOL=N (for example batch=2)")
-    return name, int(value)
+def parse_dims(text: str) -> tuple[int, ...]:
+    """`1x16` or `[1,16]` -> (1, 16)."""
+    return tuple(int(dim) for dim in re.split(r"[x,]", text.strip("[] ")))
+
+
+def _split_name(text: str, value_pattern: str) -> tuple[str, str] | None:
+    """NAME and VALUE of `NAME=VALUE` or `NAME:VALUE`, at the first separator after which VALUE is well formed
+    (names may hold ':' and '=' themselves)."""
+    for match in re.finditer(r"[=:]", text):
+        name, value = text[: match.start()], text[match.end() :]
+        if name and re.fullmatch(value_pattern, value.replace(" ", "")):
+            return name, value.replace(" ", "")
+    return None
+
+
+class ShapeType(click.ParamType):
+    """`NAME=1x16`, `NAME:1x16` (trtexec) or `NAME:[1,16]` (Polygraphy) -> (NAME, (1, 16))."""
+
+    name = "NAME=D0xD1"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if isinstance(value, tuple):
+            return value
+        split = _split_name(str(value), _SHAPE)
+        if split is None:
+            self.fail(f"'{value}' is not NAME=D0xD1, NAME:D0xD1 or NAME:[D0,D1] (for example input_ids=1x16)")
+        return split[0], parse_dims(split[1])
+
+
+class ShapeRangeType(click.ParamType):
+    """`NAME=MIN:OPT:MAX`, each a shape in either spelling -> the canonical `NAME=1x1:1x64:1x512` of profiles.py."""
+
+    name = "NAME=MIN:OPT:MAX"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        split = _split_name(str(value), _SHAPE_RANGE)
+        if split is None:
+            self.fail(f"'{value}' is not NAME=MIN:OPT:MAX, shapes like 1x16 or [1,16] (e.g. input_ids=1x1:1x64:1x512)")
+        name, ranges = split
+        shapes = re.findall(_SHAPE, ranges)
+        return f"{name}=" + ":".join("x".join(str(dim) for dim in parse_dims(shape)) for shape in shapes)
+
+
+class DimType(click.ParamType):
+    """`SYMBOL=N` or `SYMBOL:N` -> (SYMBOL, N)."""
+
+    name = "SYMBOL=N"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if isinstance(value, tuple):
+            return value
+        split = _split_name(str(value), r"\d+")
+        if split is None:
+            self.fail(f"'{value}' is not SYMBOL=N (for example batch=2)")
+        return split[0], int(split[1])
+
+
+def _unique(kind: str) -> Callable[[click.Context, click.Parameter, Sequence[tuple]], dict]:
+    def collect(_ctx: click.Context, _param: click.Parameter, values: Sequence[tuple]) -> dict:
+        found: dict = {}
+        for name, value in values:
+            if name in found and found[name] != value:
+                raise click.BadParameter(f"{kind} '{name}' is given twice, as {found[name]} and {value}")
+            found[name] = value
+        return found
+
+    return collect
 
 
 def feed_options(command: F) -> F:
@@ -45,16 +103,16 @@ def feed_options(command: F) -> F:
             "--shape",
             "shapes",
             multiple=True,
-            metavar="NAME=D0xD1",
-            callback=lambda _ctx, _param, values: dict(parse_shape(text) for text in values),
-            help="Shape of one graph input; repeatable.",
+            type=ShapeType(),
+            callback=_unique("input"),
+            help="Shape of one graph input (NAME=1x16, NAME:1x16 or NAME:[1,16]); repeatable.",
         ),
         click.option(
             "--dim",
             "dims",
             multiple=True,
-            metavar="SYMBOL=N",
-            callback=lambda _ctx, _param, values: dict(parse_dim(text) for text in values),
+            type=DimType(),
+            callback=_unique("dim"),
             help="Value of one symbolic dim; repeatable.",
         ),
     )
@@ -63,18 +121,98 @@ def feed_options(command: F) -> F:
     return command
 
 
-def echo_output_errors(errors: Sequence[OutputError]) -> None:
-    """One table row per output; exit 1 when any output is beyond its dtype's tolerance."""
-    width = max([len("output"), *(len(error.name) for error in errors)])
+@dataclass
+class Verbosity:
+    """-1 with -q (errors and results only), 0 by default, 1 with -v (library logs and details too)."""
+
+    level: int = 0
+
+
+VERBOSITY = Verbosity()
+
+
+def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value:
+        return
+    level = 1 if param.name == "verbose" else -1
+    seen = ctx.meta.setdefault("trtfuse.verbosity", set())
+    seen.add(level)
+    if len(seen) > 1:
+        raise click.UsageError("-v/--verbose and -q/--quiet cannot be used together", ctx)
+    VERBOSITY.level = level
+
+
+def common_options(command: F) -> F:
+    """-v/--verbose, -q/--quiet and --json, the same on every command; the command receives `as_json`."""
+    options = (
+        click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_set_verbosity, help="Say more."),
+        click.option(
+            "-q", "--quiet", is_flag=True, expose_value=False, callback=_set_verbosity, help="Errors and results only."
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout."),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def info(message: str) -> None:
+    """A progress or status line on stderr, unless -q."""
+    if VERBOSITY.level >= 0:
+        click.echo(printable(message), err=True)
+
+
+def summary(message: str, as_json: bool) -> None:
+    """A command's one-line text result on stdout, unless -q or --json."""
+    if VERBOSITY.level >= 0 and not as_json:
+        click.echo(printable(message))
+
+
+def echo_json(value: object) -> None:
+    click.echo(json_text(value))
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (from node or tensor names in a user's file) escaped, safe for a terminal."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
+
+
+def output_errors_json(errors: Sequence[OutputError]) -> list[dict]:
+    return [
+        {
+            "name": error.name,
+            "dtype": error.dtype,
+            "max_abs": error.max_abs,
+            "max_rel": error.max_rel,
+            "atol": error.tolerance.atol,
+            "rtol": error.tolerance.rtol,
+            "passed": error.passed,
+        }
+        for error in errors
+    ]
+
+
+def echo_output_errors(errors: Sequence[OutputError], as_json: bool = False) -> None:
+    """One table row per output (or, with --json, one JSON object); exit 1 when any is beyond its tolerance."""
+    failed = sum(not error.passed for error in errors)
+    if as_json:
+        echo_json({"passed": not failed, "outputs": output_errors_json(errors)})
+    else:
+        _echo_table(errors)
+    if failed:
+        if not as_json:
+            click.secho(f"{failed} of {len(errors)} outputs differ beyond tolerance", fg="red", err=True)
+        raise SystemExit(EXIT_MISMATCH)
+    summary(f"all {len(errors)} outputs within tolerance", as_json)
+
+
+def _echo_table(errors: Sequence[OutputError]) -> None:
+    names = [printable(error.name) for error in errors]
+    width = max([len("output"), *(len(name) for name in names)])
     click.echo(f"{'output':<{width}}  {'dtype':<8}  {'max abs':>9}  {'max rel':>9}  {'rtol':>7}  result")
-    for error in errors:
+    for name, error in zip(names, errors, strict=True):
         status = click.style("ok", fg="green") if error.passed else click.style("FAIL", fg="red")
         click.echo(
-            f"{error.name:<{width}}  {error.dtype:<8}  {error.max_abs:9.3e}  {error.max_rel:9.3e}  "
+            f"{name:<{width}}  {error.dtype:<8}  {error.max_abs:9.3e}  {error.max_rel:9.3e}  "
             f"{error.tolerance.rtol:7.0e}  {status}"
         )
-    failed = sum(not error.passed for error in errors)
-    if failed:
-        click.secho(f"{failed} of {len(errors)} outputs differ beyond tolerance", fg="red", err=True)
-        raise SystemExit(EXIT_MISMATCH)
-    click.echo(f"all {len(errors)} outputs within tolerance")

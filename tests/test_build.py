@@ -27,7 +27,7 @@ from trtfuse.build import (
     write_engine,
 )
 from trtfuse.errors import MissingDependencyError, TrtfuseError
-from trtfuse.io import write_bytes_atomic
+from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile, ShapeRange
 from trtfuse.runner import ENGINE_RUNNER
 
@@ -214,7 +214,7 @@ def test_compile_never_overwrites_its_input(tmp_path):
     original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "m.fused.onnx")
     result = CliRunner().invoke(_cli(), ["compile", str(original), "-o", str(tmp_path / "m.engine")])
     assert result.exit_code == 2
-    assert "compile would overwrite its own input" in result.output
+    assert "would overwrite the input" in result.output
     assert onnx.load(str(original)) == tiny_lm(np.float16, fused=False)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from conftest import projection_model, save_external
 from onnx import helper
 
 from trtfuse.errors import TrtfuseError
-from trtfuse.io import external_tensors, load_model, save_model, write_text_atomic
+from trtfuse.io import external_tensors, load_model, save_model
+from trtfuse.outputs import write_json_atomic
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:
@@ -205,11 +207,11 @@ def test_saved_file_has_the_usual_permissions(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_write_text_atomic(tmp_path: Path) -> None:
-    write_text_atomic(tmp_path / "report.json", "{}\n")
-    assert (tmp_path / "report.json").read_text() == "{}\n"
+def test_write_json_atomic(tmp_path: Path) -> None:
+    write_json_atomic(tmp_path / "report.json", {"error": float("nan"), "max": [float("inf"), -float("inf"), 1.5]})
+    assert json.loads((tmp_path / "report.json").read_text()) == {"error": "nan", "max": ["inf", "-inf", 1.5]}
     with pytest.raises(TrtfuseError, match="output folder does not exist"):
-        write_text_atomic(tmp_path / "no" / "report.json", "{}")
+        write_json_atomic(tmp_path / "no" / "report.json", {})
 
 
 def test_opset_from_the_ai_onnx_domain_alias(write_model) -> None:

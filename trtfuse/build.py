@@ -24,7 +24,8 @@ import onnx
 import trtfuse
 from trtfuse import contract
 from trtfuse.errors import MissingDependencyError, TrtfuseError
-from trtfuse.io import load_model, write_bytes_atomic, write_text_atomic
+from trtfuse.io import load_model
+from trtfuse.outputs import write_bytes_atomic, write_json_atomic
 from trtfuse.profiles import Profile
 
 SIDECAR_FORMAT = "trtfuse-engine/1"
@@ -200,7 +201,7 @@ def write_engine(engine_path: Path, engine: bytes | memoryview, sidecar: dict) -
     """The engine, then its sidecar; each atomic, so neither is ever seen half written."""
     write_bytes_atomic(engine_path, engine)
     sidecar_path = sidecar_path_for(engine_path)
-    write_text_atomic(sidecar_path, json.dumps(sidecar, indent=2) + "\n")
+    write_json_atomic(sidecar_path, sidecar)
     return sidecar_path
 
 

@@ -1,4 +1,6 @@
-"""The one exception type users see: a single line naming the file, node or tensor at fault."""
+"""The exception types users see: a single line naming the file, node or tensor at fault."""
+
+import signal
 
 
 class TrtfuseError(Exception):
@@ -7,6 +9,14 @@ class TrtfuseError(Exception):
 
 class MissingDependencyError(TrtfuseError):
     """An optional dependency (TensorRT, a GPU, CuTeDSL...) is not available; the message says how to get it."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM arrived (SIGINT arrives as KeyboardInterrupt). A BaseException, so only cleanup code catches it."""
+
+    def __init__(self, signal_number: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number
 
 
 def first_line(error: BaseException) -> str:

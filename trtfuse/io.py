@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from google.protobuf.message import DecodeError
 from onnx import external_data_helper, helper
 
 from trtfuse.errors import TrtfuseError, first_line
+from trtfuse.outputs import Transaction, atomic_file, check_writable, copy_sparse, make_folders, same_content
 
 MIN_OPSET = 13
 MAX_OPSET = 23
@@ -169,155 +168,123 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
 
 
 def _check_graph(path: Path, model: onnx.ModelProto) -> None:
-    # The path-based checker works for models of any size and resolves external data against the model's folder.
+    try:
+        check_model_file(path, model)
+    except onnx.checker.ValidationError as error:
+        raise TrtfuseError(f"{path}: fails the ONNX checker: {first_line(error)}") from None
+
+
+def check_model_file(path: Path, model: onnx.ModelProto) -> None:
+    """`onnx.checker` on the file at `path` (which holds `model`); raises its ValidationError.
+
+    The path-based checker works for models of any size and resolves external data against the model's folder. A
+    model with onnxruntime contrib ops in the default domain is checked in memory instead, those ops moved to
+    onnxruntime's domain (where the checker skips them) and external tensors emptied (`_check_external_data` has
+    checked their files), so nothing is written beside it: its folder may be read-only.
+    """
     try:
         onnx.checker.check_model(str(path))
-    except onnx.checker.ValidationError as error:
-        if not any(node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS for node in model.graph.node):
-            raise TrtfuseError(f"{path}: fails the ONNX checker: {first_line(error)}") from None
-        _check_with_contrib_domain(path, model)
+    except onnx.checker.ValidationError:
+        if not any(_is_default_domain_contrib_op(node) for node in model.graph.node):
+            raise
+        _check_with_contrib_domain(model, path.absolute().parent)
 
 
-def _check_with_contrib_domain(path: Path, model: onnx.ModelProto) -> None:
-    """Check a copy whose onnxruntime contrib ops sit in onnxruntime's own domain, where the checker skips them.
+def _is_default_domain_contrib_op(node: onnx.NodeProto) -> bool:
+    return node.domain in DEFAULT_DOMAINS and node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS
 
-    The copy goes next to the model, so its external data references resolve as the original's do.
-    """
+
+def _check_with_contrib_domain(model: onnx.ModelProto, folder: Path) -> None:
     remapped = onnx.ModelProto()
     remapped.CopyFrom(model)
     for node in remapped.graph.node:
-        if node.domain in DEFAULT_DOMAINS and node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS:
+        if _is_default_domain_contrib_op(node):
             node.domain = ONNXRUNTIME_DOMAIN
     if all(opset.domain != ONNXRUNTIME_DOMAIN for opset in remapped.opset_import):
         remapped.opset_import.append(helper.make_opsetid(ONNXRUNTIME_DOMAIN, 1))
-    try:
-        handle, temp_name = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".check")
-    except OSError as error:
-        raise TrtfuseError(f"{path}: cannot check it (no temp file beside it: {error.strerror or error})") from None
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(remapped.SerializeToString())
-        onnx.checker.check_model(temp_name)
-    except onnx.checker.ValidationError as error:
-        raise TrtfuseError(f"{path}: fails the ONNX checker: {first_line(error)}") from None
-    finally:
-        _remove([Path(temp_name)])
+    for tensor in external_tensors(remapped):
+        location = {entry.key: entry.value for entry in tensor.external_data}.get("location", "")
+        # The one external-data rule of the path-based checker that `_check_external_data` does not apply.
+        if (folder / location).stat().st_nlink > 1:
+            raise onnx.checker.ValidationError(
+                f"Data of TensorProto ( tensor name: {tensor.name}) should be stored in {location}, but it has "
+                "multiple hard links"
+            )
+        name, data_type = tensor.name, tensor.data_type
+        tensor.Clear()
+        tensor.name, tensor.data_type = name, data_type
+        tensor.dims.append(0)
+    onnx.checker.check_model(remapped)
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, source: LoadedModel | None = None) -> None:
+def external_data_files(loaded: LoadedModel) -> list[Path]:
+    """The external data files `loaded.model` still reads, as paths beside the model file."""
+    folder = loaded.path.absolute().parent
+    return [folder / location for location in _locations(loaded.model, loaded.path)]
+
+
+def data_copies(model: onnx.ModelProto, path: Path, source: LoadedModel | None) -> list[Path]:
+    """The external data files `save_model(model, path, source)` will write: none when `path` is in the source's
+    folder, else one copy per data file the model still references."""
+    folder = Path(path).absolute().parent
+    if source is None or source.path.absolute().parent == folder:
+        return []
+    return [folder / location for location in _locations(model, Path(path))]
+
+
+def _locations(model: onnx.ModelProto, path: Path) -> list[str]:
+    return sorted({_external_ref(tensor, path).location for tensor in external_tensors(model)})
+
+
+def save_model(
+    model: onnx.ModelProto,
+    path: str | os.PathLike,
+    source: LoadedModel | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> None:
     """Write `model` atomically to `path`; tensors that reference external data keep it.
 
     External locations are relative to `source.path`'s folder (or `path`'s when there is no source). When `path` is in
-    another folder, the data files the model still references are copied there.
-    The written file must pass the ONNX checker, else nothing is left behind.
+    another folder, the data files the model still references are copied there (`notify` hears of each copy); a file
+    of that name already there is kept when it holds the same bytes, else the save is refused. The written file must
+    pass the ONNX checker. Inside a `Transaction`, a later failure of the call removes what this wrote.
     """
     path = Path(path)
-    folder = check_output_path(path)
-    source_folder = source.path.absolute().parent if source is not None else folder
+    check_writable(path)
     if model.ByteSize() > MAX_PROTO_BYTES:
         raise TrtfuseError(f"{path}: model is over 2 GiB without its external data; keep large tensors external")
-    created: list[Path] = []
-    try:
-        if source_folder != folder:
-            for location in sorted({_external_ref(tensor, path).location for tensor in external_tensors(model)}):
-                created.extend(_place_data_file(source_folder / location, folder / location))
+    source_folder = source.path.absolute().parent if source is not None else None
+    with contextlib.ExitStack() as stack:
+        # Without a transaction of the caller's, this save is its own: a failure removes the copies it made.
+        if Transaction.active() is None:
+            stack.enter_context(Transaction())
+        for target in data_copies(model, path, source):
+            _place_data_file(source_folder / target.relative_to(path.absolute().parent), target, notify)
         _write_checked(model, path)
-    except OSError as error:
-        _remove(created)
-        raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
-    except BaseException:
-        _remove(created)
-        raise
 
 
-def check_output_path(path: str | os.PathLike) -> Path:
-    """The folder `path` will be written into; a missing folder or a `path` that is a folder is a `TrtfuseError`."""
-    path = Path(path)
-    folder = path.absolute().parent
-    if not folder.is_dir():
-        raise TrtfuseError(f"{path}: output folder does not exist")
-    if path.is_dir():
-        raise TrtfuseError(f"{path}: is a folder, not a file name")
-    return folder
-
-
-def _remove(paths: list[Path]) -> None:
-    for created_path in reversed(paths):
-        with contextlib.suppress(OSError):
-            created_path.unlink()
-
-
-def _place_data_file(source: Path, target: Path) -> list[Path]:
-    """Make `target` a copy of `source`; returns it when it is new, so a failed save can remove it again.
+def _place_data_file(source: Path, target: Path, notify: Callable[[str], None] | None) -> None:
+    """Make `target` a copy of `source` unless it already holds the same bytes; any other file is never overwritten.
 
     A copy, not a hard link: onnx (1.17 and later) refuses to read external data files with several links, so a link
     would break both the output and the source model.
     """
-    if target.exists() and source.exists() and os.path.samefile(source, target):
-        return []
     if not source.is_file():
         raise TrtfuseError(f"{source}: external data file is missing")
-    existed = target.exists()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        shutil.copyfile(source, temp_name)
-        _set_default_permissions(Path(temp_name))
-        os.replace(temp_name, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        raise
-    return [] if existed else [target]
+    if target.exists():
+        if target.is_file() and (os.path.samefile(source, target) or same_content(source, target)):
+            return
+        raise TrtfuseError(
+            f"{target}: exists and is not a copy of the external data {source}; write the output to another folder"
+        )
+    make_folders(target.parent)
+    copy_sparse(source, target, notify)
 
 
 def _write_checked(model: onnx.ModelProto, path: Path) -> None:
-    handle, temp_name = tempfile.mkstemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".tmp")
-    temp = Path(temp_name)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(model.SerializeToString())
-        _set_default_permissions(temp)
+    with atomic_file(path) as temp:
+        temp.write_bytes(model.SerializeToString())
         try:
-            onnx.checker.check_model(str(temp))
+            check_model_file(temp, model)
         except onnx.checker.ValidationError as error:
             raise TrtfuseError(f"{path}: result fails the ONNX checker, not written: {first_line(error)}") from None
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a text file (a report, a sidecar) atomically: see `write_bytes_atomic`."""
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
-    """Write through a temp file in the target folder and rename, so a failure leaves no partial file."""
-    path = Path(path)
-    folder = check_output_path(path)
-    try:
-        handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        _set_default_permissions(Path(temp_name))
-        os.replace(temp_name, path)
-    except OSError as error:
-        _remove([Path(temp_name)])
-        raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
-    except BaseException:
-        _remove([Path(temp_name)])
-        raise
-
-
-def _set_default_permissions(path: Path) -> None:
-    # mkstemp creates files readable by the owner only; a saved model should get the usual umask-derived mode.
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)

@@ -14,7 +14,8 @@ import numpy as np
 from trtfuse.build import import_tensorrt, read_sidecar, register_plugins
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.inputs import make_feed
-from trtfuse.io import load_model, write_bytes_atomic
+from trtfuse.io import load_model
+from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile
 
 ENGINE_RUNNER = "tensorrt-engine"
