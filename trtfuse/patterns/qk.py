@@ -1,25 +1,38 @@
 """QK-norm: norms applied to the q and k projections of one attention block, paired into one fused node.
 
-A projection norm normalises (a reshaped, transposed, cast or split view of) the output of a MatMul/Gemm with a
-constant weight, whose input is also read by at least one more such projection: the attention's q/k/v inputs.
-Layout tags: Qwen3 reshapes, normalises, then transposes (qk-head-dim); Gemma3 reshapes and transposes first
-(qk-head-dim-transposed); OLMo2 normalises the whole projection (qk-full-width); DeepSeek's MLA normalises the
-low-rank latent that feeds the up-projection (mla-latent).
+A projection norm normalises (a reshaped, transposed, cast, quantised or split view of) the output of a projection
+with a constant weight: the attention's q/k/v inputs. Either the projection's input is read by at least one more
+projection (separate q, k, v MatMuls), or the view takes one part of the projection's output (a packed QKV MatMul
+split into q, k, v, as onnxruntime-genai builds it). Layout tags: Qwen3 reshapes, normalises, then transposes
+(qk-head-dim); Gemma3 reshapes and transposes first (qk-head-dim-transposed); OLMo2 normalises the whole projection
+(qk-full-width); DeepSeek's MLA normalises the low-rank latent that feeds the up-projection (mla-latent).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import onnx_graphsurgeon as gs
 
-from trtfuse.patterns.matches import QkNormPair, RmsNormMatch
-from trtfuse.patterns.queries import dtype_name, is_constant, producer
+from trtfuse.patterns.matches import NearMiss, QkNormPair, RmsNormMatch
+from trtfuse.patterns.queries import describe, dtype_name, is_constant, producer
 
-LAYOUT_OPS = ("Reshape", "Transpose", "Cast", "Split", "Slice", "Identity", "Squeeze", "Unsqueeze")
-PROJECTIONS = ("MatMul", "Gemm")
+ONNX_DOMAINS = (None, "", "ai.onnx")
+MS_DOMAIN = "com.microsoft"
+QUANTIZE_OPS = ("QuantizeLinear", "DequantizeLinear")
+# Views between a projection and its norm; Q/DQ pairs (ModelOpt) change values but not which tensor it is.
+LAYOUT_OPS = ("Reshape", "Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", *QUANTIZE_OPS)
+# One part of a projection's output: q, k or v out of a packed QKV projection.
+PART_OPS = ("Split", "Slice", "Gather")
+# Between a projection's constant weight and the projection: layout, casts, dequantisation (int8/fp8/int4 Q/DQ).
+WEIGHT_OPS = ("Transpose", "Cast", "Identity", *QUANTIZE_OPS)
+# Between the attention's input and each projection's activation input: casts and Q/DQ.
+INPUT_OPS = ("Cast", "Identity", *QUANTIZE_OPS)
 MAX_LAYOUT_STEPS = 8
+# Attention ops that take the q/k norm weights as inputs and normalise inside: (op, domain) -> input indices.
+ABSORBING_ATTENTION = {("GroupQueryAttention", MS_DOMAIN): (14, 15)}
 
 
 @dataclass(frozen=True)
@@ -29,33 +42,65 @@ class _ProjectionNorm:
     position: int
 
 
+def _is_onnx_op(node: gs.Node, ops: Iterable[str]) -> bool:
+    return node.op in ops and node.domain in ONNX_DOMAINS
+
+
 def _is_projection(node: gs.Node) -> bool:
-    if node.op not in PROJECTIONS or len(node.inputs) < 2:
+    """MatMul / Gemm, or onnxruntime's int4 MatMulNBits, whose weight is a constant (possibly dequantised)."""
+    is_matmul = _is_onnx_op(node, ("MatMul", "Gemm")) or (node.op == "MatMulNBits" and node.domain == MS_DOMAIN)
+    if not is_matmul or len(node.inputs) < 2:
         return False
     weight = node.inputs[1]
-    while not is_constant(weight):
+    for _ in range(MAX_LAYOUT_STEPS):
+        if is_constant(weight):
+            return True
         maker = producer(weight)
-        if maker is None or maker.op not in ("Transpose", "Cast", "Identity"):
+        if maker is None or not _is_onnx_op(maker, WEIGHT_OPS) or not maker.inputs:
             return False
         weight = maker.inputs[0]
-    return True
+    return False
+
+
+def _attention_input(projection: gs.Node) -> gs.Tensor:
+    """The tensor a projection projects, seen through casts and the Q/DQ pair a quantiser puts before it."""
+    tensor = projection.inputs[0]
+    for _ in range(MAX_LAYOUT_STEPS):
+        maker = producer(tensor)
+        if maker is None or not _is_onnx_op(maker, INPUT_OPS) or not maker.inputs:
+            break
+        tensor = maker.inputs[0]
+    return tensor
+
+
+def _projections_of(source: gs.Tensor) -> int:
+    """How many projections take `source` as their input (directly or through casts / Q/DQ)."""
+    projections: set[int] = set()
+    frontier = [source]
+    for _ in range(MAX_LAYOUT_STEPS):
+        readers = [node for tensor in frontier for node in tensor.outputs]
+        projections.update(id(node) for node in readers if _is_projection(node) and _attention_input(node) is source)
+        frontier = [node.outputs[0] for node in readers if _is_onnx_op(node, INPUT_OPS) and node.outputs]
+        if not frontier:
+            break
+    return len(projections)
 
 
 def _projection_behind(x: gs.Tensor) -> tuple[gs.Node, list[str]] | None:
-    """The projection x is a view of, and the layout ops from it to x in data order."""
+    """The projection x is a view of, and the view ops from it to x in data order."""
     ops: list[str] = []
     tensor = x
     bias_seen = False
     for _ in range(MAX_LAYOUT_STEPS):
         node = producer(tensor)
-        if node is None:
+        if node is None or not node.inputs:
             return None
         if _is_projection(node):
             return node, ops[::-1]
-        if node.op in LAYOUT_OPS:
+        if _is_onnx_op(node, (*LAYOUT_OPS, *PART_OPS)):
             ops.append(node.op)
             tensor = node.inputs[0]
-        elif node.op == "Add" and not bias_seen and sum(map(is_constant, node.inputs)) == 1:
+        elif _is_onnx_op(node, ("Add",)) and not bias_seen and sum(map(is_constant, node.inputs)) == 1:
             bias_seen = True
             tensor = next(operand for operand in node.inputs if not is_constant(operand))
         else:
@@ -63,18 +108,14 @@ def _projection_behind(x: gs.Tensor) -> tuple[gs.Node, list[str]] | None:
     return None
 
 
-def _projection_readers(source: gs.Tensor) -> int:
-    return sum(1 for node in source.outputs if _is_projection(node) and node.inputs[0] is source)
-
-
 def _feeds_projection(y: gs.Tensor) -> bool:
-    """Whether y, directly or through layout ops (a Reshape, a Cast...), is the input of a projection."""
+    """Whether y, directly or through view ops (a Reshape, a Cast, a Q/DQ...), is the input of a projection."""
     frontier = [y]
     for _ in range(MAX_LAYOUT_STEPS):
         readers = [node for tensor in frontier for node in tensor.outputs]
         if any(_is_projection(node) and node.inputs[0] in frontier for node in readers):
             return True
-        frontier = [node.outputs[0] for node in readers if node.op in LAYOUT_OPS]
+        frontier = [node.outputs[0] for node in readers if _is_onnx_op(node, (*LAYOUT_OPS, *PART_OPS))]
         if not frontier:
             return False
     return False
@@ -88,50 +129,87 @@ def _layout_tag(match: RmsNormMatch, ops: list[str]) -> str:
     return "qk-full-width"
 
 
-def _reaches(start: gs.Tensor, target: gs.Tensor) -> bool:
-    seen = {id(start)}
-    queue = deque([start])
+def _enclosing_nodes(graph: gs.Graph) -> dict[int, gs.Node]:
+    """For every node inside an If/Loop/Scan body (at any depth), the top-level node that holds that body.
+
+    A body may read any outer tensor without listing it among its node's inputs: through this map, whatever
+    the body reads is also read by the node that holds it.
+    """
+    enclosing: dict[int, gs.Node] = {}
+    for node in graph.nodes:
+        for body in node.subgraphs(recursive=True):
+            enclosing.update((id(inner), node) for inner in body.nodes)
+    return enclosing
+
+
+def _depends(starts: Iterable[gs.Tensor], targets: Iterable[gs.Tensor], enclosing: dict[int, gs.Node]) -> bool:
+    """Whether any target is computed from any start, through any path (subgraph bodies' outer reads included)."""
+    wanted = {id(tensor) for tensor in targets}
+    queue = deque(starts)
+    seen = {id(tensor) for tensor in queue}
     while queue:
         tensor = queue.popleft()
-        if tensor is target:
+        if id(tensor) in wanted:
             return True
-        for node in tensor.outputs:
-            for output in node.outputs:
-                if id(output) not in seen:
-                    seen.add(id(output))
-                    queue.append(output)
+        for reader in tensor.outputs:
+            for node in (reader, enclosing.get(id(reader))):
+                for output in node.outputs if node is not None else ():
+                    if id(output) not in seen:
+                        seen.add(id(output))
+                        queue.append(output)
     return False
 
 
-def _compatible(q: RmsNormMatch, k: RmsNormMatch) -> bool:
-    same_numerics = (
+def _fused_inputs(match: RmsNormMatch) -> list[gs.Tensor]:
+    weight = [match.weight] if isinstance(match.weight, gs.Variable) else []
+    return [match.x, *match.skip_inputs, *weight]
+
+
+def _computed(match: RmsNormMatch) -> list[gs.Tensor]:
+    """What the match's nodes compute from their inputs (a Constant node computes from nothing: no cycle through it)."""
+    return [tensor for node in match.nodes if node.inputs for tensor in node.outputs]
+
+
+def _same_numerics(q: RmsNormMatch, k: RmsNormMatch) -> bool:
+    return (
         q.epsilon == k.epsilon
         and q.weight_offset == k.weight_offset
         and q.weight_mode == k.weight_mode
         and q.dtype == k.dtype
+        and dtype_name(q.y) == dtype_name(k.y)
         and (q.weight is None) == (k.weight is None)
         and (q.weight is None or dtype_name(q.weight) == dtype_name(k.weight))
     )
-    return same_numerics and not _reaches(q.y, k.x) and not _reaches(k.y, q.x)
 
 
-def pair_qk_norms(
-    matches: list[RmsNormMatch], positions: dict[int, int]
-) -> tuple[list[QkNormPair], list[RmsNormMatch]]:
+def _pairable(q: RmsNormMatch, k: RmsNormMatch, enclosing: dict[int, gs.Node]) -> bool:
+    """Same numerics, and one node can compute both: nothing either computes is an input of the other."""
+    if not _same_numerics(q, k):
+        return False
+    inputs = [*_fused_inputs(q), *_fused_inputs(k)]
+    return not _depends([*_computed(q), *_computed(k)], inputs, enclosing)
+
+
+def pair_qk_norms(matches: list[RmsNormMatch], graph: gs.Graph) -> tuple[list[QkNormPair], list[RmsNormMatch]]:
     """Tag projection norms and pair them per attention block; returns the pairs and every unpaired match."""
+    positions = {id(node): index for index, node in enumerate(graph.nodes)}
     projection_norms: list[_ProjectionNorm] = []
     tagged: list[RmsNormMatch] = []
     for match in matches:
         found = None if match.skip_inputs else _projection_behind(match.x)
-        if found is None or _projection_readers(found[0].inputs[0]) < 2:
+        if found is None:
             tagged.append(match)
             continue
         projection, ops = found
+        source = _attention_input(projection)
+        if not any(op in PART_OPS for op in ops) and _projections_of(source) < 2:
+            tagged.append(match)
+            continue
         match = replace(match, tags=(*match.tags, _layout_tag(match, ops)))
         tagged.append(match)
-        source = projection.inputs[0]
         projection_norms.append(_ProjectionNorm(match, source, min(positions[id(node)] for node in match.nodes)))
     projection_norms.sort(key=lambda norm: norm.position)
+    enclosing = _enclosing_nodes(graph)
     pairs: list[QkNormPair] = []
     paired: set[int] = set()
     for index, first in enumerate(projection_norms):
@@ -140,8 +218,24 @@ def pair_qk_norms(
         for second in projection_norms[index + 1 :]:
             if id(second.match) in paired or second.source is not first.source:
                 continue
-            if _compatible(first.match, second.match):
+            if _pairable(first.match, second.match, enclosing):
                 pairs.append(QkNormPair(q=first.match, k=second.match))
                 paired.update((id(first.match), id(second.match)))
                 break
     return pairs, [match for match in tagged if id(match) not in paired]
+
+
+def absorbed_qk_norms(graph: gs.Graph) -> list[NearMiss]:
+    """Attention ops that already apply the q/k norms inside (their weights are inputs): reported, left alone."""
+    misses = []
+    for node in graph.nodes:
+        indices = ABSORBING_ATTENTION.get((node.op, node.domain), ())
+        names = [node.inputs[index].name for index in indices if index < len(node.inputs) and node.inputs[index].name]
+        if names:
+            misses.append(
+                NearMiss(
+                    describe(node),
+                    f"q/k norms already inside the attention op (norm weights {', '.join(names)}): left alone",
+                )
+            )
+    return misses

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 from trtfuse.patterns.decomposed import ANCHORS, match_decomposed
 from trtfuse.patterns.fused_ops import is_fused_norm, match_fused
 from trtfuse.patterns.matches import NormSearch, Rejected, RmsNormMatch
-from trtfuse.patterns.qk import pair_qk_norms
+from trtfuse.patterns.qk import absorbed_qk_norms, pair_qk_norms
 
 
 def find_norms(graph: gs.Graph) -> NormSearch:
@@ -28,6 +28,6 @@ def find_norms(graph: gs.Graph) -> NormSearch:
             search.near_misses.append(rejection.near_miss)
             continue
         matches.append(match)
-    positions = {id(node): index for index, node in enumerate(graph.nodes)}
-    search.qk_norm_pairs, search.matches = pair_qk_norms(matches, positions)
+    search.qk_norm_pairs, search.matches = pair_qk_norms(matches, graph)
+    search.near_misses.extend(absorbed_qk_norms(graph))
     return search
