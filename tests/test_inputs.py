@@ -1,0 +1,322 @@
+"""Dims read off the model and the feeds built from them: KV-cache exports by each tool, prefill and decode steps,
+and every bad size a user can ask for."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtfuse.errors import TrtfuseError
+from trtfuse.inputs import DECODE, DEFAULT_DIM, PREFILL, SINGLE, Step, default_feeds, make_feed
+from trtfuse.model_dims import DEFAULT_BATCH, DimRole, model_dims
+
+VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_SIZE, POSITIONS = 11, 32, 4, 2, 16, 16
+COS_SIN = ("cos_cache", "sin_cache")
+
+
+def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(names, feed), strict=True))
+
+
+def _constant(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(array, name)
+
+
+def genai_model(packed: bool = True) -> onnx.ModelProto:
+    """onnxruntime-genai's builder layout: GroupQueryAttention on a packed QKV MatMul, a cache whose head size is the
+    symbol `kv_cache_dim`, an attention mask of `total_sequence_length`, seqlens_k and the total length computed
+    in the graph, rotary caches of POSITIONS rows."""
+    rng = np.random.default_rng(0)
+    cache_shape = ["batch_size", KV_HEADS, "past_sequence_length", "kv_cache_dim"]
+    present_shape = ["batch_size", KV_HEADS, "total_sequence_length", "kv_cache_dim"]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+        helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, cache_shape),
+        helper.make_tensor_value_info("past_key_values.0.value", TensorProto.FLOAT, cache_shape),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("attn", TensorProto.FLOAT, ["batch_size", "sequence_length", HEADS * HEAD_SIZE]),
+        helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, present_shape),
+        helper.make_tensor_value_info("present.0.value", TensorProto.FLOAT, present_shape),
+    ]
+    qkv_width = (HEADS + 2 * KV_HEADS) * HEAD_SIZE
+    initializers = [
+        _constant("embed", rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)),
+        _constant("qkv_weight", rng.standard_normal((HIDDEN, qkv_width)).astype(np.float32)),
+        _constant("cos_cache", np.cos(rng.standard_normal((POSITIONS, HEAD_SIZE // 2))).astype(np.float32)),
+        _constant("sin_cache", np.sin(rng.standard_normal((POSITIONS, HEAD_SIZE // 2))).astype(np.float32)),
+        _constant("one", np.array(1, np.int64)),
+        _constant("axis_1", np.array([1], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["embed", "input_ids"], ["hidden"], name="embed_tokens"),
+        helper.make_node("MatMul", ["hidden", "qkv_weight"], ["qkv"], name="qkv_proj"),
+        helper.make_node("ReduceSum", ["attention_mask", "axis_1"], ["mask_sum"], keepdims=0),
+        helper.make_node("Sub", ["mask_sum", "one"], ["mask_sum_1"]),
+        helper.make_node("Cast", ["mask_sum_1"], ["seqlens_k"], to=TensorProto.INT32),
+        helper.make_node("Shape", ["attention_mask"], ["mask_shape"]),
+        helper.make_node("Gather", ["mask_shape", "one"], ["total_length"], axis=0),
+        helper.make_node("Cast", ["total_length"], ["total_seq_len"], to=TensorProto.INT32),
+    ]
+    if packed:
+        query, key, value = "qkv", "", ""
+    else:
+        nodes.append(
+            helper.make_node(
+                "Split",
+                ["qkv", "split_sizes"],
+                ["q", "k", "v"],
+                axis=-1,
+            )
+        )
+        sizes = [HEADS * HEAD_SIZE, KV_HEADS * HEAD_SIZE, KV_HEADS * HEAD_SIZE]
+        initializers.append(_constant("split_sizes", np.array(sizes, np.int64)))
+        query, key, value = "q", "k", "v"
+    nodes.append(
+        helper.make_node(
+            "GroupQueryAttention",
+            [
+                query,
+                key,
+                value,
+                "past_key_values.0.key",
+                "past_key_values.0.value",
+                "seqlens_k",
+                "total_seq_len",
+                *COS_SIN,
+            ],
+            ["attn", "present.0.key", "present.0.value"],
+            name="layers.0.attn.GroupQueryAttention",
+            domain="com.microsoft",
+            num_heads=HEADS,
+            kv_num_heads=KV_HEADS,
+            do_rotary=1,
+        )
+    )
+    graph = helper.make_graph(nodes, "genai", inputs, outputs, initializers)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def optimum_model() -> onnx.ModelProto:
+    """optimum's `text-generation-with-past` layout: caches `past_key_values.0.key/value`, an attention mask of
+    `past_sequence_length + sequence_length`, position ids, `present.0.key/value` concatenating past and new."""
+    rng = np.random.default_rng(1)
+    cache = ["batch_size", KV_HEADS, "past_sequence_length", HEAD_SIZE]
+    present = ["batch_size", KV_HEADS, "past_sequence_length + sequence_length", HEAD_SIZE]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info(
+            "attention_mask", TensorProto.INT64, ["batch_size", "past_sequence_length + sequence_length"]
+        ),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, cache),
+        helper.make_tensor_value_info("past_key_values.0.value", TensorProto.FLOAT, cache),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, present),
+        helper.make_tensor_value_info("present.0.value", TensorProto.FLOAT, present),
+        helper.make_tensor_value_info("positions", TensorProto.FLOAT, ["batch_size", "sequence_length", HIDDEN]),
+        helper.make_tensor_value_info("mask_sum", TensorProto.INT64, ["batch_size"]),
+    ]
+    initializers = [
+        _constant("embed", rng.standard_normal((VOCAB, KV_HEADS * HEAD_SIZE)).astype(np.float32)),
+        _constant("position_table", rng.standard_normal((POSITIONS, HIDDEN)).astype(np.float32)),
+        _constant("heads_shape", np.array([0, 0, KV_HEADS, HEAD_SIZE], np.int64)),
+        _constant("axis_1", np.array([1], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["embed", "input_ids"], ["new"]),
+        helper.make_node("Reshape", ["new", "heads_shape"], ["new_heads"]),
+        helper.make_node("Transpose", ["new_heads"], ["new_kv"], perm=[0, 2, 1, 3]),
+        helper.make_node("Concat", ["past_key_values.0.key", "new_kv"], ["present.0.key"], axis=2),
+        helper.make_node("Concat", ["past_key_values.0.value", "new_kv"], ["present.0.value"], axis=2),
+        helper.make_node("Gather", ["position_table", "position_ids"], ["positions"]),
+        helper.make_node("ReduceSum", ["attention_mask", "axis_1"], ["mask_sum"], keepdims=0),
+    ]
+    return helper.make_model(helper.make_graph(nodes, "optimum", inputs, outputs, initializers))
+
+
+def _inputs_model(inputs: list[onnx.ValueInfoProto], nodes: list[onnx.NodeProto] = (), opset: int = 17):
+    outputs = [helper.make_tensor_value_info(f"{v.name}_out", v.type.tensor_type.elem_type, None) for v in inputs]
+    identities = [helper.make_node("Identity", [v.name], [f"{v.name}_out"]) for v in inputs]
+    graph = helper.make_graph([*identities, *nodes], "inputs", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_genai_cache_head_size_comes_from_group_query_attention():
+    for packed in (True, False):
+        dims = model_dims(genai_model(packed=packed))
+        assert dims.fixed["kv_cache_dim"].value == HEAD_SIZE
+        assert "GroupQueryAttention" in dims.fixed["kv_cache_dim"].reason
+        assert dims.roles["total_sequence_length"] is DimRole.TOTAL
+        assert dims.max_total.value == POSITIONS
+        assert dims.has_kv_cache
+
+
+def test_genai_export_runs_prefill_and_decode_by_default():
+    model = genai_model()
+    prefill, decode = default_feeds(model, seed=0)
+    assert (prefill.step, decode.step) == ("prefill", "decode")
+    assert prefill.feed["past_key_values.0.key"].shape == (DEFAULT_BATCH, KV_HEADS, 0, HEAD_SIZE)
+    assert prefill.feed["attention_mask"].shape == (DEFAULT_BATCH, PREFILL.tokens)
+    assert decode.feed["input_ids"].shape == (DEFAULT_BATCH, 1)
+    assert decode.feed["past_key_values.0.key"].shape == (DEFAULT_BATCH, KV_HEADS, DECODE.past, HEAD_SIZE)
+    assert decode.feed["attention_mask"].shape == (DEFAULT_BATCH, DECODE.past + 1)
+    assert decode.dims["total_sequence_length"] == DECODE.past + 1
+    for step in (prefill, decode):
+        outputs = _run(model, step.feed)
+        total = step.dims["total_sequence_length"]
+        assert outputs["present.0.key"].shape == (DEFAULT_BATCH, KV_HEADS, total, HEAD_SIZE)
+
+
+def test_optimum_export_positions_and_mask_follow_the_past():
+    model = optimum_model()
+    prefill, decode = default_feeds(model, seed=3)
+    assert prefill.feed["past_key_values.0.value"].shape == (DEFAULT_BATCH, KV_HEADS, 0, HEAD_SIZE)
+    np.testing.assert_array_equal(prefill.feed["position_ids"][1], np.arange(PREFILL.tokens))
+    np.testing.assert_array_equal(decode.feed["position_ids"], [[DECODE.past]] * DEFAULT_BATCH)
+    assert decode.feed["attention_mask"].shape == (DEFAULT_BATCH, DECODE.past + 1)
+    assert np.all(decode.feed["attention_mask"] == 1)
+    outputs = _run(model, decode.feed)
+    assert outputs["present.0.key"].shape == (DEFAULT_BATCH, KV_HEADS, DECODE.past + 1, HEAD_SIZE)
+
+
+def test_given_past_means_one_step_of_exactly_those_sizes():
+    (step,) = default_feeds(optimum_model(), seed=0, dims={"past_sequence_length": 3, "sequence_length": 2})
+    assert step.step == SINGLE.name
+    assert step.feed["attention_mask"].shape == (DEFAULT_BATCH, 5)
+    np.testing.assert_array_equal(step.feed["position_ids"][0], [3, 4])
+    cache_shape = (1, KV_HEADS, 7, HEAD_SIZE)
+    (step,) = default_feeds(optimum_model(), seed=0, shapes={"past_key_values.0.key": cache_shape})
+    assert step.dims == {"batch_size": 1, "past_sequence_length": 7, "sequence_length": DEFAULT_DIM}
+    assert step.feed["past_key_values.0.value"].shape == cache_shape
+    assert step.feed["attention_mask"].shape == (1, 7 + DEFAULT_DIM)
+
+
+def test_model_without_cache_has_one_step_with_positions_from_zero():
+    model = _inputs_model([helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"])])
+    (step,) = default_feeds(model, seed=0)
+    assert step.step == SINGLE.name
+    np.testing.assert_array_equal(step.feed["position_ids"][0], np.arange(DEFAULT_DIM))
+
+
+def test_length_inputs_hold_the_step_lengths():
+    model = _inputs_model(
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("past_sequence_length", TensorProto.INT32, []),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [1]),
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch_size"]),
+        ]
+    )
+    assert model_dims(model).has_kv_cache
+    prefill, decode = default_feeds(model, seed=0)
+    assert prefill.feed["past_sequence_length"] == 0
+    assert decode.feed["past_sequence_length"].shape == ()
+    assert decode.feed["past_sequence_length"] == DECODE.past
+    np.testing.assert_array_equal(decode.feed["total_sequence_length"], [DECODE.past + 1])
+    np.testing.assert_array_equal(decode.feed["seqlens_k"], [DECODE.past] * DEFAULT_BATCH)
+
+
+def test_opset_23_rotary_embedding_limits_the_batch_to_one():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", DEFAULT_DIM, 8])
+    rotary = helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["rotated"], name="rope", num_heads=2)
+    model = _inputs_model([x], [rotary], opset=23)
+    for name in ("cos", "sin"):
+        model.graph.initializer.append(numpy_helper.from_array(np.ones((1, DEFAULT_DIM, 2), np.float32), name))
+    dims = model_dims(model)
+    assert "RotaryEmbedding 'rope'" in dims.onnxruntime_batch.reason
+    assert dims.default_batch() == 1
+    assert make_feed(model, 0)["x"].shape == (1, DEFAULT_DIM, 8)
+    # Caches fed as graph inputs follow the feed's batch: no limit.
+    caches = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", DEFAULT_DIM, 2]) for n in ("cos", "sin")]
+    assert model_dims(_inputs_model([x, *caches], [rotary], opset=23)).default_batch() == DEFAULT_BATCH
+
+
+def test_static_cache_batch_fixes_the_batch():
+    model = _inputs_model(
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("past_key", TensorProto.FLOAT, [1, 2, "past_sequence_length", 4]),
+        ]
+    )
+    assert make_feed(model, 0)["input_ids"].shape == (1, DEFAULT_DIM)
+
+
+def test_too_many_positions_for_the_rotary_cache_names_the_node():
+    with pytest.raises(TrtfuseError, match=r"decode step: 20 past \+ 1 new tokens exceed .*GroupQueryAttention"):
+        make_feed(genai_model(), 0, step=Step("decode", tokens=1, past=20))
+    with pytest.raises(
+        TrtfuseError, match=r"input 'position_ids': position 19 is past the 16 rows of .*position_table"
+    ):
+        make_feed(optimum_model(), 0, dims={"past_sequence_length": 18, "sequence_length": 2})
+
+
+def _one_input(dims: list) -> onnx.ModelProto:
+    return _inputs_model([helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)])
+
+
+@pytest.mark.parametrize(
+    ("dims", "given", "message"),
+    [
+        (
+            ["seq // 0"],
+            {},
+            r"input 'x': cannot evaluate symbolic dim 'seq // 0' \(dim 0\): it divides by zero; .*--dim",
+        ),
+        (
+            ["seq - 10"],
+            {},
+            r"input 'x': symbolic dim 'seq - 10' \(dim 0\) is -5 with seq=5; set its symbols with --dim",
+        ),
+        (["seq ** 2"], {}, r"'seq \*\* 2' \(dim 0\): it is not integer arithmetic"),
+        (["seq / 2"], {}, r"'seq / 2' \(dim 0\): 5 / 2 is not a whole number"),
+        (["seq", "hidden"], {"seq": 10**6, "hidden": 10**6}, r"input 'x' of shape 1000000x1000000 makes the feed"),
+        (["seq"], {"seq": -3}, r"--dim seq=-3: a dim is a non-negative integer"),
+        (["seq"], {"sequence": 3}, r"--dim names no symbolic dim of a graph input: sequence \(dims: seq\)"),
+    ],
+)
+def test_bad_dims_are_one_line_naming_input_and_dim(dims, given, message):
+    with pytest.raises(TrtfuseError, match=message):
+        make_feed(_one_input(dims), 0, dims=given)
+
+
+def test_negative_dim_in_the_model_names_the_input():
+    model = _one_input([3])
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    with pytest.raises(TrtfuseError, match=r"input 'x' has a negative dim -1 in the model"):
+        make_feed(model, 0)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5])
+def test_seed_out_of_range(seed):
+    with pytest.raises(TrtfuseError, match=rf"--seed {seed}: must be an integer from 0 to {2**64 - 1}"):
+        make_feed(_one_input([2]), seed)
+
+
+def test_empty_gather_table_names_input_and_table():
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    model = _inputs_model([ids], [helper.make_node("Gather", ["table", "input_ids"], ["rows"])])
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros((0, 4), np.float32), "table"))
+    with pytest.raises(TrtfuseError, match=r"input 'input_ids' indexes Gather table 'table', which is empty"):
+        make_feed(model, 0)
+
+
+def test_shapes_that_disagree_on_a_dim_and_shapes_of_the_wrong_rank():
+    model = optimum_model()
+    shapes = {"input_ids": (1, 3), "position_ids": (1, 4)}
+    with pytest.raises(TrtfuseError, match=r"--shape position_ids gives dim 'sequence_length' = 4, --shape input_ids"):
+        make_feed(model, 0, shapes=shapes)
+    with pytest.raises(TrtfuseError, match=r"--shape input_ids: the input has rank 2, the shape has 3"):
+        make_feed(model, 0, shapes={"input_ids": (1, 3, 1)})
+    with pytest.raises(TrtfuseError, match=r"--shape past_key_values.0.key: dim 1 is fixed at 2 in the model"):
+        make_feed(model, 0, shapes={"past_key_values.0.key": (1, 3, 1, HEAD_SIZE)})
