@@ -121,10 +121,19 @@ def test_fused_norm_whose_output_dtype_differs_is_rejected() -> None:
     assert not found.matches and "has dtype float32, the input float16" in found.near_misses[0].reason
 
 
-@pytest.mark.parametrize(("dtype", "stash_type"), [("float16", 10), ("float32", 11)])
+@pytest.mark.parametrize(("dtype", "stash_type"), [("float32", 11), ("float16", 6)])
 def test_fused_norm_with_stash_type_not_float32_is_rejected(dtype: str, stash_type: int) -> None:
     found = search(fused_op_norm("RMSNormalization", dtype, stash_type=stash_type))
     assert not found.matches and "stash_type" in found.near_misses[0].reason
+
+
+@pytest.mark.parametrize(
+    ("dtype", "stash_type", "tag"), [("float16", 10, "stash-float16"), ("bfloat16", 16, "stash-bfloat16")]
+)
+def test_fused_norm_with_a_16_bit_stash_is_fused_tagged(dtype: str, stash_type: int, tag: str) -> None:
+    # The kernels reduce in float32: at least as precise as the 16-bit stash the node asks for, so fused and tagged.
+    match, _ = only_match(fused_op_norm("RMSNormalization", dtype, stash_type=stash_type))
+    assert tag in match.tags and match.weight_mode == WeightMode.AFTER_CAST
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,12 @@
 Canonical chain, every equivalent spelling accepted at each step:
     square    Pow(a, 2) | Mul(a, a)                      (ReduceSumSquare squares implicitly)
     mean      ReduceMean | ReduceSum then Mul(1/H) or Div(H), over the last axis only, keepdims=1
-    + eps     Add(mean, eps), eps a one-element constant of any float dtype, either operand
+    + eps     Add(mean, eps), eps a one-element constant of any float dtype, either operand; absent means eps = 0
     rsqrt     Sqrt then Div(1, .) | Sqrt then Reciprocal | Pow(., -0.5); or Div(a', Sqrt(.)) directly
     scale     Mul(a', r) in either order, r possibly cast down to the activation dtype first (T5)
 where a and a' are the same activation x seen through widening Casts. The epilogue (cast back, weight) follows.
+Every op must be the ONNX op (default domain); every constant must broadcast to no higher rank than the tensor it
+meets, so the fused node's output has its input's shape. H is the last dim of a trusted shape (patterns/shapes.py).
 """
 
 from __future__ import annotations
@@ -21,19 +23,20 @@ from trtfuse.contract import ACTIVATION_DTYPES, WeightMode
 from trtfuse.patterns.epilogue import EndPoint, walk_epilogue
 from trtfuse.patterns.matches import NearMiss, Rejected, RmsNormMatch
 from trtfuse.patterns.queries import (
+    constant_rank,
     describe,
     dtype_name,
     exclusively_consumed,
     look_through_lossless_casts,
     only_consumer,
+    onnx_op,
     other_input,
     producer,
-    rank,
     scalar_constant,
     small_constant,
-    static_last_dim,
     unique,
 )
+from trtfuse.patterns.shapes import Shapes
 
 REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare")
 ALWAYS_REJECTED = {
@@ -60,9 +63,10 @@ class _Core:
 class _Walk:
     """Steps along a chain of single-consumer tensors, rejecting the anchor when a step fails."""
 
-    def __init__(self, anchor: gs.Node, graph_outputs: set[str]) -> None:
+    def __init__(self, anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -> None:
         self.anchor = anchor
         self.graph_outputs = graph_outputs
+        self.shapes = shapes
 
     def reject(self, reason: str) -> Rejected:
         return Rejected(self.anchor, reason)
@@ -76,6 +80,22 @@ class _Walk:
             readers = ", ".join(describe(node) for node in tensor.outputs) or "nothing"
             raise self.reject(f"intermediate {tensor.name} is read by {readers}, not by one node")
         return consumer
+
+    def scalar(self, node: gs.Node, constant: gs.Tensor, operand: gs.Tensor) -> float | None:
+        """The value of a one-element constant that `node` combines with `operand`, None when not a constant.
+
+        A constant of higher rank than the operand (a [1, 1, 1, 1] epsilon on a rank-3 mean) would broadcast the
+        result to that rank: numerically the same values, but not the shape the fused node writes.
+        """
+        value = scalar_constant(constant)
+        if value is None:
+            return None
+        constant_dims, operand_rank = constant_rank(constant), self.shapes.rank(operand)
+        if constant_dims is None or operand_rank is None or constant_dims > operand_rank:
+            raise self.reject(
+                f"the constant {constant.name} of {describe(node)} would broadcast {operand.name} to a higher rank"
+            )
+        return value
 
 
 def _reduction_axes(node: gs.Node) -> list[int] | None:
@@ -100,7 +120,7 @@ def _check_last_axis(walk: _Walk, reduced: gs.Tensor) -> None:
         raise walk.reject("the reduction runs over every axis, not only the last")
     if len(axes) != 1:
         raise walk.reject(f"the reduction runs over several axes {axes}")
-    input_rank = rank(reduced)
+    input_rank = walk.shapes.rank(reduced)
     if axes[0] != -1 and (input_rank is None or axes[0] != input_rank - 1):
         raise walk.reject(f"the reduction runs over axis {axes[0]}, not the last axis")
 
@@ -109,11 +129,11 @@ def _square_base(walk: _Walk, reduced: gs.Tensor) -> tuple[gs.Tensor, list[gs.No
     if walk.anchor.op == "ReduceSumSquare":
         return reduced, [], "reduce-sum-square"
     square = producer(reduced)
-    if square is None or square.op not in ("Pow", "Mul"):
+    if onnx_op(square) not in ("Pow", "Mul"):
         raise walk.reject("the reduced tensor is not a square (Pow(x, 2) or Mul(x, x))")
     walk.next_node(reduced)
-    if square.op == "Pow":
-        exponent = scalar_constant(square.inputs[1])
+    if onnx_op(square) == "Pow":
+        exponent = walk.scalar(square, square.inputs[1], square.inputs[0])
         if exponent is None:
             raise walk.reject(f"the exponent of {describe(square)} is not a constant")
         if exponent != 2.0:
@@ -131,12 +151,20 @@ def _same_value(first: gs.Tensor, second: gs.Tensor) -> bool:
     )
 
 
+def _is_mean(tensor: gs.Tensor) -> bool:
+    """ReduceMean(a), or ReduceSum(a) scaled by a constant (·(1/H) or /H): a mean however it is spelled."""
+    node = producer(look_through_lossless_casts(tensor))
+    if onnx_op(node) == "ReduceMean":
+        return True
+    if onnx_op(node) not in ("Mul", "Div") or len(node.inputs) != 2:
+        return False
+    total = next((operand for operand in node.inputs if onnx_op(producer(operand)) == "ReduceSum"), None)
+    return total is not None and scalar_constant(other_input(node, total)) is not None
+
+
 def _reject_layer_norm(walk: _Walk, base: gs.Tensor) -> None:
     centred = producer(look_through_lossless_casts(base))
-    if centred is None or centred.op != "Sub":
-        return
-    subtracted = producer(look_through_lossless_casts(centred.inputs[1]))
-    if subtracted is not None and subtracted.op == "ReduceMean":
+    if onnx_op(centred) == "Sub" and _is_mean(centred.inputs[1]):
         raise walk.reject("LayerNorm: the squared tensor is x - mean(x)")
 
 
@@ -146,48 +174,51 @@ def _mean(walk: _Walk, hidden: int) -> tuple[gs.Tensor, list[gs.Node], str]:
         return reduced_out, [], "reduce-mean"
     scale = walk.next_node(reduced_out)
     factor = None
-    if scale.op == "Mul":
-        factor = scalar_constant(other_input(scale, reduced_out))
-    elif scale.op == "Div" and scale.inputs[0] is reduced_out:
-        divisor = scalar_constant(scale.inputs[1])
+    if onnx_op(scale) == "Mul":
+        factor = walk.scalar(scale, other_input(scale, reduced_out), reduced_out)
+    elif onnx_op(scale) == "Div" and scale.inputs[0] is reduced_out:
+        divisor = walk.scalar(scale, scale.inputs[1], reduced_out)
         factor = 1.0 / divisor if divisor else None
     if factor is None or not math.isclose(factor, 1.0 / hidden, rel_tol=RELATIVE_TOLERANCE):
         raise walk.reject(f"L2 normalisation: the sum of squares is not divided by the hidden size {hidden}")
     return scale.outputs[0], [scale], "reduce-sum"
 
 
-def _add_epsilon(walk: _Walk, mean: gs.Tensor) -> tuple[gs.Tensor, gs.Node, float]:
+def _add_epsilon(walk: _Walk, mean: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node], float | None]:
+    """variance + epsilon, its Add node and epsilon; without an epsilon Add, the mean itself and None."""
     add = walk.next_node(mean)
-    if add.op == "Sqrt":
+    if onnx_op(add) == "Sqrt":
         after = only_consumer(add.outputs[0], walk.graph_outputs)
-        if after is not None and after.op == "Add":
+        if onnx_op(after) == "Add":
             raise walk.reject("epsilon is added outside the square root: x / (rms + eps)")
-    if add.op != "Add":
-        raise walk.reject(f"the mean of squares goes to {describe(add)}, not to Add(epsilon)")
-    epsilon = scalar_constant(other_input(add, mean))
+    if onnx_op(add) in ("Sqrt", "Pow") and add.inputs[0] is mean:
+        return mean, [], None
+    if onnx_op(add) != "Add":
+        raise walk.reject(f"the mean of squares goes to {describe(add)}, not to Add(epsilon) or the root")
+    epsilon = walk.scalar(add, other_input(add, mean), mean)
     if epsilon is None:
         raise walk.reject(f"{describe(add)} does not add a one-element constant epsilon")
     if not math.isfinite(epsilon) or epsilon < 0:
         raise walk.reject(f"epsilon {epsilon} is negative or not finite")
-    return add.outputs[0], add, epsilon
+    return add.outputs[0], [add], epsilon
 
 
 def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.Node], str]:
     """The nodes from variance+eps to the normalising product, and that product's node (a Mul or a Div)."""
     root = walk.next_node(variance)
-    if root.op == "Pow":
+    if onnx_op(root) == "Pow":
         if root.inputs[0] is not variance:
             raise walk.reject(f"{describe(root)} uses the variance as its exponent")
-        exponent = scalar_constant(root.inputs[1])
+        exponent = walk.scalar(root, root.inputs[1], variance)
         if exponent != -0.5:
             raise walk.reject(f"{describe(root)} raises to the power {exponent}, not -0.5")
         nodes, tag = [root], "pow-half"
-    elif root.op == "Sqrt":
+    elif onnx_op(root) == "Sqrt":
         after = walk.next_node(root.outputs[0])
-        if after.op == "Reciprocal":
+        if onnx_op(after) == "Reciprocal":
             nodes, tag = [root, after], "reciprocal"
-        elif after.op == "Div" and after.inputs[1] is root.outputs[0]:
-            numerator = scalar_constant(after.inputs[0])
+        elif onnx_op(after) == "Div" and after.inputs[1] is root.outputs[0]:
+            numerator = walk.scalar(after, after.inputs[0], root.outputs[0])
             if numerator is None:
                 return after, [root], "div-sqrt"
             if numerator != 1.0:
@@ -199,11 +230,11 @@ def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.No
         raise walk.reject(f"variance + eps goes to {describe(root)}, not to Sqrt or Pow(-0.5)")
     inverse = nodes[-1].outputs[0]
     product = walk.next_node(inverse)
-    if product.op == "Cast":
+    if onnx_op(product) == "Cast":
         nodes.append(product)
         tag = f"{tag}+rsqrt-cast"
         product = walk.next_node(product.outputs[0])
-    if product.op != "Mul":
+    if onnx_op(product) != "Mul":
         raise walk.reject(f"the inverse root goes to {describe(product)}, not to Mul(x, r)")
     return product, nodes, tag
 
@@ -216,24 +247,25 @@ def _core(walk: _Walk) -> _Core:
     base, square_nodes, square_tag = _square_base(walk, reduced)
     _reject_layer_norm(walk, base)
     _check_last_axis(walk, reduced)
-    hidden = static_last_dim(reduced)
+    hidden = walk.shapes.last_dim(reduced)
     if hidden is None:
-        raise walk.reject(f"the normalised axis of {reduced.name} has no static length")
+        raise walk.reject(f"the normalised axis of {reduced.name} has no static length the graph proves")
     mean, mean_nodes, mean_tag = _mean(walk, hidden)
-    variance, add, epsilon = _add_epsilon(walk, mean)
+    variance, add_nodes, epsilon = _add_epsilon(walk, mean)
     product, root_nodes, root_tag = _inverse_root(walk, variance)
     inverse = root_nodes[-1].outputs[0]
-    scaled = product.inputs[0] if product.op == "Div" else other_input(product, inverse)
+    scaled = product.inputs[0] if onnx_op(product) == "Div" else other_input(product, inverse)
     if look_through_lossless_casts(scaled) is not look_through_lossless_casts(base):
         raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
+    tags = [square_tag, mean_tag, root_tag] + (["no-epsilon"] if epsilon is None else [])
     return _Core(
-        nodes=[*square_nodes, anchor, *mean_nodes, add, *root_nodes, product],
+        nodes=[*square_nodes, anchor, *mean_nodes, *add_nodes, *root_nodes, product],
         square_input=base,
         scaled_input=scaled,
         normalized=product.outputs[0],
-        epsilon=epsilon,
+        epsilon=epsilon or 0.0,
         hidden=hidden,
-        tags=[square_tag, mean_tag, root_tag],
+        tags=tags,
     )
 
 
@@ -246,27 +278,50 @@ def _cast_chain(tensor: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node | None]]:
     return chain
 
 
-def _choose_end(end_points: list[EndPoint], x_dtypes: set[str]) -> EndPoint | None:
+def supported_dtypes(x_dtype: str | None, y_dtype: str | None) -> bool:
+    """The input/output dtype pairs of the contract: equal, or float32 on one side and float16/bfloat16 on the other."""
+    if x_dtype not in ACTIVATION_DTYPES or y_dtype not in ACTIVATION_DTYPES:
+        return False
+    return x_dtype == y_dtype or "float32" in (x_dtype, y_dtype)
+
+
+def _input_for(chain: list[tuple[gs.Tensor, gs.Node | None]], dtype: str) -> gs.Tensor:
+    """The earliest tensor of the output dtype on the input side; when the input never has it, the input itself."""
+    return next((tensor for tensor, _ in reversed(chain) if dtype_name(tensor) == dtype), chain[-1][0])
+
+
+def _choose_end(
+    end_points: list[EndPoint], chain: list[tuple[gs.Tensor, gs.Node | None]]
+) -> tuple[EndPoint, gs.Tensor] | None:
+    """The furthest end point whose output dtype the contract pairs with the input's, and that input."""
     for end in reversed(end_points):
-        if dtype_name(end.y) in x_dtypes:
-            return end
+        x = _input_for(chain, dtype_name(end.y))
+        if supported_dtypes(dtype_name(x), dtype_name(end.y)):
+            return end, x
     return None
 
 
-def match_decomposed(anchor: gs.Node, graph_outputs: set[str]) -> tuple[RmsNormMatch, list[NearMiss]]:
+def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -> tuple[RmsNormMatch, list[NearMiss]]:
     """Match the chain around a reduction node, or raise Rejected saying which condition failed."""
-    walk = _Walk(anchor, graph_outputs)
+    walk = _Walk(anchor, graph_outputs, shapes)
     core = _core(walk)
     chain = _cast_chain(core.square_input)
     scaled_chain = _cast_chain(core.scaled_input)
-    x_dtypes = {dtype_name(tensor) for tensor, _ in chain} & set(ACTIVATION_DTYPES)
-    epilogue = walk_epilogue(core.normalized, core.hidden, graph_outputs)
-    end = _choose_end(epilogue.end_points, x_dtypes)
-    if end is None:
-        dtypes = ", ".join(sorted(x_dtypes)) or "no activation dtype"
-        raise walk.reject(f"the chain never returns to the input dtype ({dtypes}) before another reader")
+    epilogue = walk_epilogue(core.normalized, core.hidden, graph_outputs, shapes)
+    chosen = _choose_end(epilogue.end_points, chain)
+    if chosen is None:
+        raise walk.reject(f"the chain computes in {dtype_name(core.normalized)}, which no fused node reads or writes")
+    end, x = chosen
+    notes = list(epilogue.notes)
+    if end is not epilogue.end_points[-1]:
+        last = epilogue.end_points[-1]
+        notes.append(
+            NearMiss(
+                describe(last.nodes[-1]),
+                f"not fused into the norm: {dtype_name(x)} in, {dtype_name(last.y)} out is no pair a fused node takes",
+            )
+        )
     dtype = dtype_name(end.y)
-    x = next(tensor for tensor, _ in reversed(chain) if dtype_name(tensor) == dtype)
     if isinstance(x, gs.Constant):
         raise walk.reject(f"the normalised input {x.name} is a constant")
     core_dtype = dtype_name(core.square_input)
@@ -299,7 +354,10 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str]) -> tuple[RmsNormM
         tags=tuple(tags),
         name=describe(anchor),
     )
-    return match, epilogue.notes
+    x_shape, y_shape = shapes.of(x), shapes.of(end.y)
+    if x_shape is not None and y_shape is not None and x_shape != y_shape:
+        raise walk.reject(f"the output {end.y.name} has shape {list(y_shape)}, the input {x.name} {list(x_shape)}")
+    return match, notes
 
 
 def _upcasts_below(x: gs.Tensor, chain: list[tuple[gs.Tensor, gs.Node | None]]) -> list[gs.Node]:

@@ -21,11 +21,12 @@ from trtfuse.patterns.queries import (
     dtype_name,
     is_constant,
     only_consumer,
+    onnx_op,
     other_input,
     producer,
-    rank,
     scalar_constant,
 )
+from trtfuse.patterns.shapes import Shapes
 
 
 @dataclass(frozen=True)
@@ -62,28 +63,35 @@ def _narrows_to_activation(source: str | None, target: str) -> bool:
     return target in ACTIVATION_DTYPES and target not in LOSSLESS_CASTS.get(source, ())
 
 
-def _split_offset(add: gs.Node) -> tuple[float, gs.Tensor] | None:
-    """For Add(c, w) or Add(w, c) with a one-element constant c: (c, w)."""
+def _split_offset(add: gs.Node) -> tuple[float, int, gs.Tensor] | None:
+    """For Add(c, w) or Add(w, c) with a one-element constant c: (c, the rank of c, w)."""
     for scalar, rest in (add.inputs, add.inputs[::-1]):
         shape = constant_shape(scalar)
         if shape is not None and math.prod(shape) == 1 and constant_shape(rest) != ():
             value = scalar_constant(scalar)
             if value is not None:
-                return value, rest
+                return value, len(shape), rest
     return None
 
 
-def trace_weight(operand: gs.Tensor, hidden: int, multiply: gs.Node) -> WeightPath | str:
-    """The constant weight behind a multiply operand, or the reason it is not one (a sentence fragment)."""
+def trace_weight(
+    operand: gs.Tensor, hidden: int, activation_rank: int | None, multiply_dtype: str | None
+) -> WeightPath | str:
+    """The constant weight behind a multiply operand, or the reason it is not one (a sentence fragment).
+
+    `activation_rank` is the rank of the tensor the weight multiplies: a weight (or offset) of higher rank would
+    broadcast the product to that rank, so it is no weight of the norm.
+    """
     path: list[gs.Node] = []
     tensor = operand
     offset = None
+    offset_rank = 0
     while not is_constant(tensor):
         node = producer(tensor)
-        if node is not None and node.op in ("Identity", "Cast"):
+        if onnx_op(node) in ("Identity", "Cast"):
             tensor = node.inputs[0]
-        elif node is not None and node.op == "Add" and offset is None and (split := _split_offset(node)) is not None:
-            offset, tensor = split
+        elif onnx_op(node) == "Add" and offset is None and (split := _split_offset(node)) is not None:
+            offset, offset_rank, tensor = split
         else:
             return f"its operand {operand.name} is not a constant"
         path.append(node)
@@ -95,14 +103,32 @@ def trace_weight(operand: gs.Tensor, hidden: int, multiply: gs.Node) -> WeightPa
     shape = constant_shape(tensor)
     if dtype_name(tensor) not in WEIGHT_DTYPES:
         return f"the weight {tensor.name} has dtype {dtype_name(tensor)}"
-    out_rank = rank(multiply.outputs[0])
     fits = shape and shape[-1] == hidden and math.prod(shape) == hidden
-    if not fits or (out_rank is not None and len(shape) > out_rank):
+    if not fits:
         return f"the constant {tensor.name} of shape {list(shape)} is not a weight of the hidden size {hidden}"
-    return WeightPath(tensor, offset or 0.0, tuple(path), dtype_name(multiply.outputs[0]))
+    if activation_rank is None or max(len(shape), offset_rank) > activation_rank:
+        return f"the constant {tensor.name} of shape {list(shape)} would broadcast the result to a higher rank"
+    return WeightPath(tensor, offset or 0.0, tuple(path), multiply_dtype)
 
 
-def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str]) -> Epilogue:
+def _stop_note(end: EndPoint, cast_seen: bool, hidden: int, shapes: Shapes) -> NearMiss | None:
+    """Why the chain ends at `end` when a cast back or a weight multiply it could take reads it among others."""
+    tensor = end.y
+    for node in tensor.outputs:
+        op = onnx_op(node)
+        cast_back = op == "Cast" and not cast_seen and _narrows_to_activation(dtype_name(tensor), cast_target(node))
+        weight = (
+            op == "Mul"
+            and end.weight is None
+            and isinstance(trace_weight(other_input(node, tensor), hidden, shapes.rank(tensor), None), WeightPath)
+        )
+        if cast_back or weight:
+            names = ", ".join(describe(reader) for reader in tensor.outputs) or "nothing"
+            return NearMiss(describe(node), f"not fused into the norm: {tensor.name} is also read by {names}")
+    return None
+
+
+def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str], shapes: Shapes) -> Epilogue:
     """Follow the normalised tensor through no-op casts, at most one narrowing Cast and one weight Mul."""
     end_points = [EndPoint(normalized, (), None)]
     notes: list[NearMiss] = []
@@ -111,17 +137,20 @@ def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str])
         last = end_points[-1]
         current_dtype = dtype_name(last.y)
         weight = last.weight
-        if node.op == "Identity" or (node.op == "Cast" and cast_target(node) == current_dtype):
+        op = onnx_op(node)
+        if op == "Identity" or (op == "Cast" and cast_target(node) == current_dtype):
             pass
-        elif node.op == "Cast" and not cast_seen and _narrows_to_activation(current_dtype, cast_target(node)):
+        elif op == "Cast" and not cast_seen and _narrows_to_activation(current_dtype, cast_target(node)):
             cast_seen = True
-        elif node.op == "Mul" and weight is None:
-            traced = trace_weight(other_input(node, last.y), hidden, node)
-            if isinstance(traced, str):
-                notes.append(NearMiss(describe(node), f"weight multiply not fused: {traced}"))
+        elif op == "Mul" and weight is None:
+            weight = trace_weight(other_input(node, last.y), hidden, shapes.rank(last.y), dtype_name(node.outputs[0]))
+            if isinstance(weight, str):
+                notes.append(NearMiss(describe(node), f"weight multiply not fused: {weight}"))
                 break
-            weight = traced
         else:
             break
         end_points.append(EndPoint(node.outputs[0], (*last.nodes, node), weight))
+    else:
+        if (note := _stop_note(end_points[-1], cast_seen, hidden, shapes)) is not None:
+            notes.append(note)
     return Epilogue(end_points, notes)

@@ -1,19 +1,27 @@
 """RMSNorms an exporter or optimiser already fused into one node.
 
-RMSNormalization (ONNX opset 23) casts the normalised value back to T before scaling: AFTER_CAST.
-onnxruntime's SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization scale in float32 and cast last:
-BEFORE_CAST. The residual sum of the skip variant becomes a plain Add in front of the fused node.
+RMSNormalization (ONNX opset 23) casts the normalised value back to X's dtype before scaling: AFTER_CAST (which
+rounds to the 16-bit side of the node, see contract.WeightMode); with X float32 and a 16-bit scale and Y the multiply
+is in float32 and Y rounds once: BEFORE_CAST. onnxruntime's SimplifiedLayerNormalization and
+SkipSimplifiedLayerNormalization scale in float32 and cast last: BEFORE_CAST. Y has the scale's dtype, which may
+differ from X's. The residual sum of the skip variant becomes a plain Add in front of the fused node. The scale's
+length is the hidden size when X's last dim is unknown: every op requires it to equal (or broadcast to, when 1) the
+normalised length.
 """
 
 from __future__ import annotations
 
+import math
+
+import onnx
 import onnx_graphsurgeon as gs
 
 from trtfuse.contract import ACTIVATION_DTYPES, WeightMode
-from trtfuse.patterns.decomposed import epsilon_float32
+from trtfuse.patterns.decomposed import epsilon_float32, supported_dtypes
 from trtfuse.patterns.epilogue import trace_weight
 from trtfuse.patterns.matches import Rejected, RmsNormMatch
-from trtfuse.patterns.queries import describe, dtype_name, exclusively_consumed, rank, static_last_dim
+from trtfuse.patterns.queries import ONNX_DOMAINS, constant_shape, describe, dtype_name, exclusively_consumed
+from trtfuse.patterns.shapes import Shapes
 
 FUSED_NORM_OPS = {
     ("RMSNormalization", ""): "onnx-rms-normalization",
@@ -28,19 +36,53 @@ DEFAULT_EPSILON = {
     "SimplifiedLayerNormalization": 1e-5,
     "SkipSimplifiedLayerNormalization": 1e-12,
 }
-FLOAT32_STASH = 1
+FLOAT32_STASH = onnx.TensorProto.FLOAT
+# A 16-bit stash reduces in that dtype; the kernels reduce in float32, which is at least as precise (tagged).
+NARROW_STASHES = {onnx.TensorProto.FLOAT16: "stash-float16", onnx.TensorProto.BFLOAT16: "stash-bfloat16"}
 SKIP_SUM_OUTPUT = 3
 
 
+def _key(node: gs.Node) -> tuple[str, str]:
+    domain = node.domain or ""
+    return node.op, "" if domain in ONNX_DOMAINS else domain
+
+
 def is_fused_norm(node: gs.Node) -> bool:
-    return (node.op, node.domain or "") in FUSED_NORM_OPS
+    return _key(node) in FUSED_NORM_OPS
+
+
+def _stash_tags(node: gs.Node) -> tuple[str, ...]:
+    stash = node.attrs.get("stash_type", FLOAT32_STASH)
+    if stash == FLOAT32_STASH:
+        return ()
+    if stash in NARROW_STASHES:
+        return (NARROW_STASHES[stash],)
+    raise Rejected(node, f"stash_type {stash} is not float32: the kernels reduce in float32")
+
+
+def _weight_mode(node: gs.Node, x_dtype: str, y_dtype: str) -> WeightMode:
+    if node.op != "RMSNormalization" or (x_dtype == "float32" and y_dtype != "float32"):
+        return WeightMode.BEFORE_CAST
+    return WeightMode.AFTER_CAST
+
+
+def _hidden_size(node: gs.Node, x: gs.Tensor, scale: gs.Tensor, shapes: Shapes) -> int:
+    """X's static last dim, or the scale's length: each op requires the two to agree (a length-1 scale proves none)."""
+    hidden = shapes.last_dim(x)
+    scale_shape = constant_shape(scale) or shapes.of(scale)
+    scale_length = math.prod(scale_shape) if scale_shape and all(isinstance(dim, int) for dim in scale_shape) else None
+    if hidden is None and scale_length is not None and scale_length > 1:
+        return scale_length
+    if hidden is None:
+        raise Rejected(node, f"the normalised axis of {x.name} has no static length the graph proves")
+    return hidden
 
 
 def _used(tensor: gs.Tensor, graph_outputs: set[str]) -> bool:
     return bool(tensor.name) and (bool(tensor.outputs) or tensor.name in graph_outputs)
 
 
-def match_fused(node: gs.Node, graph_outputs: set[str]) -> RmsNormMatch:
+def match_fused(node: gs.Node, graph_outputs: set[str], shapes: Shapes) -> RmsNormMatch:
     """Turn an already-fused norm node into a match, or raise Rejected with the failed condition."""
     skip = node.op == "SkipSimplifiedLayerNormalization"
     x = node.inputs[0]
@@ -56,26 +98,28 @@ def match_fused(node: gs.Node, graph_outputs: set[str]) -> RmsNormMatch:
             raise Rejected(node, f"its statistics output {tensor.name} is used")
     if not skip:
         axis = node.attrs.get("axis", -1)
-        x_rank = rank(x)
+        x_rank = shapes.rank(x)
         if axis != -1 and (x_rank is None or axis != x_rank - 1):
             raise Rejected(node, f"it normalises from axis {axis}, not over the last axis only")
     dtype = dtype_name(x)
     if dtype not in ACTIVATION_DTYPES:
         raise Rejected(node, f"input {x.name} has dtype {dtype}")
-    if node.attrs.get("stash_type", FLOAT32_STASH) != FLOAT32_STASH:
-        raise Rejected(node, "stash_type is not float32: the kernels reduce in float32")
+    stash_tags = _stash_tags(node)
     y = node.outputs[0]
-    # These ops give Y the scale's dtype; onnx's shape inference does not know onnxruntime's, so check both.
-    for tensor in (y, scale):
-        if dtype_name(tensor) not in (None, dtype):
-            raise Rejected(node, f"{tensor.name} has dtype {dtype_name(tensor)}, the input {dtype}")
-    hidden = static_last_dim(x)
-    if hidden is None:
-        raise Rejected(node, f"the normalised axis of {x.name} has no static length")
-    weight = trace_weight(scale, hidden, node)
+    # These ops give Y the scale's dtype, which may differ from X's; onnx's shape inference does not know
+    # onnxruntime's ops, so a Y of unknown dtype is only taken when it cannot differ from X's.
+    y_dtype, scale_dtype = dtype_name(y), dtype_name(scale)
+    if y_dtype is None and scale_dtype != dtype:
+        raise Rejected(node, f"{scale.name} has dtype {scale_dtype}, the input {dtype}, and {y.name} no known dtype")
+    y_dtype = y_dtype or dtype
+    if not supported_dtypes(dtype, y_dtype):
+        raise Rejected(node, f"{dtype} in, {y_dtype} out is no pair a fused node takes")
+    hidden = _hidden_size(node, x, scale, shapes)
+    x_rank = shapes.rank(x)
+    weight = trace_weight(scale, hidden, 1 if x_rank is None else x_rank, dtype_name(scale))
     if isinstance(weight, str):
         raise Rejected(node, f"scale: {weight}")
-    mode = WeightMode.AFTER_CAST if node.op == "RMSNormalization" else WeightMode.BEFORE_CAST
+    mode = _weight_mode(node, dtype, y_dtype)
     skip_inputs = tuple(tensor for tensor in (node.inputs[1], *node.inputs[3:4]) if skip and tensor.name)
     skip_sum = None
     if skip and len(node.outputs) > SKIP_SUM_OUTPUT and _used(node.outputs[SKIP_SUM_OUTPUT], graph_outputs):
@@ -89,7 +133,7 @@ def match_fused(node: gs.Node, graph_outputs: set[str]) -> RmsNormMatch:
         weight_offset=weight.offset,
         weight_mode=mode,
         hidden_size=hidden,
-        tags=(FUSED_NORM_OPS[(node.op, node.domain or "")],),
+        tags=(FUSED_NORM_OPS[_key(node)], *stash_tags),
         name=describe(node),
         skip_inputs=skip_inputs,
         skip_sum=skip_sum,

@@ -14,6 +14,9 @@ from trtfuse.patterns.queries import describe, dtype_name
 class RmsNormMatch:
     """One RMSNorm: y = x · rsqrt(mean(x², last axis) + epsilon) · (weight + weight_offset), per `weight_mode`.
 
+    `x` is the tensor the fused node reads and `y` the final tensor it writes (after the cast back and the weight
+    multiply); their dtypes may differ when one is float32 (contract.WeightMode says where the rounding happens).
+
     `skip_inputs` is empty except for a fused residual norm (SkipSimplifiedLayerNormalization): the tensors added to
     `x` before normalising; the rewrite materialises that sum as an Add whose output is `skip_sum` when the original
     node exposed it, a fresh tensor otherwise.
@@ -33,14 +36,19 @@ class RmsNormMatch:
     skip_sum: gs.Variable | None = None
 
     def __post_init__(self) -> None:
-        # With float32 activations the cast back is the identity and both weighted modes are one function; naming it
+        # With float32 in and out the cast back is the identity and both weighted modes are one function; naming it
         # one way keeps one kernel variant per norm, as docs/plugin-nodes.md says.
-        if self.weight_mode == WeightMode.BEFORE_CAST and self.dtype == "float32":
+        if self.weight_mode == WeightMode.BEFORE_CAST and self.dtype == self.output_dtype == "float32":
             self.weight_mode = WeightMode.AFTER_CAST
 
     @property
     def dtype(self) -> str:
+        """The input's dtype."""
         return dtype_name(self.x) or "unknown"
+
+    @property
+    def output_dtype(self) -> str:
+        return dtype_name(self.y) or self.dtype
 
 
 @dataclass

@@ -34,6 +34,17 @@ def dtype_name(tensor: gs.Tensor) -> str | None:
     return np.dtype(dtype).name
 
 
+# Both spellings of the default domain: a node of any other domain (or a model-local function) is not the ONNX op.
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def onnx_op(node: gs.Node | None) -> str | None:
+    """The node's op_type when it is an ONNX operator, None for another domain's op (or no node)."""
+    if node is None or (node.domain or "") not in ONNX_DOMAINS:
+        return None
+    return node.op
+
+
 def cast_target(node: gs.Node) -> str:
     return onnx.helper.tensor_dtype_to_np_dtype(node.attrs["to"]).name
 
@@ -43,8 +54,7 @@ def producer(tensor: gs.Tensor) -> gs.Node | None:
 
 
 def producer_op(tensor: gs.Tensor) -> str | None:
-    node = producer(tensor)
-    return node.op if node is not None else None
+    return onnx_op(producer(tensor))
 
 
 def only_consumer(tensor: gs.Tensor, graph_outputs: set[str]) -> gs.Node | None:
@@ -79,7 +89,7 @@ def constant_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
     if isinstance(tensor, gs.Constant):
         return tuple(int(dim) for dim in tensor.shape)
     node = producer(tensor)
-    if node is None or node.op != "Constant":
+    if onnx_op(node) != "Constant":
         return None
     if "value" in node.attrs:
         return tuple(int(dim) for dim in node.attrs["value"].shape)
@@ -129,7 +139,7 @@ def small_constant(tensor: gs.Tensor) -> np.ndarray | None:
 def scalar_constant(tensor: gs.Tensor) -> float | None:
     """The value of a one-element constant, also seen through a Cast (as the cast computes it), else None."""
     cast = producer(tensor)
-    if cast is not None and cast.op == "Cast":
+    if onnx_op(cast) == "Cast":
         value = scalar_constant(cast.inputs[0])
         if value is None:
             return None
@@ -140,6 +150,14 @@ def scalar_constant(tensor: gs.Tensor) -> float | None:
     return float(values.reshape(()))
 
 
+def constant_rank(tensor: gs.Tensor) -> int | None:
+    """The rank of a constant, also seen through Casts (which keep the shape), else None."""
+    while onnx_op(producer(tensor)) == "Cast":
+        tensor = producer(tensor).inputs[0]
+    shape = constant_shape(tensor)
+    return None if shape is None else len(shape)
+
+
 def look_through_lossless_casts(tensor: gs.Tensor) -> gs.Tensor:
     """Walk up through Identity nodes and widening Casts to the tensor they merely convert."""
     while True:
@@ -147,23 +165,12 @@ def look_through_lossless_casts(tensor: gs.Tensor) -> gs.Tensor:
         if node is None or not node.inputs:
             return tensor
         source = node.inputs[0]
-        if node.op == "Identity":
+        if onnx_op(node) == "Identity":
             tensor = source
             continue
-        if node.op != "Cast" or dtype_name(tensor) not in LOSSLESS_CASTS.get(dtype_name(source), ()):
+        if onnx_op(node) != "Cast" or dtype_name(tensor) not in LOSSLESS_CASTS.get(dtype_name(source), ()):
             return tensor
         tensor = source
-
-
-def static_last_dim(tensor: gs.Tensor) -> int | None:
-    shape = tensor.shape
-    if not shape or not isinstance(shape[-1], int) or shape[-1] <= 0:
-        return None
-    return shape[-1]
-
-
-def rank(tensor: gs.Tensor) -> int | None:
-    return len(tensor.shape) if tensor.shape is not None else None
 
 
 def exclusively_consumed(candidates: list[gs.Node], removed: set[int], graph_outputs: set[str]) -> list[gs.Node]:

@@ -6,8 +6,15 @@ import onnx_graphsurgeon as gs
 
 from trtfuse.patterns.decomposed import ANCHORS, match_decomposed
 from trtfuse.patterns.fused_ops import is_fused_norm, match_fused
-from trtfuse.patterns.matches import NormSearch, Rejected, RmsNormMatch
+from trtfuse.patterns.matches import NearMiss, NormSearch, Rejected, RmsNormMatch
 from trtfuse.patterns.qk import absorbed_qk_norms, pair_qk_norms
+from trtfuse.patterns.queries import ONNX_DOMAINS, describe
+from trtfuse.patterns.shapes import Shapes
+
+
+def _redefined_ops(graph: gs.Graph) -> list[str]:
+    """ONNX op names the model redefines as local functions: a node calling one may not compute the ONNX op."""
+    return sorted({function.name for function in graph.functions if (function.domain or "") in ONNX_DOMAINS})
 
 
 def find_norms(graph: gs.Graph) -> NormSearch:
@@ -15,13 +22,20 @@ def find_norms(graph: gs.Graph) -> NormSearch:
     graph_outputs = {tensor.name for tensor in graph.outputs}
     search = NormSearch()
     matches: list[RmsNormMatch] = []
+    redefined = _redefined_ops(graph)
+    shapes = Shapes(graph)
     for node in graph.nodes:
+        is_anchor = node.op in ANCHORS and (node.domain or "") in ONNX_DOMAINS
+        if redefined and (is_anchor or is_fused_norm(node)):
+            reason = f"the model redefines the ONNX op(s) {', '.join(redefined)} as local functions"
+            search.near_misses.append(NearMiss(describe(node), reason))
+            continue
         try:
-            if node.op in ANCHORS and not node.domain:
-                match, notes = match_decomposed(node, graph_outputs)
+            if is_anchor:
+                match, notes = match_decomposed(node, graph_outputs, shapes)
                 search.near_misses.extend(notes)
             elif is_fused_norm(node):
-                match = match_fused(node, graph_outputs)
+                match = match_fused(node, graph_outputs, shapes)
             else:
                 continue
         except Rejected as rejection:
