@@ -1,21 +1,24 @@
 """Optimisation profiles from symbolic input dims: roles, presets, overrides and every bad spec."""
 
+import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from kv_models import HEAD_SIZE, KV_HEADS, genai_model, optimum_model
+from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse.errors import TrtfuseError
+from trtfuse.model_dims import DEFAULT_BATCH, DimRole, dim_role
 from trtfuse.profiles import (
     DimRange,
-    DimRole,
     Profile,
     ShapeRange,
     derive_profiles,
-    dim_role,
     parse_range,
     parse_shape_spec,
     request_from_options,
 )
+
+B = DEFAULT_BATCH
 
 
 def _model(inputs: dict[str, list], initializer_as_input: bool = False) -> onnx.ModelProto:
@@ -45,14 +48,14 @@ def test_roles_from_dim_names():
     assert dim_role("s17") is None
 
 
-def test_default_profile_covers_tokens_1_256_4096():
+def test_default_profile_covers_tokens_1_256_4096_and_batch_1_to_the_feed_batch():
     (profile,) = derive_profiles(_model({"input_ids": ["batch", "sequence"]}), request_from_options())
     assert profile.name == "default"
-    assert profile.shapes == {"input_ids": ShapeRange((1, 1), (1, 256), (1, 4096))}
+    assert profile.shapes == {"input_ids": ShapeRange((1, 1), (B, 256), (B, 4096))}
 
 
 def test_kv_cache_model_total_is_past_plus_tokens():
-    request = request_from_options(presets=["decode", "prefill"], past="1:512:2048")
+    request = request_from_options(presets=["decode", "prefill"], past="1:512:2048", batch="1:1:1")
     decode, prefill = derive_profiles(_model(LLAMA_WITH_CACHE), request)
     assert decode.name == "decode"
     assert decode.shapes["input_ids"] == ShapeRange((1, 1), (1, 1), (1, 1))
@@ -76,7 +79,7 @@ def test_shape_override_replaces_derivation_and_resolves_unknown_dims():
     request = request_from_options(shapes=["input_ids=1x1:1x64:2x128"])
     (profile,) = derive_profiles(model, request)
     assert profile.shapes["input_ids"] == ShapeRange((1, 1), (1, 64), (2, 128))
-    assert profile.shapes["position_ids"] == ShapeRange((1, 1), (1, 256), (1, 4096))
+    assert profile.shapes["position_ids"] == ShapeRange((1, 1), (B, 256), (B, 4096))
 
 
 def test_initializers_listed_as_inputs_are_not_profiled():
@@ -91,7 +94,9 @@ def test_profile_json_round_trip():
 
 
 def test_unknown_symbolic_dim_names_input_and_dim():
-    with pytest.raises(TrtfuseError, match=r"input 'input_ids' dim 1 is symbolic dim 's1'.*--shape input_ids="):
+    with pytest.raises(
+        TrtfuseError, match=r"input 'input_ids' dim 1 is symbolic dim 's1' with no known role.*--shape input_ids="
+    ):
         derive_profiles(_model({"input_ids": ["batch", "s1"]}), request_from_options())
 
 
@@ -162,3 +167,90 @@ def test_parse_range_accepts_spaces_and_zero_past():
     assert parse_range(" 0:0:16 ", "--past") == DimRange(0, 0, 16)
     assert str(DimRange(1, 2, 3)) == "1:2:3"
     assert str(ShapeRange((1, 2), (1, 3), (1, 4))) == "1x2:1x3:1x4"
+
+
+def test_optimum_with_past_decode_and_prefill_ranges_per_input():
+    request = request_from_options(presets=["decode", "prefill"])
+    decode, prefill = derive_profiles(optimum_model(), request)
+    one_token = ShapeRange((1, 1), (B, 1), (B, 1))
+    assert decode.shapes["input_ids"] == one_token
+    assert decode.shapes["position_ids"] == one_token
+    assert decode.shapes["attention_mask"] == ShapeRange((1, 1), (B, 257), (B, 4097))
+    for name in ("past_key_values.0.key", "past_key_values.0.value"):
+        assert decode.shapes[name] == ShapeRange(
+            (1, KV_HEADS, 0, HEAD_SIZE), (B, KV_HEADS, 256, HEAD_SIZE), (B, KV_HEADS, 4096, HEAD_SIZE)
+        )
+        assert prefill.shapes[name] == ShapeRange(
+            (1, KV_HEADS, 0, HEAD_SIZE), (B, KV_HEADS, 0, HEAD_SIZE), (B, KV_HEADS, 0, HEAD_SIZE)
+        )
+    prompt = ShapeRange((1, 1), (B, 256), (B, 4096))
+    assert prefill.shapes["input_ids"] == prefill.shapes["attention_mask"] == prompt
+
+
+def test_genai_cache_head_size_total_mask_and_length_inputs():
+    model = genai_model()
+    model.graph.input.extend(
+        [
+            helper.make_tensor_value_info("past_sequence_length", TensorProto.INT32, []),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [1]),
+        ]
+    )
+    (decode,) = derive_profiles(model, request_from_options(presets=["decode"], past="0:64:512", batch="1:1:4"))
+    assert decode.shapes["input_ids"] == ShapeRange((1, 1), (1, 1), (4, 1))
+    assert decode.shapes["attention_mask"] == ShapeRange((1, 1), (1, 65), (4, 513))
+    assert decode.shapes["past_key_values.0.key"] == ShapeRange(
+        (1, KV_HEADS, 0, HEAD_SIZE), (1, KV_HEADS, 64, HEAD_SIZE), (4, KV_HEADS, 512, HEAD_SIZE)
+    )
+    assert decode.shapes["past_sequence_length"] == ShapeRange((), (), ())
+    assert decode.shapes["total_sequence_length"] == ShapeRange((1,), (1,), (1,))
+
+
+def test_dynamo_opset_23_rotary_embedding_keeps_the_batch_at_one():
+    model = _model({"input_ids": ["batch", "sequence_length"]})
+    model.graph.node.append(helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["rotated"], name="rope"))
+    for name in ("cos", "sin"):
+        model.graph.initializer.append(numpy_helper.from_array(np.ones((1, 4, 2), np.float32), name))
+    (profile,) = derive_profiles(model, request_from_options())
+    assert profile.shapes["input_ids"] == ShapeRange((1, 1), (1, 256), (1, 4096))
+
+
+def test_dim_arithmetic_is_evaluated_at_min_opt_and_max():
+    (profile,) = derive_profiles(_model({"x": ["batch", "2 * sequence_length + 1"]}), request_from_options())
+    assert profile.shapes["x"] == ShapeRange((1, 3), (B, 513), (B, 8193))
+    with pytest.raises(TrtfuseError, match=r"input 'x' dim 1 \('sequence_length - 10'\) spans -9:246:4086"):
+        derive_profiles(_model({"x": ["batch", "sequence_length - 10"]}), request_from_options())
+    with pytest.raises(TrtfuseError, match=r"input 'x' dim 1 \('sequence_length // 0'\): it divides by zero"):
+        derive_profiles(_model({"x": ["batch", "sequence_length // 0"]}), request_from_options())
+
+
+def test_past_on_a_model_without_kv_cache_is_an_error():
+    with pytest.raises(TrtfuseError, match=r"--past: the model has no KV cache"):
+        derive_profiles(_model({"input_ids": ["batch", "seq"]}), request_from_options(past="0:1:2"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"tokens": ["1:1:8"], "shapes": ["input_ids=1x1:1x4:1x8"]},
+            r"--shape input_ids fixes dim 'sequence_length', ",
+        ),
+        (
+            {"past": "0:1:8", "shapes": ["attention_mask=1x1:1x4:1x8"]},
+            r"--shape attention_mask fixes dim 'past_sequence_length \+ sequence_length', which --past also sets",
+        ),
+        ({"batch": "1:1:2", "shapes": ["input_ids=1x1:1x4:1x8"]}, r"fixes dim 'batch_size', which --batch also sets"),
+    ],
+)
+def test_a_shape_that_contradicts_a_range_flag_is_an_error(options, message):
+    with pytest.raises(TrtfuseError, match=message):
+        derive_profiles(optimum_model(), request_from_options(**options))
+
+
+def test_a_batch_the_model_does_not_allow():
+    model = _model({"input_ids": ["batch_size", "seq"], "past_key": [1, 2, "past_sequence_length", 4]})
+    model.graph.input[1].type.tensor_type.elem_type = TensorProto.FLOAT
+    (profile,) = derive_profiles(model, request_from_options())
+    assert profile.shapes["input_ids"] == ShapeRange((1, 1), (1, 256), (1, 4096))
+    with pytest.raises(TrtfuseError, match=r"--batch 1:2:2: the model allows only batch 1 \(the batch dim of cache"):
+        derive_profiles(model, request_from_options(batch="1:2:2"))

@@ -1,37 +1,21 @@
 """TensorRT optimisation profiles derived from the symbolic input dims of an ONNX model.
 
-Each symbolic dim gets a role from its name: batch, tokens (the new tokens of this call), past (tokens already in the
-KV cache) or total (past + tokens, also written as a sum such as `past_sequence_length + sequence_length`). A profile
-fixes a MIN:OPT:MAX range per role; every input shape follows from it, so dims that share a name share a range.
+`trtfuse.model_dims` says what each symbolic dim means: a role from its name (batch, tokens of this call, past
+tokens in the KV cache, total = past + tokens) or a value the graph requires (a cache's head count or head size).
+A profile fixes a MIN:OPT:MAX range per role; every input shape follows from it, so dims that share a name share a
+range, and a dim written as arithmetic (`past_sequence_length + sequence_length`) is evaluated at MIN, OPT and MAX.
 docs/engine.md documents the syntax of the command-line specs parsed here.
 """
 
 from __future__ import annotations
 
-import enum
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx
 
 from trtfuse.errors import TrtfuseError
-
-
-class DimRole(enum.Enum):
-    BATCH = "batch"
-    TOKENS = "tokens"
-    PAST = "past"
-    TOTAL = "total"
-
-
-# Checked in order: "past_sequence_length" is past and "total_sequence_length" total, not tokens.
-_ROLE_PATTERNS = (
-    (DimRole.BATCH, re.compile(r"batch")),
-    (DimRole.PAST, re.compile(r"past")),
-    (DimRole.TOTAL, re.compile(r"total|kv_len|kv_seq")),
-    (DimRole.TOKENS, re.compile(r"seq|token|length|^len$")),
-)
+from trtfuse.model_dims import DimExpressionError, DimRole, ModelDims, model_dims
 
 
 @dataclass(frozen=True)
@@ -66,7 +50,6 @@ class RoleRanges:
     past: DimRange
 
 
-DEFAULT_BATCH = DimRange(1, 1, 1)
 DEFAULT_PAST = DimRange(0, 256, 4096)
 DEFAULT_TOKENS = DimRange(1, 256, 4096)
 NO_PAST = DimRange(0, 0, 0)
@@ -79,11 +62,18 @@ PRESETS = {
 
 @dataclass(frozen=True)
 class ProfileRequest:
-    """Everything the user said about profiles: one RoleRanges per profile, plus what holds in all of them."""
+    """Everything the user said about profiles: one RoleRanges per profile, plus what holds in all of them.
+
+    `batch` None means the model's default (`ModelDims.default_batch`); `past_given` and `tokens_given` record that
+    `--past` / `--tokens` were on the command line, so that a conflicting `--shape` or a model without a KV cache is
+    an error rather than a silently ignored flag.
+    """
 
     profiles: tuple[RoleRanges, ...] = (PRESETS["default"],)
-    batch: DimRange = DEFAULT_BATCH
+    batch: DimRange | None = None
     shapes: Mapping[str, ShapeRange] = field(default_factory=dict)
+    past_given: bool = False
+    tokens_given: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,44 +175,14 @@ def request_from_options(
         if name in shape_ranges:
             raise TrtfuseError(f"--shape {name}: given twice")
         shape_ranges[name] = shape_range
-    batch_range = parse_range(batch, "--batch", minimum=1) if batch is not None else DEFAULT_BATCH
-    return ProfileRequest(profiles=tuple(profiles), batch=batch_range, shapes=shape_ranges)
-
-
-def dim_role(symbol: str) -> DimRole | None:
-    lowered = symbol.lower()
-    for role, pattern in _ROLE_PATTERNS:
-        if pattern.search(lowered):
-            return role
-    return None
-
-
-def _dim_range(
-    input_name: str, axis: int, dim: onnx.TensorShapeProto.Dimension, ranges: Mapping[DimRole, DimRange]
-) -> DimRange:
-    if dim.HasField("dim_value"):
-        return DimRange(dim.dim_value, dim.dim_value, dim.dim_value)
-    symbol = dim.dim_param if dim.HasField("dim_param") else ""
-    total = DimRange(0, 0, 0)
-    for term in (t.strip() for t in symbol.split("+")):
-        role = dim_role(term) if term else None
-        if term.isdigit():
-            total += DimRange(int(term), int(term), int(term))
-        elif role is not None:
-            total += ranges[role]
-        else:
-            label = f"symbolic dim {symbol!r}" if symbol else "an unnamed dynamic dim"
-            raise TrtfuseError(
-                f"input {input_name!r} dim {axis} is {label} with no known role (batch, sequence/tokens, past, "
-                f"total); give its shape with --shape {input_name}=MIN:OPT:MAX"
-            )
-    return total
-
-
-def model_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """The graph inputs a caller feeds (initializers listed as inputs by old exporters are not)."""
-    initializers = {init.name for init in model.graph.initializer}
-    return [value for value in model.graph.input if value.name not in initializers]
+    batch_range = parse_range(batch, "--batch", minimum=1) if batch is not None else None
+    return ProfileRequest(
+        profiles=tuple(profiles),
+        batch=batch_range,
+        shapes=shape_ranges,
+        past_given=past is not None,
+        tokens_given=bool(tokens),
+    )
 
 
 def _check_override(value: onnx.ValueInfoProto, shape_range: ShapeRange) -> None:
@@ -237,9 +197,86 @@ def _check_override(value: onnx.ValueInfoProto, shape_range: ShapeRange) -> None
             raise TrtfuseError(f"--shape {value.name}: dim {axis} is fixed at {fixed} in the model")
 
 
+# The roles each range flag sets: a --shape of an input with such a dim contradicts the flag.
+_FLAG_ROLES = {
+    "--tokens": (DimRole.TOKENS, DimRole.TOTAL),
+    "--past": (DimRole.PAST, DimRole.TOTAL),
+    "--batch": (DimRole.BATCH,),
+}
+
+
+def _check_flags(reading: ModelDims, request: ProfileRequest) -> None:
+    if request.past_given and not reading.has_kv_cache:
+        raise TrtfuseError(
+            "--past: the model has no KV cache (no input dim or length input named like past_sequence_length); "
+            "drop --past"
+        )
+    given = {"--tokens": request.tokens_given, "--past": request.past_given, "--batch": request.batch is not None}
+    for name in request.shapes:
+        for expression in reading.expressions[name]:
+            for symbol in sorted(expression.symbols) if expression is not None else ():
+                role = reading.roles.get(symbol)
+                flag = next((f for f, roles in _FLAG_ROLES.items() if given[f] and role in roles), None)
+                if flag is not None:
+                    raise TrtfuseError(
+                        f"--shape {name} fixes dim {expression.text!r}, which {flag} also sets; give one or the other"
+                    )
+    if request.batch is not None and reading.batch is not None:
+        required = reading.batch.value
+        if (request.batch.min, request.batch.max) != (required, required):
+            raise TrtfuseError(
+                f"--batch {request.batch}: the model allows only batch {required} ({reading.batch.reason})"
+            )
+
+
+def _batch_range(reading: ModelDims, request: ProfileRequest) -> DimRange:
+    """--batch, else the model's one batch rule: exactly the batch it requires, or 1 up to the default batch."""
+    if request.batch is not None:
+        return request.batch
+    batch = reading.default_batch()
+    return DimRange(batch, batch, batch) if reading.batch is not None else DimRange(1, batch, batch)
+
+
+def _dim_range(
+    input_name: str,
+    axis: int,
+    dim: onnx.TensorShapeProto.Dimension,
+    reading: ModelDims,
+    ranges: Mapping[DimRole, DimRange],
+) -> DimRange:
+    if dim.HasField("dim_value"):
+        return DimRange(dim.dim_value, dim.dim_value, dim.dim_value)
+    expression = reading.expressions[input_name][axis]
+    hint = f"give its shape with --shape {input_name}=MIN:OPT:MAX"
+    if expression is None:
+        raise TrtfuseError(f"input {input_name!r} dim {axis} is an unnamed dynamic dim; {hint}")
+    for symbol in sorted(expression.symbols):
+        if symbol not in reading.roles and symbol not in reading.fixed:
+            raise TrtfuseError(
+                f"input {input_name!r} dim {axis} is symbolic dim {expression.text!r} with no known role (batch, "
+                f"sequence/tokens, past, total) nor a value the graph requires; {hint}"
+            )
+    bounds = []
+    for pick in (lambda r: r.min, lambda r: r.opt, lambda r: r.max):
+        values = {symbol: pick(ranges[role]) for symbol, role in reading.roles.items()}
+        values.update({symbol: bound.value for symbol, bound in reading.fixed.items()})
+        try:
+            bounds.append(expression.evaluate(values))
+        except DimExpressionError as error:
+            raise TrtfuseError(f"input {input_name!r} dim {axis} ({expression.text!r}): {error}; {hint}") from None
+    low, opt, high = bounds
+    if not 0 <= low <= opt <= high:
+        raise TrtfuseError(
+            f"input {input_name!r} dim {axis} ({expression.text!r}) spans {low}:{opt}:{high}, not a range of "
+            f"sizes; {hint}"
+        )
+    return DimRange(low, opt, high)
+
+
 def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Profile]:
     """One Profile per requested RoleRanges, covering every graph input; raises naming the input and dim at fault."""
-    inputs = model_inputs(model)
+    reading = model_dims(model)
+    inputs = list(reading.inputs)
     known = {value.name for value in inputs}
     for name in request.shapes:
         if name not in known:
@@ -247,12 +284,14 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
     for value in inputs:
         if value.name in request.shapes:
             _check_override(value, request.shapes[value.name])
-        elif not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+        elif not value.type.tensor_type.HasField("shape"):
             raise TrtfuseError(f"input {value.name!r} has no static rank; give its shape with --shape")
+    _check_flags(reading, request)
+    batch = _batch_range(reading, request)
     profiles = []
     for role_ranges in request.profiles:
         ranges = {
-            DimRole.BATCH: request.batch,
+            DimRole.BATCH: batch,
             DimRole.TOKENS: role_ranges.tokens,
             DimRole.PAST: role_ranges.past,
             DimRole.TOTAL: role_ranges.past + role_ranges.tokens,
@@ -263,7 +302,8 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
                 shapes[value.name] = request.shapes[value.name]
                 continue
             dims = [
-                _dim_range(value.name, axis, dim, ranges) for axis, dim in enumerate(value.type.tensor_type.shape.dim)
+                _dim_range(value.name, axis, dim, reading, ranges)
+                for axis, dim in enumerate(value.type.tensor_type.shape.dim)
             ]
             shapes[value.name] = ShapeRange(
                 tuple(d.min for d in dims), tuple(d.opt for d in dims), tuple(d.max for d in dims)
