@@ -12,13 +12,13 @@ from typing import NoReturn
 
 import click
 
+from cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from cli.fuse_commands import plan_model_outputs
 from cli.options import (
     EXIT_MISSING_DEPENDENCY,
     ShapeRangeType,
     common_options,
     echo_json,
-    echo_output_errors,
     feed_options,
     info,
     printable,
@@ -206,6 +206,7 @@ def _array_json(array: object) -> dict:
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
 @click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=click.Path(path_type=Path))
 @feed_options
+@verdict_options
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the comparison as JSON.")
 @common_options
 def compare_command(
@@ -214,29 +215,42 @@ def compare_command(
     seed: int,
     shapes: dict[str, tuple[int, ...]],
     dims: dict[str, int],
+    rtol: float | None,
+    atol: float | None,
+    save_inputs: Path | None,
+    load_inputs: Path | None,
     report_path: Path | None,
     as_json: bool,
 ) -> None:
-    """Compare onnxruntime on ORIGINAL.onnx with the engine (or with FUSED.onnx, its plugin nodes lowered, in
-    onnxruntime) on the same random inputs through Polygraphy's Comparator; exit 1 beyond the dtype's tolerance."""
+    """Judge the engine MODEL.engine (or FUSED.onnx, run exactly as `trtfuse check` runs it) against onnxruntime on
+    ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails."""
     try:
         import polygraphy  # noqa: F401
     except ImportError:
         raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
-    from trtfuse.compare import ORIGINAL_RUNNER, compare
+    from trtfuse.compare import ORIGINAL_RUNNER, compare, comparison_feeds
+    from trtfuse.io import load_model
+    from trtfuse.saved_inputs import save_feeds
 
-    OutputPlan().read(original_path, candidate_path).write("comparison report", report_path).check()
+    OutputPlan().read(original_path, candidate_path).write("comparison report", report_path).write(
+        "saved inputs", save_inputs
+    ).check()
+    original = load_model(original_path)
+    feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
+    if save_inputs is not None:
+        feeds = feeds or comparison_feeds(original, candidate_path, seed, shapes, dims)
+        with Transaction():
+            save_feeds(save_inputs, feeds)
+    tolerance = tolerance_from(rtol, atol)
     try:
-        report = compare(original_path, candidate_path, seed=seed, shapes=shapes, dims=dims)
+        report = compare(
+            original_path, candidate_path, seed, shapes, dims, tolerance=tolerance, feeds=feeds, inputs_file=load_inputs
+        )
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot compare against {candidate_path}")
     if report_path is not None:
-        write_json_atomic(report_path, report.to_json())
-    if as_json:
-        echo_json(report.to_json())
-    else:
-        shapes_text = ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in report.input_shapes.items())
-        click.echo(
-            printable(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}, seed {report.seed}, inputs {shapes_text}")
-        )
-    echo_output_errors(report.outputs, as_json)
+        with Transaction():
+            write_json_atomic(report_path, report.to_json())
+    if not as_json:
+        click.echo(printable(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}"))
+    echo_result(report.result, as_json, extra_json=report.to_json())

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.options import common_options, echo_json, echo_output_errors, feed_options, info, printable, summary
+from cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
+from cli.options import common_options, echo_json, feed_options, info, printable, summary
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError
 from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
@@ -122,6 +123,7 @@ def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path)
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
 @click.argument("fused_path", metavar="FUSED.onnx", type=click.Path(path_type=Path))
 @feed_options
+@verdict_options
 @common_options
 def check(
     original_path: Path,
@@ -129,12 +131,31 @@ def check(
     seed: int,
     shapes: dict[str, tuple[int, ...]],
     dims: dict[str, int],
+    rtol: float | None,
+    atol: float | None,
+    save_inputs: Path | None,
+    load_inputs: Path | None,
     as_json: bool,
 ) -> None:
-    """Run ORIGINAL.onnx and FUSED.onnx (plugin nodes lowered to standard ops) in onnxruntime on the same random
-    inputs; print each output's max abs and max relative error and exit 1 beyond the dtype's tolerance."""
+    """Run ORIGINAL.onnx twice and FUSED.onnx (plugin nodes lowered to standard ops) in onnxruntime on the same
+    inputs, at a prefill and a decode step on KV-cache models; exit 1 if an output fails. Float32 graphs pass within
+    the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
+    the original is no worse than the original's own (docs/cli.md)."""
     from trtfuse.check import check_fused
-    from trtfuse.io import load_model
+    from trtfuse.io import external_data_files, load_model
+    from trtfuse.saved_inputs import save_feeds
 
-    result = check_fused(load_model(original_path), load_model(fused_path), seed=seed, shapes=shapes, dims=dims)
-    echo_output_errors(result.errors, as_json)
+    original, fused = load_model(original_path), load_model(fused_path)
+    plan = OutputPlan().read(original_path, fused_path, *external_data_files(original), *external_data_files(fused))
+    plan.write("saved inputs", save_inputs).check()
+    feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
+    if save_inputs is not None:
+        from trtfuse.inputs import default_feeds
+
+        feeds = feeds or default_feeds(original.model, seed, shapes=shapes, dims=dims)
+        with Transaction():
+            save_feeds(save_inputs, feeds)
+    result = check_fused(
+        original, fused, seed, shapes, dims, tolerance=tolerance_from(rtol, atol), feeds=feeds, inputs_file=load_inputs
+    )
+    echo_result(result, as_json)

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse import contract
-from trtfuse.check import check_fused, run_onnxruntime
+from trtfuse.check import check_fused, run_model
 from trtfuse.contract import WeightMode
 from trtfuse.errors import TrtfuseError
 from trtfuse.inputs import DEFAULT_BATCH, DEFAULT_DIM, make_feed
@@ -90,9 +90,13 @@ def test_fused_model_matches_its_original(tmp_path: Path) -> None:
     fused = _loaded(embedding_norm_model(fused=True), tmp_path / "fused.onnx")
     result = check_fused(original, fused, seed=3)
     assert result.passed
-    (error,) = result.errors
-    assert error.name == "logits"
-    assert error.max_rel <= 1e-5
+    assert result.judged_by == "tolerance"
+    (step,) = result.steps
+    assert step.input_shapes == {"input_ids": (DEFAULT_BATCH, DEFAULT_DIM)}
+    (verdict,) = step.outputs
+    assert verdict.name == "logits"
+    assert verdict.reference is None
+    assert verdict.error.max_rel <= 1e-5
 
 
 @pytest.mark.parametrize(("epsilon", "weight_offset"), [(0.5, 0.0), (EPSILON, 1.0)])
@@ -101,7 +105,7 @@ def test_wrong_fusion_is_caught(tmp_path: Path, epsilon: float, weight_offset: f
     fused = _loaded(embedding_norm_model(fused=True, epsilon=epsilon, weight_offset=weight_offset), tmp_path / "f.onnx")
     result = check_fused(original, fused)
     assert not result.passed
-    assert result.errors[0].max_rel > 1e-3
+    assert result.errors[0].error.max_rel > 1e-3
 
 
 def test_different_interfaces_are_reported(tmp_path: Path) -> None:
@@ -113,10 +117,10 @@ def test_different_interfaces_are_reported(tmp_path: Path) -> None:
         check_fused(original, _loaded(other, tmp_path / "fused.onnx"))
 
 
-def test_onnxruntime_failure_is_one_error(tmp_path: Path) -> None:
+def test_onnxruntime_shape_failure_points_at_dim_and_shape(tmp_path: Path) -> None:
     loaded = _loaded(embedding_norm_model(fused=False), tmp_path / "original.onnx")
-    with pytest.raises(TrtfuseError, match="onnxruntime cannot run it"):
-        run_onnxruntime(loaded, {"input_ids": np.zeros((2, 3), np.float32)})
+    with pytest.raises(TrtfuseError, match=r"onnxruntime cannot run it: .*--dim SYMBOL=N or --shape NAME=D0xD1"):
+        run_model(loaded, {"input_ids": np.zeros((2, 3, 4), np.int64)})
 
 
 def test_feed_keeps_token_ids_inside_the_vocabulary() -> None:
@@ -155,7 +159,7 @@ def test_feed_symbolic_dims_masks_positions_and_floats() -> None:
     feed = make_feed(model, seed=0, dims={"past": 3})
     assert feed["attention_mask"].shape == (DEFAULT_BATCH, 3 + DEFAULT_DIM)
     assert np.all(feed["attention_mask"] == 1)
-    np.testing.assert_array_equal(feed["position_ids"][1], np.arange(DEFAULT_DIM))
+    np.testing.assert_array_equal(feed["position_ids"][1], np.arange(3, 3 + DEFAULT_DIM))
     assert feed["hidden"].dtype == np.float16
     assert feed["hidden"].shape == (DEFAULT_BATCH, DEFAULT_DIM, 8)
     assert feed["scale"].dtype == ml_dtypes.bfloat16
@@ -216,9 +220,9 @@ def _fused_pair(spec_dtype: str, tmp_path: Path) -> tuple[LoadedModel, onnx.Mode
 def test_bfloat16_models_run_in_the_reference_evaluator(tmp_path: Path) -> None:
     # onnxruntime's CPU build has no bfloat16 Mul; `check` must still compare such models, and still catch a mismatch.
     original, fused = _fused_pair("bfloat16", tmp_path)
-    with pytest.raises(TrtfuseError, match="onnxruntime cannot"):
-        run_onnxruntime(original, make_feed(original.model, 0))
-    assert check_fused(original, _loaded(fused, tmp_path / "fused.onnx")).passed
+    result = check_fused(original, _loaded(fused, tmp_path / "fused.onnx"))
+    assert result.passed
+    assert result.judged_by == "float32 evaluation"
     (node,) = [node for node in fused.graph.node if node.op_type == contract.RMS_NORM_OP]
     (offset,) = [attribute for attribute in node.attribute if attribute.name == contract.ATTR_WEIGHT_OFFSET]
     offset.f = 1.0

@@ -1,5 +1,5 @@
-"""The comparison plumbing (Polygraphy Comparator, data loader, tolerances, report, exit status), run in CI with the
-lowered fused model in onnxruntime standing in for the engine; with TensorRT present the engine takes that place."""
+"""`trtfuse compare`: steps, verdict, report and exit status, run in CI with the lowered fused model in onnxruntime
+standing in for the engine (exactly what `trtfuse check` runs); with TensorRT present the engine takes that place."""
 
 import json
 from pathlib import Path
@@ -13,8 +13,11 @@ from onnx import TensorProto, helper, numpy_helper
 from cli.engine_commands import compare_command
 from cli.options import EXIT_MISMATCH
 from trtfuse import contract
-from trtfuse.compare import LOWERED_RUNNER, ToleranceCompareFunc, compare
+from trtfuse.check import check_fused
+from trtfuse.compare import LOWERED_RUNNER, compare
 from trtfuse.errors import TrtfuseError
+from trtfuse.io import load_model
+from trtfuse.tolerances import tolerance_for
 
 VOCAB, HIDDEN, OUT = 32, 16, 8
 EPSILON = 1e-6
@@ -97,39 +100,42 @@ def model_pair(request, tmp_path):
     return original, fused, corrupted, np.dtype(dtype).name
 
 
-def test_fused_model_matches_original_through_polygraphy(model_pair):
+def test_fused_model_matches_original(model_pair):
     original, fused, _, dtype = model_pair
     report = compare(original, fused, seed=3)
     assert report.passed
     assert report.candidate_runner == LOWERED_RUNNER
-    assert report.input_shapes == {"input_ids": (2, 5)}
-    (logits,) = report.outputs
+    (step,) = report.result.steps
+    assert step.input_shapes == {"input_ids": (2, 5)}
+    (logits,) = step.outputs
     assert logits.name == "logits"
     assert logits.dtype == dtype
-    assert logits.max_rel <= logits.tolerance.rtol
+    if dtype == "float16":
+        assert logits.reference is not None
+        assert logits.reference.candidate <= logits.reference.bound
+    else:
+        assert logits.error.max_rel <= logits.error.tolerance.rtol
 
 
 def test_corrupted_fused_model_fails(model_pair):
     original, _, corrupted, _ = model_pair
     report = compare(original, corrupted, seed=3)
     assert not report.passed
-    (logits,) = report.outputs
-    assert logits.max_rel > 10 * logits.tolerance.rtol
+    (logits,) = report.result.errors
+    assert logits.error.max_rel > 10 * tolerance_for(logits.dtype).rtol
 
 
-def test_shape_and_dim_overrides_reach_the_data_loader(model_pair):
+def test_compare_without_an_engine_runs_exactly_what_check_runs(model_pair):
+    original, fused, corrupted, _ = model_pair
+    for candidate in (fused, corrupted):
+        checked = check_fused(load_model(original), load_model(candidate), seed=4)
+        assert compare(original, candidate, seed=4).result.to_json() == checked.to_json()
+
+
+def test_shape_and_dim_overrides_reach_the_feed(model_pair):
     original, fused, _, _ = model_pair
-    assert compare(original, fused, shapes={"input_ids": (1, 7)}).input_shapes == {"input_ids": (1, 7)}
-    assert compare(original, fused, dims={"sequence": 3}).input_shapes == {"input_ids": (2, 3)}
-
-
-def test_compare_func_reports_a_missing_output_as_failure():
-    compare_func = ToleranceCompareFunc()
-    reference = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float16)}
-    verdicts = compare_func(reference, {"a": np.ones(3, np.float32)})
-    assert verdicts == {"a": True, "b": False}
-    assert compare_func.errors[1].max_abs == float("inf")
-    assert compare_func.errors[1].tolerance.rtol == 2e-3
+    assert compare(original, fused, shapes={"input_ids": (1, 7)}).result.steps[0].input_shapes == {"input_ids": (1, 7)}
+    assert compare(original, fused, dims={"sequence": 3}).result.steps[0].input_shapes == {"input_ids": (2, 3)}
 
 
 def test_missing_candidate_is_one_clear_error(model_pair, tmp_path):
@@ -145,11 +151,13 @@ def test_cli_exit_status_and_json_report(model_pair, tmp_path):
     passed = runner.invoke(compare_command, [str(original), str(fused), "--report", str(report_path)])
     assert passed.exit_code == 0, passed.output
     assert "logits" in passed.output
-    assert "all 1 outputs within tolerance" in passed.output
+    assert "all 1 outputs pass" in passed.output
+    assert "seed 0" in passed.output
+    assert "input_ids=2x5" in passed.output
     saved = json.loads(report_path.read_text())
     assert saved["passed"] is True
     assert saved["runners"] == ["onnxruntime-original", LOWERED_RUNNER]
-    assert saved["outputs"][0]["name"] == "logits"
+    assert saved["steps"][0]["outputs"][0]["name"] == "logits"
 
     failed = runner.invoke(compare_command, [str(original), str(corrupted), "--report", str(report_path)])
     assert failed.exit_code == EXIT_MISMATCH, failed.output

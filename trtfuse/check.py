@@ -1,38 +1,98 @@
-"""Numerical check of a fused model against its original, both run by onnxruntime on the CPU."""
+"""Numerical check of a fused model against its original, both run on the CPU, judged by `trtfuse.verdict`.
+
+Each step's feed (a prefill and a decode step on KV-cache models, `trtfuse.inputs.default_feeds`) goes to the original
+twice, to the candidate once and, for 16-bit and quantized graphs, to a float32 evaluation of the original graph
+(`trtfuse.widening`). `trtfuse compare` runs the same `judge_steps` with a TensorRT engine as the candidate.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import external_data_helper, helper
 
+from trtfuse import contract
 from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
-from trtfuse.inputs import make_feed
-from trtfuse.io import LoadedModel
+from trtfuse.inputs import StepFeed, default_feeds
+from trtfuse.io import DEFAULT_DOMAINS, LoadedModel
 from trtfuse.reference import lower_fused_nodes
-from trtfuse.tolerances import OutputError, output_error
+from trtfuse.tolerances import Tolerance, tolerance_for
+from trtfuse.verdict import REFERENCE_MARGIN, Judge, OutputVerdict
+from trtfuse.widening import NARROW_FLOATS, is_reduced_precision, widen_to_float32
 
 # onnxruntime resolves external data of a model given as bytes against this folder.
 _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+# onnxruntime's messages about a feed the graph cannot take; the sizes are what the user can change.
+_SHAPE_ERROR = re.compile(r"shape|dimension|rank|broadcast|reshape|size", re.IGNORECASE)
+_SIZE_HINT = "; set the input sizes with --dim SYMBOL=N or --shape NAME=D0xD1"
+_FLOAT_OUTPUTS = {"float16", "bfloat16", "float32", "float64"}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The verdict on every output of the original at one step; an output left out has `passed` None."""
+
+    name: str
+    input_shapes: dict[str, tuple[int, ...]]
+    outputs: list[OutputVerdict]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def judged(self) -> list[OutputVerdict]:
+        return [output for output in self.outputs if output.passed is not None]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.judged) and all(output.passed for output in self.judged)
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    """Per-output errors of the fused model against the original on the same inputs."""
+    """Every step's verdicts; `seed` is None when the inputs came from a file."""
 
-    errors: list[OutputError]
+    steps: list[StepResult]
+    seed: int | None
+    inputs_file: Path | None = None
+    judged_by: str = "tolerance"
 
     @property
     def passed(self) -> bool:
-        return all(error.passed for error in self.errors)
+        return bool(self.steps) and all(step.passed for step in self.steps)
+
+    @property
+    def errors(self) -> list[OutputVerdict]:
+        return [output for step in self.steps for output in step.outputs]
+
+    def to_json(self) -> dict:
+        return {
+            "passed": self.passed,
+            "seed": self.seed,
+            "inputs_file": str(self.inputs_file) if self.inputs_file else None,
+            "judged_by": self.judged_by,
+            "margin": REFERENCE_MARGIN,
+            "steps": [
+                {
+                    "step": step.name,
+                    "input_shapes": {name: list(shape) for name, shape in step.input_shapes.items()},
+                    "notes": list(step.notes),
+                    "passed": step.passed,
+                    "outputs": [output.to_json() for output in step.outputs],
+                }
+                for step in self.steps
+            ],
+        }
 
 
 def onnxruntime_session(model: LoadedModel) -> object:
     """An onnxruntime CPU session running `model` as written: no graph optimisations, which would fuse and re-round
-    the very norm chains being checked. External data resolves against the model's own folder."""
+    the very norm chains being checked. External data resolves as `trtfuse.io.load_model` resolves it: against the
+    folder the model's path names, not the target of a symlinked model file."""
     try:
         import onnxruntime
     except ImportError:
@@ -40,7 +100,7 @@ def onnxruntime_session(model: LoadedModel) -> object:
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.resolve().parent))
+    options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.absolute().parent))
     try:
         return onnxruntime.InferenceSession(
             model.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
@@ -48,13 +108,6 @@ def onnxruntime_session(model: LoadedModel) -> object:
     except Exception as error:
         # onnxruntime raises its own exception types for unsupported ops and bad graphs alike.
         raise TrtfuseError(f"{model.path}: onnxruntime cannot load it: {first_line(error)}") from None
-
-
-def run_model(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """onnxruntime, or for bfloat16 models, which onnxruntime's CPU kernels mostly lack, onnx's reference evaluator."""
-    if uses_bfloat16(model.model):
-        return run_reference_evaluator(model, feed)
-    return run_onnxruntime(model, feed)
 
 
 def uses_bfloat16(model: onnx.ModelProto) -> bool:
@@ -69,31 +122,61 @@ def uses_bfloat16(model: onnx.ModelProto) -> bool:
     )
 
 
-def run_reference_evaluator(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run `model` with `onnx.reference.ReferenceEvaluator`: exact per-op rounding in every dtype, slow, CPU only."""
-    from onnx.reference import ReferenceEvaluator
+class ModelRunner:
+    """One model on the CPU, loaded once and run on any number of feeds: onnxruntime, or for bfloat16 models, which
+    onnxruntime's CPU kernels mostly lack, onnx's reference evaluator (exact per-op rounding, slow)."""
 
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.model)
-    external_data_helper.load_external_data_for_model(proto, str(model.path.resolve().parent))
-    try:
-        evaluator = ReferenceEvaluator(proto)
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self._run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._run is None:
+            self._run = self._evaluator() if uses_bfloat16(self.model.model) else self._onnxruntime()
+        return self._run(feed)
+
+    def _onnxruntime(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        session = onnxruntime_session(self.model)
+        names = [output.name for output in session.get_outputs()]
+
+        def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            try:
+                return dict(zip(names, session.run(names, dict(feed)), strict=True))
+            except Exception as error:
+                # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
+                message = first_line(error)
+                hint = _SIZE_HINT if _SHAPE_ERROR.search(message) else ""
+                raise TrtfuseError(f"{self.model.path}: onnxruntime cannot run it: {message}{hint}") from None
+
+        return run
+
+    def _evaluator(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        from onnx.reference import ReferenceEvaluator
+
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.model.model)
+        external_data_helper.load_external_data_for_model(proto, str(self.model.path.absolute().parent))
+        try:
+            evaluator = ReferenceEvaluator(proto)
+        except Exception as error:
+            # The evaluator raises whatever its op implementations raise.
+            message = f"onnx's reference evaluator cannot load it: {first_line(error)}"
+            raise TrtfuseError(f"{self.model.path}: {message}") from None
         names = list(evaluator.output_names)
-        return dict(zip(names, evaluator.run(names, dict(feed)), strict=True))
-    except Exception as error:
-        # The evaluator raises whatever its op implementations raise.
-        raise TrtfuseError(f"{model.path}: onnx's reference evaluator cannot run it: {first_line(error)}") from None
+
+        def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            try:
+                return dict(zip(names, evaluator.run(names, dict(feed)), strict=True))
+            except Exception as error:
+                message = f"onnx's reference evaluator cannot run it: {first_line(error)}"
+                raise TrtfuseError(f"{self.model.path}: {message}{_SIZE_HINT}") from None
+
+        return run
 
 
-def run_onnxruntime(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run `model` on `feed` with `onnxruntime_session`."""
-    session = onnxruntime_session(model)
-    names = [output.name for output in session.get_outputs()]
-    try:
-        return dict(zip(names, session.run(names, dict(feed)), strict=True))
-    except Exception as error:
-        # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
-        raise TrtfuseError(f"{model.path}: onnxruntime cannot run it: {first_line(error)}") from None
+def run_model(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`model`'s outputs on `feed`, once."""
+    return ModelRunner(model).run(feed)
 
 
 def check_fused(
@@ -102,26 +185,239 @@ def check_fused(
     seed: int = 0,
     shapes: Mapping[str, Sequence[int]] | None = None,
     dims: Mapping[str, int] | None = None,
+    *,
+    tolerance: Tolerance | None = None,
+    feeds: Sequence[StepFeed] | None = None,
+    inputs_file: Path | None = None,
 ) -> CheckResult:
-    """Feed both models the same random inputs (the fused one with its plugin nodes lowered) and compare outputs."""
-    feed = make_feed(original.model, seed, shapes=shapes, dims=dims)
-    _check_same_interface(original, fused)
-    reference_outputs = run_model(original, feed)
-    lowered = LoadedModel(model=lower_fused_nodes(fused.model), path=fused.path)
-    fused_outputs = run_model(lowered, feed)
-    errors = [output_error(name, fused_outputs[name], reference) for name, reference in reference_outputs.items()]
-    return CheckResult(errors=errors)
+    """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `feeds` (by default
+    `default_feeds` of the original with `seed`, `shapes` and `dims`; `inputs_file` names where given feeds came from).
+    """
+    check_same_inputs(original, fused)
+    check_fused_nodes(fused)
+    lowered = ModelRunner(LoadedModel(model=lower_fused_nodes(fused.model), path=fused.path))
+    judge = judge_for(original, tolerance, declared_output_differences(original, fused))
+    if feeds is None:
+        feeds = default_feeds(original.model, seed, shapes=shapes, dims=dims)
+    return judge_steps(original, lowered.run, feeds, judge, None if inputs_file else seed, inputs_file)
 
 
-def _check_same_interface(original: LoadedModel, fused: LoadedModel) -> None:
-    def names(values: Sequence[onnx.ValueInfoProto], model: onnx.ModelProto) -> set[str]:
-        initializers = {tensor.name for tensor in model.graph.initializer}
-        return {value.name for value in values if value.name not in initializers}
+def judge_for(original: LoadedModel, tolerance: Tolerance | None, declared: Mapping[str, str]) -> Judge:
+    check_comparable_outputs(original)
+    return Judge(tolerance=tolerance, computed_in=computed_dtypes(original.model), declared=declared)
 
+
+def judge_steps(
+    original: LoadedModel,
+    run_candidate: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    feeds: Sequence[StepFeed],
+    judge: Judge,
+    seed: int | None,
+    inputs_file: Path | None = None,
+) -> CheckResult:
+    """Run the original twice, the candidate once and, where the verdict uses it, the float32 evaluation of the
+    original, at every step; judge each output."""
+    runner = ModelRunner(original)
+    reference = _reference_runner(original) if judge.tolerance is None else None
+    steps = []
+    for step in feeds:
+        first = runner.run(step.feed)
+        _check_tensor_outputs(original, first)
+        again = runner.run(step.feed)
+        candidate = run_candidate(step.feed)
+        notes: list[str] = []
+        expected = None
+        if reference is not None:
+            try:
+                expected = reference.run(_widened_feed(step.feed))
+            except TrtfuseError as error:
+                notes.append(f"no float32 evaluation of the original ({error}): judged by tolerance")
+        steps.append(
+            StepResult(
+                name=step.step,
+                input_shapes={name: tuple(array.shape) for name, array in step.feed.items()},
+                outputs=judge.outputs(first, again, candidate, expected),
+                notes=tuple(notes),
+            )
+        )
+    judged_by = "float32 evaluation" if reference is not None else "tolerance"
+    return CheckResult(steps=steps, seed=seed, inputs_file=inputs_file, judged_by=judged_by)
+
+
+def _reference_runner(original: LoadedModel) -> ModelRunner | None:
+    if not is_reduced_precision(original.model):
+        return None
+    return ModelRunner(LoadedModel(model=widen_to_float32(original.model), path=original.path))
+
+
+def _widened_feed(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    narrow = {np.dtype(helper.tensor_dtype_to_np_dtype(elem)) for elem in NARROW_FLOATS}
+    return {name: array.astype(np.float32) if array.dtype in narrow else array for name, array in feed.items()}
+
+
+def computed_dtypes(model: onnx.ModelProto) -> dict[str, str]:
+    """Per graph output, the dtype of the computation that produced it: the loosest float dtype along the Casts and
+    Identities it comes out of (an fp16 model's `logits.float()` is float16's)."""
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        # Shape inference raises for graphs onnxruntime still runs; each output then keeps its own dtype.
+        graph = model.graph
+    types = {value.name: value.type.tensor_type.elem_type for value in [*graph.input, *graph.value_info]}
+    types.update({value.name: value.type.tensor_type.elem_type for value in graph.output})
+    types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
+    producers = {output: node for node in graph.node for output in node.output}
+    computed = {}
+    for output in graph.output:
+        chain = [output.name]
+        node = producers.get(output.name)
+        while node is not None and node.op_type in ("Cast", "Identity") and node.domain in DEFAULT_DOMAINS:
+            chain.append(node.input[0])
+            node = producers.get(node.input[0])
+        names = [_dtype_name(types[name]) for name in chain if types.get(name)]
+        floats = [name for name in names if name in _FLOAT_OUTPUTS]
+        if floats:
+            computed[output.name] = max(floats, key=lambda name: tolerance_for(name).rtol)
+        elif names:
+            computed[output.name] = names[-1]
+    return computed
+
+
+def _dtype_name(elem_type: int) -> str:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def check_comparable_outputs(model: LoadedModel) -> None:
+    """Every graph output must be a tensor of numbers or bools: a string, complex or non-tensor output has no error
+    to measure."""
+    for output in model.model.graph.output:
+        kind = output.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            raise TrtfuseError(
+                f"{model.path}: output '{output.name}' is a {kind.removesuffix('_type')}, not a tensor; "
+                "check compares tensor outputs only"
+            )
+        elem_type = output.type.tensor_type.elem_type
+        if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+            raise TrtfuseError(
+                f"{model.path}: output '{output.name}' holds {_dtype_name(elem_type)} values; "
+                "check compares numeric and bool outputs only"
+            )
+
+
+def _check_tensor_outputs(model: LoadedModel, outputs: Mapping[str, object]) -> None:
+    for name, value in outputs.items():
+        if not isinstance(value, np.ndarray) or (value.dtype.kind not in "biuf" and value.dtype.name != "bfloat16"):
+            kind = value.dtype.name if isinstance(value, np.ndarray) else type(value).__name__
+            raise TrtfuseError(
+                f"{model.path}: output '{name}' came out as {kind}; check compares numeric and bool tensors only"
+            )
+
+
+def check_same_inputs(original: LoadedModel, fused: LoadedModel) -> None:
+    """The two models must take the same inputs, of the same dtypes, and give the same outputs by name."""
+    original_inputs = _interface(original.model.graph.input, original.model)
+    fused_inputs = _interface(fused.model.graph.input, fused.model)
+    original_outputs = _interface(original.model.graph.output, original.model)
+    fused_outputs = _interface(fused.model.graph.output, fused.model)
     for kind, original_names, fused_names in (
-        ("inputs", names(original.model.graph.input, original.model), names(fused.model.graph.input, fused.model)),
-        ("outputs", names(original.model.graph.output, original.model), names(fused.model.graph.output, fused.model)),
+        ("inputs", set(original_inputs), set(fused_inputs)),
+        ("outputs", set(original_outputs), set(fused_outputs)),
     ):
         if original_names != fused_names:
             difference = ", ".join(sorted(original_names ^ fused_names))
             raise TrtfuseError(f"{fused.path}: graph {kind} differ from {original.path}'s: {difference}")
+    for name, value in original_inputs.items():
+        if _type_text(value) != _type_text(fused_inputs[name]):
+            raise TrtfuseError(
+                f"{fused.path}: input '{name}' is {_type_text(fused_inputs[name])}, in {original.path} "
+                f"{_type_text(value)}"
+            )
+
+
+def declared_output_differences(original: LoadedModel, fused: LoadedModel) -> dict[str, str]:
+    """Per output whose declared dtype or shape the fused model changed (or left out), what changed."""
+    fused_outputs = _interface(fused.model.graph.output, fused.model)
+    differences = {}
+    for name, value in _interface(original.model.graph.output, original.model).items():
+        declared, candidate = value.type.tensor_type, fused_outputs[name].type.tensor_type
+        changed_shape = declared.HasField("shape") and _type_text(value) != _type_text(fused_outputs[name])
+        if declared.elem_type and not candidate.elem_type:
+            differences[name] = "the fused model declares no dtype for it"
+        elif declared.elem_type != candidate.elem_type or changed_shape:
+            differences[name] = (
+                f"declared {_type_text(fused_outputs[name])} in the fused model, {_type_text(value)} originally"
+            )
+    return differences
+
+
+def _interface(values: Sequence[onnx.ValueInfoProto], model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    return {value.name: value for value in values if value.name not in initializers}
+
+
+def _type_text(value: onnx.ValueInfoProto) -> str:
+    tensor = value.type.tensor_type
+    dtype = _dtype_name(tensor.elem_type) if tensor.elem_type else "no dtype"
+    if not tensor.HasField("shape"):
+        return dtype
+    dims = [str(dim.dim_value) if dim.HasField("dim_value") else dim.dim_param or "?" for dim in tensor.shape.dim]
+    return f"{dtype}[{','.join(dims)}]"
+
+
+_FIELD_TYPES = {
+    contract.ATTR_NAMESPACE: onnx.AttributeProto.STRING,
+    contract.ATTR_VERSION: onnx.AttributeProto.STRING,
+    contract.ATTR_EPSILON: onnx.AttributeProto.FLOAT,
+    contract.ATTR_WEIGHT_OFFSET: onnx.AttributeProto.FLOAT,
+    contract.ATTR_WEIGHT_MODE: onnx.AttributeProto.INT,
+    contract.ATTR_HIDDEN: onnx.AttributeProto.INT,
+    contract.ATTR_Q_HIDDEN: onnx.AttributeProto.INT,
+    contract.ATTR_K_HIDDEN: onnx.AttributeProto.INT,
+}
+_ARITY = {contract.RMS_NORM_OP: ((1, 2), 1), contract.QK_NORM_OP: ((2, 4), 2)}
+
+
+def check_fused_nodes(fused: LoadedModel) -> None:
+    """Every node in the trtfuse domain must be a contract op with its fields of the right types and values (a foreign
+    or hand-edited file may hold anything); each problem is one line naming the node."""
+    for node in fused.model.graph.node:
+        if node.domain != contract.ONNX_DOMAIN:
+            continue
+        where = f"{fused.path}: node '{node.name or (node.output[0] if node.output else '')}'"
+        if node.op_type not in contract.FUSED_OPS:
+            raise TrtfuseError(f"{where}: {node.op_type} is no trtfuse op ({', '.join(contract.FUSED_OPS)})")
+        (min_inputs, max_inputs), outputs = _ARITY[node.op_type]
+        if not min_inputs <= len(node.input) <= max_inputs or len(node.output) != outputs:
+            raise TrtfuseError(
+                f"{where}: {node.op_type} takes {min_inputs}-{max_inputs} inputs and gives {outputs} output(s), "
+                f"not {len(node.input)} and {len(node.output)}"
+            )
+        fields = contract.RMS_NORM_FIELDS if node.op_type == contract.RMS_NORM_OP else contract.QK_NORM_FIELDS
+        attributes = {attribute.name: attribute for attribute in node.attribute}
+        for name in fields:
+            attribute = attributes.get(name)
+            expected = _FIELD_TYPES.get(name)
+            if attribute is None:
+                raise TrtfuseError(f"{where}: {node.op_type} lacks attribute {name}")
+            if expected is None:
+                continue
+            if attribute.type != expected:
+                kind = onnx.AttributeProto.AttributeType.Name(expected).lower()
+                raise TrtfuseError(f"{where}: attribute {name} must be one {kind}")
+            _check_field_value(where, name, helper.get_attribute_value(attribute))
+
+
+def _check_field_value(where: str, name: str, value: object) -> None:
+    if name == contract.ATTR_EPSILON and not (math.isfinite(value) and value >= 0.0):
+        raise TrtfuseError(f"{where}: epsilon {value} is not a finite non-negative number")
+    if name == contract.ATTR_WEIGHT_OFFSET and not math.isfinite(value):
+        raise TrtfuseError(f"{where}: weight_offset {value} is not finite")
+    if name == contract.ATTR_WEIGHT_MODE and value not in {mode.value for mode in contract.WeightMode}:
+        modes = ", ".join(f"{mode.value} ({mode.name})" for mode in contract.WeightMode)
+        raise TrtfuseError(f"{where}: weight_mode {value} is none of {modes}")
+    if name in (contract.ATTR_HIDDEN, contract.ATTR_Q_HIDDEN, contract.ATTR_K_HIDDEN) and value < 1:
+        raise TrtfuseError(f"{where}: {name} {value} is not a positive length")

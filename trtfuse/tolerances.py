@@ -6,6 +6,7 @@ blow up where single elements of b are near zero.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,22 +55,31 @@ class OutputError:
         return self.tolerance.accepts(self.max_abs, self.max_rel)
 
 
-def output_error(name: str, actual: np.ndarray, reference: np.ndarray) -> OutputError:
-    """Max abs and max relative error of `actual` against `reference` in float64; a NaN or inf mismatch fails."""
+def non_finite_mismatch(actual: np.ndarray, reference: np.ndarray) -> bool:
+    """Whether NaNs or infinities of two float64 arrays of one shape sit in different places or differ."""
+    nan_mismatch = bool(np.any(np.isnan(actual) != np.isnan(reference)))
+    both_finite = np.isfinite(actual) & np.isfinite(reference)
+    return nan_mismatch or bool(np.any((actual != reference) & ~both_finite & ~np.isnan(reference)))
+
+
+def output_error(
+    name: str, actual: np.ndarray, reference: np.ndarray, tolerance: Tolerance | None = None
+) -> OutputError:
+    """Max abs and max relative error of `actual` against `reference` in float64; a NaN or inf mismatch fails.
+    `tolerance` defaults to the reference dtype's."""
     dtype = np.dtype(reference.dtype).name
+    tolerance = tolerance or tolerance_for(dtype)
     if actual.shape != reference.shape:
-        return OutputError(name, dtype, float("inf"), float("inf"), tolerance_for(dtype))
+        return OutputError(name, dtype, math.inf, math.inf, tolerance)
     actual64 = actual.astype(np.float64)
     reference64 = reference.astype(np.float64)
-    nan_mismatch = bool(np.any(np.isnan(actual64) != np.isnan(reference64)))
+    if non_finite_mismatch(actual64, reference64):
+        return OutputError(name, dtype, math.inf, math.inf, tolerance)
     both_finite = np.isfinite(actual64) & np.isfinite(reference64)
-    inf_mismatch = bool(np.any((actual64 != reference64) & ~both_finite & ~np.isnan(reference64)))
-    if nan_mismatch or inf_mismatch:
-        return OutputError(name, dtype, float("inf"), float("inf"), tolerance_for(dtype))
     difference = np.abs(actual64 - reference64)[both_finite]
     max_abs = float(difference.max(initial=0.0))
     scale = float(np.abs(reference64[both_finite]).max(initial=0.0))
     if max_abs == 0.0:
-        return OutputError(name, dtype, 0.0, 0.0, tolerance_for(dtype))
-    max_rel = max_abs / scale if scale > 0.0 else float("inf")
-    return OutputError(name, dtype, max_abs, max_rel, tolerance_for(dtype))
+        return OutputError(name, dtype, 0.0, 0.0, tolerance)
+    max_rel = max_abs / scale if scale > 0.0 else math.inf
+    return OutputError(name, dtype, max_abs, max_rel, tolerance)

@@ -1,0 +1,162 @@
+"""What `trtfuse check` and `trtfuse compare` share: the verdict options, the feeds they run, and how they print."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import click
+
+from cli.options import EXIT_MISMATCH, echo_json, printable, summary
+from trtfuse.errors import TrtfuseError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from trtfuse.check import CheckResult, StepResult
+    from trtfuse.inputs import StepFeed
+    from trtfuse.tolerances import Tolerance
+    from trtfuse.verdict import OutputVerdict
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _non_negative(_ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value >= 0.0):
+        raise click.BadParameter(f"{value} is not a finite non-negative number", param=param)
+    return value
+
+
+def verdict_options(command: F) -> F:
+    """--rtol, --atol, --save-inputs and --load-inputs; the command receives `rtol`, `atol`, `save_inputs` and
+    `load_inputs`."""
+    options = (
+        click.option(
+            "--rtol",
+            type=float,
+            callback=_non_negative,
+            help="Judge every float output by this max relative error to the original instead of the default verdict.",
+        ),
+        click.option(
+            "--atol",
+            type=float,
+            callback=_non_negative,
+            help="Judge every float output by this max abs error to the original (passes if either bound holds).",
+        ),
+        click.option(
+            "--save-inputs",
+            type=click.Path(path_type=Path),
+            metavar="FILE.npz",
+            help="Write the inputs of every step to FILE.npz.",
+        ),
+        click.option(
+            "--load-inputs",
+            type=click.Path(path_type=Path),
+            metavar="FILE.npz",
+            help="Run on the inputs in FILE.npz (from --save-inputs, or one array per input) instead of random ones.",
+        ),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def tolerance_from(rtol: float | None, atol: float | None) -> Tolerance | None:
+    """The user's tolerance (an option not given is 0), or None for the default verdict."""
+    from trtfuse.tolerances import Tolerance
+
+    if rtol is None and atol is None:
+        return None
+    return Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
+
+
+def feeds_for(
+    model: onnx.ModelProto,
+    seed: int,
+    shapes: Mapping[str, tuple[int, ...]],
+    dims: Mapping[str, int],
+    load_inputs: Path | None,
+) -> list[StepFeed] | None:
+    """The loaded steps, or None for the default feeds; --load-inputs fixes every size, so --shape/--dim conflict."""
+    if load_inputs is None:
+        return None
+    from trtfuse.saved_inputs import load_feeds
+
+    ctx = click.get_current_context()
+    flags = {"--shape": "shapes", "--dim": "dims", "--seed": "seed"}
+    defaults = (None, click.core.ParameterSource.DEFAULT)
+    given = [flag for flag, param in flags.items() if ctx.get_parameter_source(param) not in defaults]
+    if given:
+        raise TrtfuseError(f"--load-inputs {load_inputs} fixes the inputs; drop {', '.join(given)}")
+    return load_feeds(load_inputs, model)
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def echo_result(result: CheckResult, as_json: bool, extra_json: Mapping[str, object] | None = None) -> None:
+    """A table per step (or, with --json, one JSON object); exit 1 unless every step passed."""
+    if as_json:
+        echo_json({**(extra_json or {}), **result.to_json()})
+    else:
+        origin = f"inputs from {result.inputs_file}" if result.inputs_file else f"seed {result.seed}"
+        for step in result.steps:
+            _echo_step(step, origin)
+    if not result.passed:
+        if not as_json:
+            click.secho(_failure_line(result), fg="red", err=True)
+        raise SystemExit(EXIT_MISMATCH)
+    judged = sum(len(step.judged) for step in result.steps)
+    summary(f"all {judged} outputs pass ({_judged_by_text(result)})", as_json)
+
+
+def _judged_by_text(result: CheckResult) -> str:
+    from trtfuse.verdict import REFERENCE_MARGIN
+
+    if result.judged_by == "tolerance":
+        return "within tolerance of the original"
+    return f"16-bit/quantized graph: error against a float32 evaluation at most {REFERENCE_MARGIN:g}x the original's"
+
+
+def _failure_line(result: CheckResult) -> str:
+    failed = sum(1 for step in result.steps for output in step.judged if not output.passed)
+    empty = [step.name for step in result.steps if not step.judged]
+    if empty and not failed:
+        return f"no output could be judged at step {', '.join(empty)}: every one differs between runs of the original"
+    return f"{failed} output(s) fail"
+
+
+def _echo_step(step: StepResult, origin: str) -> None:
+    names = [printable(output.name) for output in step.outputs]
+    width = max([len("output"), *(len(name) for name in names)])
+    shapes = ", ".join(f"{name}={_shape_text(shape)}" for name, shape in step.input_shapes.items())
+    click.echo(printable(f"step {step.name} ({origin}): {shapes}"))
+    click.echo(
+        f"  {'output':<{width}}  {'dtype':<17}  {'max abs':>9}  {'max rel':>9}  "
+        f"{'orig err':>9}  {'fused err':>9}  {'limit':>9}  result"
+    )
+    for name, output in zip(names, step.outputs, strict=True):
+        click.echo(f"  {name:<{width}}  {_row(output)}")
+    for note in step.notes:
+        click.echo(f"  note: {printable(note)}")
+
+
+def _row(output: OutputVerdict) -> str:
+    dtype = output.dtype if output.computed_in == output.dtype else f"{output.dtype}<-{output.computed_in}"
+    error, reference = output.error, output.reference
+    max_abs = f"{error.max_abs:9.3e}" if error else f"{'-':>9}"
+    max_rel = f"{error.max_rel:9.3e}" if error else f"{'-':>9}"
+    if reference is not None:
+        errors = f"{reference.original:9.3e}  {reference.candidate:9.3e}  {reference.bound:9.3e}"
+    else:
+        limit = f"{error.tolerance.rtol:9.0e}" if error else f"{'-':>9}"
+        errors = f"{'-':>9}  {'-':>9}  {limit}"
+    if output.passed is None:
+        status = click.style("left out", fg="yellow")
+    else:
+        status = click.style("ok", fg="green") if output.passed else click.style("FAIL", fg="red")
+    note = f"  ({printable(output.note)})" if output.note else ""
+    return f"{dtype:<17}  {max_abs}  {max_rel}  {errors}  {status}{note}"

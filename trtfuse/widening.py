@@ -1,0 +1,161 @@
+"""The original graph's arithmetic in float32: the yardstick `check` and `compare` measure 16-bit and quantized models
+against.
+
+A 16-bit or quantized model differs from any other evaluation of itself by its own rounding: a fused norm that rounds
+once where the original rounded three times, or one ulp that flips a quantization step, changes the output by as much
+as the original's own error. Judging the fused model against the original alone would blame the fusion for that; a
+float32 evaluation of the same ops on the same weights tells which of the two is closer to what the graph means.
+
+`widen_to_float32` keeps every op and every weight value; it changes only where values are rounded: float16 and
+bfloat16 tensors, casts and constants become float32, and an activation QuantizeLinear -> DequantizeLinear pair
+(a rounding of a computed value, not of a stored weight) becomes an identity. Quantized weights stay as stored, since
+their float values are all the model has.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, numpy_helper
+
+NARROW_FLOATS = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
+# Cast targets that round a computed value; float8 casts appear in fp8 exports outside Q/DQ.
+_NARROW_CAST_TARGETS = NARROW_FLOATS | {
+    TensorProto.FLOAT8E4M3FN,
+    TensorProto.FLOAT8E4M3FNUZ,
+    TensorProto.FLOAT8E5M2,
+    TensorProto.FLOAT8E5M2FNUZ,
+}
+QUANTIZATION_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "MatMulNBits",
+        "MatMulInteger",
+        "QLinearMatMul",
+        "QLinearConv",
+    }
+)
+# Attributes naming the dtype an op produces.
+_DTYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
+
+
+def is_reduced_precision(model: onnx.ModelProto) -> bool:
+    """Whether the model rounds computed values to 16-bit floats or quantizes them anywhere: in its interface, its
+    tensors and constants, its casts or its ops (subgraphs and functions included)."""
+    graph = model.graph
+    values = [*graph.input, *graph.output, *graph.value_info]
+    if any(value.type.tensor_type.elem_type in NARROW_FLOATS for value in values):
+        return True
+    return any(_node_is_reduced(node) for node in _all_nodes(model)) or any(
+        tensor.data_type in NARROW_FLOATS for tensor in graph.initializer
+    )
+
+
+def widen_to_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` computing the same ops on the same weights in float32, activation Q/DQ pairs removed."""
+    widened = onnx.ModelProto()
+    widened.CopyFrom(model)
+    _widen_graph(widened.graph)
+    for function in widened.functions:
+        _widen_nodes(function.node)
+        _drop_activation_quantization(function.node, set(function.output))
+    return widened
+
+
+def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    nodes = []
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            nodes.append(node)
+            graphs.extend(_subgraphs(node))
+    for function in model.functions:
+        nodes.extend(function.node)
+    return nodes
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    graphs = []
+    for attribute in node.attribute:
+        if attribute.HasField("g"):
+            graphs.append(attribute.g)
+        graphs.extend(attribute.graphs)
+    return graphs
+
+
+def _node_is_reduced(node: onnx.NodeProto) -> bool:
+    if node.op_type in QUANTIZATION_OPS:
+        return True
+    for attribute in node.attribute:
+        if _names_narrow_dtype(attribute):
+            return True
+        if attribute.HasField("t") and attribute.t.data_type in NARROW_FLOATS:
+            return True
+    return False
+
+
+def _names_narrow_dtype(attribute: onnx.AttributeProto) -> bool:
+    return (
+        attribute.name in _DTYPE_ATTRIBUTES
+        and attribute.type == onnx.AttributeProto.INT
+        and attribute.i in _NARROW_CAST_TARGETS
+    )
+
+
+def _widen_graph(graph: onnx.GraphProto) -> None:
+    for value in [*graph.input, *graph.output]:
+        _widen_value(value)
+    # Recorded types of intermediate values would contradict the widened ops; onnxruntime infers them again.
+    del graph.value_info[:]
+    for index, tensor in enumerate(graph.initializer):
+        if tensor.data_type in NARROW_FLOATS:
+            graph.initializer[index].CopyFrom(_widen_tensor(tensor))
+    _widen_nodes(graph.node)
+    _drop_activation_quantization(graph.node, {value.name for value in graph.output})
+
+
+def _widen_value(value: onnx.ValueInfoProto) -> None:
+    if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type in NARROW_FLOATS:
+        value.type.tensor_type.elem_type = TensorProto.FLOAT
+
+
+def _widen_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    # 16-bit floats are exactly representable in float32: the weights keep their values.
+    return numpy_helper.from_array(numpy_helper.to_array(tensor).astype("float32"), tensor.name)
+
+
+def _widen_nodes(nodes: list[onnx.NodeProto]) -> None:
+    for node in nodes:
+        for attribute in node.attribute:
+            if _names_narrow_dtype(attribute) and node.op_type not in QUANTIZATION_OPS:
+                attribute.i = TensorProto.FLOAT
+            if attribute.HasField("t") and attribute.t.data_type in NARROW_FLOATS:
+                attribute.t.CopyFrom(_widen_tensor(attribute.t))
+            if attribute.HasField("g"):
+                _widen_graph(attribute.g)
+            for subgraph in attribute.graphs:
+                _widen_graph(subgraph)
+
+
+def _drop_activation_quantization(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> None:
+    """DequantizeLinear(QuantizeLinear(x)) becomes Identity(x); a QuantizeLinear left without consumers goes."""
+    producers = {output: node for node in nodes for output in node.output}
+    for node in nodes:
+        if node.op_type != "DequantizeLinear" or not node.input:
+            continue
+        producer = producers.get(node.input[0])
+        if producer is None or producer.op_type != "QuantizeLinear" or not producer.input:
+            continue
+        replacement = onnx.helper.make_node("Identity", [producer.input[0]], [node.output[0]], name=node.name)
+        node.CopyFrom(replacement)
+    consumed = {name for node in nodes for name in node.input} | graph_outputs
+    for subgraph_node in nodes:
+        for graph in _subgraphs(subgraph_node):
+            consumed.update(name for inner in graph.node for name in inner.input)
+    kept = [
+        node for node in nodes if node.op_type != "QuantizeLinear" or any(output in consumed for output in node.output)
+    ]
+    del nodes[:]
+    nodes.extend(kept)
