@@ -589,3 +589,155 @@ class RandomGraph:
         for index in chosen:
             self.builder.output(self.pool[index][0])
         return self.builder.model()
+
+
+# Graphs a correct matcher must not fuse as they look, or must fuse in a way today's did not (issues 10 and 12).
+def foreign_domain_norm(op: str, local_function: bool = False) -> onnx.ModelProto:
+    """An fp32 norm whose `op` node is another domain's op of that name, or a model-local function named like it."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+    rms_norm(b, x, NormSpec(root="div-one"))
+    node = next(node for node in b.nodes if node.op_type == op)
+    if local_function:
+        body = [helper.make_node("Neg", ["a"], ["b"])]
+        function = helper.make_function("", op, ["a"], ["b"], body, [helper.make_opsetid("", b.opset)])
+    else:
+        node.domain = "custom.ops"
+        b.domains["custom.ops"] = 1
+    y = b.nodes[-1].output[0]
+    b.outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, None))
+    model = b.model(standard=False)
+    if local_function:
+        model.functions.append(function)
+    return model
+
+
+def broadcasting_constant(which: str) -> onnx.ModelProto:
+    """A norm over x [B, S, H] whose `which` constant has shape [1, 1, 1, 1] (or [1, 1, 1, H]): the result is rank 4."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+    wide = [1, 1, 1, 1]
+
+    def scalar(value: float, name: str) -> str:
+        return b.constant(np.full(wide if which == name else [], value), base=name)
+
+    squared = b.op("Pow", x, scalar(2.0, "exponent"))
+    mean = b.reduce("ReduceMean", squared, [-1])
+    variance = b.op("Add", mean, scalar(1e-6, "epsilon"))
+    inverse = b.op("Div", scalar(1.0, "numerator"), b.op("Sqrt", variance))
+    normalized = b.op("Mul", x, inverse)
+    weight = b.rng.uniform(0.5, 1.5, HIDDEN)
+    weight_name = b.constant(weight.reshape([1, 1, 1, HIDDEN]) if which == "weight" else weight, base="weight")
+    if which == "offset":
+        weight_name = b.op("Add", b.constant(np.ones(wide), base="offset"), weight_name)
+    b.output(b.op("Mul", normalized, weight_name))
+    return b.model()
+
+
+def layer_norm_sum_mean(spelling: str) -> onnx.ModelProto:
+    """LayerNorm whose mean is ReduceSum(x)·(1/H) or ReduceSum(x)/H, then the usual variance and root."""
+    b = Builder(18)
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+    total = b.reduce("ReduceSum", x, [-1])
+    if spelling == "mul":
+        mean = b.op("Mul", total, b.constant(1.0 / HIDDEN))
+    else:
+        mean = b.op("Div", total, b.constant(float(HIDDEN)))
+    centred = b.op("Sub", x, mean)
+    variance = b.reduce("ReduceMean", b.op("Pow", centred, b.constant(2.0)), [-1])
+    std = b.op("Sqrt", b.op("Add", variance, b.constant(1e-5)))
+    b.output(b.op("Mul", b.op("Div", centred, std), b.weight(HIDDEN, "float32")))
+    return b.model()
+
+
+def stale_value_info(claimed: int = 32) -> onnx.ModelProto:
+    """An fp16 norm over H = 64 whose value_info claims the reduced tensor's last dim is `claimed`."""
+    model = single_norm(NormSpec(dtype="float16"))
+    reduced = next(node for node in model.graph.node if node.op_type == "ReduceMean").input[0]
+    for value in model.graph.value_info:
+        if value.name == reduced:
+            value.type.tensor_type.shape.dim[-1].dim_value = claimed
+    return model
+
+
+def symbolic_hidden(kind: str) -> onnx.ModelProto:
+    """x of shape [B, S, "hidden"] into a decomposed norm or a fused norm op with a weight of 64 elements."""
+    b = Builder(23 if kind == "RMSNormalization" else 17)
+    x = b.input("x", [BATCH, SEQUENCE, "hidden"])
+    if kind == "decomposed":
+        b.output(rms_norm(b, x, NormSpec()))
+        return b.model()
+    domain = "com.microsoft" if kind == "SkipSimplifiedLayerNormalization" else ""
+    b.output(b.op(kind, x, b.weight(HIDDEN, "float32"), epsilon=1e-6, domain=domain))
+    return b.model(standard=kind == "RMSNormalization")
+
+
+def unknown_shape_fused_norm() -> onnx.ModelProto:
+    """SimplifiedLayerNormalization reading a contrib op's output, its shape dropped: only the weight says H = 64."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+    gelu = b.op("FastGelu", x, domain="com.microsoft")
+    b.output(b.op("SimplifiedLayerNormalization", gelu, b.weight(HIDDEN, "float32"), epsilon=1e-6))
+    model = b.model(standard=False)
+    model.graph.value_info.append(helper.make_tensor_value_info(gelu, TensorProto.FLOAT, None))
+    return model
+
+
+def no_epsilon_norm(root: str = "div-one") -> onnx.ModelProto:
+    """An fp16 Llama norm without the epsilon Add (some dynamo exports drop it): mean → root directly."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], "float16")
+    x32 = b.cast(x, "float32")
+    mean = b.reduce("ReduceMean", b.op("Pow", x32, b.constant(2.0)), [-1])
+    if root == "pow-half":
+        inverse = b.op("Pow", mean, b.constant(-0.5))
+    else:
+        inverse = b.op("Div", b.constant(1.0), b.op("Sqrt", mean))
+    normalized = b.cast(b.op("Mul", x32, inverse), "float16")
+    b.output(b.op("Mul", normalized, b.weight(HIDDEN, "float16")))
+    return b.model()
+
+
+def mixed_precision_norm(order: str, out_dtype: str = "float16") -> onnx.ModelProto:
+    """optimum fp16 with an fp32 residual stream: fp32 x, normalised in fp32, the result 16-bit.
+
+    order "cast-then-weight": Cast(x·r) then Mul(w16) (Llama's order); "weight-then-cast": Mul(w32) then Cast.
+    """
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+    normalized = b.op("Mul", x, _inverse_root(b, x, NormSpec()))
+    if order == "cast-then-weight":
+        y = b.op("Mul", b.cast(normalized, out_dtype), b.weight(HIDDEN, out_dtype))
+    else:
+        y = b.cast(b.op("Mul", normalized, b.weight(HIDDEN, "float32")), out_dtype)
+    b.output(y)
+    return b.model()
+
+
+def mixed_rms_normalization(x_dtype: str, scale_dtype: str) -> onnx.ModelProto:
+    """Opset-23 RMSNormalization with X, scale (and so Y) of different dtypes, as dynamo emits for Gemma3/OLMo2."""
+    b = Builder(23)
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], x_dtype)
+    y = b.op("RMSNormalization", x, b.weight(HIDDEN, scale_dtype), epsilon=1e-6)
+    b.output(y, [BATCH, SEQUENCE, HIDDEN])
+    # onnx's inference types Y from the function body (X's dtype), not from the schema (the scale's), so Y's type
+    # is declared as the exporter declares it.
+    model = b.model(standard=False)
+    for value in [*model.graph.value_info]:
+        if value.name == y:
+            model.graph.value_info.remove(value)
+    model.graph.value_info.append(helper.make_tensor_value_info(y, ELEM_TYPES[scale_dtype], [BATCH, SEQUENCE, HIDDEN]))
+    return model
+
+
+def overridable_constant(which: str) -> onnx.ModelProto:
+    """An fp32 norm whose epsilon or weight initializer is also a graph input: a user may feed another value."""
+    model = single_norm(NormSpec())
+    if which == "epsilon":
+        add = next(node for node in model.graph.node if node.op_type == "Add")
+        name = add.input[1]
+    else:
+        name = next(tensor.name for tensor in model.graph.initializer if list(tensor.dims) == [HIDDEN])
+    tensor = next(tensor for tensor in model.graph.initializer if tensor.name == name)
+    model.graph.input.append(helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims)))
+    return model

@@ -9,16 +9,26 @@ import pytest
 from graphs import (
     ACCEPTED,
     ACCEPTED_TAGS,
+    HIDDEN,
     REJECTED,
     AttentionSpec,
     NormSpec,
     attention_block,
     before_cast_gate,
+    broadcasting_constant,
     expected,
+    foreign_domain_norm,
     fused_op_norm,
+    layer_norm_sum_mean,
+    mixed_precision_norm,
+    mixed_rms_normalization,
+    no_epsilon_norm,
     partial_weight,
     shared_normalized,
     single_norm,
+    stale_value_info,
+    symbolic_hidden,
+    unknown_shape_fused_norm,
 )
 
 from trtfuse.contract import WeightMode
@@ -245,3 +255,101 @@ def test_float64_core_is_rejected() -> None:
     found = search(single_norm(NormSpec(dtype="float32", core_dtype="float64")))
     assert not found.matches
     assert any("float64" in miss.reason for miss in found.near_misses), found.near_misses
+
+
+@pytest.mark.parametrize("op", ["Pow", "Add", "Sqrt", "Div", "Mul"])
+def test_an_op_of_another_domain_is_not_the_onnx_op(op: str) -> None:
+    found = search(foreign_domain_norm(op))
+    assert not found.matches
+    assert any(f"{op} of domain custom.ops, not the ONNX op" in miss.reason for miss in found.near_misses)
+
+
+def test_a_local_function_named_like_an_onnx_op_is_not_the_onnx_op() -> None:
+    found = search(foreign_domain_norm("Sqrt", local_function=True))
+    assert not found.matches
+    assert "redefines the ONNX op(s) Sqrt" in found.near_misses[0].reason
+
+
+@pytest.mark.parametrize("which", ["exponent", "epsilon", "numerator"])
+def test_a_scalar_of_higher_rank_is_rejected(which: str) -> None:
+    # x [2, 3, 64] with a [1, 1, 1, 1] constant gives a [1, 2, 3, 64] result: not the shape a fused node writes.
+    found = search(broadcasting_constant(which))
+    assert not found.matches
+    assert any("would broadcast" in miss.reason and which in miss.reason for miss in found.near_misses)
+
+
+@pytest.mark.parametrize(("which", "reason"), [("weight", "of shape [1, 1, 1, 64]"), ("offset", "has rank 4")])
+def test_a_weight_of_higher_rank_stays_outside(which: str, reason: str) -> None:
+    match, found = only_match(broadcasting_constant(which))
+    assert match.weight is None and match.weight_mode == WeightMode.NONE
+    assert [consumer.op for consumer in match.y.outputs] == ["Mul"]
+    assert any(reason in miss.reason and "weight multiply not fused" in miss.reason for miss in found.near_misses)
+
+
+@pytest.mark.parametrize("spelling", ["mul", "div"])
+def test_layer_norm_with_a_reduce_sum_mean_is_rejected(spelling: str) -> None:
+    found = search(layer_norm_sum_mean(spelling))
+    assert not found.matches
+    assert any("LayerNorm" in miss.reason for miss in found.near_misses)
+
+
+def test_hidden_size_comes_from_the_data_not_a_stale_value_info() -> None:
+    match, _ = only_match(stale_value_info(claimed=32))
+    assert match.hidden_size == HIDDEN and match.weight is not None
+
+
+def test_symbolic_last_dim_is_not_fused_when_decomposed() -> None:
+    found = search(symbolic_hidden("decomposed"))
+    assert not found.matches
+    assert "no static length the graph proves" in found.near_misses[0].reason
+
+
+@pytest.mark.parametrize("kind", ["RMSNormalization", "SimplifiedLayerNormalization"])
+def test_fused_op_takes_the_hidden_size_from_its_scale(kind: str) -> None:
+    # Each op requires the scale's length to be the normalised length: the weight proves H on a symbolic dim.
+    match, _ = only_match(symbolic_hidden(kind))
+    assert match.hidden_size == HIDDEN
+
+
+def test_fused_op_without_shape_information_takes_the_scale_length() -> None:
+    match, _ = only_match(unknown_shape_fused_norm())
+    assert match.hidden_size == HIDDEN
+
+
+@pytest.mark.parametrize("root", ["div-one", "pow-half"])
+def test_norm_without_epsilon_fuses_with_epsilon_zero(root: str) -> None:
+    match, found = only_match(no_epsilon_norm(root))
+    assert (match.epsilon, match.weight_mode) == (0.0, WeightMode.AFTER_CAST)
+    assert "no-epsilon" in match.tags and not found.near_misses
+
+
+@pytest.mark.parametrize(
+    ("order", "mode"), [("cast-then-weight", WeightMode.AFTER_CAST), ("weight-then-cast", WeightMode.BEFORE_CAST)]
+)
+@pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])
+def test_fp32_input_with_16_bit_output_is_one_match(order: str, mode: WeightMode, out_dtype: str) -> None:
+    # optimum fp16 exports with an fp32 residual stream: the cast and the weight belong to the norm.
+    model = mixed_precision_norm(order, out_dtype)
+    match, found = only_match(model)
+    assert (match.dtype, match.output_dtype, match.weight_mode) == ("float32", out_dtype, mode)
+    assert match.x.name == "x" and match.y.name == output_source(model)
+    assert dtype_name(match.weight) == ("float32" if order == "weight-then-cast" else out_dtype)
+    assert {node.op for node in match.nodes} >= {"Cast", "Mul"} and not found.near_misses
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "scale_dtype", "mode"),
+    [
+        ("float16", "float32", WeightMode.AFTER_CAST),
+        ("bfloat16", "float32", WeightMode.AFTER_CAST),
+        ("float32", "float16", WeightMode.BEFORE_CAST),
+    ],
+)
+def test_rms_normalization_with_mixed_dtypes(x_dtype: str, scale_dtype: str, mode: WeightMode) -> None:
+    match, _ = only_match(mixed_rms_normalization(x_dtype, scale_dtype))
+    assert (match.dtype, match.output_dtype, match.weight_mode) == (x_dtype, scale_dtype, mode)
+
+
+def test_rms_normalization_between_two_16_bit_dtypes_is_rejected() -> None:
+    found = search(mixed_rms_normalization("float16", "bfloat16"))
+    assert not found.matches and "float16 in, bfloat16 out" in found.near_misses[0].reason

@@ -79,7 +79,13 @@ class _Walk:
         if consumer is None:
             readers = ", ".join(describe(node) for node in tensor.outputs) or "nothing"
             raise self.reject(f"intermediate {tensor.name} is read by {readers}, not by one node")
+        self.require_onnx(consumer)
         return consumer
+
+    def require_onnx(self, node: gs.Node) -> None:
+        """A same-named op of another domain computes whatever that domain says: never part of a norm."""
+        if onnx_op(node) is None:
+            raise self.reject(f"{describe(node)} is {node.op} of domain {node.domain}, not the ONNX op")
 
     def scalar(self, node: gs.Node, constant: gs.Tensor, operand: gs.Tensor) -> float | None:
         """The value of a one-element constant that `node` combines with `operand`, None when not a constant.
@@ -129,6 +135,8 @@ def _square_base(walk: _Walk, reduced: gs.Tensor) -> tuple[gs.Tensor, list[gs.No
     if walk.anchor.op == "ReduceSumSquare":
         return reduced, [], "reduce-sum-square"
     square = producer(reduced)
+    if square is not None:
+        walk.require_onnx(square)
     if onnx_op(square) not in ("Pow", "Mul"):
         raise walk.reject("the reduced tensor is not a square (Pow(x, 2) or Mul(x, x))")
     walk.next_node(reduced)

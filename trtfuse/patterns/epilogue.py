@@ -106,8 +106,10 @@ def trace_weight(
     fits = shape and shape[-1] == hidden and math.prod(shape) == hidden
     if not fits:
         return f"the constant {tensor.name} of shape {list(shape)} is not a weight of the hidden size {hidden}"
-    if activation_rank is None or max(len(shape), offset_rank) > activation_rank:
+    if activation_rank is None or len(shape) > activation_rank:
         return f"the constant {tensor.name} of shape {list(shape)} would broadcast the result to a higher rank"
+    if offset_rank > activation_rank:
+        return f"the offset added to {tensor.name} has rank {offset_rank}: it would broadcast the result to that rank"
     return WeightPath(tensor, offset or 0.0, tuple(path), multiply_dtype)
 
 

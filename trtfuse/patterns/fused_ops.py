@@ -112,6 +112,9 @@ def match_fused(node: gs.Node, graph_outputs: set[str], shapes: Shapes) -> RmsNo
     if y_dtype is None and scale_dtype != dtype:
         raise Rejected(node, f"{scale.name} has dtype {scale_dtype}, the input {dtype}, and {y.name} no known dtype")
     y_dtype = y_dtype or dtype
+    if y_dtype != scale_dtype or (skip and y_dtype != dtype):
+        types = f"{dtype}, the scale {scale_dtype}, Y {y_dtype}"
+        raise Rejected(node, f"its types do not fit its schema: X {types}" + (" (all one dtype)" if skip else ""))
     if not supported_dtypes(dtype, y_dtype):
         raise Rejected(node, f"{dtype} in, {y_dtype} out is no pair a fused node takes")
     hidden = _hidden_size(node, x, scale, shapes)
