@@ -172,12 +172,18 @@ def model_dims(model: onnx.ModelProto) -> ModelDims:
                 role = dim_role(symbol)
                 if role is not None:
                     roles[symbol] = role
-    shapes = _static_shapes(model)
     cache_inputs = tuple(
         value.name
         for value in inputs
         if _is_float(value) and len(expressions[value.name]) >= 3 and _CACHE_NAME.search(value.name.lower())
     )
+    unread = any(
+        expression is not None and expression.symbols - roles.keys()
+        for name in cache_inputs
+        for expression in expressions[name]
+    )
+    # Shape inference only where a cache dim needs it: it is the slow part on a real model.
+    shapes = _static_shapes(model, infer=unread)
     fixed = _fixed_cache_dims(model, inputs, expressions, shapes, set(cache_inputs))
     return ModelDims(
         inputs=tuple(inputs),
@@ -214,14 +220,15 @@ def _length_inputs(inputs: list[onnx.ValueInfoProto]) -> dict[str, DimRole]:
     return lengths
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
-    """Every tensor's shape where shape inference, value_info or an initializer knows it (None: not static)."""
-    try:
-        inferred = shape_inference.infer_shapes(model)
-    except Exception:
-        # onnx's shape inference raises on graphs it cannot follow; value_info as written still helps.
-        inferred = model
-    graph = inferred.graph
+def _static_shapes(model: onnx.ModelProto, infer: bool) -> dict[str, tuple[int | None, ...]]:
+    """Every tensor's shape where value_info, an initializer or (with `infer`) shape inference knows it."""
+    graph = model.graph
+    if infer:
+        try:
+            graph = shape_inference.infer_shapes(model).graph
+        except Exception:
+            # onnx's shape inference raises on graphs it cannot follow; value_info as written still helps.
+            graph = model.graph
     shapes: dict[str, tuple[int | None, ...]] = {}
     for value in (*graph.value_info, *graph.input, *graph.output):
         if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
