@@ -54,7 +54,7 @@ def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
     help="A preset profile; repeat for several (e.g. --profile decode --profile prefill).",
 )
 @click.option("--tokens", multiple=True, metavar="MIN:OPT:MAX", help="One profile with this token range; repeatable.")
-@click.option("--batch", metavar="MIN:OPT:MAX", help="Batch range of every profile [default: 1:1:1].")
+@click.option("--batch", metavar="MIN:OPT:MAX", help="Batch range of every profile [default: 1:2:2].")
 @click.option("--past", metavar="MIN:OPT:MAX", help="Past (KV cache) length range [default: 0:256:4096].")
 @click.option(
     "--shape",
