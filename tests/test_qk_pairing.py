@@ -166,73 +166,83 @@ def quantized_attention(quant: str = "int8", shared_qdq: bool = True, output_qdq
     return b.model()
 
 
+HEADS_SHAPE = [BATCH, SEQUENCE, Q_HEADS, HEAD_DIM]
+
+
+def _copy_of(b: Builder, reads: str, name: str) -> tuple[onnx.NodeProto, onnx.ValueInfoProto]:
+    """A body node that reads the outer tensor `reads` without listing it among its op's inputs: Identity(reads)."""
+    out = b.fresh(f"{name}_copy")
+    node = helper.make_node("Identity", [reads], [out], name=b.fresh(f"{name}_Identity"))
+    return node, helper.make_tensor_value_info(out, TensorProto.FLOAT, HEADS_SHAPE)
+
+
 def _branch(b: Builder, name: str, reads: str) -> onnx.GraphProto:
-    """A body that reads the outer tensor `reads` without listing it as an input: Shape(reads)."""
-    out = b.fresh(f"{name}_shape")
-    node = helper.make_node("Shape", [reads], [out], name=b.fresh(f"{name}_Shape"))
-    return helper.make_graph([node], name, [], [helper.make_tensor_value_info(out, TensorProto.INT64, [4])])
+    node, output = _copy_of(b, reads, name)
+    return helper.make_graph([node], name, [], [output])
 
 
-def _shape_through_body(b: Builder, reads: str, body: str) -> str:
-    """Shape(reads), computed inside an If, a Loop, or an If nested in an If's branch."""
+def _through_body(b: Builder, reads: str, body: str) -> str:
+    """A copy of `reads` made inside an If, an If nested in an If's branch, a Loop or a Scan."""
+    condition = b.constant(True, "bool", base="cond")
     if body == "if":
-        condition = b.constant(True, "bool", base="cond")
         return b.op("If", condition, then_branch=_branch(b, "then", reads), else_branch=_branch(b, "else", reads))
     if body == "nested-if":
-        condition = b.constant(True, "bool", base="cond")
         inner_out = b.fresh("inner_if")
         inner = helper.make_node(
             "If", [condition], [inner_out], then_branch=_branch(b, "then", reads), else_branch=_branch(b, "else", reads)
         )
         outer = helper.make_graph(
-            [inner], "outer", [], [helper.make_tensor_value_info(inner_out, TensorProto.INT64, [4])]
+            [inner], "outer", [], [helper.make_tensor_value_info(inner_out, TensorProto.FLOAT, HEADS_SHAPE)]
         )
         return b.op("If", condition, then_branch=outer, else_branch=_branch(b, "else", reads))
-    iteration, condition_in, carried = b.fresh("i"), b.fresh("cond_in"), b.fresh("carried")
-    condition_out, shape = b.fresh("cond_out"), b.fresh("loop_shape")
+    state = b.fresh("state")
+    copy, state_out = _copy_of(b, reads, body)
+    initial = b.constant(np.zeros(HEADS_SHAPE), "float32", base="initial_state")
+    if body == "scan":
+        element, element_out = b.fresh("element"), b.fresh("element_out")
+        scan_body = helper.make_graph(
+            [copy, helper.make_node("Identity", [element], [element_out])],
+            "scan_body",
+            [
+                helper.make_tensor_value_info(state, TensorProto.FLOAT, HEADS_SHAPE),
+                helper.make_tensor_value_info(element, TensorProto.FLOAT, [1]),
+            ],
+            [state_out, helper.make_tensor_value_info(element_out, TensorProto.FLOAT, [1])],
+        )
+        elements = b.constant(np.zeros((1, 1)), "float32", base="scan_elements")
+        final_state, _ = b.op("Scan", initial, elements, body=scan_body, num_scan_inputs=1, outputs=2)
+        return final_state
+    iteration, condition_in, condition_out = b.fresh("i"), b.fresh("cond_in"), b.fresh("cond_out")
     loop_body = helper.make_graph(
-        [
-            helper.make_node("Identity", [condition_in], [condition_out]),
-            helper.make_node("Shape", [reads], [shape]),
-        ],
+        [helper.make_node("Identity", [condition_in], [condition_out]), copy],
         "loop_body",
         [
             helper.make_tensor_value_info(iteration, TensorProto.INT64, []),
             helper.make_tensor_value_info(condition_in, TensorProto.BOOL, []),
-            helper.make_tensor_value_info(carried, TensorProto.INT64, [4]),
+            helper.make_tensor_value_info(state, TensorProto.FLOAT, HEADS_SHAPE),
         ],
-        [
-            helper.make_tensor_value_info(condition_out, TensorProto.BOOL, []),
-            helper.make_tensor_value_info(shape, TensorProto.INT64, [4]),
-        ],
+        [helper.make_tensor_value_info(condition_out, TensorProto.BOOL, []), state_out],
     )
-    trips = b.constant(1, "int64", base="trips")
-    start = _int_constant(b, [1, 1, 1, 1])
-    return b.op("Loop", trips, b.constant(True, "bool", base="cond"), start, body=loop_body)
+    return b.op("Loop", b.constant(1, "int64", base="trips"), condition, initial, body=loop_body)
 
 
-def k_shaped_by_q(body: str) -> onnx.ModelProto:
-    """Qwen3-style q/k norms where k's Reshape takes q's normalised shape through an If/Loop body: no pair possible."""
+def k_scaled_by_q(body: str) -> onnx.ModelProto:
+    """Qwen3-style q/k norms where k's projection dequantises its int8 weight with a scale computed from q's
+    normalised output, copied by an If/Loop/Scan body that reads it as an outer tensor: pairing would make a cycle."""
     b = Builder()
     spec = NormSpec(epsilon=1e-6)
     normed = rms_norm(b, b.input("x", [BATCH, SEQUENCE, HIDDEN]), spec)
-    heads = Q_HEADS
-    projections = [
-        b.op("MatMul", normed, b.constant(b.rng.normal(0, 0.1, (HIDDEN, heads * HEAD_DIM)), base="proj"))
-        for _ in range(3)
-    ]
-    q_heads = b.op("Reshape", projections[0], _int_constant(b, [BATCH, SEQUENCE, heads, HEAD_DIM]))
-    q_out = rms_norm(b, q_heads, replace(spec, hidden=HEAD_DIM))
-    k_shape = _shape_through_body(b, q_out, body)
-    k_heads = b.op("Reshape", projections[1], k_shape)
-    k_out = rms_norm(b, k_heads, replace(spec, hidden=HEAD_DIM))
-    for tensor in (q_out, k_out, projections[2]):
+    q_proj = b.op("MatMul", normed, b.constant(b.rng.normal(0, 0.1, (HIDDEN, Q_WIDTH)), base="q_proj"))
+    q_out = rms_norm(b, b.op("Reshape", q_proj, _int_constant(b, HEADS_SHAPE)), replace(spec, hidden=HEAD_DIM))
+    peak = b.op("Abs", b.op("ReduceMax", _through_body(b, q_out, body), keepdims=0))
+    scale = b.op("Mul", b.op("Add", peak, b.constant(1.0)), b.constant(0.01))
+    k_weight = b.op("DequantizeLinear", b.constant(b.rng.integers(-100, 100, (HIDDEN, Q_WIDTH)), "int8"), scale)
+    k_proj = b.op("MatMul", normed, k_weight)
+    k_out = rms_norm(b, b.op("Reshape", k_proj, _int_constant(b, HEADS_SHAPE)), replace(spec, hidden=HEAD_DIM))
+    v = b.op("MatMul", normed, b.constant(b.rng.normal(0, 0.1, (HIDDEN, Q_WIDTH)), base="v_proj"))
+    for tensor in (q_out, k_out, v):
         b.output(tensor)
-    # ONNX shape inference stops at the body's output; an exporter states these shapes.
-    shapes = {k_shape: (TensorProto.INT64, [4]), k_heads: (TensorProto.FLOAT, [BATCH, SEQUENCE, heads, HEAD_DIM])}
-    model = _with_value_info(b.model(standard=False), shapes)
-    onnx.checker.check_model(model)
-    return model
+    return b.model()
 
 
 def absorbed_gqa(with_norm_weights: bool = True) -> onnx.ModelProto:
@@ -344,9 +354,9 @@ def test_quantized_projection_norms_pair(quant: str, shared_qdq: bool, output_qd
     assert (totals[contract.QK_NORM_OP], totals[contract.RMS_NORM_OP]) == (1, 1)
 
 
-@pytest.mark.parametrize("body", ["if", "nested-if", "loop"])
+@pytest.mark.parametrize("body", ["if", "nested-if", "loop", "scan"])
 def test_no_pair_when_k_depends_on_q_through_a_subgraph(body: str) -> None:
-    model = k_shaped_by_q(body)
+    model = k_scaled_by_q(body)
     assert not search(model).qk_norm_pairs
     totals = assert_fused_matches(model)
     assert (totals[contract.QK_NORM_OP], totals[contract.RMS_NORM_OP]) == (0, 3)
