@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+import onnxruntime as ort
 import pytest
 from graphs import (
     ACCEPTED,
@@ -23,6 +24,7 @@ from graphs import (
     mixed_precision_norm,
     mixed_rms_normalization,
     no_epsilon_norm,
+    overridable_constant,
     partial_weight,
     shared_normalized,
     single_norm,
@@ -32,8 +34,10 @@ from graphs import (
 )
 
 from trtfuse.contract import WeightMode
+from trtfuse.fuse import fuse_model
 from trtfuse.patterns import NormSearch, find_norms
 from trtfuse.patterns.queries import dtype_name
+from trtfuse.reference import lower_fused_nodes
 
 
 def search(model: onnx.ModelProto) -> NormSearch:
@@ -353,3 +357,17 @@ def test_rms_normalization_with_mixed_dtypes(x_dtype: str, scale_dtype: str, mod
 def test_rms_normalization_between_two_16_bit_dtypes_is_rejected() -> None:
     found = search(mixed_rms_normalization("float16", "bfloat16"))
     assert not found.matches and "float16 in, bfloat16 out" in found.near_misses[0].reason
+
+
+@pytest.mark.parametrize("which", ["epsilon", "weight"])
+def test_initializers_listed_as_inputs_stay_overridable(which: str) -> None:
+    model = overridable_constant(which)
+    name = model.graph.input[-1].name
+    fused = fuse_model(model).model
+    assert name in {value.name for value in fused.graph.input}
+    assert name in {tensor.name for tensor in fused.graph.initializer}
+    default = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 3, HIDDEN)).astype(np.float32), name: np.asarray(default * 3)}
+    expected_output = ort.InferenceSession(model.SerializeToString()).run(None, feed)[0]
+    fused_output = ort.InferenceSession(lower_fused_nodes(fused).SerializeToString()).run(None, feed)[0]
+    np.testing.assert_allclose(fused_output, expected_output, rtol=1e-5, atol=1e-6)

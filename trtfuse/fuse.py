@@ -41,7 +41,37 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
         raise TrtfuseError(f"shape inference failed: {first_line(error)}") from None
     # graphsurgeon warns on stdout about every bfloat16 constant (numpy has no such dtype); the graph is right anyway.
     with G_LOGGER.suppress(G_LOGGER.ERROR):
-        return gs.import_onnx(inferred)
+        graph = gs.import_onnx(inferred)
+    _keep_overridable(model, graph)
+    return graph
+
+
+def _overridable(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Initializers also listed as graph inputs (IR >= 4): defaults a user may feed another value for."""
+    if model.ir_version < 4:
+        return []
+    inputs = {value.name for value in model.graph.input}
+    return [tensor for tensor in model.graph.initializer if tensor.name in inputs]
+
+
+def _keep_overridable(model: onnx.ModelProto, graph: gs.Graph) -> None:
+    """graphsurgeon imports an overridable initializer as a constant: make it an input again, so nothing folds it."""
+    overridable = _overridable(model)
+    if not overridable:
+        return
+    tensors = graph.tensors()
+    for tensor in overridable:
+        constant = tensors.get(tensor.name)
+        if not isinstance(constant, gs.Constant):
+            continue
+        variable = gs.Variable(tensor.name, dtype=constant.dtype, shape=list(constant.shape))
+        for node in list(constant.outputs):
+            for index, operand in enumerate(node.inputs):
+                if operand is constant:
+                    node.inputs[index] = variable
+        tensors[tensor.name] = variable
+    kept = [tensors.get(value.name) for value in model.graph.input]
+    graph.inputs = [tensor for tensor in kept if isinstance(tensor, gs.Variable)]
 
 
 def search_model(model: onnx.ModelProto) -> NormSearch:
@@ -57,6 +87,8 @@ def fuse_model(model: onnx.ModelProto) -> FuseResult:
     with G_LOGGER.suppress(G_LOGGER.ERROR):
         exported = gs.export_onnx(graph, opset_imports=_opset_imports(model, graph))
     exported.ir_version = model.ir_version
+    inputs = {value.name for value in exported.graph.input}
+    exported.graph.initializer.extend(tensor for tensor in _overridable(model) if tensor.name in inputs)
     for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
         setattr(exported, field, getattr(model, field))
     exported.metadata_props.extend(model.metadata_props)
