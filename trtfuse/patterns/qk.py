@@ -17,9 +17,8 @@ from dataclasses import dataclass, replace
 import onnx_graphsurgeon as gs
 
 from trtfuse.patterns.matches import NearMiss, QkNormPair, RmsNormMatch
-from trtfuse.patterns.queries import describe, dtype_name, is_constant, producer
+from trtfuse.patterns.queries import ONNX_DOMAINS, describe, dtype_name, is_constant, producer
 
-ONNX_DOMAINS = (None, "", "ai.onnx")
 MS_DOMAIN = "com.microsoft"
 QUANTIZE_OPS = ("QuantizeLinear", "DequantizeLinear")
 # Views between a projection and its norm; Q/DQ pairs (ModelOpt) change values but not which tensor it is.
@@ -43,7 +42,7 @@ class _ProjectionNorm:
 
 
 def _is_onnx_op(node: gs.Node, ops: Iterable[str]) -> bool:
-    return node.op in ops and node.domain in ONNX_DOMAINS
+    return node.op in ops and (node.domain or "") in ONNX_DOMAINS
 
 
 def _is_projection(node: gs.Node) -> bool:
