@@ -111,9 +111,9 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
 def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path) -> None:
     """Add the loaded input's external data files to the plan's reads, and the copies of them the fused model would
     get beside `output_path` to its writes; check the plan again."""
-    from trtfuse.io import data_copies, external_data_files
+    from trtfuse.io import data_copies
 
-    plan.read(*external_data_files(loaded))
+    plan.read(*loaded.data_files)
     for target in data_copies(loaded.model, output_path, loaded):
         plan.write("external data copy", target)
     plan.check()
@@ -142,11 +142,11 @@ def check(
     the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
     the original is no worse than the original's own (docs/cli.md)."""
     from trtfuse.check import check_fused
-    from trtfuse.io import external_data_files, load_model
+    from trtfuse.io import load_model
     from trtfuse.saved_inputs import save_feeds
 
     original, fused = load_model(original_path), load_model(fused_path)
-    plan = OutputPlan().read(original_path, fused_path, *external_data_files(original), *external_data_files(fused))
+    plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)
     plan.write("saved inputs", save_inputs).check()
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
     if save_inputs is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -10,7 +12,6 @@ from typing import TypeVar
 import click
 
 from trtfuse.outputs import json_text
-from trtfuse.tolerances import OutputError
 
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
@@ -143,7 +144,19 @@ def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> N
 
 
 def common_options(command: F) -> F:
-    """-v/--verbose, -q/--quiet and --json, the same on every command; the command receives `as_json`."""
+    """-v/--verbose, -q/--quiet and --json, the same on every command; the command receives `as_json`.
+
+    Without -v, the warnings numpy and the other libraries raise on odd data are not printed: the command's own
+    lines say what matters.
+    """
+
+    @functools.wraps(command)
+    def run(*args: object, **kwargs: object) -> object:
+        with warnings.catch_warnings():
+            if VERBOSITY.level < 1:
+                warnings.simplefilter("ignore")
+            return command(*args, **kwargs)
+
     options = (
         click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_set_verbosity, help="Say more."),
         click.option(
@@ -152,8 +165,8 @@ def common_options(command: F) -> F:
         click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout."),
     )
     for option in reversed(options):
-        command = option(command)
-    return command
+        run = option(run)
+    return run
 
 
 def info(message: str) -> None:
@@ -175,44 +188,3 @@ def echo_json(value: object) -> None:
 def printable(text: str) -> str:
     """`text` with control characters (from node or tensor names in a user's file) escaped, safe for a terminal."""
     return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
-
-
-def output_errors_json(errors: Sequence[OutputError]) -> list[dict]:
-    return [
-        {
-            "name": error.name,
-            "dtype": error.dtype,
-            "max_abs": error.max_abs,
-            "max_rel": error.max_rel,
-            "atol": error.tolerance.atol,
-            "rtol": error.tolerance.rtol,
-            "passed": error.passed,
-        }
-        for error in errors
-    ]
-
-
-def echo_output_errors(errors: Sequence[OutputError], as_json: bool = False) -> None:
-    """One table row per output (or, with --json, one JSON object); exit 1 when any is beyond its tolerance."""
-    failed = sum(not error.passed for error in errors)
-    if as_json:
-        echo_json({"passed": not failed, "outputs": output_errors_json(errors)})
-    else:
-        _echo_table(errors)
-    if failed:
-        if not as_json:
-            click.secho(f"{failed} of {len(errors)} outputs differ beyond tolerance", fg="red", err=True)
-        raise SystemExit(EXIT_MISMATCH)
-    summary(f"all {len(errors)} outputs within tolerance", as_json)
-
-
-def _echo_table(errors: Sequence[OutputError]) -> None:
-    names = [printable(error.name) for error in errors]
-    width = max([len("output"), *(len(name) for name in names)])
-    click.echo(f"{'output':<{width}}  {'dtype':<8}  {'max abs':>9}  {'max rel':>9}  {'rtol':>7}  result")
-    for name, error in zip(names, errors, strict=True):
-        status = click.style("ok", fg="green") if error.passed else click.style("FAIL", fg="red")
-        click.echo(
-            f"{name:<{width}}  {error.dtype:<8}  {error.max_abs:9.3e}  {error.max_rel:9.3e}  "
-            f"{error.tolerance.rtol:7.0e}  {status}"
-        )

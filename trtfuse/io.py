@@ -37,10 +37,14 @@ _FOUR_BIT_TYPES = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorPro
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A validated model; `path` locates the external data files that `model`'s large tensors still reference."""
+    """A validated model; `path` locates the external data files that `model`'s large tensors still reference.
+
+    `data_files` are all the external data files the file on disk references, those read into `model` included.
+    """
 
     model: onnx.ModelProto
     path: Path
+    data_files: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     folder = path.absolute().parent
     _check_external_data(model, path, folder)
     _check_graph(path, model)
+    data_files = tuple(folder / location for location in _locations(model, path))
     for tensor in external_tensors(model):
         ref = _external_ref(tensor, path)
         if ref.length <= SMALL_TENSOR_BYTES:
@@ -100,7 +105,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
                 external_data_helper.load_external_data_for_tensor(tensor, str(folder))
             except (OSError, onnx.checker.ValidationError) as error:
                 raise TrtfuseError(f"{path}: cannot read tensor '{tensor.name}': {first_line(error)}") from None
-    return LoadedModel(model=model, path=path)
+    return LoadedModel(model=model, path=path, data_files=data_files)
 
 
 def _parse(path: Path) -> onnx.ModelProto:
@@ -130,12 +135,18 @@ def _external_ref(tensor: onnx.TensorProto, path: Path) -> _ExternalRef:
     location = fields.get("location")
     if not location:
         raise TrtfuseError(f"{path}: tensor '{tensor.name}' has external data without a location")
+    if "\0" in location:
+        raise TrtfuseError(f"{path}: tensor '{tensor.name}' has an external data location with a NUL byte")
     try:
         offset = int(fields.get("offset", 0))
         # Without a length field the payload is exactly the tensor's dims times its element size.
         length = int(fields["length"]) if "length" in fields else _payload_bytes(tensor)
     except (ValueError, TypeError, KeyError):
         raise TrtfuseError(f"{path}: tensor '{tensor.name}' has a malformed external data offset or length") from None
+    if offset < 0 or length < 0:
+        raise TrtfuseError(
+            f"{path}: tensor '{tensor.name}' has a negative external data offset or length ({offset}, {length})"
+        )
     return _ExternalRef(location=location, offset=offset, length=length)
 
 
@@ -160,7 +171,7 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
                 raise TrtfuseError(f"{path}: external data file '{ref.location}' of tensor '{tensor.name}' is missing")
             sizes[data_path] = data_path.stat().st_size
         end = ref.offset + ref.length
-        if ref.offset < 0 or end > sizes[data_path]:
+        if end > sizes[data_path]:
             raise TrtfuseError(
                 f"{path}: tensor '{tensor.name}' reads bytes {ref.offset}-{end} of '{ref.location}', "
                 f"which holds only {sizes[data_path]}"
@@ -172,6 +183,21 @@ def _check_graph(path: Path, model: onnx.ModelProto) -> None:
         check_model_file(path, model)
     except onnx.checker.ValidationError as error:
         raise TrtfuseError(f"{path}: fails the ONNX checker: {first_line(error)}") from None
+    _check_data_types(path, model)
+
+
+def _check_data_types(path: Path, model: onnx.ModelProto) -> None:
+    # The checker lets an unknown data type through, which onnx-graphsurgeon and numpy cannot represent.
+    known = set(onnx.TensorProto.DataType.values())
+    for tensor in iter_tensors(model):
+        if tensor.data_type not in known:
+            raise TrtfuseError(f"{path}: tensor '{tensor.name}' has an unknown data type {tensor.data_type}")
+    graph = model.graph
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type not in known:
+            raise TrtfuseError(
+                f"{path}: value '{value.name}' has an unknown data type {value.type.tensor_type.elem_type}"
+            )
 
 
 def check_model_file(path: Path, model: onnx.ModelProto) -> None:
@@ -184,6 +210,8 @@ def check_model_file(path: Path, model: onnx.ModelProto) -> None:
     """
     try:
         onnx.checker.check_model(str(path))
+    except UnicodeDecodeError:
+        raise onnx.checker.ValidationError("a name or string of the model is not valid UTF-8") from None
     except onnx.checker.ValidationError:
         if not any(_is_default_domain_contrib_op(node) for node in model.graph.node):
             raise
@@ -215,12 +243,6 @@ def _check_with_contrib_domain(model: onnx.ModelProto, folder: Path) -> None:
         tensor.name, tensor.data_type = name, data_type
         tensor.dims.append(0)
     onnx.checker.check_model(remapped)
-
-
-def external_data_files(loaded: LoadedModel) -> list[Path]:
-    """The external data files `loaded.model` still reads, as paths beside the model file."""
-    folder = loaded.path.absolute().parent
-    return [folder / location for location in _locations(loaded.model, loaded.path)]
 
 
 def data_copies(model: onnx.ModelProto, path: Path, source: LoadedModel | None) -> list[Path]:

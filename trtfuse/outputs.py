@@ -74,6 +74,9 @@ def check_writable(path: Path) -> Path:
     folder = path.absolute().parent
     if not folder.is_dir():
         raise TrtfuseError(f"{path}: output folder does not exist")
+    # /dev/stdout and the like: whatever they point at, a rename onto them would replace the system's own entry.
+    if any(str(candidate).startswith(("/dev/", "/proc/")) for candidate in (path.absolute(), path.resolve())):
+        raise TrtfuseError(f"{path}: is not a regular file (a device or process file); choose a file name")
     try:
         mode = path.resolve().stat().st_mode
     except OSError:
