@@ -92,12 +92,14 @@ def genai_model(packed: bool = True) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=opsets)
 
 
-def optimum_model() -> onnx.ModelProto:
+def optimum_model(cache_head_size: int | str = HEAD_SIZE) -> onnx.ModelProto:
     """optimum's `text-generation-with-past` layout: caches `past_key_values.0.key/value`, an attention mask of
-    `past_sequence_length + sequence_length`, position ids, `present.0.key/value` concatenating past and new."""
+    `past_sequence_length + sequence_length`, position ids, `present.0.key/value` concatenating past and new.
+    With `cache_head_size="kv_cache_dim"`, the caches' head size is symbolic as in genai's CPU fp16 export, whose
+    attention concatenates the cache with the new keys in plain ops."""
     rng = np.random.default_rng(1)
-    cache = ["batch_size", KV_HEADS, "past_sequence_length", HEAD_SIZE]
-    present = ["batch_size", KV_HEADS, "past_sequence_length + sequence_length", HEAD_SIZE]
+    cache = ["batch_size", KV_HEADS, "past_sequence_length", cache_head_size]
+    present = ["batch_size", KV_HEADS, "past_sequence_length + sequence_length", cache_head_size]
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
         helper.make_tensor_value_info(

@@ -40,6 +40,15 @@ def test_genai_cache_head_size_comes_from_group_query_attention():
         assert dims.has_kv_cache
 
 
+def test_cache_head_size_from_the_concat_with_the_new_keys():
+    model = optimum_model(cache_head_size="kv_cache_dim")
+    dims = model_dims(model)
+    assert dims.fixed["kv_cache_dim"].value == HEAD_SIZE
+    assert "head size Concat" in dims.fixed["kv_cache_dim"].reason
+    for step in default_feeds(model, seed=0):
+        _run(model, step.feed)
+
+
 def test_genai_export_runs_prefill_and_decode_by_default():
     model = genai_model()
     prefill, decode = default_feeds(model, seed=0)

@@ -292,6 +292,18 @@ def _cache_layout(
         hidden = _last_dim(node.input[tensor_index], shapes, producers)
         return hidden // heads if hidden and hidden % heads == 0 else None
 
+    if node.domain in ("", "ai.onnx") and node.op_type == "Concat":
+        # The cache and the new keys or values, joined along the sequence: every other axis must agree.
+        axis = attributes.get("axis", 0)
+        others = [shapes.get(name) for position, name in enumerate(node.input) if position != index and name]
+        rank = max((len(shape) for shape in others if shape), default=0)
+        return {
+            a: shape[a]
+            for shape in others
+            if shape and len(shape) == rank
+            for a in range(rank)
+            if a != axis % rank and shape[a] is not None
+        }
     if node.domain == "com.microsoft" and node.op_type == "GroupQueryAttention" and index in (3, 4):
         heads, kv_heads = attributes.get("num_heads", 0), attributes.get("kv_num_heads", 0)
         packed = len(node.input) < 2 or not node.input[1]
@@ -329,7 +341,7 @@ def _fixed_cache_dims(
                 expression = expressions[value.name][axis] if axis < len(expressions[value.name]) else None
                 if expression is None or expression.symbol is None or not required:
                     continue
-                what = "head count" if axis == 1 else "head size"
+                what = {1: "head count", 3: "head size"}.get(axis, f"dim {axis}")
                 fixed.setdefault(expression.symbol, Bound(required, f"the {what} {node.op_type} {node.name!r} reads"))
     return fixed
 
