@@ -207,3 +207,35 @@ def test_shapes_that_disagree_on_a_dim_and_shapes_of_the_wrong_rank():
         make_feed(model, 0, shapes={"input_ids": (1, 3, 1)})
     with pytest.raises(TrtfuseError, match=r"--shape past_key_values.0.key: dim 1 is fixed at 2 in the model"):
         make_feed(model, 0, shapes={"past_key_values.0.key": (1, 3, 1, HEAD_SIZE)})
+
+
+def _cli(*args: object):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    return CliRunner().invoke(cli, [str(arg) for arg in args])
+
+
+def _identity_model(dims: list) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_cli_bad_feed_and_profile_flags_are_one_line_and_exit_2(tmp_path):
+    model_path = tmp_path / "m.onnx"
+    onnx.save(_identity_model(["batch", "seq - 10"]), model_path)
+    result = _cli("check", model_path, model_path)
+    assert result.exit_code == 2
+    assert "symbolic dim 'seq - 10' (dim 1) is -5 with seq=5" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    onnx.save(_identity_model(["batch", "seq"]), model_path)
+    result = _cli("check", model_path, model_path, "--seed", -1)
+    assert result.exit_code == 2
+    assert "--seed -1: must be an integer from 0" in result.output
+    result = _cli("compile", model_path, "--past", "0:1:2")
+    assert result.exit_code == 2
+    assert "--past: the model has no KV cache" in result.output
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["m.onnx"]

@@ -251,7 +251,7 @@ def _check_size(input_shapes: Mapping[str, tuple[int, ...]], reading: ModelDims)
 def _numpy_dtype(value: onnx.ValueInfoProto) -> np.dtype:
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
-    except KeyError:
+    except (KeyError, ValueError, TypeError):
         raise TrtfuseError(f"graph input {value.name!r} has no numeric dtype; cannot generate it") from None
 
 

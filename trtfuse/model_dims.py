@@ -75,8 +75,8 @@ class DimExpression:
     def parse(text: str) -> DimExpression:
         try:
             tree = ast.parse(text.strip(), mode="eval").body
-        except SyntaxError:
-            # Not an expression (`batch size`, `2*`): one symbol named by the whole text.
+        except (SyntaxError, ValueError, RecursionError):
+            # Not an expression (`batch size`, `2*`, a NUL byte, thousands of brackets): one symbol, the whole text.
             return DimExpression(text, ast.Name(id=text), frozenset({text}))
         return DimExpression(text, tree, frozenset(node.id for node in ast.walk(tree) if isinstance(node, ast.Name)))
 
@@ -87,7 +87,10 @@ class DimExpression:
 
     def evaluate(self, values: Mapping[str, int]) -> int:
         """The value for these symbol values; raises DimExpressionError for an unknown symbol or bad arithmetic."""
-        return _evaluate(self.tree, values, self.text)
+        try:
+            return _evaluate(self.tree, values, self.text)
+        except RecursionError:
+            raise DimExpressionError("it is nested too deeply") from None
 
 
 def _evaluate(node: ast.expr, values: Mapping[str, int], text: str) -> int:
