@@ -173,3 +173,104 @@ def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     assert completed.returncode == EXIT_BAD_INPUT
     assert completed.stderr == f"trtfuse: error: {tmp_path / 'x.onnx'}: no such file\n"
     assert "Traceback" not in completed.stdout + completed.stderr
+
+
+@pytest.mark.parametrize("args", [["-h"], ["fuse", "-h"], ["compile", "-h"], ["bench", "kernels", "-h"]])
+def test_short_help(args: list[str]) -> None:
+    result = _invoke(*args)
+    assert result.exit_code == 0
+    assert result.output.startswith("Usage: ")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["fuse"], ["no-such-command"], ["inspect", "m.onnx", "--no-such-flag"], ["check", "a", "b", "--seed", "x"]],
+)
+def test_usage_errors_are_one_line(args: list[str]) -> None:
+    result = _invoke(*args)
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("trtfuse: error: ") and "--help" in result.stderr
+
+
+def test_quiet_and_verbose(llama_path: Path, tmp_path: Path) -> None:
+    quiet = _invoke("fuse", llama_path, "-o", tmp_path / "fused.onnx", "-q")
+    assert quiet.exit_code == 0 and quiet.output == ""
+    both = _invoke("fuse", llama_path, "-o", tmp_path / "fused.onnx", "-q", "-v")
+    assert both.exit_code == EXIT_BAD_INPUT
+    assert "-v/--verbose and -q/--quiet cannot be used together" in both.stderr
+
+
+@pytest.mark.parametrize("spelling", ["x=1x3x64", "x:1x3x64", "x:[1,3,64]", "x=[1, 3, 64]"])
+def test_shape_spellings(llama_path: Path, tmp_path: Path, spelling: str) -> None:
+    out = tmp_path / "fused.onnx"
+    assert _invoke("fuse", llama_path, "-o", out).exit_code == 0
+    result = _invoke("check", llama_path, out, "--shape", spelling)
+    assert result.exit_code == 0, result.output
+    assert "x=1x3x64" in result.output
+
+
+def test_shape_range_spellings() -> None:
+    from cli.options import ShapeRangeType, ShapeType
+
+    assert ShapeType().convert("past_key_values.0.key:[1,8,0,64]", None, None) == (
+        "past_key_values.0.key",
+        (1, 8, 0, 64),
+    )
+    assert ShapeType().convert("a:b=2x3", None, None) == ("a:b", (2, 3))
+    for spelling in ("ids=1x1:1x64:1x512", "ids:1x1:1x64:1x512", "ids:[1,1]:[1,64]:[1,512]"):
+        assert ShapeRangeType().convert(spelling, None, None) == "ids=1x1:1x64:1x512"
+
+
+def test_every_command_takes_json(llama_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fused.onnx"
+    fused = _invoke("fuse", llama_path, "-o", out, "--json")
+    assert fused.exit_code == 0, fused.output
+    assert json.loads(fused.stdout)["totals"]["norms"] == 2
+    checked = _invoke("check", llama_path, out, "--json")
+    assert checked.exit_code == 0, checked.output
+    json.loads(checked.stdout)
+    compiled = _invoke("compile", llama_path, "-o", tmp_path / "m.engine", "--json", "-q")
+    assert json.loads(compiled.stdout)["fused_model"] == str(tmp_path / "m.fused.onnx")
+    for command in ("run", "compare", "bench"):
+        assert "--json" in _invoke(*command.split(), *(["kernels"] if command == "bench" else []), "-h").output
+
+
+def test_compare_without_polygraphy_says_how_to_install_it(llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "polygraphy", None)
+    result = _invoke("compare", llama_path, llama_path)
+    assert result.exit_code == 3
+    assert result.stderr.splitlines() == [
+        "trtfuse: `trtfuse compare` needs Polygraphy; install it with `pip install -e '.[compare]'` in a trtfuse "
+        "checkout, or `pip install polygraphy`"
+    ]
+
+
+def test_run_on_a_missing_engine(tmp_path: Path) -> None:
+    result = _invoke("run", tmp_path / "missing.engine")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert result.stderr == f"trtfuse: error: {tmp_path / 'missing.engine'}: no such engine file\n"
+
+
+def test_node_names_are_escaped_on_the_terminal(write_model) -> None:
+    model = llama_norm_model()
+    for node in model.graph.node:
+        node.name = "\x1b[2J" + node.name + "\n"
+    result = _invoke("inspect", write_model(model))
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output
+    assert "\\x1b[2J" in result.output
+    assert len(result.output.splitlines()) == 2
+
+
+def test_an_internal_error_is_one_line(llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(_model: object) -> None:
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr("trtfuse.fuse.search_model", crash)
+    result = _invoke("inspect", llama_path)
+    assert result.exit_code == 4
+    assert result.stderr.splitlines() == [
+        "trtfuse: internal error: RuntimeError: boom (a bug in trtfuse; please report it with the command line)"
+    ]

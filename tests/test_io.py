@@ -224,3 +224,68 @@ def test_opset_from_the_ai_onnx_domain_alias(write_model) -> None:
 def test_external_save_round_trip_helper(tmp_path: Path) -> None:
     path = save_external(projection_model(), tmp_path / "m.onnx", location="m.bin")
     assert _tensor_names(load_model(path).model) == {"W"}
+
+
+def test_default_domain_simplified_layer_norm_loads_and_saves_without_a_temp_file(
+    write_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # optimum --optimize O2 output: an unfused SimplifiedLayerNormalization in the default domain. Loading must not
+    # write beside the model (its folder may be read-only), and trtfuse's output must pass trtfuse's own checker.
+    path = write_model(_simplified_layer_norm_model("SimplifiedLayerNormalization"))
+    monkeypatch.setattr("tempfile.mkstemp", _no_temp_files_beside(path.parent))
+    loaded = load_model(path)
+    out = tmp_path / "out"
+    out.mkdir()
+    save_model(loaded.model, out / "saved.onnx", loaded)
+    assert load_model(out / "saved.onnx").model.graph.node[0].op_type == "SimplifiedLayerNormalization"
+
+
+def _no_temp_files_beside(folder: Path):
+    import tempfile
+
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        if Path(kwargs.get("dir", "")).resolve() == folder.resolve():
+            raise PermissionError(13, "Permission denied")
+        return real(*args, **kwargs)
+
+    return mkstemp
+
+
+def _with_external_field(external_model: Path, key: str, value: str) -> Path:
+    model = onnx.load(str(external_model), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == key:
+                entry.value = value
+    onnx.save_model(model, str(external_model))
+    return external_model
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("length", "-4", "has a negative external data offset or length"),
+        ("offset", "-4", "has a negative external data offset or length"),
+        ("location", "weights.data\0.x", "has an external data location with a NUL byte"),
+    ],
+)
+def test_malformed_external_data_fields(external_model: Path, key: str, value: str, message: str) -> None:
+    with pytest.raises(TrtfuseError, match=message):
+        load_model(_with_external_field(external_model, key, value))
+
+
+def test_unknown_tensor_data_type(write_model) -> None:
+    model = projection_model()
+    model.graph.initializer[1].data_type = 99
+    with pytest.raises(TrtfuseError, match="tensor 'scale' has an unknown data type 99"):
+        load_model(write_model(model))
+
+
+def test_op_types_that_are_not_utf8(tmp_path: Path) -> None:
+    data = projection_model().SerializeToString().replace(b"MatMul", b"MatMu\xe1")
+    path = tmp_path / "model.onnx"
+    path.write_bytes(data)
+    with pytest.raises(TrtfuseError, match="not valid UTF-8"):
+        load_model(path)
