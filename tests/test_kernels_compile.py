@@ -15,8 +15,8 @@ from trtfuse.kernels.api import QkNormKernel, RmsNormKernel
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_variant
 from trtfuse.kernels.device import DeviceInfo
-from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
-from trtfuse.kernels.tiling import Regime, full_vector, regime_for, row_tiling
+from trtfuse.kernels.specs import DTYPE_BYTES, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.tiling import Regime, access_vector, full_vector, regime_for, row_tiling
 
 ARCH = "sm_90a"
 HOPPER = DeviceInfo(arch=ARCH, sm_count=132, has_gpu=False)
@@ -221,6 +221,89 @@ def test_llama_weight_multiply_is_packed_in_the_output_dtype(
         assert products and all(p.replace(".rn", "") == packed for p in products)
 
 
+MIXED_CASES = [
+    # (x dtype, weight dtype, mode, offset, y dtype, regime): every mixed pair, each weight mode, both regimes.
+    ("float32", "bfloat16", AFTER, 0.0, "bfloat16", Regime.PREFILL),  # optimum fp16/bf16, fp32 residual stream
+    ("float32", "float16", AFTER, 0.0, "float16", Regime.DECODE),
+    ("float32", "float32", BEFORE, 1.0, "float16", Regime.PREFILL),  # Gemma with an fp32 residual stream
+    ("float32", None, NONE, 0.0, "bfloat16", Regime.DECODE),
+    ("bfloat16", "float32", AFTER, 0.0, "float32", Regime.PREFILL),  # opset-23 RMSNormalization, fp32 scale and Y
+    ("float16", "float32", BEFORE, 0.0, "float32", Regime.DECODE),
+    ("float16", "float16", AFTER, 0.0, "float32", Regime.PREFILL),
+    ("bfloat16", None, NONE, 0.0, "float32", Regime.PREFILL),
+]
+
+
+@pytest.mark.parametrize(("dtype", "weight_dtype", "mode", "offset", "out_dtype", "regime"), MIXED_CASES)
+def test_mixed_precision_variants_keep_16_byte_accesses_on_both_sides(
+    dtype: str,
+    weight_dtype: str | None,
+    mode: WeightMode,
+    offset: float,
+    out_dtype: str,
+    regime: Regime,
+    tmp_path: Path,
+) -> None:
+    """x and y of different widths: vectors of 8 elements, so the 16-bit side moves each in one 16-byte access and
+    the fp32 side in exactly two; every global access is 16 bytes wide, and each is where the tiling says."""
+    spec = RmsNormSpec(4096, dtype, weight_dtype, 1e-6, offset, mode, out_dtype)
+    variant = rms_variant(spec, regime)
+    tiling = variant.tiling
+    assert tiling.vector == 8 and tiling.min_blocks_per_sm == 0
+    accesses = global_accesses(compiled_ptx(variant, tmp_path))
+    assert accesses and all(a.endswith(".v4.b32") for a in accesses), sorted(set(accesses))
+
+    def per_vector(name: str | None) -> int:
+        return 0 if name is None else tiling.vector * DTYPE_BYTES[name] // 16
+
+    slots = tiling.vectors_per_thread
+    x_loads = per_vector(dtype) * (2 if tiling.reread else 1)
+    assert sum(a.startswith("st.") for a in accesses) == slots * per_vector(out_dtype)
+    assert sum(a.startswith("ld.") for a in accesses) == slots * (x_loads + per_vector(weight_dtype))
+
+
+@pytest.mark.parametrize(("x_bytes", "y_bytes"), [(4, 2), (2, 4)])
+def test_mixed_precision_tiling(x_bytes: int, y_bytes: int) -> None:
+    """Prefill rows of fp32 <-> 16-bit take one 8-element vector per thread up to 512 threads, with no register
+    cap; a 16-bit x is still read twice; decode and head-dim rows follow the one-dtype table."""
+    assert access_vector(4096, x_bytes, y_bytes) == 8 and access_vector(1004, x_bytes, y_bytes) == 4
+    for hidden, threads, slots in ((4096, 512, 1), (8192, 512, 2), (2048, 256, 1), (5120, 512, 2)):
+        t = row_tiling(hidden, 8, Regime.PREFILL, x_bytes, y_bytes)
+        assert (t.threads_per_row, t.vectors_per_thread, t.rows_per_block, t.min_blocks_per_sm) == (
+            threads,
+            slots,
+            1,
+            0,
+        )
+        assert t.reread == (x_bytes == 2)
+    for regime in Regime:
+        for hidden in (128, 4096, 8192):
+            same = row_tiling(hidden, 8, regime, 2)
+            mixed = row_tiling(hidden, 8, regime, x_bytes, y_bytes)
+            if regime is Regime.DECODE or hidden == 128:
+                assert (mixed.threads_per_row, mixed.vectors_per_thread) == (
+                    same.threads_per_row,
+                    same.vectors_per_thread,
+                )
+    # One dtype on both sides: exactly the table as before.
+    for hidden in (2048, 4096, 8192):
+        for regime in Regime:
+            assert row_tiling(hidden, 8, regime, 2, 2) == row_tiling(hidden, 8, regime, 2)
+
+
+def test_after_cast_rounds_to_the_16_bit_side(tmp_path: Path) -> None:
+    """bf16 x, fp32 weight and y (ONNX RMSNormalization): x·r is rounded to bf16 before the weight multiply."""
+    ptx = {}
+    for mode in (AFTER, BEFORE):
+        folder = tmp_path / mode.name
+        folder.mkdir()
+        spec = RmsNormSpec(4096, "bfloat16", "float32", 1e-6, 0.0, mode, "float32")
+        ptx[mode] = compiled_ptx(rms_variant(spec, Regime.DECODE), folder)
+    after, before = ptx[AFTER], ptx[BEFORE]
+    rounding = re.compile(r"\bcvt\.rn\.bf16(?:x2)?\.f32\b")
+    assert rounding.search(after) and not rounding.search(before)
+
+
 def test_head_dim_rows_are_sub_warp() -> None:
     for head_dim in (64, 128, 256):
         t = row_tiling(head_dim, 8, Regime.PREFILL)
@@ -242,6 +325,20 @@ def test_launch_picks_variant_from_rows_and_pointer_alignment(tmp_path: Path) ->
     kernel.launch(aligned, aligned + 0x10008, aligned + 0x20000, 4096, 0)  # fp32 weight 8 bytes off
     kernel.launch(aligned, aligned + 0x10000, aligned + 0x20010, 1, 0)  # y 16 bytes off: still aligned
     assert picked == [(True, True), (True, True), (False, True), (False, False), (False, False), (True, True)]
+
+
+def test_mixed_precision_launch_needs_16_bytes_on_both_sides(tmp_path: Path) -> None:
+    spec = RmsNormSpec(4096, "float32", "bfloat16", 1e-6, 0.0, AFTER, "bfloat16")
+    kernel = RmsNormKernel(spec, KernelCache(tmp_path), HOPPER)
+    picked: list[tuple[bool, bool]] = []
+    for key in itertools.product((True, False), repeat=2):
+        kernel._functions[key] = lambda *args, key=key: picked.append(key)
+    aligned = 0x7F0000000000
+    kernel.launch(aligned, aligned + 0x10000, aligned + 0x20000, 1, 0)
+    kernel.launch(aligned + 8, aligned + 0x10000, aligned + 0x20000, 1, 0)  # fp32 x 8 bytes off
+    kernel.launch(aligned, aligned + 0x10000, aligned + 0x20008, 1, 0)  # bf16 y 8 bytes off
+    kernel.launch(aligned, aligned + 0x10008, aligned + 0x20000, 1, 0)  # bf16 weight 8 bytes off
+    assert picked == [(True, True), (True, False), (True, False), (True, False)]
 
 
 def test_qk_launch_needs_every_pointer_aligned(tmp_path: Path) -> None:
@@ -273,6 +370,12 @@ def test_specs_reject_bad_fields() -> None:
     with pytest.raises(ValueError, match="q_hidden"):
         QkNormSpec(0, 128, "float16", "float16", 1e-6, 0.0, AFTER)
     assert RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, 1).weight_mode is AFTER
+    with pytest.raises(ValueError, match="two different 16-bit dtypes"):
+        RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, AFTER, "bfloat16")
+    with pytest.raises(ValueError, match="output dtype float64"):
+        QkNormSpec(128, 128, "float32", "float16", 1e-6, 0.0, AFTER, "float64")
+    spec = RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, AFTER)
+    assert spec.out_dtype == "float16" and spec == RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, AFTER, "float16")
 
 
 def test_bench_command_without_gpu_says_so_in_one_line() -> None:

@@ -60,33 +60,48 @@ def shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
     return view
 
 
-def reference(x: torch.Tensor, w: torch.Tensor | None, eps: float, offset: float, mode: WeightMode) -> torch.Tensor:
-    """The contract's semantics (trtfuse/contract.py, WeightMode) in float64, cast to x's dtype where it says so."""
-    out_dtype = x.dtype
+def reference(
+    x: torch.Tensor, w: torch.Tensor | None, eps: float, offset: float, mode: WeightMode, out: str | None = None
+) -> torch.Tensor:
+    """The contract's semantics (trtfuse/contract.py, WeightMode) in float64: rounded to the output dtype T (`out`,
+    default x's) at the end and, in AFTER_CAST, to the node's 16-bit dtype R before the weight multiply."""
+    out_dtype = dt(out) if out else x.dtype
+    rounding = x.dtype if x.dtype != torch.float32 else out_dtype
     xd = x.double()
     normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
     if mode is NONE:
         return normed.to(out_dtype)
     wd = w.double() + offset
     if mode is AFTER:
-        return (normed.to(out_dtype).double() * wd).to(out_dtype)
+        return (normed.to(rounding).double() * wd).to(out_dtype)
     return (normed * wd).to(out_dtype)
 
 
-def assert_matches(y: torch.Tensor, ref: torch.Tensor) -> None:
+def assert_matches(y: torch.Tensor, ref: torch.Tensor, rounded_to: str | None = None) -> None:
+    """`rounded_to`: a coarser dtype the value passed through on its way to y's (AFTER_CAST's R), whose units in the
+    last place then set the tolerance: the kernel's fp32 x·r and the float64 one may round to neighbours there."""
     assert not torch.isnan(y).any(), "output has unwritten (NaN-poisoned) or NaN elements"
-    rtol, atol = TOLERANCE[str(y.dtype).removeprefix("torch.")]
+    rtol, atol = max(TOLERANCE[str(y.dtype).removeprefix("torch.")], TOLERANCE[rounded_to or "float32"])
     torch.testing.assert_close(y.double(), ref.double(), rtol=rtol, atol=atol)
+
+
+def rounded(spec: RmsNormSpec | QkNormSpec) -> str | None:
+    """AFTER_CAST's intermediate dtype R where it is 16-bit, else None (contract.rounding_dtype)."""
+    if spec.weight_mode is not AFTER:
+        return None
+    return spec.dtype if spec.dtype != "float32" else spec.out_dtype
 
 
 def run_rms(spec: RmsNormSpec, rows: int, misalign: int = 0) -> None:
     x = shifted(rand((rows, spec.hidden), spec.dtype), misalign)
     w = None if spec.weight_dtype is None else shifted(rand((spec.hidden,), spec.weight_dtype), misalign)
-    out = poisoned((rows, spec.hidden), spec.dtype, misalign)
+    out = poisoned((rows, spec.hidden), spec.out_dtype, misalign)
     y = get_rms_norm(spec)(x, w, out)
     torch.cuda.synchronize()
-    assert y.data_ptr() == out.data_ptr()
-    assert_matches(y, reference(x, w, spec.epsilon, spec.weight_offset, spec.weight_mode))
+    assert y.data_ptr() == out.data_ptr() and y.dtype == dt(spec.out_dtype)
+    assert_matches(
+        y, reference(x, w, spec.epsilon, spec.weight_offset, spec.weight_mode, spec.out_dtype), rounded(spec)
+    )
 
 
 DTYPE_PAIR_SPECS = [
@@ -194,12 +209,13 @@ def run_qk(spec: QkNormSpec, tokens: int, q_heads: int, k_heads: int, misalign: 
     wq = wk = None
     if spec.weight_dtype is not None:
         wq, wk = rand((spec.q_hidden,), spec.weight_dtype), rand((spec.k_hidden,), spec.weight_dtype)
-    q_out = poisoned(tuple(q.shape), spec.dtype)
-    k_out = poisoned(tuple(k.shape), spec.dtype)
+    q_out = poisoned(tuple(q.shape), spec.out_dtype)
+    k_out = poisoned(tuple(k.shape), spec.out_dtype)
     get_qk_norm(spec)(q, k, wq, wk, q_out, k_out)
     torch.cuda.synchronize()
-    assert_matches(q_out, reference(q, wq, spec.epsilon, spec.weight_offset, spec.weight_mode))
-    assert_matches(k_out, reference(k, wk, spec.epsilon, spec.weight_offset, spec.weight_mode))
+    mode = spec.weight_mode
+    assert_matches(q_out, reference(q, wq, spec.epsilon, spec.weight_offset, mode, spec.out_dtype), rounded(spec))
+    assert_matches(k_out, reference(k, wk, spec.epsilon, spec.weight_offset, mode, spec.out_dtype), rounded(spec))
 
 
 QK_CASES = [
@@ -222,3 +238,74 @@ def test_qk_norm_unaligned_pointers() -> None:
     spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER)
     for tokens in (1, 3, 64):
         run_qk(spec, tokens, 32, 8, misalign=1)
+
+
+# --- mixed precision: x and y of different dtypes (contract: output_dtype) ------------------------------------------
+
+MIXED_PAIRS = (("float32", "float16"), ("float32", "bfloat16"), ("float16", "float32"), ("bfloat16", "float32"))
+
+
+def sixteen_bit_side(dtype: str, out_dtype: str) -> str:
+    return dtype if dtype != "float32" else out_dtype
+
+
+MIXED_SPECS = [
+    RmsNormSpec(4096, act, wdt, 1e-6, offset, mode, out)
+    for act, out in MIXED_PAIRS
+    for wdt in ("float32", sixteen_bit_side(act, out))
+    for mode, offset in ((AFTER, 0.0), (BEFORE, 1.0))
+] + [RmsNormSpec(4096, act, None, 1e-5, 0.0, NONE, out) for act, out in MIXED_PAIRS]
+
+
+@pytest.mark.parametrize("spec", MIXED_SPECS, ids=repr)
+def test_mixed_precision_every_pair_and_mode(spec: RmsNormSpec) -> None:
+    for rows in (*ROWS, 4097):
+        run_rms(spec, rows)
+
+
+@pytest.mark.parametrize("hidden", [*HIDDENS, 1004, 1001])
+@pytest.mark.parametrize(("dtype", "out_dtype"), [("float32", "bfloat16"), ("bfloat16", "float32")])
+def test_mixed_precision_every_hidden_size(hidden: int, dtype: str, out_dtype: str) -> None:
+    spec = RmsNormSpec(hidden, dtype, sixteen_bit_side(dtype, out_dtype), 1e-6, 0.0, AFTER, out_dtype)
+    for rows in ROWS:
+        run_rms(spec, rows)
+
+
+@pytest.mark.parametrize("misalign", [1, 2])
+@pytest.mark.parametrize(("dtype", "out_dtype"), [("float32", "float16"), ("float16", "float32")])
+def test_mixed_precision_unaligned_pointers(misalign: int, dtype: str, out_dtype: str) -> None:
+    spec = RmsNormSpec(4096, dtype, "float32", 1e-6, 0.0, AFTER, out_dtype)
+    for rows in ROWS:
+        run_rms(spec, rows, misalign)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QkNormSpec(128, 128, "float32", "bfloat16", 1e-6, 0.0, AFTER, "bfloat16"),
+        QkNormSpec(256, 256, "bfloat16", "float32", 1e-6, 1.0, BEFORE, "float32"),
+        QkNormSpec(4096, 1024, "float16", "float32", 1e-6, 0.0, AFTER, "float32"),
+    ],
+    ids=repr,
+)
+def test_mixed_precision_qk_norm(spec: QkNormSpec) -> None:
+    heads = (32, 8) if spec.q_hidden <= 256 else (1, 1)
+    for tokens in ROWS:
+        run_qk(spec, tokens, *heads)
+
+
+def test_mixed_precision_decode_replays_from_a_cuda_graph() -> None:
+    spec = RmsNormSpec(4096, "float32", "bfloat16", 7e-6, 0.0, AFTER, "bfloat16")
+    kernel = get_rms_norm(spec)
+    kernel.warm_up(max_rows=32)
+    x, w = rand((32, 4096), "float32"), rand((4096,), "bfloat16")
+    out = poisoned((32, 4096), "bfloat16")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        kernel.launch(x.data_ptr(), w.data_ptr(), out.data_ptr(), 32, torch.cuda.current_stream().cuda_stream)
+    for _ in range(2):
+        x.copy_(rand((32, 4096), "float32"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(out, reference(x, w, 7e-6, 0.0, AFTER, "bfloat16"))

@@ -45,8 +45,8 @@ ATTR_WEIGHT_MODE = "weight_mode"  # int, a WeightMode
 ATTR_HIDDEN = "hidden_size"  # int, RMS_NORM_OP only: length of the normalised (last) axis
 ATTR_Q_HIDDEN = "q_hidden_size"  # int, QK_NORM_OP only
 ATTR_K_HIDDEN = "k_hidden_size"  # int, QK_NORM_OP only
-# int, an ONNX TensorProto code (OUTPUT_DTYPE_CODES): the dtype of every output. The pass writes it on every node;
-# a node without it (written before it existed) has outputs of its activations' dtype.
+# int, an ONNX TensorProto code (OUTPUT_DTYPE_CODES): the dtype of every output. The pass writes it on every
+# node; a node without it (written before it existed) has outputs of its activations' dtype.
 ATTR_OUTPUT_DTYPE = "output_dtype"
 
 RMS_NORM_FIELDS = (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, ATTR_HIDDEN)

@@ -14,7 +14,7 @@ from trtfuse.kernels.tiling import (
     ACCESS_BYTES,
     Regime,
     RowTiling,
-    full_vector,
+    access_vector,
     regime_for,
     row_tiling,
     with_block_threads,
@@ -36,11 +36,19 @@ def shared_cache() -> KernelCache:
     return _shared_cache
 
 
-def _alignment_masks(hidden: int, dtype: str, weight_dtype: str | None) -> tuple[int, int]:
-    """Low-bit masks a pointer must clear for the full-vector variant: (activations, weight)."""
-    vector = full_vector(hidden, DTYPE_BYTES[dtype])
-    weight_bytes = DTYPE_BYTES[weight_dtype or dtype]
-    return vector * DTYPE_BYTES[dtype] - 1, min(ACCESS_BYTES, vector * weight_bytes) - 1
+def _vector(hidden: int, dtype: str, out_dtype: str) -> int:
+    return access_vector(hidden, DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype])
+
+
+def _alignment_masks(hidden: int, dtype: str, out_dtype: str, weight_dtype: str | None) -> tuple[int, int]:
+    """Low-bit masks a pointer must clear for the full-vector variant: (inputs and outputs, weight). One mask for x
+    and y: the stricter of the two sides' (the same when they share a dtype)."""
+    vector = _vector(hidden, dtype, out_dtype)
+
+    def mask(name: str) -> int:
+        return min(ACCESS_BYTES, vector * DTYPE_BYTES[name]) - 1
+
+    return max(mask(dtype), mask(out_dtype)), mask(weight_dtype or dtype)
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -84,14 +92,15 @@ class RmsNormKernel:
         self.spec = spec
         self.cache = cache
         self.device = device
-        self._act_mask, self._weight_mask = _alignment_masks(spec.hidden, spec.dtype, spec.weight_dtype)
-        self._vector = full_vector(spec.hidden, DTYPE_BYTES[spec.dtype])
+        self._act_mask, self._weight_mask = _alignment_masks(spec.hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
+        self._vector = _vector(spec.hidden, spec.dtype, spec.out_dtype)
         self._decode_max_rows = device.sm_count
         self._functions: dict[tuple[bool, bool], Any] = {}
 
     def variant(self, regime: Regime, aligned: bool) -> RmsNormVariant:
         spec = self.spec
-        tiling = row_tiling(spec.hidden, self._vector if aligned else 1, regime, DTYPE_BYTES[spec.dtype])
+        vector = self._vector if aligned else 1
+        tiling = row_tiling(spec.hidden, vector, regime, DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype])
         return RmsNormVariant(self.spec, tiling, self.device.arch)
 
     def _function(self, decode: bool, aligned: bool) -> Any:
@@ -127,8 +136,8 @@ class RmsNormKernel:
             raise ValueError("a weight is required exactly when weight_mode is not NONE")
         if w is not None:
             _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
-        out = _empty_like(x) if out is None else out
-        _check_tensor("out", out, spec.dtype, tuple(x.shape))
+        out = _empty_like(x, spec.out_dtype) if out is None else out
+        _check_tensor("out", out, spec.out_dtype, tuple(x.shape))
         rows = x.numel() // spec.hidden
         self.launch(x.data_ptr(), 0 if w is None else w.data_ptr(), out.data_ptr(), rows, _current_stream())
         return out
@@ -141,18 +150,20 @@ class QkNormKernel:
         self.spec = spec
         self.cache = cache
         self.device = device
-        q_act, q_w = _alignment_masks(spec.q_hidden, spec.dtype, spec.weight_dtype)
-        k_act, k_w = _alignment_masks(spec.k_hidden, spec.dtype, spec.weight_dtype)
+        q_act, q_w = _alignment_masks(spec.q_hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
+        k_act, k_w = _alignment_masks(spec.k_hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
         self._q_masks = (q_act, q_w)
         self._k_masks = (k_act, k_w)
         self._functions: dict[bool, Any] = {}
 
     def tilings(self, aligned: bool) -> tuple[RowTiling, RowTiling]:
         """Both parts in one block size; head-dim rows use the small-row table entry, wide rows the prefill one."""
-        elem = DTYPE_BYTES[self.spec.dtype]
+        spec = self.spec
+        x_bytes, y_bytes = DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype]
 
         def tiling(hidden: int) -> RowTiling:
-            return row_tiling(hidden, full_vector(hidden, elem) if aligned else 1, Regime.PREFILL, elem)
+            vector = _vector(hidden, spec.dtype, spec.out_dtype) if aligned else 1
+            return row_tiling(hidden, vector, Regime.PREFILL, x_bytes, y_bytes)
 
         q, k = tiling(self.spec.q_hidden), tiling(self.spec.k_hidden)
         block = max(q.block_threads, k.block_threads)
@@ -214,10 +225,10 @@ class QkNormKernel:
         if wq is not None:
             _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
             _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
-        q_out = _empty_like(q) if q_out is None else q_out
-        k_out = _empty_like(k) if k_out is None else k_out
-        _check_tensor("q_out", q_out, spec.dtype, tuple(q.shape))
-        _check_tensor("k_out", k_out, spec.dtype, tuple(k.shape))
+        q_out = _empty_like(q, spec.out_dtype) if q_out is None else q_out
+        k_out = _empty_like(k, spec.out_dtype) if k_out is None else k_out
+        _check_tensor("q_out", q_out, spec.out_dtype, tuple(q.shape))
+        _check_tensor("k_out", k_out, spec.out_dtype, tuple(k.shape))
         self.launch(
             q.data_ptr(),
             k.data_ptr(),
@@ -232,10 +243,10 @@ class QkNormKernel:
         return q_out, k_out
 
 
-def _empty_like(t: torch.Tensor) -> torch.Tensor:
+def _empty_like(t: torch.Tensor, dtype: str) -> torch.Tensor:
     import torch
 
-    return torch.empty_like(t)
+    return torch.empty_like(t, dtype=_torch_dtype(dtype))
 
 
 def _get(spec: RmsNormSpec | QkNormSpec, kind: type) -> Any:

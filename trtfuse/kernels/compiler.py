@@ -11,6 +11,7 @@ from cutlass import Int32
 from cutlass.cute.runtime import make_ptr
 from cutlass.runtime import make_fake_stream
 
+from trtfuse.contract import rounding_dtype
 from trtfuse.kernels.norm_kernel import CUTLASS_DTYPES, NormMath, qk_norm_launcher, rms_norm_launcher
 from trtfuse.kernels.specs import DTYPE_BYTES, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling
@@ -32,12 +33,15 @@ class QkNormVariant:
 
 
 def _math(spec: RmsNormSpec | QkNormSpec) -> NormMath:
-    return NormMath(float(spec.epsilon), float(spec.weight_offset), spec.weight_mode)
+    rounding = rounding_dtype(spec.dtype, spec.out_dtype)
+    return NormMath(float(spec.epsilon), float(spec.weight_offset), spec.weight_mode, rounding)
 
 
 def _activation_ptr(dtype: str, tiling: RowTiling) -> cute.Pointer:
-    # The alignment promised here is what lets the compiler emit one 16-byte access per vector.
-    return make_ptr(CUTLASS_DTYPES[dtype], 0, cute.AddressSpace.gmem, assumed_align=tiling.vector * DTYPE_BYTES[dtype])
+    # The alignment promised here is what lets the compiler emit 16-byte accesses: one per vector, or two for the
+    # fp32 side of a row whose other side is 16-bit (a 32-byte vector, aligned to 16).
+    align = min(ACCESS_BYTES, tiling.vector * DTYPE_BYTES[dtype])
+    return make_ptr(CUTLASS_DTYPES[dtype], 0, cute.AddressSpace.gmem, assumed_align=align)
 
 
 def _weight_ptr(spec: RmsNormSpec | QkNormSpec, tiling: RowTiling) -> cute.Pointer:
@@ -59,28 +63,25 @@ def compile_variant(variant: RmsNormVariant | QkNormVariant, ptx_dir: Path | Non
     spec = variant.spec
     options = _options(variant.arch, ptx_dir)
     if isinstance(variant, RmsNormVariant):
-        act = _activation_ptr(spec.dtype, variant.tiling)
         return cute.compile(
             rms_norm_launcher,
-            act,
+            _activation_ptr(spec.dtype, variant.tiling),
             _weight_ptr(spec, variant.tiling),
-            act,
+            _activation_ptr(spec.out_dtype, variant.tiling),
             Int32(1),
             make_fake_stream(),
             variant.tiling,
             _math(spec),
             options=options,
         )
-    q_act = _activation_ptr(spec.dtype, variant.q_tiling)
-    k_act = _activation_ptr(spec.dtype, variant.k_tiling)
     return cute.compile(
         qk_norm_launcher,
-        q_act,
-        k_act,
+        _activation_ptr(spec.dtype, variant.q_tiling),
+        _activation_ptr(spec.dtype, variant.k_tiling),
         _weight_ptr(spec, variant.q_tiling),
         _weight_ptr(spec, variant.k_tiling),
-        q_act,
-        k_act,
+        _activation_ptr(spec.out_dtype, variant.q_tiling),
+        _activation_ptr(spec.out_dtype, variant.k_tiling),
         Int32(1),
         Int32(1),
         make_fake_stream(),

@@ -31,6 +31,7 @@ class NormMath:
     epsilon: float
     weight_offset: float
     weight_mode: WeightMode
+    rounding: str  # the dtype AFTER_CAST rounds x·r to before the weight multiply (contract.rounding_dtype)
 
 
 def smem_bytes(tiling: RowTiling) -> int:
@@ -154,10 +155,14 @@ def _normalize_block_rows(
             _load_slots_with_policy(g_x, r_x, lane, tiling, False)
         x = r_x.load().to(Float32)
     out_dtype = y_ptr.dtype
+    rounding = CUTLASS_DTYPES[math.rounding]
     if cutlass.const_expr(not has_weight):
         r_y.store((x * rstd).to(out_dtype))
     elif cutlass.const_expr(
-        math.weight_mode == WeightMode.AFTER_CAST and math.weight_offset == 0.0 and w_ptr.dtype == out_dtype
+        math.weight_mode == WeightMode.AFTER_CAST
+        and math.weight_offset == 0.0
+        and w_ptr.dtype == out_dtype
+        and rounding == out_dtype
     ):
         # Llama's semantics with the weight in the output dtype: the product of two fp16 or two bf16 values is exact in
         # fp32, so one multiply in that dtype (packed, fewer registers) rounds exactly as the fp32 path does (for
@@ -168,7 +173,7 @@ def _normalize_block_rows(
         if cutlass.const_expr(math.weight_offset != 0.0):
             w = w + Float32(math.weight_offset)
         if cutlass.const_expr(math.weight_mode == WeightMode.AFTER_CAST):
-            r_y.store(((x * rstd).to(out_dtype).to(Float32) * w).to(out_dtype))
+            r_y.store(((x * rstd).to(rounding).to(Float32) * w).to(out_dtype))
         else:
             r_y.store((x * rstd * w).to(out_dtype))
 

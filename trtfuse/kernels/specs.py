@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, WeightMode
+from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, WeightMode, dtype_pair_problem
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def _check_common(dtype: str, weight_dtype: str | None, epsilon: float, weight_mode: WeightMode) -> None:
+def _check_common(
+    dtype: str, out_dtype: str, weight_dtype: str | None, epsilon: float, weight_mode: WeightMode
+) -> None:
     if dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"activation dtype {dtype!r} is not one of {ACTIVATION_DTYPES}")
+    problem = dtype_pair_problem(dtype, out_dtype)
+    if problem is not None:
+        raise ValueError(problem)
     if WeightMode(weight_mode) is WeightMode.NONE:
         if weight_dtype is not None:
             raise ValueError("weight_mode NONE takes no weight, but weight_dtype is set")
@@ -26,9 +31,18 @@ def _check_hidden(name: str, hidden: int) -> None:
         raise ValueError(f"{name} must be a positive int, got {hidden!r}")
 
 
+def _normalise(spec: RmsNormSpec | QkNormSpec) -> None:
+    object.__setattr__(spec, "weight_mode", WeightMode(spec.weight_mode))
+    if spec.out_dtype is None:
+        object.__setattr__(spec, "out_dtype", spec.dtype)
+    _check_common(spec.dtype, spec.out_dtype, spec.weight_dtype, spec.epsilon, spec.weight_mode)
+
+
 @dataclass(frozen=True)
 class RmsNormSpec:
-    """y = x · rsqrt(mean(x², last axis) + epsilon) · (w + weight_offset) over rows of `hidden` elements."""
+    """y = x · rsqrt(mean(x², last axis) + epsilon) · (w + weight_offset) over rows of `hidden` elements.
+
+    `dtype` is x's, `out_dtype` y's (None: x's), as the contract's pairs allow."""
 
     hidden: int
     dtype: str
@@ -36,11 +50,11 @@ class RmsNormSpec:
     epsilon: float
     weight_offset: float
     weight_mode: WeightMode
+    out_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "weight_mode", WeightMode(self.weight_mode))
         _check_hidden("hidden", self.hidden)
-        _check_common(self.dtype, self.weight_dtype, self.epsilon, self.weight_mode)
+        _normalise(self)
 
 
 @dataclass(frozen=True)
@@ -54,9 +68,9 @@ class QkNormSpec:
     epsilon: float
     weight_offset: float
     weight_mode: WeightMode
+    out_dtype: str | None = None  # q_out's and k_out's; None: q's and k's
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "weight_mode", WeightMode(self.weight_mode))
         _check_hidden("q_hidden", self.q_hidden)
         _check_hidden("k_hidden", self.k_hidden)
-        _check_common(self.dtype, self.weight_dtype, self.epsilon, self.weight_mode)
+        _normalise(self)

@@ -35,6 +35,12 @@ PREFILL_RESIDENT_THREADS = 1536
 # loss, 8192x8192 with an fp32 weight, 90.7-91.2% against 91.1-92.4%. With L1 hints alone the second read cost
 # 0.5-3 points: the L2 policies are what make it pay.
 DECODE_VECTORS_PER_THREAD = 4  # 1.35 µs per 1-row call in graph replay, against 1.51 with 2 and 1.82 with 16
+# Rows whose x and y differ in width (fp32 <-> 16-bit) move a vector of 8 elements: 32 bytes on the fp32 side, so
+# a thread holds twice the registers per vector of a one-dtype 16-bit row. Prefill gives each thread one vector, up
+# to 512 threads per row: 32 bytes of fp32 per thread, what the fastest fp32 row measured holds (16384x4096 fp32,
+# 512 threads x 2 vectors of 4: 97.6% of copy, against 94.8-95.0% for twice the bytes per thread). No register cap:
+# the 40-register cap measured for one-dtype rows is too tight for a thread holding fp32 vectors.
+MIXED_PREFILL_MAX_ROW_THREADS = 512
 
 
 class Regime(enum.Enum):
@@ -84,12 +90,22 @@ def full_vector(hidden: int, elem_bytes: int) -> int:
     return vector
 
 
+def access_vector(hidden: int, x_bytes: int, y_bytes: int) -> int:
+    """Elements per access: 16 bytes of the narrower of x and y, halved until the vector divides the row.
+
+    With one dtype on both sides this is `full_vector`. With an fp32 x and a 16-bit y (or the reverse) it is 8
+    elements: the 16-bit side moves a vector in one 16-byte access, the fp32 side in two, so both sides keep
+    16-byte accesses (4 elements, as for fp32 alone, would leave the 16-bit side at 8 bytes).
+    """
+    return full_vector(hidden, min(x_bytes, y_bytes))
+
+
 def regime_for(rows: int, sm_count: int) -> Regime:
     """Decode while one row per block still leaves SMs idle or just fills them; prefill packs rows beyond that."""
     return Regime.DECODE if rows <= sm_count else Regime.PREFILL
 
 
-def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2) -> RowTiling:
+def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_bytes: int | None = None) -> RowTiling:
     """The table: threads per row from the vectors each thread should hold; rows per block from the block size.
 
     - rows of at most one warp of vectors (attention heads): one vector per lane, part of a warp per row, reduced
@@ -101,13 +117,20 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2) -> Ro
       element size) in 16-byte vectors is read twice when its row takes 128 threads or more.
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
+    - rows whose y (`y_bytes`, default x's) differs from x in width: as above, except in prefill, where each thread
+      takes one vector up to 512 threads per row (MIXED_PREFILL_MAX_ROW_THREADS) and no register cap applies.
     """
     vectors = hidden // vector
     min_blocks = 0
     reread = False
+    mixed = y_bytes is not None and y_bytes != x_bytes
     if vectors <= SMALL_ROW_VECTORS:
         threads = _next_pow2(vectors)
         per_block = PREFILL_BLOCK_THREADS
+    elif regime is Regime.PREFILL and mixed:
+        threads = min(MIXED_PREFILL_MAX_ROW_THREADS, _next_pow2(vectors))
+        per_block = max(PREFILL_BLOCK_THREADS, threads)
+        reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES and threads >= PREFILL_BLOCK_THREADS
     elif regime is Regime.PREFILL:
         threads = min(PREFILL_MAX_ROW_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
         per_block = max(PREFILL_BLOCK_THREADS, threads)
