@@ -284,3 +284,59 @@ def test_tensorrt_layer_against_the_tensorrt_rtx_api(tmp_path, monkeypatch):
     assert str(error.value).startswith(f"{fused}: TensorRT's ONNX parser failed at node 'norm' (TrtfuseRmsNorm): ")
     assert "is the 'TrtfuseRmsNorm' plugin registered in namespace 'trtfuse'?" in str(error.value)
     assert not (tmp_path / "fused.engine").exists()
+
+
+def test_parser_error_points_at_the_plugin_when_it_was_found_but_refused():
+    model = tiny_lm(np.float16, fused=True)
+    refused = [ParserIssue(1, "norm", contract.RMS_NORM_OP, "Could not create the plugin.")]
+    said = "TrtfuseRmsNorm 'norm': field 'epsilon' must be FLOAT32, got FLOAT16"
+    line = parser_error_line(Path("m.onnx"), refused, model, [said])
+    assert line.endswith(f"Could not create the plugin.; the plugin said: {said}")
+    assert "registered" not in line
+    assert "in TensorRT's log above" in parser_error_line(Path("m.onnx"), refused, model)
+
+
+class _FakeFlags:
+    STRONGLY_TYPED = 1
+
+
+@pytest.mark.parametrize(("version", "flags"), [("10.8.0.43", 1 << 1), ("10.13.2", 1 << 1), ("11.1.0.1", 0)])
+def test_strongly_typed_flag_only_below_tensorrt_11(version, flags):
+    module = type("trt", (), {"__version__": version, "NetworkDefinitionCreationFlag": _FakeFlags})
+    assert build.network_flags(module) == flags
+
+
+class _Profile:
+    def __init__(self, refuse_shapes: bool) -> None:
+        self.refuse_shapes = refuse_shapes
+
+    def set_shape(self, name, low, opt, high):
+        if self.refuse_shapes:
+            # What TensorRT's binding raises (PY_ASSERT_RUNTIME_ERROR in pyCore.cpp's opt_profile_set_shape).
+            raise RuntimeError("Shape provided for opt is inconsistent with other shapes.")
+
+
+class _Builder:
+    def __init__(self, refuse_shapes: bool) -> None:
+        self.refuse_shapes = refuse_shapes
+
+    def create_optimization_profile(self):
+        return _Profile(self.refuse_shapes)
+
+
+class _Config:
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def add_optimization_profile(self, profile):
+        return self.index
+
+
+def test_profiles_tensorrt_refuses_are_one_line_errors():
+    """IOptimizationProfile.set_shape raises RuntimeError, IBuilderConfig.add_optimization_profile returns -1 for a
+    profile it refuses (TensorRT's Python binding sources); neither may surface as a traceback or go unnoticed."""
+    with pytest.raises(TrtfuseError, match=r"profile 'default': TensorRT refused the shapes of input 'input_ids'"):
+        build.add_profiles(_Builder(refuse_shapes=True), _Config(0), [PROFILE])
+    with pytest.raises(TrtfuseError, match=r"profile 'default': TensorRT refused the optimisation profile"):
+        build.add_profiles(_Builder(refuse_shapes=False), _Config(-1), [PROFILE])
+    build.add_profiles(_Builder(refuse_shapes=False), _Config(0), [PROFILE])

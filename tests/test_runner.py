@@ -68,7 +68,10 @@ def test_timing_summary():
     summary = TimingSummary.from_seconds([0.003, 0.001, 0.002])
     assert (summary.runs, summary.min_ms, summary.median_ms, summary.max_ms) == (3, 1.0, 2.0, 3.0)
     assert summary.mean_ms == pytest.approx(2.0)
-    assert summary.line() == "3 runs: min 1.000 ms, median 2.000 ms, mean 2.000 ms, max 3.000 ms"
+    assert summary.line() == (
+        "3 runs, end to end (inputs copied in, engine run, outputs copied out): "
+        "min 1.000 ms, median 2.000 ms, mean 2.000 ms, max 3.000 ms"
+    )
     with pytest.raises(TrtfuseError, match="no timed runs"):
         TimingSummary.from_seconds([])
 

@@ -23,7 +23,7 @@ import onnx
 
 import trtfuse
 from trtfuse import contract
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
 from trtfuse.io import load_model
 from trtfuse.outputs import write_bytes_atomic, write_json_atomic
 from trtfuse.profiles import Profile
@@ -34,6 +34,10 @@ OPTIMIZATION_LEVELS = range(6)
 DEFAULT_OPTIMIZATION_LEVEL = 3
 INSTALL_HINT = "install it with `pip install 'trtfuse[gpu]'` (tensorrt>=10.8) on a machine with an NVIDIA GPU"
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# What onnx-tensorrt's FallbackPluginImporter says when no creator has the node's name, version and namespace.
+PLUGIN_NOT_FOUND = "Plugin not found"
+# From this major version every network is strongly typed and the STRONGLY_TYPED flag is deprecated and ignored.
+ALWAYS_STRONGLY_TYPED_MAJOR = 11
 
 
 @dataclass(frozen=True)
@@ -107,8 +111,14 @@ def plugins_used(model: onnx.ModelProto) -> list[dict]:
     ]
 
 
-def parser_error_line(model_path: Path, issues: Sequence[ParserIssue], model: onnx.ModelProto) -> str:
-    """One line for a failed parse: the first error, the node it names, and how many more there were."""
+def parser_error_line(
+    model_path: Path, issues: Sequence[ParserIssue], model: onnx.ModelProto, plugin_errors: Sequence[str] = ()
+) -> str:
+    """One line for a failed parse: the first error, the node it names, and how many more there were.
+
+    `plugin_errors` are the messages of trtfuse plugin creations that failed during the parse: TensorRT's parser
+    says only "Could not create the plugin", the plugin knows which field is wrong.
+    """
     if not issues:
         return f"{model_path}: TensorRT's ONNX parser rejected the model without saying why"
     first = issues[0]
@@ -125,7 +135,12 @@ def parser_error_line(model_path: Path, issues: Sequence[ParserIssue], model: on
     description = first.description.strip().splitlines()[0] if first.description.strip() else "no description"
     hint = ""
     if op_type in contract.FUSED_OPS:
-        hint = f"; is the '{op_type}' plugin registered in namespace '{contract.PLUGIN_NAMESPACE}'?"
+        if PLUGIN_NOT_FOUND in description:
+            hint = f"; is the '{op_type}' plugin registered in namespace '{contract.PLUGIN_NAMESPACE}'?"
+        elif plugin_errors:
+            hint = f"; the plugin said: {plugin_errors[0]}"
+        else:
+            hint = "; the plugin's own message is in TensorRT's log above"
     more = f" (and {len(issues) - 1} more parser errors)" if len(issues) > 1 else ""
     return f"{model_path}: TensorRT's ONNX parser failed at {where}: {description}{hint}{more}"
 
@@ -249,6 +264,40 @@ def register_plugins() -> None:
     plugins.register()
 
 
+def plugin_creation_errors() -> list[str]:
+    from trtfuse import plugins
+
+    return plugins.take_creation_errors()
+
+
+def network_flags(trt: ModuleType) -> int:
+    """Strongly typed, so the fp16/bf16 types of the ONNX graph are kept as written: the flag below TensorRT 11, where
+    it is deprecated (and every network is strongly typed)."""
+    major = int(str(trt.__version__).split(".", 1)[0])
+    if major >= ALWAYS_STRONGLY_TYPED_MAJOR:
+        return 0
+    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+
+
+def add_profiles(trt_builder: object, config: object, profiles: Sequence[Profile]) -> None:
+    """Each trtfuse profile as a TensorRT optimisation profile; a profile TensorRT refuses is a one-line error."""
+    for profile in profiles:
+        trt_profile = trt_builder.create_optimization_profile()
+        for name, shape in profile.shapes.items():
+            try:
+                trt_profile.set_shape(name, shape.min, shape.opt, shape.max)
+            except (RuntimeError, TypeError) as error:
+                raise TrtfuseError(
+                    f"profile '{profile.name}': TensorRT refused the shapes of input '{name}' ({shape}): "
+                    f"{first_line(error)}"
+                ) from None
+        if config.add_optimization_profile(trt_profile) < 0:
+            raise TrtfuseError(
+                f"profile '{profile.name}': TensorRT refused the optimisation profile (an input without shapes, or "
+                "shapes not ordered min <= opt <= max); its log above says which"
+            )
+
+
 def create_builder(trt: ModuleType, logger: object) -> object:
     """A TensorRT builder, or MissingDependencyError when TensorRT finds no GPU it can use."""
     try:
@@ -312,22 +361,17 @@ def build_engine(
     register_plugins()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = create_builder(trt, logger)
-    # Strongly typed: the fp16/bf16 types of the ONNX graph are kept as written. TensorRT 11 ignores the flag
-    # because every network is strongly typed there.
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    network = builder.create_network(network_flags(trt))
     parser = trt.OnnxParser(network, logger)
     # parse_from_file, not parse: it resolves external data files relative to the model.
+    plugin_creation_errors()
     parsed = parser.parse_from_file(str(fused_model_path))
     if not parsed or parser.num_errors:
         issues = [_parse_issue(parser.get_error(index)) for index in range(parser.num_errors)]
-        raise TrtfuseError(parser_error_line(fused_model_path, issues, model))
+        raise TrtfuseError(parser_error_line(fused_model_path, issues, model, plugin_creation_errors()))
 
     config = builder.create_builder_config()
-    for profile in options.profiles:
-        trt_profile = builder.create_optimization_profile()
-        for name, shape in profile.shapes.items():
-            trt_profile.set_shape(name, shape.min, shape.opt, shape.max)
-        config.add_optimization_profile(trt_profile)
+    add_profiles(builder, config, options.profiles)
     config.builder_optimization_level = options.optimization_level
     if not options.allow_tf32:
         config.clear_flag(trt.BuilderFlag.TF32)

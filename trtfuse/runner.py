@@ -37,8 +37,11 @@ class TimingSummary:
         return TimingSummary(len(ms), min(ms), statistics.median(ms), statistics.fmean(ms), max(ms))
 
     def line(self) -> str:
+        # Polygraphy's infer time spans the host-to-device input copies, the execution and the copies back, so the
+        # numbers are end-to-end, not the engine's device time.
         return (
-            f"{self.runs} runs: min {self.min_ms:.3f} ms, median {self.median_ms:.3f} ms, "
+            f"{self.runs} runs, end to end (inputs copied in, engine run, outputs copied out): "
+            f"min {self.min_ms:.3f} ms, median {self.median_ms:.3f} ms, "
             f"mean {self.mean_ms:.3f} ms, max {self.max_ms:.3f} ms"
         )
 
