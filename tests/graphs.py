@@ -741,3 +741,32 @@ def overridable_constant(which: str) -> onnx.ModelProto:
     tensor = next(tensor for tensor in model.graph.initializer if tensor.name == name)
     model.graph.input.append(helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims)))
     return model
+
+
+def qdq_norm(place: str, quantized: bool = True) -> onnx.ModelProto:
+    """An fp32 Llama norm with an int8 QuantizeLinear → DequantizeLinear pair at `place` (ModelOpt's spelling).
+
+    place: "rsqrt" (on the inverse root before Mul(x, r)), "normalized" (before the weight multiply), "output" (on
+    the norm's output, feeding the next MatMul), "x" (on the x the normalising Mul reads). `quantized=False` builds
+    the same graph without the pair: the float evaluation of its arithmetic.
+    """
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+
+    def qdq(tensor: str, scale: float) -> str:
+        if not quantized:
+            return tensor
+        scale_name, zero = b.constant(scale, base="scale"), b.constant(0, "int8", base="zero_point")
+        return b.op("DequantizeLinear", b.op("QuantizeLinear", tensor, scale_name, zero), scale_name, zero)
+
+    inverse = _inverse_root(b, x, NormSpec())
+    normalized = b.op(
+        "Mul", qdq(x, 4.0 / 127) if place == "x" else x, qdq(inverse, 2.0 / 127) if place == "rsqrt" else inverse
+    )
+    if place == "normalized":
+        normalized = qdq(normalized, 4.0 / 127)
+    y = b.op("Mul", normalized, b.weight(HIDDEN, "float32"))
+    if place == "output":
+        y = qdq(y, 6.0 / 127)
+    b.output(b.op("MatMul", y, b.constant(b.rng.normal(0, 0.1, (HIDDEN, 8)), base="proj")))
+    return b.model()

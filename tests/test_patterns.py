@@ -26,6 +26,7 @@ from graphs import (
     no_epsilon_norm,
     overridable_constant,
     partial_weight,
+    qdq_norm,
     shared_normalized,
     single_norm,
     stale_value_info,
@@ -367,7 +368,45 @@ def test_initializers_listed_as_inputs_stay_overridable(which: str) -> None:
     assert name in {value.name for value in fused.graph.input}
     assert name in {tensor.name for tensor in fused.graph.initializer}
     default = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
-    feed = {"x": np.random.default_rng(0).standard_normal((2, 3, HIDDEN)).astype(np.float32), name: np.asarray(default * 3)}
+    feed = {
+        "x": np.random.default_rng(0).standard_normal((2, 3, HIDDEN)).astype(np.float32),
+        name: np.asarray(default * 3),
+    }
     expected_output = ort.InferenceSession(model.SerializeToString()).run(None, feed)[0]
     fused_output = ort.InferenceSession(lower_fused_nodes(fused).SerializeToString()).run(None, feed)[0]
     np.testing.assert_allclose(fused_output, expected_output, rtol=1e-5, atol=1e-6)
+
+
+def run_model(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString()).run(None, feed)[0]
+
+
+@pytest.mark.parametrize("place", ["rsqrt", "normalized"])
+def test_qdq_inside_the_chain_is_fused_through_within_the_models_noise(place: str) -> None:
+    # Measured in benchmarks/qdq_inside_norm.py: dropping the pair never moves the result away from the float
+    # evaluation of the graph's arithmetic, it only removes the original's own quantization error there.
+    model = qdq_norm(place)
+    match, _ = only_match(model)
+    assert "qdq-dropped" in match.tags and match.weight is not None
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op for node in match.nodes}
+    rng = np.random.default_rng(0)
+    feed = {"x": (rng.standard_normal((2, 3, HIDDEN)) * rng.uniform(0.2, 5, (2, 3, 1))).astype(np.float32)}
+    reference = run_model(qdq_norm(place, quantized=False), feed)
+    original = run_model(model, feed)
+    fused = run_model(lower_fused_nodes(fuse_model(model).model), feed)
+    np.testing.assert_allclose(fused, reference, rtol=1e-4, atol=1e-5)
+    assert np.abs(original - reference).max() > np.abs(fused - reference).max()
+
+
+def test_qdq_on_the_output_stays_after_the_fused_node() -> None:
+    match, found = only_match(qdq_norm("output"))
+    assert [consumer.op for consumer in match.y.outputs] == ["QuantizeLinear"]
+    assert "qdq-dropped" not in match.tags and match.weight is not None and not found.near_misses
+    fused = fuse_model(qdq_norm("output")).model
+    quantize = next(node for node in fused.graph.node if node.op_type == "QuantizeLinear")
+    assert next(node for node in fused.graph.node if quantize.input[0] in node.output).op_type == "TrtfuseRmsNorm"
+
+
+def test_qdq_on_the_normalised_input_is_rejected_naming_it() -> None:
+    found = search(qdq_norm("x"))
+    assert not found.matches and "through DequantizeLinear" in found.near_misses[0].reason

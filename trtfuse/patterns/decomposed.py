@@ -82,6 +82,17 @@ class _Walk:
         self.require_onnx(consumer)
         return consumer
 
+    def through_qdq(self, quantize: gs.Node) -> list[gs.Node]:
+        """A QuantizeLinear → DequantizeLinear pair inside the chain, which the fused node drops (docs/patterns.md)."""
+        dequantize = self.next_node(quantize.outputs[0])
+        if onnx_op(dequantize) != "DequantizeLinear":
+            raise self.reject(
+                f"{describe(quantize)} inside the chain goes to {describe(dequantize)}, not DequantizeLinear"
+            )
+        if dtype_name(dequantize.outputs[0]) != dtype_name(quantize.inputs[0]):
+            raise self.reject(f"{describe(dequantize)} inside the chain changes the dtype")
+        return [quantize, dequantize]
+
     def require_onnx(self, node: gs.Node) -> None:
         """A same-named op of another domain computes whatever that domain says: never part of a norm."""
         if onnx_op(node) is None:
@@ -236,12 +247,16 @@ def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.No
             raise walk.reject(f"the square root goes to {describe(after)}, not to Div or Reciprocal")
     else:
         raise walk.reject(f"variance + eps goes to {describe(root)}, not to Sqrt or Pow(-0.5)")
-    inverse = nodes[-1].outputs[0]
-    product = walk.next_node(inverse)
-    if onnx_op(product) == "Cast":
-        nodes.append(product)
-        tag = f"{tag}+rsqrt-cast"
-        product = walk.next_node(product.outputs[0])
+    product = walk.next_node(nodes[-1].outputs[0])
+    cast_seen = qdq_seen = False
+    while (onnx_op(product) == "Cast" and not cast_seen) or (onnx_op(product) == "QuantizeLinear" and not qdq_seen):
+        if onnx_op(product) == "Cast":
+            nodes.append(product)
+            tag, cast_seen = f"{tag}+rsqrt-cast", True
+        else:
+            nodes.extend(walk.through_qdq(product))
+            qdq_seen = True
+        product = walk.next_node(nodes[-1].outputs[0])
     if onnx_op(product) != "Mul":
         raise walk.reject(f"the inverse root goes to {describe(product)}, not to Mul(x, r)")
     return product, nodes, tag
@@ -264,6 +279,9 @@ def _core(walk: _Walk) -> _Core:
     inverse = root_nodes[-1].outputs[0]
     scaled = product.inputs[0] if onnx_op(product) == "Div" else other_input(product, inverse)
     if look_through_lossless_casts(scaled) is not look_through_lossless_casts(base):
+        maker = producer(look_through_lossless_casts(scaled))
+        if onnx_op(maker) == "DequantizeLinear":
+            raise walk.reject(f"{describe(product)} scales x through {describe(maker)}: a fused node cannot quantize x")
         raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
     tags = [square_tag, mean_tag, root_tag] + (["no-epsilon"] if epsilon is None else [])
     return _Core(
@@ -336,6 +354,8 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -
     if core_dtype == "float64":
         raise walk.reject("the chain computes in float64; the kernels reduce in float32, which would lose precision")
     tags = ["decomposed", *core.tags]
+    if any(onnx_op(node) == "QuantizeLinear" for node in (*core.nodes, *end.nodes)):
+        tags.append("qdq-dropped")
     if core_dtype != "float32":
         tags.append(f"core-{core_dtype}")
     if dtype_name(core.normalized) == dtype and core_dtype != dtype:

@@ -113,6 +113,27 @@ def trace_weight(
     return WeightPath(tensor, offset or 0.0, tuple(path), multiply_dtype)
 
 
+def _qdq_before_weight(
+    quantize: gs.Node, hidden: int, shapes: Shapes, graph_outputs: set[str]
+) -> tuple[gs.Node, gs.Node, gs.Node, WeightPath] | None:
+    """Q → DQ → Mul(weight) after the normalisation: the pair the fused node drops, the multiply and its weight.
+
+    A pair not followed by a weight multiply quantizes the norm's output: it stays after the fused node.
+    """
+    dequantize = only_consumer(quantize.outputs[0], graph_outputs)
+    if onnx_op(dequantize) != "DequantizeLinear" or dtype_name(dequantize.outputs[0]) != dtype_name(quantize.inputs[0]):
+        return None
+    dequantized = dequantize.outputs[0]
+    multiply = only_consumer(dequantized, graph_outputs)
+    if onnx_op(multiply) != "Mul":
+        return None
+    weight = trace_weight(other_input(multiply, dequantized), hidden, shapes.rank(dequantized), None)
+    if isinstance(weight, str):
+        return None
+    multiply_dtype = dtype_name(multiply.outputs[0])
+    return quantize, dequantize, multiply, WeightPath(weight.weight, weight.offset, weight.nodes, multiply_dtype)
+
+
 def _stop_note(end: EndPoint, cast_seen: bool, hidden: int, shapes: Shapes) -> NearMiss | None:
     """Why the chain ends at `end` when a cast back or a weight multiply it could take reads it among others."""
     tensor = end.y
@@ -144,6 +165,13 @@ def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str],
             pass
         elif op == "Cast" and not cast_seen and _narrows_to_activation(current_dtype, cast_target(node)):
             cast_seen = True
+        elif op == "QuantizeLinear" and weight is None:
+            through = _qdq_before_weight(node, hidden, shapes, graph_outputs)
+            if through is None:
+                break
+            *qdq, multiply, weight = through
+            end_points.append(EndPoint(multiply.outputs[0], (*last.nodes, *qdq, multiply), weight))
+            continue
         elif op == "Mul" and weight is None:
             weight = trace_weight(other_input(node, last.y), hidden, shapes.rank(last.y), dtype_name(node.outputs[0]))
             if isinstance(weight, str):
