@@ -1,0 +1,70 @@
+"""onnxruntime-genai's model builder on the tiny models: contrib ops, packed QKV, int4 `MatMulNBits`, KV cache.
+
+Runs in /work/venvs/genai (models/README.md). Each model is saved with `save_pretrained` and built by
+`python -m onnxruntime_genai.models.builder`, as a user would, for the CPU in fp32, fp16 and int4 and for CUDA in
+fp16 (`-e cuda` builds without a GPU). The builder's own files (genai_config.json, external weights) are folded into
+one self-contained .onnx per export.
+
+\b
+    /work/venvs/genai/bin/python models/export_genai.py --out /work/exports
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+import onnx
+from tool_exports import NEGATIVES, RMS_FAMILIES, Manifest, norm_entry, run_tool, save_checkpoint, tiny_model
+
+# (file tag) -> (dtype of the activations, builder precision, execution provider)
+VARIANTS = {
+    "cpu-fp32": ("float32", "fp32", "cpu"),
+    "cpu-fp16": ("float16", "fp16", "cpu"),
+    "cpu-int4": ("float32", "int4", "cpu"),
+    "cuda-fp16": ("float16", "fp16", "cuda"),
+}
+
+
+def export(arch: str, variant: str, path: Path) -> dict[str, object]:
+    dtype, precision, provider = VARIANTS[variant]
+    model = tiny_model(arch, "float32")
+    entry = norm_entry(model, arch, dtype, variant=variant, precision=precision, execution_provider=provider)
+    with tempfile.TemporaryDirectory() as scratch:
+        checkpoint = Path(scratch) / "checkpoint"
+        save_checkpoint(model, checkpoint)
+        built = Path(scratch) / "built"
+        cache = Path(scratch) / "cache"
+        command = [
+            sys.executable, "-m", "onnxruntime_genai.models.builder",
+            "-i", str(checkpoint), "-o", str(built), "-p", precision, "-e", provider, "-c", str(cache),
+        ]  # fmt: skip
+        run_tool(command)
+        graph = onnx.load(str(built / "model.onnx"))
+        onnx.save(graph, str(path))
+    entry["opset"] = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
+    entry["inputs"] = [value.name for value in graph.graph.input]
+    entry["contrib_ops"] = sorted({node.op_type for node in graph.graph.node if node.domain == "com.microsoft"})
+    entry["bytes"] = path.stat().st_size
+    return entry
+
+
+@click.command(help=__doc__)
+@click.option("--out", "out_root", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--arch", "archs", multiple=True, help="Only these families (repeatable).")
+@click.option("--variant", "variants", multiple=True, type=click.Choice(sorted(VARIANTS)))
+@click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export.")
+def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool) -> None:
+    manifest = Manifest("genai", out_root / "genai")
+    for arch in archs or (*RMS_FAMILIES, *NEGATIVES):
+        for variant in variants or VARIANTS:
+            name = f"{arch}-genai-{variant}.onnx"
+            path = manifest.out_dir / name
+            manifest.attempt(name, lambda arch=arch, variant=variant, path=path: export(arch, variant, path), verbose)
+    manifest.write()
+
+
+if __name__ == "__main__":
+    main()

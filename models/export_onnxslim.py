@@ -1,0 +1,60 @@
+"""onnxslim on the other tools' exports: the same models after its constant folding and graph rewrites.
+
+Runs in /work/venvs/optimum (which has onnxslim), after export_optimum.py and export_dynamo23.py: every optimum
+fp32/fp16 export and every opset-23 dynamo export under OUT is passed through `onnxslim IN OUT`, as a user would,
+into OUT/onnxslim/. The expected counts are the source's (onnxslim changes no module).
+
+\b
+    /work/venvs/optimum/bin/python models/export_onnxslim.py --out /work/exports
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import onnx
+from tool_exports import Manifest, run_tool
+
+# Source tool -> the variants of its files that are slimmed.
+SOURCES = {"optimum": ("fp32", "fp16"), "dynamo23": ("fp32", "fp16", "bf16")}
+
+
+def slim(source: Path, entry: dict[str, object], path: Path) -> dict[str, object]:
+    run_tool([str(Path(sys.executable).with_name("onnxslim")), str(source), str(path)])
+    graph = onnx.load(str(path))
+    kept = {key: entry[key] for key in ("architecture", "dtype", "epsilon", "norm_calls", "qk_norm_calls",
+                                        "uses_rms_norm")}  # fmt: skip
+    return {
+        **kept,
+        "variant": f"{entry['tool']}-{entry['variant']}",
+        "source": f"{source.parent.name}/{source.name}",
+        "opset": next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")),
+        "bytes": path.stat().st_size,
+    }
+
+
+@click.command(help=__doc__)
+@click.option("--out", "out_root", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
+@click.option("--verbose", is_flag=True, help="Print the full traceback of a failed run.")
+def main(out_root: Path, verbose: bool) -> None:
+    manifest = Manifest("onnxslim", out_root / "onnxslim")
+    for tool, variants in SOURCES.items():
+        listing = out_root / tool / "expected.json"
+        if not listing.exists():
+            print(f"skipped {tool}: {listing} does not exist (run its script first)")
+            continue
+        for name, entry in sorted(json.loads(listing.read_text())["files"].items()):
+            if not name.endswith(tuple(f"-{variant}.onnx" for variant in variants)):
+                continue
+            slimmed = name.replace(".onnx", "-slim.onnx")
+            source = listing.parent / name
+            path = manifest.out_dir / slimmed
+            manifest.attempt(slimmed, lambda s=source, e=entry, p=path: slim(s, e, p), verbose)
+    manifest.write()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Run trtfuse on every export of the per-tool scripts as a new user would, and tabulate what happened.
+
+For each file listed in `EXPORTS/<tool>/expected.json`: `trtfuse inspect --json`, `trtfuse fuse`, `trtfuse check
+ORIGINAL FUSED` with no options, and `trtfuse compile` (which stops with exit 3 where TensorRT is absent). Writes
+`EXPORTS/survey.json` (everything, messages verbatim) and prints a Markdown table: fused / expected norms, QK pairs
+(found / expected), rejected candidates, the check verdict, and the first message of whatever went wrong.
+
+\b
+    python models/survey.py /work/exports                        # every tool's exports
+    python models/survey.py /work/exports --tool optimum --trtfuse "python3 -m cli.main"
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import click
+
+COMMAND_TIMEOUT_S = 900
+
+
+@dataclass
+class Outcome:
+    """What trtfuse did with one export."""
+
+    tool: str
+    file: str
+    expected_norms: int
+    expected_qk_pairs: int
+    fused_norms: int | None = None
+    rms_norm_nodes: int | None = None
+    qk_norm_nodes: int | None = None
+    # Fused nodes without a weight in a family whose every norm has one: the weight multiply was left in the graph.
+    weightless_nodes: int | None = None
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    inspect_exit: int | None = None
+    fuse_exit: int | None = None
+    check_exit: int | None = None
+    compile_exit: int | None = None
+    check_output: str = ""
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        if self.check_exit is None:
+            return "not run"
+        return {0: "pass", 1: "FAIL (numerics)", 2: "error (exit 2)"}.get(self.check_exit, f"exit {self.check_exit}")
+
+
+def run(trtfuse: list[str], args: list[str], cwd: Path | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*trtfuse, *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, cwd=cwd)
+
+
+def last_lines(result: subprocess.CompletedProcess[str], count: int = 1) -> str:
+    lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+    return " | ".join(lines[-count:])
+
+
+def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entry: dict, scratch: Path) -> Outcome:
+    outcome = Outcome(
+        tool=tool,
+        file=path.name,
+        expected_norms=int(entry["norm_calls"]),
+        expected_qk_pairs=int(entry["qk_norm_calls"]) // 2,
+    )
+    inspected = run(trtfuse, ["inspect", str(path), "--json"], cwd)
+    outcome.inspect_exit = inspected.returncode
+    if inspected.returncode == 0:
+        outcome.rejected = json.loads(inspected.stdout).get("near_misses", [])
+    else:
+        outcome.messages.append(f"inspect: {last_lines(inspected)}")
+    fused = scratch / f"{path.stem}.fused.onnx"
+    report = scratch / f"{path.stem}.report.json"
+    fusing = run(trtfuse, ["fuse", str(path), "-o", str(fused), "--report", str(report)], cwd)
+    outcome.fuse_exit = fusing.returncode
+    if fusing.returncode != 0:
+        outcome.messages.append(f"fuse: {last_lines(fusing)}")
+        return outcome
+    fusion = json.loads(report.read_text())
+    totals = fusion["totals"]
+    if entry["uses_rms_norm"]:
+        outcome.weightless_nodes = sum(node["weight_mode"] == "NONE" for node in fusion["fused"])
+    outcome.fused_norms = totals.get("norms", 0)
+    outcome.rms_norm_nodes = totals.get("TrtfuseRmsNorm", 0)
+    outcome.qk_norm_nodes = totals.get("TrtfuseQkNorm", 0)
+    checking = run(trtfuse, ["check", str(path), str(fused)], cwd)
+    outcome.check_exit = checking.returncode
+    outcome.check_output = (checking.stdout + checking.stderr).strip()
+    if checking.returncode != 0:
+        outcome.messages.append(f"check: {last_lines(checking)}")
+    compiling = run(trtfuse, ["compile", str(path), "-o", str(scratch / f"{path.stem}.engine")], cwd)
+    outcome.compile_exit = compiling.returncode
+    if compiling.returncode not in (0, 3):
+        outcome.messages.append(f"compile: {last_lines(compiling)}")
+    return outcome
+
+
+def table(outcomes: list[Outcome]) -> str:
+    rows = [
+        "| tool | export | fused / expected | QK pairs / expected | rejected | check | what went wrong |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for outcome in outcomes:
+        fused = "-" if outcome.fused_norms is None else str(outcome.fused_norms)
+        if outcome.weightless_nodes:
+            fused += f" ({outcome.weightless_nodes} without weight)"
+        pairs = "-" if outcome.qk_norm_nodes is None else str(outcome.qk_norm_nodes)
+        wrong = "; ".join(outcome.messages) or "; ".join(r["reason"] for r in outcome.rejected[:1])
+        rows.append(
+            f"| {outcome.tool} | {outcome.file} | {fused} / {outcome.expected_norms} | "
+            f"{pairs} / {outcome.expected_qk_pairs} | {len(outcome.rejected)} | {outcome.verdict} | "
+            f"{wrong.replace('|', '/')[:300]} |"
+        )
+    return "\n".join(rows)
+
+
+@click.command(help=__doc__)
+@click.argument("exports", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--tool", "tools", multiple=True, help="Only these tools' folders (repeatable).")
+@click.option("--trtfuse", "trtfuse_command", default="trtfuse", show_default=True, help="How to call trtfuse.")
+@click.option("--cwd", type=click.Path(exists=True, file_okay=False, path_type=Path), help="Run trtfuse from here.")
+def main(exports: Path, tools: tuple[str, ...], trtfuse_command: str, cwd: Path | None) -> None:
+    trtfuse = shlex.split(trtfuse_command)
+    outcomes = []
+    manifests = sorted(exports.glob("*/expected.json"))
+    with tempfile.TemporaryDirectory() as scratch:
+        for manifest_path in manifests:
+            manifest = json.loads(manifest_path.read_text())
+            if tools and manifest["tool"] not in tools:
+                continue
+            for name, entry in sorted(manifest["files"].items()):
+                outcome = survey_one(trtfuse, cwd, manifest["tool"], manifest_path.parent / name, entry, Path(scratch))
+                outcomes.append(outcome)
+                print(table([outcome]).splitlines()[-1], flush=True)
+    (exports / "survey.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
+    print(table(outcomes))
+
+
+if __name__ == "__main__":
+    main()

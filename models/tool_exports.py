@@ -1,0 +1,167 @@
+"""What every per-tool export script shares: the tiny models of export.py, their norm-call counts, the manifest.
+
+Each tool script (export_optimum.py, export_genai.py, export_modelopt.py, export_dynamo23.py, export_onnxslim.py)
+runs in its own virtual environment (models/README.md) and writes its files and one `expected.json` into
+`OUT/<tool>/`. The manifest has the same per-file keys as fixtures/expected.json plus `tool`, `variant` and `source`
+(the export a post-processing tool started from), so `survey.py` can run trtfuse on every file and compare.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# export.py sets HF_HUB_OFFLINE before it imports transformers.
+from export import ARCHITECTURES as EXPORT_ARCHITECTURES
+from export import (
+    HEAD_DIM,
+    SAMPLE_BATCH,
+    SAMPLE_SEQUENCE,
+    Architecture,
+    _common,
+    build_model,
+    count_norm_calls,
+    random_input_ids,
+)
+from torch import nn
+from transformers import MistralConfig, PhiConfig, PretrainedConfig
+
+
+def _mistral() -> PretrainedConfig:
+    return MistralConfig(**_common(), head_dim=HEAD_DIM, rms_norm_eps=1e-5, sliding_window=None)
+
+
+def _phi() -> PretrainedConfig:
+    # Phi-2: nn.LayerNorm with a bias, partial rotary; a negative like GPT-2.
+    return PhiConfig(**_common(), layer_norm_eps=1e-5, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+# export.py's families plus the two issue 12 names that export.py does not build.
+ARCHITECTURES = {
+    **EXPORT_ARCHITECTURES,
+    "mistral": Architecture("mistral", _mistral, 1.0, True, 1e-5),
+    "phi": Architecture("phi", _phi, 1.0, False, 1e-5),
+}
+
+# The families of issue 12: every RMSNorm family, and the LayerNorm negatives that must come out with nothing fused.
+RMS_FAMILIES = ("llama", "mistral", "phi3", "qwen3", "gemma3", "olmo2")
+NEGATIVES = ("gpt2", "phi")
+
+
+@dataclass
+class Manifest:
+    """`OUT/<tool>/expected.json`: one entry per written file, and the reason for each combination that failed."""
+
+    tool: str
+    out_dir: Path
+    files: dict[str, dict[str, object]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Starts from the folder's previous manifest, so a run of a few combinations keeps the others' entries."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        listing = self.out_dir / "expected.json"
+        if listing.exists():
+            previous = json.loads(listing.read_text())
+            self.files.update(previous["files"])
+            self.failures.update(previous["failures"])
+
+    def attempt(self, name: str, export: Callable[[], dict[str, object]], verbose: bool = False) -> None:
+        """Runs one export; a failure is recorded with its first line and does not stop the others."""
+        self.files.pop(name, None)
+        self.failures.pop(name, None)
+        (self.out_dir / name).unlink(missing_ok=True)
+        try:
+            entry = export()
+        except Exception as error:  # each tool fails in its own ways; every failure is reported, none stops the run
+            self.failures[name] = f"{type(error).__name__}: {first_line(error)}"
+            (self.out_dir / name).unlink(missing_ok=True)
+            if verbose:
+                traceback.print_exc()
+            print(f"FAILED  {self.tool}/{name}: {self.failures[name]}", flush=True)
+            self.write()
+            return
+        self.files[name] = {"tool": self.tool, **entry}
+        self.write()
+        calls = f"{entry['norm_calls']} norm calls ({entry['qk_norm_calls']} q/k)"
+        print(f"ok      {self.tool}/{name}: {calls}", flush=True)
+
+    def write(self) -> None:
+        payload = {"tool": self.tool, "versions": tool_versions(), "files": self.files, "failures": self.failures}
+        (self.out_dir / "expected.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[-1 if isinstance(error, SystemExit) else 0] if text else ""
+
+
+def tool_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {}
+    for package in (
+        "torch",
+        "transformers",
+        "onnx",
+        "onnxruntime",
+        "optimum-onnx",
+        "onnxruntime-genai",
+        "nvidia-modelopt",
+        "onnxslim",
+        "onnxscript",
+    ):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def tiny_model(arch: str, dtype: str) -> nn.Module:
+    """The Hugging Face model of export.py's tiny config (random, norm weights != 1), without the logits wrapper."""
+    return build_model(ARCHITECTURES[arch], dtype).model
+
+
+def norm_entry(model: nn.Module, arch: str, dtype: str, **extra: object) -> dict[str, object]:
+    """The expected counts for one export: the norm module calls of one forward pass, counted with forward hooks."""
+    calls = count_norm_calls(model, random_input_ids(SAMPLE_BATCH, SAMPLE_SEQUENCE, seed=0))
+    spec = ARCHITECTURES[arch]
+    return {
+        "architecture": arch,
+        "dtype": dtype,
+        "epsilon": spec.epsilon if spec.uses_rms_norm else None,
+        "norm_calls": calls.total,
+        "qk_norm_calls": calls.qk,
+        "uses_rms_norm": spec.uses_rms_norm,
+        **extra,
+    }
+
+
+def save_checkpoint(model: nn.Module, folder: Path) -> None:
+    """`save_pretrained` plus a word-level tokenizer over the tiny vocabulary, which the genai builder insists on."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model.save_pretrained(folder)
+    vocabulary = {f"t{index}": index for index in range(model.config.vocab_size)}
+    backend = Tokenizer(models.WordLevel(vocab=vocabulary, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", bos_token="t1", eos_token="t2")
+    tokenizer.save_pretrained(folder)
+
+
+def run_tool(command: list[str]) -> None:
+    """Runs one tool's command line; a failure raises with the tool's own last error line."""
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode == 0:
+        return
+    for text in (result.stderr, result.stdout):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            raise RuntimeError(lines[-1])
+    raise RuntimeError(f"{Path(command[0]).name} exited with {result.returncode}")
