@@ -194,7 +194,7 @@ def test_compile_without_tensorrt_fuses_then_exits_3(tmp_path):
     result = CliRunner().invoke(_cli(), ["compile", str(original), "-o", str(engine), "--profile", "decode"])
     assert result.exit_code == EXIT_MISSING_DEPENDENCY, result.output
     assert "fused, but no engine built" in result.output
-    assert "pip install 'trtfuse[gpu]'" in result.output
+    assert "pip install -e '.[gpu]'" in result.output
     assert sorted(os.listdir(engine.parent)) == ["model.fused.onnx", "model.fusion.json"]
     report = json.loads((engine.parent / "model.fusion.json").read_text())
     assert len(report["fused"]) == 1

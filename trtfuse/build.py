@@ -32,7 +32,9 @@ SIDECAR_FORMAT = "trtfuse-engine/1"
 # TensorRT documents builder optimisation levels 0 (fastest build) to 5 (most tactics); 3 is its default.
 OPTIMIZATION_LEVELS = range(6)
 DEFAULT_OPTIMIZATION_LEVEL = 3
-INSTALL_HINT = "install it with `pip install 'trtfuse[gpu]'` (tensorrt>=10.8) on a machine with an NVIDIA GPU"
+INSTALL_HINT = (
+    "install it with `pip install -e '.[gpu]'` in a trtfuse checkout (tensorrt>=10.8) on a machine with an NVIDIA GPU"
+)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # What onnx-tensorrt's FallbackPluginImporter says when no creator has the node's name, version and namespace.
 PLUGIN_NOT_FOUND = "Plugin not found"
