@@ -15,10 +15,10 @@ def _constant(name: str, array: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(array, name)
 
 
-def genai_model(packed: bool = True) -> onnx.ModelProto:
+def genai_model(packed: bool = True, positions: int = POSITIONS) -> onnx.ModelProto:
     """onnxruntime-genai's builder layout: GroupQueryAttention on a packed QKV MatMul, a cache whose head size is the
     symbol `kv_cache_dim`, an attention mask of `total_sequence_length`, seqlens_k and the total length computed
-    in the graph, rotary caches of POSITIONS rows."""
+    in the graph, rotary caches of `positions` rows."""
     rng = np.random.default_rng(0)
     cache_shape = ["batch_size", KV_HEADS, "past_sequence_length", "kv_cache_dim"]
     present_shape = ["batch_size", KV_HEADS, "total_sequence_length", "kv_cache_dim"]
@@ -37,8 +37,8 @@ def genai_model(packed: bool = True) -> onnx.ModelProto:
     initializers = [
         _constant("embed", rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)),
         _constant("qkv_weight", rng.standard_normal((HIDDEN, qkv_width)).astype(np.float32)),
-        _constant("cos_cache", np.cos(rng.standard_normal((POSITIONS, HEAD_SIZE // 2))).astype(np.float32)),
-        _constant("sin_cache", np.sin(rng.standard_normal((POSITIONS, HEAD_SIZE // 2))).astype(np.float32)),
+        _constant("cos_cache", np.cos(rng.standard_normal((positions, HEAD_SIZE // 2))).astype(np.float32)),
+        _constant("sin_cache", np.sin(rng.standard_normal((positions, HEAD_SIZE // 2))).astype(np.float32)),
         _constant("one", np.array(1, np.int64)),
         _constant("axis_1", np.array([1], np.int64)),
     ]
@@ -92,11 +92,11 @@ def genai_model(packed: bool = True) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=opsets)
 
 
-def optimum_model(cache_head_size: int | str = HEAD_SIZE) -> onnx.ModelProto:
+def optimum_model(cache_head_size: int | str = HEAD_SIZE, positions: int = POSITIONS) -> onnx.ModelProto:
     """optimum's `text-generation-with-past` layout: caches `past_key_values.0.key/value`, an attention mask of
     `past_sequence_length + sequence_length`, position ids, `present.0.key/value` concatenating past and new.
     With `cache_head_size="kv_cache_dim"`, the caches' head size is symbolic as in genai's CPU fp16 export, whose
-    attention concatenates the cache with the new keys in plain ops."""
+    attention concatenates the cache with the new keys in plain ops. Position ids index a table of `positions` rows."""
     rng = np.random.default_rng(1)
     cache = ["batch_size", KV_HEADS, "past_sequence_length", cache_head_size]
     present = ["batch_size", KV_HEADS, "past_sequence_length + sequence_length", cache_head_size]
@@ -117,7 +117,7 @@ def optimum_model(cache_head_size: int | str = HEAD_SIZE) -> onnx.ModelProto:
     ]
     initializers = [
         _constant("embed", rng.standard_normal((VOCAB, KV_HEADS * HEAD_SIZE)).astype(np.float32)),
-        _constant("position_table", rng.standard_normal((POSITIONS, HIDDEN)).astype(np.float32)),
+        _constant("position_table", rng.standard_normal((positions, HIDDEN)).astype(np.float32)),
         _constant("heads_shape", np.array([0, 0, KV_HEADS, HEAD_SIZE], np.int64)),
         _constant("axis_1", np.array([1], np.int64)),
     ]

@@ -139,11 +139,11 @@ def test_static_cache_batch_fixes_the_batch():
     assert make_feed(model, 0)["input_ids"].shape == (1, DEFAULT_DIM)
 
 
-def test_too_many_positions_for_the_rotary_cache_names_the_node():
+def test_too_many_positions_for_the_rotary_cache_or_position_table_names_it():
     with pytest.raises(TrtfuseError, match=r"decode step: 20 past \+ 1 new tokens exceed .*GroupQueryAttention"):
         make_feed(genai_model(), 0, step=Step("decode", tokens=1, past=20))
     with pytest.raises(
-        TrtfuseError, match=r"input 'position_ids': position 19 is past the 16 rows of .*position_table"
+        TrtfuseError, match=r"single step: 18 past \+ 2 new tokens exceed .*'position_table' has 16 rows"
     ):
         make_feed(optimum_model(), 0, dims={"past_sequence_length": 18, "sequence_length": 2})
 

@@ -19,6 +19,8 @@ from trtfuse.profiles import (
 )
 
 B = DEFAULT_BATCH
+# Positions enough for every default range: 4096 past + 4096 tokens.
+LONG = 8192
 
 
 def _model(inputs: dict[str, list], initializer_as_input: bool = False) -> onnx.ModelProto:
@@ -171,7 +173,7 @@ def test_parse_range_accepts_spaces_and_zero_past():
 
 def test_optimum_with_past_decode_and_prefill_ranges_per_input():
     request = request_from_options(presets=["decode", "prefill"])
-    decode, prefill = derive_profiles(optimum_model(), request)
+    decode, prefill = derive_profiles(optimum_model(positions=LONG), request)
     one_token = ShapeRange((1, 1), (B, 1), (B, 1))
     assert decode.shapes["input_ids"] == one_token
     assert decode.shapes["position_ids"] == one_token
@@ -188,7 +190,7 @@ def test_optimum_with_past_decode_and_prefill_ranges_per_input():
 
 
 def test_genai_cache_head_size_total_mask_and_length_inputs():
-    model = genai_model()
+    model = genai_model(positions=LONG)
     model.graph.input.extend(
         [
             helper.make_tensor_value_info("past_sequence_length", TensorProto.INT32, []),
@@ -244,7 +246,7 @@ def test_past_on_a_model_without_kv_cache_is_an_error():
 )
 def test_a_shape_that_contradicts_a_range_flag_is_an_error(options, message):
     with pytest.raises(TrtfuseError, match=message):
-        derive_profiles(optimum_model(), request_from_options(**options))
+        derive_profiles(optimum_model(positions=LONG), request_from_options(**options))
 
 
 def test_a_batch_the_model_does_not_allow():
@@ -254,3 +256,19 @@ def test_a_batch_the_model_does_not_allow():
     assert profile.shapes["input_ids"] == ShapeRange((1, 1), (1, 256), (1, 4096))
     with pytest.raises(TrtfuseError, match=r"--batch 1:2:2: the model allows only batch 1 \(the batch dim of cache"):
         derive_profiles(model, request_from_options(batch="1:2:2"))
+
+
+def test_default_ranges_are_cut_to_the_positions_the_model_holds():
+    request = request_from_options(presets=["default", "decode", "prefill"])
+    default, decode, prefill = derive_profiles(genai_model(), request)
+    cache = ("past_key_values.0.key", (1, KV_HEADS, 0, HEAD_SIZE))
+    assert default.shapes["input_ids"] == ShapeRange((1, 1), (B, 8), (B, 8))
+    assert default.shapes[cache[0]] == ShapeRange(cache[1], (B, KV_HEADS, 8, HEAD_SIZE), (B, KV_HEADS, 8, HEAD_SIZE))
+    assert decode.shapes["attention_mask"] == ShapeRange((1, 1), (B, 16), (B, 16))
+    assert decode.shapes[cache[0]] == ShapeRange(cache[1], (B, KV_HEADS, 15, HEAD_SIZE), (B, KV_HEADS, 15, HEAD_SIZE))
+    assert prefill.shapes["input_ids"] == ShapeRange((1, 1), (B, 16), (B, 16))
+    with pytest.raises(
+        TrtfuseError,
+        match=r"profile 'decode': 100 past \+ 1 new tokens at MAX exceed .*cos cache of GroupQueryAttention",
+    ):
+        derive_profiles(genai_model(), request_from_options(presets=["decode"], past="0:8:100"))

@@ -301,13 +301,7 @@ def _random_array(
         if "mask" in lowered:
             return np.ones(shape, dtype=dtype)
         if "position" in lowered and shape:
-            positions = np.arange(past, past + shape[-1])
-            if index_bound is not None and positions.size and positions[-1] >= index_bound[0]:
-                raise TrtfuseError(
-                    f"input {name!r}: position {positions[-1]} is past the {index_bound[0]} rows of Gather table "
-                    f"{index_bound[1]!r}; set fewer tokens or past with --dim"
-                )
-            return np.broadcast_to(positions, shape).astype(dtype)
+            return np.broadcast_to(np.arange(past, past + shape[-1]), shape).astype(dtype)
         if index_bound is not None:
             if index_bound[0] <= 0 and int(np.prod(shape)) > 0:
                 raise TrtfuseError(

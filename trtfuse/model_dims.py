@@ -374,9 +374,16 @@ def _onnxruntime_batch(model: onnx.ModelProto) -> Bound | None:
 
 
 def _max_total(model: onnx.ModelProto, shapes: Mapping) -> Bound | None:
-    """The most positions the rotary cos/sin tables hold (rows of their 2-D cos cache)."""
+    """The most positions the model holds: rows of a 2-D rotary cos cache, or of the table position ids index."""
+    graph_inputs = {value.name for value in model.graph.input}
     bounds = []
     for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in graph_inputs:
+            table = shapes.get(node.input[0])
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if "position" in node.input[1].lower() and axis == 0 and table and table[0]:
+                bounds.append(Bound(table[0], f"the position table {node.input[0]!r} has {table[0]} rows"))
+            continue
         cos_index = None
         if node.op_type == "RotaryEmbedding":
             cos_index = 2 if node.domain == "com.microsoft" else 1

@@ -273,6 +273,32 @@ def _dim_range(
     return DimRange(low, opt, high)
 
 
+def _within_positions(role_ranges: RoleRanges, reading: ModelDims, request: ProfileRequest) -> RoleRanges:
+    """Ranges whose every shape fits the positions the model holds (rotary cos cache, position table).
+
+    Default ranges are cut to fit: MAX tokens to half the positions when there is a past (all of them otherwise),
+    MAX past to the rest, OPT to at most MAX. Ranges the user gave that do not fit are an error.
+    """
+    bound = reading.max_total
+    past = role_ranges.past if reading.has_kv_cache else NO_PAST
+    tokens = role_ranges.tokens
+    if bound is None or tokens.max + past.max <= bound.value:
+        return role_ranges
+    n = bound.value
+    if request.tokens_given or request.past_given or tokens.min + past.min > n:
+        raise TrtfuseError(
+            f"profile {role_ranges.name!r}: {past.max} past + {tokens.max} new tokens at MAX exceed what the model "
+            f"holds ({bound.reason}); give --tokens and --past whose MAX add up to at most {n}"
+        )
+    tokens_max = min(tokens.max, max(tokens.min, n // 2 if past.max else n))
+    past_max = min(past.max, n - tokens_max)
+    return RoleRanges(
+        role_ranges.name,
+        DimRange(tokens.min, min(tokens.opt, tokens_max), tokens_max),
+        DimRange(past.min, min(past.opt, past_max), past_max),
+    )
+
+
 def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Profile]:
     """One Profile per requested RoleRanges, covering every graph input; raises naming the input and dim at fault."""
     reading = model_dims(model)
@@ -289,7 +315,8 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
     _check_flags(reading, request)
     batch = _batch_range(reading, request)
     profiles = []
-    for role_ranges in request.profiles:
+    for requested in request.profiles:
+        role_ranges = _within_positions(requested, reading, request)
         ranges = {
             DimRole.BATCH: batch,
             DimRole.TOKENS: role_ranges.tokens,
