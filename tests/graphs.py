@@ -770,3 +770,13 @@ def qdq_norm(place: str, quantized: bool = True) -> onnx.ModelProto:
         y = qdq(y, 6.0 / 127)
     b.output(b.op("MatMul", y, b.constant(b.rng.normal(0, 0.1, (HIDDEN, 8)), base="proj")))
     return b.model()
+
+
+def rewidened_weight() -> onnx.ModelProto:
+    """fp16 x, normalised in fp32, rounded to fp16, widened to fp32 again and only then multiplied by an fp32 weight."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], "float16")
+    x32 = b.cast(x, "float32")
+    rounded = b.cast(b.op("Mul", x32, _inverse_root(b, x32, NormSpec())), "float16")
+    b.output(b.op("Mul", b.cast(rounded, "float32"), b.weight(HIDDEN, "float32")))
+    return b.model()

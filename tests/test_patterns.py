@@ -27,6 +27,7 @@ from graphs import (
     overridable_constant,
     partial_weight,
     qdq_norm,
+    rewidened_weight,
     shared_normalized,
     single_norm,
     stale_value_info,
@@ -410,3 +411,10 @@ def test_qdq_on_the_output_stays_after_the_fused_node() -> None:
 def test_qdq_on_the_normalised_input_is_rejected_naming_it() -> None:
     found = search(qdq_norm("x"))
     assert not found.matches and "through DequantizeLinear" in found.near_misses[0].reason
+
+
+def test_a_weight_after_widening_the_rounded_result_again_is_named() -> None:
+    # No fused form rounds to fp16 and then scales an fp32 x: the norm fuses up to the rounding and says why it stops.
+    match, found = only_match(rewidened_weight())
+    assert match.weight is None and match.output_dtype == "float16"
+    assert any("widens the rounded result again" in miss.reason for miss in found.near_misses)

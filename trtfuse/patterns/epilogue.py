@@ -134,6 +134,15 @@ def _qdq_before_weight(
     return quantize, dequantize, multiply, WeightPath(weight.weight, weight.offset, weight.nodes, multiply_dtype)
 
 
+def _weight_follows(node: gs.Node, hidden: int, shapes: Shapes, graph_outputs: set[str]) -> bool:
+    """Whether `node`'s output goes to one multiply by a constant weight of the norm."""
+    multiply = only_consumer(node.outputs[0], graph_outputs)
+    if onnx_op(multiply) != "Mul":
+        return False
+    operand = other_input(multiply, node.outputs[0])
+    return isinstance(trace_weight(operand, hidden, shapes.rank(node.outputs[0]), None), WeightPath)
+
+
 def _stop_note(end: EndPoint, cast_seen: bool, hidden: int, shapes: Shapes) -> NearMiss | None:
     """Why the chain ends at `end` when a cast back or a weight multiply it could take reads it among others."""
     tensor = end.y
@@ -178,6 +187,9 @@ def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str],
                 notes.append(NearMiss(describe(node), f"weight multiply not fused: {weight}"))
                 break
         else:
+            if op == "Cast" and cast_seen and weight is None and _weight_follows(node, hidden, shapes, graph_outputs):
+                reason = f"not fused into the norm: {describe(node)} widens the rounded result again before the weight"
+                notes.append(NearMiss(describe(node), reason))
             break
         end_points.append(EndPoint(node.outputs[0], (*last.nodes, node), weight))
     else:
