@@ -184,10 +184,11 @@ def test_negative_dim_in_the_model_names_the_input():
         make_feed(model, 0)
 
 
-@pytest.mark.parametrize("seed", [-1, 2**64, 1.5])
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True])
 def test_seed_out_of_range(seed):
     with pytest.raises(TrtfuseError, match=rf"--seed {seed}: must be an integer from 0 to {2**64 - 1}"):
         make_feed(_one_input([2]), seed)
+    assert make_feed(_one_input([2]), np.int64(2**62))["x"].shape == (2,)
 
 
 def test_empty_gather_table_names_input_and_table():

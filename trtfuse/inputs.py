@@ -103,7 +103,7 @@ def _step_feed(
     dims: dict[str, int],
     step: Step,
 ) -> StepFeed:
-    if type(seed) is not int or not 0 <= seed < SEED_LIMIT:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < SEED_LIMIT:
         raise TrtfuseError(f"--seed {seed}: must be an integer from 0 to {SEED_LIMIT - 1}")
     names = {value.name for value in reading.inputs}
     unknown = sorted(set(shapes) - names)
