@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import ml_dtypes
@@ -11,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse import contract
-from trtfuse.check import check_fused, run_model
+from trtfuse.check import check_fused, computed_dtypes, run_model
 from trtfuse.contract import WeightMode
 from trtfuse.errors import TrtfuseError
 from trtfuse.inputs import DEFAULT_BATCH, DEFAULT_DIM, make_feed
@@ -21,6 +22,7 @@ from trtfuse.tolerances import Tolerance, output_error, tolerance_for
 VOCAB = 50
 HIDDEN = 32
 EPSILON = 1e-6
+LOGITS_SHAPE = ["batch_size", "sequence_length", VOCAB]
 
 
 def embedding_norm_model(fused: bool, epsilon: float = EPSILON, weight_offset: float = 0.0) -> onnx.ModelProto:
@@ -227,3 +229,195 @@ def test_bfloat16_models_run_in_the_reference_evaluator(tmp_path: Path) -> None:
     (offset,) = [attribute for attribute in node.attribute if attribute.name == contract.ATTR_WEIGHT_OFFSET]
     offset.f = 1.0
     assert not check_fused(original, _loaded(fused, tmp_path / "corrupted.onnx")).passed
+
+
+def _cast_output_to_float(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`logits.float()`: the model's last value cast to float32 as the graph output."""
+    model.graph.node[-1].output[0] = "logits_narrow"
+    model.graph.node.append(helper.make_node("Cast", ["logits_narrow"], ["logits"], to=TensorProto.FLOAT, name="up"))
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    return model
+
+
+def _fp16_pair(tmp_path: Path, **fused_options: float) -> tuple[LoadedModel, LoadedModel]:
+    from test_compare import tiny_lm
+
+    original = _cast_output_to_float(tiny_lm(np.float16, fused=False))
+    fused = _cast_output_to_float(tiny_lm(np.float16, fused=True, **fused_options))
+    return _loaded(original, tmp_path / "original.onnx"), _loaded(fused, tmp_path / "fused.onnx")
+
+
+def test_fp16_model_with_fp32_output_is_judged_by_its_fp16_computation(tmp_path: Path) -> None:
+    original, fused = _fp16_pair(tmp_path)
+    assert computed_dtypes(original.model) == {"logits": "float16"}
+    result = check_fused(original, fused, dims={"sequence": 64})
+    (verdict,) = result.errors
+    assert (verdict.dtype, verdict.computed_in) == ("float32", "float16")
+    # The fused norm rounds once where onnxruntime's original rounds differently: beyond float32's tolerance.
+    assert verdict.error.max_rel > tolerance_for("float32").rtol
+    assert result.judged_by == "float32 evaluation"
+    assert verdict.reference.original > 0.0
+    assert verdict.reference.candidate <= verdict.reference.bound
+    assert result.passed
+
+
+def test_16_bit_verdict_still_catches_a_wrong_fusion_and_a_given_tolerance_replaces_it(tmp_path: Path) -> None:
+    original, corrupted = _fp16_pair(tmp_path, epsilon=0.5)
+    (verdict,) = check_fused(original, corrupted).errors
+    assert verdict.reference.candidate > 10 * verdict.reference.bound
+    assert not verdict.passed
+    original, fused = _fp16_pair(tmp_path)
+    (verdict,) = check_fused(original, fused, tolerance=Tolerance(atol=0.0, rtol=1e-7), dims={"sequence": 64}).errors
+    assert verdict.reference is None
+    assert verdict.error.tolerance.rtol == 1e-7
+    assert not verdict.passed
+
+
+def _with_noise_output(model: onnx.ModelProto, only: bool = False) -> onnx.ModelProto:
+    """An extra output the original computes differently on every run (unseeded RandomUniformLike)."""
+    model.graph.node.append(helper.make_node("RandomUniformLike", ["logits"], ["noise"], name="noise"))
+    model.graph.output.append(helper.make_tensor_value_info("noise", TensorProto.FLOAT, LOGITS_SHAPE))
+    if only:
+        del model.graph.output[0]
+    return model
+
+
+@pytest.mark.parametrize("only", [False, True])
+def test_outputs_that_differ_between_runs_of_the_original_are_left_out(tmp_path: Path, only: bool) -> None:
+    original = _loaded(_with_noise_output(embedding_norm_model(fused=False), only), tmp_path / "original.onnx")
+    fused = _loaded(_with_noise_output(embedding_norm_model(fused=True), only), tmp_path / "fused.onnx")
+    result = check_fused(original, fused)
+    noise = next(verdict for verdict in result.errors if verdict.name == "noise")
+    assert noise.passed is None
+    assert noise.note.startswith("left out: two runs of the original differ")
+    # Left out, not passed: with nothing else to judge there is no pass.
+    assert result.passed is not only
+
+
+def test_a_missing_or_changed_declared_output_is_a_mismatch(tmp_path: Path) -> None:
+    original = _loaded(embedding_norm_model(fused=False), tmp_path / "original.onnx")
+    untyped = embedding_norm_model(fused=True)
+    untyped.graph.output[0].type.tensor_type.elem_type = TensorProto.UNDEFINED
+    (verdict,) = check_fused(original, _loaded(untyped, tmp_path / "untyped.onnx")).errors
+    assert not verdict.passed
+    assert verdict.note == "the fused model declares no dtype for it"
+    reshaped = embedding_norm_model(fused=True)
+    reshaped.graph.output[0].type.tensor_type.shape.dim[2].dim_value = VOCAB + 1
+    (verdict,) = check_fused(original, _loaded(reshaped, tmp_path / "reshaped.onnx")).errors
+    assert not verdict.passed
+    assert verdict.note == f"declared float32[batch_size,sequence_length,{VOCAB + 1}] in the fused model, " + (
+        f"float32[batch_size,sequence_length,{VOCAB}] originally"
+    )
+
+
+def _with_output(model: onnx.ModelProto, node: onnx.NodeProto, output: onnx.ValueInfoProto) -> onnx.ModelProto:
+    model.graph.node.append(node)
+    model.graph.output.append(output)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("node", "output", "message"),
+    [
+        (
+            helper.make_node("Cast", ["logits"], ["text"], to=TensorProto.STRING),
+            helper.make_tensor_value_info("text", TensorProto.STRING, LOGITS_SHAPE),
+            "output 'text' holds string values; check compares numeric and bool outputs only",
+        ),
+        (
+            helper.make_node("SequenceConstruct", ["logits"], ["sequence"]),
+            helper.make_tensor_sequence_value_info("sequence", TensorProto.FLOAT, LOGITS_SHAPE),
+            "output 'sequence' is a sequence, not a tensor; check compares tensor outputs only",
+        ),
+    ],
+)
+def test_outputs_without_a_numeric_error_are_one_line(
+    tmp_path: Path, node: onnx.NodeProto, output: onnx.ValueInfoProto, message: str
+) -> None:
+    original = _loaded(_with_output(embedding_norm_model(fused=False), node, output), tmp_path / "original.onnx")
+    fused = _loaded(_with_output(embedding_norm_model(fused=True), node, output), tmp_path / "fused.onnx")
+    with pytest.raises(TrtfuseError, match=re.escape(message)):
+        check_fused(original, fused)
+
+
+def _set_attribute(node: onnx.NodeProto, name: str, value: object) -> None:
+    kept = [attribute for attribute in node.attribute if attribute.name != name]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    if value is not None:
+        node.attribute.append(helper.make_attribute(name, value))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        (contract.ATTR_WEIGHT_MODE, 7, "weight_mode 7 is none of 0 (NONE), 1 (AFTER_CAST), 2 (BEFORE_CAST)"),
+        (contract.ATTR_EPSILON, "1e-6", "attribute epsilon must be one float"),
+        (contract.ATTR_EPSILON, -1.0, "epsilon -1.0 is not a finite non-negative number"),
+        (contract.ATTR_WEIGHT_OFFSET, float("nan"), "weight_offset nan is not finite"),
+        (contract.ATTR_HIDDEN, None, "TrtfuseRmsNorm lacks attribute hidden_size"),
+        (contract.ATTR_HIDDEN, 0, "hidden_size 0 is not a positive length"),
+    ],
+)
+def test_fused_nodes_with_invalid_attributes_are_one_line(
+    tmp_path: Path, name: str, value: object, message: str
+) -> None:
+    original = _loaded(embedding_norm_model(fused=False), tmp_path / "original.onnx")
+    edited = embedding_norm_model(fused=True)
+    _set_attribute(edited.graph.node[1], name, value)
+    onnx.save_model(edited, str(tmp_path / "edited.onnx"))
+    with pytest.raises(TrtfuseError, match=re.escape(f"edited.onnx: node 'norm': {message}")):
+        check_fused(original, LoadedModel(model=edited, path=tmp_path / "edited.onnx"))
+
+
+def test_unknown_trtfuse_op_is_one_line(tmp_path: Path) -> None:
+    original = _loaded(embedding_norm_model(fused=False), tmp_path / "original.onnx")
+    edited = embedding_norm_model(fused=True)
+    edited.graph.node[1].op_type = "TrtfuseLayerNorm"
+    with pytest.raises(TrtfuseError, match="node 'norm': TrtfuseLayerNorm is no trtfuse op"):
+        check_fused(original, LoadedModel(model=edited, path=tmp_path / "edited.onnx"))
+
+
+def test_symlinked_models_read_external_data_beside_the_link_as_fuse_does(tmp_path: Path) -> None:
+    from conftest import projection_model, save_external
+
+    target, links = tmp_path / "target", tmp_path / "links"
+    target.mkdir()
+    links.mkdir()
+    save_external(projection_model(), target / "model.onnx")
+    # The data lives beside the link only, where trtfuse.io.load_model (and so `fuse`) looks for it.
+    (target / "weights.data").rename(links / "weights.data")
+    (links / "model.onnx").symlink_to(target / "model.onnx")
+    loaded = load_model(links / "model.onnx")
+    assert check_fused(loaded, loaded, dims={"batch": 1}).passed
+
+
+def test_widening_keeps_ops_and_weights_and_drops_activation_quantization() -> None:
+    from trtfuse.widening import is_reduced_precision, widen_to_float32
+
+    weight = numpy_helper.from_array(np.array([0.5, -2.0], np.float16), "w")
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["q"], name="q"),
+        helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["dq"], name="dq"),
+        helper.make_node("Cast", ["dq"], ["h"], to=TensorProto.FLOAT16, name="narrow"),
+        helper.make_node("Mul", ["h", "w"], ["y"], name="scale_by_w"),
+    ]
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "scale")
+    zero = numpy_helper.from_array(np.array(0, np.int8), "zero")
+    graph = helper.make_graph(
+        nodes,
+        "quantized",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])],
+        [weight, scale, zero],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    assert is_reduced_precision(model)
+    widened = widen_to_float32(model)
+    assert not is_reduced_precision(widened)
+    assert [node.op_type for node in widened.graph.node] == ["Identity", "Cast", "Mul"]
+    assert widened.graph.node[0].input[0] == "x"
+    np.testing.assert_array_equal(numpy_helper.to_array(widened.graph.initializer[0]), [0.5, -2.0])
+    x = np.array([0.123, -0.456], np.float32)
+    (y,) = run_model(LoadedModel(model=widened, path=Path("widened.onnx")), {"x": x}).values()
+    np.testing.assert_allclose(y, x * np.array([0.5, -2.0], np.float32), rtol=1e-7)
