@@ -337,10 +337,13 @@ def test_each_layer_pairs_its_own_q_and_k() -> None:
         assert q_split.inputs[0] is k_split.inputs[0], "q and k of one layer come out of one Split"
 
 
-def test_packed_qkv_norms_with_different_epsilon_stay_separate() -> None:
+def test_packed_qkv_norms_with_different_epsilon_stay_separate_and_say_why() -> None:
     found = search(packed_qkv(k_epsilon=1e-5))
     assert not found.qk_norm_pairs
-    assert sum("qk-head-dim" in match.tags for match in found.matches) == 2
+    q, k = (match for match in found.matches if "qk-head-dim" in match.tags)
+    notes = {miss.node: miss.reason for miss in found.near_misses}
+    assert notes[q.name] == f"not paired with the q/k norm {k.name}: epsilon {q.epsilon} here, {k.epsilon} there"
+    assert notes[k.name].startswith(f"not paired with the q/k norm {q.name}: epsilon")
 
 
 @pytest.mark.parametrize("output_qdq", [False, True])
@@ -357,7 +360,9 @@ def test_quantized_projection_norms_pair(quant: str, shared_qdq: bool, output_qd
 @pytest.mark.parametrize("body", ["if", "nested-if", "loop", "scan"])
 def test_no_pair_when_k_depends_on_q_through_a_subgraph(body: str) -> None:
     model = k_scaled_by_q(body)
-    assert not search(model).qk_norm_pairs
+    found = search(model)
+    assert not found.qk_norm_pairs
+    assert sum("would be a cycle" in miss.reason for miss in found.near_misses) == 2
     totals = assert_fused_matches(model)
     assert (totals[contract.QK_NORM_OP], totals[contract.RMS_NORM_OP]) == (0, 3)
 

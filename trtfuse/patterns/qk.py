@@ -169,28 +169,45 @@ def _computed(match: RmsNormMatch) -> list[gs.Tensor]:
     return [tensor for node in match.nodes if node.inputs for tensor in node.outputs]
 
 
-def _same_numerics(q: RmsNormMatch, k: RmsNormMatch) -> bool:
-    return (
-        q.epsilon == k.epsilon
-        and q.weight_offset == k.weight_offset
-        and q.weight_mode == k.weight_mode
-        and q.dtype == k.dtype
-        and dtype_name(q.y) == dtype_name(k.y)
-        and (q.weight is None) == (k.weight is None)
-        and (q.weight is None or dtype_name(q.weight) == dtype_name(k.weight))
-    )
+def _numerics_differ(q: RmsNormMatch, k: RmsNormMatch) -> str | None:
+    """What makes the two norms different functions, so one fused node cannot compute both; None when nothing."""
+    weight_dtypes = [None if match.weight is None else dtype_name(match.weight) for match in (q, k)]
+    for what, first, second in (
+        ("epsilon", q.epsilon, k.epsilon),
+        ("weight offset", q.weight_offset, k.weight_offset),
+        ("weight mode", q.weight_mode.name, k.weight_mode.name),
+        ("input dtype", q.dtype, k.dtype),
+        ("output dtype", dtype_name(q.y), dtype_name(k.y)),
+        ("weight", *("none" if match.weight is None else "a weight" for match in (q, k))),
+        ("weight dtype", *weight_dtypes),
+    ):
+        if first != second:
+            return f"{what} {first} here, {second} there"
+    return None
 
 
-def _pairable(q: RmsNormMatch, k: RmsNormMatch, enclosing: dict[int, gs.Node]) -> bool:
-    """Same numerics, and one node can compute both: nothing either computes is an input of the other."""
-    if not _same_numerics(q, k):
-        return False
-    inputs = [*_fused_inputs(q), *_fused_inputs(k)]
-    return not _depends([*_computed(q), *_computed(k)], inputs, enclosing)
+def _why_not_paired(q: RmsNormMatch, k: RmsNormMatch, enclosing: dict[int, gs.Node]) -> str | None:
+    """Why one node cannot compute both norms (different numerics, or a path from what one computes to the other's
+    inputs: the fused node would feed itself); None when it can."""
+    difference = _numerics_differ(q, k)
+    if difference is not None:
+        return difference
+    if _depends([*_computed(q), *_computed(k)], [*_fused_inputs(q), *_fused_inputs(k)], enclosing):
+        return "one depends on the other, so one node computing both would be a cycle"
+    return None
 
 
-def pair_qk_norms(matches: list[RmsNormMatch], graph: gs.Graph) -> tuple[list[QkNormPair], list[RmsNormMatch]]:
-    """Tag projection norms and pair them per attention block; returns the pairs and every unpaired match."""
+@dataclass
+class QkPairing:
+    """Projection norms paired per attention block, every other match (tagged), and why candidates stayed unpaired."""
+
+    pairs: list[QkNormPair]
+    unpaired: list[RmsNormMatch]
+    notes: list[NearMiss]
+
+
+def pair_qk_norms(matches: list[RmsNormMatch], graph: gs.Graph) -> QkPairing:
+    """Tag projection norms and pair them per attention block."""
     positions = {id(node): index for index, node in enumerate(graph.nodes)}
     projection_norms: list[_ProjectionNorm] = []
     tagged: list[RmsNormMatch] = []
@@ -211,17 +228,26 @@ def pair_qk_norms(matches: list[RmsNormMatch], graph: gs.Graph) -> tuple[list[Qk
     enclosing = _enclosing_nodes(graph)
     pairs: list[QkNormPair] = []
     paired: set[int] = set()
+    refusals: dict[int, str] = {}
     for index, first in enumerate(projection_norms):
         if id(first.match) in paired:
             continue
         for second in projection_norms[index + 1 :]:
             if id(second.match) in paired or second.source is not first.source:
                 continue
-            if _pairable(first.match, second.match, enclosing):
+            reason = _why_not_paired(first.match, second.match, enclosing)
+            if reason is None:
                 pairs.append(QkNormPair(q=first.match, k=second.match))
                 paired.update((id(first.match), id(second.match)))
                 break
-    return pairs, [match for match in tagged if id(match) not in paired]
+            for this, other in ((first.match, second.match), (second.match, first.match)):
+                refusals.setdefault(id(this), f"not paired with the q/k norm {other.name}: {reason}")
+    notes = [
+        NearMiss(norm.match.name, refusals[id(norm.match)])
+        for norm in projection_norms
+        if id(norm.match) not in paired and id(norm.match) in refusals
+    ]
+    return QkPairing(pairs, [match for match in tagged if id(match) not in paired], notes)
 
 
 def absorbed_qk_norms(graph: gs.Graph) -> list[NearMiss]:

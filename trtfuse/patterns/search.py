@@ -42,6 +42,7 @@ def find_norms(graph: gs.Graph) -> NormSearch:
             search.near_misses.append(rejection.near_miss)
             continue
         matches.append(match)
-    search.qk_norm_pairs, search.matches = pair_qk_norms(matches, graph)
-    search.near_misses.extend(absorbed_qk_norms(graph))
+    pairing = pair_qk_norms(matches, graph)
+    search.qk_norm_pairs, search.matches = pairing.pairs, pairing.unpaired
+    search.near_misses.extend([*pairing.notes, *absorbed_qk_norms(graph)])
     return search
