@@ -205,6 +205,11 @@ def test_genai_cache_head_size_total_mask_and_length_inputs():
     )
     assert decode.shapes["past_sequence_length"] == ShapeRange((), (), ())
     assert decode.shapes["total_sequence_length"] == ShapeRange((1,), (1,), (1,))
+    assert decode.values == {
+        "past_sequence_length": ShapeRange((0,), (64,), (512,)),
+        "total_sequence_length": ShapeRange((1,), (65,), (513,)),
+    }
+    assert Profile.from_json(decode.to_json()) == decode
 
 
 def test_dynamo_opset_23_rotary_embedding_keeps_the_batch_at_one():

@@ -9,6 +9,7 @@ docs/engine.md documents the syntax of the command-line specs parsed here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -78,29 +79,32 @@ class ProfileRequest:
 
 @dataclass(frozen=True)
 class Profile:
+    """Per input, its shape range; per length input of a fixed shape (genai's `past_sequence_length`,
+    `total_sequence_length`), the range of its values, one entry per element, as TensorRT's shape-input ranges."""
+
     name: str
     shapes: dict[str, ShapeRange]
+    values: dict[str, ShapeRange] = field(default_factory=dict)
 
     def opt_shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: shape.opt for name, shape in self.shapes.items()}
 
     def to_json(self) -> dict:
+        def ranges(items: Mapping[str, ShapeRange]) -> dict:
+            return {name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in items.items()}
+
         return {
             "name": self.name,
-            "shapes": {
-                name: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)} for name, s in self.shapes.items()
-            },
+            "shapes": ranges(self.shapes),
+            **({"values": ranges(self.values)} if self.values else {}),
         }
 
     @staticmethod
     def from_json(data: Mapping) -> Profile:
-        return Profile(
-            name=data["name"],
-            shapes={
-                name: ShapeRange(tuple(s["min"]), tuple(s["opt"]), tuple(s["max"]))
-                for name, s in data["shapes"].items()
-            },
-        )
+        def ranges(items: Mapping) -> dict[str, ShapeRange]:
+            return {name: ShapeRange(tuple(s["min"]), tuple(s["opt"]), tuple(s["max"])) for name, s in items.items()}
+
+        return Profile(name=data["name"], shapes=ranges(data["shapes"]), values=ranges(data.get("values", {})))
 
 
 def parse_range(text: str, what: str, minimum: int = 0) -> DimRange:
@@ -335,5 +339,22 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
             shapes[value.name] = ShapeRange(
                 tuple(d.min for d in dims), tuple(d.opt for d in dims), tuple(d.max for d in dims)
             )
-        profiles.append(Profile(role_ranges.name, shapes))
+        profiles.append(Profile(role_ranges.name, shapes, _length_values(reading, shapes, ranges)))
     return profiles
+
+
+def _length_values(
+    reading: ModelDims, shapes: Mapping[str, ShapeRange], ranges: Mapping[DimRole, DimRange]
+) -> dict[str, ShapeRange]:
+    """The value ranges of length inputs whose shape is the same in the whole profile."""
+    values = {}
+    for name, role in reading.length_inputs.items():
+        shape = shapes[name]
+        if shape.min != shape.max:
+            continue
+        length = ranges[role]
+        if name.lower().startswith("seqlens_k"):
+            length = DimRange(max(length.min - 1, 0), max(length.opt - 1, 0), max(length.max - 1, 0))
+        elements = math.prod(shape.min)
+        values[name] = ShapeRange((length.min,) * elements, (length.opt,) * elements, (length.max,) * elements)
+    return values
