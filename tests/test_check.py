@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -421,3 +422,101 @@ def test_widening_keeps_ops_and_weights_and_drops_activation_quantization() -> N
     x = np.array([0.123, -0.456], np.float32)
     (y,) = run_model(LoadedModel(model=widened, path=Path("widened.onnx")), {"x": x}).values()
     np.testing.assert_allclose(y, x * np.array([0.5, -2.0], np.float32), rtol=1e-7)
+
+
+def _with_kv_cache(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A KV cache as optimum writes one: `past_key_values.0.key` in, the normed hidden state appended as `present.0.key`
+    out (HIDDEN = 2 heads x 16)."""
+    model.graph.input.append(
+        helper.make_tensor_value_info(
+            "past_key_values.0.key", TensorProto.FLOAT, ["batch_size", 2, "past_sequence_length", HIDDEN // 2]
+        )
+    )
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, 2, HIDDEN // 2], np.int64), "heads"))
+    model.graph.node.extend(
+        [
+            helper.make_node("Reshape", ["normed", "heads"], ["split_heads"], name="split_heads"),
+            helper.make_node("Transpose", ["split_heads"], ["key"], perm=[0, 2, 1, 3], name="key"),
+            helper.make_node("Concat", ["past_key_values.0.key", "key"], ["present.0.key"], axis=2, name="cache"),
+        ]
+    )
+    model.graph.output.append(
+        helper.make_tensor_value_info(
+            "present.0.key", TensorProto.FLOAT, ["batch_size", 2, "past_sequence_length + sequence_length", HIDDEN // 2]
+        )
+    )
+    return model
+
+
+def test_kv_cache_models_are_checked_at_a_prefill_and_a_decode_step(tmp_path: Path) -> None:
+    original = _loaded(_with_kv_cache(embedding_norm_model(fused=False)), tmp_path / "original.onnx")
+    fused = _loaded(_with_kv_cache(embedding_norm_model(fused=True)), tmp_path / "fused.onnx")
+    result = check_fused(original, fused)
+    assert [step.name for step in result.steps] == ["prefill", "decode"]
+    prefill, decode = result.steps
+    assert prefill.input_shapes["past_key_values.0.key"] == (DEFAULT_BATCH, 2, 0, HIDDEN // 2)
+    assert decode.input_shapes == {
+        "input_ids": (DEFAULT_BATCH, 1),
+        "past_key_values.0.key": (DEFAULT_BATCH, 2, DEFAULT_DIM, HIDDEN // 2),
+    }
+    assert [output.name for output in decode.outputs] == ["logits", "present.0.key"]
+    assert result.passed
+    corrupted = _loaded(_with_kv_cache(embedding_norm_model(fused=True, epsilon=0.5)), tmp_path / "corrupted.onnx")
+    assert not any(step.passed for step in check_fused(original, corrupted).steps)
+
+
+def _cli_pair(tmp_path: Path) -> tuple[str, str]:
+    from test_compare import tiny_lm
+
+    onnx.save_model(tiny_lm(np.float16, fused=False), str(tmp_path / "original.onnx"))
+    onnx.save_model(tiny_lm(np.float16, fused=True), str(tmp_path / "fused.onnx"))
+    return str(tmp_path / "original.onnx"), str(tmp_path / "fused.onnx")
+
+
+def test_check_prints_seed_and_shapes_and_repeats_a_run_from_saved_inputs(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    original, fused = _cli_pair(tmp_path)
+    saved = tmp_path / "inputs.npz"
+    runner = CliRunner()
+    first = runner.invoke(cli, ["check", original, fused, "--seed", "5", "--dim", "sequence=7", "--save-inputs", saved])
+    assert first.exit_code == 0, first.output
+    assert "step single (seed 5): input_ids=2x7" in first.output
+    assert "orig err" in first.output
+    again = runner.invoke(cli, ["check", original, fused, "--load-inputs", str(saved), "--json"])
+    assert again.exit_code == 0, again.output
+    report = json.loads(again.output)
+    assert report["seed"] is None
+    assert report["inputs_file"] == str(saved)
+    assert report["steps"][0]["input_shapes"] == {"input_ids": [2, 7]}
+    first_json = json.loads(
+        runner.invoke(cli, ["check", original, fused, "--seed", "5", "--dim", "sequence=7", "--json"]).output
+    )
+    assert report["steps"][0]["outputs"] == first_json["steps"][0]["outputs"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "status", "message"),
+    [
+        (["--load-inputs", "{saved}", "--dim", "sequence=3"], 2, "fixes the inputs; drop --dim"),
+        (["--load-inputs", "{other}"], 2, "other.npz has no array for input 'input_ids'"),
+        (["--save-inputs", "{original}"], 2, "would overwrite the input"),
+        (["--rtol", "-1"], 2, "-1.0 is not a finite non-negative number"),
+        (["--rtol", "1e-9"], 1, "1 output(s) fail"),
+    ],
+)
+def test_check_input_and_tolerance_options(tmp_path: Path, arguments: list[str], status: int, message: str) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    original, fused = _cli_pair(tmp_path)
+    np.savez(tmp_path / "saved.npz", input_ids=np.zeros((1, 3), np.int64))
+    np.savez(tmp_path / "other.npz", tokens=np.zeros((1, 3), np.int64))
+    paths = {"saved": str(tmp_path / "saved.npz"), "other": str(tmp_path / "other.npz"), "original": original}
+    result = CliRunner().invoke(cli, ["check", original, fused, *(argument.format(**paths) for argument in arguments)])
+    assert result.exit_code == status, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output

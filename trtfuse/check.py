@@ -99,7 +99,8 @@ def onnxruntime_session(model: LoadedModel) -> object:
         raise MissingDependencyError("onnxruntime is not installed: pip install onnxruntime") from None
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    # Errors come back as exceptions, each turned into one line; onnxruntime's own log would repeat them.
+    options.log_severity_level = 4
     options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.absolute().parent))
     try:
         return onnxruntime.InferenceSession(
@@ -136,7 +137,9 @@ class ModelRunner:
         return self._run(feed)
 
     def _onnxruntime(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-        session = onnxruntime_session(LoadedModel(model=keep_16_bit_roundings(self.model.model), path=self.model.path))
+        session = onnxruntime_session(
+            LoadedModel(model=_as_onnxruntime_runs_it(self.model.model), path=self.model.path)
+        )
         names = [output.name for output in session.get_outputs()]
 
         def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -172,6 +175,16 @@ class ModelRunner:
                 raise TrtfuseError(f"{self.model.path}: {message}{_SIZE_HINT}") from None
 
         return run
+
+
+def _as_onnxruntime_runs_it(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without its recorded intermediate shapes, which onnxruntime infers itself (an exporter's stale ones,
+    such as genai's `sequence_length` where a decode step has the total length, make it re-use a buffer of the wrong
+    size), and with its 16-bit roundings kept."""
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.value_info[:]
+    return keep_16_bit_roundings(bare)
 
 
 def keep_16_bit_roundings(model: onnx.ModelProto) -> onnx.ModelProto:
