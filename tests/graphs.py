@@ -780,3 +780,17 @@ def rewidened_weight() -> onnx.ModelProto:
     rounded = b.cast(b.op("Mul", x32, _inverse_root(b, x32, NormSpec())), "float16")
     b.output(b.op("Mul", b.cast(rounded, "float32"), b.weight(HIDDEN, "float32")))
     return b.model()
+
+
+def rms_normalization_cast_back(
+    x_dtype: str, scale_dtype: str = "float32", cast_to: str = "float16"
+) -> onnx.ModelProto:
+    """RMSNormalization with a float32 Y cast down afterwards (dynamo's Gemma3/OLMo2 in fp16)."""
+    model = mixed_rms_normalization(x_dtype, scale_dtype)
+    y = next(node for node in model.graph.node if node.op_type == "RMSNormalization").output[0]
+    reader = next(node for node in model.graph.node if y in node.input)
+    reader.input[0] = "y_cast"
+    model.graph.node.insert(
+        list(model.graph.node).index(reader), helper.make_node("Cast", [y], ["y_cast"], to=ELEM_TYPES[cast_to])
+    )
+    return onnx.shape_inference.infer_shapes(model)

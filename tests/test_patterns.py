@@ -28,6 +28,7 @@ from graphs import (
     partial_weight,
     qdq_norm,
     rewidened_weight,
+    rms_normalization_cast_back,
     shared_normalized,
     single_norm,
     stale_value_info,
@@ -418,3 +419,17 @@ def test_a_weight_after_widening_the_rounded_result_again_is_named() -> None:
     match, found = only_match(rewidened_weight())
     assert match.weight is None and match.output_dtype == "float16"
     assert any("widens the rounded result again" in miss.reason for miss in found.near_misses)
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "cast_to", "mode"),
+    [
+        ("float16", "float16", WeightMode.AFTER_CAST),
+        ("bfloat16", "bfloat16", WeightMode.AFTER_CAST),
+        ("float32", "float16", WeightMode.BEFORE_CAST),
+    ],
+)
+def test_fused_op_takes_the_cast_down_of_its_float32_output(x_dtype: str, cast_to: str, mode: WeightMode) -> None:
+    match, _ = only_match(rms_normalization_cast_back(x_dtype, cast_to=cast_to))
+    assert (match.dtype, match.output_dtype, match.weight_mode) == (x_dtype, cast_to, mode)
+    assert [node.op for node in match.nodes][-2:] == ["RMSNormalization", "Cast"]

@@ -20,7 +20,16 @@ from trtfuse.contract import ACTIVATION_DTYPES, WeightMode
 from trtfuse.patterns.decomposed import epsilon_float32, supported_dtypes
 from trtfuse.patterns.epilogue import trace_weight
 from trtfuse.patterns.matches import Rejected, RmsNormMatch
-from trtfuse.patterns.queries import ONNX_DOMAINS, constant_shape, describe, dtype_name, exclusively_consumed
+from trtfuse.patterns.queries import (
+    ONNX_DOMAINS,
+    cast_target,
+    constant_shape,
+    describe,
+    dtype_name,
+    exclusively_consumed,
+    only_consumer,
+    onnx_op,
+)
 from trtfuse.patterns.shapes import Shapes
 
 FUSED_NORM_OPS = {
@@ -64,6 +73,17 @@ def _weight_mode(node: gs.Node, x_dtype: str, y_dtype: str) -> WeightMode:
     if node.op != "RMSNormalization" or (x_dtype == "float32" and y_dtype != "float32"):
         return WeightMode.BEFORE_CAST
     return WeightMode.AFTER_CAST
+
+
+def _cast_back(y: gs.Tensor, x_dtype: str, graph_outputs: set[str]) -> gs.Node | None:
+    """The Cast from a float32 Y down to a 16-bit dtype the fused node can write for X, when it is Y's only reader."""
+    cast = only_consumer(y, graph_outputs)
+    if onnx_op(cast) != "Cast" or dtype_name(y) != "float32":
+        return None
+    target = cast_target(cast)
+    if target == "float32" or dtype_name(cast.outputs[0]) != target or not supported_dtypes(x_dtype, target):
+        return None
+    return cast
 
 
 def _hidden_size(node: gs.Node, x: gs.Tensor, scale: gs.Tensor, shapes: Shapes) -> int:
@@ -123,12 +143,20 @@ def match_fused(node: gs.Node, graph_outputs: set[str], shapes: Shapes) -> RmsNo
     if isinstance(weight, str):
         raise Rejected(node, f"scale: {weight}")
     mode = _weight_mode(node, dtype, y_dtype)
+    cast_back = _cast_back(y, dtype, graph_outputs)
+    if cast_back is not None:
+        # Y is float32: either never rounded (float32 X) or rounded to X's 16-bit dtype before the scale, which is
+        # the cast's dtype too; after the cast the first rounds once (BEFORE_CAST), the second is AFTER_CAST still.
+        rounded_to_x = mode == WeightMode.AFTER_CAST and dtype != "float32"
+        mode = WeightMode.AFTER_CAST if rounded_to_x else WeightMode.BEFORE_CAST
+        y = cast_back.outputs[0]
     skip_inputs = tuple(tensor for tensor in (node.inputs[1], *node.inputs[3:4]) if skip and tensor.name)
     skip_sum = None
     if skip and len(node.outputs) > SKIP_SUM_OUTPUT and _used(node.outputs[SKIP_SUM_OUTPUT], graph_outputs):
         skip_sum = node.outputs[SKIP_SUM_OUTPUT]
+    weight_nodes = exclusively_consumed(list(weight.nodes), {id(node)}, graph_outputs)
     return RmsNormMatch(
-        nodes=[*exclusively_consumed(list(weight.nodes), {id(node)}, graph_outputs), node],
+        nodes=[*weight_nodes, node, *([cast_back] if cast_back is not None else [])],
         x=x,
         y=y,
         weight=weight.weight,
