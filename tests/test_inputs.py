@@ -3,6 +3,9 @@ and every bad size a user can ask for."""
 
 from __future__ import annotations
 
+import contextlib
+import random
+
 import numpy as np
 import onnx
 import onnxruntime
@@ -13,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtfuse.errors import TrtfuseError
 from trtfuse.inputs import DECODE, DEFAULT_DIM, PREFILL, SINGLE, Step, default_feeds, make_feed
 from trtfuse.model_dims import DEFAULT_BATCH, DimRole, model_dims
+from trtfuse.profiles import derive_profiles, request_from_options
 
 
 def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -240,3 +244,31 @@ def test_cli_bad_feed_and_profile_flags_are_one_line_and_exit_2(tmp_path):
     assert result.exit_code == 2
     assert "--past: the model has no KV cache" in result.output
     assert sorted(path.name for path in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_random_dims_give_a_feed_or_one_trtfuse_error():
+    rng = random.Random(0)
+    atoms = ["batch_size", "sequence_length", "past_sequence_length", "total", "s1", "kv_cache_dim", "0", "7", "10**9"]
+    operators = [" + ", " - ", " * ", " // ", " / ", " ** ", "(", ")", "", "\x00"]
+    elem_types = [TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL, TensorProto.STRING, 0]
+    names = ["input_ids", "attention_mask", "position_ids", "past_key_values.0.key", "past_sequence_length", "x"]
+
+    def random_dim() -> int | str | None:
+        if rng.random() < 0.3:
+            return rng.choice([None, 0, 1, 3])
+        return "".join(rng.choice(atoms) + rng.choice(operators) for _ in range(rng.randint(1, 3))).strip()
+
+    for _ in range(300):
+        inputs = [
+            helper.make_tensor_value_info(
+                f"{rng.choice(names)}{i}", rng.choice(elem_types), [random_dim() for _ in range(rng.randint(0, 4))]
+            )
+            for i in range(rng.randint(1, 3))
+        ]
+        model = helper.make_model(helper.make_graph([], "random", inputs, []))
+        dims = {rng.choice(atoms): rng.randint(0, 9)} if rng.random() < 0.3 else {}
+        request = request_from_options(past=rng.choice([None, "0:1:2"]), tokens=rng.choice([[], ["1:2:3"]]))
+        with contextlib.suppress(TrtfuseError):
+            default_feeds(model, 0, dims=dims)
+        with contextlib.suppress(TrtfuseError):
+            derive_profiles(model, request)
