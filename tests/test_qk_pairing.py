@@ -79,8 +79,12 @@ def packed_qkv(
     dtype: str = "float32",
     layers: int = 1,
     k_epsilon: float = 1e-6,
+    q_view_domain: str = "",
 ) -> onnx.ModelProto:
-    """onnxruntime-genai's attention input: one packed QKV projection, split into q/k/v, q and k normalised per head."""
+    """onnxruntime-genai's attention input: one packed QKV projection, split into q/k/v, q and k normalised per head.
+
+    `q_view_domain`: q passes an Identity of that domain first (another domain's Identity is not ONNX's).
+    """
     b = Builder()
     spec = NormSpec(dtype=dtype, epsilon=1e-6)
     hidden = b.input("x", [BATCH, SEQUENCE, HIDDEN], dtype)
@@ -92,6 +96,8 @@ def packed_qkv(
         else:
             qkv = _matmul_nbits(b, normed, QKV_WIDTH)
         q, k, v = _qkv_parts(b, qkv, part)
+        if q_view_domain:
+            q = b.op("Identity", q, domain=q_view_domain)
         q_out = _genai_norm(b, q, Q_HEADS, norm, spec)
         k_out = _genai_norm(b, k, KV_HEADS, norm, replace(spec, epsilon=k_epsilon))
         for tensor in (q_out, k_out, v):
@@ -335,6 +341,12 @@ def test_each_layer_pairs_its_own_q_and_k() -> None:
     for pair in found.qk_norm_pairs:
         q_split, k_split = (match.x.inputs[0].inputs[0] for match in (pair.q, pair.k))
         assert q_split.inputs[0] is k_split.inputs[0], "q and k of one layer come out of one Split"
+
+
+def test_a_view_op_of_another_domain_is_not_a_view() -> None:
+    found = search(packed_qkv(q_view_domain="custom.ops"))
+    assert not found.qk_norm_pairs
+    assert [match.hidden_size for match in found.matches if "qk-head-dim" in match.tags] == [HEAD_DIM]
 
 
 def test_packed_qkv_norms_with_different_epsilon_stay_separate_and_say_why() -> None:

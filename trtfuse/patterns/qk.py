@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import onnx_graphsurgeon as gs
 
 from trtfuse.patterns.matches import NearMiss, QkNormPair, RmsNormMatch
-from trtfuse.patterns.queries import ONNX_DOMAINS, describe, dtype_name, is_constant, producer
+from trtfuse.patterns.queries import describe, dtype_name, is_constant, onnx_op, producer
 
 MS_DOMAIN = "com.microsoft"
 QUANTIZE_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -41,13 +41,9 @@ class _ProjectionNorm:
     position: int
 
 
-def _is_onnx_op(node: gs.Node, ops: Iterable[str]) -> bool:
-    return node.op in ops and (node.domain or "") in ONNX_DOMAINS
-
-
 def _is_projection(node: gs.Node) -> bool:
     """MatMul / Gemm, or onnxruntime's int4 MatMulNBits, whose weight is a constant (possibly dequantised)."""
-    is_matmul = _is_onnx_op(node, ("MatMul", "Gemm")) or (node.op == "MatMulNBits" and node.domain == MS_DOMAIN)
+    is_matmul = onnx_op(node) in ("MatMul", "Gemm") or (node.op == "MatMulNBits" and node.domain == MS_DOMAIN)
     if not is_matmul or len(node.inputs) < 2:
         return False
     weight = node.inputs[1]
@@ -55,7 +51,7 @@ def _is_projection(node: gs.Node) -> bool:
         if is_constant(weight):
             return True
         maker = producer(weight)
-        if maker is None or not _is_onnx_op(maker, WEIGHT_OPS) or not maker.inputs:
+        if maker is None or onnx_op(maker) not in WEIGHT_OPS or not maker.inputs:
             return False
         weight = maker.inputs[0]
     return False
@@ -66,7 +62,7 @@ def _attention_input(projection: gs.Node) -> gs.Tensor:
     tensor = projection.inputs[0]
     for _ in range(MAX_LAYOUT_STEPS):
         maker = producer(tensor)
-        if maker is None or not _is_onnx_op(maker, INPUT_OPS) or not maker.inputs:
+        if maker is None or onnx_op(maker) not in INPUT_OPS or not maker.inputs:
             break
         tensor = maker.inputs[0]
     return tensor
@@ -79,7 +75,7 @@ def _projections_of(source: gs.Tensor) -> int:
     for _ in range(MAX_LAYOUT_STEPS):
         readers = [node for tensor in frontier for node in tensor.outputs]
         projections.update(id(node) for node in readers if _is_projection(node) and _attention_input(node) is source)
-        frontier = [node.outputs[0] for node in readers if _is_onnx_op(node, INPUT_OPS) and node.outputs]
+        frontier = [node.outputs[0] for node in readers if onnx_op(node) in INPUT_OPS and node.outputs]
         if not frontier:
             break
     return len(projections)
@@ -96,10 +92,10 @@ def _projection_behind(x: gs.Tensor) -> tuple[gs.Node, list[str]] | None:
             return None
         if _is_projection(node):
             return node, ops[::-1]
-        if _is_onnx_op(node, (*LAYOUT_OPS, *PART_OPS)):
+        if onnx_op(node) in (*LAYOUT_OPS, *PART_OPS):
             ops.append(node.op)
             tensor = node.inputs[0]
-        elif _is_onnx_op(node, ("Add",)) and not bias_seen and sum(map(is_constant, node.inputs)) == 1:
+        elif onnx_op(node) == "Add" and not bias_seen and sum(map(is_constant, node.inputs)) == 1:
             bias_seen = True
             tensor = next(operand for operand in node.inputs if not is_constant(operand))
         else:
@@ -114,7 +110,7 @@ def _feeds_projection(y: gs.Tensor) -> bool:
         readers = [node for tensor in frontier for node in tensor.outputs]
         if any(_is_projection(node) and node.inputs[0] in frontier for node in readers):
             return True
-        frontier = [node.outputs[0] for node in readers if _is_onnx_op(node, (*LAYOUT_OPS, *PART_OPS))]
+        frontier = [node.outputs[0] for node in readers if onnx_op(node) in (*LAYOUT_OPS, *PART_OPS)]
         if not frontier:
             return False
     return False
