@@ -25,6 +25,8 @@ from trtfuse.outputs import termination_as_exception
 # The shell's convention for a process ended by a signal: 128 + its number.
 EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
+# click 8.2 and later raise this for a group called without a command (8.1 prints the help itself).
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def _error_line(message: str, colour: str = "red") -> None:
@@ -53,6 +55,10 @@ class TrtfuseGroup(click.Group):
         except TrtfuseError as error:
             _error_line(f"trtfuse: error: {error}")
             status = EXIT_BAD_INPUT
+        except _NO_ARGS_IS_HELP as error:
+            # `trtfuse` or `trtfuse bench` alone: the help that -h gives, not an error.
+            click.echo(error.ctx.get_help())
+            status = 0
         except click.UsageError as error:
             command = error.ctx.command_path if error.ctx is not None else "trtfuse"
             _error_line(f"trtfuse: error: {error.format_message()} (see '{command} --help')")

@@ -175,7 +175,7 @@ def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in completed.stdout + completed.stderr
 
 
-@pytest.mark.parametrize("args", [["-h"], ["fuse", "-h"], ["compile", "-h"], ["bench", "kernels", "-h"]])
+@pytest.mark.parametrize("args", [["-h"], ["fuse", "-h"], ["compile", "-h"], ["bench", "kernels", "-h"], [], ["bench"]])
 def test_short_help(args: list[str]) -> None:
     result = _invoke(*args)
     assert result.exit_code == 0

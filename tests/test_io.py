@@ -289,3 +289,11 @@ def test_op_types_that_are_not_utf8(tmp_path: Path) -> None:
     path.write_bytes(data)
     with pytest.raises(TrtfuseError, match="not valid UTF-8"):
         load_model(path)
+
+
+def test_more_raw_bytes_than_the_shape_needs(write_model) -> None:
+    model = projection_model()
+    scale = model.graph.initializer[1]
+    scale.raw_data = scale.raw_data + bytes(4)
+    with pytest.raises(TrtfuseError, match="tensor 'scale' holds 4100 bytes; its shape and type need 4096"):
+        load_model(write_model(model))

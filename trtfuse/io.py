@@ -32,6 +32,7 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 # there), where onnx.checker has no schema for them; the checker then looks at them in onnxruntime's own domain.
 ONNXRUNTIME_DOMAIN = "com.microsoft"
 ONNXRUNTIME_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
+_UNSIZED_TYPES = {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED}
 _FOUR_BIT_TYPES = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1}
 
 
@@ -192,6 +193,14 @@ def _check_data_types(path: Path, model: onnx.ModelProto) -> None:
     for tensor in iter_tensors(model):
         if tensor.data_type not in known:
             raise TrtfuseError(f"{path}: tensor '{tensor.name}' has an unknown data type {tensor.data_type}")
+        # The checker refuses too few raw bytes for the shape but not too many, which numpy cannot reshape.
+        if tensor.HasField("raw_data") and tensor.data_type not in _UNSIZED_TYPES:
+            expected = _payload_bytes(tensor)
+            if len(tensor.raw_data) != expected:
+                raise TrtfuseError(
+                    f"{path}: tensor '{tensor.name}' holds {len(tensor.raw_data)} bytes; its shape and type need "
+                    f"{expected}"
+                )
     graph = model.graph
     for value in (*graph.input, *graph.output, *graph.value_info):
         if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type not in known:
