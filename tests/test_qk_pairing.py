@@ -104,11 +104,11 @@ def packed_qkv(
             b.output(tensor)
         hidden = b.op("Add", hidden, b.op("Concat", v, v, axis=-1))
     model = b.model(standard=False)
-    if projection == "matmul":
-        return model
-    # onnx's shape inference does not know MatMulNBits; genai's builder writes the value_info it would give.
-    nbits = [node.output[0] for node in model.graph.node if node.op_type == "MatMulNBits"]
-    return _with_value_info(model, {name: (elem_type(dtype), [BATCH, SEQUENCE, QKV_WIDTH]) for name in nbits})
+    # onnx's shape inference knows neither MatMulNBits nor another domain's ops; an exporter writes their value_info.
+    widths = {"MatMulNBits": QKV_WIDTH, "Identity": Q_WIDTH}
+    foreign = [node for node in model.graph.node if node.domain and node.op_type in widths]
+    shapes = {node.output[0]: (elem_type(dtype), [BATCH, SEQUENCE, widths[node.op_type]]) for node in foreign}
+    return _with_value_info(model, shapes) if shapes else model
 
 
 def elem_type(dtype: str) -> int:
