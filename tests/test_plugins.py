@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trtfuse.contract import QK_NORM_FIELDS, QK_NORM_OP, RMS_NORM_FIELDS, RMS_NORM_OP, WeightMode
+from trtfuse.contract import OPTIONAL_FIELDS, QK_NORM_FIELDS, QK_NORM_OP, RMS_NORM_FIELDS, RMS_NORM_OP, WeightMode
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.trt_module import RTX_MODULE, TRT_MODULE_ENV, load_trt
 
@@ -143,7 +143,10 @@ def test_creator_advertises_the_contract_fields(creator_class: type, op: str, na
     assert (creator.name, creator.plugin_namespace, creator.plugin_version) == (op, "trtfuse", "1")
     advertised = [(f.name, f.type) for f in creator.field_names]
     floats = {"epsilon", "weight_offset"}
-    expected = [(n, trt.PluginFieldType.FLOAT32 if n in floats else trt.PluginFieldType.INT32) for n in names]
+    expected = [
+        (n, trt.PluginFieldType.FLOAT32 if n in floats else trt.PluginFieldType.INT32)
+        for n in (*names, *OPTIONAL_FIELDS)
+    ]
     assert advertised == expected
 
 

@@ -2,7 +2,8 @@
 
 A plugin's inputs are its activations, then (unless weight_mode is NONE) one weight per activation; its outputs
 mirror the activations. Every activation of a plugin shares one dtype (fp32, fp16 or bf16), every weight one dtype of
-its own, and each output has its activation's dtype and shape; all tensors are LINEAR. Leading dims are flattened into
+its own, and each output has its activation's shape and the node's `output_dtype` (its activation's dtype when the
+node has none); all tensors are LINEAR. Leading dims are flattened into
 rows of `hidden_sizes[i]` elements.
 
 Work is done where TensorRT allows time for it: `configure_plugin` (build) and `on_shape_change` (build and run)
@@ -18,7 +19,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 import trtfuse
-from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION
+from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION, dtype_pair_problem
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins import record_creation_error
 from trtfuse.plugins.fields import NormConfig, advertised_fields, parse_fields, serialize_fields
@@ -27,6 +28,7 @@ from trtfuse.plugins.trt_module import load_trt
 trt = load_trt()
 
 DTYPE_NAMES = {trt.DataType.FLOAT: "float32", trt.DataType.HALF: "float16", trt.DataType.BF16: "bfloat16"}
+_DATA_TYPES = {name: data_type for data_type, name in DTYPE_NAMES.items()}
 # With no custom tactics advertised (no get_valid_tactics), TensorRT passes set_tactic this one, the default.
 DEFAULT_TACTIC = 0
 
@@ -89,6 +91,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         config = self.config
         return {
             "dtype": dtype,
+            "out_dtype": config.output_dtype or dtype,
             "weight_dtype": weight_dtype,
             "epsilon": config.epsilon,
             "weight_offset": config.weight_offset,
@@ -136,7 +139,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self._check_input_count(len(input_types))
         for position in range(len(input_types)):
             self._dtype_name(input_types[position], position)
-        return [input_types[i] for i in range(len(self.ACTIVATION_NAMES))]
+        return [self._output_type(input_types[i]) for i in range(len(self.ACTIVATION_NAMES))]
 
     def get_output_shapes(self, inputs: Sequence[Any], shape_inputs: Sequence[Any], expr_builder: Any) -> list[Any]:
         self._check_input_count(len(inputs))
@@ -147,6 +150,11 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
             return False
         desc = in_out[pos].desc
         if desc.format != trt.TensorFormat.LINEAR or desc.type not in DTYPE_NAMES:
+            return False
+        output_dtype = self.config.output_dtype
+        if output_dtype is not None and pos >= num_inputs:
+            return desc.type == _DATA_TYPES[output_dtype]
+        if output_dtype is not None and pos == 0 and dtype_pair_problem(DTYPE_NAMES[desc.type], output_dtype):
             return False
         tied_to = self._same_type_as[pos]
         return tied_to is None or desc.type == in_out[tied_to].desc.type
@@ -191,6 +199,15 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         if self.config.has_weight:
             ties += [None] + [activations] * (activations - 1)
         return (*ties, *range(activations))
+
+    def _output_type(self, input_type: Any) -> Any:
+        """The node's output_dtype, or the activation's dtype for a node written before the attribute existed."""
+        if self.config.output_dtype is None:
+            return input_type
+        problem = dtype_pair_problem(self._dtype_name(input_type, 0), self.config.output_dtype)
+        if problem is not None:
+            raise TrtfuseError(f"{self._label}: {problem}")
+        return _DATA_TYPES[self.config.output_dtype]
 
     def _check_input_count(self, count: int) -> None:
         if count != len(self._input_names):

@@ -17,9 +17,12 @@ import numpy as np
 from trtfuse.contract import (
     ATTR_EPSILON,
     ATTR_NAMESPACE,
+    ATTR_OUTPUT_DTYPE,
     ATTR_VERSION,
     ATTR_WEIGHT_MODE,
     ATTR_WEIGHT_OFFSET,
+    OPTIONAL_FIELDS,
+    OUTPUT_DTYPE_CODES,
     PLUGIN_NAMESPACE,
     PLUGIN_VERSION,
     QK_NORM_FIELDS,
@@ -34,6 +37,9 @@ from trtfuse.plugins.trt_module import load_trt
 trt = load_trt()
 
 FIELD_NAMES = {RMS_NORM_OP: RMS_NORM_FIELDS, QK_NORM_OP: QK_NORM_FIELDS}
+# The parser passes on only the attributes a creator advertises: the optional ones are advertised too.
+ADVERTISED_NAMES = {plugin: (*names, *OPTIONAL_FIELDS) for plugin, names in FIELD_NAMES.items()}
+_DTYPE_BY_CODE = {code: name for name, code in OUTPUT_DTYPE_CODES.items()}
 _FLOAT_FIELDS = frozenset({ATTR_EPSILON, ATTR_WEIGHT_OFFSET})
 # The ONNX parser looks the creator up by these attributes; a caller that passes them on as fields is tolerated as
 # long as they name this plugin.
@@ -50,6 +56,8 @@ class NormConfig:
     weight_offset: float  # likewise float32
     weight_mode: WeightMode
     hidden_sizes: tuple[int, ...]
+    # The outputs' dtype; None for a node without `output_dtype` (written before it existed): the activations'.
+    output_dtype: str | None = None
 
     @property
     def has_weight(self) -> bool:
@@ -93,6 +101,7 @@ def _scalar(label: str, field: Any) -> float | int:
 
 def _collect(plugin: str, label: str, fields: Iterable[Any]) -> dict[str, float | int]:
     expected = FIELD_NAMES[plugin]
+    known = ADVERTISED_NAMES[plugin]
     values: dict[str, float | int] = {}
     for field in fields:
         name = field.name
@@ -101,8 +110,8 @@ def _collect(plugin: str, label: str, fields: Iterable[Any]) -> dict[str, float 
             if given != _LOOKUP_FIELDS[name]:
                 raise _field_error(label, name, f"is {given!r}, but this creator is {_LOOKUP_FIELDS[name]!r}")
             continue
-        if name not in expected:
-            raise _field_error(label, name, f"is not a field of this plugin (expected {', '.join(expected)})")
+        if name not in known:
+            raise _field_error(label, name, f"is not a field of this plugin (expected {', '.join(known)})")
         if name in values:
             raise _field_error(label, name, "is given twice")
         values[name] = _scalar(label, field)
@@ -130,12 +139,20 @@ def parse_fields(plugin: str, fields: Iterable[Any], node: str = "") -> NormConf
     for name in hidden_names:
         if not 1 <= int(values[name]) <= _INT32_MAX:
             raise _field_error(label, name, f"must be a positive int32, got {values[name]}")
+    output_dtype = None
+    if ATTR_OUTPUT_DTYPE in values:
+        code = int(values[ATTR_OUTPUT_DTYPE])
+        if code not in _DTYPE_BY_CODE:
+            allowed = ", ".join(f"{code} ({name})" for code, name in _DTYPE_BY_CODE.items())
+            raise _field_error(label, ATTR_OUTPUT_DTYPE, f"must be one of {allowed}, got {code}")
+        output_dtype = _DTYPE_BY_CODE[code]
     return NormConfig(
         plugin=plugin,
         epsilon=epsilon,
         weight_offset=float(values[ATTR_WEIGHT_OFFSET]),
         weight_mode=WeightMode(mode),
         hidden_sizes=tuple(int(values[name]) for name in hidden_names),
+        output_dtype=output_dtype,
     )
 
 
@@ -146,10 +163,14 @@ def _field(name: str, values: np.ndarray) -> Any:
 
 def _field_arrays(config: NormConfig) -> dict[str, np.ndarray]:
     scalars = (config.epsilon, config.weight_offset, int(config.weight_mode), *config.hidden_sizes)
-    return {
+    arrays = {
         name: np.array([value], dtype=np.float32 if name in _FLOAT_FIELDS else np.int32)
         for name, value in zip(FIELD_NAMES[config.plugin], scalars, strict=True)
     }
+    # Left out when the node had none, so that re-creating the plugin gives back the same config.
+    if config.output_dtype is not None:
+        arrays[ATTR_OUTPUT_DTYPE] = np.array([OUTPUT_DTYPE_CODES[config.output_dtype]], dtype=np.int32)
+    return arrays
 
 
 def serialize_fields(config: NormConfig) -> tuple[Any, dict[str, np.ndarray]]:
@@ -160,6 +181,7 @@ def serialize_fields(config: NormConfig) -> tuple[Any, dict[str, np.ndarray]]:
 
 def advertised_fields(plugin: str) -> tuple[Any, list[np.ndarray]]:
     """The creator's `field_names`: every field of `plugin` with its type and no value, and the arrays behind them."""
-    arrays = [np.array([], dtype=np.float32 if name in _FLOAT_FIELDS else np.int32) for name in FIELD_NAMES[plugin]]
-    fields = [_field(name, array) for name, array in zip(FIELD_NAMES[plugin], arrays, strict=True)]
+    names = ADVERTISED_NAMES[plugin]
+    arrays = [np.array([], dtype=np.float32 if name in _FLOAT_FIELDS else np.int32) for name in names]
+    fields = [_field(name, array) for name, array in zip(names, arrays, strict=True)]
     return trt.PluginFieldCollection(fields), arrays

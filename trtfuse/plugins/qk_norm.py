@@ -1,7 +1,7 @@
 """TrtfuseQkNorm: inputs (q, k, q_weight, k_weight), or (q, k) when weight_mode is NONE; outputs (q_out, k_out).
 
-q and k share one dtype and one epsilon / weight_offset / weight_mode; each is normalised over its own last axis
-(q_hidden_size, k_hidden_size) with its own weight, both in one kernel launch.
+q and k share one dtype, q_out and k_out one output_dtype, and both one epsilon / weight_offset / weight_mode; each
+is normalised over its own last axis (q_hidden_size, k_hidden_size) with its own weight, both in one kernel launch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TrtfuseRmsNorm: inputs (x, weight), or (x) when weight_mode is NONE; output y with x's shape and dtype."""
+"""TrtfuseRmsNorm: inputs (x, weight), or (x) when weight_mode is NONE; output y with x's shape, in output_dtype."""
 
 from __future__ import annotations
 
