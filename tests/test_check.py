@@ -309,6 +309,11 @@ def test_a_missing_or_changed_declared_output_is_a_mismatch(tmp_path: Path) -> N
     assert verdict.note == f"declared float32[batch_size,sequence_length,{VOCAB + 1}] in the fused model, " + (
         f"float32[batch_size,sequence_length,{VOCAB}] originally"
     )
+    renamed = embedding_norm_model(fused=True)
+    renamed.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "unk__1"
+    (verdict,) = check_fused(original, _loaded(renamed, tmp_path / "renamed.onnx")).errors
+    assert verdict.passed
+    assert verdict.note.startswith(f"declared float32[unk__1,sequence_length,{VOCAB}] in the fused model")
 
 
 def _with_output(model: onnx.ModelProto, node: onnx.NodeProto, output: onnx.ValueInfoProto) -> onnx.ModelProto:

@@ -252,15 +252,20 @@ def check_fused(
             # `declared_output_differences` fails it.
             output.ClearField("type")
     lowered = ModelRunner(LoadedModel(model=lowered_model, path=fused.path))
-    judge = judge_for(original, tolerance, declared_output_differences(original, fused))
+    judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
     if feeds is None:
         feeds = default_feeds(original.model, seed, shapes=shapes, dims=dims)
     return judge_steps(original, lowered.run, feeds, judge, None if inputs_file else seed, inputs_file)
 
 
-def judge_for(original: LoadedModel, tolerance: Tolerance | None, declared: Mapping[str, str]) -> Judge:
+def judge_for(
+    original: LoadedModel,
+    tolerance: Tolerance | None,
+    declared: Mapping[str, str] | None = None,
+    remarks: Mapping[str, str] | None = None,
+) -> Judge:
     check_comparable_outputs(original)
-    return Judge(tolerance=tolerance, computed_in=computed_dtypes(original.model), declared=declared)
+    return Judge(tolerance, computed_dtypes(original.model), declared or {}, remarks or {})
 
 
 def judge_steps(
@@ -395,20 +400,33 @@ def check_same_inputs(original: LoadedModel, fused: LoadedModel) -> None:
             )
 
 
-def declared_output_differences(original: LoadedModel, fused: LoadedModel) -> dict[str, str]:
-    """Per output whose declared dtype or shape the fused model changed (or left out), what changed."""
+def declared_output_differences(original: LoadedModel, fused: LoadedModel) -> tuple[dict[str, str], dict[str, str]]:
+    """Per output, what the fused model changed in its declared type: changes that fail it (no dtype, another dtype,
+    rank or static dim) and changes that do not (a symbolic dim renamed or made static, as shape inference in the
+    pass may do: the graph computes the same values, and its numbers are still judged)."""
     fused_outputs = _interface(fused.model.graph.output, fused.model)
-    differences = {}
+    failures, remarks = {}, {}
     for name, value in _interface(original.model.graph.output, original.model).items():
         declared, candidate = value.type.tensor_type, fused_outputs[name].type.tensor_type
-        changed_shape = declared.HasField("shape") and _type_text(value) != _type_text(fused_outputs[name])
+        change = f"declared {_type_text(fused_outputs[name])} in the fused model, {_type_text(value)} originally"
         if declared.elem_type and not candidate.elem_type:
-            differences[name] = "the fused model declares no dtype for it"
-        elif declared.elem_type != candidate.elem_type or changed_shape:
-            differences[name] = (
-                f"declared {_type_text(fused_outputs[name])} in the fused model, {_type_text(value)} originally"
-            )
-    return differences
+            failures[name] = "the fused model declares no dtype for it"
+        elif declared.elem_type != candidate.elem_type or not _same_static_dims(declared, candidate):
+            failures[name] = change
+        elif declared.HasField("shape") and _type_text(value) != _type_text(fused_outputs[name]):
+            remarks[name] = change
+    return failures, remarks
+
+
+def _same_static_dims(declared: onnx.TypeProto.Tensor, candidate: onnx.TypeProto.Tensor) -> bool:
+    if not declared.HasField("shape") or not candidate.HasField("shape"):
+        return True
+    if len(declared.shape.dim) != len(candidate.shape.dim):
+        return False
+    return all(
+        not dim.HasField("dim_value") or (other.HasField("dim_value") and other.dim_value == dim.dim_value)
+        for dim, other in zip(declared.shape.dim, candidate.shape.dim, strict=True)
+    )
 
 
 def _interface(values: Sequence[onnx.ValueInfoProto], model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:

@@ -70,7 +70,7 @@ def compare(
         return ComparisonReport(original_path, candidate_path, LOWERED_RUNNER, result)
     if feeds is None:
         feeds = comparison_feeds(original, candidate_path, seed, shapes, dims)
-    judge = judge_for(original, tolerance, declared={})
+    judge = judge_for(original, tolerance)
     result = judge_steps(original, engine_run(candidate_path), feeds, judge, None if inputs_file else seed, inputs_file)
     return ComparisonReport(original_path, candidate_path, ENGINE_RUNNER, result)
 

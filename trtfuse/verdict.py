@@ -3,7 +3,8 @@
 Per output of the original:
 - an output that differs between two runs of the original on the same inputs (uninitialised cache slots, say) says
   nothing about the candidate: it is left out, and the verdict says so;
-- a missing output, a changed declared dtype or shape, a changed runtime shape or a NaN/inf mismatch fails;
+- a missing output, a changed declared dtype, rank or static dim, a changed runtime shape or a NaN/inf mismatch
+  fails (a renamed symbolic dim is only reported);
 - integer and bool outputs must equal the original's;
 - float outputs of a float32 graph, and every float output when the user gives a tolerance, pass within the
   tolerance of the dtype that computed them (`tolerances.tolerance_for`);
@@ -112,11 +113,13 @@ def is_float(dtype: np.dtype) -> bool:
 class Judge:
     """How to judge: `tolerance` set by the user replaces every default; `computed_in` maps an output to the dtype
     of the computation that produced it (an fp16 model's `logits.float()` is float16's); `declared` holds, per output,
-    why the candidate's declared interface differs from the original's."""
+    why the candidate's declared interface differs from the original's so that it fails; `remarks`, differences
+    that are only reported."""
 
     tolerance: Tolerance | None = None
     computed_in: Mapping[str, str] | None = None
     declared: Mapping[str, str] | None = None
+    remarks: Mapping[str, str] | None = None
 
     def outputs(
         self,
@@ -155,12 +158,13 @@ class Judge:
         if actual.shape != expected.shape:
             note = f"shape {_shape(actual)}, the original's {_shape(expected)}"
             return OutputVerdict(**verdict, error=error, reference=None, passed=False, note=note)
+        remark = (self.remarks or {}).get(name, "")
         if reference is None or self.tolerance is not None or not is_float(expected.dtype) or name not in reference:
-            return OutputVerdict(**verdict, error=error, reference=None, passed=error.passed)
+            return OutputVerdict(**verdict, error=error, reference=None, passed=error.passed, note=remark)
         errors = ReferenceErrors(rms_error(expected, reference[name]), rms_error(np.asarray(actual), reference[name]))
         # Identical outputs cannot be blamed, whatever the reference says.
         passed = errors.passed or error.max_abs == 0.0
-        return OutputVerdict(**verdict, error=error, reference=errors, passed=passed)
+        return OutputVerdict(**verdict, error=error, reference=errors, passed=passed, note=remark)
 
 
 def _shape(array: np.ndarray) -> str:
