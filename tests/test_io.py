@@ -283,8 +283,9 @@ def test_unknown_tensor_data_type(write_model) -> None:
         load_model(write_model(model))
 
 
-def test_op_types_that_are_not_utf8(tmp_path: Path) -> None:
-    data = projection_model().SerializeToString().replace(b"MatMul", b"MatMu\xe1")
+@pytest.mark.parametrize("text", [b"MatMul", b"rescale"])
+def test_op_types_and_names_that_are_not_utf8(tmp_path: Path, text: bytes) -> None:
+    data = projection_model().SerializeToString().replace(text, text[:-1] + b"\xe1")
     path = tmp_path / "model.onnx"
     path.write_bytes(data)
     with pytest.raises(TrtfuseError, match="not valid UTF-8"):

@@ -195,3 +195,52 @@ def test_plan_names_both_files(tmp_path: Path) -> None:
     onnx.save_model(llama_norm_model(), str(model))
     with pytest.raises(TrtfuseError, match=r"m\.onnx: the engine would overwrite the input .*m\.onnx; choose another"):
         OutputPlan().read(model).write("engine", tmp_path / "." / "m.onnx").check()
+
+
+def _model_with_large_external_data(folder: Path, size: int) -> Path:
+    folder.mkdir()
+    with (folder / "weights.data").open("wb") as file:
+        chunk = b"\x01" * (8 << 20)
+        for _ in range(size // len(chunk)):
+            file.write(chunk)
+    weight = onnx.TensorProto(name="W", data_type=onnx.TensorProto.UINT8, dims=[size])
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "weights.data"), ("offset", "0"), ("length", str(size))):
+        weight.external_data.append(onnx.StringStringEntryProto(key=key, value=value))
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["W"], ["y"])],
+        "big",
+        [],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, [size])],
+        [weight],
+    )
+    path = folder / "big.onnx"
+    onnx.save_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signal_number", "status"), [(signal.SIGINT, EXIT_SIGINT), (signal.SIGTERM, EXIT_SIGTERM)])
+def test_a_real_signal_during_a_large_copy(tmp_path: Path, signal_number: int, status: int) -> None:
+    import subprocess
+    import sys
+    import time
+
+    model = _model_with_large_external_data(tmp_path / "model", 256 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "fuse", str(model), "-o", str(out / "fused.onnx"), "-q"],
+        cwd=Path(__file__).resolve().parent.parent,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(name.endswith(".tmp") for name in os.listdir(out)) and time.monotonic() < deadline:
+        assert process.poll() is None, "the copy ended before it could be interrupted"
+        time.sleep(0.001)
+    process.send_signal(signal_number)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == status, stderr
+    assert stderr == f"trtfuse: stopped by {signal.Signals(signal_number).name}\n"
+    assert _listing(out) == []

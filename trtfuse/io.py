@@ -185,6 +185,28 @@ def _check_graph(path: Path, model: onnx.ModelProto) -> None:
     except onnx.checker.ValidationError as error:
         raise TrtfuseError(f"{path}: fails the ONNX checker: {first_line(error)}") from None
     _check_data_types(path, model)
+    _check_names(path, model)
+
+
+def _check_names(path: Path, model: onnx.ModelProto) -> None:
+    # Protobuf hands out a string field that is not UTF-8 as bytes, which onnx-graphsurgeon cannot write back.
+    for graph in _graphs(model.graph):
+        values = (*graph.input, *graph.output, *graph.value_info, *graph.initializer)
+        names = [value.name for value in values]
+        for node in graph.node:
+            names += [node.name, node.op_type, node.domain, *node.input, *node.output]
+        if not all(isinstance(name, str) for name in names):
+            raise TrtfuseError(f"{path}: holds a node or tensor name that is not valid UTF-8")
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from _graphs(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _graphs(subgraph)
 
 
 def _check_data_types(path: Path, model: onnx.ModelProto) -> None:
