@@ -272,3 +272,22 @@ def test_random_dims_give_a_feed_or_one_trtfuse_error():
             default_feeds(model, 0, dims=dims)
         with contextlib.suppress(TrtfuseError):
             derive_profiles(model, request)
+
+
+@pytest.mark.parametrize("layout", ["4d", "3d"])
+def test_opset_23_attention_gives_the_cache_head_count_and_size(layout):
+    heads, kv_heads, head_size = 4, 2, 16
+    if layout == "4d":
+        q, kv = ["batch", heads, "seq", head_size], ["batch", kv_heads, "seq", head_size]
+    else:
+        q, kv = ["batch", "seq", heads * head_size], ["batch", "seq", kv_heads * head_size]
+    cache = ["batch", "kv_heads", "past_sequence_length", "head"]
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+        for name, shape in (("q", q), ("k", kv), ("v", kv), ("past_key", cache), ("past_value", cache))
+    ]
+    attention = helper.make_node(
+        "Attention", ["q", "k", "v", "", "past_key", "past_value"], ["y"], q_num_heads=heads, kv_num_heads=kv_heads
+    )
+    dims = model_dims(_inputs_model(inputs, [attention], opset=23))
+    assert {symbol: bound.value for symbol, bound in dims.fixed.items()} == {"kv_heads": kv_heads, "head": head_size}

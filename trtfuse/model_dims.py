@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import helper, shape_inference
+from onnx import shape_inference
 
 from trtfuse.errors import TrtfuseError
 
@@ -88,12 +88,12 @@ class DimExpression:
     def evaluate(self, values: Mapping[str, int]) -> int:
         """The value for these symbol values; raises DimExpressionError for an unknown symbol or bad arithmetic."""
         try:
-            return _evaluate(self.tree, values, self.text)
+            return _evaluate(self.tree, values)
         except RecursionError:
             raise DimExpressionError("it is nested too deeply") from None
 
 
-def _evaluate(node: ast.expr, values: Mapping[str, int], text: str) -> int:
+def _evaluate(node: ast.expr, values: Mapping[str, int]) -> int:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
     if isinstance(node, ast.Name):
@@ -101,8 +101,8 @@ def _evaluate(node: ast.expr, values: Mapping[str, int], text: str) -> int:
             raise DimExpressionError(f"symbol {node.id!r} has no value")
         return values[node.id]
     if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
-        left = _evaluate(node.left, values, text)
-        right = _evaluate(node.right, values, text)
+        left = _evaluate(node.left, values)
+        right = _evaluate(node.right, values)
         if isinstance(node.op, ast.FloorDiv | ast.Div) and right == 0:
             raise DimExpressionError("it divides by zero")
         if isinstance(node.op, ast.Div) and left % right:
@@ -287,7 +287,7 @@ def _cache_layout(
     node: onnx.NodeProto, index: int, shapes: Mapping, producers: Mapping[str, onnx.NodeProto]
 ) -> dict[int, int]:
     """The cache dims (axis -> value) an attention op requires of the cache it reads at input `index`."""
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attributes = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
 
     def per_head(tensor_index: int, heads: int) -> int | None:
         if tensor_index >= len(node.input) or not node.input[tensor_index] or not heads:
@@ -319,9 +319,9 @@ def _cache_layout(
     if node.domain in ("", "ai.onnx") and node.op_type == "Attention" and index in (4, 5):
         kv_heads = attributes.get("kv_num_heads", 0)
         source = 1 if index == 4 else 2
-        head_size = per_head(source, kv_heads)
-        if head_size is None and len(shapes.get(node.input[source], ())) == 4:
-            head_size = shapes[node.input[source]][3]
+        source_shape = shapes.get(node.input[source], ()) if source < len(node.input) else ()
+        # K and V are [batch, kv_heads, sequence, head_size] or [batch, sequence, kv_heads * head_size].
+        head_size = source_shape[3] if len(source_shape) == 4 else per_head(source, kv_heads)
         return {1: kv_heads, **({3: head_size} if head_size else {})}
     return {}
 
