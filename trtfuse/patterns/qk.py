@@ -173,7 +173,7 @@ def _numerics_differ(q: RmsNormMatch, k: RmsNormMatch) -> str | None:
         ("weight offset", q.weight_offset, k.weight_offset),
         ("weight mode", q.weight_mode.name, k.weight_mode.name),
         ("input dtype", q.dtype, k.dtype),
-        ("output dtype", dtype_name(q.y), dtype_name(k.y)),
+        ("output dtype", q.output_dtype, k.output_dtype),
         ("weight", *("none" if match.weight is None else "a weight" for match in (q, k))),
         ("weight dtype", *weight_dtypes),
     ):
