@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -274,3 +275,40 @@ def test_an_internal_error_is_one_line(llama_path: Path, monkeypatch: pytest.Mon
     assert result.stderr.splitlines() == [
         "trtfuse: internal error: RuntimeError: boom (a bug in trtfuse; please report it with the command line)"
     ]
+
+
+def _ir3_model() -> onnx.ModelProto:
+    model = llama_norm_model(dtype=onnx.TensorProto.FLOAT)
+    for tensor in model.graph.initializer:
+        model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    model.ir_version = 3
+    return model
+
+
+def _sparse_constant_model() -> onnx.ModelProto:
+    helper = onnx.helper
+    values = onnx.numpy_helper.from_array(np.array([1.5], np.float32), "values")
+    indices = onnx.numpy_helper.from_array(np.array([2], np.int64), "indices")
+    nodes = [
+        helper.make_node(
+            "Constant", [], ["c"], name="sparse", sparse_value=helper.make_sparse_tensor(values, indices, [4])
+        ),
+        helper.make_node("Add", ["x", "c"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sparse",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("make", [_ir3_model, _sparse_constant_model], ids=["ir3-initializers-as-inputs", "sparse"])
+def test_unusual_valid_models_fuse_and_check(write_model, tmp_path: Path, make) -> None:
+    model_path = write_model(make())
+    out = tmp_path / "fused.onnx"
+    fused = _invoke("fuse", model_path, "-o", out)
+    assert fused.exit_code == 0, fused.output
+    checked = _invoke("check", model_path, out)
+    assert checked.exit_code == 0, checked.output

@@ -87,12 +87,37 @@ def fuse_model(model: onnx.ModelProto) -> FuseResult:
     with G_LOGGER.suppress(G_LOGGER.ERROR):
         exported = gs.export_onnx(graph, opset_imports=_opset_imports(model, graph))
     exported.ir_version = model.ir_version
+    if model.ir_version < 4:
+        # IR 3 requires every initializer to be a graph input too; graphsurgeon's export lists none.
+        listed = {value.name for value in exported.graph.input}
+        exported.graph.input.extend(
+            helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+            for tensor in exported.graph.initializer
+            if tensor.name not in listed
+        )
     inputs = {value.name for value in exported.graph.input}
     exported.graph.initializer.extend(tensor for tensor in _overridable(model) if tensor.name in inputs)
+    _restore_sparse_attributes(model, exported)
     for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
         setattr(exported, field, getattr(model, field))
     exported.metadata_props.extend(model.metadata_props)
     return FuseResult(model=exported, fused=fused, search=search)
+
+
+def _restore_sparse_attributes(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:
+    """graphsurgeon's export drops sparse-tensor attributes (a `Constant` with `sparse_value` comes out empty): put
+    them back on the node that makes the same output."""
+    sparse = {
+        node.output[0]: [
+            attribute for attribute in node.attribute if attribute.type == onnx.AttributeProto.SPARSE_TENSOR
+        ]
+        for node in model.graph.node
+        if node.output
+    }
+    for node in exported.graph.node:
+        attributes = sparse.get(node.output[0] if node.output else "", [])
+        present = {attribute.name for attribute in node.attribute}
+        node.attribute.extend(attribute for attribute in attributes if attribute.name not in present)
 
 
 def _opset_imports(model: onnx.ModelProto, graph: gs.Graph) -> list[onnx.OperatorSetIdProto]:
