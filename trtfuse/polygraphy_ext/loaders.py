@@ -1,0 +1,193 @@
+"""Polygraphy loaders over trtfuse's own pipeline: fuse (`trtfuse.fuse`), lower for onnxruntime
+(`trtfuse.reference`, as `trtfuse check` does), build the engine (`trtfuse.build.build_engine` with
+`trtfuse.profiles`, as `trtfuse compile` does). Each is lazy: it does its work when called, and takes the loader
+before it (or its result) as its input, so they chain like Polygraphy's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import onnx
+from polygraphy import util
+from polygraphy.backend.base import BaseLoader
+from polygraphy.logger import G_LOGGER
+
+import trtfuse
+from trtfuse import contract
+from trtfuse.build import BuildOptions, build_engine, gpu_name, import_tensorrt, read_sidecar, sidecar_path_for
+from trtfuse.check import check_fused_nodes
+from trtfuse.errors import TrtfuseError
+from trtfuse.fuse import FuseResult, fuse_model
+from trtfuse.io import LoadedModel, load_model, save_model
+from trtfuse.outputs import make_folders, write_json_atomic
+from trtfuse.polygraphy_ext.errors import as_polygraphy_error
+from trtfuse.profiles import Profile, ShapeRange, derive_profiles, request_from_options
+from trtfuse.reference import lower_fused_nodes
+
+# One shape range per input name, as Polygraphy's --trt-min/opt/max-shapes give them: [MIN, OPT, MAX].
+PolygraphyProfile = Mapping[str, Sequence[Sequence[int]]]
+ENGINE_CACHE_ENV = "TRTFUSE_ENGINE_CACHE"
+
+
+def default_engine_cache() -> Path:
+    """Where `--trtfuse` keeps fused models and engines between runs: $TRTFUSE_ENGINE_CACHE, else beside the
+    kernel cache in ~/.cache/trtfuse/engines."""
+    configured = os.environ.get(ENGINE_CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "trtfuse" / "engines"
+
+
+@dataclass(frozen=True)
+class FusedModel:
+    """The original model as loaded and trtfuse's fusion of it."""
+
+    original: LoadedModel
+    result: FuseResult
+
+    @property
+    def fused(self) -> LoadedModel:
+        # External data stays where the original keeps it, so the fused model resolves it against the same folder.
+        return LoadedModel(model=self.result.model, path=self.original.path)
+
+
+class FuseModel(BaseLoader):
+    """Functor that loads an ONNX model with `trtfuse.io.load_model` and fuses its norms with
+    `trtfuse.fuse.fuse_model`, returning a `FusedModel`."""
+
+    def __init__(self, model_path: str) -> None:
+        self.model_path = model_path
+
+    @util.check_called_by("__call__")
+    def call_impl(self) -> FusedModel:
+        with as_polygraphy_error("trtfuse"):
+            original = load_model(self.model_path)
+            try:
+                result = fuse_model(original.model)
+            except TrtfuseError as error:
+                raise TrtfuseError(f"{self.model_path}: {error}") from None
+        report = result.report()
+        counts = ", ".join(f"{count} {op}" for op, count in report["totals"].items() if op in contract.FUSED_OPS)
+        G_LOGGER.info(
+            f"trtfuse: fused {self.model_path}: {counts} ({len(report['near_misses'])} near misses; "
+            "`trtfuse inspect` lists them)"
+        )
+        return FusedModel(original=original, result=result)
+
+
+class LowerFusedNodes(BaseLoader):
+    """Functor that replaces each plugin node of a `FusedModel` with standard ONNX ops computing the contract's exact
+    semantics (`trtfuse.reference.lower_fused_nodes`), so onnxruntime runs it; returns a `LoadedModel`."""
+
+    def __init__(self, fused: FusedModel | Callable[[], FusedModel]) -> None:
+        self._fused = fused
+
+    @util.check_called_by("__call__")
+    def call_impl(self) -> LoadedModel:
+        fused, _ = util.invoke_if_callable(self._fused)
+        with as_polygraphy_error("trtfuse"):
+            check_fused_nodes(fused.fused)
+            return LoadedModel(model=lower_fused_nodes(fused.result.model), path=fused.original.path)
+
+
+def engine_profiles_for(
+    model: onnx.ModelProto, presets: Sequence[str], polygraphy_profiles: Sequence[PolygraphyProfile]
+) -> list[Profile]:
+    """trtfuse's profiles for `model`: one per Polygraphy profile where given (inputs a profile leaves out take the
+    first preset's derived ranges), else one per preset, derived from the model's dims as `trtfuse compile` does."""
+    if not polygraphy_profiles:
+        return derive_profiles(model, request_from_options(presets=presets))
+    base = request_from_options(presets=list(presets[:1]))
+    profiles = []
+    for index, shapes in enumerate(polygraphy_profiles):
+        ranges = {
+            name: ShapeRange(*(tuple(int(dim) for dim in shape) for shape in bounds)) for name, bounds in shapes.items()
+        }
+        (derived,) = derive_profiles(model, replace(base, shapes=ranges))
+        profiles.append(Profile(f"polygraphy {index}", derived.shapes))
+    return profiles
+
+
+class BuildTrtfuseEngine(BaseLoader):
+    """Functor that builds the TensorRT engine of a `FusedModel` with the trtfuse plugins, through
+    `trtfuse.build.build_engine` (the code `trtfuse compile` runs), and returns the engine's path.
+
+    The fused model, its report, the engine and its sidecar go to one folder per (fused model, profiles, build
+    options) under `cache_dir`; an engine already there that the sidecar says was built by this TensorRT on this GPU
+    is used again.
+    """
+
+    def __init__(
+        self,
+        fused: FusedModel | Callable[[], FusedModel],
+        presets: Sequence[str] | None = None,
+        profiles: Sequence[PolygraphyProfile] | None = None,
+        cache_dir: str | None = None,
+        optimization_level: int | None = None,
+        workspace_bytes: int | None = None,
+        timing_cache: str | None = None,
+        allow_tf32: bool | None = None,
+    ) -> None:
+        self._fused = fused
+        self.presets = list(util.default(presets, []))
+        self.profiles = list(util.default(profiles, []))
+        self.cache_dir = Path(cache_dir) if cache_dir else default_engine_cache()
+        self.optimization_level = util.default(optimization_level, BuildOptions.optimization_level)
+        self.workspace_bytes = workspace_bytes
+        self.timing_cache = Path(timing_cache) if timing_cache else None
+        self.allow_tf32 = util.default(allow_tf32, False)
+
+    @util.check_called_by("__call__")
+    def call_impl(self) -> str:
+        with as_polygraphy_error("trtfuse"):
+            # Before fusing: without TensorRT there is nothing to build, and the error should say so at once.
+            trt = import_tensorrt()
+        fused, _ = util.invoke_if_callable(self._fused)
+        with as_polygraphy_error("trtfuse"):
+            options = BuildOptions(
+                profiles=tuple(engine_profiles_for(fused.result.model, self.presets, self.profiles)),
+                optimization_level=self.optimization_level,
+                workspace_bytes=self.workspace_bytes,
+                timing_cache=self.timing_cache,
+                allow_tf32=self.allow_tf32,
+            )
+            folder = self.cache_dir / f"{fused.original.path.stem}-{_build_key(fused.result.model, options)}"
+            engine_path = folder / "model.engine"
+            if _reusable(engine_path, trt.__version__):
+                G_LOGGER.info(f"trtfuse: using the engine built before: {engine_path}")
+                return str(engine_path)
+            make_folders(folder)
+            fused_path = folder / "model.fused.onnx"
+            save_model(fused.result.model, fused_path, source=fused.original, notify=G_LOGGER.info)
+            write_json_atomic(folder / "model.fusion.json", fused.result.report())
+            for profile in options.profiles:
+                G_LOGGER.info(
+                    f"trtfuse: profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items())
+                )
+            built = build_engine(fused_path, engine_path, options, emit=G_LOGGER.info)
+        G_LOGGER.info(f"trtfuse: built {built.engine_path} in {built.seconds:.1f} s")
+        return str(built.engine_path)
+
+
+def _build_key(model: onnx.ModelProto, options: BuildOptions) -> str:
+    """What the engine depends on: the fused graph (so a changed matcher or rewrite builds anew), the profiles, the
+    build options and the trtfuse version."""
+    digest = hashlib.sha256(model.SerializeToString())
+    settings = {
+        "trtfuse": trtfuse.__version__,
+        "profiles": [profile.to_json() for profile in options.profiles],
+        "build": options.to_json(),
+    }
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def _reusable(engine_path: Path, tensorrt_version: str) -> bool:
+    if not engine_path.is_file() or not sidecar_path_for(engine_path).is_file():
+        return False
+    sidecar = read_sidecar(engine_path)
+    return sidecar["versions"].get("tensorrt") == tensorrt_version and sidecar.get("gpu") == gpu_name()

@@ -1,0 +1,112 @@
+"""Polygraphy runners for the two trtfuse sides of a comparison: the fused model lowered to standard ops in
+onnxruntime (`trtfuse check`'s `ModelRunner`), and the trtfuse engine in TensorRT (`trtfuse run`'s `TrtRunner`,
+switched per feed to the optimisation profile that holds it). Their names start with `trtfuse-`, so Polygraphy's
+log and comparison say which side is which."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+from polygraphy import util
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+from polygraphy.datatype import DataType
+from polygraphy.exception import PolygraphyException
+
+from trtfuse.check import ModelRunner
+from trtfuse.errors import TrtfuseError, first_line
+from trtfuse.io import LoadedModel
+from trtfuse.polygraphy_ext.errors import as_polygraphy_error
+from trtfuse.profiles import Profile
+from trtfuse.runner import engine_profiles, profile_for_feed, trt_runner
+
+ONNXRT_PREFIX = "trtfuse-onnxrt-runner"
+TRT_PREFIX = "trtfuse-trt-runner"
+
+
+class FusedOnnxrtRunner(BaseRunner):
+    """Runs a model (the lowered fused model of `LowerFusedNodes`) exactly as `trtfuse check` runs it: onnxruntime on
+    the CPU without graph optimisations, every 16-bit value rounded where the graph says, bfloat16 graphs in onnx's
+    reference evaluator."""
+
+    def __init__(self, model: LoadedModel | Callable[[], LoadedModel], name: str | None = None) -> None:
+        super().__init__(name=name, prefix=ONNXRT_PREFIX)
+        self._model = model
+
+    @util.check_called_by("activate")
+    def activate_impl(self) -> None:
+        self.model, _ = util.invoke_if_callable(self._model)
+        self.runner = ModelRunner(self.model)
+
+    @util.check_called_by("get_input_metadata")
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        graph = self.model.model.graph
+        initializers = {tensor.name for tensor in graph.initializer}
+        meta = TensorMetadata()
+        for value in graph.input:
+            if value.name in initializers:
+                continue
+            tensor = value.type.tensor_type
+            shape = [dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None for dim in tensor.shape.dim]
+            meta.add(value.name, DataType.from_dtype(tensor.elem_type, "onnx"), shape)
+        return meta
+
+    @util.check_called_by("infer")
+    def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict:
+        start = time.perf_counter()
+        with as_polygraphy_error(self.name):
+            outputs = self.runner.run(feed_dict)
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict(outputs)
+
+    @util.check_called_by("deactivate")
+    def deactivate_impl(self) -> None:
+        del self.runner
+        del self.model
+
+
+class TrtfuseTrtRunner(BaseRunner):
+    """Runs a trtfuse engine (the path `BuildTrtfuseEngine` returns) through trtfuse's TrtRunner, plugins registered
+    first; each feed runs in the first optimisation profile whose ranges hold it, as in `trtfuse compare`."""
+
+    def __init__(self, engine_path: str | Callable[[], str], name: str | None = None) -> None:
+        super().__init__(name=name, prefix=TRT_PREFIX)
+        self._engine_path = engine_path
+
+    @util.check_called_by("activate")
+    def activate_impl(self) -> None:
+        engine_path, _ = util.invoke_if_callable(self._engine_path)
+        self.engine_path = Path(engine_path)
+        with as_polygraphy_error(self.name):
+            self.profiles: list[Profile] = engine_profiles(self.engine_path)
+            self.runner = trt_runner(self.engine_path)
+        self.runner.activate()
+        self.profile_index = 0
+
+    @util.check_called_by("get_input_metadata")
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        return self.runner.get_input_metadata(use_numpy_dtypes=False)
+
+    @util.check_called_by("infer")
+    def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict:
+        with as_polygraphy_error(self.name):
+            index = profile_for_feed(self.profiles, feed_dict)
+            if index != self.profile_index:
+                self.runner.set_profile(index)
+                self.profile_index = index
+            try:
+                outputs = self.runner.infer(dict(feed_dict))
+            except PolygraphyException as error:
+                raise TrtfuseError(f"{self.engine_path}: inference failed: {first_line(error)}") from None
+        self.inference_time = self.runner.last_inference_time()
+        # Copies: TrtRunner hands out the same host buffers again on the next inference.
+        return OrderedDict((name, np.array(array, copy=True)) for name, array in outputs.items())
+
+    @util.check_called_by("deactivate")
+    def deactivate_impl(self) -> None:
+        self.runner.deactivate()
+        del self.runner
