@@ -5,7 +5,8 @@
 Same method as `python -m trtfuse.kernels.bench`: the same run's 1 GiB device-to-device copy is the ceiling; each
 number is the median of event-timed calls over rotating input sets (3x the L2), outputs NaN-poisoned and checked.
 Bytes: x read, y written, the weight read once. Candidates (T threads per row, K vectors of 8 per thread, m blocks per
-SM floor, r x read twice) are interleaved `--reps` times so drift shows as spread, not as a difference.
+SM floor, r x read twice, p paired stores for an fp32 y) are interleaved `--reps` times so drift shows as spread, not
+as a difference.
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ VECTOR = 8
 CANDIDATES = ((256, 0, False), (256, 6, False), (128, 0, False), (512, 0, False), (256, 0, True), (512, 0, True))
 
 
-def tiling(hidden: int, threads: int, floor: int, reread: bool) -> RowTiling:
+def tiling(hidden: int, threads: int, floor: int, reread: bool, paired: bool) -> RowTiling:
     vectors = hidden // VECTOR
-    return RowTiling(hidden, VECTOR, threads, -(-vectors // threads), max(1, 128 // threads), floor, reread)
+    return RowTiling(hidden, VECTOR, threads, -(-vectors // threads), max(1, 128 // threads), floor, reread, paired)
 
 
 def label(t: RowTiling) -> str:
-    return f"T{t.threads_per_row}K{t.vectors_per_thread}m{t.min_blocks_per_sm}{'r' if t.reread else ''}"
+    flags = ("r" if t.reread else "") + ("p" if t.paired_stores else "")
+    return f"T{t.threads_per_row}K{t.vectors_per_thread}m{t.min_blocks_per_sm}{flags}"
 
 
 def sweep(x_name: str, y_name: str, rows: int, hidden: int, reps: int, copy: float, cache: KernelCache) -> list[dict]:
@@ -47,11 +49,13 @@ def sweep(x_name: str, y_name: str, rows: int, hidden: int, reps: int, copy: flo
     spec = RmsNormSpec(hidden, x_name, y_name, EPS, 0.0, WeightMode.AFTER_CAST, y_name)
     table = row_tiling(hidden, VECTOR, Regime.PREFILL, x_dtype.itemsize, y_dtype.itemsize)
     tilings = {label(table) + " (table)": table}
+    paired = table.paired_stores
     for threads, floor, reread in CANDIDATES:
         if reread and x_dtype.itemsize != 2:
             continue
-        t = tiling(hidden, threads, floor, reread)
-        tilings.setdefault(label(t), t)
+        for pairing in {paired, False}:
+            t = tiling(hidden, threads, floor, reread, pairing)
+            tilings.setdefault(label(t), t)
     nbytes = rows * hidden * (x_dtype.itemsize + y_dtype.itemsize) + hidden * y_dtype.itemsize
     n_sets = input_sets(nbytes)
     xs = [torch.randn(rows, hidden, device="cuda", dtype=x_dtype) for _ in range(n_sets)]

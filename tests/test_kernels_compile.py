@@ -291,6 +291,35 @@ def test_mixed_precision_tiling(x_bytes: int, y_bytes: int) -> None:
             assert row_tiling(hidden, 8, regime, 2, 2) == row_tiling(hidden, 8, regime, 2)
 
 
+@pytest.mark.parametrize(
+    ("spec", "regime"),
+    [
+        (RmsNormSpec(4096, "bfloat16", "float32", 1e-6, 0.0, AFTER, "float32"), Regime.PREFILL),
+        (RmsNormSpec(1000, "float16", None, 1e-6, 0.0, NONE, "float32"), Regime.PREFILL),  # ragged: 125 vectors
+        (RmsNormSpec(5120, "float16", "float16", 1e-6, 1.0, BEFORE, "float32"), Regime.DECODE),
+    ],
+    ids=repr,
+)
+def test_fp32_output_of_a_16_bit_input_is_stored_in_whole_sectors(
+    spec: RmsNormSpec, regime: Regime, tmp_path: Path
+) -> None:
+    """A 16-bit x with an fp32 y: lane pairs swap halves (one shuffle per 32-bit word, 4 per vector), then write
+    two 16-byte stores per vector; fp32 -> 16-bit and one-dtype rows store without shuffles."""
+    variant = rms_variant(spec, regime)
+    assert variant.tiling.paired_stores
+    ptx = compiled_ptx(variant, tmp_path)
+    slots = variant.tiling.vectors_per_thread
+    lanes = min(variant.tiling.threads_per_row, 32)
+    reduction_rounds = lanes.bit_length() - 1
+    assert ptx.count("shfl.sync.bfly") == reduction_rounds + 4 * slots
+    assert ptx.count("st.global.v4.b32") == 2 * slots
+    reverse = RmsNormSpec(
+        spec.hidden, "float32", spec.weight_dtype, 1e-6, spec.weight_offset, spec.weight_mode, spec.dtype
+    )
+    assert not rms_variant(reverse, regime).tiling.paired_stores
+    assert not rms_variant(spec, regime, aligned=False).tiling.paired_stores
+
+
 def test_after_cast_rounds_to_the_16_bit_side(tmp_path: Path) -> None:
     """bf16 x, fp32 weight and y (ONNX RMSNormalization): x·r is rounded to bf16 before the weight multiply."""
     ptx = {}

@@ -69,6 +69,54 @@ def _store_slots(slots: cute.Tensor, row: cute.Tensor, lane: Int32, tiling: cutl
 
 
 @cute.jit
+def _store_half_pair(
+    pair: cute.Tensor, row: cute.Tensor, start: Int32, store: cutlass.Constexpr, tiling: cutlass.Constexpr
+):
+    half = tiling.vector // 2
+    offset = cute.assume(start + store * tiling.vector, divby=half)
+    target = cute.make_tensor(row.iterator + offset, cute.make_layout(half))
+    cute.autovec_copy(pair[None, store], cute.recast_tensor(target, Int32))
+
+
+@cute.jit
+def _store_slots_paired(
+    slots: cute.Tensor, row: cute.Tensor, lane: Int32, row_ok: cutlass.Boolean, tiling: cutlass.Constexpr
+):
+    """`_store_slots` for 32-byte vectors (fp32 y of a 16-bit x), in 16-byte stores that each fill whole sectors.
+
+    Stored as they are, a warp's first 16-byte store would write the first half of every lane's 32-byte sector and
+    its second store the other halves: every store half-fills 32 sectors. Instead lanes 2m and 2m+1 swap one half
+    (one shuffle per word): the first store writes the even lane's vector (its own first half, the odd lane the
+    second half it received), the second store the odd lane's. Executed by every lane (the shuffles are warp-wide);
+    only the stores are predicated.
+    """
+    threads = tiling.threads_per_row
+    half = tiling.vector // 2
+    odd = lane % 2 == 1
+    words = cute.recast_tensor(slots, Int32)
+    pair = cute.make_rmem_tensor(cute.make_layout((half, 2), stride=(1, half)), Int32)
+    for k in cutlass.range_constexpr(tiling.vectors_per_thread):
+        for i in cutlass.range_constexpr(half):
+            first, second = words[i, k], words[half + i, k]
+            # The even lane keeps its first half and sends its second; the odd lane the reverse.
+            received = cute.arch.shuffle_sync_bfly(Int32(cutlass.select_(odd, first, second)), 1)
+            pair[i, 0] = Int32(cutlass.select_(odd, received, first))
+            pair[i, 1] = Int32(cutlass.select_(odd, second, received))
+        index = lane + k * threads
+        # Element offsets of the two stores: the even lane's vector (half 0 from it, half 1 from the odd lane),
+        # then the odd lane's.
+        start = index * tiling.vector - odd.to(Int32) * half
+        for store in cutlass.range_constexpr(2):
+            if row_ok:
+                # Only the last slot can fall past the row end (as in `_for_each_slot`), for one store or both.
+                if cutlass.const_expr((k + 1) * threads > tiling.vectors_per_row):
+                    if index - odd.to(Int32) + store < tiling.vectors_per_row:
+                        _store_half_pair(pair, row, start, store, tiling)
+                else:
+                    _store_half_pair(pair, row, start, store, tiling)
+
+
+@cute.jit
 def _load_slots_with_policy(
     row: cute.Tensor, slots: cute.Tensor, lane: Int32, tiling: cutlass.Constexpr, keep: cutlass.Constexpr
 ):
@@ -177,7 +225,9 @@ def _normalize_block_rows(
         else:
             r_y.store((x * rstd * w).to(out_dtype))
 
-    if row_ok:
+    if cutlass.const_expr(tiling.paired_stores):
+        _store_slots_paired(r_y, g_y, lane, row_ok, tiling)
+    elif row_ok:
         _store_slots(r_y, g_y, lane, tiling)
 
 

@@ -64,6 +64,9 @@ class RowTiling:
     # x is loaded twice, 16 bytes per access: evict-last (L1 and L2) for the sum of squares, evict-first for the
     # output, instead of held in registers across the reduction. Needs 16-byte vectors (`ptx.load_16_bytes`).
     reread: bool = False
+    # y's vectors are 32 bytes (a 16-bit x with an fp32 y): neighbouring lanes swap halves with one shuffle per word,
+    # so that each 16-byte store instruction writes whole 32-byte sectors (lane pairs fill one sector each).
+    paired_stores: bool = False
 
     @property
     def vectors_per_row(self) -> int:
@@ -149,6 +152,7 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_byt
         rows_per_block=max(1, per_block // threads),
         min_blocks_per_sm=min_blocks,
         reread=reread,
+        paired_stores=y_bytes is not None and vector * y_bytes == 2 * ACCESS_BYTES and threads >= 2,
     )
 
 
