@@ -772,11 +772,15 @@ def qdq_norm(place: str, quantized: bool = True) -> onnx.ModelProto:
     return b.model()
 
 
-def rewidened_weight() -> onnx.ModelProto:
-    """fp16 x, normalised in fp32, rounded to fp16, widened to fp32 again and only then multiplied by an fp32 weight."""
+def rewidened_weight(x_dtype: str = "float16") -> onnx.ModelProto:
+    """x normalised in fp32, rounded to fp16, widened to fp32 again and only then multiplied by an fp32 weight.
+
+    With fp16 x that is torch's `weight * hidden.to(input_dtype)` for an fp32 weight (AutoCast keeping norm weights
+    in fp32).
+    """
     b = Builder()
-    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], "float16")
-    x32 = b.cast(x, "float32")
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], x_dtype)
+    x32 = x if x_dtype == "float32" else b.cast(x, "float32")
     rounded = b.cast(b.op("Mul", x32, _inverse_root(b, x32, NormSpec())), "float16")
     b.output(b.op("Mul", b.cast(rounded, "float32"), b.weight(HIDDEN, "float32")))
     return b.model()

@@ -418,11 +418,24 @@ def test_qdq_on_the_normalised_input_is_rejected_naming_it() -> None:
     assert not found.matches and "through DequantizeLinear" in found.near_misses[0].reason
 
 
-def test_a_weight_after_widening_the_rounded_result_again_is_named() -> None:
-    # No fused form rounds to fp16 and then scales an fp32 x: the norm fuses up to the rounding and says why it stops.
-    match, found = only_match(rewidened_weight())
+def test_a_weight_after_widening_the_rounded_fp16_result_is_after_cast_from_fp16() -> None:
+    # fp32(fp16(x·r)) · w32 is AFTER_CAST with an fp16 input and a float32 output: R, the node's 16-bit dtype, is x's.
+    model = rewidened_weight("float16")
+    match, found = only_match(model)
+    assert (match.dtype, match.output_dtype, match.weight_mode) == ("float16", "float32", WeightMode.AFTER_CAST)
+    assert match.weight is not None and not found.near_misses
+    feed = {"x": np.random.default_rng(2).standard_normal((2, 3, HIDDEN)).astype(np.float32)}
+    fused = lower_fused_nodes(fuse_model(model).model)
+    np.testing.assert_array_equal(
+        ReferenceEvaluator(fused).run(None, feed)[0], ReferenceEvaluator(model).run(None, feed)[0]
+    )
+
+
+def test_a_weight_after_widening_the_rounded_result_of_an_fp32_input_is_named() -> None:
+    # No fused form rounds an fp32 input's result to fp16 and then scales it in fp32: fused up to the rounding.
+    match, found = only_match(rewidened_weight("float32"))
     assert match.weight is None and match.output_dtype == "float16"
-    assert any("widens the rounded result again" in miss.reason for miss in found.near_misses)
+    assert any("widened again before the weight" in miss.reason for miss in found.near_misses)
 
 
 @pytest.mark.parametrize(

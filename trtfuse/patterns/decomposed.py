@@ -321,6 +321,12 @@ def _choose_end(
 ) -> tuple[EndPoint, gs.Tensor] | None:
     """The furthest end point whose output dtype the contract pairs with the input's, and that input."""
     for end in reversed(end_points):
+        if end.rounded_to is not None:
+            # Rounded to 16 bits, widened, then weighted in float32: AFTER_CAST with the input in the rounded dtype.
+            x = _input_for(chain, end.rounded_to)
+            if end.weight is not None and dtype_name(x) == end.rounded_to:
+                return end, x
+            continue
         x = _input_for(chain, dtype_name(end.y))
         if supported_dtypes(dtype_name(x), dtype_name(end.y)):
             return end, x
@@ -341,12 +347,14 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -
     notes = list(epilogue.notes)
     if end is not epilogue.end_points[-1]:
         last = epilogue.end_points[-1]
-        notes.append(
-            NearMiss(
-                describe(last.nodes[-1]),
-                f"not fused into the norm: {dtype_name(x)} in, {dtype_name(last.y)} out is no pair a fused node takes",
+        if last.rounded_to is not None:
+            rounded = last.rounded_to
+            reason = (
+                f"the result is rounded to {rounded} and widened again before the weight; the input is no {rounded}"
             )
-        )
+        else:
+            reason = f"{dtype_name(x)} in, {dtype_name(last.y)} out is no pair a fused node takes"
+        notes.append(NearMiss(describe(last.nodes[-1]), f"not fused into the norm: {reason}"))
     dtype = dtype_name(end.y)
     if isinstance(x, gs.Constant):
         raise walk.reject(f"the normalised input {x.name} is a constant")

@@ -46,6 +46,9 @@ class EndPoint:
     y: gs.Variable
     nodes: tuple[gs.Node, ...]
     weight: WeightPath | None
+    # The 16-bit dtype the result was rounded to and then widened from again before the weight multiply: such an
+    # end is the contract's AFTER_CAST only for an input of that dtype, and only with the weight.
+    rounded_to: str | None = None
 
 
 @dataclass
@@ -165,6 +168,7 @@ def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str],
     end_points = [EndPoint(normalized, (), None)]
     notes: list[NearMiss] = []
     cast_seen = False
+    rounded_to = None
     while (node := only_consumer(end_points[-1].y, graph_outputs)) is not None:
         last = end_points[-1]
         current_dtype = dtype_name(last.y)
@@ -174,12 +178,21 @@ def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str],
             pass
         elif op == "Cast" and not cast_seen and _narrows_to_activation(current_dtype, cast_target(node)):
             cast_seen = True
+        elif (
+            op == "Cast"
+            and cast_seen
+            and rounded_to is None
+            and weight is None
+            and cast_target(node) == "float32"
+            and _weight_follows(node, hidden, shapes, graph_outputs)
+        ):
+            rounded_to = current_dtype
         elif op == "QuantizeLinear" and weight is None:
             through = _qdq_before_weight(node, hidden, shapes, graph_outputs)
             if through is None:
                 break
             *qdq, multiply, weight = through
-            end_points.append(EndPoint(multiply.outputs[0], (*last.nodes, *qdq, multiply), weight))
+            end_points.append(EndPoint(multiply.outputs[0], (*last.nodes, *qdq, multiply), weight, rounded_to))
             continue
         elif op == "Mul" and weight is None:
             weight = trace_weight(other_input(node, last.y), hidden, shapes.rank(last.y), dtype_name(node.outputs[0]))
@@ -187,11 +200,8 @@ def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str],
                 notes.append(NearMiss(describe(node), f"weight multiply not fused: {weight}"))
                 break
         else:
-            if op == "Cast" and cast_seen and weight is None and _weight_follows(node, hidden, shapes, graph_outputs):
-                reason = f"not fused into the norm: {describe(node)} widens the rounded result again before the weight"
-                notes.append(NearMiss(describe(node), reason))
             break
-        end_points.append(EndPoint(node.outputs[0], (*last.nodes, node), weight))
+        end_points.append(EndPoint(node.outputs[0], (*last.nodes, node), weight, rounded_to))
     else:
         if (note := _stop_note(end_points[-1], cast_seen, hidden, shapes)) is not None:
             notes.append(note)
