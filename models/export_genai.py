@@ -28,6 +28,21 @@ VARIANTS = {
 }
 
 
+# GroupQueryAttention's optional inputs 14 and 15: the q and k norm weights, where the builder put the norms inside.
+GQA_NORM_WEIGHT_INPUTS = (14, 15)
+
+
+def absorbed_qk_norms(graph: onnx.ModelProto) -> int:
+    """Norm module calls that the builder moved into GroupQueryAttention: no norm node is left to fuse for them."""
+    return sum(
+        1
+        for node in graph.graph.node
+        if node.op_type == "GroupQueryAttention"
+        for index in GQA_NORM_WEIGHT_INPUTS
+        if len(node.input) > index and node.input[index]
+    )
+
+
 def export(arch: str, variant: str, path: Path) -> dict[str, object]:
     dtype, precision, provider = VARIANTS[variant]
     model = tiny_model(arch, "float32")
@@ -47,6 +62,7 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
     entry["opset"] = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
     entry["inputs"] = [value.name for value in graph.graph.input]
     entry["contrib_ops"] = sorted({node.op_type for node in graph.graph.node if node.domain == "com.microsoft"})
+    entry["absorbed_norm_calls"] = absorbed_qk_norms(graph)
     entry["bytes"] = path.stat().st_size
     return entry
 

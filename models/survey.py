@@ -2,12 +2,12 @@
 
 For each file listed in `EXPORTS/<tool>/expected.json`: `trtfuse inspect --json`, `trtfuse fuse`, `trtfuse check
 ORIGINAL FUSED` with no options, and `trtfuse compile` (which stops with exit 3 where TensorRT is absent). Writes
-`EXPORTS/survey.json` (everything, messages verbatim) and prints a Markdown table: fused / expected norms, QK pairs
+OUT (a JSON list: everything, messages verbatim) and prints a Markdown table: fused / expected norms, QK pairs
 (found / expected), rejected candidates, the check verdict, and the first message of whatever went wrong.
 
 \b
-    python models/survey.py /work/exports                        # every tool's exports
-    python models/survey.py /work/exports --tool optimum --trtfuse "python3 -m cli.main"
+    python models/survey.py /work/exports --out /work/exports/survey.json --jobs 2    # every tool's exports
+    python models/survey.py /work/exports --out /tmp/o.json --tool optimum --trtfuse "python3 -m cli.main"
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import shlex
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,8 @@ class Outcome:
     file: str
     expected_norms: int
     expected_qk_pairs: int
+    # Norm module calls the tool moved into an attention op (genai's GroupQueryAttention): nothing left to fuse.
+    absorbed: int = 0
     fused_norms: int | None = None
     rms_norm_nodes: int | None = None
     qk_norm_nodes: int | None = None
@@ -65,8 +68,9 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
     outcome = Outcome(
         tool=tool,
         file=path.name,
-        expected_norms=int(entry["norm_calls"]),
-        expected_qk_pairs=int(entry["qk_norm_calls"]) // 2,
+        expected_norms=int(entry["norm_calls"]) - int(entry.get("absorbed_norm_calls", 0)),
+        expected_qk_pairs=(int(entry["qk_norm_calls"]) - int(entry.get("absorbed_norm_calls", 0))) // 2,
+        absorbed=int(entry.get("absorbed_norm_calls", 0)),
     )
     inspected = run(trtfuse, ["inspect", str(path), "--json"], cwd)
     outcome.inspect_exit = inspected.returncode
@@ -92,7 +96,8 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
     outcome.check_exit = checking.returncode
     outcome.check_output = (checking.stdout + checking.stderr).strip()
     if checking.returncode != 0:
-        outcome.messages.append(f"check: {last_lines(checking)}")
+        failed = [" ".join(line.split()) for line in outcome.check_output.splitlines() if " FAIL" in line]
+        outcome.messages.append(f"check: {failed[0] if failed else last_lines(checking)}")
     compiling = run(trtfuse, ["compile", str(path), "-o", str(scratch / f"{path.stem}.engine")], cwd)
     outcome.compile_exit = compiling.returncode
     if compiling.returncode not in (0, 3):
@@ -107,6 +112,8 @@ def table(outcomes: list[Outcome]) -> str:
     ]
     for outcome in outcomes:
         fused = "-" if outcome.fused_norms is None else str(outcome.fused_norms)
+        if outcome.absorbed:
+            fused += f" (+{outcome.absorbed} inside attention)"
         if outcome.weightless_nodes:
             fused += f" ({outcome.weightless_nodes} without weight)"
         pairs = "-" if outcome.qk_norm_nodes is None else str(outcome.qk_norm_nodes)
@@ -124,20 +131,24 @@ def table(outcomes: list[Outcome]) -> str:
 @click.option("--tool", "tools", multiple=True, help="Only these tools' folders (repeatable).")
 @click.option("--trtfuse", "trtfuse_command", default="trtfuse", show_default=True, help="How to call trtfuse.")
 @click.option("--cwd", type=click.Path(exists=True, file_okay=False, path_type=Path), help="Run trtfuse from here.")
-def main(exports: Path, tools: tuple[str, ...], trtfuse_command: str, cwd: Path | None) -> None:
+@click.option("--jobs", default=1, show_default=True, help="Exports surveyed at once.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The JSON written.")
+def main(exports: Path, tools: tuple[str, ...], trtfuse_command: str, cwd: Path | None, jobs: int, out: Path) -> None:
     trtfuse = shlex.split(trtfuse_command)
-    outcomes = []
-    manifests = sorted(exports.glob("*/expected.json"))
-    with tempfile.TemporaryDirectory() as scratch:
-        for manifest_path in manifests:
-            manifest = json.loads(manifest_path.read_text())
-            if tools and manifest["tool"] not in tools:
-                continue
-            for name, entry in sorted(manifest["files"].items()):
-                outcome = survey_one(trtfuse, cwd, manifest["tool"], manifest_path.parent / name, entry, Path(scratch))
-                outcomes.append(outcome)
-                print(table([outcome]).splitlines()[-1], flush=True)
-    (exports / "survey.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
+    work = []
+    for manifest_path in sorted(exports.glob("*/expected.json")):
+        manifest = json.loads(manifest_path.read_text())
+        if not tools or manifest["tool"] in tools:
+            folder = manifest_path.parent
+            work += [(manifest["tool"], folder / name, entry) for name, entry in manifest["files"].items()]
+    with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(jobs) as pool:
+        pending = [pool.submit(survey_one, trtfuse, cwd, *item, Path(scratch)) for item in work]
+        outcomes = []
+        for future in as_completed(pending):
+            outcomes.append(future.result())
+            print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+    outcomes.sort(key=lambda outcome: (outcome.tool, outcome.file))
+    out.write_text(json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
     print(table(outcomes))
 
 

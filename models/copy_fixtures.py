@@ -1,0 +1,53 @@
+"""Copy the one committed fixture per tool from an export run into models/fixtures/tools/, with its expected counts.
+
+Each pick is the export of its tool that exercises the most of what issue 12 found there (see models/README.md):
+
+\b
+    python models/copy_fixtures.py /work/exports                  # -> models/fixtures/tools/ + expected.json
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import click
+
+DESTINATION = Path(__file__).resolve().parent / "fixtures" / "tools"
+# tool -> file: KV cache with mixed-precision norms and q/k norms; onnxruntime's fused SimplifiedLayerNormalization
+# without value_info; packed QKV with int4 MatMulNBits; Q/DQ around the projections; opset-23 RMSNormalization
+# with fp16 input and float32 scale/output; and onnxslim's rewrite of the optimum export.
+PICKS = {
+    "optimum": "qwen3-optimum-fp16.onnx",
+    "optimum-O2": "llama-optimum-fp16-O2.onnx",
+    "genai": "qwen3-genai-cpu-int4.onnx",
+    "modelopt": "qwen3-modelopt-int8-fp16.onnx",
+    "dynamo23": "gemma3-dynamo23-fp16.onnx",
+    "onnxslim": "qwen3-optimum-fp16-slim.onnx",
+}
+# The folder each pick's manifest lives in, where it is not the pick's own tool name.
+FOLDERS = {"optimum-O2": "optimum"}
+MAX_BYTES = 2**20
+
+
+@click.command(help=__doc__)
+@click.argument("exports", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def main(exports: Path) -> None:
+    DESTINATION.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for tool, name in PICKS.items():
+        folder = exports / FOLDERS.get(tool, tool)
+        manifest = json.loads((folder / "expected.json").read_text())
+        entry = manifest["files"][name]
+        size = (folder / name).stat().st_size
+        if size >= MAX_BYTES:
+            raise click.ClickException(f"{folder / name} is {size} bytes, over the {MAX_BYTES}-byte fixture limit")
+        shutil.copyfile(folder / name, DESTINATION / name)
+        files[name] = {**entry, "bytes": size, "versions": manifest["versions"]}
+    (DESTINATION / "expected.json").write_text(json.dumps({"files": files}, indent=2, sort_keys=True) + "\n")
+    click.echo(f"{len(files)} fixtures -> {DESTINATION}")
+
+
+if __name__ == "__main__":
+    main()
