@@ -1,0 +1,218 @@
+"""`polygraphy run` with trtfuse's runners (trtfuse.polygraphy_ext), run as the user runs it: Polygraphy's command in
+a subprocess, with Polygraphy's own data loader, shape options and verdict. The entry point is registered by
+`pip install -e .` (pyproject.toml, group `polygraphy.run.plugins`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("polygraphy", reason="Polygraphy is not installed (pip install -e '.[compare]')")
+
+from trtfuse import contract
+from trtfuse.io import load_model
+from trtfuse.polygraphy_ext.loaders import engine_profiles_for
+from trtfuse.profiles import derive_profiles, request_from_options
+
+FIXTURES = Path(__file__).resolve().parent.parent / "models" / "fixtures"
+HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
+POLYGRAPHY = Path(sys.executable).with_name("polygraphy")
+ALL_MATCHED = "PASSED | simple | All outputs matched"
+# Polygraphy's --onnxrt runs the original with onnxruntime's graph optimisations, which compute fp16 chains in
+# float32; --trtfuse-onnxrt rounds every 16-bit value where the graph says (as `trtfuse check` does). On the fp16
+# fixtures the two differ by at most 7.3e-4 in the logits (1-2 fp16 ulps), also where nothing is fused (GPT-2).
+FP16_ATOL = ("--atol", "2e-3")
+# (fixture, the fused counts the runner's log line must show, tolerance options)
+FIXTURE_CASES = [
+    ("qwen3-dynamo-fp32.onnx", "5 TrtfuseRmsNorm, 2 TrtfuseQkNorm", ()),
+    ("deepseek_v3-dynamo-fp32.onnx", "5 TrtfuseRmsNorm, 2 TrtfuseQkNorm", ()),
+    ("llama-torchscript-fp16.onnx", "5 TrtfuseRmsNorm, 0 TrtfuseQkNorm", FP16_ATOL),
+    ("gemma3-torchscript-fp16.onnx", "9 TrtfuseRmsNorm, 2 TrtfuseQkNorm", FP16_ATOL),
+]
+
+
+def polygraphy_run(*args: str, patch: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`polygraphy run ARGS`; with `patch`, Python run first in the same process (Polygraphy's main then runs)."""
+    if patch is None:
+        command = [str(POLYGRAPHY), "run", *args]
+    else:
+        main = (
+            "from polygraphy.tools._main import main\nsys.argv = ['polygraphy', 'run', *sys.argv[1:]]\nsys.exit(main())"
+        )
+        command = [sys.executable, "-c", f"import sys\n{patch}\n{main}", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def output_of(result: subprocess.CompletedProcess) -> str:
+    return result.stdout + result.stderr
+
+
+def test_entry_point_adds_both_runners():
+    entry_points = metadata.entry_points().select(group="polygraphy.run.plugins")
+    assert [point.value for point in entry_points if point.name == "trtfuse"] == [
+        "trtfuse.polygraphy_ext.args:export_argument_groups"
+    ], "the entry point is missing: `pip install -e .` again after editing pyproject.toml"
+    result = polygraphy_run("-h")
+    assert result.returncode == 0, output_of(result)
+    for option in ("--trtfuse-onnxrt", "--trtfuse ", "--trtfuse-profile", "--trtfuse-cache"):
+        assert option in result.stdout
+    assert "Failed to load plugin" not in output_of(result)
+
+
+@pytest.mark.parametrize(("fixture", "fused", "tolerance"), FIXTURE_CASES)
+def test_fused_model_matches_the_original(fixture, fused, tolerance):
+    result = polygraphy_run(
+        str(FIXTURES / fixture), "--onnxrt", "--trtfuse-onnxrt", "--input-shapes", "input_ids:[2,8]", *tolerance
+    )
+    output = output_of(result)
+    assert result.returncode == 0, output
+    assert f": {fused} (" in output
+    assert re.search(r"Accuracy Comparison \| onnxrt-runner-\S+ vs\. trtfuse-onnxrt-runner-", output), output
+    assert ALL_MATCHED in output
+
+
+# A fusion bug in its most common form: the weight applied as (1 + w), Gemma's form, to a model that scales by w.
+CORRUPT_FIRST_NORM = f"""
+import onnx.helper
+import trtfuse.polygraphy_ext.loaders as loaders
+fuse = loaders.fuse_model
+def corrupted(model):
+    result = fuse(model)
+    node = next(node for node in result.model.graph.node if node.domain == {contract.ONNX_DOMAIN!r})
+    for attribute in node.attribute:
+        if attribute.name == {contract.ATTR_WEIGHT_OFFSET!r}:
+            attribute.CopyFrom(onnx.helper.make_attribute(attribute.name, 1.0))
+    print("corrupted fused node", node.name, flush=True)
+    return result
+loaders.fuse_model = corrupted
+"""
+
+
+def test_a_corrupted_fused_node_fails_the_comparison():
+    result = polygraphy_run(
+        str(FIXTURES / "qwen3-dynamo-fp32.onnx"),
+        "--onnxrt",
+        "--trtfuse-onnxrt",
+        "--input-shapes",
+        "input_ids:[2,8]",
+        patch=CORRUPT_FIRST_NORM,
+    )
+    output = output_of(result)
+    assert "corrupted fused node" in output
+    assert result.returncode != 0, output
+    assert "FAILED | simple | Mismatched outputs: ['logits']" in output
+
+
+def test_generated_script_imports_trtfuse_and_reproduces_the_run(tmp_path):
+    script = tmp_path / "compare_fused.py"
+    model = str(FIXTURES / "qwen3-dynamo-fp32.onnx")
+    result = polygraphy_run(
+        model, "--onnxrt", "--trtfuse-onnxrt", "--input-shapes", "input_ids:[2,8]", "--gen", str(script)
+    )
+    assert result.returncode == 0, output_of(result)
+    text = script.read_text()
+    assert "from trtfuse.polygraphy_ext import FuseModel, FusedOnnxrtRunner, LowerFusedNodes" in text
+    assert f"FuseModel({model!r})" in text
+    assert "FusedOnnxrtRunner(lower_fused_nodes)" in text
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "trtfuse-onnxrt-runner" in output
+    assert ALL_MATCHED in output
+
+
+def test_generated_script_passes_polygraphy_profiles_and_build_options_to_trtfuse(tmp_path):
+    result = polygraphy_run(
+        str(FIXTURES / "qwen3-dynamo-fp32.onnx"),
+        "--onnxrt",
+        "--trtfuse",
+        "--trtfuse-profile",
+        "decode",
+        "--trtfuse-cache",
+        str(tmp_path / "engines"),
+        "--trt-min-shapes",
+        "input_ids:[1,1]",
+        "--trt-opt-shapes",
+        "input_ids:[1,4]",
+        "--trt-max-shapes",
+        "input_ids:[2,16]",
+        "--builder-optimization-level",
+        "2",
+        "--pool-limit",
+        "workspace:1G",
+        "--fp16",
+        "--gen",
+        "-",
+    )
+    output = output_of(result)
+    assert result.returncode == 0, output
+    assert (
+        "BuildTrtfuseEngine(fuse_with_trtfuse, presets=['decode'], "
+        "profiles=[{'input_ids': [[1, 1], [1, 4], [2, 16]]}], "
+        f"cache_dir={str(tmp_path / 'engines')!r}, optimization_level=2, workspace_bytes=1073741824)"
+    ) in result.stdout
+    assert "TrtfuseTrtRunner(build_trtfuse_engine)" in result.stdout
+    assert "--fp16 does not apply to the --trtfuse engine" in output
+
+
+def test_engine_profiles_are_compiles_or_polygraphys():
+    model = load_model(FIXTURES / "qwen3-dynamo-fp32.onnx").model
+    derived = engine_profiles_for(model, ["decode", "prefill"], [])
+    assert derived == derive_profiles(model, request_from_options(presets=["decode", "prefill"]))
+    (given,) = engine_profiles_for(model, ["decode"], [{"input_ids": [[1, 1], [1, 4], [2, 16]]}])
+    assert given.name == "polygraphy 0"
+    assert (given.shapes["input_ids"].min, given.shapes["input_ids"].opt, given.shapes["input_ids"].max) == (
+        (1, 1),
+        (1, 4),
+        (2, 16),
+    )
+
+
+def test_bad_model_is_one_polygraphy_error_line(tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"not a model")
+    result = polygraphy_run(str(bad), "--trtfuse-onnxrt")
+    output = output_of(result)
+    assert result.returncode == 1, output
+    errors = [line for line in output.splitlines() if line.startswith("[!]")]
+    assert len(errors) == 1 and errors[0].startswith(f"[!] trtfuse: {bad}"), output
+    assert "Traceback" not in output
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
+def test_trtfuse_without_tensorrt_says_what_is_missing(tmp_path):
+    result = polygraphy_run(
+        str(FIXTURES / "qwen3-dynamo-fp32.onnx"), "--onnxrt", "--trtfuse", "--trtfuse-cache", str(tmp_path)
+    )
+    output = output_of(result)
+    assert result.returncode == 1, output
+    errors = [line for line in output.splitlines() if line.startswith("[!]")]
+    assert len(errors) == 1, output
+    assert "`tensorrt` is not installed" in errors[0] and "pip install" in errors[0]
+    assert "Traceback" not in output
+    assert not any(tmp_path.iterdir()), "nothing is written before TensorRT is found"
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TENSORRT, reason="needs the real `tensorrt` module and an NVIDIA GPU (not installable)")
+def test_trtfuse_engine_matches_the_original_and_is_reused(tmp_path):
+    model = str(FIXTURES / "qwen3-dynamo-fp32.onnx")
+    # TensorRT's fp32 kernels (TF32 off, as `trtfuse compile` builds) reorder sums: allow fp32 rounding of the logits.
+    options = ("--onnxrt", "--trtfuse", "--trtfuse-cache", str(tmp_path), "--input-shapes", "input_ids:[1,8]")
+    options += ("--atol", "1e-4", "--rtol", "1e-4")
+    first = polygraphy_run(model, *options, cwd=tmp_path)
+    assert first.returncode == 0, output_of(first)
+    assert re.search(r"Accuracy Comparison \| onnxrt-runner-\S+ vs\. trtfuse-trt-runner-", output_of(first))
+    assert ALL_MATCHED in output_of(first)
+    engines = list(tmp_path.glob("*/model.engine"))
+    assert len(engines) == 1 and engines[0].with_name("model.engine.json").is_file()
+    again = polygraphy_run(model, *options, cwd=tmp_path)
+    assert again.returncode == 0, output_of(again)
+    assert f"using the engine built before: {engines[0]}" in output_of(again)
