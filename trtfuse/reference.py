@@ -12,7 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse import contract
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.io import DEFAULT_DOMAINS
 
 _FLOAT = TensorProto.FLOAT
@@ -43,7 +43,10 @@ def lower_fused_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor that declares one, shape inference filling in what the graph leaves out."""
-    inferred = onnx.shape_inference.infer_shapes(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
+        raise TrtfuseError(f"the fused model fails ONNX shape inference: {first_line(error)}") from None
     types = {}
     graph = inferred.graph
     for value in [*graph.value_info, *graph.input, *graph.output]:
