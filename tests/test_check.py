@@ -525,3 +525,80 @@ def test_check_input_and_tolerance_options(tmp_path: Path, arguments: list[str],
     assert result.exit_code == status, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def _quantized(model: onnx.ModelProto) -> onnx.ModelProto:
+    """int8 Q/DQ of the norm's output in float32, between casts from and back to bfloat16."""
+    for node in model.graph.node:
+        if node.output[0] == "normed":
+            node.output[0] = "normed_bf16"
+    model.graph.initializer.extend(
+        [numpy_helper.from_array(np.array(0.05, np.float32), "q_scale"), numpy_helper.from_array(np.int8(0), "q_zero")]
+    )
+    quantize = [
+        helper.make_node("Cast", ["normed_bf16"], ["normed_fp32"], to=TensorProto.FLOAT, name="to_fp32"),
+        helper.make_node("QuantizeLinear", ["normed_fp32", "q_scale", "q_zero"], ["normed_q"], name="q"),
+        helper.make_node("DequantizeLinear", ["normed_q", "q_scale", "q_zero"], ["normed_dq"], name="dq"),
+        helper.make_node("Cast", ["normed_dq"], ["normed"], to=TensorProto.BFLOAT16, name="to_bf16"),
+    ]
+    position = next(index for index, node in enumerate(model.graph.node) if node.op_type == "MatMul")
+    for offset, node in enumerate(quantize):
+        model.graph.node.insert(position + offset, node)
+    # onnx's reference evaluator has DequantizeLinear from opset 19, where ReduceMean takes its axes as an input.
+    model.opset_import[0].version = 19
+    for node in model.graph.node:
+        if node.op_type == "ReduceMean":
+            kept = [attribute for attribute in node.attribute if attribute.name != "axes"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+            node.input.append("mean_axes")
+    model.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "mean_axes"))
+    return model
+
+
+def _hidden_state_input(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The hidden state fed directly instead of gathered from a 32-row table: every element of the norm differs."""
+    from test_compare import HIDDEN as TINY_HIDDEN
+
+    kept = [node for node in model.graph.node if node.op_type != "Gather"]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    del model.graph.input[:]
+    model.graph.input.append(
+        helper.make_tensor_value_info("hidden", TensorProto.BFLOAT16, ["batch", "sequence", TINY_HIDDEN])
+    )
+    return model
+
+
+def _norm_in_bf16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The norm computed in bfloat16 throughout (no upcast), which the fused node computes in float32."""
+    for node in model.graph.node:
+        if node.name == "norm/cast":
+            node.attribute[0].i = TensorProto.BFLOAT16
+    for index, tensor in enumerate(model.graph.initializer):
+        if tensor.name in ("two", "eps"):
+            narrowed = numpy_helper.from_array(numpy_helper.to_array(tensor).astype(ml_dtypes.bfloat16), tensor.name)
+            model.graph.initializer[index].CopyFrom(narrowed)
+    return model
+
+
+def test_quantized_graphs_are_judged_against_the_float32_evaluation(tmp_path: Path) -> None:
+    from test_compare import tiny_lm
+
+    def quantized(model: onnx.ModelProto) -> onnx.ModelProto:
+        return _quantized(_hidden_state_input(model))
+
+    bf16 = ml_dtypes.bfloat16
+    original = _loaded(quantized(_norm_in_bf16(tiny_lm(bf16, fused=False))), tmp_path / "original.onnx")
+    fused = _loaded(quantized(tiny_lm(bf16, fused=True)), tmp_path / "fused.onnx")
+    result = check_fused(original, fused, dims={"sequence": 64})
+    (verdict,) = result.errors
+    # The fused norm computes in float32 where the original rounds to bfloat16 at every op (onnx's reference
+    # evaluator runs bfloat16 graphs exactly), which flips quantization steps: beyond bf16's tolerance ...
+    assert verdict.error.max_rel > tolerance_for("bfloat16").rtol
+    # ... but no further from the graph's float32 arithmetic than the original's own rounding and quantization.
+    assert result.judged_by == "float32 evaluation"
+    assert verdict.reference.candidate <= verdict.reference.bound
+    assert result.passed
+    corrupted = _loaded(quantized(tiny_lm(bf16, fused=True, epsilon=0.5)), tmp_path / "corrupted.onnx")
+    assert not check_fused(original, corrupted, dims={"sequence": 64}).passed

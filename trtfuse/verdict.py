@@ -59,6 +59,14 @@ class OutputVerdict:
     passed: bool | None
     note: str = ""
 
+    @property
+    def max_abs(self) -> float:
+        return self.error.max_abs if self.error else math.inf
+
+    @property
+    def max_rel(self) -> float:
+        return self.error.max_rel if self.error else math.inf
+
     def to_json(self) -> dict:
         """Plain values; non-finite errors stay floats for the JSON writer to spell."""
         error, reference = self.error, self.reference
