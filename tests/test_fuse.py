@@ -126,3 +126,18 @@ def test_fuse_result_keeps_large_weights_unloaded(tmp_path: Path) -> None:
     (projection,) = external_tensors(result.model)
     assert projection.name == "layers.0.proj"
     assert not projection.raw_data
+
+
+def test_graph_outputs_keep_their_declared_dims_over_a_stale_value_info() -> None:
+    """ModelOpt's exports carry value_info for the graph output with dims of their own (`unk__108`); graphsurgeon
+    takes those, which renamed the fused model's `batch` and `sequence` (its interface) until the pass restored the
+    declaration."""
+    original = llama_norm_model(layers=2)
+    output = original.graph.output[0]
+    declared = [dim.dim_param or dim.dim_value for dim in output.type.tensor_type.shape.dim]
+    stale = helper.make_tensor_value_info(output.name, output.type.tensor_type.elem_type, ["unk__1", "unk__2", 64])
+    original.graph.value_info.append(stale)
+    fused = fuse_model(original).model
+    (fused_output,) = [value for value in fused.graph.output if value.name == output.name]
+    assert [dim.dim_param or dim.dim_value for dim in fused_output.type.tensor_type.shape.dim] == declared
+    assert [value.name for value in fused.graph.input] == [value.name for value in original.graph.input]

@@ -98,10 +98,27 @@ def fuse_model(model: onnx.ModelProto) -> FuseResult:
     inputs = {value.name for value in exported.graph.input}
     exported.graph.initializer.extend(tensor for tensor in _overridable(model) if tensor.name in inputs)
     _restore_sparse_attributes(model, exported)
+    _keep_declared_types(model, exported)
     for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
         setattr(exported, field, getattr(model, field))
     exported.metadata_props.extend(model.metadata_props)
     return FuseResult(model=exported, fused=fused, search=search)
+
+
+def _keep_declared_types(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:
+    """Graph inputs and outputs keep the types the model declares: shape inference may have replaced a named dim
+    (`batch`) by one of its own (`unk__108`) or a number, which would change the model's interface. The fused nodes
+    have their inputs' dtypes and shapes, so a declaration that still has the same element type and rank holds."""
+    declared = {value.name: value.type for value in (*model.graph.input, *model.graph.output)}
+    for value in (*exported.graph.input, *exported.graph.output):
+        original = declared.get(value.name)
+        if original is None or not original.HasField("tensor_type") or not value.type.HasField("tensor_type"):
+            continue
+        same_dtype = original.tensor_type.elem_type == value.type.tensor_type.elem_type
+        original_rank = len(original.tensor_type.shape.dim) if original.tensor_type.HasField("shape") else None
+        rank = len(value.type.tensor_type.shape.dim) if value.type.tensor_type.HasField("shape") else None
+        if same_dtype and (original_rank is None or rank is None or original_rank == rank):
+            value.type.CopyFrom(original)
 
 
 def _restore_sparse_attributes(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:
