@@ -264,10 +264,10 @@ def test_mixed_precision_variants_keep_16_byte_accesses_on_both_sides(
 
 @pytest.mark.parametrize(("x_bytes", "y_bytes"), [(4, 2), (2, 4)])
 def test_mixed_precision_tiling(x_bytes: int, y_bytes: int) -> None:
-    """Prefill rows of fp32 <-> 16-bit take one 8-element vector per thread up to 512 threads, with no register
-    cap; a 16-bit x is still read twice; decode and head-dim rows follow the one-dtype table."""
+    """Rows of fp32 <-> 16-bit in 8-element vectors take the one-dtype table's threads without its register cap; a
+    16-bit x is still read twice in prefill; decode and head-dim rows follow the one-dtype table."""
     assert access_vector(4096, x_bytes, y_bytes) == 8 and access_vector(1004, x_bytes, y_bytes) == 4
-    for hidden, threads, slots in ((4096, 512, 1), (8192, 512, 2), (2048, 256, 1), (5120, 512, 2)):
+    for hidden, threads, slots in ((4096, 256, 2), (8192, 256, 4), (2048, 128, 2), (5120, 256, 3)):
         t = row_tiling(hidden, 8, Regime.PREFILL, x_bytes, y_bytes)
         assert (t.threads_per_row, t.vectors_per_thread, t.rows_per_block, t.min_blocks_per_sm) == (
             threads,

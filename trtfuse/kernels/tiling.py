@@ -35,12 +35,11 @@ PREFILL_RESIDENT_THREADS = 1536
 # loss, 8192x8192 with an fp32 weight, 90.7-91.2% against 91.1-92.4%. With L1 hints alone the second read cost
 # 0.5-3 points: the L2 policies are what make it pay.
 DECODE_VECTORS_PER_THREAD = 4  # 1.35 µs per 1-row call in graph replay, against 1.51 with 2 and 1.82 with 16
-# Rows whose x and y differ in width (fp32 <-> 16-bit) move a vector of 8 elements: 32 bytes on the fp32 side, so
-# a thread holds twice the registers per vector of a one-dtype 16-bit row. Prefill gives each thread one vector, up
-# to 512 threads per row: 32 bytes of fp32 per thread, what the fastest fp32 row measured holds (16384x4096 fp32,
-# 512 threads x 2 vectors of 4: 97.6% of copy, against 94.8-95.0% for twice the bytes per thread). No register cap:
-# the 40-register cap measured for one-dtype rows is too tight for a thread holding fp32 vectors.
-MIXED_PREFILL_MAX_ROW_THREADS = 512
+# Rows whose x and y differ in width (fp32 <-> 16-bit) move vectors of 8 elements (32 bytes on the fp32 side) with
+# the one-dtype table's threads, without its register cap. H200 sweep (benchmarks/mixed_tiling_sweep.py, % of copy,
+# docs/performance.md): 16384x4096 fp32 -> bf16 98.2% at 256 x 2 (98.3% at 512 x 1, 97.5-97.7% at 128 x 4), bf16 ->
+# fp32 95.5-95.7% at 256 x 2 (91.0% at 512 x 1); 8192x8192 fp32 -> bf16 97.5% at 256 x 4, bf16 -> fp32 95.1-95.8%.
+# The cap (6 blocks of 256, 40 registers) spills a thread holding fp32 vectors: 8192x8192 fell to 30-44%.
 
 
 class Regime(enum.Enum):
@@ -120,8 +119,7 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_byt
       element size) in 16-byte vectors is read twice when its row takes 128 threads or more.
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
-    - rows whose y (`y_bytes`, default x's) differs from x in width: as above, except in prefill, where each thread
-      takes one vector up to 512 threads per row (MIXED_PREFILL_MAX_ROW_THREADS) and no register cap applies.
+    - rows whose y (`y_bytes`, default x's) differs from x in width: the same, without the register cap.
     """
     vectors = hidden // vector
     min_blocks = 0
@@ -130,14 +128,10 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_byt
     if vectors <= SMALL_ROW_VECTORS:
         threads = _next_pow2(vectors)
         per_block = PREFILL_BLOCK_THREADS
-    elif regime is Regime.PREFILL and mixed:
-        threads = min(MIXED_PREFILL_MAX_ROW_THREADS, _next_pow2(vectors))
-        per_block = max(PREFILL_BLOCK_THREADS, threads)
-        reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES and threads >= PREFILL_BLOCK_THREADS
     elif regime is Regime.PREFILL:
         threads = min(PREFILL_MAX_ROW_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
         per_block = max(PREFILL_BLOCK_THREADS, threads)
-        if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD:
+        if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD and not mixed:
             min_blocks = PREFILL_RESIDENT_THREADS // per_block
         # Measured for fp16/bf16 rows of 128 threads or more (H >= 2048) only.
         reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES and threads >= PREFILL_BLOCK_THREADS
