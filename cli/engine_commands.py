@@ -63,7 +63,9 @@ def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
     type=ShapeRangeType(),
     help="Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
 )
-@click.option("--opt-level", default=3, show_default=True, help="TensorRT builder optimisation level, 0-5.")
+@click.option(
+    "--opt-level", default=3, show_default=True, type=click.IntRange(0, 5), help="TensorRT builder optimisation level."
+)
 @click.option("--workspace", metavar="SIZE", help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
 @click.option(
     "--timing-cache", type=click.Path(path_type=Path), help="Timing cache file, read if present, then updated."
@@ -144,8 +146,8 @@ def compile_command(
 @click.argument("engine_path", metavar="MODEL.engine", type=click.Path(path_type=Path))
 @click.option("--inputs", "inputs_path", type=click.Path(path_type=Path), help="Inputs as .npz (else random ones).")
 @feed_options
-@click.option("--iterations", default=10, show_default=True, help="Timed runs.")
-@click.option("--warmup", default=2, show_default=True, help="Untimed runs first.")
+@click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Timed runs.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed runs first.")
 @click.option("--save-outputs", type=click.Path(path_type=Path), help="Write the outputs of the last run as .npz.")
 @common_options
 def run_command(
@@ -162,12 +164,12 @@ def run_command(
     """Run MODEL.engine with TensorRT (plugins registered first) on given or generated inputs; print timings."""
     from trtfuse.runner import generated_feed, load_feed, run_engine, save_arrays
 
+    if inputs_path is not None and (shapes or dims):
+        raise click.UsageError("--inputs gives every input already; drop --shape/--dim")
     if not engine_path.is_file():
         raise TrtfuseError(
             f"{engine_path}: no such engine file" if not engine_path.exists() else f"{engine_path}: not a file"
         )
-    if inputs_path is not None and (shapes or dims):
-        raise click.UsageError("--inputs gives every input already; drop --shape/--dim")
     OutputPlan().read(engine_path).read(*([inputs_path] if inputs_path else [])).write(
         "outputs file", save_outputs
     ).check()

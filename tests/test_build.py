@@ -172,7 +172,7 @@ def test_progress_lines_are_indented_by_phase_depth():
 @pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
 def test_build_without_tensorrt_says_how_to_get_it(tmp_path):
     fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
-    with pytest.raises(MissingDependencyError, match=r"pip install 'trtfuse\[gpu\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install -e '\.\[gpu\]'"):
         build.build_engine(fused, tmp_path / "m.engine", BuildOptions(profiles=(PROFILE,)))
     assert sorted(os.listdir(tmp_path)) == ["m.fused.onnx"]
 

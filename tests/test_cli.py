@@ -185,7 +185,16 @@ def test_short_help(args: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["fuse"], ["no-such-command"], ["inspect", "m.onnx", "--no-such-flag"], ["check", "a", "b", "--seed", "x"]],
+    [
+        ["fuse"],
+        ["no-such-command"],
+        ["inspect", "m.onnx", "--no-such-flag"],
+        ["check", "a", "b", "--seed", "x"],
+        ["compile", "m.onnx", "--opt-level", "9"],
+        ["run", "m.engine", "--iterations", "0"],
+        ["run", "m.engine", "--inputs", "in.npz", "--shape", "x=1x2"],
+        ["check", "a", "b", "--shape", "x=1x2", "--shape", "x:[1,3]"],
+    ],
 )
 def test_usage_errors_are_one_line(args: list[str]) -> None:
     result = _invoke(*args)
