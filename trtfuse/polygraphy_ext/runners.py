@@ -84,7 +84,8 @@ class TrtfuseTrtRunner(BaseRunner):
         with as_polygraphy_error(self.name):
             self.profiles: list[Profile] = engine_profiles(self.engine_path)
             self.runner = trt_runner(self.engine_path)
-        self.runner.activate()
+            # Activation deserialises the engine: trtfuse's loader names the engine file when that fails.
+            self.runner.activate()
         self.profile_index = 0
 
     @util.check_called_by("get_input_metadata")
