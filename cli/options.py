@@ -155,6 +155,9 @@ def common_options(command: F) -> F:
         with warnings.catch_warnings():
             if VERBOSITY.level < 1:
                 warnings.simplefilter("ignore")
+            else:
+                warnings.simplefilter("default")
+                warnings.showwarning = _echo_warning
             return command(*args, **kwargs)
 
     options = (
@@ -167,6 +170,10 @@ def common_options(command: F) -> F:
     for option in reversed(options):
         run = option(run)
     return run
+
+
+def _echo_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_rest: object) -> None:
+    click.echo(printable(f"warning: {category.__name__}: {message} ({filename}:{lineno})"), err=True)
 
 
 def info(message: str) -> None:

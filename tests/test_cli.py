@@ -321,3 +321,19 @@ def test_unusual_valid_models_fuse_and_check(write_model, tmp_path: Path, make) 
     assert fused.exit_code == 0, fused.output
     checked = _invoke("check", model_path, out)
     assert checked.exit_code == 0, checked.output
+
+
+def test_library_warnings_only_with_verbose(llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    import trtfuse.io
+
+    real_load = trtfuse.io.load_model
+
+    def noisy_load(path: Path):
+        warnings.warn("invalid value encountered in subtract", RuntimeWarning, stacklevel=1)
+        return real_load(path)
+
+    monkeypatch.setattr(trtfuse.io, "load_model", noisy_load)
+    assert _invoke("inspect", llama_path).stderr == ""
+    assert "invalid value encountered" in _invoke("inspect", llama_path, "-v").stderr
