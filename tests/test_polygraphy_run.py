@@ -5,20 +5,28 @@ a subprocess, with Polygraphy's own data loader, shape options and verdict. The 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("polygraphy", reason="Polygraphy is not installed (pip install -e '.[compare]')")
 
+from polygraphy.common import TensorMetadata
+from polygraphy.datatype import DataType
+from polygraphy.exception import PolygraphyException
+
 from trtfuse import contract
+from trtfuse.build import BuildResult, make_sidecar, sidecar_path_for, tool_versions, write_engine
 from trtfuse.io import load_model
+from trtfuse.polygraphy_ext import loaders, runners
 from trtfuse.polygraphy_ext.loaders import engine_profiles_for
-from trtfuse.profiles import derive_profiles, request_from_options
+from trtfuse.profiles import Profile, ShapeRange, derive_profiles, request_from_options
 
 FIXTURES = Path(__file__).resolve().parent.parent / "models" / "fixtures"
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
@@ -216,3 +224,90 @@ def test_trtfuse_engine_matches_the_original_and_is_reused(tmp_path):
     again = polygraphy_run(model, *options, cwd=tmp_path)
     assert again.returncode == 0, output_of(again)
     assert f"using the engine built before: {engines[0]}" in output_of(again)
+
+
+class _FakeTensorRT:
+    __version__ = "10.99.0"
+
+
+def _fake_build(calls: list):
+    """Stands in for `build_engine` where TensorRT is absent: records the call, writes an engine and its sidecar."""
+
+    def build(fused_path, engine_path, options, emit):
+        calls.append((fused_path, options))
+        sidecar = make_sidecar(
+            engine_path=engine_path,
+            fused_model_path=fused_path,
+            versions=tool_versions(_FakeTensorRT.__version__),
+            gpu="fake GPU",
+            plugins=[],
+            options=options,
+        )
+        write_engine(engine_path, b"engine", sidecar)
+        return BuildResult(engine_path, sidecar_path_for(engine_path), sidecar, 0.0)
+
+    return build
+
+
+def test_engine_loader_builds_through_build_engine_once_then_reuses(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(loaders, "import_tensorrt", lambda: _FakeTensorRT)
+    monkeypatch.setattr(loaders, "gpu_name", lambda: "fake GPU")
+    monkeypatch.setattr(loaders, "build_engine", _fake_build(calls))
+    fixture = FIXTURES / "qwen3-dynamo-fp32.onnx"
+    build = loaders.BuildTrtfuseEngine(
+        loaders.FuseModel(str(fixture)), presets=["decode", "prefill"], cache_dir=str(tmp_path), optimization_level=2
+    )
+    engine = Path(build())
+    assert engine.is_file() and engine.parent.parent == tmp_path
+    ((fused_path, options),) = calls
+    assert fused_path == engine.with_name("model.fused.onnx") and fused_path.is_file()
+    fused = load_model(fused_path).model
+    assert sum(node.domain == contract.ONNX_DOMAIN for node in fused.graph.node) == 7
+    assert list(options.profiles) == derive_profiles(fused, request_from_options(presets=["decode", "prefill"]))
+    assert options.optimization_level == 2 and not options.allow_tf32
+    assert json.loads(engine.with_name("model.fusion.json").read_text())["totals"]["norms"] == 9
+    assert Path(build()) == engine and len(calls) == 1
+    monkeypatch.setattr(loaders, "gpu_name", lambda: "another GPU")
+    assert Path(build()) == engine and len(calls) == 2, "an engine from another GPU is built again"
+    other = loaders.BuildTrtfuseEngine(loaders.FuseModel(str(fixture)), presets=["default"], cache_dir=str(tmp_path))
+    assert Path(other()).parent != engine.parent, "other profiles, another engine"
+
+
+class _FakeTrtRunner:
+    def __init__(self) -> None:
+        self.profiles: list[int] = []
+
+    def activate(self) -> None:
+        pass
+
+    def deactivate(self) -> None:
+        pass
+
+    def get_input_metadata(self, use_numpy_dtypes: bool) -> TensorMetadata:
+        return TensorMetadata().add("input_ids", DataType.INT64, (1, None))
+
+    def set_profile(self, index: int) -> None:
+        self.profiles.append(index)
+
+    def infer(self, feed):
+        return {"echo": feed["input_ids"]}
+
+    def last_inference_time(self) -> float:
+        return 0.001
+
+
+def test_engine_runner_runs_each_feed_in_the_profile_that_holds_it(tmp_path, monkeypatch):
+    fake = _FakeTrtRunner()
+    decode = Profile("decode", {"input_ids": ShapeRange((1, 1), (1, 1), (1, 1))})
+    prefill = Profile("prefill", {"input_ids": ShapeRange((1, 2), (1, 8), (1, 64))})
+    monkeypatch.setattr(runners, "engine_profiles", lambda path: [decode, prefill])
+    monkeypatch.setattr(runners, "trt_runner", lambda path: fake)
+    with runners.TrtfuseTrtRunner(str(tmp_path / "model.engine")) as runner:
+        assert runner.name.startswith("trtfuse-trt-runner-")
+        for tokens in (1, 8, 8, 1):
+            outputs = runner.infer({"input_ids": np.zeros((1, tokens), np.int64)})
+            assert outputs["echo"].shape == (1, tokens)
+        with pytest.raises(PolygraphyException):
+            runner.infer({"input_ids": np.zeros((1, 65), np.int64)})
+    assert fake.profiles == [1, 0]
