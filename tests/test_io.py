@@ -283,9 +283,11 @@ def test_unknown_tensor_data_type(write_model) -> None:
         load_model(write_model(model))
 
 
-@pytest.mark.parametrize("text", [b"MatMul", b"rescale"])
-def test_op_types_and_names_that_are_not_utf8(tmp_path: Path, text: bytes) -> None:
-    data = projection_model().SerializeToString().replace(text, text[:-1] + b"\xe1")
+@pytest.mark.parametrize("text", [b"MatMul", b"rescale", b"the-exporter"])
+def test_op_types_names_and_strings_that_are_not_utf8(tmp_path: Path, text: bytes) -> None:
+    model = projection_model()
+    model.producer_name = "the-exporter"
+    data = model.SerializeToString().replace(text, text[:-1] + b"\xe1")
     path = tmp_path / "model.onnx"
     path.write_bytes(data)
     with pytest.raises(TrtfuseError, match="not valid UTF-8"):

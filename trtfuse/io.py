@@ -190,13 +190,17 @@ def _check_graph(path: Path, model: onnx.ModelProto) -> None:
 
 def _check_names(path: Path, model: onnx.ModelProto) -> None:
     # Protobuf hands out a string field that is not UTF-8 as bytes, which onnx-graphsurgeon cannot write back.
+    texts = [model.producer_name, model.producer_version, model.domain, model.doc_string]
+    texts += [text for entry in model.metadata_props for text in (entry.key, entry.value)]
+    texts += [opset.domain for opset in model.opset_import]
     for graph in _graphs(model.graph):
         values = (*graph.input, *graph.output, *graph.value_info, *graph.initializer)
-        names = [value.name for value in values]
+        texts += [graph.name, graph.doc_string, *(value.name for value in values)]
         for node in graph.node:
-            names += [node.name, node.op_type, node.domain, *node.input, *node.output]
-        if not all(isinstance(name, str) for name in names):
-            raise TrtfuseError(f"{path}: holds a node or tensor name that is not valid UTF-8")
+            texts += [node.name, node.op_type, node.domain, node.doc_string, *node.input, *node.output]
+            texts += [attribute.name for attribute in node.attribute]
+    if not all(isinstance(text, str) for text in texts):
+        raise TrtfuseError(f"{path}: holds a name or string that is not valid UTF-8")
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
