@@ -602,3 +602,21 @@ def test_quantized_graphs_are_judged_against_the_float32_evaluation(tmp_path: Pa
     assert result.passed
     corrupted = _loaded(quantized(tiny_lm(bf16, fused=True, epsilon=0.5)), tmp_path / "corrupted.onnx")
     assert not check_fused(original, corrupted, dims={"sequence": 64}).passed
+
+
+def test_models_onnxruntime_cannot_load_run_in_the_reference_evaluator(tmp_path: Path) -> None:
+    # dynamo's opset-23 fp16 Gemma3: RMSNormalization of fp16 X with an fp32 scale, which the schema allows and the
+    # reference evaluator runs, but onnxruntime's expansion of it mixes fp16 and fp32 in one Mul and does not load.
+    graph = helper.make_graph(
+        [helper.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-6, name="norm")],
+        "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(np.array([1.0, 2.0, 3.0, 4.0], np.float32), "scale")],
+    )
+    model = _loaded(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), tmp_path / "mixed.onnx")
+    result = check_fused(model, model)
+    assert result.passed
+    (note,) = result.steps[0].notes
+    assert "onnxruntime cannot load it" in note
+    assert note.endswith("both models run in onnx's reference evaluator instead")

@@ -124,17 +124,21 @@ def uses_bfloat16(model: onnx.ModelProto) -> bool:
 
 
 class ModelRunner:
-    """One model on the CPU, loaded once and run on any number of feeds: onnxruntime, or for bfloat16 models, which
-    onnxruntime's CPU kernels mostly lack, onnx's reference evaluator (exact per-op rounding, slow)."""
+    """One model on the CPU, loaded once and run on any number of feeds: onnxruntime, or onnx's reference evaluator
+    (exact per-op rounding, slow) for bfloat16 models, which onnxruntime's CPU kernels mostly lack, and where asked."""
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: LoadedModel, evaluator: bool = False) -> None:
         self.model = model
+        self.evaluator = evaluator or uses_bfloat16(model.model)
         self._run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
-    def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def load(self) -> ModelRunner:
         if self._run is None:
-            self._run = self._evaluator() if uses_bfloat16(self.model.model) else self._onnxruntime()
-        return self._run(feed)
+            self._run = self._evaluator() if self.evaluator else self._onnxruntime()
+        return self
+
+    def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.load()._run(feed)
 
     def _onnxruntime(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
         session = onnxruntime_session(
@@ -148,8 +152,7 @@ class ModelRunner:
             except Exception as error:
                 # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
                 message = first_line(error)
-                hint = _SIZE_HINT if _SHAPE_ERROR.search(message) else ""
-                raise TrtfuseError(f"{self.model.path}: onnxruntime cannot run it: {message}{hint}") from None
+                raise TrtfuseError(f"{self.model.path}: onnxruntime cannot run it: {message}{_hint(message)}") from None
 
         return run
 
@@ -172,7 +175,7 @@ class ModelRunner:
                 return dict(zip(names, evaluator.run(names, dict(feed)), strict=True))
             except Exception as error:
                 message = f"onnx's reference evaluator cannot run it: {first_line(error)}"
-                raise TrtfuseError(f"{self.model.path}: {message}{_SIZE_HINT}") from None
+                raise TrtfuseError(f"{self.model.path}: {message}{_hint(message)}") from None
 
         return run
 
@@ -226,6 +229,11 @@ def keep_16_bit_roundings(model: onnx.ModelProto) -> onnx.ModelProto:
     return kept
 
 
+def _hint(message: str) -> str:
+    """Where a runtime's error is about the sizes fed (not about types), what the user can change."""
+    return _SIZE_HINT if _SHAPE_ERROR.search(message) and "type" not in message.lower() else ""
+
+
 def run_model(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """`model`'s outputs on `feed`, once."""
     return ModelRunner(model).run(feed)
@@ -253,11 +261,12 @@ def check_fused(
             # onnxruntime refuses an undefined output dtype but infers a missing type: the output still runs, and
             # `declared_output_differences` fails it.
             output.ClearField("type")
-    lowered = ModelRunner(LoadedModel(model=lowered_model, path=fused.path))
+    runner, note = original_runner(original)
+    lowered = ModelRunner(LoadedModel(model=lowered_model, path=fused.path), evaluator=runner.evaluator)
     judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
     if feeds is None:
         feeds = default_feeds(original.model, seed, shapes=shapes, dims=dims)
-    return judge_steps(original, lowered.run, feeds, judge, None if inputs_file else seed, inputs_file)
+    return judge_steps(runner, lowered.run, feeds, judge, None if inputs_file else seed, inputs_file, note)
 
 
 def judge_for(
@@ -270,17 +279,32 @@ def judge_for(
     return Judge(tolerance, computed_dtypes(original.model), declared or {}, remarks or {})
 
 
+def original_runner(original: LoadedModel) -> tuple[ModelRunner, str]:
+    """The original's runner, and a note when it is not onnxruntime: where onnxruntime cannot load a model (dynamo's
+    opset-23 fp16 Gemma3 mixes fp16 and fp32 in one Mul), onnx's reference evaluator runs it, and the fused model with
+    it."""
+    runner = ModelRunner(original)
+    try:
+        return runner.load(), ""
+    except TrtfuseError as error:
+        if runner.evaluator:
+            raise
+        note = f"{error}; both models run in onnx's reference evaluator instead"
+        return ModelRunner(original, evaluator=True).load(), note
+
+
 def judge_steps(
-    original: LoadedModel,
+    runner: ModelRunner,
     run_candidate: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
     feeds: Sequence[StepFeed],
     judge: Judge,
     seed: int | None,
     inputs_file: Path | None = None,
+    note: str = "",
 ) -> CheckResult:
-    """Run the original twice, the candidate once and, where the verdict uses it, the float32 evaluation of the
-    original, at every step; judge each output."""
-    runner = ModelRunner(original)
+    """Run the original (`runner`) twice, the candidate once and, where the verdict uses it, the float32 evaluation
+    of the original, at every step; judge each output. `note` goes with every step."""
+    original = runner.model
     reference = _reference_runner(original) if judge.tolerance is None else None
     steps = []
     for step in feeds:
@@ -288,7 +312,7 @@ def judge_steps(
         _check_tensor_outputs(original, first)
         again = runner.run(step.feed)
         candidate = run_candidate(step.feed)
-        notes: list[str] = []
+        notes = [note] if note else []
         expected = None
         if reference is not None:
             try:

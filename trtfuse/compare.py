@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtfuse.check import CheckResult, check_fused, judge_for, judge_steps
+from trtfuse.check import CheckResult, check_fused, judge_for, judge_steps, original_runner
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.inputs import StepFeed, default_feeds
 from trtfuse.io import LoadedModel, load_model
@@ -71,7 +71,9 @@ def compare(
     if feeds is None:
         feeds = comparison_feeds(original, candidate_path, seed, shapes, dims)
     judge = judge_for(original, tolerance)
-    result = judge_steps(original, engine_run(candidate_path), feeds, judge, None if inputs_file else seed, inputs_file)
+    runner, note = original_runner(original)
+    seed_used = None if inputs_file else seed
+    result = judge_steps(runner, engine_run(candidate_path), feeds, judge, seed_used, inputs_file, note)
     return ComparisonReport(original_path, candidate_path, ENGINE_RUNNER, result)
 
 
