@@ -337,3 +337,25 @@ def test_library_warnings_only_with_verbose(llama_path: Path, monkeypatch: pytes
     monkeypatch.setattr(trtfuse.io, "load_model", noisy_load)
     assert _invoke("inspect", llama_path).stderr == ""
     assert "invalid value encountered" in _invoke("inspect", llama_path, "-v").stderr
+
+
+def test_an_unfused_default_domain_simplified_layer_norm_is_written(write_model, tmp_path: Path) -> None:
+    # optimum --optimize O2 writes onnxruntime's SimplifiedLayerNormalization into the default domain; one the
+    # matcher rejects (here: it normalises the first axis) stays in the output, which must pass trtfuse's own checks.
+    helper = onnx.helper
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], name="sln", axis=0, epsilon=1e-6)
+    weight = onnx.numpy_helper.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 8])],
+        [weight],
+    )
+    model_path = write_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = _invoke("fuse", model_path, "-o", out / "fused.onnx")
+    assert result.exit_code == 0, result.output
+    assert "1 rejected" in result.output
+    assert _invoke("inspect", out / "fused.onnx").exit_code == 0
