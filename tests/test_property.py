@@ -34,6 +34,7 @@ NEAR_MISSES = (
     "epsilon_outside_root",
     "reduce_non_last_axis",
     "layer_norm",
+    "layer_norm_sum_mean",
     "intermediate_is_output",
     "variable_weight",
 )
@@ -115,6 +116,10 @@ def rms_norm(draw: st.DrawFn, builder: GraphBuilder, x: str, fp16: bool, near_mi
     base = x32
     if near_miss == "layer_norm":
         base = builder.op("Sub", [x32, builder.reduce("ReduceMean", x32)])
+    elif near_miss == "layer_norm_sum_mean":
+        base = builder.op(
+            "Sub", [x32, builder.op("Mul", [builder.reduce("ReduceSum", x32), builder.const(1.0 / hidden)])]
+        )
     exponent = 3.0 if near_miss == "exponent_3" else 2.0
     if exponent == 2.0 and draw(st.booleans()):
         square = builder.op("Mul", [base, base])
