@@ -127,3 +127,25 @@ def accepted_qk_outputs(plugin: Any) -> tuple[set[str], set[str]]:
                 names.add(DTYPE_NAMES[data_type])
         result.append(names)
     return result[0], result[1]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        lifecycle.rms_case(64, "float32", "bfloat16", output_dtype="bfloat16"),
+        lifecycle.rms_case(64, "bfloat16", "float32", output_dtype="float32"),
+    ],
+    ids=lambda case: case.name,
+)
+def test_mixed_precision_build_serialise_and_recreate(case: Any, kernels: list[RecordingKernel]) -> None:  # noqa: F811
+    """The parser's fields to an engine's and back: the output dtype survives serialisation and drives the
+    output types, the accepted formats and the kernel spec at build and at runtime."""
+    creator = RmsNormPluginCreator()
+    build = lifecycle.build_phase(creator, case)
+    assert build.output_dtypes == (case.output_dtype,)
+    assert build.accepted[2] == (case.output_dtype,)
+    assert [f.name for f in build.serialized][-1] == "output_dtype"
+    attached, clone = lifecycle.runtime_phase(creator, build)
+    assert attached.config == clone.config == case.config
+    assert {k.spec.out_dtype for k in kernels} == {case.output_dtype}
+    assert {k.spec.dtype for k in kernels} == {case.dtype}

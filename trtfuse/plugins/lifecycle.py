@@ -28,7 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from trtfuse.contract import QK_NORM_FIELDS, QK_NORM_OP, RMS_NORM_FIELDS, RMS_NORM_OP, WeightMode
+from trtfuse.contract import (
+    ATTR_OUTPUT_DTYPE,
+    OUTPUT_DTYPE_CODES,
+    QK_NORM_FIELDS,
+    QK_NORM_OP,
+    RMS_NORM_FIELDS,
+    RMS_NORM_OP,
+    WeightMode,
+    rounding_dtype,
+)
 from trtfuse.plugins.base import DEFAULT_TACTIC, DTYPE_NAMES, NormPlugin, NormPluginCreator, trt
 from trtfuse.plugins.fields import NormConfig
 from trtfuse.plugins.qk_norm import QkNormPluginCreator
@@ -57,10 +66,15 @@ class NormCase:
     @property
     def name(self) -> str:
         weight = self.weight_dtype or "none"
+        out = f"-to-{self.config.output_dtype}" if self.config.output_dtype else ""
         return (
-            f"{self.config.plugin}-{self.dtype}-w{weight}-{self.config.weight_mode.name}-"
+            f"{self.config.plugin}-{self.dtype}{out}-w{weight}-{self.config.weight_mode.name}-"
             f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.weight_offset:g}"
         )
+
+    @property
+    def output_dtype(self) -> str:
+        return self.config.output_dtype or self.dtype
 
     @property
     def input_dtypes(self) -> tuple[str, ...]:
@@ -82,11 +96,13 @@ def rms_case(
     epsilon: float = 1e-6,
     max_leading: Shape = (4, 256),
     runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
+    output_dtype: str | None = None,
 ) -> NormCase:
     """An RMSNorm over [*leading, hidden]; `runs` are the leading dims of successive runs. The defaults go from
-    prefill (1024 rows: more rows than an H200 has SMs, the prefill kernel) to decode (3 rows, then 1)."""
+    prefill (1024 rows: more rows than an H200 has SMs, the prefill kernel) to decode (3 rows, then 1).
+    `output_dtype` is the node's attribute (None: a node without it)."""
     epsilon, weight_offset = float(np.float32(epsilon)), float(np.float32(weight_offset))
-    config = NormConfig(RMS_NORM_OP, epsilon, weight_offset, weight_mode, (hidden,))
+    config = NormConfig(RMS_NORM_OP, epsilon, weight_offset, weight_mode, (hidden,), output_dtype)
     return NormCase(
         config=config,
         dtype=dtype,
@@ -144,6 +160,9 @@ def parser_fields(config: NormConfig) -> tuple[Any, list[np.ndarray]]:
         kind = trt.PluginFieldType.FLOAT32 if is_float else trt.PluginFieldType.INT32
         arrays.append(array)
         fields.append(trt.PluginField(name, array, kind))
+    if config.output_dtype is not None:
+        arrays.append(np.array([OUTPUT_DTYPE_CODES[config.output_dtype]], dtype=np.int32))
+        fields.append(trt.PluginField(ATTR_OUTPUT_DTYPE, arrays[-1], trt.PluginFieldType.INT32))
     return trt.PluginFieldCollection(fields), arrays
 
 
@@ -167,7 +186,7 @@ def dynamic_desc(min_shape: Shape, opt_shape: Shape, max_shape: Shape, dtype: st
 
 
 def _output_dtypes(case: NormCase) -> tuple[str, ...]:
-    return (case.dtype,) * len(case.config.hidden_sizes)
+    return (case.output_dtype,) * len(case.config.hidden_sizes)
 
 
 def profile_descs(case: NormCase) -> tuple[list[Any], list[Any]]:
@@ -350,23 +369,28 @@ def device_tensors(
     buffers, outputs = [], []
     for shape in activation_shapes:
         size = math.prod(shape)
-        buffer = torch.full((size + GUARD_ELEMENTS,), float("nan"), device=device, dtype=_torch_dtype(case.dtype))
+        buffer = torch.full(
+            (size + GUARD_ELEMENTS,), float("nan"), device=device, dtype=_torch_dtype(case.output_dtype)
+        )
         buffers.append(buffer)
         outputs.append(buffer[:size].view(shape))
     return DeviceTensors(inputs, outputs, buffers)
 
 
 def reference_norm(x: Any, weight: Any, config: NormConfig) -> Any:
-    """The contract's semantics in float64 on the CPU, with the casts to x's dtype where contract.WeightMode puts
-    them."""
+    """The contract's semantics in float64 on the CPU, with the casts where contract.WeightMode puts them: to the
+    output dtype T at the end, to the node's 16-bit dtype R before an AFTER_CAST weight multiply."""
+    x_name = str(x.dtype).removeprefix("torch.")
+    out = _torch_dtype(config.output_dtype or x_name)
+    rounding = _torch_dtype(rounding_dtype(x_name, config.output_dtype or x_name))
     x64 = x.detach().cpu().double()
     normed = x64 * (x64.pow(2).mean(dim=-1, keepdim=True) + config.epsilon).rsqrt()
     if config.weight_mode is WeightMode.NONE:
-        return normed.to(x.dtype)
+        return normed.to(out)
     scale = weight.detach().cpu().double() + config.weight_offset
     if config.weight_mode is WeightMode.AFTER_CAST:
-        return (normed.to(x.dtype).double() * scale).to(x.dtype)
-    return (normed * scale).to(x.dtype)
+        return (normed.to(rounding).double() * scale).to(out)
+    return (normed * scale).to(out)
 
 
 @dataclass(frozen=True)
@@ -395,7 +419,11 @@ def check_outputs(case: NormCase, tensors: DeviceTensors) -> list[OutputCheck]:
         max_abs = float(difference.max())
         scale = float(reference.abs().max())
         max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-        checks.append(OutputCheck(names[i], max_abs, max_rel, tolerance_for(case.dtype).rtol, unwritten))
+        # The coarser of the output dtype and AFTER_CAST's intermediate R sets the tolerance.
+        after_cast = case.config.weight_mode is WeightMode.AFTER_CAST
+        coarse = rounding_dtype(case.dtype, case.output_dtype) if after_cast else case.output_dtype
+        rtol = max(tolerance_for(case.output_dtype).rtol, tolerance_for(coarse).rtol)
+        checks.append(OutputCheck(names[i], max_abs, max_rel, rtol, unwritten))
     return checks
 
 
@@ -562,7 +590,7 @@ def drive(case: NormCase, seed: int = 0) -> LifecycleReport:
 
 def default_cases() -> list[NormCase]:
     """Every activation dtype with an fp32 and a same-dtype weight, every weight mode, Gemma's offset, an odd hidden
-    size, and Qwen3- and Gemma-like QK-norms."""
+    size, Qwen3- and Gemma-like QK-norms, and fp32 -> bf16 and bf16 -> fp32 norms."""
     cases = []
     for dtype in ("float32", "float16", "bfloat16"):
         for weight_dtype in sorted({dtype, "float32"}):
@@ -572,6 +600,9 @@ def default_cases() -> list[NormCase]:
     cases.append(qk_case(32, 8, 128, "bfloat16", "bfloat16"))
     cases.append(qk_case(8, 4, 256, "float16", "float32", WeightMode.BEFORE_CAST, weight_offset=1.0))
     cases.append(qk_case(16, 16, 64, "float32", None, WeightMode.NONE))
+    # Mixed precision (output_dtype): an optimum fp16/bf16 norm on an fp32 residual stream, and its reverse.
+    cases.append(rms_case(4096, "float32", "bfloat16", WeightMode.AFTER_CAST, output_dtype="bfloat16"))
+    cases.append(rms_case(4096, "bfloat16", "float32", WeightMode.AFTER_CAST, output_dtype="float32"))
     return cases
 
 
