@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
+from click.testing import CliRunner
 from graphs import (
     ACCEPTED,
     ACCEPTED_TAGS,
@@ -37,6 +40,7 @@ from graphs import (
 )
 from onnx.reference import ReferenceEvaluator
 
+from cli.main import cli
 from trtfuse.contract import WeightMode
 from trtfuse.fuse import fuse_model
 from trtfuse.patterns import NormSearch, find_norms
@@ -461,3 +465,12 @@ def test_fp32_input_with_16_bit_output_keeps_its_numbers(order: str) -> None:
     # onnx's evaluator rounds every fp16 step as written (onnxruntime's CPU provider computes fp16 Mul in fp32).
     expected_output = ReferenceEvaluator(model).run(None, feed)[0]
     np.testing.assert_array_equal(ReferenceEvaluator(lower_fused_nodes(fused)).run(None, feed)[0], expected_output)
+
+
+def test_inspect_shows_both_dtypes_of_a_mixed_norm(tmp_path) -> None:
+    path = tmp_path / "mixed.onnx"
+    onnx.save_model(mixed_precision_norm("cast-then-weight"), str(path))
+    result = CliRunner().invoke(cli, ["inspect", str(path)])
+    assert result.exit_code == 0 and " float32->float16 weight=AFTER_CAST " in result.output, result.output
+    found = json.loads(CliRunner().invoke(cli, ["inspect", str(path), "--json"]).output)
+    assert (found["rms_norms"][0]["dtype"], found["rms_norms"][0]["output_dtype"]) == ("float32", "float16")
