@@ -329,3 +329,80 @@ def test_random_graphs_never_crash_and_keep_their_numbers(steps: list[tuple], ou
         elif finite.any():
             scale = np.abs(expected_output[finite]).max()
             assert np.abs(actual[finite] - expected_output[finite]).max() <= tolerance * scale
+
+
+def _optimum_fp16_norm(hidden: int = 64) -> tuple[onnx.ModelProto, np.ndarray]:
+    """An optimum fp16 export's norm on an fp32 residual stream: normalised in fp32, cast to fp16, then the fp16
+    weight (numpy arrays for the weight, so the test can compute the contract itself)."""
+    h, tp, nh = onnx.helper, onnx.TensorProto, onnx.numpy_helper
+    weight = np.random.default_rng(7).normal(1.0, 0.5, hidden).astype(np.float16)
+    nodes = [
+        h.make_node("Pow", ["x", "two"], ["square"]),
+        h.make_node("ReduceMean", ["square", "axes"], ["mean"], keepdims=1),
+        h.make_node("Add", ["mean", "eps"], ["variance"]),
+        h.make_node("Sqrt", ["variance"], ["root"]),
+        h.make_node("Div", ["one", "root"], ["inverse"]),
+        h.make_node("Mul", ["x", "inverse"], ["normalised"]),
+        h.make_node("Cast", ["normalised"], ["normalised_fp16"], to=tp.FLOAT16),
+        h.make_node("Mul", ["weight", "normalised_fp16"], ["y"]),
+    ]
+    constants = {"two": np.float32(2), "axes": np.array([-1]), "eps": np.float32(1e-6), "one": np.float32(1)}
+    initializers = [nh.from_array(np.asarray(value), name) for name, value in constants.items()]
+    graph = h.make_graph(
+        nodes,
+        "optimum-fp16-norm",
+        [h.make_tensor_value_info("x", tp.FLOAT, [2, 5, hidden])],
+        [h.make_tensor_value_info("y", tp.FLOAT16, [2, 5, hidden])],
+        [*initializers, nh.from_array(weight, "weight")],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]), weight
+
+
+def test_fp32_norm_cast_to_fp16_before_the_weight_is_one_node_with_the_exact_contract() -> None:
+    """The whole path of issue 12 item 2: matcher -> rewrite (output_dtype from y) -> reference lowering, whose
+    numbers are the contract's T(R(x·r)·w') exactly, and the original's within one fp16 unit."""
+    original, weight = _optimum_fp16_norm()
+    fused, [record] = fuse(original)
+    [node] = fused_nodes(fused)
+    assert attributes(node)[contract.ATTR_OUTPUT_DTYPE] == onnx.TensorProto.FLOAT16
+    assert (record.dtype, record.output_dtype, record.weight_mode) == ("float32", "float16", "AFTER_CAST")
+    assert {"Cast", "Mul"}.isdisjoint(other.op_type for other in fused.graph.node)
+    x = feed_for(original)["x"]
+    (lowered,) = run(lower_fused_nodes(fused), {"x": x}, "float16")
+    inverse_root = np.float32(1) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-6))
+    contract_y = ((x * inverse_root).astype(np.float16).astype(np.float32) * weight.astype(np.float32)).astype(
+        np.float16
+    )
+    assert lowered.dtype == np.float16 and np.array_equal(lowered, contract_y)
+    (want,) = run(original, {"x": x}, "float16")
+    np.testing.assert_allclose(lowered.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_opset_23_rms_normalization_with_fp16_x_and_fp32_scale_rounds_to_fp16_before_the_scale() -> None:
+    """ONNX RMSNormalization casts the normalised value back to X's dtype before the scale: with X fp16 and scale
+    and Y fp32 the node is AFTER_CAST with output_dtype float32, and its lowering rounds to fp16 (R) first."""
+    h, tp, nh = onnx.helper, onnx.TensorProto, onnx.numpy_helper
+    hidden = 64
+    scale = np.random.default_rng(8).normal(1.0, 0.5, hidden).astype(np.float32)
+    graph = h.make_graph(
+        [h.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=-1, epsilon=1e-6)],
+        "rms-normalization-23",
+        [h.make_tensor_value_info("x", tp.FLOAT16, [3, hidden])],
+        [h.make_tensor_value_info("y", tp.FLOAT, [3, hidden])],
+        [nh.from_array(scale, "scale")],
+    )
+    original = h.make_model(graph, opset_imports=[h.make_opsetid("", 23)])
+    fused, [record] = fuse(original)
+    [node] = fused_nodes(fused)
+    attrs = attributes(node)
+    assert (attrs[contract.ATTR_OUTPUT_DTYPE], attrs[contract.ATTR_WEIGHT_MODE]) == (1, 1)
+    assert (record.dtype, record.output_dtype) == ("float16", "float32")
+    x = np.random.default_rng(9).normal(0.0, 2.0, (3, hidden)).astype(np.float16)
+    (lowered,) = ReferenceEvaluator(lower_fused_nodes(fused)).run(None, {"x": x})
+    x32 = x.astype(np.float32)
+    inverse_root = np.float32(1) / np.sqrt(np.mean(x32 * x32, axis=-1, keepdims=True) + np.float32(1e-6))
+    contract_y = (x32 * inverse_root).astype(np.float16).astype(np.float32) * scale
+    assert lowered.dtype == np.float32
+    assert np.mean(lowered != contract_y) < 0.01
+    unrounded = x32 * inverse_root * scale
+    assert np.mean(lowered != unrounded) > 0.5
