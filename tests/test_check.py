@@ -620,3 +620,24 @@ def test_models_onnxruntime_cannot_load_run_in_the_reference_evaluator(tmp_path:
     (note,) = result.steps[0].notes
     assert "onnxruntime cannot load it" in note
     assert note.endswith("both models run in onnx's reference evaluator instead")
+
+
+def test_16_bit_weights_in_external_data_are_widened_without_being_read(tmp_path: Path) -> None:
+    from conftest import save_external
+
+    # 2 MiB of fp16: above trtfuse.io.SMALL_TENSOR_BYTES, so the loaded model holds only a reference to it.
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float16), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="project")],
+        "projection",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 1024])],
+        [weight],
+    )
+    path = save_external(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "m.onnx")
+    loaded = load_model(path)
+    result = check_fused(loaded, loaded)
+    assert result.judged_by == "float32 evaluation"
+    (verdict,) = result.errors
+    assert verdict.reference.original > 0.0
+    assert result.passed

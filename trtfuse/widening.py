@@ -7,15 +7,16 @@ as the original's own error. Judging the fused model against the original alone 
 float32 evaluation of the same ops on the same weights tells which of the two is closer to what the graph means.
 
 `widen_to_float32` keeps every op and every weight value; it changes only where values are rounded: float16 and
-bfloat16 tensors, casts and constants become float32, and an activation QuantizeLinear -> DequantizeLinear pair
-(a rounding of a computed value, not of a stored weight) becomes an identity. Quantized weights stay as stored, since
+bfloat16 inputs, outputs, weights, casts and constants become float32 (weights in external data through a Cast), and
+an activation QuantizeLinear -> DequantizeLinear pair (a rounding of a computed value, not of a stored weight) becomes
+an identity. Quantized weights stay as stored, since
 their float values are all the model has.
 """
 
 from __future__ import annotations
 
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 NARROW_FLOATS = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 # Cast targets that round a computed value; float8 casts appear in fp8 exports outside Q/DQ.
@@ -109,11 +110,29 @@ def _widen_graph(graph: onnx.GraphProto) -> None:
         _widen_value(value)
     # Recorded types of intermediate values would contradict the widened ops; onnxruntime infers them again.
     del graph.value_info[:]
-    for index, tensor in enumerate(graph.initializer):
-        if tensor.data_type in NARROW_FLOATS:
-            graph.initializer[index].CopyFrom(_widen_tensor(tensor))
     _widen_nodes(graph.node)
+    _widen_initializers(graph)
     _drop_activation_quantization(graph.node, {value.name for value in graph.output})
+
+
+def _widen_initializers(graph: onnx.GraphProto) -> None:
+    """A 16-bit initializer held in the model becomes float32; one in external data (which the check never reads)
+    stays as stored under a new name, and a Cast to float32 gives its old name the same values."""
+    inputs = {value.name for value in graph.input}
+    casts = []
+    for tensor in graph.initializer:
+        if tensor.data_type not in NARROW_FLOATS:
+            continue
+        # An initializer listed as a graph input may be fed instead, under its own name and as float32.
+        if tensor.name in inputs or not external_data_helper.uses_external_data(tensor):
+            tensor.CopyFrom(_widen_tensor(tensor))
+            continue
+        stored = f"{tensor.name}/stored"
+        casts.append(helper.make_node("Cast", [stored], [tensor.name], to=TensorProto.FLOAT, name=f"{stored}/widen"))
+        tensor.name = stored
+    nodes = [*casts, *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def _widen_value(value: onnx.ValueInfoProto) -> None:
@@ -148,7 +167,7 @@ def _drop_activation_quantization(nodes: list[onnx.NodeProto], graph_outputs: se
         producer = producers.get(node.input[0])
         if producer is None or producer.op_type != "QuantizeLinear" or not producer.input:
             continue
-        replacement = onnx.helper.make_node("Identity", [producer.input[0]], [node.output[0]], name=node.name)
+        replacement = helper.make_node("Identity", [producer.input[0]], [node.output[0]], name=node.name)
         node.CopyFrom(replacement)
     consumed = {name for node in nodes for name in node.input} | graph_outputs
     for subgraph_node in nodes:
