@@ -363,6 +363,8 @@ def _set_attribute(node: onnx.NodeProto, name: str, value: object) -> None:
         (contract.ATTR_WEIGHT_OFFSET, float("nan"), "weight_offset nan is not finite"),
         (contract.ATTR_HIDDEN, None, "TrtfuseRmsNorm lacks attribute hidden_size"),
         (contract.ATTR_HIDDEN, 0, "hidden_size 0 is not a positive length"),
+        (contract.ATTR_OUTPUT_DTYPE, 7, "output_dtype 7 is none of 1 (float32), 10 (float16), 16 (bfloat16)"),
+        (contract.ATTR_OUTPUT_DTYPE, 1.0, "attribute output_dtype must be one int"),
     ],
 )
 def test_fused_nodes_with_invalid_attributes_are_one_line(

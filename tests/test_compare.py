@@ -175,3 +175,23 @@ def test_cli_bad_input_is_exit_2_in_the_trtfuse_group(model_pair, tmp_path):
     result = CliRunner().invoke(group, ["compare", str(original), str(not_onnx)])
     assert result.exit_code == 2
     assert "junk.onnx: not an ONNX model" in result.output
+
+
+def test_cli_saved_inputs_repeat_the_comparison(model_pair, tmp_path):
+    original, fused, _, _ = model_pair
+    saved, first_report, second_report = tmp_path / "inputs.npz", tmp_path / "first.json", tmp_path / "second.json"
+    runner = CliRunner()
+    first = runner.invoke(
+        compare_command,
+        [str(original), str(fused), "--seed", "9", "--save-inputs", str(saved), "--report", str(first_report)],
+    )
+    assert first.exit_code == 0, first.output
+    second = runner.invoke(
+        compare_command, [str(original), str(fused), "--load-inputs", str(saved), "--report", str(second_report)]
+    )
+    assert second.exit_code == 0, second.output
+    assert f"inputs from {saved}" in second.output
+    first_json, second_json = json.loads(first_report.read_text()), json.loads(second_report.read_text())
+    assert first_json["seed"] == 9
+    assert second_json["inputs_file"] == str(saved)
+    assert second_json["steps"][0]["outputs"] == first_json["steps"][0]["outputs"]

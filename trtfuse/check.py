@@ -478,6 +478,7 @@ _FIELD_TYPES = {
     contract.ATTR_HIDDEN: onnx.AttributeProto.INT,
     contract.ATTR_Q_HIDDEN: onnx.AttributeProto.INT,
     contract.ATTR_K_HIDDEN: onnx.AttributeProto.INT,
+    contract.ATTR_OUTPUT_DTYPE: onnx.AttributeProto.INT,
 }
 _ARITY = {contract.RMS_NORM_OP: ((1, 2), 1), contract.QK_NORM_OP: ((2, 4), 2)}
 
@@ -499,9 +500,11 @@ def check_fused_nodes(fused: LoadedModel) -> None:
             )
         fields = contract.RMS_NORM_FIELDS if node.op_type == contract.RMS_NORM_OP else contract.QK_NORM_FIELDS
         attributes = {attribute.name: attribute for attribute in node.attribute}
-        for name in fields:
+        for name in (*fields, *contract.OPTIONAL_FIELDS):
             attribute = attributes.get(name)
             expected = _FIELD_TYPES.get(name)
+            if attribute is None and name in contract.OPTIONAL_FIELDS:
+                continue
             if attribute is None:
                 raise TrtfuseError(f"{where}: {node.op_type} lacks attribute {name}")
             if expected is None:
@@ -520,5 +523,8 @@ def _check_field_value(where: str, name: str, value: object) -> None:
     if name == contract.ATTR_WEIGHT_MODE and value not in {mode.value for mode in contract.WeightMode}:
         modes = ", ".join(f"{mode.value} ({mode.name})" for mode in contract.WeightMode)
         raise TrtfuseError(f"{where}: weight_mode {value} is none of {modes}")
+    if name == contract.ATTR_OUTPUT_DTYPE and value not in contract.OUTPUT_DTYPE_CODES.values():
+        codes = ", ".join(f"{code} ({dtype})" for dtype, code in contract.OUTPUT_DTYPE_CODES.items())
+        raise TrtfuseError(f"{where}: output_dtype {value} is none of {codes}")
     if name in (contract.ATTR_HIDDEN, contract.ATTR_Q_HIDDEN, contract.ATTR_K_HIDDEN) and value < 1:
         raise TrtfuseError(f"{where}: {name} {value} is not a positive length")
