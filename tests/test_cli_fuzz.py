@@ -13,13 +13,14 @@ import math
 import os
 import random
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import onnx
 import pytest
 from click.testing import CliRunner
-from conftest import layer_norm_model, llama_norm_model, projection_model
+from conftest import layer_norm_model, llama_norm_model, projection_model, save_external
 from onnx import TensorProto, helper
 
 from cli.main import cli
@@ -54,6 +55,17 @@ ODD_FLOATS = (math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-30, 1e30, 2.0, 0.5)
 ODD_INTS = (-(1 << 62), -1, 0, 1, 2, 3, 7, 1 << 40)
 
 
+def _external_seed() -> tuple[onnx.ModelProto, bytes]:
+    """The projection model with its weights in `weights.data` (the large one stays there when loaded), and that
+    file's bytes: the fuzz writes them beside every case, so fuse and compile copy external data to their folder."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = save_external(projection_model(), Path(folder) / "model.onnx")
+        return onnx.load(str(path), load_external_data=False), (Path(folder) / "weights.data").read_bytes()
+
+
+EXTERNAL_SEED, EXTERNAL_DATA = _external_seed()
+
+
 def _seeds() -> list[onnx.ModelProto]:
     return [
         llama_norm_model(layers=2),
@@ -61,6 +73,10 @@ def _seeds() -> list[onnx.ModelProto]:
         llama_norm_model(dtype=TensorProto.BFLOAT16, hidden=8),
         layer_norm_model(),
         projection_model(),
+        # Three times: the copy of external data into the output folder is where data can be lost.
+        EXTERNAL_SEED,
+        EXTERNAL_SEED,
+        EXTERNAL_SEED,
     ]
 
 
@@ -184,12 +200,15 @@ def _commands(model: Path, out: Path) -> dict[str, tuple[list[str], set[str]]]:
     return {
         "inspect": (["inspect", str(model)], set()),
         "inspect --json": (["inspect", str(model), "--json"], set()),
-        "fuse": (
+        "fuse": (  # may copy weights.data beside its output
             ["fuse", str(model), "-o", str(out / "f.onnx"), "--report", str(out / "r.json")],
-            {"f.onnx", "r.json"},
+            {"f.onnx", "r.json", "weights.data"},
         ),
         "check": (["check", str(model), str(model), "--dim", "batch=1", "--dim", "sequence=2"], set()),
-        "compile": (["compile", str(model), "-o", str(out / "m.engine")], {"m.fused.onnx", "m.fusion.json"}),
+        "compile": (
+            ["compile", str(model), "-o", str(out / "m.engine")],
+            {"m.fused.onnx", "m.fusion.json", "weights.data"},
+        ),
         "run": (["run", str(model)], set()),
         "compare": (["compare", str(model), str(model), "--report", str(out / "c.json")], {"c.json"}),
     }
@@ -205,6 +224,8 @@ def test_no_traceback_and_no_stray_file(tmp_path: Path) -> None:
     inputs.mkdir()
     out.mkdir()
     model = inputs / "model.onnx"
+    (inputs / "weights.data").write_bytes(EXTERNAL_DATA)
+    data_stat = (inputs / "weights.data").stat()
     runner = CliRunner()
     for case in range(CASES):
         data = rng.choice(GENERATORS)(rng)
@@ -212,6 +233,10 @@ def test_no_traceback_and_no_stray_file(tmp_path: Path) -> None:
         before = _listing(inputs)
         name, (args, allowed) = rng.choice(list(_commands(model, out).items()))
         quiet = rng.random() < 0.5
+        # Another model's data file of the same name in the output folder must never be overwritten.
+        unrelated = name in ("fuse", "compile") and rng.random() < 0.5
+        if unrelated:
+            (out / "weights.data").write_bytes(b"another model's weights")
         result = runner.invoke(cli, [*args, "-q"] if quiet else args)
         where = f"case {case} (TRTFUSE_FUZZ_SEED={SEED}): trtfuse {name} on {len(data)} bytes"
         text = result.stdout + result.stderr
@@ -220,9 +245,13 @@ def test_no_traceback_and_no_stray_file(tmp_path: Path) -> None:
         assert "Traceback" not in text and "internal error" not in text, f"{where}: {text}"
         if quiet:
             assert len(result.stderr.splitlines()) <= 1, f"{where}: {result.stderr}"
-        left = _listing(out)
+        left = _listing(out) - ({"weights.data"} if unrelated else set())
         assert left <= (allowed if result.exit_code in (0, 1, EXIT_MISSING_DEPENDENCY) else set()), f"{where}: {left}"
+        if unrelated:
+            assert (out / "weights.data").read_bytes() == b"another model's weights", f"{where}: clobbered"
         assert _listing(inputs) == before, f"{where}: the input folder changed"
+        new_stat = (inputs / "weights.data").stat()
+        assert (new_stat.st_ino, new_stat.st_mtime_ns) == (data_stat.st_ino, data_stat.st_mtime_ns), where
         shutil.rmtree(out)
         out.mkdir()
 

@@ -94,6 +94,7 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
         raise TrtfuseError(f"{path}: not a file")
     model = _parse(path)
     _check_opset(model, path)
+    _check_names(path, model)
     # Like onnx, resolve external data against the folder the path names, not the target of a symlinked model file.
     folder = path.absolute().parent
     _check_external_data(model, path, folder)
@@ -185,7 +186,6 @@ def _check_graph(path: Path, model: onnx.ModelProto) -> None:
     except onnx.checker.ValidationError as error:
         raise TrtfuseError(f"{path}: fails the ONNX checker: {first_line(error)}") from None
     _check_data_types(path, model)
-    _check_names(path, model)
 
 
 def _check_names(path: Path, model: onnx.ModelProto) -> None:
@@ -193,9 +193,13 @@ def _check_names(path: Path, model: onnx.ModelProto) -> None:
     texts = [model.producer_name, model.producer_version, model.domain, model.doc_string]
     texts += [text for entry in model.metadata_props for text in (entry.key, entry.value)]
     texts += [opset.domain for opset in model.opset_import]
+    texts += [
+        text for tensor in iter_tensors(model) for entry in tensor.external_data for text in (entry.key, entry.value)
+    ]
     for graph in _graphs(model.graph):
-        values = (*graph.input, *graph.output, *graph.value_info, *graph.initializer)
-        texts += [graph.name, graph.doc_string, *(value.name for value in values)]
+        values = (*graph.input, *graph.output, *graph.value_info)
+        texts += [graph.name, graph.doc_string, *(value.name for value in (*values, *graph.initializer))]
+        texts += [dim.dim_param for value in values for dim in value.type.tensor_type.shape.dim]
         for node in graph.node:
             texts += [node.name, node.op_type, node.domain, node.doc_string, *node.input, *node.output]
             texts += [attribute.name for attribute in node.attribute]
