@@ -234,9 +234,8 @@ def compare_command(
     from trtfuse.io import load_model
     from trtfuse.saved_inputs import save_feeds
 
-    OutputPlan().read(original_path, candidate_path).write("comparison report", report_path).write(
-        "saved inputs", save_inputs
-    ).check()
+    plan = OutputPlan().read(original_path, candidate_path, *([load_inputs] if load_inputs else []))
+    plan.write("comparison report", report_path).write("saved inputs", save_inputs).check()
     original = load_model(original_path)
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
     if save_inputs is not None:

@@ -149,6 +149,7 @@ def check(
 
     original, fused = load_model(original_path), load_model(fused_path)
     plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)
+    plan.read(*([load_inputs] if load_inputs else []))
     plan.write("saved inputs", save_inputs).check()
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
     if save_inputs is not None:
