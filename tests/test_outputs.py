@@ -244,3 +244,30 @@ def test_a_real_signal_during_a_large_copy(tmp_path: Path, signal_number: int, s
     assert process.returncode == status, stderr
     assert stderr == f"trtfuse: stopped by {signal.Signals(signal_number).name}\n"
     assert _listing(out) == []
+
+
+def test_an_inner_transaction_is_undone_with_the_outer_one(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), Transaction():
+        with Transaction():
+            write_bytes_atomic(tmp_path / "inner", b"written by an inner transaction")
+        raise RuntimeError("the outer call fails later")
+    assert _listing(tmp_path) == []
+
+
+def test_a_second_signal_waits_for_the_cleanup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "engine"
+    path.write_bytes(b"old")
+    real_unlink = Path.unlink
+
+    def unlink_then_interrupt(self: Path, missing_ok: bool = False) -> None:
+        real_unlink(self, missing_ok)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt), Transaction():
+        write_bytes_atomic(path, b"new")
+        write_bytes_atomic(tmp_path / "sidecar", b"new")
+        monkeypatch.setattr(Path, "unlink", unlink_then_interrupt)
+        raise RuntimeError("the build failed")
+    monkeypatch.undo()
+    assert _listing(tmp_path) == ["engine"]
+    assert path.read_bytes() == b"old"

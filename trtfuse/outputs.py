@@ -107,10 +107,19 @@ class Transaction:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: object) -> None:
         Transaction._current = self._outer
-        if kind is None:
-            for _, backup in self._backups:
-                _unlink(backup)
+        if kind is None and self._outer is not None:
+            # A transaction inside another: what it wrote is undone if the outer one fails.
+            self._outer._created += self._created
+            self._outer._backups += self._backups
             return
+        with _signals_held():
+            if kind is None:
+                for _, backup in self._backups:
+                    _unlink(backup)
+            else:
+                self._roll_back()
+
+    def _roll_back(self) -> None:
         for path in reversed(self._created):
             if path.is_dir() and not path.is_symlink():
                 with contextlib.suppress(OSError):
@@ -136,6 +145,21 @@ class Transaction:
         except OSError:
             return
         self._backups.append((path, backup))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is done, so a second Ctrl-C cannot stop a cleanup halfway."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _unlink(path: Path) -> None:
