@@ -271,3 +271,16 @@ def test_a_second_signal_waits_for_the_cleanup(tmp_path: Path, monkeypatch: pyte
     monkeypatch.undo()
     assert _listing(tmp_path) == ["engine"]
     assert path.read_bytes() == b"old"
+
+
+def test_a_replaced_symlink_comes_back_as_the_symlink(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"unrelated")
+    link = tmp_path / "engine"
+    link.symlink_to(target)
+    with pytest.raises(RuntimeError), Transaction():
+        write_bytes_atomic(link, b"new")
+        raise RuntimeError("the build failed")
+    assert link.is_symlink()
+    assert target.read_bytes() == b"unrelated"
+    assert target.stat().st_nlink == 1

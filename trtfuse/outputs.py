@@ -141,7 +141,7 @@ class Transaction:
         """Keep the current content of `path` (a hard link beside it) until the transaction ends."""
         backup = Path(tempfile.mktemp(dir=path.absolute().parent, prefix=f".{path.name}.", suffix=".old"))
         try:
-            os.link(path, backup)
+            os.link(path, backup, follow_symlinks=False)
         except OSError:
             return
         self._backups.append((path, backup))
