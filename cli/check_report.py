@@ -110,7 +110,9 @@ def echo_result(result: CheckResult, as_json: bool, extra_json: Mapping[str, obj
             click.secho(_failure_line(result), fg="red", err=True)
         raise SystemExit(EXIT_MISMATCH)
     judged = sum(len(step.judged) for step in result.steps)
-    summary(f"all {judged} outputs pass ({_judged_by_text(result)})", as_json)
+    left_out = sum(len(step.outputs) for step in result.steps) - judged
+    unjudged = f", {left_out} left out (they differ between runs of the original)" if left_out else ""
+    summary(f"all {judged} outputs pass ({_judged_by_text(result)}){unjudged}", as_json)
 
 
 def _judged_by_text(result: CheckResult) -> str:

@@ -643,3 +643,18 @@ def test_16_bit_weights_in_external_data_are_widened_without_being_read(tmp_path
     (verdict,) = result.errors
     assert verdict.reference.original > 0.0
     assert result.passed
+
+
+def test_check_says_what_it_left_out(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    original = tmp_path / "original.onnx"
+    fused = tmp_path / "fused.onnx"
+    onnx.save_model(_with_noise_output(embedding_norm_model(fused=False)), str(original))
+    onnx.save_model(_with_noise_output(embedding_norm_model(fused=True)), str(fused))
+    result = CliRunner().invoke(cli, ["check", str(original), str(fused)])
+    assert result.exit_code == 0, result.output
+    assert "left out  (left out: two runs of the original differ (max abs" in result.output
+    assert "all 1 outputs pass (within tolerance of the original), 1 left out" in result.output
