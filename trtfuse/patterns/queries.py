@@ -34,7 +34,7 @@ def dtype_name(tensor: gs.Tensor) -> str | None:
     return np.dtype(dtype).name
 
 
-# Both spellings of the default domain: a node of any other domain (or a model-local function) is not the ONNX op.
+# Both spellings of the default domain: a node of any other domain is not the ONNX op, whatever its op_type.
 ONNX_DOMAINS = ("", "ai.onnx")
 
 
