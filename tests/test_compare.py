@@ -195,3 +195,27 @@ def test_cli_saved_inputs_repeat_the_comparison(model_pair, tmp_path):
     assert first_json["seed"] == 9
     assert second_json["inputs_file"] == str(saved)
     assert second_json["steps"][0]["outputs"] == first_json["steps"][0]["outputs"]
+
+
+def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, monkeypatch):
+    # No TensorRT here: the engine's runner is replaced by the lowered fused model, so this drives compare's engine
+    # branch (feeds, runner, verdict, report) around it.
+    from trtfuse import compare as compare_module
+    from trtfuse.check import ModelRunner
+    from trtfuse.io import LoadedModel
+    from trtfuse.reference import lower_fused_nodes
+    from trtfuse.runner import ENGINE_RUNNER
+
+    original, fused, corrupted, _ = model_pair
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"engine")
+    monkeypatch.setattr(compare_module, "engine_profiles", lambda path: [])
+    for candidate, passes in ((fused, True), (corrupted, False)):
+        loaded = load_model(candidate)
+        lowered = ModelRunner(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
+        monkeypatch.setattr(compare_module, "engine_run", lambda path, runner=lowered: runner.run)
+        report = compare(original, engine, seed=4, dims={"sequence": 3})
+        assert report.candidate_runner == ENGINE_RUNNER
+        assert report.passed is passes
+        checked = check_fused(load_model(original), loaded, seed=4, dims={"sequence": 3})
+        assert report.result.to_json() == checked.to_json()
