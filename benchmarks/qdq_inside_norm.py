@@ -4,8 +4,8 @@ A fused node cannot quantize in the middle of its chain, so fusing through a Q/D
 that changes, the way ModelOpt calibrates (per-tensor int8 or float8 e4m3, scale from the calibration maximum):
 activations with per-row scales spread over two decades (the rows whose rms, and so rsqrt, differ most), a weight,
 and the Q/DQ on the norm's output that feeds the next MatMul (which stays after the fused node). For each place of
-the inner pair (on rsqrt, on the normalised value before the weight) it reports, as rms and max of the error over
-the rms of the float output (max over elements whose float value is at least 1% of the largest):
+the inner pair (on rsqrt, on the x the normalising Mul reads, on the normalised value before the weight) it reports,
+as rms and max of the error over the rms of the float output (max over elements at least 1% of the largest):
     original    the quantized graph against the float evaluation of the same arithmetic (the model's own noise)
     fused       the graph with the inner pair dropped (its output Q/DQ kept) against the same float evaluation
     difference  fused against original
@@ -46,6 +46,8 @@ def measure(rows: int, hidden: int, seed: int, kind: str, place: str) -> dict[st
     float_out = normalized * weight
     if place == "rsqrt":
         quantized_out = x * quantize_dequantize(inverse, kind, calibrated(inverse, kind)) * weight
+    elif place == "x":
+        quantized_out = quantize_dequantize(x, kind, calibrated(x, kind)) * inverse * weight
     else:
         quantized_out = quantize_dequantize(normalized, kind, calibrated(normalized, kind)) * weight
     out_scale = calibrated(float_out, kind)
@@ -77,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     print("format place       original rms / max   fused rms / max   difference rms / max   outputs changed")
     for kind in ("int8", "fp8"):
-        for place in ("rsqrt", "normalized"):
+        for place in ("rsqrt", "x", "normalized"):
             r = measure(args.rows, args.hidden, args.seed, kind, place)
             print(
                 f"{kind:6} {place:10}   {r['original rms']:.2e} / {r['original max']:.2e}"

@@ -58,6 +58,8 @@ class _Core:
     epsilon: float
     hidden: int
     tags: list[str]
+    # A Q/DQ pair between x and the normalising Mul: dropped with the chain where nothing else reads it.
+    input_qdq: list[gs.Node]
 
 
 class _Walk:
@@ -278,10 +280,10 @@ def _core(walk: _Walk) -> _Core:
     product, root_nodes, root_tag = _inverse_root(walk, variance)
     inverse = root_nodes[-1].outputs[0]
     scaled = product.inputs[0] if onnx_op(product) == "Div" else other_input(product, inverse)
+    input_qdq = _quantize_dequantize(look_through_lossless_casts(scaled))
+    if input_qdq:
+        scaled = input_qdq[0].inputs[0]
     if look_through_lossless_casts(scaled) is not look_through_lossless_casts(base):
-        maker = producer(look_through_lossless_casts(scaled))
-        if onnx_op(maker) == "DequantizeLinear":
-            raise walk.reject(f"{describe(product)} scales x through {describe(maker)}: a fused node cannot quantize x")
         raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
     tags = [square_tag, mean_tag, root_tag] + (["no-epsilon"] if epsilon is None else [])
     return _Core(
@@ -292,7 +294,19 @@ def _core(walk: _Walk) -> _Core:
         epsilon=epsilon or 0.0,
         hidden=hidden,
         tags=tags,
+        input_qdq=input_qdq,
     )
+
+
+def _quantize_dequantize(tensor: gs.Tensor) -> list[gs.Node]:
+    """[QuantizeLinear, DequantizeLinear] when `tensor` is DQ(Q(a)) of a's own dtype, else nothing."""
+    dequantize = producer(tensor)
+    if onnx_op(dequantize) != "DequantizeLinear":
+        return []
+    quantize = producer(dequantize.inputs[0])
+    if onnx_op(quantize) != "QuantizeLinear" or dtype_name(quantize.inputs[0]) != dtype_name(tensor):
+        return []
+    return [quantize, dequantize]
 
 
 def _cast_chain(tensor: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node | None]]:
@@ -362,7 +376,7 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -
     if core_dtype == "float64":
         raise walk.reject("the chain computes in float64; the kernels reduce in float32, which would lose precision")
     tags = ["decomposed", *core.tags]
-    if any(onnx_op(node) == "QuantizeLinear" for node in (*core.nodes, *end.nodes)):
+    if any(onnx_op(node) == "QuantizeLinear" for node in (*core.nodes, *core.input_qdq, *end.nodes)):
         tags.append("qdq-dropped")
     if core_dtype != "float32":
         tags.append(f"core-{core_dtype}")
@@ -377,7 +391,7 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -
     weight_nodes = list(end.weight.nodes) if end.weight else []
     required = [*core.nodes, *end.nodes]
     required_ids = {id(node) for node in required}
-    optional = exclusively_consumed(unique(upcasts + weight_nodes), required_ids, graph_outputs)
+    optional = exclusively_consumed(unique(upcasts + core.input_qdq + weight_nodes), required_ids, graph_outputs)
     match = RmsNormMatch(
         nodes=unique(optional + required),
         x=x,
