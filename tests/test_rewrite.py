@@ -406,3 +406,14 @@ def test_opset_23_rms_normalization_with_fp16_x_and_fp32_scale_rounds_to_fp16_be
     assert np.mean(lowered != contract_y) < 0.01
     unrounded = x32 * inverse_root * scale
     assert np.mean(lowered != unrounded) > 0.5
+
+
+def test_a_norm_whose_result_is_dead_is_neither_written_nor_reported() -> None:
+    """A norm feeding nothing that reaches a graph output (a dead tail of the exported graph) is cleaned away with
+    the rest of the dead code; the records describe the nodes the file holds."""
+    graph, match = _cast_match(np.float32, np.float16)
+    live = gs.Variable("live", dtype=np.float32, shape=[2, 8])
+    graph.nodes.append(gs.Node("Identity", "keep", inputs=[graph.inputs[0]], outputs=[live]))
+    graph.outputs = [live]
+    assert rewrite(graph, NormSearch(matches=[match])) == []
+    assert [node.op for node in graph.nodes] == ["Identity"]

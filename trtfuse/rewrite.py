@@ -163,10 +163,14 @@ def _import_trtfuse_domain(graph: gs.Graph) -> None:
 
 
 def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
-    """Put one contract node in place of each match and pair; remove what became dead; toposort. In place."""
+    """Put one contract node in place of each match and pair; remove what became dead; toposort. In place.
+
+    Returns the fused nodes the graph keeps: a norm whose result reaches no graph output was dead in the original
+    too, and goes with the rest of the dead code, so the report describes the file written."""
     fused = [_rms_norm_node(graph, match) for match in search.matches]
     fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
     if fused:
         _import_trtfuse_domain(graph)
     graph.cleanup().toposort()
-    return fused
+    kept = {node.name for node in graph.nodes}
+    return [node for node in fused if node.name in kept]
