@@ -37,6 +37,11 @@ class TrtfuseGroup(click.Group):
     """Every way a command can end becomes an exit status and at most one line on stderr, never a traceback:
     3 for a missing optional dependency, 2 for bad input or usage, 130/143 for SIGINT/SIGTERM, 4 for a bug."""
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        # -h as well as --help, on the group and (click passes it down) on every command under it.
+        kwargs.setdefault("context_settings", {}).setdefault("help_option_names", ["-h", "--help"])
+        super().__init__(*args, **kwargs)
+
     def main(
         self,
         args: Sequence[str] | None = None,
@@ -90,7 +95,7 @@ class TrtfuseGroup(click.Group):
             raise Interrupted(signal.SIGINT) from None
 
 
-@click.group(cls=TrtfuseGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=TrtfuseGroup)
 @click.version_option(__version__, "-V", "--version", prog_name="trtfuse")
 def cli() -> None:
     """Fuse the RMSNorms and QK-norms of an ONNX LLM into CuTeDSL-backed TensorRT plugin nodes."""
