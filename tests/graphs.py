@@ -747,8 +747,9 @@ def qdq_norm(place: str, quantized: bool = True) -> onnx.ModelProto:
     """An fp32 Llama norm with an int8 QuantizeLinear → DequantizeLinear pair at `place` (ModelOpt's spelling).
 
     place: "rsqrt" (on the inverse root before Mul(x, r)), "normalized" (before the weight multiply), "output" (on
-    the norm's output, feeding the next MatMul), "x" (on the x the normalising Mul reads). `quantized=False` builds
-    the same graph without the pair: the float evaluation of its arithmetic.
+    the norm's output, feeding the next MatMul), "x" (on the x the normalising Mul reads), "shared-x" (on x, read by
+    the square and the normalising Mul alike: ModelOpt int8/fp8). `quantized=False` builds the same graph without
+    the pair: the float evaluation of its arithmetic.
     """
     b = Builder()
     x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
@@ -759,6 +760,8 @@ def qdq_norm(place: str, quantized: bool = True) -> onnx.ModelProto:
         scale_name, zero = b.constant(scale, base="scale"), b.constant(0, "int8", base="zero_point")
         return b.op("DequantizeLinear", b.op("QuantizeLinear", tensor, scale_name, zero), scale_name, zero)
 
+    if place == "shared-x":
+        x = qdq(x, 4.0 / 127)
     inverse = _inverse_root(b, x, NormSpec())
     normalized = b.op(
         "Mul", qdq(x, 4.0 / 127) if place == "x" else x, qdq(inverse, 2.0 / 127) if place == "rsqrt" else inverse

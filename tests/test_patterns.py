@@ -469,3 +469,9 @@ def test_inspect_shows_both_dtypes_of_a_mixed_norm(tmp_path) -> None:
     assert result.exit_code == 0 and " float32->float16 weight=AFTER_CAST " in result.output, result.output
     found = json.loads(CliRunner().invoke(cli, ["inspect", str(path), "--json"]).output)
     assert (found["rms_norms"][0]["dtype"], found["rms_norms"][0]["output_dtype"]) == ("float32", "float16")
+
+
+def test_qdq_on_x_read_by_the_square_and_the_multiply_stays_before_the_fused_node() -> None:
+    # ModelOpt's int8/fp8 spelling: the fused node reads the dequantized x, exactly what the chain read.
+    match, found = only_match(qdq_norm("shared-x"))
+    assert match.x.inputs[0].op == "DequantizeLinear" and "qdq-dropped" not in match.tags and not found.near_misses

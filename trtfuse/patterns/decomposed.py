@@ -280,11 +280,13 @@ def _core(walk: _Walk) -> _Core:
     product, root_nodes, root_tag = _inverse_root(walk, variance)
     inverse = root_nodes[-1].outputs[0]
     scaled = product.inputs[0] if onnx_op(product) == "Div" else other_input(product, inverse)
-    input_qdq = _quantize_dequantize(look_through_lossless_casts(scaled))
-    if input_qdq:
-        scaled = input_qdq[0].inputs[0]
+    input_qdq = []
     if look_through_lossless_casts(scaled) is not look_through_lossless_casts(base):
-        raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
+        input_qdq = _quantize_dequantize(look_through_lossless_casts(scaled))
+        source = input_qdq[0].inputs[0] if input_qdq else scaled
+        if look_through_lossless_casts(source) is not look_through_lossless_casts(base):
+            raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
+        scaled = source
     tags = [square_tag, mean_tag, root_tag] + (["no-epsilon"] if epsilon is None else [])
     return _Core(
         nodes=[*square_nodes, anchor, *mean_nodes, *add_nodes, *root_nodes, product],
