@@ -16,7 +16,16 @@ from pathlib import Path
 
 import click
 import onnx
-from tool_exports import NEGATIVES, RMS_FAMILIES, Manifest, norm_entry, run_tool, save_checkpoint, tiny_model
+from tool_exports import (
+    NEGATIVES,
+    RMS_FAMILIES,
+    Manifest,
+    norm_entry,
+    onnxruntime_vs_torch,
+    run_tool,
+    save_checkpoint,
+    tiny_model,
+)
 
 TASK = "text-generation-with-past"
 # (file tag, optimum-cli options); fp16/bf16 export on the CPU is what a user without a GPU gets.
@@ -47,6 +56,7 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
         onnx.save(graph, str(path))
     entry["opset"] = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
     entry["inputs"] = [value.name for value in graph.graph.input]
+    entry["onnxruntime_vs_torch"] = onnxruntime_vs_torch(model, path)
     entry["bytes"] = path.stat().st_size
     return entry
 

@@ -107,8 +107,8 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
 
 def table(outcomes: list[Outcome]) -> str:
     rows = [
-        "| tool | export | fused / expected | QK pairs / expected | rejected | check | what went wrong |",
-        "|---|---|---|---|---|---|---|",
+        "| tool | export | fused / expected | QK pairs / expected | rejected | check | compile | what went wrong |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for outcome in outcomes:
         fused = "-" if outcome.fused_norms is None else str(outcome.fused_norms)
@@ -121,6 +121,7 @@ def table(outcomes: list[Outcome]) -> str:
         rows.append(
             f"| {outcome.tool} | {outcome.file} | {fused} / {outcome.expected_norms} | "
             f"{pairs} / {outcome.expected_qk_pairs} | {len(outcome.rejected)} | {outcome.verdict} | "
+            f"{'-' if outcome.compile_exit is None else outcome.compile_exit} | "
             f"{wrong.replace('|', '/')[:300]} |"
         )
     return "\n".join(rows)
@@ -136,9 +137,11 @@ def table(outcomes: list[Outcome]) -> str:
 def main(exports: Path, tools: tuple[str, ...], trtfuse_command: str, cwd: Path | None, jobs: int, out: Path) -> None:
     trtfuse = shlex.split(trtfuse_command)
     work = []
+    failures = {}
     for manifest_path in sorted(exports.glob("*/expected.json")):
         manifest = json.loads(manifest_path.read_text())
         if not tools or manifest["tool"] in tools:
+            failures.update({(manifest["tool"], name): reason for name, reason in manifest["failures"].items()})
             folder = manifest_path.parent
             work += [(manifest["tool"], folder / name, entry) for name, entry in manifest["files"].items()]
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(jobs) as pool:
@@ -150,6 +153,9 @@ def main(exports: Path, tools: tuple[str, ...], trtfuse_command: str, cwd: Path 
     outcomes.sort(key=lambda outcome: (outcome.tool, outcome.file))
     out.write_text(json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
     print(table(outcomes))
+    print("\n| tool | export | could not export: the tool's error |\n|---|---|---|")
+    for (tool, name), reason in sorted(failures.items()):
+        print(f"| {tool} | {name} | {reason.replace('|', '/')[:200]} |")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,13 @@ import json
 import subprocess
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import torch
 
 # export.py sets HF_HUB_OFFLINE before it imports transformers.
 from export import ARCHITECTURES as EXPORT_ARCHITECTURES
@@ -122,9 +127,52 @@ def tool_versions() -> dict[str, str]:
     return versions
 
 
-def tiny_model(arch: str, dtype: str) -> nn.Module:
-    """The Hugging Face model of export.py's tiny config (random, norm weights != 1), without the logits wrapper."""
-    return build_model(ARCHITECTURES[arch], dtype).model
+def tiny_model(arch: str, dtype: str, vocabulary: int | None = None) -> nn.Module:
+    """The Hugging Face model of export.py's tiny config (random, norm weights != 1), without the logits wrapper;
+    `vocabulary` replaces export.py's 128 tokens where a tool mistakes a 128-wide projection for the LM head."""
+    spec = ARCHITECTURES[arch]
+    if vocabulary is not None:
+        spec = replace(spec, build_config=partial(_with_vocabulary, spec.build_config, vocabulary))
+    return build_model(spec, dtype).model
+
+
+def _with_vocabulary(build_config: Callable[[], PretrainedConfig], vocabulary: int) -> PretrainedConfig:
+    config = build_config()
+    config.vocab_size = vocabulary
+    return config
+
+
+def onnxruntime_vs_torch(model: nn.Module, path: Path) -> str:
+    """Max rel error of onnxruntime's logits against torch's for a prefill of 5 tokens at batch 1 (empty KV cache),
+    or onnxruntime's refusal: catches an export that computes something else than the model."""
+    input_ids = random_input_ids(1, 5, seed=1)
+    with torch.no_grad():
+        expected = model(input_ids).logits.float().numpy()
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        feed = {value.name: _prefill_input(value, input_ids.numpy(), head_dim) for value in session.get_inputs()}
+        (logits,) = session.run(["logits"], feed)
+    except Exception as error:  # onnxruntime's refusal is the finding
+        return f"onnxruntime fails: {first_line(error)}"
+    logits = np.asarray(logits, dtype=np.float32)
+    return f"{np.abs(logits - expected).max() / np.abs(expected).max():.2e}"
+
+
+def _prefill_input(value: object, input_ids: np.ndarray, head_dim: int) -> np.ndarray:
+    if value.name == "input_ids":
+        return input_ids
+    if value.name == "position_ids":
+        return np.arange(input_ids.shape[1], dtype=np.int64)[None]
+    if "mask" in value.name:
+        return np.ones_like(input_ids)
+    if value.name.startswith("past_key_values"):
+        # [batch, kv heads, past length, head dim]: batch 1, past length 0, and the head dim where it is symbolic.
+        prefill = (1, None, 0, head_dim)
+        shape = [dim if isinstance(dim, int) else prefill[index] for index, dim in enumerate(value.shape)]
+        return np.zeros(shape, dtype=np.float16 if value.type == "tensor(float16)" else np.float32)
+    raise ValueError(f"no prefill value for input {value.name!r}")
 
 
 def norm_entry(model: nn.Module, arch: str, dtype: str, **extra: object) -> dict[str, object]:
