@@ -801,3 +801,15 @@ def rms_normalization_cast_back(
         list(model.graph.node).index(reader), helper.make_node("Cast", [y], ["y_cast"], to=ELEM_TYPES[cast_to])
     )
     return onnx.shape_inference.infer_shapes(model)
+
+
+def autocast_norm(dtype: str = "float16") -> onnx.ModelProto:
+    """ModelOpt AutoCast's Gemma3/OLMo2 norm: mean, epsilon and root in 16 bits, widened for an fp32 reciprocal."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], dtype)
+    mean = b.reduce("ReduceMean", b.op("Pow", x, b.constant(2.0, dtype)), [-1])
+    root = b.op("Sqrt", b.op("Add", mean, b.constant(1e-6, dtype)))
+    inverse = b.op("Reciprocal", b.cast(root, "float32"))
+    normalized = b.cast(b.op("Mul", b.cast(x, "float32"), inverse), dtype)
+    b.output(b.op("Mul", normalized, b.weight(HIDDEN, dtype)))
+    return b.model()

@@ -14,10 +14,12 @@ from graphs import (
     ACCEPTED,
     ACCEPTED_TAGS,
     HIDDEN,
+    NUMPY_TYPES,
     REJECTED,
     AttentionSpec,
     NormSpec,
     attention_block,
+    autocast_norm,
     before_cast_gate,
     broadcasting_constant,
     expected,
@@ -475,3 +477,20 @@ def test_qdq_on_x_read_by_the_square_and_the_multiply_stays_before_the_fused_nod
     # ModelOpt's int8/fp8 spelling: the fused node reads the dequantized x, exactly what the chain read.
     match, found = only_match(qdq_norm("shared-x"))
     assert match.x.inputs[0].op == "DequantizeLinear" and "qdq-dropped" not in match.tags and not found.near_misses
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_autocast_norm_with_a_16_bit_root_widened_for_the_reciprocal(dtype: str) -> None:
+    model = autocast_norm(dtype)
+    match, found = only_match(model)
+    assert (match.dtype, match.output_dtype, match.weight_mode) == (dtype, dtype, WeightMode.AFTER_CAST)
+    assert {"core-" + dtype, "reciprocal"} <= set(match.tags) and not found.near_misses
+    # The contract computes the root in float32: closer to the exact norm than the 16-bit root it replaces.
+    rng = np.random.default_rng(3)
+    feed = {"x": (rng.standard_normal((2, 3, HIDDEN)) * 2).astype(NUMPY_TYPES[dtype]).astype(np.float32)}
+    weight = next(onnx.numpy_helper.to_array(t) for t in model.graph.initializer if list(t.dims) == [HIDDEN])
+    x = feed["x"].astype(np.float64)
+    exact = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6) * weight.astype(np.float64)
+    original = ReferenceEvaluator(model).run(None, feed)[0]
+    fused = ReferenceEvaluator(lower_fused_nodes(fuse_model(model).model)).run(None, feed)[0]
+    assert np.abs(fused - exact).max() <= np.abs(original - exact).max()

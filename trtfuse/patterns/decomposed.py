@@ -235,16 +235,22 @@ def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.No
             raise walk.reject(f"{describe(root)} raises to the power {exponent}, not -0.5")
         nodes, tag = [root], "pow-half"
     elif onnx_op(root) == "Sqrt":
+        roots = [root]
         after = walk.next_node(root.outputs[0])
+        if onnx_op(after) == "Cast" and look_through_lossless_casts(after.outputs[0]) is root.outputs[0]:
+            # ModelOpt AutoCast: the root in fp16, widened for an fp32 reciprocal.
+            roots.append(after)
+            after = walk.next_node(after.outputs[0])
+        rooted = roots[-1].outputs[0]
         if onnx_op(after) == "Reciprocal":
-            nodes, tag = [root, after], "reciprocal"
-        elif onnx_op(after) == "Div" and after.inputs[1] is root.outputs[0]:
-            numerator = walk.scalar(after, after.inputs[0], root.outputs[0])
+            nodes, tag = [*roots, after], "reciprocal"
+        elif onnx_op(after) == "Div" and after.inputs[1] is rooted:
+            numerator = walk.scalar(after, after.inputs[0], rooted)
             if numerator is None:
-                return after, [root], "div-sqrt"
+                return after, roots, "div-sqrt"
             if numerator != 1.0:
                 raise walk.reject(f"{describe(after)} divides {numerator:g}, not 1, by the root")
-            nodes, tag = [root, after], "div-one"
+            nodes, tag = [*roots, after], "div-one"
         else:
             raise walk.reject(f"the square root goes to {describe(after)}, not to Div or Reciprocal")
     else:
