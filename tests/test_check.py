@@ -240,10 +240,24 @@ def _cast_output_to_float(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _norm_in_16_bit(model: onnx.ModelProto, dtype: type = np.float16) -> onnx.ModelProto:
+    """The norm computed in `dtype` throughout (no upcast), as AutoCast exports have it; the fused node (tag
+    core-float16) computes it in float32, and rounds differently."""
+    elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    for node in model.graph.node:
+        if node.name == "norm/cast":
+            node.attribute[0].i = elem_type
+    for index, tensor in enumerate(model.graph.initializer):
+        if tensor.name in ("two", "eps"):
+            narrowed = numpy_helper.from_array(numpy_helper.to_array(tensor).astype(dtype), tensor.name)
+            model.graph.initializer[index].CopyFrom(narrowed)
+    return model
+
+
 def _fp16_pair(tmp_path: Path, **fused_options: float) -> tuple[LoadedModel, LoadedModel]:
     from test_compare import tiny_lm
 
-    original = _cast_output_to_float(tiny_lm(np.float16, fused=False))
+    original = _cast_output_to_float(_norm_in_16_bit(tiny_lm(np.float16, fused=False)))
     fused = _cast_output_to_float(tiny_lm(np.float16, fused=True, **fused_options))
     return _loaded(original, tmp_path / "original.onnx"), _loaded(fused, tmp_path / "fused.onnx")
 
@@ -254,7 +268,7 @@ def test_fp16_model_with_fp32_output_is_judged_by_its_fp16_computation(tmp_path:
     result = check_fused(original, fused, dims={"sequence": 64})
     (verdict,) = result.errors
     assert (verdict.dtype, verdict.computed_in) == ("float32", "float16")
-    # The fused norm rounds once where onnxruntime's original rounds differently: beyond float32's tolerance.
+    # The fused norm computes in float32 where the original rounds to fp16 at every op: beyond float32's tolerance.
     assert verdict.error.max_rel > tolerance_for("float32").rtol
     assert result.judged_by == "float32 evaluation"
     assert verdict.reference.original > 0.0
@@ -475,7 +489,7 @@ def test_kv_cache_models_are_checked_at_a_prefill_and_a_decode_step(tmp_path: Pa
 def _cli_pair(tmp_path: Path) -> tuple[str, str]:
     from test_compare import tiny_lm
 
-    onnx.save_model(tiny_lm(np.float16, fused=False), str(tmp_path / "original.onnx"))
+    onnx.save_model(_norm_in_16_bit(tiny_lm(np.float16, fused=False)), str(tmp_path / "original.onnx"))
     onnx.save_model(tiny_lm(np.float16, fused=True), str(tmp_path / "fused.onnx"))
     return str(tmp_path / "original.onnx"), str(tmp_path / "fused.onnx")
 
@@ -572,18 +586,6 @@ def _hidden_state_input(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _norm_in_bf16(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The norm computed in bfloat16 throughout (no upcast), which the fused node computes in float32."""
-    for node in model.graph.node:
-        if node.name == "norm/cast":
-            node.attribute[0].i = TensorProto.BFLOAT16
-    for index, tensor in enumerate(model.graph.initializer):
-        if tensor.name in ("two", "eps"):
-            narrowed = numpy_helper.from_array(numpy_helper.to_array(tensor).astype(ml_dtypes.bfloat16), tensor.name)
-            model.graph.initializer[index].CopyFrom(narrowed)
-    return model
-
-
 def test_quantized_graphs_are_judged_against_the_float32_evaluation(tmp_path: Path) -> None:
     from test_compare import tiny_lm
 
@@ -591,7 +593,7 @@ def test_quantized_graphs_are_judged_against_the_float32_evaluation(tmp_path: Pa
         return _quantized(_hidden_state_input(model))
 
     bf16 = ml_dtypes.bfloat16
-    original = _loaded(quantized(_norm_in_bf16(tiny_lm(bf16, fused=False))), tmp_path / "original.onnx")
+    original = _loaded(quantized(_norm_in_16_bit(tiny_lm(bf16, fused=False), bf16)), tmp_path / "original.onnx")
     fused = _loaded(quantized(tiny_lm(bf16, fused=True)), tmp_path / "fused.onnx")
     result = check_fused(original, fused, dims={"sequence": 64})
     (verdict,) = result.errors
@@ -658,3 +660,29 @@ def test_check_says_what_it_left_out(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "left out  (left out: two runs of the original differ (max abs" in result.output
     assert "all 1 outputs pass (within tolerance of the original), 1 left out" in result.output
+
+
+def test_onnxruntime_rounds_every_16_bit_value_as_the_graph_says() -> None:
+    # Pow -> ReduceMean -> Sqrt -> Div in fp16: onnxruntime's CPU build has fp16 kernels for none of them.
+    graph = helper.make_graph(
+        [
+            helper.make_node("Pow", ["x", "two"], ["square"]),
+            helper.make_node("ReduceMean", ["square"], ["mean"], axes=[-1]),
+            helper.make_node("Sqrt", ["mean"], ["root"]),
+            helper.make_node("Div", ["x", "root"], ["y"]),
+        ],
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [512, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [512, 16])],
+        [numpy_helper.from_array(np.array(2.0, np.float16), "two")],
+    )
+    model = LoadedModel(model=helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path=Path("m"))
+    x = np.random.default_rng(0).standard_normal((512, 16)).astype(np.float16)
+    x32 = x.astype(np.float32)
+    square = (x32 * x32).astype(np.float16).astype(np.float32)
+    mean = square.mean(axis=-1, keepdims=True).astype(np.float16).astype(np.float32)
+    per_op = (x32 / np.sqrt(mean).astype(np.float16).astype(np.float32)).astype(np.float16)
+    in_float32 = (x32 / np.sqrt((x32 * x32).mean(axis=-1, keepdims=True))).astype(np.float16)
+    assert not np.array_equal(per_op, in_float32)
+    (y,) = run_model(model, {"x": x}).values()
+    np.testing.assert_array_equal(y, per_op)
