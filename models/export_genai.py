@@ -60,6 +60,7 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
     dtype, precision, provider = VARIANTS[variant]
     model = tiny_model(arch, "float32", vocabulary=VOCABULARY)
     entry = norm_entry(model, arch, dtype, variant=variant, precision=precision, execution_provider=provider)
+    entry["vocabulary"] = VOCABULARY
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(scratch) / "checkpoint"
         save_checkpoint(model, checkpoint)

@@ -20,7 +20,7 @@ import click
 import numpy as np
 import onnx
 from export import VOCAB, ExportSpec, LogitsOnly, export_onnx, random_input_ids
-from tool_exports import NEGATIVES, RMS_FAMILIES, Manifest, norm_entry, run_tool, tiny_model
+from tool_exports import NEGATIVES, RMS_FAMILIES, Manifest, norm_entry, onnxruntime_vs_torch, run_tool, tiny_model
 
 QUANTIZE = "modelopt.onnx.quantization"
 AUTOCAST = "modelopt.onnx.autocast"
@@ -54,7 +54,8 @@ def calibration_data(folder: Path) -> Path:
 
 def export(arch: str, variant: str, path: Path, sources: Path) -> dict[str, object]:
     dtype, module, options = VARIANTS[variant]
-    entry = norm_entry(tiny_model(arch, "float32"), arch, dtype, variant=variant)
+    model = tiny_model(arch, "float32")
+    entry = norm_entry(model, arch, dtype, variant=variant)
     source = source_export(arch, sources)
     with tempfile.TemporaryDirectory() as scratch:
         written = Path(scratch) / "model.onnx"
@@ -69,6 +70,7 @@ def export(arch: str, variant: str, path: Path, sources: Path) -> dict[str, obje
     entry["source"] = f"sources/{source.name}"
     entry["opset"] = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
     entry["qdq_nodes"] = sum(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in graph.graph.node)
+    entry["onnxruntime_vs_torch"] = onnxruntime_vs_torch(model, path)
     entry["bytes"] = path.stat().st_size
     return entry
 
