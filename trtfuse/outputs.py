@@ -26,6 +26,7 @@ from trtfuse.errors import Interrupted, TrtfuseError
 PROGRESS_BYTES = 1 << 30
 _CHUNK_BYTES = 8 << 20
 _PROGRESS_STEPS = 10
+_HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 def _identity(path: Path) -> tuple[int, int] | Path:
@@ -149,17 +150,25 @@ class Transaction:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block is done, so a second Ctrl-C cannot stop a cleanup halfway."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    """SIGINT and SIGTERM wait until the block is done, so a second Ctrl-C cannot stop a cleanup halfway.
+
+    Their handlers are swapped for one that only remembers (a signal mask would not do: another thread of the
+    process, onnxruntime's, would take the signal); the first one that arrived is raised again afterwards.
+    """
+    arrived: list[int] = []
     try:
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, ValueError, OSError):
+        previous = {number: signal.signal(number, lambda got, _frame: arrived.append(got)) for number in _HELD}
+    except ValueError:
+        # Not the main thread, where Python runs signal handlers anyway.
         yield
         return
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def _unlink(path: Path) -> None:
@@ -189,29 +198,33 @@ def atomic_file(path: Path) -> Iterator[Path]:
     """Yields a temp path beside `path` to write; when the block ends normally it replaces `path` in one rename.
 
     On any exception (signals included) the temp file is removed. The active transaction learns of the new file.
+    Signals wait while the temp file is made and while the rename is recorded, so none can slip between the two
+    steps of either and leave a file nobody knows of.
     """
     folder = check_writable(path)
+    temp: Path | None = None
     try:
-        handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
-    os.close(handle)
-    temp = Path(temp_name)
-    try:
+        with _signals_held():
+            handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(handle)
+            temp = Path(temp_name)
         yield temp
         _set_default_permissions(temp)
         transaction = Transaction.active()
-        existed = path.exists()
-        if transaction is not None and existed:
-            transaction.replacing(path)
-        os.replace(temp, path)
-        if transaction is not None and not existed:
-            transaction.created(path)
+        with _signals_held():
+            existed = path.exists()
+            if transaction is not None and existed:
+                transaction.replacing(path)
+            os.replace(temp, path)
+            if transaction is not None and not existed:
+                transaction.created(path)
     except OSError as error:
-        _unlink(temp)
+        if temp is not None:
+            _unlink(temp)
         raise TrtfuseError(f"{path}: cannot write: {error.strerror or error}") from None
     except BaseException:
-        _unlink(temp)
+        if temp is not None:
+            _unlink(temp)
         raise
 
 
