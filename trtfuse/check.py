@@ -260,7 +260,10 @@ def check_fused(
     """
     check_same_inputs(original, fused)
     check_fused_nodes(fused)
-    lowered_model = lower_fused_nodes(fused.model)
+    try:
+        lowered_model = lower_fused_nodes(fused.model)
+    except TrtfuseError as error:
+        raise TrtfuseError(f"{fused.path}: {error}") from None
     for output in lowered_model.graph.output:
         if output.type.HasField("tensor_type") and not output.type.tensor_type.elem_type:
             # onnxruntime refuses an undefined output dtype but infers a missing type: the output still runs, and
