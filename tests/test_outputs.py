@@ -284,3 +284,14 @@ def test_a_replaced_symlink_comes_back_as_the_symlink(tmp_path: Path) -> None:
     assert link.is_symlink()
     assert target.read_bytes() == b"unrelated"
     assert target.stat().st_nlink == 1
+
+
+def test_writing_into_a_symlinked_alias_of_the_input_folder_reuses_its_data(
+    external_llama: Path, tmp_path: Path
+) -> None:
+    alias = tmp_path / "alias"
+    alias.symlink_to(external_llama.parent)
+    result = _invoke("fuse", external_llama, "-o", alias / "fused.onnx")
+    assert result.exit_code == 0, result.output
+    assert "copying" not in result.stderr
+    assert _listing(external_llama.parent) == ["fused.onnx", "llama.onnx", "weights.data"]

@@ -288,7 +288,7 @@ def data_copies(model: onnx.ModelProto, path: Path, source: LoadedModel | None) 
     """The external data files `save_model(model, path, source)` will write: none when `path` is in the source's
     folder, else one copy per data file the model still references."""
     folder = Path(path).absolute().parent
-    if source is None or source.path.absolute().parent == folder:
+    if source is None or source.path.absolute().parent.resolve() == folder.resolve():
         return []
     return [folder / location for location in _locations(model, Path(path))]
 
