@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -291,3 +292,24 @@ def test_opset_23_attention_gives_the_cache_head_count_and_size(layout):
     )
     dims = model_dims(_inputs_model(inputs, [attention], opset=23))
     assert {symbol: bound.value for symbol, bound in dims.fixed.items()} == {"kv_heads": kv_heads, "head": head_size}
+
+
+TOOL_FIXTURES = Path(__file__).resolve().parent.parent / "models" / "fixtures" / "tools"
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [
+        ("qwen3-optimum-fp16.onnx", ["prefill", "decode"]),
+        ("llama-optimum-fp16-O2.onnx", ["prefill", "decode"]),
+        ("qwen3-genai-cpu-int4.onnx", ["prefill", "decode"]),
+        ("qwen3-modelopt-int8-fp16.onnx", ["single"]),
+    ],
+)
+def test_fixture_exports_run_in_onnxruntime_at_every_default_step(name, steps):
+    model = onnx.load(TOOL_FIXTURES / name)
+    feeds = default_feeds(model, seed=0)
+    assert [feed.step for feed in feeds] == steps
+    for feed in feeds:
+        outputs = _run(model, feed.feed)
+        assert all(np.isfinite(array).all() for array in outputs.values() if array.dtype.kind == "f")

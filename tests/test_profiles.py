@@ -1,5 +1,7 @@
 """Optimisation profiles from symbolic input dims: roles, presets, overrides and every bad spec."""
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -277,3 +279,49 @@ def test_default_ranges_are_cut_to_the_positions_the_model_holds():
         match=r"profile 'decode': 100 past \+ 1 new tokens at MAX exceed .*cos cache of GroupQueryAttention",
     ):
         derive_profiles(genai_model(), request_from_options(presets=["decode"], past="0:8:100"))
+
+
+TOOL_FIXTURES = Path(__file__).resolve().parent.parent / "models" / "fixtures" / "tools"
+
+
+def _caches(model: onnx.ModelProto) -> list[str]:
+    return [value.name for value in model.graph.input if value.name.startswith("past_key_values.")]
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen3-optimum-fp16.onnx", "qwen3-optimum-fp16-slim.onnx", "llama-optimum-fp16-O2.onnx"]
+)
+def test_optimum_fixture_decode_and_prefill(name):
+    model = onnx.load(TOOL_FIXTURES / name)
+    decode, prefill = derive_profiles(model, request_from_options(presets=["decode", "prefill"]))
+    assert set(decode.shapes) == {"input_ids", "attention_mask", "position_ids", *_caches(model)}
+    assert decode.shapes["input_ids"] == decode.shapes["position_ids"] == ShapeRange((1, 1), (B, 1), (B, 1))
+    assert decode.shapes["attention_mask"] == ShapeRange((1, 1), (B, 257), (B, 4097))
+    assert prefill.shapes["input_ids"] == prefill.shapes["attention_mask"] == ShapeRange((1, 1), (B, 256), (B, 4096))
+    for cache in _caches(model):
+        assert decode.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 256, 64), (B, 1, 4096, 64))
+        assert prefill.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 0, 64), (B, 1, 0, 64))
+
+
+def test_genai_fixture_cache_head_size_and_rotary_positions():
+    model = onnx.load(TOOL_FIXTURES / "qwen3-genai-cpu-int4.onnx")
+    decode, prefill = derive_profiles(model, request_from_options(presets=["decode", "prefill"]))
+    assert set(decode.shapes) == {"input_ids", "attention_mask", *_caches(model)}
+    # 128 rows of rotary cos cache: decode holds at most 127 past tokens, prefill at most 128 new ones.
+    assert decode.shapes["input_ids"] == ShapeRange((1, 1), (B, 1), (B, 1))
+    assert decode.shapes["attention_mask"] == ShapeRange((1, 1), (B, 128), (B, 128))
+    assert prefill.shapes["input_ids"] == prefill.shapes["attention_mask"] == ShapeRange((1, 1), (B, 128), (B, 128))
+    for cache in _caches(model):
+        assert decode.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 127, 64), (B, 1, 127, 64))
+        assert prefill.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 0, 64), (B, 1, 0, 64))
+    (explicit,) = derive_profiles(model, request_from_options(presets=["decode"], past="0:32:100", batch="1:1:1"))
+    assert explicit.shapes[_caches(model)[0]] == ShapeRange((1, 1, 0, 64), (1, 1, 32, 64), (1, 1, 100, 64))
+
+
+@pytest.mark.parametrize("name", ["olmo2-dynamo23-bf16.onnx", "qwen3-modelopt-int8-fp16.onnx"])
+def test_fixtures_without_cache_have_token_profiles_and_refuse_past(name):
+    model = onnx.load(TOOL_FIXTURES / name)
+    (profile,) = derive_profiles(model, request_from_options())
+    assert profile.shapes == {"input_ids": ShapeRange((1, 1), (B, 256), (B, 4096))}
+    with pytest.raises(TrtfuseError, match=r"--past: the model has no KV cache"):
+        derive_profiles(model, request_from_options(past="0:1:2"))
