@@ -309,11 +309,15 @@ def test_strongly_typed_flag_only_below_tensorrt_11(version, flags):
 class _Profile:
     def __init__(self, refuse_shapes: bool) -> None:
         self.refuse_shapes = refuse_shapes
+        self.values: dict[str, tuple] = {}
 
     def set_shape(self, name, low, opt, high):
         if self.refuse_shapes:
             # What TensorRT's binding raises (PY_ASSERT_RUNTIME_ERROR in pyCore.cpp's opt_profile_set_shape).
             raise RuntimeError("Shape provided for opt is inconsistent with other shapes.")
+
+    def set_shape_input(self, name, low, opt, high):
+        self.values[name] = (low, opt, high)
 
 
 class _Builder:
@@ -327,8 +331,10 @@ class _Builder:
 class _Config:
     def __init__(self, index: int) -> None:
         self.index = index
+        self.profiles: list[_Profile] = []
 
     def add_optimization_profile(self, profile):
+        self.profiles.append(profile)
         return self.index
 
 
@@ -340,3 +346,14 @@ def test_profiles_tensorrt_refuses_are_one_line_errors():
     with pytest.raises(TrtfuseError, match=r"profile 'default': TensorRT refused the optimisation profile"):
         build.add_profiles(_Builder(refuse_shapes=False), _Config(-1), [PROFILE])
     build.add_profiles(_Builder(refuse_shapes=False), _Config(0), [PROFILE])
+
+
+def test_length_inputs_get_value_ranges_only_where_tensorrt_reads_them_as_shape_tensors():
+    lengths = ShapeRange((0,), (256,), (4095,))
+    profile = Profile("default", {"input_ids": ShapeRange((1, 1), (1, 1), (1, 1))}, {"past_sequence_length": lengths})
+    config = _Config(0)
+    build.add_profiles(_Builder(refuse_shapes=False), config, [profile], {"past_sequence_length"})
+    assert config.profiles[0].values == {"past_sequence_length": ((0,), (256,), (4095,))}
+    config = _Config(0)
+    build.add_profiles(_Builder(refuse_shapes=False), config, [profile])
+    assert config.profiles[0].values == {}

@@ -281,16 +281,37 @@ def network_flags(trt: ModuleType) -> int:
     return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
 
 
-def add_profiles(trt_builder: object, config: object, profiles: Sequence[Profile]) -> None:
-    """Each trtfuse profile as a TensorRT optimisation profile; a profile TensorRT refuses is a one-line error."""
+def shape_tensor_inputs(network: object) -> set[str]:
+    """Names of the network inputs TensorRT reads as shape tensors (their values, not only their shapes, shape the
+    network): a profile gives them value ranges."""
+    inputs = (network.get_input(index) for index in range(network.num_inputs))
+    return {tensor.name for tensor in inputs if tensor.is_shape_tensor}
+
+
+def add_profiles(
+    trt_builder: object,
+    config: object,
+    profiles: Sequence[Profile],
+    shape_inputs: frozenset[str] | set[str] = frozenset(),
+) -> None:
+    """Each trtfuse profile as a TensorRT optimisation profile; a profile TensorRT refuses is a one-line error.
+
+    `shape_inputs` (from `shape_tensor_inputs`) get the value ranges a profile records for length inputs
+    (`past_sequence_length`, `total_sequence_length`); other inputs need only their shapes."""
     for profile in profiles:
         trt_profile = trt_builder.create_optimization_profile()
-        for name, shape in profile.shapes.items():
+        ranges = [("shapes", trt_profile.set_shape, name, shape) for name, shape in profile.shapes.items()]
+        ranges += [
+            ("values", trt_profile.set_shape_input, name, values)
+            for name, values in profile.values.items()
+            if name in shape_inputs
+        ]
+        for what, setter, name, bounds in ranges:
             try:
-                trt_profile.set_shape(name, shape.min, shape.opt, shape.max)
+                setter(name, bounds.min, bounds.opt, bounds.max)
             except (RuntimeError, TypeError) as error:
                 raise TrtfuseError(
-                    f"profile '{profile.name}': TensorRT refused the shapes of input '{name}' ({shape}): "
+                    f"profile '{profile.name}': TensorRT refused the {what} of input '{name}' ({bounds}): "
                     f"{first_line(error)}"
                 ) from None
         if config.add_optimization_profile(trt_profile) < 0:
@@ -373,7 +394,7 @@ def build_engine(
         raise TrtfuseError(parser_error_line(fused_model_path, issues, model, plugin_creation_errors()))
 
     config = builder.create_builder_config()
-    add_profiles(builder, config, options.profiles)
+    add_profiles(builder, config, options.profiles, shape_tensor_inputs(network))
     config.builder_optimization_level = options.optimization_level
     if not options.allow_tf32:
         config.clear_flag(trt.BuilderFlag.TF32)
