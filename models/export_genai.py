@@ -63,6 +63,10 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
     entry["vocabulary"] = VOCABULARY
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(scratch) / "checkpoint"
+        if hasattr(model.config, "original_max_position_embeddings"):
+            # Phi-3: the builder takes a context length other than the original one for LongRoPE and then wants
+            # its scaling factors (`KeyError: 'multi_cache'`); without rope scaling the two lengths mean the same.
+            model.config.original_max_position_embeddings = model.config.max_position_embeddings
         save_checkpoint(model, checkpoint)
         built = Path(scratch) / "built"
         cache = Path(scratch) / "cache"

@@ -24,6 +24,7 @@ import torch
 from export import ARCHITECTURES as EXPORT_ARCHITECTURES
 from export import (
     HEAD_DIM,
+    HEADS,
     SAMPLE_BATCH,
     SAMPLE_SEQUENCE,
     Architecture,
@@ -41,8 +42,10 @@ def _mistral() -> PretrainedConfig:
 
 
 def _phi() -> PretrainedConfig:
-    # Phi-2: nn.LayerNorm with a bias, partial rotary; a negative like GPT-2.
-    return PhiConfig(**_common(), layer_norm_eps=1e-5, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    # Phi-2: nn.LayerNorm with a bias, partial rotary; a negative like GPT-2. As many key/value heads as heads, like
+    # the real Phi-2: optimum's Phi export assumes that ("Sizes of tensors must match" with 1 key/value head).
+    common = {**_common(), "num_key_value_heads": HEADS}
+    return PhiConfig(**common, layer_norm_eps=1e-5, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
 # export.py's families plus the two issue 12 names that export.py does not build.
