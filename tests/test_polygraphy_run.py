@@ -24,6 +24,7 @@ from polygraphy.exception import PolygraphyException
 
 from trtfuse import contract
 from trtfuse.build import BuildResult, make_sidecar, sidecar_path_for, tool_versions, write_engine
+from trtfuse.errors import TrtfuseError
 from trtfuse.io import load_model
 from trtfuse.polygraphy_ext import loaders, runners
 from trtfuse.polygraphy_ext.loaders import engine_profiles_for
@@ -338,6 +339,9 @@ def test_engine_runner_runs_each_feed_in_the_profile_that_holds_it(tmp_path, mon
         for tokens in (1, 8, 8, 1):
             outputs = runner.infer({"input_ids": np.zeros((1, tokens), np.int64)})
             assert outputs["echo"].shape == (1, tokens)
-        with pytest.raises(PolygraphyException):
+        with pytest.raises(
+            PolygraphyException, match="input 'input_ids' of shape 1x65 fits no optimisation profile"
+        ) as raised:
             runner.infer({"input_ids": np.zeros((1, 65), np.int64)})
+        assert isinstance(raised.value.__cause__, TrtfuseError), "trtfuse's commands raise the cause again"
     assert fake.profiles == [1, 0]
