@@ -16,6 +16,7 @@ import json
 import shlex
 import subprocess
 import tempfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ class Outcome:
 
     tool: str
     file: str
+    architecture: str
     expected_norms: int
     expected_qk_pairs: int
     # Norm module calls the tool moved into an attention op (genai's GroupQueryAttention): nothing left to fuse.
@@ -68,6 +70,7 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
     outcome = Outcome(
         tool=tool,
         file=path.name,
+        architecture=str(entry["architecture"]),
         expected_norms=int(entry["norm_calls"]) - int(entry.get("absorbed_norm_calls", 0)),
         expected_qk_pairs=(int(entry["qk_norm_calls"]) - int(entry.get("absorbed_norm_calls", 0))) // 2,
         absorbed=int(entry.get("absorbed_norm_calls", 0)),
@@ -105,25 +108,64 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
     return outcome
 
 
+def fused_text(outcome: Outcome) -> str:
+    fused = "-" if outcome.fused_norms is None else str(outcome.fused_norms)
+    if outcome.absorbed:
+        fused += f" (+{outcome.absorbed} inside attention)"
+    if outcome.weightless_nodes:
+        fused += f" ({outcome.weightless_nodes} without weight)"
+    return f"{fused} / {outcome.expected_norms}"
+
+
 def table(outcomes: list[Outcome]) -> str:
     rows = [
         "| tool | export | fused / expected | QK pairs / expected | rejected | check | compile | what went wrong |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for outcome in outcomes:
-        fused = "-" if outcome.fused_norms is None else str(outcome.fused_norms)
-        if outcome.absorbed:
-            fused += f" (+{outcome.absorbed} inside attention)"
-        if outcome.weightless_nodes:
-            fused += f" ({outcome.weightless_nodes} without weight)"
+        fused = fused_text(outcome)
         pairs = "-" if outcome.qk_norm_nodes is None else str(outcome.qk_norm_nodes)
         wrong = "; ".join(outcome.messages) or "; ".join(r["reason"] for r in outcome.rejected[:1])
         rows.append(
-            f"| {outcome.tool} | {outcome.file} | {fused} / {outcome.expected_norms} | "
+            f"| {outcome.tool} | {outcome.file} | {fused} | "
             f"{pairs} / {outcome.expected_qk_pairs} | {len(outcome.rejected)} | {outcome.verdict} | "
             f"{'-' if outcome.compile_exit is None else outcome.compile_exit} | "
             f"{wrong.replace('|', '/')[:300]} |"
         )
+    return "\n".join(rows)
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    """One row per tool and family: its exports, and the distinct fused / QK-pair counts and verdicts among them."""
+    groups: dict[tuple[str, str], list[Outcome]] = {}
+    for outcome in outcomes:
+        groups.setdefault((outcome.tool, outcome.architecture), []).append(outcome)
+    rows = [
+        "| tool | family | exports | fused / expected | QK pairs / expected | check |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (tool, architecture), group in groups.items():
+        fused = {fused_text(outcome) for outcome in group}
+        pairs = {f"{outcome.qk_norm_nodes} / {outcome.expected_qk_pairs}" for outcome in group}
+        verdicts = Counter(outcome.verdict for outcome in group)
+        rows.append(
+            f"| {tool} | {architecture} | {', '.join(sorted(_form(outcome) for outcome in group))} | "
+            f"{'; '.join(sorted(fused))} | {'; '.join(sorted(pairs))} | "
+            f"{', '.join(f'{count} {verdict}' for verdict, count in verdicts.items())} |"
+        )
+    return "\n".join(rows)
+
+
+def _form(outcome: Outcome) -> str:
+    """The file name without its family and tool: "fp16-O2", "cpu-int4", "optimum-fp16-slim"."""
+    return Path(outcome.file).stem.removeprefix(f"{outcome.architecture}-").removeprefix(f"{outcome.tool}-")
+
+
+def failure_table(failures: dict[tuple[str, str], str]) -> str:
+    rows = ["| tool | export | could not export: the tool's error |", "|---|---|---|"]
+    rows += [
+        f"| {tool} | {name} | {reason.replace('|', '/')[:200]} |" for (tool, name), reason in sorted(failures.items())
+    ]
     return "\n".join(rows)
 
 
@@ -134,7 +176,16 @@ def table(outcomes: list[Outcome]) -> str:
 @click.option("--cwd", type=click.Path(exists=True, file_okay=False, path_type=Path), help="Run trtfuse from here.")
 @click.option("--jobs", default=1, show_default=True, help="Exports surveyed at once.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The JSON written.")
-def main(exports: Path, tools: tuple[str, ...], trtfuse_command: str, cwd: Path | None, jobs: int, out: Path) -> None:
+@click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), help="Also write the tables here.")
+def main(
+    exports: Path,
+    tools: tuple[str, ...],
+    trtfuse_command: str,
+    cwd: Path | None,
+    jobs: int,
+    out: Path,
+    markdown: Path | None,
+) -> None:
     trtfuse = shlex.split(trtfuse_command)
     work = []
     failures = {}
@@ -150,12 +201,12 @@ def main(exports: Path, tools: tuple[str, ...], trtfuse_command: str, cwd: Path 
         for future in as_completed(pending):
             outcomes.append(future.result())
             print(table(outcomes[-1:]).splitlines()[-1], flush=True)
-    outcomes.sort(key=lambda outcome: (outcome.tool, outcome.file))
+    outcomes.sort(key=lambda outcome: (outcome.tool, outcome.architecture, outcome.file))
     out.write_text(json.dumps([asdict(o) for o in outcomes], indent=2) + "\n")
-    print(table(outcomes))
-    print("\n| tool | export | could not export: the tool's error |\n|---|---|---|")
-    for (tool, name), reason in sorted(failures.items()):
-        print(f"| {tool} | {name} | {reason.replace('|', '/')[:200]} |")
+    tables = "\n\n".join((summary(outcomes), table(outcomes), failure_table(failures))) + "\n"
+    print(tables)
+    if markdown is not None:
+        markdown.write_text(tables)
 
 
 if __name__ == "__main__":
