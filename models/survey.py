@@ -2,11 +2,12 @@
 
 For each file listed in `EXPORTS/<tool>/expected.json`: `trtfuse inspect --json`, `trtfuse fuse`, `trtfuse check
 ORIGINAL FUSED` with no options, and `trtfuse compile` (which stops with exit 3 where TensorRT is absent). Writes
-OUT (a JSON list: everything, messages verbatim) and prints a Markdown table: fused / expected norms, QK pairs
-(found / expected), rejected candidates, the check verdict, and the first message of whatever went wrong.
+OUT (a JSON list: everything, messages verbatim) and prints Markdown tables (also into --markdown): one row per tool
+and family, one per export (fused / expected norms, QK pairs found / expected, rejected candidates, the check
+verdict, compile's exit status, the first message of whatever went wrong), and the combinations a tool failed.
 
 \b
-    python models/survey.py /work/exports --out /work/exports/survey.json --jobs 2    # every tool's exports
+    python models/survey.py /work/exports --out /work/exports/survey.json --markdown /work/exports/survey.md --jobs 2
     python models/survey.py /work/exports --out /tmp/o.json --tool optimum --trtfuse "python3 -m cli.main"
 """
 

@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -105,12 +106,10 @@ class Manifest:
 
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
-    return text.splitlines()[-1 if isinstance(error, SystemExit) else 0] if text else ""
+    return text.splitlines()[0] if text else ""
 
 
 def tool_versions() -> dict[str, str]:
-    from importlib import metadata
-
     versions = {}
     for package in (
         "torch",
