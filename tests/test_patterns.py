@@ -494,3 +494,15 @@ def test_autocast_norm_with_a_16_bit_root_widened_for_the_reciprocal(dtype: str)
     original = ReferenceEvaluator(model).run(None, feed)[0]
     fused = ReferenceEvaluator(lower_fused_nodes(fuse_model(model).model)).run(None, feed)[0]
     assert np.abs(fused - exact).max() <= np.abs(original - exact).max()
+
+
+def test_integer_reductions_are_not_norm_candidates() -> None:
+    """onnxruntime-genai turns the attention mask into sequence lengths with a ReduceSum over int64: no norm, so not
+    a rejected norm either (it used to be listed on every genai export as "the reduced tensor is not a square")."""
+    mask = gs.Variable("attention_mask", dtype=np.int64, shape=["batch", "total"])
+    lengths = gs.Variable("lengths", dtype=np.int64, shape=["batch", 1])
+    axes = gs.Constant("axes", np.array([1], np.int64))
+    node = gs.Node("ReduceSum", "attn_mask_reformat/ReduceSum", inputs=[mask, axes], outputs=[lengths])
+    graph = gs.Graph(nodes=[node], inputs=[mask], outputs=[lengths], opset=18)
+    search = find_norms(graph)
+    assert search.matches == [] and search.near_misses == []

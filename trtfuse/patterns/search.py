@@ -8,13 +8,20 @@ from trtfuse.patterns.decomposed import ANCHORS, match_decomposed
 from trtfuse.patterns.fused_ops import is_fused_norm, match_fused
 from trtfuse.patterns.matches import NearMiss, NormSearch, Rejected, RmsNormMatch
 from trtfuse.patterns.qk import absorbed_qk_norms, pair_qk_norms
-from trtfuse.patterns.queries import ONNX_DOMAINS, describe
+from trtfuse.patterns.queries import ONNX_DOMAINS, describe, dtype_name
 from trtfuse.patterns.shapes import Shapes
 
 
 def _redefined_ops(graph: gs.Graph) -> list[str]:
     """ONNX op names the model redefines as local functions: a node calling one may not compute the ONNX op."""
     return sorted({function.name for function in graph.functions if (function.domain or "") in ONNX_DOMAINS})
+
+
+def _reduces_integers(node: gs.Node) -> bool:
+    """A reduction over integers (an attention mask's ReduceSum into sequence lengths) is no norm candidate: listing
+    it among the rejected norms only hides the real near misses."""
+    dtype = dtype_name(node.inputs[0]) if node.inputs else None
+    return dtype is not None and dtype.startswith(("int", "uint", "bool"))
 
 
 def find_norms(graph: gs.Graph) -> NormSearch:
@@ -25,7 +32,7 @@ def find_norms(graph: gs.Graph) -> NormSearch:
     redefined = _redefined_ops(graph)
     shapes = Shapes(graph)
     for node in graph.nodes:
-        is_anchor = node.op in ANCHORS and (node.domain or "") in ONNX_DOMAINS
+        is_anchor = node.op in ANCHORS and (node.domain or "") in ONNX_DOMAINS and not _reduces_integers(node)
         if redefined and (is_anchor or is_fused_norm(node)):
             reason = f"the model redefines the ONNX op(s) {', '.join(redefined)} as local functions"
             search.near_misses.append(NearMiss(describe(node), reason))
