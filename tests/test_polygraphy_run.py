@@ -22,9 +22,10 @@ from polygraphy.common import TensorMetadata
 from polygraphy.datatype import DataType
 from polygraphy.exception import PolygraphyException
 
+from trtfuse import compare as compare_module
 from trtfuse import contract
 from trtfuse.build import BuildResult, make_sidecar, sidecar_path_for, tool_versions, write_engine
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.io import load_model
 from trtfuse.polygraphy_ext import loaders, runners
 from trtfuse.polygraphy_ext.loaders import engine_profiles_for
@@ -345,3 +346,23 @@ def test_engine_runner_runs_each_feed_in_the_profile_that_holds_it(tmp_path, mon
             runner.infer({"input_ids": np.zeros((1, 65), np.int64)})
         assert isinstance(raised.value.__cause__, TrtfuseError), "trtfuse's commands raise the cause again"
     assert fake.profiles == [1, 0]
+
+
+def test_trtfuse_compare_runs_engines_through_the_same_runner(tmp_path, monkeypatch):
+    fake = _FakeTrtRunner()
+    monkeypatch.setattr(
+        runners, "engine_profiles", lambda path: [Profile("decode", {"input_ids": ShapeRange((1, 1), (1, 1), (1, 1))})]
+    )
+    monkeypatch.setattr(runners, "trt_runner", lambda path: fake)
+    run = compare_module.engine_run(tmp_path / "model.engine")
+    assert run({"input_ids": np.ones((1, 1), np.int64)})["echo"].shape == (1, 1)
+    with pytest.raises(TrtfuseError, match="input 'input_ids' of shape 1x2 fits no optimisation profile"):
+        run({"input_ids": np.ones((1, 2), np.int64)})
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
+def test_trtfuse_compare_without_tensorrt_still_says_what_is_missing(tmp_path):
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"engine")
+    with pytest.raises(MissingDependencyError, match="`tensorrt` is not installed"):
+        compare_module.engine_run(engine)({"input_ids": np.ones((1, 1), np.int64)})

@@ -1,6 +1,6 @@
 """`trtfuse compare`: the original model against a TensorRT engine or, where there is none (CI), against the fused
 ONNX model run exactly as `trtfuse check` runs it. Either way the steps, runs and verdict are `check.judge_steps`'s;
-only the candidate's runner differs (Polygraphy's `TrtRunner` for an engine).
+only the candidate's runner differs (for an engine, `polygraphy run --trtfuse`'s runner).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from trtfuse.check import CheckResult, check_fused, judge_for, judge_steps, orig
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.inputs import StepFeed, default_feeds
 from trtfuse.io import LoadedModel, load_model
-from trtfuse.runner import ENGINE_RUNNER, engine_profiles, profile_for_feed, trt_runner
+from trtfuse.runner import ENGINE_RUNNER, engine_profiles
 from trtfuse.tolerances import Tolerance
 
 ORIGINAL_RUNNER = "onnxruntime-original"
@@ -93,22 +93,23 @@ def comparison_feeds(
 
 
 def engine_run(engine_path: Path) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-    """Runs the engine on one feed, in the first optimisation profile that holds it."""
-    profiles = engine_profiles(engine_path)
+    """Runs the engine on one feed with the runner of `polygraphy run --trtfuse` (`TrtfuseTrtRunner`: trtfuse's
+    TrtRunner, the feed in the first optimisation profile that holds it)."""
 
     def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from polygraphy.exception import PolygraphyException
         from polygraphy.logger import G_LOGGER
 
-        runner = trt_runner(engine_path, profile_for_feed(profiles, feed))
-        # trtfuse prints its own report; Polygraphy's log would repeat it at length.
-        with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+        from trtfuse.polygraphy_ext.runners import TrtfuseTrtRunner
+
+        # trtfuse prints its own report and error line; Polygraphy's log, even its critical line, would repeat them.
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
             try:
-                with runner:
-                    outputs = runner.infer(dict(feed))
+                with TrtfuseTrtRunner(str(engine_path), name=ENGINE_RUNNER) as runner:
+                    return runner.infer(dict(feed))
             except PolygraphyException as error:
+                if isinstance(error.__cause__, TrtfuseError):
+                    raise error.__cause__ from None
                 raise TrtfuseError(f"{engine_path}: inference failed: {first_line(error)}") from None
-        # Copies: Polygraphy may hand out the same host buffers again on the next inference.
-        return {name: np.array(array, copy=True) for name, array in outputs.items()}
 
     return run
