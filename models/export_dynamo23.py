@@ -19,7 +19,7 @@ import onnx
 import onnxruntime
 import torch
 from export import CHECK_SHAPE, STACK_TRACE_KEY, LogitsOnly, random_input_ids
-from tool_exports import NEGATIVES, RMS_FAMILIES, Manifest, first_line, norm_entry, tiny_model
+from tool_exports import Manifest, first_line, norm_entry, tiny_model
 
 OPSET = 23
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -81,13 +81,7 @@ def onnxruntime_error(wrapper: torch.nn.Module, path: Path) -> str:
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(sorted(DTYPES)))
 @click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export.")
 def main(out_root: Path, archs: tuple[str, ...], dtypes: tuple[str, ...], verbose: bool) -> None:
-    manifest = Manifest("dynamo23", out_root / "dynamo23")
-    for arch in archs or (*RMS_FAMILIES, *NEGATIVES):
-        for dtype in dtypes or DTYPES:
-            name = f"{arch}-dynamo23-{TAGS[dtype]}.onnx"
-            path = manifest.out_dir / name
-            manifest.attempt(name, lambda arch=arch, dtype=dtype, path=path: export(arch, dtype, path), verbose)
-    manifest.write()
+    Manifest("dynamo23", out_root / "dynamo23").attempt_all(archs, dtypes or DTYPES, export, verbose, TAGS.get)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import click
 import numpy as np
 import onnx
 from export import VOCAB, ExportSpec, LogitsOnly, export_onnx, random_input_ids
-from tool_exports import NEGATIVES, RMS_FAMILIES, Manifest, norm_entry, onnxruntime_vs_torch, run_tool, tiny_model
+from tool_exports import Manifest, norm_entry, onnxruntime_vs_torch, run_tool, tiny_model
 
 QUANTIZE = "modelopt.onnx.quantization"
 AUTOCAST = "modelopt.onnx.autocast"
@@ -84,14 +84,9 @@ def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verb
     manifest = Manifest("modelopt", out_root / "modelopt")
     sources = manifest.out_dir / "sources"
     sources.mkdir(exist_ok=True)
-    for arch in archs or (*RMS_FAMILIES, *NEGATIVES):
-        for variant in variants or VARIANTS:
-            name = f"{arch}-modelopt-{variant}.onnx"
-            path = manifest.out_dir / name
-            manifest.attempt(
-                name, lambda arch=arch, variant=variant, path=path: export(arch, variant, path, sources), verbose
-            )
-    manifest.write()
+    manifest.attempt_all(
+        archs, variants or VARIANTS, lambda arch, variant, path: export(arch, variant, path, sources), verbose
+    )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ from pathlib import Path
 import click
 import onnx
 from tool_exports import (
-    NEGATIVES,
-    RMS_FAMILIES,
     Manifest,
     norm_entry,
     onnxruntime_vs_torch,
@@ -67,13 +65,7 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
 @click.option("--variant", "variants", multiple=True, type=click.Choice(sorted(VARIANTS)))
 @click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export.")
 def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool) -> None:
-    manifest = Manifest("optimum", out_root / "optimum")
-    for arch in archs or (*RMS_FAMILIES, *NEGATIVES):
-        for variant in variants or VARIANTS:
-            name = f"{arch}-optimum-{variant}.onnx"
-            path = manifest.out_dir / name
-            manifest.attempt(name, lambda arch=arch, variant=variant, path=path: export(arch, variant, path), verbose)
-    manifest.write()
+    Manifest("optimum", out_root / "optimum").attempt_all(archs, variants or VARIANTS, export, verbose)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from importlib import metadata
@@ -98,6 +98,23 @@ class Manifest:
         self.write()
         calls = f"{entry['norm_calls']} norm calls ({entry['qk_norm_calls']} q/k)"
         print(f"ok      {self.tool}/{name}: {calls}", flush=True)
+
+    def attempt_all(
+        self,
+        archs: Sequence[str],
+        variants: Sequence[str],
+        export: Callable[[str, str, Path], dict[str, object]],
+        verbose: bool = False,
+        tag: Callable[[str], str] = str,
+    ) -> None:
+        """`export(arch, variant, path)` for every family (all of them when `archs` is empty) and variant, into
+        `<arch>-<tool>-<tag(variant)>.onnx`, then the manifest."""
+        for arch in archs or (*RMS_FAMILIES, *NEGATIVES):
+            for variant in variants:
+                name = f"{arch}-{self.tool}-{tag(variant)}.onnx"
+                path = self.out_dir / name
+                self.attempt(name, lambda arch=arch, variant=variant, path=path: export(arch, variant, path), verbose)
+        self.write()
 
     def write(self) -> None:
         payload = {"tool": self.tool, "versions": tool_versions(), "files": self.files, "failures": self.failures}
