@@ -2,7 +2,7 @@
 
     python3 benchmarks/kernel_sweep.py [--json PATH] [--reps N] [--only SHAPE ...]
 
-Same method as `python -m trtfuse.kernels.bench` (its helpers are reused): the 1 GiB device-to-device copy of the same
+Same method as `python -m trtfuse.bench.kernels` (its helpers are reused): the 1 GiB device-to-device copy of the same
 run is the ceiling; each number is the median of event-timed calls over rotating, freshly drawn input sets, outputs
 NaN-poisoned and checked against torch. Each candidate is timed `--reps` times, interleaved with the others, so that
 run-to-run drift shows up as spread rather than as a difference between candidates. The launch floor is an
@@ -19,17 +19,18 @@ from typing import Any
 
 import torch
 
-from trtfuse.contract import WeightMode
-from trtfuse.kernels.bench import (
+from trtfuse.bench.kernels import (
     EPS,
+    check_close,
     copy_bandwidth_gbs,
     fresh_compile,
     input_sets,
     launch_floor_us,
-    llama_rms_norm,
     median_event_us,
     same_size_copy_us,
 )
+from trtfuse.bench.reference import norm_reference
+from trtfuse.contract import WeightMode
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import RmsNormVariant
 from trtfuse.kernels.device import current_device
@@ -55,13 +56,6 @@ CANDIDATES: dict[int, tuple[dict[str, Any], ...]] = {
     2048: ({"threads": 128}, {"threads": 64, "reread": True}),
     5120: ({"threads": 256},),
 }
-
-
-def reference(x: torch.Tensor, w: torch.Tensor, mode: WeightMode) -> torch.Tensor:
-    if mode is AFTER and w.dtype == x.dtype:
-        return llama_rms_norm(x, w)
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
 
 
 def candidate_tiling(
@@ -98,7 +92,7 @@ def time_candidates(
     xs = [torch.randn(rows, hidden, device="cuda", dtype=dtype) for _ in range(n_sets)]
     ys = [torch.full_like(xs[0], float("nan")) for _ in range(n_sets)]
     w = torch.randn(hidden, device="cuda", dtype=wdtype)
-    ref = reference(xs[0], w, mode)
+    ref = norm_reference(xs[0], w, EPS, 0.0, mode)
     stream = torch.cuda.current_stream().cuda_stream
     calls: dict[str, Any] = {}
     for t in tilings:
@@ -112,10 +106,7 @@ def time_candidates(
         for key, call in calls.items():
             timed[key].append(median_event_us(call, n_sets))
             if rep == 0 and key != "torch.compile":
-                bad = torch.isnan(ys[0]).any().item()
-                err = ((ys[0].double() - ref.double()).abs().max() / ref.double().abs().max()).item()
-                if bad or err > 2e-2:
-                    raise AssertionError(f"{rows}x{hidden} {name} {key}: wrong output (nan={bad}, err={err:.3g})")
+                check_close(ys[0], ref, f"{rows}x{hidden} {name} {key}")
                 ys[0].fill_(float("nan"))
         timed["same-size copy"].append(same_size_copy_us(nbytes))
     print(f"{rows}x{hidden} {name}/{wname} {mode.name}:", flush=True)

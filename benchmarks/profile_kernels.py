@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from trtfuse.bench.kernels import EPS, fresh_compile
 from trtfuse.contract import WeightMode
-from trtfuse.kernels.bench import EPS, fresh_compile
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import RmsNormVariant
 from trtfuse.kernels.device import current_device

@@ -1,4 +1,4 @@
-"""`trtfuse bench kernels`: the CuTeDSL kernel benchmark (trtfuse/kernels/bench.py) from the command line."""
+"""`trtfuse bench kernels`: the CuTeDSL kernel benchmark (trtfuse/bench/kernels.py) from the command line."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def kernels(report_path: Path | None, no_torch_compile: bool, as_json: bool) -> 
     try:
         import torch
 
-        from trtfuse.kernels import bench as kernel_bench
+        from trtfuse.bench import kernels as kernel_bench
     except ImportError as error:
         raise MissingDependencyError(f"the kernel benchmark needs torch and nvidia-cutlass-dsl: {error}") from error
     if not torch.cuda.is_available():

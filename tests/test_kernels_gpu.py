@@ -13,6 +13,8 @@ from trtfuse.kernels import QkNormSpec, RmsNormSpec, get_qk_norm, get_rms_norm
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
+from trtfuse.bench.reference import norm_reference  # noqa: E402  (needs torch)
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with `python3 -m pytest -m gpu`)"),
@@ -60,23 +62,6 @@ def shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
     return view
 
 
-def reference(
-    x: torch.Tensor, w: torch.Tensor | None, eps: float, offset: float, mode: WeightMode, out: str | None = None
-) -> torch.Tensor:
-    """The contract's semantics (trtfuse/contract.py, WeightMode) in float64: rounded to the output dtype T (`out`,
-    default x's) at the end and, in AFTER_CAST, to the node's 16-bit dtype R before the weight multiply."""
-    out_dtype = dt(out) if out else x.dtype
-    rounding = x.dtype if x.dtype != torch.float32 else out_dtype
-    xd = x.double()
-    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
-    if mode is NONE:
-        return normed.to(out_dtype)
-    wd = w.double() + offset
-    if mode is AFTER:
-        return (normed.to(rounding).double() * wd).to(out_dtype)
-    return (normed * wd).to(out_dtype)
-
-
 def assert_matches(y: torch.Tensor, ref: torch.Tensor, rounded_to: str | None = None) -> None:
     """`rounded_to`: a coarser dtype the value passed through on its way to y's (AFTER_CAST's R), whose units in the
     last place then set the tolerance: the kernel's fp32 x·r and the float64 one may round to neighbours there."""
@@ -100,7 +85,7 @@ def run_rms(spec: RmsNormSpec, rows: int, misalign: int = 0) -> None:
     torch.cuda.synchronize()
     assert y.data_ptr() == out.data_ptr() and y.dtype == dt(spec.out_dtype)
     assert_matches(
-        y, reference(x, w, spec.epsilon, spec.weight_offset, spec.weight_mode, spec.out_dtype), rounded(spec)
+        y, norm_reference(x, w, spec.epsilon, spec.weight_offset, spec.weight_mode, spec.out_dtype), rounded(spec)
     )
 
 
@@ -182,7 +167,7 @@ def test_raw_pointer_launch_on_a_side_stream_replays_from_a_cuda_graph() -> None
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert_matches(out, reference(x, w, 3e-6, 0.0, AFTER))
+        assert_matches(out, norm_reference(x, w, 3e-6, 0.0, AFTER))
 
 
 def test_qk_norm_raw_pointer_launch_replays_from_a_cuda_graph() -> None:
@@ -199,8 +184,8 @@ def test_qk_norm_raw_pointer_launch_replays_from_a_cuda_graph() -> None:
     q.copy_(rand((4, 32, 128), "bfloat16"))
     graph.replay()
     torch.cuda.synchronize()
-    assert_matches(q_out, reference(q, wq, 3e-6, 0.0, AFTER))
-    assert_matches(k_out, reference(k, wk, 3e-6, 0.0, AFTER))
+    assert_matches(q_out, norm_reference(q, wq, 3e-6, 0.0, AFTER))
+    assert_matches(k_out, norm_reference(k, wk, 3e-6, 0.0, AFTER))
 
 
 def run_qk(spec: QkNormSpec, tokens: int, q_heads: int, k_heads: int, misalign: int = 0) -> None:
@@ -214,8 +199,8 @@ def run_qk(spec: QkNormSpec, tokens: int, q_heads: int, k_heads: int, misalign: 
     get_qk_norm(spec)(q, k, wq, wk, q_out, k_out)
     torch.cuda.synchronize()
     mode = spec.weight_mode
-    assert_matches(q_out, reference(q, wq, spec.epsilon, spec.weight_offset, mode, spec.out_dtype), rounded(spec))
-    assert_matches(k_out, reference(k, wk, spec.epsilon, spec.weight_offset, mode, spec.out_dtype), rounded(spec))
+    assert_matches(q_out, norm_reference(q, wq, spec.epsilon, spec.weight_offset, mode, spec.out_dtype), rounded(spec))
+    assert_matches(k_out, norm_reference(k, wk, spec.epsilon, spec.weight_offset, mode, spec.out_dtype), rounded(spec))
 
 
 QK_CASES = [
@@ -308,4 +293,4 @@ def test_mixed_precision_decode_replays_from_a_cuda_graph() -> None:
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert_matches(out, reference(x, w, 7e-6, 0.0, AFTER, "bfloat16"))
+        assert_matches(out, norm_reference(x, w, 7e-6, 0.0, AFTER, "bfloat16"))

@@ -28,7 +28,7 @@ except MissingDependencyError as missing:
 
 import trtfuse
 from trtfuse import plugins
-from trtfuse.plugins import lifecycle
+from trtfuse.bench import plugin_lifecycle as lifecycle
 from trtfuse.plugins.base import DEFAULT_TACTIC, NormPlugin, NormPluginCreator, timing_cache_id
 from trtfuse.plugins.fields import NormConfig
 from trtfuse.plugins.qk_norm import QkNormPlugin, QkNormPluginCreator

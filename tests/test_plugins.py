@@ -30,7 +30,7 @@ except MissingDependencyError as missing:
 
 import trtfuse.kernels
 from trtfuse import plugins
-from trtfuse.plugins import lifecycle
+from trtfuse.bench import plugin_lifecycle as lifecycle
 from trtfuse.plugins.fields import NormConfig, parse_fields
 from trtfuse.plugins.qk_norm import QkNormPluginCreator
 from trtfuse.plugins.rms_norm import RmsNormPluginCreator

@@ -1,4 +1,4 @@
-"""The trtfuse plugins on a GPU, driven through TensorRT's IPluginV3 call order by trtfuse.plugins.lifecycle: real
+"""The trtfuse plugins on a GPU, driven through TensorRT's IPluginV3 call order by trtfuse.bench.plugin_lifecycle: real
 CuTeDSL kernels enqueued on raw device pointers and a side stream, checked against a float64 reference, host cost per
 enqueue, and a CUDA-graph capture of several enqueues replayed with fresh inputs.
 
@@ -29,7 +29,7 @@ try:
 except MissingDependencyError as missing:
     pytest.skip(f"no TensorRT plugin types: {missing}", allow_module_level=True)
 
-from trtfuse.plugins import lifecycle  # noqa: E402  (needs the TensorRT types chosen above)
+from trtfuse.bench import plugin_lifecycle as lifecycle  # noqa: E402  (needs the TensorRT types chosen above)
 
 # Python's own share of an enqueue, on top of the kernel launch under it: a few attribute reads and one call.
 PLUGIN_OVERHEAD_BUDGET_US = 2.0

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from test_plugins import RecordingKernel, create, f32, i32, kernels, rms_fields, trt  # noqa: F401 (kernels: a fixture)
 
+from trtfuse.bench import plugin_lifecycle as lifecycle
 from trtfuse.errors import TrtfuseError
-from trtfuse.plugins import lifecycle
 from trtfuse.plugins.base import DTYPE_NAMES
 from trtfuse.plugins.fields import serialize_fields
 from trtfuse.plugins.qk_norm import QkNormPluginCreator

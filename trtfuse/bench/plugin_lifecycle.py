@@ -13,7 +13,7 @@ measurement and the CUDA-graph replay need a GPU, torch and trtfuse.kernels. Wha
 IExprBuilder (not constructible outside a network build, so get_output_shapes sees expression-less DimsExprs) and an
 IPluginResourceContext (attach_to_context gets None; the plugins do not use it).
 
-Run `python -m trtfuse.plugins.lifecycle` on a GPU machine for a report of every case.
+Run `python -m trtfuse.bench.plugin_lifecycle` on a GPU machine for a report of every case.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from trtfuse.plugins.base import DEFAULT_TACTIC, DTYPE_NAMES, NormPlugin, NormPl
 from trtfuse.plugins.fields import NormConfig
 from trtfuse.plugins.qk_norm import QkNormPluginCreator
 from trtfuse.plugins.rms_norm import RmsNormPluginCreator
-from trtfuse.tolerances import tolerance_for
+from trtfuse.tolerances import output_error, tolerance_for
 
 Shape = tuple[int, ...]
 DTYPE_BY_NAME = {name: data_type for data_type, name in DTYPE_NAMES.items()}
@@ -378,19 +378,13 @@ def device_tensors(
 
 
 def reference_norm(x: Any, weight: Any, config: NormConfig) -> Any:
-    """The contract's semantics in float64 on the CPU, with the casts where contract.WeightMode puts them: to the
-    output dtype T at the end, to the node's 16-bit dtype R before an AFTER_CAST weight multiply."""
-    x_name = str(x.dtype).removeprefix("torch.")
-    out = _torch_dtype(config.output_dtype or x_name)
-    rounding = _torch_dtype(rounding_dtype(x_name, config.output_dtype or x_name))
-    x64 = x.detach().cpu().double()
-    normed = x64 * (x64.pow(2).mean(dim=-1, keepdim=True) + config.epsilon).rsqrt()
-    if config.weight_mode is WeightMode.NONE:
-        return normed.to(out)
-    scale = weight.detach().cpu().double() + config.weight_offset
-    if config.weight_mode is WeightMode.AFTER_CAST:
-        return (normed.to(rounding).double() * scale).to(out)
-    return (normed * scale).to(out)
+    """The plugin node's output for x (and its weight) by the shared float64 reference, computed on the CPU."""
+    from trtfuse.bench.reference import norm_reference  # torch: only the GPU steps need it
+
+    cpu_weight = None if weight is None else weight.cpu()
+    return norm_reference(
+        x.cpu(), cpu_weight, config.epsilon, config.weight_offset, config.weight_mode, config.output_dtype
+    )
 
 
 @dataclass(frozen=True)
@@ -415,15 +409,12 @@ def check_outputs(case: NormCase, tensors: DeviceTensors) -> list[OutputCheck]:
         reference = reference_norm(tensors.inputs[i], weight, case.config).double()
         actual = tensors.outputs[i].detach().cpu().double()
         unwritten = int(actual.isnan().sum())
-        difference = (actual - reference).abs().nan_to_num(nan=math.inf)
-        max_abs = float(difference.max())
-        scale = float(reference.abs().max())
-        max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+        error = output_error(names[i], actual.numpy(), reference.numpy())
         # The coarser of the output dtype and AFTER_CAST's intermediate R sets the tolerance.
         after_cast = case.config.weight_mode is WeightMode.AFTER_CAST
         coarse = rounding_dtype(case.dtype, case.output_dtype) if after_cast else case.output_dtype
         rtol = max(tolerance_for(case.output_dtype).rtol, tolerance_for(coarse).rtol)
-        checks.append(OutputCheck(names[i], max_abs, max_rel, rtol, unwritten))
+        checks.append(OutputCheck(names[i], error.max_abs, error.max_rel, rtol, unwritten))
     return checks
 
 
@@ -610,7 +601,7 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("trtfuse.plugins.lifecycle: no CUDA device; run it on the GPU machine", file=sys.stderr)
+        print("trtfuse.bench.plugin_lifecycle: no CUDA device; run it on the GPU machine", file=sys.stderr)
         return 2
     failed = 0
     for case in default_cases():

@@ -1,4 +1,4 @@
-"""Kernel benchmark on a GPU: `python -m trtfuse.kernels.bench [--json PATH]` (or `trtfuse bench kernels`).
+"""Kernel benchmark on a GPU: `python -m trtfuse.bench.kernels [--json PATH]` (or `trtfuse bench kernels`).
 
 Method (/work/.library/device/METHOD.md): the same run first measures device-to-device copy bandwidth (bytes read +
 written) as the ceiling; every timing is the median of CUDA-event-timed calls after warm-up, on fresh random inputs,
@@ -21,12 +21,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trtfuse.bench.reference import norm_reference
 from trtfuse.contract import WeightMode
 from trtfuse.kernels.api import QkNormKernel, RmsNormKernel, get_qk_norm, get_rms_norm
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.device import current_device
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime
+from trtfuse.tolerances import output_error
 
 EPS = 1e-6
 PREFILL_SHAPES = ((16384, 4096), (8192, 8192), (16384, 2048), (4096, 4096))
@@ -51,8 +53,8 @@ def llama_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.
 
 
 def mixed_rms_norm(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, eps: float = EPS) -> torch.Tensor:
-    """The contract's AFTER_CAST with x and y of different dtypes: x·r rounded to the 16-bit side, times the weight,
-    rounded to y's dtype (the norm of an optimum fp16 export on an fp32 residual stream, when x is fp32)."""
+    """The contract's AFTER_CAST with x and y of different dtypes, written as a model would (fp32 math): what
+    torch.compile gets to fuse for the mixed pairs (the norm of an optimum fp16 export on an fp32 residual stream)."""
     rounding = x.dtype if x.dtype != torch.float32 else out_dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -145,9 +147,10 @@ def same_size_copy_us(nbytes: int) -> float:
 
 
 def check_close(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """A benchmarked output against the reference: no NaN left, relative error within 2e-2."""
     if torch.isnan(y).any():
         raise AssertionError(f"{what}: NaN in output (unwritten poisoned elements?)")
-    err = ((y.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+    err = output_error(what, y.double().cpu().numpy(), ref.double().cpu().numpy()).max_rel
     if err > 2e-2:
         raise AssertionError(f"{what}: max rel error {err:.3g} against torch")
 
@@ -164,7 +167,7 @@ def bench_prefill(dtype: torch.dtype, rows: int, hidden: int, compiled: bool, co
     row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "dtype": name, "bytes": nbytes}
     row["same_size_copy_us"] = same_size_copy_us(nbytes)
     row["ours_us"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
-    check_close(ys[0], llama_rms_norm(xs[0], w), f"ours {row['shape']} {name}")
+    check_close(ys[0], norm_reference(xs[0], w, EPS, 0.0, WeightMode.AFTER_CAST), f"ours {row['shape']} {name}")
     row["torch_us"] = median_event_us(lambda i: F.rms_norm(xs[i], (hidden,), w, EPS), n_sets)
     if compiled:
         fn = fresh_compile()
@@ -191,7 +194,8 @@ def bench_mixed_prefill(
     row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "dtype": f"{x_name}->{y_name}", "bytes": nbytes}
     row["same_size_copy_us"] = same_size_copy_us(nbytes)
     row["ours_us"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
-    check_close(ys[0], mixed_rms_norm(xs[0], w, y_dtype), f"ours {row['shape']} {row['dtype']}")
+    reference = norm_reference(xs[0], w, EPS, 0.0, WeightMode.AFTER_CAST, y_name)
+    check_close(ys[0], reference, f"ours {row['shape']} {row['dtype']}")
     if compiled:
         fn = fresh_compile(mixed_rms_norm)
         row["compile_us"] = median_event_us(lambda i: fn(xs[i], w, y_dtype), n_sets)
@@ -216,7 +220,7 @@ def bench_mixed_decode(rows: int) -> dict[str, Any]:
 
     row: dict[str, Any] = {"rows": rows, "hidden": hidden, "dtype": "float32->bfloat16"}
     row["ours_graph_us"] = graph_replay_us(raw_launch)
-    check_close(y, mixed_rms_norm(x, w, torch.bfloat16), f"mixed decode rows={rows}")
+    check_close(y, norm_reference(x, w, EPS, 0.0, WeightMode.AFTER_CAST, "bfloat16"), f"mixed decode rows={rows}")
     return row
 
 
@@ -234,7 +238,7 @@ def bench_decode(rows: int, compiled: bool) -> dict[str, Any]:
         kernel.launch(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream().cuda_stream)
 
     row["ours_graph_us"] = graph_replay_us(raw_launch)
-    check_close(y, llama_rms_norm(x, w), f"decode ours rows={rows}")
+    check_close(y, norm_reference(x, w, EPS, 0.0, WeightMode.AFTER_CAST), f"decode ours rows={rows}")
     row["torch_graph_us"] = graph_replay_us(lambda: F.rms_norm(x, (hidden,), w, EPS))
     if compiled:
         fn = fresh_compile()
@@ -279,8 +283,8 @@ def bench_qk(tokens: int, copy_gbs: float) -> dict[str, Any]:
         row["two_rms_us"] = median_event_us(two_launches, n_sets)
         row["timing"] = "events"
     one_launch(0)
-    check_close(qos[0], llama_rms_norm(qs[0], wq), f"qk q tokens={tokens}")
-    check_close(kos[0], llama_rms_norm(ks[0], wk), f"qk k tokens={tokens}")
+    check_close(qos[0], norm_reference(qs[0], wq, EPS, 0.0, WeightMode.AFTER_CAST), f"qk q tokens={tokens}")
+    check_close(kos[0], norm_reference(ks[0], wk, EPS, 0.0, WeightMode.AFTER_CAST), f"qk k tokens={tokens}")
     row["qk_pct_copy"] = 100 * nbytes / row["qk_us"] / 1e3 / copy_gbs
     row["two_rms_pct_copy"] = 100 * nbytes / row["two_rms_us"] / 1e3 / copy_gbs
     return row

@@ -1,0 +1,34 @@
+"""The contract's semantics (trtfuse/contract.py, WeightMode) in float64 torch: the one reference every harness and
+GPU test checks the kernels and plugins against."""
+
+from __future__ import annotations
+
+import torch
+
+from trtfuse.contract import WeightMode, rounding_dtype
+
+
+def norm_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    epsilon: float,
+    weight_offset: float,
+    weight_mode: WeightMode,
+    output_dtype: str | None = None,
+) -> torch.Tensor:
+    """y for x over its last axis, computed in float64 on x's device, with the casts where the weight mode puts
+    them: to the output dtype T (`output_dtype`, default x's) at the end and, in AFTER_CAST, to the node's 16-bit
+    dtype R before the weight multiply. `weight` is unused in WeightMode.NONE."""
+    x_name = str(x.dtype).removeprefix("torch.")
+    out_name = output_dtype or x_name
+    out, rounding = getattr(torch, out_name), getattr(torch, rounding_dtype(x_name, out_name))
+    x64 = x.detach().double()
+    normed = x64 * (x64.pow(2).mean(dim=-1, keepdim=True) + epsilon).rsqrt()
+    if weight_mode is WeightMode.NONE:
+        return normed.to(out)
+    if weight is None:
+        raise ValueError(f"the reference of a {weight_mode.name} norm needs a weight")
+    scale = weight.detach().double() + weight_offset
+    if weight_mode is WeightMode.AFTER_CAST:
+        return (normed.to(rounding).double() * scale).to(out)
+    return (normed * scale).to(out)
