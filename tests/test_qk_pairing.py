@@ -24,7 +24,7 @@ from trtfuse import contract
 from trtfuse.fuse import fuse_model, import_graph
 from trtfuse.patterns import find_norms
 from trtfuse.reference import lower_fused_nodes
-from trtfuse.tolerances import tolerance_for
+from trtfuse.tolerances import output_error, tolerance_for
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 Q_WIDTH, KV_WIDTH = Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
@@ -307,7 +307,7 @@ def assert_fused_matches(original: onnx.ModelProto, dtype: str = "float32") -> d
     actual = _session(lower_fused_nodes(result.model)).run(None, feed)
     for want, got in zip(expected, actual, strict=True):
         assert got.shape == want.shape
-        relative = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+        relative = output_error("output", got, want).max_rel
         assert relative <= tolerance_for(dtype).rtol, relative
     return result.report()["totals"]
 
