@@ -1,0 +1,221 @@
+"""The package's import graph, read with `ast` from the source files (nothing is imported or executed).
+
+Two rules of docs/architecture.md hold today and are checked here:
+- no runtime module (anything under trtfuse/ outside trtfuse/bench/ and trtfuse/cli/) imports torch at module top:
+  torch is for the harnesses, and a runtime module may import it only inside the function that needs it;
+- the imports among trtfuse's modules form no cycle: neither the imports Python runs when a module is imported, nor
+  all imports, function-level ones included (a cycle there is still two modules that each need the other), leaving
+  out only a submodule's imports of its own package, which Python initialises before the submodule anyway. (That
+  exception covers trtfuse/plugins/: `register()` in its __init__ imports the creators lazily, and plugins/base.py
+  imports `record_creation_error` from the package.)
+
+Issue 8's other conditions (run and compare not importing from build or check, no module importing from a later
+pipeline stage) need the engine artefact's own module (issue 8 item 1) first: today runner.py and compare.py import
+from build.py and check.py by design, so those rules are not checked here yet.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "trtfuse"
+HARNESS_PACKAGES = ("trtfuse.bench", "trtfuse.cli")
+FORBIDDEN_AT_TOP = "torch"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules(root: Path = PACKAGE_ROOT) -> dict[str, Path]:
+    """Every module of the package under `root`, by dotted name."""
+    return {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def top_level_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Imports that run when the module is imported: the module body, its class bodies and its if / try / with
+    blocks, not function bodies nor `if TYPE_CHECKING:` blocks."""
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        statement = pending.pop()
+        if isinstance(statement, ast.Import | ast.ImportFrom):
+            yield statement
+        elif isinstance(statement, ast.If):
+            pending.extend(statement.orelse if _is_type_checking(statement.test) else statement.body + statement.orelse)
+        elif isinstance(statement, ast.Try):
+            pending.extend(statement.body + statement.orelse + statement.finalbody)
+            pending.extend(line for handler in statement.handlers for line in handler.body)
+        elif isinstance(statement, ast.With | ast.ClassDef):
+            pending.extend(statement.body)
+
+
+def imported_names(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The dotted names an import statement binds from: `from a import b` gives `a.b` (a submodule, or a name of a)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        anchor = module.split(".")
+        anchor = anchor if is_package else anchor[:-1]
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return [f"{base}.{alias.name}" for alias in node.names]
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The package module `name` refers to: itself, or the longest module prefix (`a.b.func` -> `a.b`)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(modules: dict[str, Path], module_top_only: bool) -> dict[str, set[str]]:
+    """Module -> the package modules it imports: at module top only (what importing it runs), or anywhere in the file
+    except its own ancestor packages."""
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        if module_top_only:
+            imports = list(top_level_imports(tree))
+        else:
+            imports = [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
+        targets = {resolve(name, modules) for node in imports for name in imported_names(node, module, _is_pkg(path))}
+        graph[module] = {
+            target
+            for target in targets
+            if target is not None and target != module and (module_top_only or not module.startswith(f"{target}."))
+        }
+    return graph
+
+
+def _is_pkg(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a path that returns to its start, or None (depth-first, children in name order)."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path, children = [start], [iter(sorted(graph[start]))]
+        while path:
+            child = next(children[-1], None)
+            if child is None:
+                done.add(path.pop())
+                children.pop()
+            elif child in path:
+                return [*path[path.index(child) :], child]
+            elif child not in done and child in graph:
+                path.append(child)
+                children.append(iter(sorted(graph[child])))
+    return None
+
+
+def is_runtime(module: str) -> bool:
+    return not any(module == harness or module.startswith(f"{harness}.") for harness in HARNESS_PACKAGES)
+
+
+def torch_at_module_top(modules: dict[str, Path]) -> list[str]:
+    """'module: line N imports torch' for each runtime module that imports torch when it is imported."""
+    found = []
+    for module, path in modules.items():
+        if not is_runtime(module):
+            continue
+        for node in top_level_imports(ast.parse(path.read_text(), str(path))):
+            for name in imported_names(node, module, _is_pkg(path)):
+                if name == FORBIDDEN_AT_TOP or name.startswith(f"{FORBIDDEN_AT_TOP}."):
+                    found.append(f"{module}: line {node.lineno} imports {name}")
+    return sorted(found)
+
+
+def test_the_package_is_read() -> None:
+    modules = package_modules()
+    assert {"trtfuse.contract", "trtfuse.plugins.base", "trtfuse.bench.kernels"} <= modules.keys()
+    assert "trtfuse.kernels.api" in import_graph(modules, module_top_only=True)["trtfuse.bench.kernels"]
+    assert "trtfuse.plugins.qk_norm" in import_graph(modules, module_top_only=False)["trtfuse.plugins"]
+
+
+def test_no_runtime_module_imports_torch_at_module_top() -> None:
+    assert torch_at_module_top(package_modules()) == []
+
+
+@pytest.mark.parametrize("module_top_only", [True, False], ids=["at-import", "anywhere"])
+def test_the_trtfuse_modules_import_one_another_without_a_cycle(module_top_only: bool) -> None:
+    assert find_cycle(import_graph(package_modules(), module_top_only)) is None
+
+
+# --- the checks themselves, on a throwaway package ----------------------------------------------------------------
+
+
+def write_package(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    for relative, text in files.items():
+        path = root / "trtfuse" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return package_modules(root / "trtfuse")
+
+
+@pytest.mark.parametrize(
+    ("source", "line"),
+    [
+        ("import torch\n", 1),
+        ("import os\nimport torch.nn.functional as F\n", 2),
+        ("from torch import nn\n", 1),
+        ("try:\n    import torch\nexcept ImportError:\n    torch = None\n", 2),
+        ("class Kernel:\n    import torch\n", 2),
+        ("def launch():\n    import torch\n", None),
+        ("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import torch\n", None),
+        ("import torchlike\n", None),
+    ],
+)
+def test_torch_check_sees_module_top_imports_in_runtime_modules_only(
+    tmp_path: Path, source: str, line: int | None
+) -> None:
+    modules = write_package(tmp_path, {"__init__.py": "", "stage.py": source, "bench/__init__.py": source})
+    found = torch_at_module_top(modules)
+    if line is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith(f"trtfuse.stage: line {line} imports torch"), found
+
+
+def test_cycle_check_finds_absolute_relative_and_function_level_cycles(tmp_path: Path) -> None:
+    acyclic = write_package(
+        tmp_path / "ok",
+        {"__init__.py": "", "a.py": "from trtfuse import b\n", "b.py": "from trtfuse.c import value\n", "c.py": ""},
+    )
+    assert find_cycle(import_graph(acyclic, module_top_only=False)) is None
+    cyclic = write_package(
+        tmp_path / "bad",
+        {
+            "__init__.py": "",
+            "a.py": "from trtfuse import b\n",
+            "b.py": "from .c import value\n",
+            "c.py": "def late():\n    import trtfuse.a\n",
+        },
+    )
+    assert find_cycle(import_graph(cyclic, module_top_only=False)) == [
+        "trtfuse.a",
+        "trtfuse.b",
+        "trtfuse.c",
+        "trtfuse.a",
+    ]
+    assert find_cycle(import_graph(cyclic, module_top_only=True)) is None
+    package_cycle = write_package(
+        tmp_path / "package",
+        {"__init__.py": "from trtfuse.a import run\n", "a.py": "from trtfuse import helper\n"},
+    )
+    assert find_cycle(import_graph(package_cycle, module_top_only=True)) == ["trtfuse", "trtfuse.a", "trtfuse"]
+    assert find_cycle(import_graph(package_cycle, module_top_only=False)) is None
