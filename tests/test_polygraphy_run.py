@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -33,7 +34,10 @@ from trtfuse.profiles import Profile, ShapeRange, derive_profiles, request_from_
 
 FIXTURES = Path(__file__).resolve().parent.parent / "models" / "fixtures"
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
-POLYGRAPHY = Path(sys.executable).with_name("polygraphy")
+# The `polygraphy` script of this interpreter's environment; a virtual environment that sees the system's packages
+# has no script of its own, so fall back to the one on PATH.
+_BESIDE_PYTHON = Path(sys.executable).with_name("polygraphy")
+POLYGRAPHY = _BESIDE_PYTHON if _BESIDE_PYTHON.exists() else Path(shutil.which("polygraphy") or _BESIDE_PYTHON)
 ALL_MATCHED = "PASSED | simple | All outputs matched"
 # Polygraphy's --onnxrt runs the original with onnxruntime's graph optimisations, which compute fp16 chains in
 # float32; --trtfuse-onnxrt rounds every 16-bit value where the graph says (as `trtfuse check` does). The two differ
