@@ -151,7 +151,7 @@ def build(folder: Path, layers: int, hidden: int) -> Path:
 
 def run_fuse(model: Path, output: Path, report: Path) -> tuple[float, int, str]:
     """Wall seconds and peak RSS (bytes) of one `trtfuse fuse` subprocess, and what it printed."""
-    command = [sys.executable, "-m", "cli.main", "fuse", str(model), "-o", str(output), "--report", str(report)]
+    command = [sys.executable, "-m", "trtfuse.cli.main", "fuse", str(model), "-o", str(output), "--report", str(report)]
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     printed = process.stdout.read()

@@ -8,7 +8,7 @@ verdict, compile's exit status, the first message of whatever went wrong), and t
 
 \b
     python models/survey.py /work/exports --out /work/exports/survey.json --markdown /work/exports/survey.md --jobs 2
-    python models/survey.py /work/exports --out /tmp/o.json --tool optimum --trtfuse "python3 -m cli.main"
+    python models/survey.py /work/exports --out /tmp/o.json --tool optimum --trtfuse "python3 -m trtfuse.cli.main"
 """
 
 from __future__ import annotations

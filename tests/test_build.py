@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from test_compare import save_model_file, tiny_lm
 
-from cli.engine_commands import compile_command
-from cli.main import TrtfuseGroup
-from cli.options import EXIT_MISSING_DEPENDENCY
+from trtfuse.cli.engine_commands import compile_command
+from trtfuse.cli.main import TrtfuseGroup
+from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
 from trtfuse import build, contract
 from trtfuse.build import (
     BuildOptions,

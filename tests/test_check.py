@@ -497,7 +497,7 @@ def _cli_pair(tmp_path: Path) -> tuple[str, str]:
 def test_check_prints_seed_and_shapes_and_repeats_a_run_from_saved_inputs(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from trtfuse.cli.main import cli
 
     original, fused = _cli_pair(tmp_path)
     saved = tmp_path / "inputs.npz"
@@ -531,7 +531,7 @@ def test_check_prints_seed_and_shapes_and_repeats_a_run_from_saved_inputs(tmp_pa
 def test_check_input_and_tolerance_options(tmp_path: Path, arguments: list[str], status: int, message: str) -> None:
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from trtfuse.cli.main import cli
 
     original, fused = _cli_pair(tmp_path)
     np.savez(tmp_path / "saved.npz", input_ids=np.zeros((1, 3), np.int64))
@@ -650,7 +650,7 @@ def test_16_bit_weights_in_external_data_are_widened_without_being_read(tmp_path
 def test_check_says_what_it_left_out(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from trtfuse.cli.main import cli
 
     original = tmp_path / "original.onnx"
     fused = tmp_path / "fused.onnx"

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import layer_norm_model, llama_norm_model, projection_model, save_external
 
-from cli.main import cli
-from cli.options import EXIT_BAD_INPUT
+from trtfuse.cli.main import cli
+from trtfuse.cli.options import EXIT_BAD_INPUT
 from trtfuse import __version__, contract
 
 
@@ -165,7 +165,7 @@ def test_report_path_that_is_a_folder_writes_nothing(llama_path: Path, tmp_path:
 
 def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     completed = subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()", "fuse", str(tmp_path / "x.onnx"), "-o", "y.onnx"],
+        [sys.executable, "-c", "from trtfuse.cli.main import main; main()", "fuse", str(tmp_path / "x.onnx"), "-o", "y.onnx"],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
@@ -222,7 +222,7 @@ def test_shape_spellings(llama_path: Path, tmp_path: Path, spelling: str) -> Non
 
 
 def test_shape_range_spellings() -> None:
-    from cli.options import ShapeRangeType, ShapeType
+    from trtfuse.cli.options import ShapeRangeType, ShapeType
 
     assert ShapeType().convert("past_key_values.0.key:[1,8,0,64]", None, None) == (
         "past_key_values.0.key",

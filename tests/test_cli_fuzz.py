@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from conftest import layer_norm_model, llama_norm_model, projection_model, save_external
 from onnx import TensorProto, helper
 
-from cli.main import cli
-from cli.options import EXIT_MISSING_DEPENDENCY
+from trtfuse.cli.main import cli
+from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
 
 CASES = int(os.environ.get("TRTFUSE_FUZZ_CASES", "150"))
 SEED = int(os.environ.get("TRTFUSE_FUZZ_SEED", "0"))

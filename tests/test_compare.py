@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from cli.engine_commands import compare_command
-from cli.options import EXIT_MISMATCH
+from trtfuse.cli.engine_commands import compare_command
+from trtfuse.cli.options import EXIT_MISMATCH
 from trtfuse import contract
 from trtfuse.check import check_fused
 from trtfuse.compare import LOWERED_RUNNER, compare
@@ -166,7 +166,7 @@ def test_cli_exit_status_and_json_report(model_pair, tmp_path):
 
 
 def test_cli_bad_input_is_exit_2_in_the_trtfuse_group(model_pair, tmp_path):
-    from cli.main import TrtfuseGroup
+    from trtfuse.cli.main import TrtfuseGroup
 
     group = TrtfuseGroup(commands={"compare": compare_command})
     original, _, _, _ = model_pair

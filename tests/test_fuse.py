@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from conftest import layer_norm_model, llama_norm_model, projection_model, save_external
 from onnx import TensorProto, helper
 
-from cli.main import cli
+from trtfuse.cli.main import cli
 from trtfuse import contract
 from trtfuse.check import check_fused
 from trtfuse.contract import WeightMode

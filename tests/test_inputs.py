@@ -218,7 +218,7 @@ def test_shapes_that_disagree_on_a_dim_and_shapes_of_the_wrong_rank():
 def _cli(*args: object):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from trtfuse.cli.main import cli
 
     return CliRunner().invoke(cli, [str(arg) for arg in args])
 

@@ -413,8 +413,8 @@ def test_bench_command_without_gpu_says_so_in_one_line() -> None:
         pytest.skip("a GPU is present: the benchmark itself would run")
     from click.testing import CliRunner
 
-    from cli.main import cli
-    from cli.options import EXIT_MISSING_DEPENDENCY
+    from trtfuse.cli.main import cli
+    from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
 
     result = CliRunner().invoke(cli, ["bench", "kernels", "--no-torch-compile"])
     assert result.exit_code == EXIT_MISSING_DEPENDENCY

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from conftest import llama_norm_model, projection_model, save_external
 
 import trtfuse.outputs
-from cli.main import EXIT_SIGINT, EXIT_SIGTERM, cli
-from cli.options import EXIT_BAD_INPUT
+from trtfuse.cli.main import EXIT_SIGINT, EXIT_SIGTERM, cli
+from trtfuse.cli.options import EXIT_BAD_INPUT
 from trtfuse.errors import TrtfuseError
 from trtfuse.outputs import OutputPlan, Transaction, copy_sparse, write_bytes_atomic
 
@@ -117,7 +117,7 @@ def test_a_failure_after_writing_removes_what_the_call_wrote(
     def fail(*_args: object) -> None:
         raise TrtfuseError("report: disk full")
 
-    monkeypatch.setattr("cli.fuse_commands.write_json_atomic", fail)
+    monkeypatch.setattr("trtfuse.cli.fuse_commands.write_json_atomic", fail)
     result = _invoke("fuse", external_llama, "-o", out / "fused.onnx", "--report", out / "report.json")
     assert result.exit_code == EXIT_BAD_INPUT
     assert _listing(out) == ["fused.onnx"]
@@ -230,7 +230,7 @@ def test_a_real_signal_during_a_large_copy(tmp_path: Path, signal_number: int, s
     out = tmp_path / "out"
     out.mkdir()
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "fuse", str(model), "-o", str(out / "fused.onnx"), "-q"],
+        [sys.executable, "-m", "trtfuse.cli.main", "fuse", str(model), "-o", str(out / "fused.onnx"), "-q"],
         cwd=Path(__file__).resolve().parent.parent,
         stderr=subprocess.PIPE,
         text=True,

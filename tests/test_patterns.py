@@ -42,7 +42,7 @@ from graphs import (
 )
 from onnx.reference import ReferenceEvaluator
 
-from cli.main import cli
+from trtfuse.cli.main import cli
 from trtfuse.contract import WeightMode
 from trtfuse.fuse import fuse_model
 from trtfuse.patterns import NormSearch, find_norms

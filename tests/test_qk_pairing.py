@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from graphs import BATCH, HIDDEN, SEQUENCE, Builder, NormSpec, rms_norm
 from onnx import TensorProto, helper
 
-from cli.main import cli
+from trtfuse.cli.main import cli
 from trtfuse import contract
 from trtfuse.fuse import fuse_model, import_graph
 from trtfuse.patterns import find_norms

@@ -12,9 +12,9 @@ from typing import NoReturn
 
 import click
 
-from cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
-from cli.fuse_commands import plan_model_outputs
-from cli.options import (
+from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
+from trtfuse.cli.fuse_commands import plan_model_outputs
+from trtfuse.cli.options import (
     EXIT_MISSING_DEPENDENCY,
     ShapeRangeType,
     common_options,

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
-from cli.options import common_options, echo_json, feed_options, info, printable, summary
+from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
+from trtfuse.cli.options import common_options, echo_json, feed_options, info, printable, summary
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError
 from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic

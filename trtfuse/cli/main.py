@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import click
 
-from cli.bench_commands import bench
-from cli.engine_commands import compare_command, compile_command, run_command
-from cli.fuse_commands import check, fuse, inspect
-from cli.options import (
+from trtfuse.cli.bench_commands import bench
+from trtfuse.cli.engine_commands import compare_command, compile_command, run_command
+from trtfuse.cli.fuse_commands import check, fuse, inspect
+from trtfuse.cli.options import (
     EXIT_BAD_INPUT,
     EXIT_INTERNAL_ERROR,
     EXIT_MISSING_DEPENDENCY,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from cli.options import common_options, echo_json
+from trtfuse.cli.options import common_options, echo_json
 from trtfuse.errors import MissingDependencyError
 from trtfuse.outputs import OutputPlan, write_json_atomic
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from cli.options import EXIT_MISMATCH, echo_json, printable, summary
+from trtfuse.cli.options import EXIT_MISMATCH, echo_json, printable, summary
 from trtfuse.errors import TrtfuseError
 
 if TYPE_CHECKING:
