@@ -117,7 +117,7 @@ def test_a_failure_after_writing_removes_what_the_call_wrote(
     def fail(*_args: object) -> None:
         raise TrtfuseError("report: disk full")
 
-    monkeypatch.setattr("trtfuse.cli.fuse_commands.write_json_atomic", fail)
+    monkeypatch.setattr("trtfuse.pipeline.write_json_atomic", fail)
     result = _invoke("fuse", external_llama, "-o", out / "fused.onnx", "--report", out / "report.json")
     assert result.exit_code == EXIT_BAD_INPUT
     assert _listing(out) == ["fused.onnx"]

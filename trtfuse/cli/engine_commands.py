@@ -8,12 +8,11 @@ fused model and report).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
-from trtfuse.cli.fuse_commands import plan_model_outputs
 from trtfuse.cli.options import (
     EXIT_MISSING_DEPENDENCY,
     ShapeRangeType,
@@ -27,6 +26,9 @@ from trtfuse.cli.options import (
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
 
+if TYPE_CHECKING:
+    from trtfuse.pipeline import FusedFile
+
 COMPARE_INSTALL_HINT = (
     "install it with `pip install -e '.[compare]'` in a trtfuse checkout, or `pip install polygraphy`"
 )
@@ -35,12 +37,6 @@ COMPARE_INSTALL_HINT = (
 def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
     click.secho(printable(f"trtfuse: {done}: {error}"), fg="yellow", err=True)
     raise SystemExit(EXIT_MISSING_DEPENDENCY)
-
-
-def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
-    """The fused model and the fusion report written beside the engine: MODEL.fused.onnx, MODEL.fusion.json."""
-    stem = engine_path.with_suffix("")
-    return stem.with_name(stem.name + ".fused.onnx"), stem.with_name(stem.name + ".fusion.json")
 
 
 @click.command("compile")
@@ -87,59 +83,44 @@ def compile_command(
     as_json: bool,
 ) -> None:
     """Fuse MODEL.onnx, write the fused model and its report beside the engine, then build the TensorRT engine."""
-    from trtfuse.build import BuildOptions, build_engine, parse_size, plugins_used, sidecar_path_for
-    from trtfuse.fuse import fuse_model
-    from trtfuse.io import load_model, save_model
-    from trtfuse.profiles import derive_profiles, request_from_options
+    from trtfuse.build import parse_size
+    from trtfuse.pipeline import compile_model
+    from trtfuse.profiles import request_from_options
 
     engine_path = engine_path or model_path.with_suffix(".engine")
-    fused_path, report_path = compile_outputs(engine_path)
     request = request_from_options(presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes)
     workspace_bytes = parse_size(workspace) if workspace is not None else None
-    plan = OutputPlan().read(model_path)
-    plan.write("engine", engine_path).write("engine sidecar", sidecar_path_for(engine_path))
-    plan.write("fused model", fused_path).write("fusion report", report_path).write("timing cache", timing_cache)
-    plan.check()
-    loaded = load_model(model_path)
-    plan_model_outputs(plan, loaded, fused_path)
-    missing: MissingDependencyError | None = None
-    with Transaction():
-        try:
-            result = fuse_model(loaded.model)
-        except TrtfuseError as error:
-            raise TrtfuseError(f"{model_path}: {error}") from None
-        options = BuildOptions(
-            profiles=tuple(derive_profiles(result.model, request)),
-            optimization_level=opt_level,
-            workspace_bytes=workspace_bytes,
-            timing_cache=timing_cache,
-            allow_tf32=tf32,
-        )
-        save_model(result.model, fused_path, source=loaded, notify=info)
-        report = result.report()
-        write_json_atomic(report_path, report)
-        used = ", ".join(f"{plugin['nodes']} {plugin['name']}" for plugin in plugins_used(result.model))
-        summary(f"{model_path}: {used or 'no plugin nodes'} -> {fused_path} (report {report_path})", as_json)
-        for profile in options.profiles:
-            info(f"profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items()))
-        try:
-            built = build_engine(fused_path, engine_path, options, emit=info)
-        except MissingDependencyError as error:
-            # What was fused stays written: the user can check it, or build on a machine with TensorRT.
-            missing = error
-    result_json = {
-        "model": str(model_path),
-        "fused_model": str(fused_path),
-        "report": str(report_path),
-        "profiles": [profile.to_json() for profile in options.profiles],
-        "engine": None if missing else str(built.engine_path),
-        "build_seconds": None if missing else built.seconds,
-    }
+    compiled = compile_model(
+        model_path,
+        engine_path,
+        request,
+        optimization_level=opt_level,
+        workspace_bytes=workspace_bytes,
+        timing_cache=timing_cache,
+        allow_tf32=tf32,
+        notify=info,
+        on_fused=lambda fused: summary(_fused_line(fused), as_json),
+    )
+    built, fused = compiled.engine, compiled.fused
     if as_json:
-        echo_json(result_json)
-    if missing is not None:
-        _no_tensorrt(missing, f"fused, but no engine built ({engine_path})")
+        echo_json(
+            {
+                "model": str(model_path),
+                "fused_model": str(fused.output_path),
+                "report": str(fused.report_path),
+                "profiles": [profile.to_json() for profile in compiled.profiles],
+                "engine": None if built is None else str(built.engine_path),
+                "build_seconds": None if built is None else built.seconds,
+            }
+        )
+    if compiled.missing is not None:
+        _no_tensorrt(compiled.missing, f"fused, but no engine built ({engine_path})")
     summary(f"built {built.engine_path} in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json)
+
+
+def _fused_line(fused: FusedFile) -> str:
+    used = ", ".join(f"{plugin['nodes']} {plugin['name']}" for plugin in fused.plugins)
+    return f"{fused.input_path}: {used or 'no plugin nodes'} -> {fused.output_path} (report {fused.report_path})"
 
 
 @click.command("run")
@@ -162,7 +143,8 @@ def run_command(
     as_json: bool,
 ) -> None:
     """Run MODEL.engine with TensorRT (plugins registered first) on given or generated inputs; print timings."""
-    from trtfuse.runner import generated_feed, load_feed, run_engine, save_arrays
+    from trtfuse.engine_file import EngineFile
+    from trtfuse.runner import load_feed, run_engine, save_arrays
 
     if inputs_path is not None and (shapes or dims):
         raise click.UsageError("--inputs gives every input already; drop --shape/--dim")
@@ -173,12 +155,10 @@ def run_command(
     OutputPlan().read(engine_path).read(*([inputs_path] if inputs_path else [])).write(
         "outputs file", save_outputs
     ).check()
-    if inputs_path is not None:
-        feed = load_feed(inputs_path)
-    else:
-        feed = generated_feed(engine_path, seed, shapes=shapes, dims=dims)
+    engine = EngineFile.open(engine_path)
+    feed = load_feed(inputs_path) if inputs_path else engine.generated_feed(seed, shapes=shapes, dims=dims)
     try:
-        result = run_engine(engine_path, feed, iterations=iterations, warmup=warmup)
+        result = run_engine(engine, feed, iterations=iterations, warmup=warmup)
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot run {engine_path}")
     if save_outputs is not None:
@@ -230,7 +210,7 @@ def compare_command(
         import polygraphy  # noqa: F401
     except ImportError:
         raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
-    from trtfuse.compare import ORIGINAL_RUNNER, compare, comparison_feeds
+    from trtfuse.compare import ORIGINAL_RUNNER, compare, comparison_feeds, open_engine
     from trtfuse.io import load_model
     from trtfuse.saved_inputs import save_feeds
 
@@ -239,7 +219,7 @@ def compare_command(
     original = load_model(original_path)
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
     if save_inputs is not None:
-        feeds = feeds or comparison_feeds(original, candidate_path, seed, shapes, dims)
+        feeds = feeds or comparison_feeds(original, open_engine(candidate_path), seed, shapes, dims)
         with Transaction():
             save_feeds(save_inputs, feeds)
     tolerance = tolerance_from(rtol, atol)

@@ -11,34 +11,32 @@ from typing import TYPE_CHECKING
 
 import click
 
+from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from trtfuse.cli.options import common_options, echo_json, feed_options, info, printable, summary
-from trtfuse import contract
-from trtfuse.errors import TrtfuseError
-from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
+from trtfuse.outputs import OutputPlan, Transaction
 
 if TYPE_CHECKING:
-    from trtfuse.io import LoadedModel
     from trtfuse.patterns import NormSearch, RmsNormMatch
 
 
 def _match_line(match: RmsNormMatch) -> str:
     dtypes = match.dtype if match.output_dtype == match.dtype else f"{match.dtype}->{match.output_dtype}"
     return (
-        f"{match.name}  eps={match.epsilon:g} hidden={match.hidden_size} {dtypes} "
-        f"weight={match.weight_mode.name} offset={match.weight_offset:g} tags={','.join(match.tags)}"
+        f"{match.name}  eps={match.params.epsilon:g} hidden={match.hidden_size} {dtypes} "
+        f"weight={match.params.weight_mode.name} offset={match.params.weight_offset:g} tags={','.join(match.tags)}"
     )
 
 
 def _match_json(match: RmsNormMatch) -> dict:
     return {
         "name": match.name,
-        "epsilon": match.epsilon,
+        "epsilon": match.params.epsilon,
         "hidden_size": match.hidden_size,
         "dtype": match.dtype,
         "output_dtype": match.output_dtype,
-        "weight_mode": match.weight_mode.name,
-        "weight_offset": match.weight_offset,
+        "weight_mode": match.params.weight_mode.name,
+        "weight_offset": match.params.weight_offset,
         "tags": list(match.tags),
         "replaces": [node.name for node in match.nodes],
     }
@@ -83,22 +81,9 @@ def inspect(model_path: Path, as_json: bool) -> None:
 @common_options
 def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json: bool) -> None:
     """Rewrite every RMSNorm and QK-norm of IN.onnx into trtfuse plugin nodes and write OUT.onnx."""
-    from trtfuse.fuse import fuse_model
-    from trtfuse.io import load_model, save_model
+    from trtfuse.pipeline import fuse_file
 
-    plan = OutputPlan().read(input_path).write("fused model", output_path).write("report", report_path)
-    plan.check()
-    loaded = load_model(input_path)
-    plan_model_outputs(plan, loaded, output_path)
-    with Transaction():
-        try:
-            result = fuse_model(loaded.model)
-        except TrtfuseError as error:
-            raise TrtfuseError(f"{input_path}: {error}") from None
-        save_model(result.model, output_path, source=loaded, notify=info)
-        report = result.report()
-        if report_path is not None:
-            write_json_atomic(report_path, report)
+    report = fuse_file(input_path, output_path, report_path, notify=info).report
     totals = report["totals"]
     if as_json:
         echo_json({"input": str(input_path), "output": str(output_path), **report})
@@ -108,17 +93,6 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
         f"{contract.QK_NORM_OP} nodes ({totals['norms']} norms), {rejected} rejected -> {output_path}",
         as_json,
     )
-
-
-def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path) -> None:
-    """Add the loaded input's external data files to the plan's reads, and the copies of them the fused model would
-    get beside `output_path` to its writes; check the plan again."""
-    from trtfuse.io import data_copies
-
-    plan.read(*loaded.data_files)
-    for target in data_copies(loaded.model, output_path, loaded):
-        plan.write("external data copy", target)
-    plan.check()
 
 
 @click.command()

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import click
 
+from trtfuse import __version__
 from trtfuse.cli.bench_commands import bench
 from trtfuse.cli.engine_commands import compare_command, compile_command, run_command
 from trtfuse.cli.fuse_commands import check, fuse, inspect
@@ -18,7 +19,6 @@ from trtfuse.cli.options import (
     VERBOSITY,
     printable,
 )
-from trtfuse import __version__
 from trtfuse.errors import Interrupted, MissingDependencyError, TrtfuseError, first_line
 from trtfuse.outputs import termination_as_exception
 
