@@ -20,6 +20,7 @@ import onnx
 from onnx import shape_inference
 
 from trtfuse.errors import TrtfuseError
+from trtfuse.graph_inputs import fed_inputs
 
 # The batch of generated inputs and the OPT/MAX batch of derived profiles, unless the model allows only another:
 # 2 rather than 1, so that a batch-mixing bug shows.
@@ -150,15 +151,9 @@ class ModelDims:
         return DEFAULT_BATCH
 
 
-def feed_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """The graph inputs a caller feeds (initializers listed as inputs by old exporters are not)."""
-    initializers = {tensor.name for tensor in model.graph.initializer}
-    return [value for value in model.graph.input if value.name not in initializers]
-
-
 def model_dims(model: onnx.ModelProto) -> ModelDims:
     """Read every symbolic dim of the model's inputs: roles from names, fixed values and bounds from the graph."""
-    inputs = feed_inputs(model)
+    inputs = fed_inputs(model)
     expressions: dict[str, tuple[DimExpression | None, ...]] = {}
     roles: dict[str, DimRole] = {}
     for value in inputs:

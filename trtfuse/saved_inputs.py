@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from trtfuse.errors import TrtfuseError
+from trtfuse.graph_inputs import fed_inputs
 from trtfuse.inputs import StepFeed
 from trtfuse.outputs import write_bytes_atomic
 
@@ -66,8 +67,7 @@ def load_feeds(path: Path, model: onnx.ModelProto) -> list[StepFeed]:
 
 
 def _checked_feed(path: Path, feed: StepFeed, model: onnx.ModelProto) -> StepFeed:
-    initializers = {tensor.name for tensor in model.graph.initializer}
-    inputs = {value.name: value for value in model.graph.input if value.name not in initializers}
+    inputs = {value.name: value for value in fed_inputs(model)}
     where = f"{path}: step '{feed.step}'" if feed.step != LOADED else str(path)
     missing = sorted(set(inputs) - set(feed.feed))
     if missing:
