@@ -11,21 +11,20 @@ import pytest
 from click.testing import CliRunner
 from test_compare import save_model_file, tiny_lm
 
-from trtfuse.cli.engine_commands import compile_command
-from trtfuse.cli.main import TrtfuseGroup
-from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
 from trtfuse import build, contract
 from trtfuse.build import (
     BuildOptions,
     BuildProgress,
     ParserIssue,
     make_sidecar,
-    parse_size,
     parser_error_line,
     plugins_used,
     read_sidecar,
     write_engine,
 )
+from trtfuse.cli.engine_commands import compile_command
+from trtfuse.cli.main import TrtfuseGroup
+from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile, ShapeRange
@@ -42,25 +41,12 @@ def _cli() -> TrtfuseGroup:
     return TrtfuseGroup(commands={"compile": compile_command})
 
 
-@pytest.mark.parametrize(
-    ("text", "size"), [("1024", 1024), ("4G", 4 << 30), ("512MiB", 512 << 20), ("2 kb", 2048), ("1t", 1 << 40)]
-)
-def test_parse_size(text, size):
-    assert parse_size(text) == size
-
-
-@pytest.mark.parametrize("text", ["", "4X", "-1G", "1.5G", "G"])
-def test_parse_size_rejects(text):
-    with pytest.raises(TrtfuseError, match=r"--workspace: expected a size"):
-        parse_size(text)
-
-
 def test_build_options_are_checked():
     with pytest.raises(TrtfuseError, match="at least one optimisation profile"):
         BuildOptions(profiles=())
-    with pytest.raises(TrtfuseError, match=r"--opt-level must be 0 to 5, got 6"):
+    with pytest.raises(TrtfuseError, match=r"the optimisation level must be 0 to 5, got 6"):
         BuildOptions(profiles=(PROFILE,), optimization_level=6)
-    with pytest.raises(TrtfuseError, match=r"--workspace must be positive"):
+    with pytest.raises(TrtfuseError, match=r"the workspace limit must be positive"):
         BuildOptions(profiles=(PROFILE,), workspace_bytes=0)
 
 

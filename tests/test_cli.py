@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import layer_norm_model, llama_norm_model, projection_model, save_external
 
-from trtfuse.cli.main import cli
-from trtfuse.cli.options import EXIT_BAD_INPUT
 from trtfuse import __version__, contract
+from trtfuse.cli.main import cli
+from trtfuse.cli.options import EXIT_BAD_INPUT, SizeType
 
 
 def _invoke(*args: str):
@@ -165,7 +165,15 @@ def test_report_path_that_is_a_folder_writes_nothing(llama_path: Path, tmp_path:
 
 def test_console_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     completed = subprocess.run(
-        [sys.executable, "-c", "from trtfuse.cli.main import main; main()", "fuse", str(tmp_path / "x.onnx"), "-o", "y.onnx"],
+        [
+            sys.executable,
+            "-c",
+            "from trtfuse.cli.main import main; main()",
+            "fuse",
+            str(tmp_path / "x.onnx"),
+            "-o",
+            "y.onnx",
+        ],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
@@ -223,6 +231,7 @@ def test_shape_spellings(llama_path: Path, tmp_path: Path, spelling: str) -> Non
 
 def test_shape_range_spellings() -> None:
     from trtfuse.cli.options import ShapeRangeType, ShapeType
+    from trtfuse.profiles import ShapeRange
 
     assert ShapeType().convert("past_key_values.0.key:[1,8,0,64]", None, None) == (
         "past_key_values.0.key",
@@ -230,7 +239,33 @@ def test_shape_range_spellings() -> None:
     )
     assert ShapeType().convert("a:b=2x3", None, None) == ("a:b", (2, 3))
     for spelling in ("ids=1x1:1x64:1x512", "ids:1x1:1x64:1x512", "ids:[1,1]:[1,64]:[1,512]"):
-        assert ShapeRangeType().convert(spelling, None, None) == "ids=1x1:1x64:1x512"
+        assert ShapeRangeType().convert(spelling, None, None) == ("ids", ShapeRange((1, 1), (1, 64), (1, 512)))
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("1024", 1024), ("4G", 4 << 30), ("512MiB", 512 << 20), ("2 kb", 2048), ("1t", 1 << 40)]
+)
+def test_sizes(text: str, size: int) -> None:
+    assert SizeType().convert(text, None, None) == size
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tokens", "8:4:16"], "Invalid value for '--tokens': need MIN <= OPT <= MAX, got '8:4:16'"),
+        (["--batch", "0:1:1"], "Invalid value for '--batch': MIN must be at least 1"),
+        (["--past", "0:1"], "Invalid value for '--past': expected MIN:OPT:MAX"),
+        (["--shape", "ids=1x4:1x2:1x8"], "Invalid value for '--shape': ids: dim 1 needs MIN <= OPT <= MAX, got 4:2:8"),
+        (["--shape", "x=1:1:1", "--shape", "x=2:2:2"], "Invalid value for '--shape': input 'x' is given twice"),
+        (["--workspace", "lots"], "Invalid value for '--workspace': expected a size such as 4G"),
+        (["--workspace", "0G"], "Invalid value for '--workspace': must be positive"),
+        (["--workspace", "1.5G"], "Invalid value for '--workspace': expected a size"),
+    ],
+)
+def test_compile_specs_are_parsed_by_the_cli_and_name_the_flag(args: list[str], message: str) -> None:
+    result = _invoke("compile", "m.onnx", *args)
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert result.stderr.startswith(f"trtfuse: error: {message}"), result.stderr
 
 
 def test_every_command_takes_json(llama_path: Path, tmp_path: Path) -> None:

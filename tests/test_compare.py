@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from trtfuse.cli.engine_commands import compare_command
-from trtfuse.cli.options import EXIT_MISMATCH
 from trtfuse import contract
 from trtfuse.check import check_fused
+from trtfuse.cli.engine_commands import compare_command
+from trtfuse.cli.options import EXIT_MISMATCH
 from trtfuse.compare import LOWERED_RUNNER, compare
 from trtfuse.errors import TrtfuseError
 from trtfuse.io import load_model

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from conftest import layer_norm_model, llama_norm_model, projection_model, save_external
 from onnx import TensorProto, helper
 
-from trtfuse.cli.main import cli
 from trtfuse import contract
 from trtfuse.check import check_fused
+from trtfuse.cli.main import cli
 from trtfuse.contract import WeightMode
 from trtfuse.fuse import fuse_model, search_model
 from trtfuse.io import external_tensors, load_model

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtfuse.errors import TrtfuseError
 from trtfuse.inputs import DECODE, DEFAULT_DIM, PREFILL, SINGLE, Step, default_feeds, make_feed
 from trtfuse.model_dims import DEFAULT_BATCH, DimRole, model_dims
-from trtfuse.profiles import derive_profiles, request_from_options
+from trtfuse.profiles import DimRange, derive_profiles, request_from_options
 
 
 def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -268,7 +268,9 @@ def test_random_dims_give_a_feed_or_one_trtfuse_error():
         ]
         model = helper.make_model(helper.make_graph([], "random", inputs, []))
         dims = {rng.choice(atoms): rng.randint(0, 9)} if rng.random() < 0.3 else {}
-        request = request_from_options(past=rng.choice([None, "0:1:2"]), tokens=rng.choice([[], ["1:2:3"]]))
+        request = request_from_options(
+            past=rng.choice([None, DimRange(0, 1, 2)]), tokens=rng.choice([[], [DimRange(1, 2, 3)]])
+        )
         with contextlib.suppress(TrtfuseError):
             default_feeds(model, 0, dims=dims)
         with contextlib.suppress(TrtfuseError):

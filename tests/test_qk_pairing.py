@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from graphs import BATCH, HIDDEN, SEQUENCE, Builder, NormSpec, rms_norm
 from onnx import TensorProto, helper
 
-from trtfuse.cli.main import cli
 from trtfuse import contract
+from trtfuse.cli.main import cli
 from trtfuse.fuse import fuse_model, import_graph
 from trtfuse.patterns import find_norms
 from trtfuse.reference import lower_fused_nodes

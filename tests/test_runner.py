@@ -8,10 +8,10 @@ import pytest
 from click.testing import CliRunner
 from test_compare import save_model_file, tiny_lm
 
+from trtfuse.build import BuildOptions, make_sidecar, tool_versions, write_engine
 from trtfuse.cli.engine_commands import compile_command, run_command
 from trtfuse.cli.main import TrtfuseGroup
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
-from trtfuse.build import BuildOptions, make_sidecar, tool_versions, write_engine
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.profiles import Profile, ShapeRange
 from trtfuse.runner import (

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -35,7 +34,6 @@ DEFAULT_OPTIMIZATION_LEVEL = 3
 INSTALL_HINT = (
     "install it with `pip install -e '.[gpu]'` in a trtfuse checkout (tensorrt>=10.8) on a machine with an NVIDIA GPU"
 )
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # What onnx-tensorrt's FallbackPluginImporter says when no creator has the node's name, version and namespace.
 PLUGIN_NOT_FOUND = "Plugin not found"
 # From this major version every network is strongly typed and the STRONGLY_TYPED flag is deprecated and ignored.
@@ -56,9 +54,9 @@ class BuildOptions:
         if not self.profiles:
             raise TrtfuseError("an engine needs at least one optimisation profile")
         if self.optimization_level not in OPTIMIZATION_LEVELS:
-            raise TrtfuseError(f"--opt-level must be 0 to 5, got {self.optimization_level}")
+            raise TrtfuseError(f"the optimisation level must be 0 to 5, got {self.optimization_level}")
         if self.workspace_bytes is not None and self.workspace_bytes <= 0:
-            raise TrtfuseError(f"--workspace must be positive, got {self.workspace_bytes} bytes")
+            raise TrtfuseError(f"the workspace limit must be positive, got {self.workspace_bytes} bytes")
 
     def to_json(self) -> dict:
         return {
@@ -86,14 +84,6 @@ class ParserIssue:
     node_name: str
     op_type: str
     description: str
-
-
-def parse_size(text: str) -> int:
-    """A byte count such as `4G`, `512MiB` or `1073741824` (binary units)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    if not match:
-        raise TrtfuseError(f"--workspace: expected a size such as 4G, 512MiB or 1073741824, got {text!r}")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 
 
 def sidecar_path_for(engine_path: Path) -> Path:

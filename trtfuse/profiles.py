@@ -4,7 +4,7 @@
 tokens in the KV cache, total = past + tokens) or a value the graph requires (a cache's head count or head size).
 A profile fixes a MIN:OPT:MAX range per role; every input shape follows from it, so dims that share a name share a
 range, and a dim written as arithmetic (`past_sequence_length + sequence_length`) is evaluated at MIN, OPT and MAX.
-docs/engine.md documents the syntax of the command-line specs parsed here.
+The command line's specs are parsed into these ranges by trtfuse/cli/options.py (syntax: docs/engine.md).
 """
 
 from __future__ import annotations
@@ -107,65 +107,25 @@ class Profile:
         return Profile(name=data["name"], shapes=ranges(data["shapes"]), values=ranges(data.get("values", {})))
 
 
-def parse_range(text: str, what: str, minimum: int = 0) -> DimRange:
-    """`MIN:OPT:MAX` with MIN <= OPT <= MAX and MIN >= `minimum`; `what` names the option in errors."""
-    parts = text.strip().split(":")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-        raise TrtfuseError(f"{what}: expected MIN:OPT:MAX with non-negative integers, got {text!r}")
-    low, opt, high = (int(p) for p in parts)
-    if not low <= opt <= high:
-        raise TrtfuseError(f"{what}: need MIN <= OPT <= MAX, got {text!r}")
-    if low < minimum:
-        raise TrtfuseError(f"{what}: MIN must be at least {minimum}, got {text!r}")
-    return DimRange(low, opt, high)
-
-
-def _parse_shape(text: str, what: str) -> tuple[int, ...]:
-    dims = text.strip().split("x")
-    if not all(d.strip().isdigit() for d in dims):
-        raise TrtfuseError(f"{what}: a shape is dims joined by 'x' (e.g. 1x128), got {text!r}")
-    return tuple(int(d) for d in dims)
-
-
-def parse_shape_spec(text: str) -> tuple[str, ShapeRange]:
-    """`NAME=MIN:OPT:MAX` where each of MIN, OPT and MAX is a shape such as `1x128`."""
-    name, sep, ranges = text.rpartition("=")
-    if not sep or not name.strip():
-        raise TrtfuseError(f"--shape: expected NAME=MIN:OPT:MAX (e.g. input_ids=1x1:1x256:1x4096), got {text!r}")
-    name = name.strip()
-    what = f"--shape {name}"
-    parts = ranges.split(":")
-    if len(parts) != 3:
-        raise TrtfuseError(f"{what}: expected three shapes MIN:OPT:MAX, got {ranges!r}")
-    low, opt, high = (_parse_shape(p, what) for p in parts)
-    if not len(low) == len(opt) == len(high):
-        raise TrtfuseError(f"{what}: MIN, OPT and MAX have different ranks in {ranges!r}")
-    for axis, (a, b, c) in enumerate(zip(low, opt, high, strict=True)):
-        if not a <= b <= c:
-            raise TrtfuseError(f"{what}: dim {axis} needs MIN <= OPT <= MAX, got {a}:{b}:{c}")
-    return name, ShapeRange(low, opt, high)
-
-
 def request_from_options(
     presets: Sequence[str] = (),
-    tokens: Sequence[str] = (),
-    batch: str | None = None,
-    past: str | None = None,
-    shapes: Sequence[str] = (),
+    tokens: Sequence[DimRange] = (),
+    batch: DimRange | None = None,
+    past: DimRange | None = None,
+    shapes: Mapping[str, ShapeRange] | None = None,
 ) -> ProfileRequest:
-    """The command line's view: one profile per preset and per `--tokens`; batch, past and shapes apply to all.
+    """The user's view: one profile per preset and per token range; batch, past and shapes apply to all.
 
-    `--past` sets the past range of every profile that has one (all but `prefill`, whose past is 0 by definition).
+    `past` sets the past range of every profile that has one (all but `prefill`, whose past is 0 by definition).
     """
-    past_range = parse_range(past, "--past") if past is not None else DEFAULT_PAST
+    past_range = past if past is not None else DEFAULT_PAST
     profiles = []
     for preset in presets:
         if preset not in PRESETS:
-            raise TrtfuseError(f"--profile: unknown profile {preset!r}; choose from {', '.join(PRESETS)}")
+            raise TrtfuseError(f"unknown profile {preset!r}; choose from {', '.join(PRESETS)}")
         ranges = PRESETS[preset]
         profiles.append(ranges if ranges.past == NO_PAST else RoleRanges(ranges.name, ranges.tokens, past_range))
-    for text in tokens:
-        token_range = parse_range(text, "--tokens", minimum=1)
+    for token_range in tokens:
         profiles.append(RoleRanges(f"tokens {token_range}", token_range, past_range))
     if not profiles:
         profiles.append(RoleRanges("default", DEFAULT_TOKENS, past_range))
@@ -173,17 +133,10 @@ def request_from_options(
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise TrtfuseError(f"profile {duplicates[0]!r} is asked for twice")
-    shape_ranges: dict[str, ShapeRange] = {}
-    for text in shapes:
-        name, shape_range = parse_shape_spec(text)
-        if name in shape_ranges:
-            raise TrtfuseError(f"--shape {name}: given twice")
-        shape_ranges[name] = shape_range
-    batch_range = parse_range(batch, "--batch", minimum=1) if batch is not None else None
     return ProfileRequest(
         profiles=tuple(profiles),
-        batch=batch_range,
-        shapes=shape_ranges,
+        batch=batch,
+        shapes=dict(shapes or {}),
         past_given=past is not None,
         tokens_given=bool(tokens),
     )

@@ -15,19 +15,23 @@ import click
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from trtfuse.cli.options import (
     EXIT_MISSING_DEPENDENCY,
+    RangeType,
     ShapeRangeType,
+    SizeType,
     common_options,
     echo_json,
     feed_options,
     info,
     printable,
     summary,
+    unique,
 )
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
     from trtfuse.pipeline import FusedFile
+    from trtfuse.profiles import DimRange, ShapeRange
 
 COMPARE_INSTALL_HINT = (
     "install it with `pip install -e '.[compare]'` in a trtfuse checkout, or `pip install polygraphy`"
@@ -49,20 +53,23 @@ def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
     type=click.Choice(["default", "decode", "prefill"]),
     help="A preset profile; repeat for several (e.g. --profile decode --profile prefill).",
 )
-@click.option("--tokens", multiple=True, metavar="MIN:OPT:MAX", help="One profile with this token range; repeatable.")
-@click.option("--batch", metavar="MIN:OPT:MAX", help="Batch range of every profile [default: 1:2:2].")
-@click.option("--past", metavar="MIN:OPT:MAX", help="Past (KV cache) length range [default: 0:256:4096].")
+@click.option(
+    "--tokens", multiple=True, type=RangeType(minimum=1), help="One profile with this token range; repeatable."
+)
+@click.option("--batch", type=RangeType(minimum=1), help="Batch range of every profile [default: 1:2:2].")
+@click.option("--past", type=RangeType(), help="Past (KV cache) length range [default: 0:256:4096].")
 @click.option(
     "--shape",
     "shapes",
     multiple=True,
     type=ShapeRangeType(),
+    callback=unique("input"),
     help="Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
 )
 @click.option(
     "--opt-level", default=3, show_default=True, type=click.IntRange(0, 5), help="TensorRT builder optimisation level."
 )
-@click.option("--workspace", metavar="SIZE", help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
+@click.option("--workspace", type=SizeType(), help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
 @click.option(
     "--timing-cache", type=click.Path(path_type=Path), help="Timing cache file, read if present, then updated."
 )
@@ -72,30 +79,28 @@ def compile_command(
     model_path: Path,
     engine_path: Path | None,
     presets: tuple[str, ...],
-    tokens: tuple[str, ...],
-    batch: str | None,
-    past: str | None,
-    shapes: tuple[str, ...],
+    tokens: tuple[DimRange, ...],
+    batch: DimRange | None,
+    past: DimRange | None,
+    shapes: dict[str, ShapeRange],
     opt_level: int,
-    workspace: str | None,
+    workspace: int | None,
     timing_cache: Path | None,
     tf32: bool,
     as_json: bool,
 ) -> None:
     """Fuse MODEL.onnx, write the fused model and its report beside the engine, then build the TensorRT engine."""
-    from trtfuse.build import parse_size
     from trtfuse.pipeline import compile_model
     from trtfuse.profiles import request_from_options
 
     engine_path = engine_path or model_path.with_suffix(".engine")
     request = request_from_options(presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes)
-    workspace_bytes = parse_size(workspace) if workspace is not None else None
     compiled = compile_model(
         model_path,
         engine_path,
         request,
         optimization_level=opt_level,
-        workspace_bytes=workspace_bytes,
+        workspace_bytes=workspace,
         timing_cache=timing_cache,
         allow_tf32=tf32,
         notify=info,

@@ -57,17 +57,70 @@ class ShapeType(click.ParamType):
 
 
 class ShapeRangeType(click.ParamType):
-    """`NAME=MIN:OPT:MAX`, each a shape in either spelling -> the canonical `NAME=1x1:1x64:1x512` of profiles.py."""
+    """`NAME=MIN:OPT:MAX`, each a shape in either spelling -> (NAME, ShapeRange)."""
 
     name = "NAME=MIN:OPT:MAX"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        from trtfuse.profiles import ShapeRange
+
+        if isinstance(value, tuple):
+            return value
         split = _split_name(str(value), _SHAPE_RANGE)
         if split is None:
             self.fail(f"'{value}' is not NAME=MIN:OPT:MAX, shapes like 1x16 or [1,16] (e.g. input_ids=1x1:1x64:1x512)")
         name, ranges = split
-        shapes = re.findall(_SHAPE, ranges)
-        return f"{name}=" + ":".join("x".join(str(dim) for dim in parse_dims(shape)) for shape in shapes)
+        low, opt, high = (parse_dims(shape) for shape in re.findall(_SHAPE, ranges))
+        if not len(low) == len(opt) == len(high):
+            self.fail(f"{name}: MIN, OPT and MAX have different ranks in {ranges!r}")
+        for axis, dims in enumerate(zip(low, opt, high, strict=True)):
+            if not dims[0] <= dims[1] <= dims[2]:
+                self.fail(f"{name}: dim {axis} needs MIN <= OPT <= MAX, got {':'.join(map(str, dims))}")
+        return name, ShapeRange(low, opt, high)
+
+
+class RangeType(click.ParamType):
+    """`MIN:OPT:MAX` with MIN <= OPT <= MAX and MIN >= `minimum` -> DimRange."""
+
+    name = "MIN:OPT:MAX"
+
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        from trtfuse.profiles import DimRange
+
+        if isinstance(value, DimRange):
+            return value
+        parts = str(value).strip().split(":")
+        if len(parts) != 3 or not all(part.strip().isdigit() for part in parts):
+            self.fail(f"expected MIN:OPT:MAX with non-negative integers, got {value!r}")
+        low, opt, high = (int(part) for part in parts)
+        if not low <= opt <= high:
+            self.fail(f"need MIN <= OPT <= MAX, got {value!r}")
+        if low < self.minimum:
+            self.fail(f"MIN must be at least {self.minimum}, got {value!r}")
+        return DimRange(low, opt, high)
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class SizeType(click.ParamType):
+    """A positive byte count such as `4G`, `512MiB` or `1073741824` (binary units) -> int."""
+
+    name = "SIZE"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", str(value).lower())
+        if not match:
+            self.fail(f"expected a size such as 4G, 512MiB or 1073741824, got {value!r}")
+        size = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+        if size <= 0:
+            self.fail(f"must be positive, got {value!r}")
+        return size
 
 
 class DimType(click.ParamType):
@@ -84,7 +137,7 @@ class DimType(click.ParamType):
         return split[0], int(split[1])
 
 
-def _unique(kind: str) -> Callable[[click.Context, click.Parameter, Sequence[tuple]], dict]:
+def unique(kind: str) -> Callable[[click.Context, click.Parameter, Sequence[tuple]], dict]:
     def collect(_ctx: click.Context, _param: click.Parameter, values: Sequence[tuple]) -> dict:
         found: dict = {}
         for name, value in values:
@@ -105,7 +158,7 @@ def feed_options(command: F) -> F:
             "shapes",
             multiple=True,
             type=ShapeType(),
-            callback=_unique("input"),
+            callback=unique("input"),
             help="Shape of one graph input (NAME=1x16, NAME:1x16 or NAME:[1,16]); repeatable.",
         ),
         click.option(
@@ -113,7 +166,7 @@ def feed_options(command: F) -> F:
             "dims",
             multiple=True,
             type=DimType(),
-            callback=_unique("dim"),
+            callback=unique("dim"),
             help="Value of one symbolic dim; repeatable.",
         ),
     )
