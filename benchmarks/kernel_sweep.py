@@ -30,7 +30,7 @@ from trtfuse.bench.kernels import (
     same_size_copy_us,
 )
 from trtfuse.bench.reference import norm_reference
-from trtfuse.contract import WeightMode
+from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import RmsNormVariant
 from trtfuse.kernels.device import current_device
@@ -84,7 +84,7 @@ def time_candidates(
     name, wname, mode = pair
     dtype, wdtype = getattr(torch, name), getattr(torch, wname)
     vector = full_vector(hidden, dtype.itemsize)
-    spec = RmsNormSpec(hidden, name, wname, EPS, 0.0, mode)
+    spec = RmsNormSpec(hidden, name, wname, NormParams(EPS, 0.0, mode))
     tilings = [row_tiling(hidden, vector, Regime.PREFILL, dtype.itemsize)]
     tilings += [candidate_tiling(hidden, vector, **c) for c in CANDIDATES.get(hidden, ())]
     nbytes = 2 * rows * hidden * dtype.itemsize + hidden * wdtype.itemsize
@@ -92,7 +92,7 @@ def time_candidates(
     xs = [torch.randn(rows, hidden, device="cuda", dtype=dtype) for _ in range(n_sets)]
     ys = [torch.full_like(xs[0], float("nan")) for _ in range(n_sets)]
     w = torch.randn(hidden, device="cuda", dtype=wdtype)
-    ref = norm_reference(xs[0], w, EPS, 0.0, mode)
+    ref = norm_reference(xs[0], w, NormParams(EPS, 0.0, mode))
     stream = torch.cuda.current_stream().cuda_stream
     calls: dict[str, Any] = {}
     for t in tilings:

@@ -21,7 +21,7 @@ import torch
 
 from trtfuse.bench.kernels import EPS, check_close, copy_bandwidth_gbs, input_sets, median_event_us
 from trtfuse.bench.reference import norm_reference
-from trtfuse.contract import WeightMode
+from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import RmsNormVariant
 from trtfuse.kernels.device import current_device
@@ -47,7 +47,7 @@ def label(t: RowTiling) -> str:
 
 def sweep(x_name: str, y_name: str, rows: int, hidden: int, reps: int, copy: float, cache: KernelCache) -> list[dict]:
     x_dtype, y_dtype = getattr(torch, x_name), getattr(torch, y_name)
-    spec = RmsNormSpec(hidden, x_name, y_name, EPS, 0.0, WeightMode.AFTER_CAST, y_name)
+    spec = RmsNormSpec(hidden, x_name, y_name, NormParams(EPS, 0.0, WeightMode.AFTER_CAST), y_name)
     table = row_tiling(hidden, VECTOR, Regime.PREFILL, x_dtype.itemsize, y_dtype.itemsize)
     tilings = {label(table) + " (table)": table}
     paired = table.paired_stores
@@ -62,7 +62,7 @@ def sweep(x_name: str, y_name: str, rows: int, hidden: int, reps: int, copy: flo
     xs = [torch.randn(rows, hidden, device="cuda", dtype=x_dtype) for _ in range(n_sets)]
     ys = [torch.full((rows, hidden), float("nan"), device="cuda", dtype=y_dtype) for _ in range(n_sets)]
     w = torch.randn(hidden, device="cuda", dtype=y_dtype)
-    ref = norm_reference(xs[0], w, EPS, 0.0, WeightMode.AFTER_CAST, y_name)
+    ref = norm_reference(xs[0], w, NormParams(EPS, 0.0, WeightMode.AFTER_CAST), y_name)
     stream = torch.cuda.current_stream().cuda_stream
     calls: dict[str, Any] = {}
     for key, t in tilings.items():

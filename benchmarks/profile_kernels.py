@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from trtfuse.bench.kernels import EPS, fresh_compile
-from trtfuse.contract import WeightMode
+from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import RmsNormVariant
 from trtfuse.kernels.device import current_device
@@ -37,7 +37,7 @@ def main() -> None:
         threads, rows, reread, floor = (int(v) for v in text.split(":"))
         vectors = -(-(args.hidden // vector) // threads)
         tilings.append(RowTiling(args.hidden, vector, threads, vectors, rows, floor, reread=bool(reread)))
-    spec = RmsNormSpec(args.hidden, args.dtype, args.dtype, EPS, 0.0, WeightMode.AFTER_CAST)
+    spec = RmsNormSpec(args.hidden, args.dtype, args.dtype, NormParams(EPS, 0.0, WeightMode.AFTER_CAST))
     cache = KernelCache(Path(tempfile.mkdtemp()))
     x = torch.randn(args.rows, args.hidden, device="cuda", dtype=dtype)
     w = torch.randn(args.hidden, device="cuda", dtype=dtype)

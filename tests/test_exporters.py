@@ -60,10 +60,10 @@ def test_tool_fixture_leaves_no_norm_partly_fused(name: str) -> None:
     before it) in the graph."""
     entry = EXPECTED[name]
     _, result = _fused(name)
-    assert [node.name for node in result.fused if node.weight_mode == "NONE"] == []
+    assert [node.name for node in result.fused if node.params.weight_mode is contract.WeightMode.NONE] == []
     # The epsilon as the graph holds it: float32, or fp16 where the tool converted the constant (ModelOpt).
     stored = {float(np.float32(entry["epsilon"])), float(np.float16(entry["epsilon"]))}
-    assert [node.as_dict() for node in result.fused if node.epsilon not in stored] == []
+    assert [node.as_dict() for node in result.fused if node.params.epsilon not in stored] == []
 
 
 @pytest.mark.parametrize("name", NAMES)

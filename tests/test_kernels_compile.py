@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
 
-from trtfuse.contract import WeightMode
+from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.api import QkNormKernel, RmsNormKernel
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_variant
@@ -40,14 +40,14 @@ def rms_variant(spec: RmsNormSpec, regime: Regime, aligned: bool = True) -> RmsN
 
 RMS_CASES = [
     # (spec, regime, aligned, expected: "vector" = only 128-bit global accesses, "scalar" = none, "mixed" = both)
-    (RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), Regime.PREFILL, True, "vector"),
-    (RmsNormSpec(4096, "float16", "float32", 1e-6, 1.0, BEFORE), Regime.PREFILL, True, "vector"),
-    (RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-5, 0.0, AFTER), Regime.DECODE, True, "vector"),
-    (RmsNormSpec(8192, "bfloat16", "float32", 1e-6, 0.0, BEFORE), Regime.DECODE, True, "vector"),
-    (RmsNormSpec(1000, "float32", None, 1e-6, 0.0, NONE), Regime.PREFILL, True, "vector"),
-    (RmsNormSpec(5120, "float32", "bfloat16", 1e-6, 1.0, AFTER), Regime.PREFILL, True, "mixed"),
-    (RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), Regime.PREFILL, False, "scalar"),
-    (RmsNormSpec(1001, "float16", "float16", 1e-6, 0.0, AFTER), Regime.PREFILL, True, "scalar"),
+    (RmsNormSpec(4096, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)), Regime.PREFILL, True, "vector"),
+    (RmsNormSpec(4096, "float16", "float32", NormParams(1e-6, 1.0, BEFORE)), Regime.PREFILL, True, "vector"),
+    (RmsNormSpec(4096, "bfloat16", "bfloat16", NormParams(1e-5, 0.0, AFTER)), Regime.DECODE, True, "vector"),
+    (RmsNormSpec(8192, "bfloat16", "float32", NormParams(1e-6, 0.0, BEFORE)), Regime.DECODE, True, "vector"),
+    (RmsNormSpec(1000, "float32", None, NormParams(1e-6, 0.0, NONE)), Regime.PREFILL, True, "vector"),
+    (RmsNormSpec(5120, "float32", "bfloat16", NormParams(1e-6, 1.0, AFTER)), Regime.PREFILL, True, "mixed"),
+    (RmsNormSpec(4096, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)), Regime.PREFILL, False, "scalar"),
+    (RmsNormSpec(1001, "float16", "float16", NormParams(1e-6, 0.0, AFTER)), Regime.PREFILL, True, "scalar"),
 ]
 
 
@@ -76,11 +76,11 @@ def compiled_ptx_text(folder: Path) -> str:
 
 
 QK_CASES = [
-    QkNormSpec(128, 128, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER),  # Qwen3
-    QkNormSpec(256, 256, "bfloat16", "float32", 1e-6, 1.0, BEFORE),  # Gemma3
-    QkNormSpec(64, 64, "float16", None, 1e-6, 0.0, NONE),
-    QkNormSpec(4096, 1024, "float32", "float32", 1e-6, 0.0, BEFORE),  # OLMo2 full-width norms
-    QkNormSpec(8192, 5120, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER),  # wide and ragged rows: x read twice
+    QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # Qwen3
+    QkNormSpec(256, 256, "bfloat16", "float32", NormParams(1e-6, 1.0, BEFORE)),  # Gemma3
+    QkNormSpec(64, 64, "float16", None, NormParams(1e-6, 0.0, NONE)),
+    QkNormSpec(4096, 1024, "float32", "float32", NormParams(1e-6, 0.0, BEFORE)),  # OLMo2 full-width norms
+    QkNormSpec(8192, 5120, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # wide and ragged rows: x read twice
 ]
 
 
@@ -103,7 +103,7 @@ def test_qk_norm_unaligned_variant_compiles_scalar(tmp_path: Path) -> None:
 
 
 def test_disk_cache_is_loaded_by_a_fresh_cache(tmp_path: Path) -> None:
-    spec = RmsNormSpec(2048, "float16", "float16", 1e-6, 0.0, AFTER)
+    spec = RmsNormSpec(2048, "float16", "float16", NormParams(1e-6, 0.0, AFTER))
     first = RmsNormKernel(spec, KernelCache(tmp_path), HOPPER)
     first.warm_up(max_rows=4096)
     # Decode and prefill tilings, each with a 16-byte and a scalar variant.
@@ -117,7 +117,9 @@ def test_disk_cache_is_loaded_by_a_fresh_cache(tmp_path: Path) -> None:
 
 
 def test_warm_up_only_builds_reachable_regimes(tmp_path: Path) -> None:
-    kernel = RmsNormKernel(RmsNormSpec(256, "float32", None, 1e-6, 0.0, NONE), KernelCache(tmp_path), HOPPER)
+    kernel = RmsNormKernel(
+        RmsNormSpec(256, "float32", None, NormParams(1e-6, 0.0, NONE)), KernelCache(tmp_path), HOPPER
+    )
     kernel.warm_up(max_rows=8)
     assert kernel.cache.compiled == 2  # decode only, both alignments
 
@@ -141,11 +143,11 @@ def test_row_tiling_covers_each_row_exactly_once(hidden: int, elem_bytes: int, r
 @pytest.mark.parametrize(
     ("spec", "threads", "floor"),
     [
-        (RmsNormSpec(4096, "float16", "float16", 1e-6, 0.0, BEFORE), 256, 6),
-        (RmsNormSpec(2048, "float32", "bfloat16", 1e-6, 0.0, AFTER), 256, 6),
-        (RmsNormSpec(8192, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), 256, None),
-        (RmsNormSpec(2048, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), 128, None),
-        (RmsNormSpec(3072, "bfloat16", "float32", 1e-6, 0.0, AFTER), 256, None),
+        (RmsNormSpec(4096, "float16", "float16", NormParams(1e-6, 0.0, BEFORE)), 256, 6),
+        (RmsNormSpec(2048, "float32", "bfloat16", NormParams(1e-6, 0.0, AFTER)), 256, 6),
+        (RmsNormSpec(8192, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)), 256, None),
+        (RmsNormSpec(2048, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)), 128, None),
+        (RmsNormSpec(3072, "bfloat16", "float32", NormParams(1e-6, 0.0, AFTER)), 256, None),
     ],
 )
 def test_prefill_rows_of_256_threads_by_2_vectors_fit_6_blocks_per_sm(
@@ -166,9 +168,9 @@ def test_prefill_rows_of_256_threads_by_2_vectors_fit_6_blocks_per_sm(
 @pytest.mark.parametrize(
     "spec",
     [
-        RmsNormSpec(5120, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER),  # ragged: 640 vectors over 256 threads
-        RmsNormSpec(4096, "float16", "float32", 1e-6, 1.0, BEFORE),
-        RmsNormSpec(8192, "bfloat16", None, 1e-6, 0.0, NONE),
+        RmsNormSpec(5120, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # ragged: 640 vectors over 256 threads
+        RmsNormSpec(4096, "float16", "float32", NormParams(1e-6, 1.0, BEFORE)),
+        RmsNormSpec(8192, "bfloat16", None, NormParams(1e-6, 0.0, NONE)),
     ],
     ids=repr,
 )
@@ -190,9 +192,9 @@ def test_prefill_reads_16_bit_x_twice_with_cache_policies(spec: RmsNormSpec, tmp
     # Decode, fp32 x, unaligned pointers and rows under 128 threads hold x in registers.
     assert not rms_variant(spec, Regime.DECODE).tiling.reread
     assert not rms_variant(spec, Regime.PREFILL, aligned=False).tiling.reread
-    fp32 = RmsNormSpec(spec.hidden, "float32", spec.weight_dtype, 1e-6, 0.0, spec.weight_mode)
+    fp32 = RmsNormSpec(spec.hidden, "float32", spec.weight_dtype, NormParams(1e-6, 0.0, spec.params.weight_mode))
     assert not rms_variant(fp32, Regime.PREFILL).tiling.reread
-    narrow = RmsNormSpec(1000, spec.dtype, spec.weight_dtype, 1e-6, 0.0, spec.weight_mode)
+    narrow = RmsNormSpec(1000, spec.dtype, spec.weight_dtype, NormParams(1e-6, 0.0, spec.params.weight_mode))
     assert rms_variant(narrow, Regime.PREFILL).tiling.threads_per_row == 64
     assert not rms_variant(narrow, Regime.PREFILL).tiling.reread
 
@@ -200,11 +202,11 @@ def test_prefill_reads_16_bit_x_twice_with_cache_policies(spec: RmsNormSpec, tmp
 @pytest.mark.parametrize(
     ("spec", "packed"),
     [
-        (RmsNormSpec(8192, "float16", "float16", 1e-6, 0.0, AFTER), "mul.f16x2"),
-        (RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), "mul.bf16x2"),
-        (RmsNormSpec(8192, "float16", "float16", 1e-6, 1.0, AFTER), None),  # Gemma's offset: w + 1 in fp32
-        (RmsNormSpec(8192, "float16", "float32", 1e-6, 0.0, AFTER), None),  # weight in another dtype
-        (RmsNormSpec(8192, "float16", "float16", 1e-6, 0.0, BEFORE), None),
+        (RmsNormSpec(8192, "float16", "float16", NormParams(1e-6, 0.0, AFTER)), "mul.f16x2"),
+        (RmsNormSpec(4096, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)), "mul.bf16x2"),
+        (RmsNormSpec(8192, "float16", "float16", NormParams(1e-6, 1.0, AFTER)), None),  # Gemma's offset: w + 1 in fp32
+        (RmsNormSpec(8192, "float16", "float32", NormParams(1e-6, 0.0, AFTER)), None),  # weight in another dtype
+        (RmsNormSpec(8192, "float16", "float16", NormParams(1e-6, 0.0, BEFORE)), None),
     ],
     ids=repr,
 )
@@ -246,7 +248,7 @@ def test_mixed_precision_variants_keep_16_byte_accesses_on_both_sides(
 ) -> None:
     """x and y of different widths: vectors of 8 elements, so the 16-bit side moves each in one 16-byte access and
     the fp32 side in exactly two; every global access is 16 bytes wide, and each is where the tiling says."""
-    spec = RmsNormSpec(4096, dtype, weight_dtype, 1e-6, offset, mode, out_dtype)
+    spec = RmsNormSpec(4096, dtype, weight_dtype, NormParams(1e-6, offset, mode), out_dtype)
     variant = rms_variant(spec, regime)
     tiling = variant.tiling
     assert tiling.vector == 8 and tiling.min_blocks_per_sm == 0
@@ -294,9 +296,12 @@ def test_mixed_precision_tiling(x_bytes: int, y_bytes: int) -> None:
 @pytest.mark.parametrize(
     ("spec", "regime"),
     [
-        (RmsNormSpec(4096, "bfloat16", "float32", 1e-6, 0.0, AFTER, "float32"), Regime.PREFILL),
-        (RmsNormSpec(1000, "float16", None, 1e-6, 0.0, NONE, "float32"), Regime.PREFILL),  # ragged: 125 vectors
-        (RmsNormSpec(5120, "float16", "float16", 1e-6, 1.0, BEFORE, "float32"), Regime.DECODE),
+        (RmsNormSpec(4096, "bfloat16", "float32", NormParams(1e-6, 0.0, AFTER), "float32"), Regime.PREFILL),
+        (
+            RmsNormSpec(1000, "float16", None, NormParams(1e-6, 0.0, NONE), "float32"),
+            Regime.PREFILL,
+        ),  # ragged: 125 vectors
+        (RmsNormSpec(5120, "float16", "float16", NormParams(1e-6, 1.0, BEFORE), "float32"), Regime.DECODE),
     ],
     ids=repr,
 )
@@ -313,9 +318,7 @@ def test_fp32_output_of_a_16_bit_input_is_stored_in_whole_sectors(
     reduction_rounds = lanes.bit_length() - 1
     assert ptx.count("shfl.sync.bfly") == reduction_rounds + 4 * slots
     assert ptx.count("st.global.v4.b32") == 2 * slots
-    reverse = RmsNormSpec(
-        spec.hidden, "float32", spec.weight_dtype, 1e-6, spec.weight_offset, spec.weight_mode, spec.dtype
-    )
+    reverse = RmsNormSpec(spec.hidden, "float32", spec.weight_dtype, spec.params, spec.dtype)
     assert not rms_variant(reverse, regime).tiling.paired_stores
     assert not rms_variant(spec, regime, aligned=False).tiling.paired_stores
 
@@ -326,7 +329,7 @@ def test_after_cast_rounds_to_the_16_bit_side(tmp_path: Path) -> None:
     for mode in (AFTER, BEFORE):
         folder = tmp_path / mode.name
         folder.mkdir()
-        spec = RmsNormSpec(4096, "bfloat16", "float32", 1e-6, 0.0, mode, "float32")
+        spec = RmsNormSpec(4096, "bfloat16", "float32", NormParams(1e-6, 0.0, mode), "float32")
         ptx[mode] = compiled_ptx(rms_variant(spec, Regime.DECODE), folder)
     after, before = ptx[AFTER], ptx[BEFORE]
     rounding = re.compile(r"\bcvt\.rn\.bf16(?:x2)?\.f32\b")
@@ -341,7 +344,7 @@ def test_head_dim_rows_are_sub_warp() -> None:
 
 def test_launch_picks_variant_from_rows_and_pointer_alignment(tmp_path: Path) -> None:
     """The per-call choice of `launch`, with recording stand-ins for the compiled functions (no GPU needed)."""
-    spec = RmsNormSpec(4096, "bfloat16", "float32", 1e-6, 0.0, AFTER)
+    spec = RmsNormSpec(4096, "bfloat16", "float32", NormParams(1e-6, 0.0, AFTER))
     kernel = RmsNormKernel(spec, KernelCache(tmp_path), HOPPER)
     picked: list[tuple[bool, bool]] = []
     for key in itertools.product((True, False), repeat=2):
@@ -357,7 +360,7 @@ def test_launch_picks_variant_from_rows_and_pointer_alignment(tmp_path: Path) ->
 
 
 def test_mixed_precision_launch_needs_16_bytes_on_both_sides(tmp_path: Path) -> None:
-    spec = RmsNormSpec(4096, "float32", "bfloat16", 1e-6, 0.0, AFTER, "bfloat16")
+    spec = RmsNormSpec(4096, "float32", "bfloat16", NormParams(1e-6, 0.0, AFTER), "bfloat16")
     kernel = RmsNormKernel(spec, KernelCache(tmp_path), HOPPER)
     picked: list[tuple[bool, bool]] = []
     for key in itertools.product((True, False), repeat=2):
@@ -391,20 +394,22 @@ def test_regime_switches_at_sm_count() -> None:
 
 def test_specs_reject_bad_fields() -> None:
     with pytest.raises(ValueError, match="weight_dtype"):
-        RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, NONE)
+        RmsNormSpec(128, "float16", "float16", NormParams(1e-6, 0.0, NONE))
     with pytest.raises(ValueError, match="weight dtype"):
-        RmsNormSpec(128, "float16", None, 1e-6, 0.0, AFTER)
+        RmsNormSpec(128, "float16", None, NormParams(1e-6, 0.0, AFTER))
     with pytest.raises(ValueError, match="activation dtype"):
-        QkNormSpec(128, 128, "int8", "float16", 1e-6, 0.0, AFTER)
+        QkNormSpec(128, 128, "int8", "float16", NormParams(1e-6, 0.0, AFTER))
     with pytest.raises(ValueError, match="q_hidden"):
-        QkNormSpec(0, 128, "float16", "float16", 1e-6, 0.0, AFTER)
-    assert RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, 1).weight_mode is AFTER
+        QkNormSpec(0, 128, "float16", "float16", NormParams(1e-6, 0.0, AFTER))
+    assert RmsNormSpec(128, "float16", "float16", NormParams(1e-6, 0.0, 1)).params.weight_mode is AFTER
     with pytest.raises(ValueError, match="two different 16-bit dtypes"):
-        RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, AFTER, "bfloat16")
+        RmsNormSpec(128, "float16", "float16", NormParams(1e-6, 0.0, AFTER), "bfloat16")
     with pytest.raises(ValueError, match="output dtype float64"):
-        QkNormSpec(128, 128, "float32", "float16", 1e-6, 0.0, AFTER, "float64")
-    spec = RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, AFTER)
-    assert spec.out_dtype == "float16" and spec == RmsNormSpec(128, "float16", "float16", 1e-6, 0.0, AFTER, "float16")
+        QkNormSpec(128, 128, "float32", "float16", NormParams(1e-6, 0.0, AFTER), "float64")
+    spec = RmsNormSpec(128, "float16", "float16", NormParams(1e-6, 0.0, AFTER))
+    assert spec.out_dtype == "float16" and spec == RmsNormSpec(
+        128, "float16", "float16", NormParams(1e-6, 0.0, AFTER), "float16"
+    )
 
 
 def test_bench_command_without_gpu_says_so_in_one_line() -> None:

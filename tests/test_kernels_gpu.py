@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
-from trtfuse.contract import WeightMode
+from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels import QkNormSpec, RmsNormSpec, get_qk_norm, get_rms_norm
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -72,7 +72,7 @@ def assert_matches(y: torch.Tensor, ref: torch.Tensor, rounded_to: str | None = 
 
 def rounded(spec: RmsNormSpec | QkNormSpec) -> str | None:
     """AFTER_CAST's intermediate dtype R where it is 16-bit, else None (contract.rounding_dtype)."""
-    if spec.weight_mode is not AFTER:
+    if spec.params.weight_mode is not AFTER:
         return None
     return spec.dtype if spec.dtype != "float32" else spec.out_dtype
 
@@ -84,16 +84,14 @@ def run_rms(spec: RmsNormSpec, rows: int, misalign: int = 0) -> None:
     y = get_rms_norm(spec)(x, w, out)
     torch.cuda.synchronize()
     assert y.data_ptr() == out.data_ptr() and y.dtype == dt(spec.out_dtype)
-    assert_matches(
-        y, norm_reference(x, w, spec.epsilon, spec.weight_offset, spec.weight_mode, spec.out_dtype), rounded(spec)
-    )
+    assert_matches(y, norm_reference(x, w, spec.params, spec.out_dtype), rounded(spec))
 
 
 DTYPE_PAIR_SPECS = [
-    RmsNormSpec(4096, act, wdt, 1e-6, offset, mode)
+    RmsNormSpec(4096, act, wdt, NormParams(1e-6, offset, mode))
     for act, wdt in itertools.product(DTYPES, DTYPES)
     for mode, offset in ((AFTER, 0.0), (BEFORE, 1.0))
-] + [RmsNormSpec(4096, act, None, 1e-5, 0.0, NONE) for act in DTYPES]
+] + [RmsNormSpec(4096, act, None, NormParams(1e-5, 0.0, NONE)) for act in DTYPES]
 
 
 @pytest.mark.parametrize("spec", DTYPE_PAIR_SPECS, ids=repr)
@@ -110,7 +108,7 @@ def test_rms_norm_every_dtype_pair_and_mode(spec: RmsNormSpec) -> None:
 def test_rms_norm_every_hidden_size(
     hidden: int, dtype: str, weight_dtype: str, offset: float, mode: WeightMode
 ) -> None:
-    spec = RmsNormSpec(hidden, dtype, weight_dtype, 1e-6, offset, mode)
+    spec = RmsNormSpec(hidden, dtype, weight_dtype, NormParams(1e-6, offset, mode))
     for rows in ROWS:
         run_rms(spec, rows)
 
@@ -118,11 +116,11 @@ def test_rms_norm_every_hidden_size(
 @pytest.mark.parametrize(
     "spec",
     [
-        RmsNormSpec(8192, "float16", "float16", 1e-6, 1.0, BEFORE),
-        RmsNormSpec(8192, "bfloat16", "float16", 1e-5, 0.0, AFTER),
-        RmsNormSpec(8192, "float16", None, 1e-6, 0.0, NONE),
-        RmsNormSpec(5120, "float16", "float16", 1e-6, 1.0, AFTER),
-        RmsNormSpec(3000, "bfloat16", None, 1e-6, 0.0, NONE),
+        RmsNormSpec(8192, "float16", "float16", NormParams(1e-6, 1.0, BEFORE)),
+        RmsNormSpec(8192, "bfloat16", "float16", NormParams(1e-5, 0.0, AFTER)),
+        RmsNormSpec(8192, "float16", None, NormParams(1e-6, 0.0, NONE)),
+        RmsNormSpec(5120, "float16", "float16", NormParams(1e-6, 1.0, AFTER)),
+        RmsNormSpec(3000, "bfloat16", None, NormParams(1e-6, 0.0, NONE)),
     ],
     ids=repr,
 )
@@ -136,13 +134,13 @@ def test_rms_norm_prefill_reading_x_twice(spec: RmsNormSpec) -> None:
 @pytest.mark.parametrize("hidden", [1001, 4096])
 @pytest.mark.parametrize("misalign", [1, 2])
 def test_rms_norm_unaligned_pointers_take_the_scalar_variant(hidden: int, misalign: int) -> None:
-    spec = RmsNormSpec(hidden, "bfloat16", "float32", 1e-6, 0.0, AFTER)
+    spec = RmsNormSpec(hidden, "bfloat16", "float32", NormParams(1e-6, 0.0, AFTER))
     for rows in ROWS:
         run_rms(spec, rows, misalign)
 
 
 def test_rms_norm_zero_rows_is_a_no_op() -> None:
-    spec = RmsNormSpec(4096, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER)
+    spec = RmsNormSpec(4096, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
     x = rand((0, 4096), "bfloat16")
     get_rms_norm(spec)(x, rand((4096,), "bfloat16"))
     torch.cuda.synchronize()
@@ -152,7 +150,7 @@ def test_raw_pointer_launch_on_a_side_stream_replays_from_a_cuda_graph() -> None
     """What a plugin does: warm up, then launch on raw pointers and TensorRT's stream inside a graph capture.
 
     The spec (its epsilon) is used by no other test, so the capture is the first launch after warm-up."""
-    spec = RmsNormSpec(4096, "float16", "float32", 3e-6, 0.0, AFTER)
+    spec = RmsNormSpec(4096, "float16", "float32", NormParams(3e-6, 0.0, AFTER))
     kernel = get_rms_norm(spec)
     kernel.warm_up(max_rows=4096)
     rows = 32
@@ -167,11 +165,11 @@ def test_raw_pointer_launch_on_a_side_stream_replays_from_a_cuda_graph() -> None
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert_matches(out, norm_reference(x, w, 3e-6, 0.0, AFTER))
+        assert_matches(out, norm_reference(x, w, NormParams(3e-6, 0.0, AFTER)))
 
 
 def test_qk_norm_raw_pointer_launch_replays_from_a_cuda_graph() -> None:
-    spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", 3e-6, 0.0, AFTER)
+    spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(3e-6, 0.0, AFTER))
     kernel = get_qk_norm(spec)
     kernel.warm_up(max_rows=4096)
     q, k = rand((4, 32, 128), "bfloat16"), rand((4, 8, 128), "bfloat16")
@@ -184,8 +182,8 @@ def test_qk_norm_raw_pointer_launch_replays_from_a_cuda_graph() -> None:
     q.copy_(rand((4, 32, 128), "bfloat16"))
     graph.replay()
     torch.cuda.synchronize()
-    assert_matches(q_out, norm_reference(q, wq, 3e-6, 0.0, AFTER))
-    assert_matches(k_out, norm_reference(k, wk, 3e-6, 0.0, AFTER))
+    assert_matches(q_out, norm_reference(q, wq, NormParams(3e-6, 0.0, AFTER)))
+    assert_matches(k_out, norm_reference(k, wk, NormParams(3e-6, 0.0, AFTER)))
 
 
 def run_qk(spec: QkNormSpec, tokens: int, q_heads: int, k_heads: int, misalign: int = 0) -> None:
@@ -198,18 +196,17 @@ def run_qk(spec: QkNormSpec, tokens: int, q_heads: int, k_heads: int, misalign: 
     k_out = poisoned(tuple(k.shape), spec.out_dtype)
     get_qk_norm(spec)(q, k, wq, wk, q_out, k_out)
     torch.cuda.synchronize()
-    mode = spec.weight_mode
-    assert_matches(q_out, norm_reference(q, wq, spec.epsilon, spec.weight_offset, mode, spec.out_dtype), rounded(spec))
-    assert_matches(k_out, norm_reference(k, wk, spec.epsilon, spec.weight_offset, mode, spec.out_dtype), rounded(spec))
+    assert_matches(q_out, norm_reference(q, wq, spec.params, spec.out_dtype), rounded(spec))
+    assert_matches(k_out, norm_reference(k, wk, spec.params, spec.out_dtype), rounded(spec))
 
 
 QK_CASES = [
-    ("qwen3", QkNormSpec(128, 128, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER), 32, 8),
-    ("gemma3", QkNormSpec(256, 256, "bfloat16", "float32", 1e-6, 1.0, BEFORE), 8, 4),
-    ("head64", QkNormSpec(64, 64, "float16", "float16", 1e-5, 0.0, AFTER), 16, 16),
-    ("no-weight", QkNormSpec(128, 128, "float32", None, 1e-6, 0.0, NONE), 8, 2),
-    ("olmo2", QkNormSpec(4096, 1024, "bfloat16", "float32", 1e-6, 0.0, BEFORE), 1, 1),
-    ("wide-ragged", QkNormSpec(8192, 5120, "float16", "float16", 1e-6, 1.0, AFTER), 1, 1),
+    ("qwen3", QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)), 32, 8),
+    ("gemma3", QkNormSpec(256, 256, "bfloat16", "float32", NormParams(1e-6, 1.0, BEFORE)), 8, 4),
+    ("head64", QkNormSpec(64, 64, "float16", "float16", NormParams(1e-5, 0.0, AFTER)), 16, 16),
+    ("no-weight", QkNormSpec(128, 128, "float32", None, NormParams(1e-6, 0.0, NONE)), 8, 2),
+    ("olmo2", QkNormSpec(4096, 1024, "bfloat16", "float32", NormParams(1e-6, 0.0, BEFORE)), 1, 1),
+    ("wide-ragged", QkNormSpec(8192, 5120, "float16", "float16", NormParams(1e-6, 1.0, AFTER)), 1, 1),
 ]
 
 
@@ -220,7 +217,7 @@ def test_qk_norm_matches_two_reference_norms(name: str, spec: QkNormSpec, q_head
 
 
 def test_qk_norm_unaligned_pointers() -> None:
-    spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", 1e-6, 0.0, AFTER)
+    spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
     for tokens in (1, 3, 64):
         run_qk(spec, tokens, 32, 8, misalign=1)
 
@@ -235,11 +232,11 @@ def sixteen_bit_side(dtype: str, out_dtype: str) -> str:
 
 
 MIXED_SPECS = [
-    RmsNormSpec(4096, act, wdt, 1e-6, offset, mode, out)
+    RmsNormSpec(4096, act, wdt, NormParams(1e-6, offset, mode), out)
     for act, out in MIXED_PAIRS
     for wdt in ("float32", sixteen_bit_side(act, out))
     for mode, offset in ((AFTER, 0.0), (BEFORE, 1.0))
-] + [RmsNormSpec(4096, act, None, 1e-5, 0.0, NONE, out) for act, out in MIXED_PAIRS]
+] + [RmsNormSpec(4096, act, None, NormParams(1e-5, 0.0, NONE), out) for act, out in MIXED_PAIRS]
 
 
 @pytest.mark.parametrize("spec", MIXED_SPECS, ids=repr)
@@ -251,7 +248,7 @@ def test_mixed_precision_every_pair_and_mode(spec: RmsNormSpec) -> None:
 @pytest.mark.parametrize("hidden", [*HIDDENS, 1004, 1001])
 @pytest.mark.parametrize(("dtype", "out_dtype"), [("float32", "bfloat16"), ("bfloat16", "float32")])
 def test_mixed_precision_every_hidden_size(hidden: int, dtype: str, out_dtype: str) -> None:
-    spec = RmsNormSpec(hidden, dtype, sixteen_bit_side(dtype, out_dtype), 1e-6, 0.0, AFTER, out_dtype)
+    spec = RmsNormSpec(hidden, dtype, sixteen_bit_side(dtype, out_dtype), NormParams(1e-6, 0.0, AFTER), out_dtype)
     for rows in ROWS:
         run_rms(spec, rows)
 
@@ -259,7 +256,7 @@ def test_mixed_precision_every_hidden_size(hidden: int, dtype: str, out_dtype: s
 @pytest.mark.parametrize("misalign", [1, 2])
 @pytest.mark.parametrize(("dtype", "out_dtype"), [("float32", "float16"), ("float16", "float32")])
 def test_mixed_precision_unaligned_pointers(misalign: int, dtype: str, out_dtype: str) -> None:
-    spec = RmsNormSpec(4096, dtype, "float32", 1e-6, 0.0, AFTER, out_dtype)
+    spec = RmsNormSpec(4096, dtype, "float32", NormParams(1e-6, 0.0, AFTER), out_dtype)
     for rows in ROWS:
         run_rms(spec, rows, misalign)
 
@@ -267,9 +264,9 @@ def test_mixed_precision_unaligned_pointers(misalign: int, dtype: str, out_dtype
 @pytest.mark.parametrize(
     "spec",
     [
-        QkNormSpec(128, 128, "float32", "bfloat16", 1e-6, 0.0, AFTER, "bfloat16"),
-        QkNormSpec(256, 256, "bfloat16", "float32", 1e-6, 1.0, BEFORE, "float32"),
-        QkNormSpec(4096, 1024, "float16", "float32", 1e-6, 0.0, AFTER, "float32"),
+        QkNormSpec(128, 128, "float32", "bfloat16", NormParams(1e-6, 0.0, AFTER), "bfloat16"),
+        QkNormSpec(256, 256, "bfloat16", "float32", NormParams(1e-6, 1.0, BEFORE), "float32"),
+        QkNormSpec(4096, 1024, "float16", "float32", NormParams(1e-6, 0.0, AFTER), "float32"),
     ],
     ids=repr,
 )
@@ -280,7 +277,7 @@ def test_mixed_precision_qk_norm(spec: QkNormSpec) -> None:
 
 
 def test_mixed_precision_decode_replays_from_a_cuda_graph() -> None:
-    spec = RmsNormSpec(4096, "float32", "bfloat16", 7e-6, 0.0, AFTER, "bfloat16")
+    spec = RmsNormSpec(4096, "float32", "bfloat16", NormParams(7e-6, 0.0, AFTER), "bfloat16")
     kernel = get_rms_norm(spec)
     kernel.warm_up(max_rows=32)
     x, w = rand((32, 4096), "float32"), rand((4096,), "bfloat16")
@@ -293,4 +290,4 @@ def test_mixed_precision_decode_replays_from_a_cuda_graph() -> None:
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert_matches(out, norm_reference(x, w, 7e-6, 0.0, AFTER, "bfloat16"))
+        assert_matches(out, norm_reference(x, w, NormParams(7e-6, 0.0, AFTER), "bfloat16"))

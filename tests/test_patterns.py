@@ -73,9 +73,9 @@ def test_accepted_spelling_matches(name: str) -> None:
     model = single_norm(spec, opset)
     match, found = only_match(model)
     want = expected(spec)
-    assert match.epsilon == want.epsilon
-    assert match.weight_offset == want.weight_offset
-    assert match.weight_mode == want.weight_mode
+    assert match.params.epsilon == want.epsilon
+    assert match.params.weight_offset == want.weight_offset
+    assert match.params.weight_mode == want.weight_mode
     assert match.hidden_size == want.hidden
     assert dtype_name(match.x) == dtype_name(match.y) == spec.dtype
     assert match.x.name == "x" or dtype_name(match.x.inputs[0].inputs[0]) == "float32"
@@ -90,12 +90,12 @@ def test_accepted_spelling_matches(name: str) -> None:
 
 def test_epsilon_is_the_float32_the_graph_adds() -> None:
     match, _ = only_match(single_norm(NormSpec(epsilon=1e-6)))
-    assert match.epsilon == 9.999999974752427e-07
+    assert match.params.epsilon == 9.999999974752427e-07
 
 
 def test_weight_offset_and_dtype_for_gemma() -> None:
     match, _ = only_match(single_norm(NormSpec(dtype="bfloat16", weight="before-cast", offset="add-one-first")))
-    assert (match.weight_mode, match.weight_offset) == (WeightMode.BEFORE_CAST, 1.0)
+    assert (match.params.weight_mode, match.params.weight_offset) == (WeightMode.BEFORE_CAST, 1.0)
     assert isinstance(match.weight, gs.Constant) and dtype_name(match.weight) == "bfloat16"
     assert {node.op for node in match.nodes} >= {"Cast", "Add", "Mul"}
 
@@ -122,8 +122,8 @@ def test_fused_norm_ops(kind: str, mode: WeightMode, tag: str, dtype: str) -> No
     match, _ = only_match(fused_op_norm(kind, dtype, epsilon=1e-6))
     # For float32 activations both weighted modes are one function, always written AFTER_CAST.
     expected_mode = WeightMode.AFTER_CAST if dtype == "float32" and mode == WeightMode.BEFORE_CAST else mode
-    assert (match.weight_mode, match.tags, match.hidden_size) == (expected_mode, (tag,), 64)
-    assert match.epsilon == 9.999999974752427e-07
+    assert (match.params.weight_mode, match.tags, match.hidden_size) == (expected_mode, (tag,), 64)
+    assert match.params.epsilon == 9.999999974752427e-07
     assert dtype_name(match.x) == dtype
     if kind.startswith("Skip"):
         assert match.skip_inputs[0].name != match.x.name
@@ -157,7 +157,7 @@ def test_fused_norm_with_stash_type_not_float32_is_rejected(dtype: str, stash_ty
 def test_fused_norm_with_a_16_bit_stash_is_fused_tagged(dtype: str, stash_type: int, tag: str) -> None:
     # The kernels reduce in float32: at least as precise as the 16-bit stash the node asks for, so fused and tagged.
     match, _ = only_match(fused_op_norm("RMSNormalization", dtype, stash_type=stash_type))
-    assert tag in match.tags and match.weight_mode == WeightMode.AFTER_CAST
+    assert tag in match.tags and match.params.weight_mode == WeightMode.AFTER_CAST
 
 
 @pytest.mark.parametrize(
@@ -169,7 +169,7 @@ def test_fused_norm_without_epsilon_takes_the_op_default(kind: str, epsilon: flo
     (node,) = [node for node in model.graph.node if node.op_type == kind]
     node.attribute.remove(next(attribute for attribute in node.attribute if attribute.name == "epsilon"))
     match, _ = only_match(model)
-    assert match.epsilon == float(np.float32(epsilon))
+    assert match.params.epsilon == float(np.float32(epsilon))
 
 
 @pytest.mark.parametrize(
@@ -180,7 +180,7 @@ def test_fused_norm_without_epsilon_takes_the_op_default(kind: str, epsilon: flo
 def test_multiply_that_is_not_a_weight_stays_outside(case: str, reason: str, dtype: str) -> None:
     model = partial_weight(case, dtype)
     match, found = only_match(model)
-    assert match.weight is None and match.weight_mode == WeightMode.NONE
+    assert match.weight is None and match.params.weight_mode == WeightMode.NONE
     assert dtype_name(match.y) == dtype
     assert [consumer.op for consumer in match.y.outputs] == ["Mul"]
     assert any(reason in miss.reason and "weight multiply not fused" in miss.reason for miss in found.near_misses)
@@ -188,14 +188,14 @@ def test_multiply_that_is_not_a_weight_stays_outside(case: str, reason: str, dty
 
 def test_normalised_value_read_twice_fuses_without_the_weight() -> None:
     match, _ = only_match(shared_normalized("float16"))
-    assert match.weight_mode == WeightMode.NONE and dtype_name(match.y) == "float16"
+    assert match.params.weight_mode == WeightMode.NONE and dtype_name(match.y) == "float16"
     assert sorted(consumer.op for consumer in match.y.outputs) == ["Mul", "Relu"]
 
 
 def test_fp32_multiply_by_a_gate_fuses_the_fp32_part() -> None:
     match, _ = only_match(before_cast_gate("float16"))
     assert dtype_name(match.x) == dtype_name(match.y) == "float32"
-    assert match.x.inputs[0].op == "Cast" and match.weight_mode == WeightMode.NONE
+    assert match.x.inputs[0].op == "Cast" and match.params.weight_mode == WeightMode.NONE
 
 
 LAYOUTS = ["qk-head-dim", "qk-head-dim-transposed", "qk-full-width", "mla-latent"]
@@ -216,7 +216,7 @@ def test_qk_norms_pair_per_attention_block(layout: str, dtype: str) -> None:
         "mla-latent": (spec.q_rank, spec.kv_rank),
     }[layout]
     assert (pair.q.hidden_size, pair.k.hidden_size) == hidden
-    assert pair.q.weight_mode == pair.k.weight_mode == expected(spec.norm).weight_mode
+    assert pair.q.params.weight_mode == pair.k.params.weight_mode == expected(spec.norm).weight_mode
     [input_norm] = found.matches
     assert input_norm.x.name == "x" or input_norm.hidden_size == 64
     assert not any(tag.startswith(("qk-", "mla-")) for tag in input_norm.tags)
@@ -244,7 +244,7 @@ def test_gemma_qk_norms_pair_with_offset() -> None:
     norm = NormSpec(weight="before-cast", offset="add-one-first")
     found = search(attention_block(AttentionSpec("qk-head-dim-transposed", "bfloat16", norm=norm)))
     [pair] = found.qk_norm_pairs
-    assert (pair.q.weight_offset, pair.q.weight_mode) == (1.0, WeightMode.BEFORE_CAST)
+    assert (pair.q.params.weight_offset, pair.q.params.weight_mode) == (1.0, WeightMode.BEFORE_CAST)
 
 
 def test_lazily_loaded_weights_are_not_read(tmp_path) -> None:
@@ -253,7 +253,7 @@ def test_lazily_loaded_weights_are_not_read(tmp_path) -> None:
     model = onnx.load(str(path), load_external_data=False)
     graph = gs.import_onnx(model)
     match, _ = only_match_graph(graph)
-    assert match.epsilon == 9.999999974752427e-07
+    assert match.params.epsilon == 9.999999974752427e-07
     weight = match.weight
     assert isinstance(weight, gs.Constant) and isinstance(weight._values, gs.ir.tensor.LazyValues)
 
@@ -295,7 +295,7 @@ def test_a_scalar_of_higher_rank_is_rejected(which: str) -> None:
 @pytest.mark.parametrize(("which", "reason"), [("weight", "of shape [1, 1, 1, 64]"), ("offset", "has rank 4")])
 def test_a_weight_of_higher_rank_stays_outside(which: str, reason: str) -> None:
     match, found = only_match(broadcasting_constant(which))
-    assert match.weight is None and match.weight_mode == WeightMode.NONE
+    assert match.weight is None and match.params.weight_mode == WeightMode.NONE
     assert [consumer.op for consumer in match.y.outputs] == ["Mul"]
     assert any(reason in miss.reason and "weight multiply not fused" in miss.reason for miss in found.near_misses)
 
@@ -333,7 +333,7 @@ def test_fused_op_without_shape_information_takes_the_scale_length() -> None:
 @pytest.mark.parametrize("root", ["div-one", "pow-half"])
 def test_norm_without_epsilon_fuses_with_epsilon_zero(root: str) -> None:
     match, found = only_match(no_epsilon_norm(root))
-    assert (match.epsilon, match.weight_mode) == (0.0, WeightMode.AFTER_CAST)
+    assert (match.params.epsilon, match.params.weight_mode) == (0.0, WeightMode.AFTER_CAST)
     assert "no-epsilon" in match.tags and not found.near_misses
 
 
@@ -345,7 +345,7 @@ def test_fp32_input_with_16_bit_output_is_one_match(order: str, mode: WeightMode
     # optimum fp16 exports with an fp32 residual stream: the cast and the weight belong to the norm.
     model = mixed_precision_norm(order, out_dtype)
     match, found = only_match(model)
-    assert (match.dtype, match.output_dtype, match.weight_mode) == ("float32", out_dtype, mode)
+    assert (match.dtype, match.output_dtype, match.params.weight_mode) == ("float32", out_dtype, mode)
     assert match.x.name == "x" and match.y.name == output_source(model)
     assert dtype_name(match.weight) == ("float32" if order == "weight-then-cast" else out_dtype)
     assert {node.op for node in match.nodes} >= {"Cast", "Mul"} and not found.near_misses
@@ -361,7 +361,7 @@ def test_fp32_input_with_16_bit_output_is_one_match(order: str, mode: WeightMode
 )
 def test_rms_normalization_with_mixed_dtypes(x_dtype: str, scale_dtype: str, mode: WeightMode) -> None:
     match, _ = only_match(mixed_rms_normalization(x_dtype, scale_dtype))
-    assert (match.dtype, match.output_dtype, match.weight_mode) == (x_dtype, scale_dtype, mode)
+    assert (match.dtype, match.output_dtype, match.params.weight_mode) == (x_dtype, scale_dtype, mode)
 
 
 def test_rms_normalization_between_two_16_bit_dtypes_is_rejected() -> None:
@@ -423,7 +423,7 @@ def test_a_weight_after_widening_the_rounded_fp16_result_is_after_cast_from_fp16
     # fp32(fp16(x·r)) · w32 is AFTER_CAST with an fp16 input and a float32 output: R, the node's 16-bit dtype, is x's.
     model = rewidened_weight("float16")
     match, found = only_match(model)
-    assert (match.dtype, match.output_dtype, match.weight_mode) == ("float16", "float32", WeightMode.AFTER_CAST)
+    assert (match.dtype, match.output_dtype, match.params.weight_mode) == ("float16", "float32", WeightMode.AFTER_CAST)
     assert match.weight is not None and not found.near_misses
     feed = {"x": np.random.default_rng(2).standard_normal((2, 3, HIDDEN)).astype(np.float32)}
     fused = lower_fused_nodes(fuse_model(model).model)
@@ -449,7 +449,7 @@ def test_a_weight_after_widening_the_rounded_result_of_an_fp32_input_is_named() 
 )
 def test_fused_op_takes_the_cast_down_of_its_float32_output(x_dtype: str, cast_to: str, mode: WeightMode) -> None:
     match, _ = only_match(rms_normalization_cast_back(x_dtype, cast_to=cast_to))
-    assert (match.dtype, match.output_dtype, match.weight_mode) == (x_dtype, cast_to, mode)
+    assert (match.dtype, match.output_dtype, match.params.weight_mode) == (x_dtype, cast_to, mode)
     assert [node.op for node in match.nodes][-2:] == ["RMSNormalization", "Cast"]
 
 
@@ -483,7 +483,7 @@ def test_qdq_on_x_read_by_the_square_and_the_multiply_stays_before_the_fused_nod
 def test_autocast_norm_with_a_16_bit_root_widened_for_the_reciprocal(dtype: str) -> None:
     model = autocast_norm(dtype)
     match, found = only_match(model)
-    assert (match.dtype, match.output_dtype, match.weight_mode) == (dtype, dtype, WeightMode.AFTER_CAST)
+    assert (match.dtype, match.output_dtype, match.params.weight_mode) == (dtype, dtype, WeightMode.AFTER_CAST)
     assert {"core-" + dtype, "reciprocal"} <= set(match.tags) and not found.near_misses
     # The contract computes the root in float32: closer to the exact norm than the 16-bit root it replaces.
     rng = np.random.default_rng(3)

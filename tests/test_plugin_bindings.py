@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trtfuse.contract import RMS_NORM_OP, WeightMode
+from trtfuse.contract import RMS_NORM_OP, NormParams, WeightMode
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.trt_module import RTX_MODULE, TRT_MODULE_ENV, load_trt
 
@@ -75,7 +75,7 @@ def test_creators_have_what_the_bindings_read(creator_class: type[NormPluginCrea
 
 
 def rms_plugin(**changes: Any) -> RmsNormPlugin:
-    config = replace(NormConfig(RMS_NORM_OP, 1e-6, 0.0, WeightMode.AFTER_CAST, (64,)), **changes)
+    config = replace(NormConfig(RMS_NORM_OP, NormParams(1e-6, 0.0, WeightMode.AFTER_CAST), (64,)), **changes)
     return RmsNormPlugin(config, trt.TensorRTPhase.BUILD, "layers.0.norm")
 
 
@@ -96,13 +96,13 @@ def test_set_tactic_takes_the_default_and_refuses_others() -> None:
 def test_timing_cache_id_tells_apart_nodes_that_compile_differently() -> None:
     """An empty or shared ID would let TensorRT reuse one node's timings for a node with another epsilon, offset,
     mode or width."""
-    base = NormConfig(RMS_NORM_OP, 1e-6, 0.0, WeightMode.AFTER_CAST, (64,))
+    base = NormConfig(RMS_NORM_OP, NormParams(1e-6, 0.0, WeightMode.AFTER_CAST), (64,))
     variants = [
         base,
-        replace(base, epsilon=1e-5),
-        replace(base, epsilon=float(np.nextafter(np.float32(1e-6), np.float32(1)))),
-        replace(base, weight_offset=1.0),
-        replace(base, weight_mode=WeightMode.BEFORE_CAST),
+        replace(base, params=replace(base.params, epsilon=1e-5)),
+        replace(base, params=replace(base.params, epsilon=float(np.nextafter(np.float32(1e-6), np.float32(1))))),
+        replace(base, params=replace(base.params, weight_offset=1.0)),
+        replace(base, params=replace(base.params, weight_mode=WeightMode.BEFORE_CAST)),
         replace(base, hidden_sizes=(128,)),
     ]
     ids = [timing_cache_id(config) for config in variants]

@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trtfuse.contract import OPTIONAL_FIELDS, QK_NORM_FIELDS, QK_NORM_OP, RMS_NORM_FIELDS, RMS_NORM_OP, WeightMode
+from trtfuse.contract import (
+    OPTIONAL_FIELDS,
+    QK_NORM_FIELDS,
+    QK_NORM_OP,
+    RMS_NORM_FIELDS,
+    RMS_NORM_OP,
+    NormParams,
+    WeightMode,
+)
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.trt_module import RTX_MODULE, TRT_MODULE_ENV, load_trt
 
@@ -208,7 +216,9 @@ def test_tolerated_field_forms() -> None:
         epsilon=(np.array([np.float32(1e-6)], np.float64), trt.PluginFieldType.FLOAT64),
     )
     plugin = create(RmsNormPluginCreator(), tolerated)
-    assert plugin.config == NormConfig(RMS_NORM_OP, float(np.float32(1e-6)), 0.0, WeightMode.AFTER_CAST, (64,))
+    assert plugin.config == NormConfig(
+        RMS_NORM_OP, NormParams(float(np.float32(1e-6)), 0.0, WeightMode.AFTER_CAST), (64,)
+    )
 
 
 # --- build phase -------------------------------------------------------------------------------------------------
@@ -259,11 +269,7 @@ def test_configure_warms_the_kernel_up_for_the_profile(
         spec, trtfuse.kernels.RmsNormSpec if case.config.plugin == RMS_NORM_OP else trtfuse.kernels.QkNormSpec
     )
     assert (spec.dtype, spec.weight_dtype) == (case.dtype, case.weight_dtype)
-    assert (spec.epsilon, spec.weight_offset, spec.weight_mode) == (
-        case.config.epsilon,
-        case.config.weight_offset,
-        case.config.weight_mode,
-    )
+    assert spec.params == case.config.params
     hidden = (spec.hidden,) if case.config.plugin == RMS_NORM_OP else (spec.q_hidden, spec.k_hidden)
     assert hidden == case.config.hidden_sizes
     max_rows = max(int(np.prod(shape[:-1])) for shape in case.max_shapes)
@@ -405,8 +411,8 @@ def test_configured_plugin_still_waits_for_shapes_and_skips_empty_tensors(kernel
 def test_parse_fields_matches_the_creator() -> None:
     collection, _arrays = fields_of(**rms_fields(weight_mode=i32(2), weight_offset=f32(1.0)))
     config = parse_fields(RMS_NORM_OP, collection)
-    assert config == NormConfig(RMS_NORM_OP, float(np.float32(1e-6)), 1.0, WeightMode.BEFORE_CAST, (64,))
-    assert replace(config, weight_mode=WeightMode.NONE).has_weight is False
+    assert config == NormConfig(RMS_NORM_OP, NormParams(float(np.float32(1e-6)), 1.0, WeightMode.BEFORE_CAST), (64,))
+    assert replace(config, params=replace(config.params, weight_mode=WeightMode.NONE)).has_weight is False
 
 
 # --- imports -----------------------------------------------------------------------------------------------------
@@ -454,7 +460,7 @@ def test_harness_checks_catch_wrong_unwritten_and_overrunning_outputs(dtype: str
     assert all(check.passed for check in lifecycle.check_outputs(case, tensors))
     assert tensors.guards_intact()
 
-    without_offset = replace(case.config, weight_offset=0.0)
+    without_offset = replace(case.config, params=replace(case.config.params, weight_offset=0.0))
     tensors.outputs[1].copy_(lifecycle.reference_norm(k, k_weight, without_offset))
     assert [check.passed for check in lifecycle.check_outputs(case, tensors)] == [True, False]
 
@@ -474,7 +480,7 @@ def test_reference_places_the_cast_where_the_weight_mode_says() -> None:
     weight = torch.tensor([1.01, 0.99, 1.03, 0.97], dtype=torch.float32)
     modes = {}
     for mode in WeightMode:
-        config = NormConfig(RMS_NORM_OP, 1e-6, 0.0, mode, (4,))
+        config = NormConfig(RMS_NORM_OP, NormParams(1e-6, 0.0, mode), (4,))
         modes[mode] = lifecycle.reference_norm(x, weight, config).double()
     normed = x.double() / x.double().pow(2).mean().add(1e-6).sqrt()
     assert torch.equal(modes[WeightMode.NONE], normed.to(torch.bfloat16).double())
@@ -505,7 +511,10 @@ def test_the_real_kernels_compile_through_configure_plugin(case: lifecycle.NormC
     build = lifecycle.build_phase(creator, case)
     is_rms = case.config.plugin == RMS_NORM_OP
     assert isinstance(build.plugin.kernel, trtfuse.kernels.RmsNormKernel if is_rms else trtfuse.kernels.QkNormKernel)
-    assert (build.plugin.kernel.spec.dtype, build.plugin.kernel.spec.epsilon) == (case.dtype, case.config.epsilon)
+    assert (build.plugin.kernel.spec.dtype, build.plugin.kernel.spec.params.epsilon) == (
+        case.dtype,
+        case.config.params.epsilon,
+    )
     attached, _clone = lifecycle.runtime_phase(creator, build)
     lifecycle.shape_change(attached, case, case.runs[-1])
     assert attached.kernel is build.plugin.kernel

@@ -354,7 +354,10 @@ def test_packed_qkv_norms_with_different_epsilon_stay_separate_and_say_why() -> 
     assert not found.qk_norm_pairs
     q, k = (match for match in found.matches if "qk-head-dim" in match.tags)
     notes = {miss.node: miss.reason for miss in found.near_misses}
-    assert notes[q.name] == f"not paired with the q/k norm {k.name}: epsilon {q.epsilon} here, {k.epsilon} there"
+    assert (
+        notes[q.name]
+        == f"not paired with the q/k norm {k.name}: epsilon {q.params.epsilon} here, {k.params.epsilon} there"
+    )
     assert notes[k.name].startswith(f"not paired with the q/k norm {q.name}: epsilon")
 
 

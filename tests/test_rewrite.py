@@ -113,7 +113,7 @@ def test_single_norm_becomes_one_node(name: str) -> None:
     assert not any("epsilon" in tensor.name for tensor in fused.graph.initializer)
     [record] = records
     assert record.kind == contract.RMS_NORM_OP and record.hidden_sizes == (spec.hidden,)
-    assert record.epsilon == attrs[contract.ATTR_EPSILON] and len(record.replaced) >= 5
+    assert record.params.epsilon == attrs[contract.ATTR_EPSILON] and len(record.replaced) >= 5
     types = {value.name: value.type.tensor_type.elem_type for value in [*fused.graph.value_info, *fused.graph.output]}
     assert attrs[contract.ATTR_OUTPUT_DTYPE] == types[node.output[0]]
     assert contract.OUTPUT_DTYPE_CODES[record.output_dtype] == types[node.output[0]]
@@ -135,7 +135,7 @@ def _cast_match(x_dtype: type, y_dtype: type | None) -> tuple[gs.Graph, RmsNormM
     to = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(y_dtype or x_dtype))
     cast = gs.Node("Cast", "cast", attrs={"to": to}, inputs=[x], outputs=[y])
     graph = gs.Graph(nodes=[cast], inputs=[x], outputs=[y], opset=18)
-    match = RmsNormMatch([cast], x, y, None, 1e-6, 0.0, contract.WeightMode.NONE, 8, (), "norm")
+    match = RmsNormMatch([cast], x, y, None, contract.NormParams(1e-6, 0.0, contract.WeightMode.NONE), 8, (), "norm")
     return graph, match
 
 
@@ -272,7 +272,7 @@ def test_any_combination_of_spellings_fuses_exactly(spec: NormSpec, opset: int) 
     original = single_norm(spec, opset)
     fused, records = fuse(original)
     assert [node.op_type for node in fused_nodes(fused)] == [contract.RMS_NORM_OP]
-    assert records[0].weight_mode == expected(spec).weight_mode.name
+    assert records[0].params.weight_mode == expected(spec).weight_mode
     assert_same_numbers(original, fused, spec.dtype)
 
 
@@ -364,7 +364,7 @@ def test_fp32_norm_cast_to_fp16_before_the_weight_is_one_node_with_the_exact_con
     fused, [record] = fuse(original)
     [node] = fused_nodes(fused)
     assert attributes(node)[contract.ATTR_OUTPUT_DTYPE] == onnx.TensorProto.FLOAT16
-    assert (record.dtype, record.output_dtype, record.weight_mode) == ("float32", "float16", "AFTER_CAST")
+    assert (record.dtype, record.output_dtype, record.params.weight_mode.name) == ("float32", "float16", "AFTER_CAST")
     assert {"Cast", "Mul"}.isdisjoint(other.op_type for other in fused.graph.node)
     x = feed_for(original)["x"]
     (lowered,) = run(lower_fused_nodes(fused), {"x": x}, "float16")

@@ -7,6 +7,7 @@ TensorRT plugin name, so TensorRT's ONNX parser maps it onto the creator registe
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 PLUGIN_NAMESPACE = "trtfuse"
 PLUGIN_VERSION = "1"
@@ -34,6 +35,23 @@ class WeightMode(enum.IntEnum):
     NONE = 0
     AFTER_CAST = 1
     BEFORE_CAST = 2
+
+
+@dataclass(frozen=True)
+class NormParams:
+    """The formula's constants every fused node carries (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE).
+
+    The match, the fused-node record, the plugin config, the kernel specs and the kernel math all embed this one
+    value; epsilon and weight_offset are float32 values held exactly in Python floats."""
+
+    epsilon: float
+    weight_offset: float
+    weight_mode: WeightMode
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "weight_offset", float(self.weight_offset))
+        object.__setattr__(self, "weight_mode", WeightMode(self.weight_mode))
 
 
 # Attribute names, in the order the plugins serialise them. Every attribute but `output_dtype` is required.

@@ -85,7 +85,7 @@ def fuse_model(model: onnx.ModelProto) -> FuseResult:
     search = find_norms(graph)
     fused = rewrite(graph, search)
     with G_LOGGER.suppress(G_LOGGER.ERROR):
-        exported = gs.export_onnx(graph, opset_imports=_opset_imports(model, graph))
+        exported = gs.export_onnx(graph, opset_imports=graph.import_domains)
     exported.ir_version = model.ir_version
     if model.ir_version < 4:
         # IR 3 requires every initializer to be a graph input too; graphsurgeon's export lists none.
@@ -135,11 +135,3 @@ def _restore_sparse_attributes(model: onnx.ModelProto, exported: onnx.ModelProto
         attributes = sparse.get(node.output[0] if node.output else "", [])
         present = {attribute.name for attribute in node.attribute}
         node.attribute.extend(attribute for attribute in attributes if attribute.name not in present)
-
-
-def _opset_imports(model: onnx.ModelProto, graph: gs.Graph) -> list[onnx.OperatorSetIdProto]:
-    imports = [helper.make_opsetid(opset.domain, opset.version) for opset in model.opset_import]
-    uses_plugins = any(node.domain == contract.ONNX_DOMAIN for node in graph.nodes)
-    if uses_plugins and all(opset.domain != contract.ONNX_DOMAIN for opset in imports):
-        imports.append(helper.make_opsetid(contract.ONNX_DOMAIN, contract.ONNX_DOMAIN_VERSION))
-    return imports

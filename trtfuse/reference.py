@@ -74,17 +74,21 @@ class _Lowering:
         missing = [field for field in fields if field not in self.attributes]
         if missing:
             raise TrtfuseError(f"node '{self.node.name}': {self.node.op_type} lacks attribute(s) {', '.join(missing)}")
-        mode = contract.WeightMode(self.attributes[contract.ATTR_WEIGHT_MODE])
+        params = contract.NormParams(
+            self.attributes[contract.ATTR_EPSILON],
+            self.attributes[contract.ATTR_WEIGHT_OFFSET],
+            self.attributes[contract.ATTR_WEIGHT_MODE],
+        )
         inputs = list(self.node.input)
         out_type = self._output_type(inputs[0])
         if self.node.op_type == contract.RMS_NORM_OP:
             weight = inputs[1] if len(inputs) > 1 and inputs[1] else None
-            self._norm("x", inputs[0], weight, self.node.output[0], mode, out_type)
+            self._norm("x", inputs[0], weight, self.node.output[0], params, out_type)
         else:
             q_weight = inputs[2] if len(inputs) > 2 and inputs[2] else None
             k_weight = inputs[3] if len(inputs) > 3 and inputs[3] else None
-            self._norm("q", inputs[0], q_weight, self.node.output[0], mode, out_type)
-            self._norm("k", inputs[1], k_weight, self.node.output[1], mode, out_type)
+            self._norm("q", inputs[0], q_weight, self.node.output[0], params, out_type)
+            self._norm("k", inputs[1], k_weight, self.node.output[1], params, out_type)
         return self.nodes
 
     def _output_type(self, x: str) -> int:
@@ -97,7 +101,8 @@ class _Lowering:
             raise TrtfuseError(f"node '{self.node.name}': output_dtype must be one of {allowed}, got {code}")
         return code
 
-    def _norm(self, role: str, x: str, weight: str | None, y: str, mode: contract.WeightMode, out_type: int) -> None:
+    def _norm(self, role: str, x: str, weight: str | None, y: str, params: contract.NormParams, out_type: int) -> None:
+        mode = params.weight_mode
         if (mode == contract.WeightMode.NONE) != (weight is None):
             raise TrtfuseError(f"node '{self.node.name}': weight_mode {mode.name} does not fit its {role} weight input")
         x_dtype = helper.tensor_dtype_to_np_dtype(self._elem_type(x)).name
@@ -116,7 +121,7 @@ class _Lowering:
         x32 = self._cast(x, _FLOAT, f"{name}/x_fp32")
         square = self._op("Mul", [x32, x32], f"{name}/square")
         mean = self._reduce_mean(square, f"{name}/mean")
-        epsilon = self._constant(f"{name}/epsilon", self.attributes[contract.ATTR_EPSILON])
+        epsilon = self._constant(f"{name}/epsilon", params.epsilon)
         variance = self._op("Add", [mean, epsilon], f"{name}/add_epsilon")
         root = self._op("Sqrt", [variance], f"{name}/sqrt")
         inverse_root = self._op("Reciprocal", [root], f"{name}/rsqrt")
@@ -124,16 +129,15 @@ class _Lowering:
         if mode == contract.WeightMode.NONE:
             self._cast(normalised, out_type, f"{name}/y", output=y)
             return
-        scale = self._scale(weight, name)
+        scale = self._scale(weight, params.weight_offset, name)
         if mode == contract.WeightMode.AFTER_CAST:
             rounded = self._cast(self._cast(normalised, round_type, f"{name}/round"), _FLOAT, f"{name}/round_fp32")
             self._cast(self._op("Mul", [rounded, scale], f"{name}/scale"), out_type, f"{name}/y", output=y)
         else:
             self._cast(self._op("Mul", [normalised, scale], f"{name}/scale"), out_type, f"{name}/y", output=y)
 
-    def _scale(self, weight: str, name: str) -> str:
+    def _scale(self, weight: str, offset: float, name: str) -> str:
         weight32 = self._cast(weight, _FLOAT, f"{name}/weight_fp32")
-        offset = self.attributes[contract.ATTR_WEIGHT_OFFSET]
         if offset == 0.0:
             return weight32
         return self._op("Add", [weight32, self._constant(f"{name}/weight_offset", offset)], f"{name}/offset_weight")

@@ -20,10 +20,8 @@ class FusedNode:
     kind: str
     name: str
     replaced: tuple[str, ...]
-    epsilon: float
+    params: contract.NormParams
     hidden_sizes: tuple[int, ...]
-    weight_mode: str
-    weight_offset: float
     dtype: str
     output_dtype: str
     tags: tuple[str, ...]
@@ -33,10 +31,10 @@ class FusedNode:
             "kind": self.kind,
             "name": self.name,
             "replaced": list(self.replaced),
-            "epsilon": self.epsilon,
+            "epsilon": self.params.epsilon,
             "hidden_sizes": list(self.hidden_sizes),
-            "weight_mode": self.weight_mode,
-            "weight_offset": self.weight_offset,
+            "weight_mode": self.params.weight_mode.name,
+            "weight_offset": self.params.weight_offset,
             "dtype": self.dtype,
             "output_dtype": self.output_dtype,
             "tags": list(self.tags),
@@ -56,9 +54,9 @@ def _common_attrs(match: RmsNormMatch) -> dict:
     return {
         contract.ATTR_NAMESPACE: contract.PLUGIN_NAMESPACE,
         contract.ATTR_VERSION: contract.PLUGIN_VERSION,
-        contract.ATTR_EPSILON: match.epsilon,
-        contract.ATTR_WEIGHT_OFFSET: float(match.weight_offset),
-        contract.ATTR_WEIGHT_MODE: int(match.weight_mode),
+        contract.ATTR_EPSILON: match.params.epsilon,
+        contract.ATTR_WEIGHT_OFFSET: match.params.weight_offset,
+        contract.ATTR_WEIGHT_MODE: int(match.params.weight_mode),
         contract.ATTR_OUTPUT_DTYPE: contract.OUTPUT_DTYPE_CODES[out],
     }
 
@@ -92,7 +90,7 @@ def _detach_output(match: RmsNormMatch) -> gs.Variable:
 
 
 def _weights(*matches: RmsNormMatch) -> list[gs.Tensor]:
-    return [match.weight for match in matches if match.weight_mode != contract.WeightMode.NONE]
+    return [match.weight for match in matches if match.params.weight_mode != contract.WeightMode.NONE]
 
 
 def _rms_norm_node(graph: gs.Graph, match: RmsNormMatch) -> FusedNode:
@@ -145,10 +143,8 @@ def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tup
         kind=kind,
         name=name,
         replaced=tuple(describe(node) for match in matches for node in match.nodes),
-        epsilon=first.epsilon,
+        params=first.params,
         hidden_sizes=hidden,
-        weight_mode=first.weight_mode.name,
-        weight_offset=first.weight_offset,
         dtype=first.dtype,
         output_dtype=output_dtype(first),
         tags=tuple(dict.fromkeys(tag for match in matches for tag in match.tags)),
@@ -156,6 +152,7 @@ def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tup
 
 
 def _import_trtfuse_domain(graph: gs.Graph) -> None:
+    """The one writer of the trtfuse opset import: fuse exports the graph with the imports this leaves."""
     if graph.import_domains is None:
         graph.import_domains = [onnx.helper.make_opsetid("", graph.opset)]
     if all(opset.domain != contract.ONNX_DOMAIN for opset in graph.import_domains):
@@ -169,8 +166,9 @@ def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
     too, and goes with the rest of the dead code, so the report describes the file written."""
     fused = [_rms_norm_node(graph, match) for match in search.matches]
     fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
-    if fused:
-        _import_trtfuse_domain(graph)
     graph.cleanup().toposort()
     kept = {node.name for node in graph.nodes}
-    return [node for node in fused if node.name in kept]
+    fused = [node for node in fused if node.name in kept]
+    if fused:
+        _import_trtfuse_domain(graph)
+    return fused

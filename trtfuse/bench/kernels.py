@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from trtfuse.bench.reference import norm_reference
-from trtfuse.contract import WeightMode
+from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.api import QkNormKernel, RmsNormKernel, get_qk_norm, get_rms_norm
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.device import current_device
@@ -31,6 +31,7 @@ from trtfuse.kernels.tiling import Regime
 from trtfuse.tolerances import output_error
 
 EPS = 1e-6
+LLAMA = NormParams(EPS, 0.0, WeightMode.AFTER_CAST)  # the semantics every benchmark row runs
 PREFILL_SHAPES = ((16384, 4096), (8192, 8192), (16384, 2048), (4096, 4096))
 DECODE_ROWS = (1, 8, 32)
 # Mixed precision, (x, y) dtypes, the weight in y's dtype: an optimum fp16/bf16 export's norm on an fp32 residual
@@ -125,7 +126,7 @@ def copy_bandwidth_gbs() -> float:
 def launch_floor_us() -> float:
     """Event-timed no-op launch of our kernel (0 rows: one block that returns at once): the fixed cost every
     event-timed call carries, whatever its size. A pass of B bytes then takes at least B / copy rate + this floor."""
-    kernel = get_rms_norm(RmsNormSpec(4096, "bfloat16", "bfloat16", EPS, 0.0, WeightMode.AFTER_CAST))
+    kernel = get_rms_norm(RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA))
     kernel.warm_up(4096)
     stream = torch.cuda.current_stream().cuda_stream
     return median_event_us(lambda _: kernel.launch(0, 0, 0, 0, stream), 1)
@@ -157,7 +158,7 @@ def check_close(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
 
 def bench_prefill(dtype: torch.dtype, rows: int, hidden: int, compiled: bool, copy_gbs: float) -> dict[str, Any]:
     name = str(dtype).removeprefix("torch.")
-    kernel = get_rms_norm(RmsNormSpec(hidden, name, name, EPS, 0.0, WeightMode.AFTER_CAST))
+    kernel = get_rms_norm(RmsNormSpec(hidden, name, name, LLAMA))
     kernel.warm_up(rows)
     nbytes = 2 * rows * hidden * dtype.itemsize + hidden * dtype.itemsize
     n_sets = input_sets(nbytes)
@@ -167,7 +168,7 @@ def bench_prefill(dtype: torch.dtype, rows: int, hidden: int, compiled: bool, co
     row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "dtype": name, "bytes": nbytes}
     row["same_size_copy_us"] = same_size_copy_us(nbytes)
     row["ours_us"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
-    check_close(ys[0], norm_reference(xs[0], w, EPS, 0.0, WeightMode.AFTER_CAST), f"ours {row['shape']} {name}")
+    check_close(ys[0], norm_reference(xs[0], w, LLAMA), f"ours {row['shape']} {name}")
     row["torch_us"] = median_event_us(lambda i: F.rms_norm(xs[i], (hidden,), w, EPS), n_sets)
     if compiled:
         fn = fresh_compile()
@@ -184,7 +185,7 @@ def bench_mixed_prefill(
 ) -> dict[str, Any]:
     """Prefill RMSNorm with x and y of different dtypes: bytes are x read, y written, the weight read once."""
     x_dtype, y_dtype = getattr(torch, x_name), getattr(torch, y_name)
-    kernel = get_rms_norm(RmsNormSpec(hidden, x_name, y_name, EPS, 0.0, WeightMode.AFTER_CAST, y_name))
+    kernel = get_rms_norm(RmsNormSpec(hidden, x_name, y_name, LLAMA, y_name))
     kernel.warm_up(rows)
     nbytes = rows * hidden * (x_dtype.itemsize + y_dtype.itemsize) + hidden * y_dtype.itemsize
     n_sets = input_sets(nbytes)
@@ -194,7 +195,7 @@ def bench_mixed_prefill(
     row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "dtype": f"{x_name}->{y_name}", "bytes": nbytes}
     row["same_size_copy_us"] = same_size_copy_us(nbytes)
     row["ours_us"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
-    reference = norm_reference(xs[0], w, EPS, 0.0, WeightMode.AFTER_CAST, y_name)
+    reference = norm_reference(xs[0], w, LLAMA, y_name)
     check_close(ys[0], reference, f"ours {row['shape']} {row['dtype']}")
     if compiled:
         fn = fresh_compile(mixed_rms_norm)
@@ -209,7 +210,7 @@ def bench_mixed_prefill(
 def bench_mixed_decode(rows: int) -> dict[str, Any]:
     """fp32 x, bf16 y and weight, H=4096, graph replay of raw-pointer launches (the plugin path)."""
     hidden = DECODE_HIDDEN
-    kernel = get_rms_norm(RmsNormSpec(hidden, "float32", "bfloat16", EPS, 0.0, WeightMode.AFTER_CAST, "bfloat16"))
+    kernel = get_rms_norm(RmsNormSpec(hidden, "float32", "bfloat16", LLAMA, "bfloat16"))
     kernel.warm_up(rows)
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.float32)
     w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
@@ -220,13 +221,13 @@ def bench_mixed_decode(rows: int) -> dict[str, Any]:
 
     row: dict[str, Any] = {"rows": rows, "hidden": hidden, "dtype": "float32->bfloat16"}
     row["ours_graph_us"] = graph_replay_us(raw_launch)
-    check_close(y, norm_reference(x, w, EPS, 0.0, WeightMode.AFTER_CAST, "bfloat16"), f"mixed decode rows={rows}")
+    check_close(y, norm_reference(x, w, LLAMA, "bfloat16"), f"mixed decode rows={rows}")
     return row
 
 
 def bench_decode(rows: int, compiled: bool) -> dict[str, Any]:
     dtype, hidden = torch.bfloat16, DECODE_HIDDEN
-    kernel = get_rms_norm(RmsNormSpec(hidden, "bfloat16", "bfloat16", EPS, 0.0, WeightMode.AFTER_CAST))
+    kernel = get_rms_norm(RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA))
     kernel.warm_up(rows)
     x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
     w = torch.randn(hidden, device="cuda", dtype=dtype)
@@ -238,7 +239,7 @@ def bench_decode(rows: int, compiled: bool) -> dict[str, Any]:
         kernel.launch(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream().cuda_stream)
 
     row["ours_graph_us"] = graph_replay_us(raw_launch)
-    check_close(y, norm_reference(x, w, EPS, 0.0, WeightMode.AFTER_CAST), f"decode ours rows={rows}")
+    check_close(y, norm_reference(x, w, LLAMA), f"decode ours rows={rows}")
     row["torch_graph_us"] = graph_replay_us(lambda: F.rms_norm(x, (hidden,), w, EPS))
     if compiled:
         fn = fresh_compile()
@@ -249,8 +250,8 @@ def bench_decode(rows: int, compiled: bool) -> dict[str, Any]:
 
 def bench_qk(tokens: int, copy_gbs: float) -> dict[str, Any]:
     q_heads, k_heads, head_dim = QK_HEADS
-    qk = get_qk_norm(QkNormSpec(head_dim, head_dim, "bfloat16", "bfloat16", EPS, 0.0, WeightMode.AFTER_CAST))
-    rms = get_rms_norm(RmsNormSpec(head_dim, "bfloat16", "bfloat16", EPS, 0.0, WeightMode.AFTER_CAST))
+    qk = get_qk_norm(QkNormSpec(head_dim, head_dim, "bfloat16", "bfloat16", LLAMA))
+    rms = get_rms_norm(RmsNormSpec(head_dim, "bfloat16", "bfloat16", LLAMA))
     qk.warm_up(tokens * q_heads)
     rms.warm_up(tokens * q_heads)
     q_shape, k_shape = (tokens, q_heads, head_dim), (tokens, k_heads, head_dim)
@@ -283,8 +284,8 @@ def bench_qk(tokens: int, copy_gbs: float) -> dict[str, Any]:
         row["two_rms_us"] = median_event_us(two_launches, n_sets)
         row["timing"] = "events"
     one_launch(0)
-    check_close(qos[0], norm_reference(qs[0], wq, EPS, 0.0, WeightMode.AFTER_CAST), f"qk q tokens={tokens}")
-    check_close(kos[0], norm_reference(ks[0], wk, EPS, 0.0, WeightMode.AFTER_CAST), f"qk k tokens={tokens}")
+    check_close(qos[0], norm_reference(qs[0], wq, LLAMA), f"qk q tokens={tokens}")
+    check_close(kos[0], norm_reference(ks[0], wk, LLAMA), f"qk k tokens={tokens}")
     row["qk_pct_copy"] = 100 * nbytes / row["qk_us"] / 1e3 / copy_gbs
     row["two_rms_pct_copy"] = 100 * nbytes / row["two_rms_us"] / 1e3 / copy_gbs
     return row
@@ -293,8 +294,8 @@ def bench_qk(tokens: int, copy_gbs: float) -> dict[str, Any]:
 def bench_compile_and_load() -> dict[str, Any]:
     """Compile each variant into an empty cache folder, then load it from disk through a fresh cache object."""
     device = current_device()
-    spec = RmsNormSpec(4096, "bfloat16", "bfloat16", EPS, 0.0, WeightMode.AFTER_CAST)
-    qk_spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", EPS, 0.0, WeightMode.AFTER_CAST)
+    spec = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA)
+    qk_spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", LLAMA)
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
         building = KernelCache(Path(folder))
@@ -319,7 +320,7 @@ def bench_compile_and_load() -> dict[str, Any]:
 
 def bench_host_overhead() -> dict[str, float]:
     """Host µs per call, in batches small enough that the GPU queue never fills and blocks the caller."""
-    kernel = get_rms_norm(RmsNormSpec(4096, "bfloat16", "bfloat16", EPS, 0.0, WeightMode.AFTER_CAST))
+    kernel = get_rms_norm(RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA))
     kernel.warm_up(1)
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)

@@ -35,6 +35,7 @@ from trtfuse.contract import (
     QK_NORM_OP,
     RMS_NORM_FIELDS,
     RMS_NORM_OP,
+    NormParams,
     WeightMode,
     rounding_dtype,
 )
@@ -68,8 +69,8 @@ class NormCase:
         weight = self.weight_dtype or "none"
         out = f"-to-{self.config.output_dtype}" if self.config.output_dtype else ""
         return (
-            f"{self.config.plugin}-{self.dtype}{out}-w{weight}-{self.config.weight_mode.name}-"
-            f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.weight_offset:g}"
+            f"{self.config.plugin}-{self.dtype}{out}-w{weight}-{self.config.params.weight_mode.name}-"
+            f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.params.weight_offset:g}"
         )
 
     @property
@@ -87,6 +88,11 @@ class NormCase:
         return [*activation_shapes, *weights]
 
 
+def _float32_params(epsilon: float, weight_offset: float, weight_mode: WeightMode) -> NormParams:
+    """The constants as a node's float32 attributes hold them."""
+    return NormParams(float(np.float32(epsilon)), float(np.float32(weight_offset)), weight_mode)
+
+
 def rms_case(
     hidden: int,
     dtype: str,
@@ -101,8 +107,7 @@ def rms_case(
     """An RMSNorm over [*leading, hidden]; `runs` are the leading dims of successive runs. The defaults go from
     prefill (1024 rows: more rows than an H200 has SMs, the prefill kernel) to decode (3 rows, then 1).
     `output_dtype` is the node's attribute (None: a node without it)."""
-    epsilon, weight_offset = float(np.float32(epsilon)), float(np.float32(weight_offset))
-    config = NormConfig(RMS_NORM_OP, epsilon, weight_offset, weight_mode, (hidden,), output_dtype)
+    config = NormConfig(RMS_NORM_OP, _float32_params(epsilon, weight_offset, weight_mode), (hidden,), output_dtype)
     return NormCase(
         config=config,
         dtype=dtype,
@@ -127,9 +132,7 @@ def qk_case(
     runs: Sequence[int] = (64, 5, 1),
 ) -> NormCase:
     """A QK-norm over q [1, tokens, q_heads, head_dim] and k [1, tokens, k_heads, head_dim] (Qwen3's layout)."""
-    config = NormConfig(
-        QK_NORM_OP, float(np.float32(epsilon)), float(np.float32(weight_offset)), weight_mode, (head_dim, head_dim)
-    )
+    config = NormConfig(QK_NORM_OP, _float32_params(epsilon, weight_offset, weight_mode), (head_dim, head_dim))
 
     def shapes(tokens: int) -> tuple[Shape, ...]:
         return ((1, tokens, q_heads, head_dim), (1, tokens, k_heads, head_dim))
@@ -152,7 +155,8 @@ def parser_fields(config: NormConfig) -> tuple[Any, list[np.ndarray]]:
     """The fields TensorRT's ONNX parser builds from a fused node's attributes (float -> FLOAT32, int -> INT32),
     written independently of the plugins' own serialiser; the arrays must outlive the collection."""
     names = RMS_NORM_FIELDS if config.plugin == RMS_NORM_OP else QK_NORM_FIELDS
-    values = (config.epsilon, config.weight_offset, int(config.weight_mode), *config.hidden_sizes)
+    params = config.params
+    values = (params.epsilon, params.weight_offset, int(params.weight_mode), *config.hidden_sizes)
     arrays, fields = [], []
     for name, value in zip(names, values, strict=True):
         is_float = isinstance(value, float)
@@ -382,9 +386,7 @@ def reference_norm(x: Any, weight: Any, config: NormConfig) -> Any:
     from trtfuse.bench.reference import norm_reference  # torch: only the GPU steps need it
 
     cpu_weight = None if weight is None else weight.cpu()
-    return norm_reference(
-        x.cpu(), cpu_weight, config.epsilon, config.weight_offset, config.weight_mode, config.output_dtype
-    )
+    return norm_reference(x.cpu(), cpu_weight, config.params, config.output_dtype)
 
 
 @dataclass(frozen=True)
@@ -411,7 +413,7 @@ def check_outputs(case: NormCase, tensors: DeviceTensors) -> list[OutputCheck]:
         unwritten = int(actual.isnan().sum())
         error = output_error(names[i], actual.numpy(), reference.numpy())
         # The coarser of the output dtype and AFTER_CAST's intermediate R sets the tolerance.
-        after_cast = case.config.weight_mode is WeightMode.AFTER_CAST
+        after_cast = case.config.params.weight_mode is WeightMode.AFTER_CAST
         coarse = rounding_dtype(case.dtype, case.output_dtype) if after_cast else case.output_dtype
         rtol = max(tolerance_for(case.output_dtype).rtol, tolerance_for(coarse).rtol)
         checks.append(OutputCheck(names[i], error.max_abs, error.max_rel, rtol, unwritten))

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from trtfuse.contract import WeightMode, rounding_dtype
+from trtfuse.contract import NormParams, WeightMode, rounding_dtype
 
 
 def norm_reference(
     x: torch.Tensor,
     weight: torch.Tensor | None,
-    epsilon: float,
-    weight_offset: float,
-    weight_mode: WeightMode,
+    params: NormParams,
     output_dtype: str | None = None,
 ) -> torch.Tensor:
     """y for x over its last axis, computed in float64 on x's device, with the casts where the weight mode puts
@@ -23,12 +21,12 @@ def norm_reference(
     out_name = output_dtype or x_name
     out, rounding = getattr(torch, out_name), getattr(torch, rounding_dtype(x_name, out_name))
     x64 = x.detach().double()
-    normed = x64 * (x64.pow(2).mean(dim=-1, keepdim=True) + epsilon).rsqrt()
-    if weight_mode is WeightMode.NONE:
+    normed = x64 * (x64.pow(2).mean(dim=-1, keepdim=True) + params.epsilon).rsqrt()
+    if params.weight_mode is WeightMode.NONE:
         return normed.to(out)
     if weight is None:
-        raise ValueError(f"the reference of a {weight_mode.name} norm needs a weight")
-    scale = weight.detach().double() + weight_offset
-    if weight_mode is WeightMode.AFTER_CAST:
+        raise ValueError(f"the reference of a {params.weight_mode.name} norm needs a weight")
+    scale = weight.detach().double() + params.weight_offset
+    if params.weight_mode is WeightMode.AFTER_CAST:
         return (normed.to(rounding).double() * scale).to(out)
     return (normed * scale).to(out)

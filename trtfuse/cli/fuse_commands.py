@@ -23,20 +23,20 @@ if TYPE_CHECKING:
 def _match_line(match: RmsNormMatch) -> str:
     dtypes = match.dtype if match.output_dtype == match.dtype else f"{match.dtype}->{match.output_dtype}"
     return (
-        f"{match.name}  eps={match.epsilon:g} hidden={match.hidden_size} {dtypes} "
-        f"weight={match.weight_mode.name} offset={match.weight_offset:g} tags={','.join(match.tags)}"
+        f"{match.name}  eps={match.params.epsilon:g} hidden={match.hidden_size} {dtypes} "
+        f"weight={match.params.weight_mode.name} offset={match.params.weight_offset:g} tags={','.join(match.tags)}"
     )
 
 
 def _match_json(match: RmsNormMatch) -> dict:
     return {
         "name": match.name,
-        "epsilon": match.epsilon,
+        "epsilon": match.params.epsilon,
         "hidden_size": match.hidden_size,
         "dtype": match.dtype,
         "output_dtype": match.output_dtype,
-        "weight_mode": match.weight_mode.name,
-        "weight_offset": match.weight_offset,
+        "weight_mode": match.params.weight_mode.name,
+        "weight_offset": match.params.weight_offset,
         "tags": list(match.tags),
         "replaces": [node.name for node in match.nodes],
     }

@@ -132,7 +132,7 @@ class RmsNormKernel:
         """Torch convenience for tests and benchmarks: x [..., hidden] on the current stream; returns `out`."""
         spec = self.spec
         _check_activation("x", x, spec.dtype, spec.hidden)
-        if (w is None) != (spec.weight_mode is WeightMode.NONE):
+        if (w is None) != (spec.params.weight_mode is WeightMode.NONE):
             raise ValueError("a weight is required exactly when weight_mode is not NONE")
         if w is not None:
             _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
@@ -220,7 +220,8 @@ class QkNormKernel:
         spec = self.spec
         _check_activation("q", q, spec.dtype, spec.q_hidden)
         _check_activation("k", k, spec.dtype, spec.k_hidden)
-        if (wq is None or wk is None) != (spec.weight_mode is WeightMode.NONE) or (wq is None) != (wk is None):
+        none = spec.params.weight_mode is WeightMode.NONE
+        if (wq is None or wk is None) != none or (wq is None) != (wk is None):
             raise ValueError("both weights are required exactly when weight_mode is not NONE")
         if wq is not None:
             _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))

@@ -34,7 +34,7 @@ class QkNormVariant:
 
 def _math(spec: RmsNormSpec | QkNormSpec) -> NormMath:
     rounding = rounding_dtype(spec.dtype, spec.out_dtype)
-    return NormMath(float(spec.epsilon), float(spec.weight_offset), spec.weight_mode, rounding)
+    return NormMath(spec.params, rounding)
 
 
 def _activation_ptr(dtype: str, tiling: RowTiling) -> cute.Pointer:

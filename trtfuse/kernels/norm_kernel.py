@@ -17,7 +17,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from trtfuse.contract import WeightMode
+from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.ptx import l2_evict_policy, load_16_bytes
 from trtfuse.kernels.tiling import WARP, RowTiling
 
@@ -28,9 +28,7 @@ CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloa
 class NormMath:
     """The compile-time constants of the formula: folded into the kernel as immediates and branches."""
 
-    epsilon: float
-    weight_offset: float
-    weight_mode: WeightMode
+    params: NormParams
     rounding: str  # the dtype AFTER_CAST rounds x·r to before the weight multiply (contract.rounding_dtype)
 
 
@@ -149,7 +147,7 @@ def _normalize_block_rows(
     # Only the last slot of a thread can fall past the row end (when threads do not divide the row's vectors): it
     # alone is predicated, and zeroed first so that it adds nothing to the sum of squares.
     ragged = tiling.vectors_per_row % threads != 0
-    has_weight = math.weight_mode != WeightMode.NONE
+    has_weight = math.params.weight_mode != WeightMode.NONE
 
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % threads
@@ -194,7 +192,7 @@ def _normalize_block_rows(
         sum_sq = Float32(0.0)
         for w in cutlass.range_constexpr(tiling.warps_per_row):
             sum_sq = sum_sq + partials[row_in_block, w]
-    rstd = cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.epsilon), fastmath=True)
+    rstd = cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.params.epsilon), fastmath=True)
 
     if cutlass.const_expr(tiling.reread):
         # x again, rather than its fp32 copy held in registers across the reduction: an L1 or L2 hit, marked
@@ -207,8 +205,8 @@ def _normalize_block_rows(
     if cutlass.const_expr(not has_weight):
         r_y.store((x * rstd).to(out_dtype))
     elif cutlass.const_expr(
-        math.weight_mode == WeightMode.AFTER_CAST
-        and math.weight_offset == 0.0
+        math.params.weight_mode == WeightMode.AFTER_CAST
+        and math.params.weight_offset == 0.0
         and w_ptr.dtype == out_dtype
         and rounding == out_dtype
     ):
@@ -218,9 +216,9 @@ def _normalize_block_rows(
         r_y.store((x * rstd).to(out_dtype) * r_w.load())
     else:
         w = r_w.load().to(Float32)
-        if cutlass.const_expr(math.weight_offset != 0.0):
-            w = w + Float32(math.weight_offset)
-        if cutlass.const_expr(math.weight_mode == WeightMode.AFTER_CAST):
+        if cutlass.const_expr(math.params.weight_offset != 0.0):
+            w = w + Float32(math.params.weight_offset)
+        if cutlass.const_expr(math.params.weight_mode == WeightMode.AFTER_CAST):
             r_y.store(((x * rstd).to(rounding).to(Float32) * w).to(out_dtype))
         else:
             r_y.store((x * rstd * w).to(out_dtype))

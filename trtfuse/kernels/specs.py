@@ -4,26 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, WeightMode, dtype_pair_problem
+from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, NormParams, WeightMode, dtype_pair_problem
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def _check_common(
-    dtype: str, out_dtype: str, weight_dtype: str | None, epsilon: float, weight_mode: WeightMode
-) -> None:
+def _check_common(dtype: str, out_dtype: str, weight_dtype: str | None, params: NormParams) -> None:
     if dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"activation dtype {dtype!r} is not one of {ACTIVATION_DTYPES}")
     problem = dtype_pair_problem(dtype, out_dtype)
     if problem is not None:
         raise ValueError(problem)
-    if WeightMode(weight_mode) is WeightMode.NONE:
+    if params.weight_mode is WeightMode.NONE:
         if weight_dtype is not None:
             raise ValueError("weight_mode NONE takes no weight, but weight_dtype is set")
     elif weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight dtype {weight_dtype!r} is not one of {WEIGHT_DTYPES}")
-    if not epsilon >= 0.0:
-        raise ValueError(f"epsilon must be a non-negative number, got {epsilon!r}")
+    if not params.epsilon >= 0.0:
+        raise ValueError(f"epsilon must be a non-negative number, got {params.epsilon!r}")
 
 
 def _check_hidden(name: str, hidden: int) -> None:
@@ -32,24 +30,21 @@ def _check_hidden(name: str, hidden: int) -> None:
 
 
 def _normalise(spec: RmsNormSpec | QkNormSpec) -> None:
-    object.__setattr__(spec, "weight_mode", WeightMode(spec.weight_mode))
     if spec.out_dtype is None:
         object.__setattr__(spec, "out_dtype", spec.dtype)
-    _check_common(spec.dtype, spec.out_dtype, spec.weight_dtype, spec.epsilon, spec.weight_mode)
+    _check_common(spec.dtype, spec.out_dtype, spec.weight_dtype, spec.params)
 
 
 @dataclass(frozen=True)
 class RmsNormSpec:
-    """y = x · rsqrt(mean(x², last axis) + epsilon) · (w + weight_offset) over rows of `hidden` elements.
+    """y = x · rsqrt(mean(x², last axis) + epsilon) · (w + weight_offset) over rows of `hidden` elements, per `params`.
 
     `dtype` is x's, `out_dtype` y's (None: x's), as the contract's pairs allow."""
 
     hidden: int
     dtype: str
     weight_dtype: str | None
-    epsilon: float
-    weight_offset: float
-    weight_mode: WeightMode
+    params: NormParams
     out_dtype: str | None = None
 
     def __post_init__(self) -> None:
@@ -65,9 +60,7 @@ class QkNormSpec:
     k_hidden: int
     dtype: str
     weight_dtype: str | None
-    epsilon: float
-    weight_offset: float
-    weight_mode: WeightMode
+    params: NormParams
     out_dtype: str | None = None  # q_out's and k_out's; None: q's and k's
 
     def __post_init__(self) -> None:

@@ -17,29 +17,12 @@ ACCESS_BYTES = 16  # the widest global access a thread can issue (ld.global.v4.b
 WARP = 32
 MAX_BLOCK_THREADS = 1024  # CUDA's limit; rows wider than 1024 threads' worth give each thread more vectors
 PREFILL_BLOCK_THREADS = 128  # blocks of at least 4 warps: rows narrower than that share a block
-# Vectors per thread, from the H200 sweep recorded in docs/performance.md (bf16, 16384x4096, 8192x8192, 16384x2048):
-SMALL_ROW_VECTORS = 32  # rows of at most one warp of vectors (head dims up to 256 bf16) take one vector per lane
-PREFILL_VECTORS_PER_THREAD = 2  # 91.7% of copy at H=4096 against 90.5% with 8 and 88% with 2 rows per thread
-# Prefill rows stop growing at 256 threads (wider rows give each thread more vectors): 512-thread blocks fall to 77%
-# of copy at 8192x8192 whenever the compiler's register count halves their residency; 256 stays at 91% throughout.
-PREFILL_MAX_ROW_THREADS = 256
-# Prefill rows of exactly 256 threads x 2 vectors (H=4096 fp16/bf16, 2048 fp32) are compiled to fit 1536 threads (6
-# blocks) per SM, which caps them at 40 registers: left alone the compiler takes 48 for fp16, BEFORE_CAST or an fp32
-# weight (5 blocks) and 16384x4096 loses 0.6-1.4 points of copy. Not capped: 128-thread rows (H=2048; no gain),
-# ragged rows (an fp32 weight would spill) and rows of more vectors per thread (they would spill).
-PREFILL_RESIDENT_THREADS = 1536
-# Prefill rows of a 16-bit x in 16-byte vectors load x twice: evict-last in L1 and L2 for the sum of squares,
-# evict-first for the output (torch.compile's Triton kernel does the same). Against x held in registers, same runs:
-# 16384x4096 93.9-94.7% of copy against 91.4-93.7%, 8192x8192 94.1-94.6% against 90.8-93.3%, 16384x2048 89.8-90.3%
-# against 89.0-89.4%, 4096x4096 79.4-80.3% against 77.0-79.7%, ragged 16384x5120 96.0-96.3% against 91.5-91.9%; one
-# loss, 8192x8192 with an fp32 weight, 90.7-91.2% against 91.1-92.4%. With L1 hints alone the second read cost
-# 0.5-3 points: the L2 policies are what make it pay.
-DECODE_VECTORS_PER_THREAD = 4  # 1.35 µs per 1-row call in graph replay, against 1.51 with 2 and 1.82 with 16
-# Rows whose x and y differ in width (fp32 <-> 16-bit) move vectors of 8 elements (32 bytes on the fp32 side) with
-# the one-dtype table's threads, without its register cap. H200 sweep (benchmarks/mixed_tiling_sweep.py, % of copy,
-# docs/performance.md): 16384x4096 fp32 -> bf16 98.2% at 256 x 2 (98.3% at 512 x 1, 97.5-97.7% at 128 x 4), bf16 ->
-# fp32 95.5-95.7% at 256 x 2 (91.0% at 512 x 1); 8192x8192 fp32 -> bf16 97.5% at 256 x 4, bf16 -> fp32 95.1-95.8%.
-# The cap (6 blocks of 256, 40 registers) spills a thread holding fp32 vectors: 8192x8192 fell to 30-44%.
+# The H200 measurements behind the constants below: docs/performance.md, "The tiling table's constants".
+SMALL_ROW_VECTORS = 32  # rows of at most one warp of vectors take one vector per lane
+PREFILL_VECTORS_PER_THREAD = 2
+PREFILL_MAX_ROW_THREADS = 256  # wider prefill rows give each thread more vectors
+PREFILL_RESIDENT_THREADS = 1536  # 256 x 2-vector prefill rows fit 6 blocks per SM: a 40-register cap
+DECODE_VECTORS_PER_THREAD = 4
 
 
 class Regime(enum.Enum):

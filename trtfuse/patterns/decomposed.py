@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtfuse.contract import ACTIVATION_DTYPES, WeightMode
+from trtfuse.contract import ACTIVATION_DTYPES, NormParams, WeightMode
 from trtfuse.patterns.epilogue import EndPoint, walk_epilogue
 from trtfuse.patterns.matches import NearMiss, Rejected, RmsNormMatch
 from trtfuse.patterns.queries import (
@@ -405,9 +405,7 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -
         x=x,
         y=end.y,
         weight=weight,
-        epsilon=epsilon_float32(core.epsilon),
-        weight_offset=offset,
-        weight_mode=mode,
+        params=NormParams(epsilon_float32(core.epsilon), offset, mode),
         hidden_size=core.hidden,
         tags=tuple(tags),
         name=describe(anchor),

@@ -16,7 +16,7 @@ import math
 import onnx
 import onnx_graphsurgeon as gs
 
-from trtfuse.contract import ACTIVATION_DTYPES, WeightMode
+from trtfuse.contract import ACTIVATION_DTYPES, NormParams, WeightMode
 from trtfuse.patterns.decomposed import epsilon_float32, supported_dtypes
 from trtfuse.patterns.epilogue import trace_weight
 from trtfuse.patterns.matches import Rejected, RmsNormMatch
@@ -160,9 +160,7 @@ def match_fused(node: gs.Node, graph_outputs: set[str], shapes: Shapes) -> RmsNo
         x=x,
         y=y,
         weight=weight.weight,
-        epsilon=epsilon_float32(node.attrs.get("epsilon", DEFAULT_EPSILON[node.op])),
-        weight_offset=weight.offset,
-        weight_mode=mode,
+        params=NormParams(epsilon_float32(node.attrs.get("epsilon", DEFAULT_EPSILON[node.op])), weight.offset, mode),
         hidden_size=hidden,
         tags=(FUSED_NORM_OPS[_key(node)], *stash_tags),
         name=describe(node),

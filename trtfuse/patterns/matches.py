@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx_graphsurgeon as gs
 
-from trtfuse.contract import WeightMode
+from trtfuse.contract import NormParams, WeightMode
 from trtfuse.patterns.queries import describe, dtype_name
 
 
 @dataclass
 class RmsNormMatch:
-    """One RMSNorm: y = x · rsqrt(mean(x², last axis) + epsilon) · (weight + weight_offset), per `weight_mode`.
+    """One RMSNorm: y = x · rsqrt(mean(x², last axis) + epsilon) · (weight + weight_offset), per `params`.
 
     `x` is the tensor the fused node reads and `y` the final tensor it writes (after the cast back and the weight
     multiply); their dtypes may differ when one is float32 (contract.WeightMode says where the rounding happens).
@@ -26,9 +26,7 @@ class RmsNormMatch:
     x: gs.Variable
     y: gs.Variable
     weight: gs.Constant | gs.Variable | None
-    epsilon: float
-    weight_offset: float
-    weight_mode: WeightMode
+    params: NormParams
     hidden_size: int
     tags: tuple[str, ...]
     name: str
@@ -38,8 +36,8 @@ class RmsNormMatch:
     def __post_init__(self) -> None:
         # With float32 in and out the cast back is the identity and both weighted modes are one function; naming it
         # one way keeps one kernel variant per norm, as docs/plugin-nodes.md says.
-        if self.weight_mode == WeightMode.BEFORE_CAST and self.dtype == self.output_dtype == "float32":
-            self.weight_mode = WeightMode.AFTER_CAST
+        if self.params.weight_mode == WeightMode.BEFORE_CAST and self.dtype == self.output_dtype == "float32":
+            self.params = replace(self.params, weight_mode=WeightMode.AFTER_CAST)
 
     @property
     def dtype(self) -> str:

@@ -169,9 +169,9 @@ def _numerics_differ(q: RmsNormMatch, k: RmsNormMatch) -> str | None:
     """What makes the two norms different functions, so one fused node cannot compute both; None when nothing."""
     weight_dtypes = [None if match.weight is None else dtype_name(match.weight) for match in (q, k)]
     for what, first, second in (
-        ("epsilon", q.epsilon, k.epsilon),
-        ("weight offset", q.weight_offset, k.weight_offset),
-        ("weight mode", q.weight_mode.name, k.weight_mode.name),
+        ("epsilon", q.params.epsilon, k.params.epsilon),
+        ("weight offset", q.params.weight_offset, k.params.weight_offset),
+        ("weight mode", q.params.weight_mode.name, k.params.weight_mode.name),
         ("input dtype", q.dtype, k.dtype),
         ("output dtype", q.output_dtype, k.output_dtype),
         ("weight", *("none" if match.weight is None else "a weight" for match in (q, k))),

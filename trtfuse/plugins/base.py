@@ -93,9 +93,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
             "dtype": dtype,
             "out_dtype": config.output_dtype or dtype,
             "weight_dtype": weight_dtype,
-            "epsilon": config.epsilon,
-            "weight_offset": config.weight_offset,
-            "weight_mode": config.weight_mode,
+            "params": config.params,
         }
 
     def _kernels(self) -> ModuleType:
@@ -213,7 +211,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         if count != len(self._input_names):
             raise TrtfuseError(
                 f"{self._label}: expected {len(self._input_names)} inputs ({', '.join(self._input_names)}) with "
-                f"weight_mode {self.config.weight_mode.name}, got {count}"
+                f"weight_mode {self.config.params.weight_mode.name}, got {count}"
             )
 
     def _dtype_name(self, data_type: Any, position: int) -> str:

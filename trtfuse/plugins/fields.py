@@ -29,6 +29,7 @@ from trtfuse.contract import (
     QK_NORM_OP,
     RMS_NORM_FIELDS,
     RMS_NORM_OP,
+    NormParams,
     WeightMode,
 )
 from trtfuse.errors import TrtfuseError
@@ -52,16 +53,14 @@ class NormConfig:
     """A fused norm node's fields. `hidden_sizes` follows the activation inputs: (hidden,) or (q_hidden, k_hidden)."""
 
     plugin: str
-    epsilon: float  # a float32 value held exactly in a Python float
-    weight_offset: float  # likewise float32
-    weight_mode: WeightMode
+    params: NormParams
     hidden_sizes: tuple[int, ...]
     # The outputs' dtype; None for a node without `output_dtype` (written before it existed): the activations'.
     output_dtype: str | None = None
 
     @property
     def has_weight(self) -> bool:
-        return self.weight_mode is not WeightMode.NONE
+        return self.params.weight_mode is not WeightMode.NONE
 
 
 def _field_error(label: str, name: str, problem: str) -> TrtfuseError:
@@ -148,9 +147,7 @@ def parse_fields(plugin: str, fields: Iterable[Any], node: str = "") -> NormConf
         output_dtype = _DTYPE_BY_CODE[code]
     return NormConfig(
         plugin=plugin,
-        epsilon=epsilon,
-        weight_offset=float(values[ATTR_WEIGHT_OFFSET]),
-        weight_mode=WeightMode(mode),
+        params=NormParams(epsilon, float(values[ATTR_WEIGHT_OFFSET]), WeightMode(mode)),
         hidden_sizes=tuple(int(values[name]) for name in hidden_names),
         output_dtype=output_dtype,
     )
@@ -162,7 +159,8 @@ def _field(name: str, values: np.ndarray) -> Any:
 
 
 def _field_arrays(config: NormConfig) -> dict[str, np.ndarray]:
-    scalars = (config.epsilon, config.weight_offset, int(config.weight_mode), *config.hidden_sizes)
+    params = config.params
+    scalars = (params.epsilon, params.weight_offset, int(params.weight_mode), *config.hidden_sizes)
     arrays = {
         name: np.array([value], dtype=np.float32 if name in _FLOAT_FIELDS else np.int32)
         for name, value in zip(FIELD_NAMES[config.plugin], scalars, strict=True)
