@@ -19,12 +19,11 @@ from trtfuse.build import (
     make_sidecar,
     parser_error_line,
     plugins_used,
-    read_sidecar,
-    write_engine,
 )
 from trtfuse.cli.engine_commands import compile_command
 from trtfuse.cli.main import TrtfuseGroup
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
+from trtfuse.engine_file import read_sidecar, write_engine
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile, ShapeRange

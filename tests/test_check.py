@@ -13,12 +13,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse import contract
-from trtfuse.check import check_fused, computed_dtypes, run_model
+from trtfuse.check import check_fused
 from trtfuse.contract import WeightMode
 from trtfuse.errors import TrtfuseError
 from trtfuse.inputs import DEFAULT_BATCH, DEFAULT_DIM, make_feed
 from trtfuse.io import LoadedModel, load_model
+from trtfuse.onnxrt import run_model
 from trtfuse.tolerances import Tolerance, output_error, tolerance_for
+from trtfuse.verdict import computed_dtypes
 
 VOCAB = 50
 HIDDEN = 32

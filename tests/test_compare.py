@@ -201,15 +201,14 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
     # No TensorRT here: the engine's runner is replaced by the lowered fused model, so this drives compare's engine
     # branch (feeds, runner, verdict, report) around it.
     from trtfuse import compare as compare_module
-    from trtfuse.check import ModelRunner
     from trtfuse.io import LoadedModel
+    from trtfuse.onnxrt import ModelRunner
     from trtfuse.reference import lower_fused_nodes
     from trtfuse.runner import ENGINE_RUNNER
 
     original, fused, corrupted, _ = model_pair
     engine = tmp_path / "model.engine"
     engine.write_bytes(b"engine")
-    monkeypatch.setattr(compare_module, "engine_profiles", lambda path: [])
     for candidate, passes in ((fused, True), (corrupted, False)):
         loaded = load_model(candidate)
         lowered = ModelRunner(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))

@@ -1,6 +1,6 @@
 """The package's import graph, read with `ast` from the source files (nothing is imported or executed).
 
-Two rules of docs/architecture.md hold today and are checked here:
+The rules of docs/architecture.md checked here:
 - no runtime module (anything under trtfuse/ outside trtfuse/bench/ and trtfuse/cli/) imports torch at module top:
   torch is for the harnesses, and a runtime module may import it only inside the function that needs it;
 - the imports among trtfuse's modules form no cycle: neither the imports Python runs when a module is imported, nor
@@ -8,10 +8,9 @@ Two rules of docs/architecture.md hold today and are checked here:
   out only a submodule's imports of its own package, which Python initialises before the submodule anyway. (That
   exception covers trtfuse/plugins/: `register()` in its __init__ imports the creators lazily, and plugins/base.py
   imports `record_creation_error` from the package.)
-
-Issue 8's other conditions (run and compare not importing from build or check, no module importing from a later
-pipeline stage) need the engine artefact's own module (issue 8 item 1) first: today runner.py and compare.py import
-from build.py and check.py by design, so those rules are not checked here yet.
+- running and comparing an engine stand beside building it: runner, compare and Polygraphy's engine runner import
+  nothing from build or check (the engine file and onnxruntime have their own modules);
+- no module imports, anywhere in the file, from a later stage of `STAGES`; every module has a stage.
 """
 
 from __future__ import annotations
@@ -25,6 +24,47 @@ import pytest
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "trtfuse"
 HARNESS_PACKAGES = ("trtfuse.bench", "trtfuse.cli")
 FORBIDDEN_AT_TOP = "torch"
+# The pipeline in import order: a module may import from its own stage and earlier ones. The kernels and plugins
+# stand beside the ONNX stages (they import none of them); the engine file comes before build, which writes it
+# through that module, and before the runner, which reads it.
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "load",
+        (
+            "trtfuse",
+            "trtfuse.errors",
+            "trtfuse.contract",
+            "trtfuse.outputs",
+            "trtfuse.tolerances",
+            "trtfuse.io",
+            "trtfuse.graph_inputs",
+            "trtfuse.model_dims",
+            "trtfuse.inputs",
+            "trtfuse.profiles",
+            "trtfuse.saved_inputs",
+            "trtfuse.widening",
+        ),
+    ),
+    ("find", ("trtfuse.patterns",)),
+    ("rewrite", ("trtfuse.rewrite", "trtfuse.fuse")),
+    ("reference", ("trtfuse.reference", "trtfuse.fused_checks")),
+    ("onnxrt", ("trtfuse.onnxrt",)),
+    ("verdict", ("trtfuse.verdict",)),
+    ("kernels", ("trtfuse.kernels",)),
+    ("plugins", ("trtfuse.plugins",)),
+    ("engine file", ("trtfuse.engine_file",)),
+    ("build", ("trtfuse.build",)),
+    ("run", ("trtfuse.runner", "trtfuse.polygraphy_ext")),
+    ("check/compare", ("trtfuse.check", "trtfuse.compare", "trtfuse.pipeline")),
+    ("harnesses", ("trtfuse.bench",)),
+    ("cli", ("trtfuse.cli",)),
+)
+# Module -> the modules it must not import from, anywhere in the file.
+SEPARATED = {
+    "trtfuse.runner": ("trtfuse.build", "trtfuse.check"),
+    "trtfuse.compare": ("trtfuse.build", "trtfuse.check"),
+    "trtfuse.polygraphy_ext.runners": ("trtfuse.build", "trtfuse.check"),
+}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -140,6 +180,50 @@ def torch_at_module_top(modules: dict[str, Path]) -> list[str]:
     return sorted(found)
 
 
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(f"{prefix}.")
+
+
+def stage_of(module: str, stages: tuple[tuple[str, tuple[str, ...]], ...] = STAGES) -> int | None:
+    """The index of the stage that holds `module` (the longest matching prefix wins; the package `trtfuse` itself holds
+    only its __init__), or None."""
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(stages)
+        for prefix in prefixes
+        if module == prefix or ("." in prefix and _within(module, prefix))
+    ]
+    return max(matches)[1] if matches else None
+
+
+def later_stage_imports(
+    graph: dict[str, set[str]], stages: tuple[tuple[str, tuple[str, ...]], ...] = STAGES
+) -> list[str]:
+    """'module (stage) imports target (later stage)' for each import against the stage order, and 'module has no
+    stage' for a module `stages` does not place."""
+    found = []
+    for module, targets in graph.items():
+        own = stage_of(module, stages)
+        if own is None:
+            found.append(f"{module} has no stage")
+            continue
+        for target in sorted(targets):
+            other = stage_of(target, stages)
+            if other is not None and other > own:
+                found.append(f"{module} ({stages[own][0]}) imports {target} ({stages[other][0]})")
+    return sorted(found)
+
+
+def separated_imports(graph: dict[str, set[str]], separated: dict[str, tuple[str, ...]] = SEPARATED) -> list[str]:
+    """'module imports target' for each import `separated` forbids."""
+    return sorted(
+        f"{module} imports {target}"
+        for module, forbidden in separated.items()
+        for target in graph.get(module, set())
+        if any(_within(target, prefix) for prefix in forbidden)
+    )
+
+
 def test_the_package_is_read() -> None:
     modules = package_modules()
     assert {"trtfuse.contract", "trtfuse.plugins.base", "trtfuse.bench.kernels"} <= modules.keys()
@@ -154,6 +238,16 @@ def test_no_runtime_module_imports_torch_at_module_top() -> None:
 @pytest.mark.parametrize("module_top_only", [True, False], ids=["at-import", "anywhere"])
 def test_the_trtfuse_modules_import_one_another_without_a_cycle(module_top_only: bool) -> None:
     assert find_cycle(import_graph(package_modules(), module_top_only)) is None
+
+
+def test_run_and_compare_import_nothing_from_build_or_check() -> None:
+    graph = import_graph(package_modules(), module_top_only=False)
+    assert SEPARATED.keys() <= graph.keys()
+    assert separated_imports(graph) == []
+
+
+def test_no_module_imports_from_a_later_stage() -> None:
+    assert later_stage_imports(import_graph(package_modules(), module_top_only=False)) == []
 
 
 # --- the checks themselves, on a throwaway package ----------------------------------------------------------------
@@ -219,3 +313,50 @@ def test_cycle_check_finds_absolute_relative_and_function_level_cycles(tmp_path:
     )
     assert find_cycle(import_graph(package_cycle, module_top_only=True)) == ["trtfuse", "trtfuse.a", "trtfuse"]
     assert find_cycle(import_graph(package_cycle, module_top_only=False)) is None
+
+
+TOY_STAGES = (("load", ("trtfuse", "trtfuse.io")), ("check", ("trtfuse.check",)), ("cli", ("trtfuse.cli",)))
+
+
+def test_stage_check_finds_imports_from_a_later_stage_and_unplaced_modules(tmp_path: Path) -> None:
+    ordered = write_package(
+        tmp_path / "ok",
+        {
+            "__init__.py": "",
+            "io.py": "",
+            "check.py": "from trtfuse import io\n",
+            "cli/main.py": "import trtfuse.check\n",
+        },
+    )
+    assert later_stage_imports(import_graph(ordered, module_top_only=False), TOY_STAGES) == []
+    backwards = write_package(
+        tmp_path / "bad",
+        {
+            "__init__.py": "",
+            "io.py": "def late():\n    from trtfuse.cli.main import cli\n",
+            "check.py": "",
+            "cli/main.py": "",
+            "extra.py": "",
+        },
+    )
+    assert later_stage_imports(import_graph(backwards, module_top_only=False), TOY_STAGES) == [
+        "trtfuse.extra has no stage",
+        "trtfuse.io (load) imports trtfuse.cli.main (cli)",
+    ]
+
+
+def test_separation_check_finds_a_forbidden_import_anywhere_in_the_file(tmp_path: Path) -> None:
+    modules = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "build.py": "def import_tensorrt():\n    pass\n",
+            "check.py": "",
+            "runner.py": "def load():\n    from trtfuse.build import import_tensorrt\n",
+            "compare.py": "from trtfuse import check\n",
+        },
+    )
+    assert separated_imports(import_graph(modules, module_top_only=False)) == [
+        "trtfuse.compare imports trtfuse.check",
+        "trtfuse.runner imports trtfuse.build",
+    ]

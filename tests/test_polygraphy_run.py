@@ -25,7 +25,8 @@ from polygraphy.exception import PolygraphyException
 
 from trtfuse import compare as compare_module
 from trtfuse import contract
-from trtfuse.build import BuildResult, make_sidecar, sidecar_path_for, tool_versions, write_engine
+from trtfuse.build import BuildResult, make_sidecar, tool_versions
+from trtfuse.engine_file import EngineFile, sidecar_path_for, write_engine
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.io import load_model
 from trtfuse.polygraphy_ext import loaders, runners
@@ -337,9 +338,8 @@ def test_engine_runner_runs_each_feed_in_the_profile_that_holds_it(tmp_path, mon
     fake = _FakeTrtRunner()
     decode = Profile("decode", {"input_ids": ShapeRange((1, 1), (1, 1), (1, 1))})
     prefill = Profile("prefill", {"input_ids": ShapeRange((1, 2), (1, 8), (1, 64))})
-    monkeypatch.setattr(runners, "engine_profiles", lambda path: [decode, prefill])
-    monkeypatch.setattr(runners, "trt_runner", lambda path: fake)
-    with runners.TrtfuseTrtRunner(str(tmp_path / "model.engine")) as runner:
+    monkeypatch.setattr(runners, "trt_runner", lambda engine: fake)
+    with runners.TrtfuseTrtRunner(EngineFile(tmp_path / "model.engine", None, (decode, prefill))) as runner:
         assert runner.name.startswith("trtfuse-trt-runner-")
         for tokens in (1, 8, 8, 1):
             outputs = runner.infer({"input_ids": np.zeros((1, tokens), np.int64)})
@@ -354,11 +354,9 @@ def test_engine_runner_runs_each_feed_in_the_profile_that_holds_it(tmp_path, mon
 
 def test_trtfuse_compare_runs_engines_through_the_same_runner(tmp_path, monkeypatch):
     fake = _FakeTrtRunner()
-    monkeypatch.setattr(
-        runners, "engine_profiles", lambda path: [Profile("decode", {"input_ids": ShapeRange((1, 1), (1, 1), (1, 1))})]
-    )
-    monkeypatch.setattr(runners, "trt_runner", lambda path: fake)
-    run = compare_module.engine_run(tmp_path / "model.engine")
+    monkeypatch.setattr(runners, "trt_runner", lambda engine: fake)
+    decode = Profile("decode", {"input_ids": ShapeRange((1, 1), (1, 1), (1, 1))})
+    run = compare_module.engine_run(EngineFile(tmp_path / "model.engine", None, (decode,)))
     assert run({"input_ids": np.ones((1, 1), np.int64)})["echo"].shape == (1, 1)
     with pytest.raises(TrtfuseError, match="input 'input_ids' of shape 1x2 fits no optimisation profile"):
         run({"input_ids": np.ones((1, 2), np.int64)})
@@ -369,4 +367,4 @@ def test_trtfuse_compare_without_tensorrt_still_says_what_is_missing(tmp_path):
     engine = tmp_path / "model.engine"
     engine.write_bytes(b"engine")
     with pytest.raises(MissingDependencyError, match="`tensorrt` is not installed"):
-        compare_module.engine_run(engine)({"input_ids": np.ones((1, 1), np.int64)})
+        compare_module.engine_run(EngineFile.open(engine))({"input_ids": np.ones((1, 1), np.int64)})

@@ -8,15 +8,15 @@ import pytest
 from click.testing import CliRunner
 from test_compare import save_model_file, tiny_lm
 
-from trtfuse.build import BuildOptions, make_sidecar, tool_versions, write_engine
+from trtfuse.build import BuildOptions, make_sidecar, tool_versions
 from trtfuse.cli.engine_commands import compile_command, run_command
 from trtfuse.cli.main import TrtfuseGroup
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
+from trtfuse.engine_file import EngineFile, write_engine
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.profiles import Profile, ShapeRange
 from trtfuse.runner import (
     TimingSummary,
-    generated_feed,
     load_feed,
     profile_for_feed,
     run_engine,
@@ -89,30 +89,30 @@ def test_feed_npz_round_trip_and_bad_file(tmp_path):
 
 def test_generated_feed_uses_the_first_profile_opt_shapes_and_vocabulary(tmp_path):
     engine = _engine_with_sidecar(tmp_path, profiles=(PREFILL, DECODE))
-    feed = generated_feed(engine, seed=1)
+    feed = EngineFile.open(engine).generated_feed(seed=1)
     assert feed["input_ids"].shape == (1, 64)
     assert feed["input_ids"].dtype == np.int64
     assert feed["input_ids"].min() >= 0
     assert feed["input_ids"].max() < 32
-    assert generated_feed(engine, seed=1, dims={"batch": 1, "sequence": 3})["input_ids"].shape == (1, 3)
+    assert EngineFile.open(engine).generated_feed(seed=1, dims={"batch": 1, "sequence": 3})["input_ids"].shape == (1, 3)
 
 
 def test_generated_feed_needs_a_sidecar(tmp_path):
     (tmp_path / "m.engine").write_bytes(b"x")
     with pytest.raises(TrtfuseError, match=r"no sidecar beside the engine; give the inputs with --inputs"):
-        generated_feed(tmp_path / "m.engine", seed=0)
+        EngineFile.open(tmp_path / "m.engine").generated_feed(seed=0)
 
 
 def test_run_of_missing_engine_is_bad_input(tmp_path):
     with pytest.raises(TrtfuseError, match=r"no such engine file"):
-        run_engine(tmp_path / "none.engine", _feed(1, 1))
+        run_engine(EngineFile.open(tmp_path / "none.engine"), _feed(1, 1))
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
 def test_run_without_tensorrt(tmp_path):
     engine = _engine_with_sidecar(tmp_path)
     with pytest.raises(MissingDependencyError, match=r"`tensorrt` is not installed"):
-        run_engine(engine, _feed(1, 1))
+        run_engine(EngineFile.open(engine), _feed(1, 1))
     result = CliRunner().invoke(_cli(), ["run", str(engine)])
     assert result.exit_code == EXIT_MISSING_DEPENDENCY, result.output
     assert "cannot run" in result.output
@@ -121,7 +121,7 @@ def test_run_without_tensorrt(tmp_path):
 def test_run_rejects_bad_iteration_counts(tmp_path):
     engine = _engine_with_sidecar(tmp_path)
     with pytest.raises(TrtfuseError, match=r"need at least one iteration"):
-        run_engine(engine, _feed(1, 1), iterations=0)
+        run_engine(EngineFile.open(engine), _feed(1, 1), iterations=0)
 
 
 @pytest.mark.gpu
@@ -133,7 +133,7 @@ def test_run_engine_on_given_and_generated_inputs(tmp_path):
     assert runner.invoke(_cli(), ["compile", str(original), "--tokens", "1:8:32"]).exit_code == 0
     engine = tmp_path / "model.engine"
     feed = {"input_ids": np.array([[1, 2, 3, 4]], np.int64)}
-    result = run_engine(engine, feed, iterations=3, warmup=1)
+    result = run_engine(EngineFile.open(engine), feed, iterations=3, warmup=1)
     assert result.outputs["logits"].shape == (1, 4, 8)
     assert result.outputs["logits"].dtype == np.float16
     assert result.timing.runs == 3

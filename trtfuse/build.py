@@ -7,7 +7,6 @@ parser-error translation, progress lines, atomic writes) is plain Python that th
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import subprocess
 import sys
@@ -22,18 +21,21 @@ import onnx
 
 import trtfuse
 from trtfuse import contract
+from trtfuse.engine_file import (
+    SIDECAR_FORMAT,
+    import_tensorrt,
+    plugin_creation_errors,
+    register_plugins,
+    write_engine,
+)
 from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
 from trtfuse.io import load_model
-from trtfuse.outputs import write_bytes_atomic, write_json_atomic
+from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile
 
-SIDECAR_FORMAT = "trtfuse-engine/1"
 # TensorRT documents builder optimisation levels 0 (fastest build) to 5 (most tactics); 3 is its default.
 OPTIMIZATION_LEVELS = range(6)
 DEFAULT_OPTIMIZATION_LEVEL = 3
-INSTALL_HINT = (
-    "install it with `pip install -e '.[gpu]'` in a trtfuse checkout (tensorrt>=10.8) on a machine with an NVIDIA GPU"
-)
 # What onnx-tensorrt's FallbackPluginImporter says when no creator has the node's name, version and namespace.
 PLUGIN_NOT_FOUND = "Plugin not found"
 # From this major version every network is strongly typed and the STRONGLY_TYPED flag is deprecated and ignored.
@@ -84,10 +86,6 @@ class ParserIssue:
     node_name: str
     op_type: str
     description: str
-
-
-def sidecar_path_for(engine_path: Path) -> Path:
-    return engine_path.with_name(engine_path.name + ".json")
 
 
 def plugins_used(model: onnx.ModelProto) -> list[dict]:
@@ -160,20 +158,6 @@ def make_sidecar(
     }
 
 
-def read_sidecar(engine_path: Path) -> dict | None:
-    """The sidecar written beside an engine, or None when there is none."""
-    path = sidecar_path_for(engine_path)
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise TrtfuseError(f"{path}: unreadable engine sidecar ({error})") from None
-    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
-        raise TrtfuseError(f"{path}: not a trtfuse engine sidecar (expected format {SIDECAR_FORMAT})")
-    return data
-
-
 def tool_versions(tensorrt_version: str) -> dict[str, str]:
     return {
         "trtfuse": trtfuse.__version__,
@@ -204,14 +188,6 @@ def gpu_name() -> str:
     return result.stdout.strip() or "unknown"
 
 
-def write_engine(engine_path: Path, engine: bytes | memoryview, sidecar: dict) -> Path:
-    """The engine, then its sidecar; each atomic, so neither is ever seen half written."""
-    write_bytes_atomic(engine_path, engine)
-    sidecar_path = sidecar_path_for(engine_path)
-    write_json_atomic(sidecar_path, sidecar)
-    return sidecar_path
-
-
 class BuildProgress:
     """Turns TensorRT's progress callbacks into indented lines: one when a phase starts, one when it ends.
 
@@ -240,26 +216,6 @@ class BuildProgress:
             depth = self._depth.pop(phase_name, 0)
             seconds = time.monotonic() - self._started.pop(phase_name, time.monotonic())
             self._emit(f"{'  ' * depth}{phase_name} done in {seconds:.1f} s")
-
-
-def import_tensorrt() -> ModuleType:
-    try:
-        import tensorrt
-    except ImportError:
-        raise MissingDependencyError(f"TensorRT's Python module `tensorrt` is not installed; {INSTALL_HINT}") from None
-    return tensorrt
-
-
-def register_plugins() -> None:
-    from trtfuse import plugins
-
-    plugins.register()
-
-
-def plugin_creation_errors() -> list[str]:
-    from trtfuse import plugins
-
-    return plugins.take_creation_errors()
 
 
 def network_flags(trt: ModuleType) -> int:

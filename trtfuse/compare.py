@@ -1,6 +1,6 @@
 """`trtfuse compare`: the original model against a TensorRT engine or, where there is none (CI), against the fused
-ONNX model run exactly as `trtfuse check` runs it. Either way the steps, runs and verdict are `check.judge_steps`'s;
-only the candidate's runner differs (for an engine, `polygraphy run --trtfuse`'s runner).
+ONNX model run exactly as `trtfuse check` runs it (`verdict.judge_lowered`). Either way the steps, runs and verdict are
+`verdict.judge_steps`'s; only the candidate's runner differs (for an engine, `polygraphy run --trtfuse`'s runner).
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from trtfuse.check import CheckResult, check_fused, judge_for, judge_steps, original_runner
+from trtfuse.engine_file import EngineFile
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.inputs import StepFeed, default_feeds
 from trtfuse.io import LoadedModel, load_model
-from trtfuse.runner import ENGINE_RUNNER, engine_profiles
+from trtfuse.onnxrt import original_runner
+from trtfuse.runner import ENGINE_RUNNER
 from trtfuse.tolerances import Tolerance
+from trtfuse.verdict import CheckResult, judge_for, judge_lowered, judge_steps
 
 ORIGINAL_RUNNER = "onnxruntime-original"
 LOWERED_RUNNER = "onnxruntime-fused-lowered"
@@ -62,37 +64,42 @@ def compare(
     if not candidate_path.exists():
         raise TrtfuseError(f"{candidate_path}: no such file")
     original = load_model(original_path)
+    seed_used = None if inputs_file else seed
     if not is_engine(candidate_path):
         fused = load_model(candidate_path)
-        result = check_fused(
-            original, fused, seed, shapes, dims, tolerance=tolerance, feeds=feeds, inputs_file=inputs_file
-        )
+        if feeds is None:
+            feeds = comparison_feeds(original, None, seed, shapes, dims)
+        result = judge_lowered(original, fused, feeds, seed_used, inputs_file, tolerance)
         return ComparisonReport(original_path, candidate_path, LOWERED_RUNNER, result)
+    engine = EngineFile.open(candidate_path)
     if feeds is None:
-        feeds = comparison_feeds(original, candidate_path, seed, shapes, dims)
+        feeds = comparison_feeds(original, engine, seed, shapes, dims)
     judge = judge_for(original, tolerance)
     runner, note = original_runner(original)
-    seed_used = None if inputs_file else seed
-    result = judge_steps(runner, engine_run(candidate_path), feeds, judge, seed_used, inputs_file, note)
+    result = judge_steps(runner, engine_run(engine), feeds, judge, seed_used, inputs_file, note)
     return ComparisonReport(original_path, candidate_path, ENGINE_RUNNER, result)
 
 
 def comparison_feeds(
     original: LoadedModel,
-    candidate_path: Path,
+    engine: EngineFile | None,
     seed: int,
     shapes: Mapping[str, Sequence[int]] | None,
     dims: Mapping[str, int] | None,
 ) -> list[StepFeed]:
-    """`check`'s default feeds; for an engine without `shapes` or `dims`, at its first profile's OPT shapes."""
-    if is_engine(candidate_path) and not shapes and not dims:
-        profiles = engine_profiles(candidate_path)
-        if profiles:
-            shapes = profiles[0].opt_shapes()
+    """`check`'s default feeds; for an engine, at `EngineFile.feed_shapes` (its first profile's OPT shapes without
+    `shapes` or `dims`)."""
+    if engine is not None:
+        shapes = engine.feed_shapes(shapes, dims)
     return default_feeds(original.model, seed, shapes=shapes, dims=dims)
 
 
-def engine_run(engine_path: Path) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+def open_engine(candidate_path: Path) -> EngineFile | None:
+    """The engine file a candidate path names, read once; None for a fused .onnx."""
+    return EngineFile.open(candidate_path) if is_engine(candidate_path) else None
+
+
+def engine_run(engine: EngineFile) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
     """Runs the engine on one feed with the runner of `polygraphy run --trtfuse` (`TrtfuseTrtRunner`: trtfuse's
     TrtRunner, the feed in the first optimisation profile that holds it)."""
 
@@ -105,11 +112,11 @@ def engine_run(engine_path: Path) -> Callable[[Mapping[str, np.ndarray]], dict[s
         # trtfuse prints its own report and error line; Polygraphy's log, even its critical line, would repeat them.
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
             try:
-                with TrtfuseTrtRunner(str(engine_path), name=ENGINE_RUNNER) as runner:
+                with TrtfuseTrtRunner(engine, name=ENGINE_RUNNER) as runner:
                     return runner.infer(dict(feed))
             except PolygraphyException as error:
                 if isinstance(error.__cause__, TrtfuseError):
                     raise error.__cause__ from None
-                raise TrtfuseError(f"{engine_path}: inference failed: {first_line(error)}") from None
+                raise TrtfuseError(f"{engine.path}: inference failed: {first_line(error)}") from None
 
     return run

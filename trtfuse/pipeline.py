@@ -119,7 +119,8 @@ def compile_model(
     """Fuse the model, write the fused model and its report beside the engine (`compile_outputs`), derive the
     profiles from `request` and build the TensorRT engine. `on_fused` hears of the fused model before the build
     starts. Without TensorRT or a GPU, what was fused stays written and `missing` says why no engine was built."""
-    from trtfuse.build import BuildOptions, build_engine, sidecar_path_for
+    from trtfuse.build import BuildOptions, build_engine
+    from trtfuse.engine_file import sidecar_path_for
     from trtfuse.io import load_model
     from trtfuse.profiles import derive_profiles
 

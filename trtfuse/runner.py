@@ -1,4 +1,4 @@
-"""Load a trtfuse engine, the plugins registered first, and run it through Polygraphy's TrtRunner."""
+"""Run a trtfuse engine (an `EngineFile`) through Polygraphy's TrtRunner, the plugins registered first."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trtfuse.build import import_tensorrt, read_sidecar, register_plugins
+from trtfuse.engine_file import EngineFile, import_tensorrt, register_plugins
 from trtfuse.errors import TrtfuseError, first_line
-from trtfuse.inputs import make_feed
-from trtfuse.io import load_model
 from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile
 
@@ -50,19 +48,6 @@ class TimingSummary:
 class RunResult:
     outputs: dict[str, np.ndarray]
     timing: TimingSummary
-
-
-def engine_profiles(engine_path: Path) -> list[Profile]:
-    """The optimisation profiles the sidecar records, in the engine's profile order (empty without a sidecar)."""
-    sidecar = read_sidecar(engine_path)
-    return [Profile.from_json(profile) for profile in sidecar["profiles"]] if sidecar else []
-
-
-def fused_model_path(engine_path: Path) -> Path:
-    sidecar = read_sidecar(engine_path)
-    if sidecar is None:
-        raise TrtfuseError(f"{engine_path}: no sidecar beside the engine; give the inputs with --inputs FILE.npz")
-    return engine_path.resolve().parent / sidecar["fused_model"]
 
 
 def profile_for_feed(profiles: Sequence[Profile], feed: Mapping[str, np.ndarray]) -> int:
@@ -108,22 +93,9 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     write_bytes_atomic(path, buffer.getbuffer())
 
 
-def generated_feed(
-    engine_path: Path,
-    seed: int,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    dims: Mapping[str, int] | None = None,
-) -> dict[str, np.ndarray]:
-    """Random inputs from the engine's fused model; without shapes or dims, the first profile's OPT shapes."""
-    model = load_model(fused_model_path(engine_path)).model
-    profiles = engine_profiles(engine_path)
-    if not shapes and not dims and profiles:
-        shapes = profiles[0].opt_shapes()
-    return make_feed(model, seed, shapes=shapes, dims=dims)
-
-
-def engine_loader(engine_path: Path) -> Callable[[], object]:
+def engine_loader(engine: EngineFile) -> Callable[[], object]:
     """A Polygraphy-style loader: calling it registers the trtfuse plugins, then deserialises the engine."""
+    engine_path = engine.path
     if not engine_path.is_file():
         raise TrtfuseError(f"{engine_path}: no such engine file")
 
@@ -145,9 +117,9 @@ def engine_loader(engine_path: Path) -> Callable[[], object]:
     return load
 
 
-def trt_runner(engine_path: Path, profile_index: int = 0) -> object:
+def trt_runner(engine: EngineFile, profile_index: int = 0) -> object:
     """Polygraphy's TrtRunner over the engine, set to one optimisation profile."""
-    loader = engine_loader(engine_path)
+    loader = engine_loader(engine)
     import_tensorrt()
     from polygraphy.backend.trt import TrtRunner
 
@@ -155,7 +127,7 @@ def trt_runner(engine_path: Path, profile_index: int = 0) -> object:
 
 
 def run_engine(
-    engine_path: Path,
+    engine: EngineFile,
     feed: Mapping[str, np.ndarray],
     iterations: int = 10,
     warmup: int = 2,
@@ -163,7 +135,7 @@ def run_engine(
     """Run the engine `warmup + iterations` times on `feed` in the profile that holds it; time the last ones."""
     if iterations < 1 or warmup < 0:
         raise TrtfuseError(f"need at least one iteration and no negative warm-up, got {iterations} and {warmup}")
-    runner = trt_runner(engine_path, profile_for_feed(engine_profiles(engine_path), feed))
+    runner = trt_runner(engine, profile_for_feed(engine.profiles, feed))
     from polygraphy.exception import PolygraphyException
 
     times = []
@@ -175,7 +147,7 @@ def run_engine(
                 outputs = runner.infer(dict(feed))
                 times.append(runner.last_inference_time())
     except PolygraphyException as error:
-        raise TrtfuseError(f"{engine_path}: inference failed: {first_line(error)}") from None
+        raise TrtfuseError(f"{engine.path}: inference failed: {first_line(error)}") from None
     # Copies: Polygraphy may hand out the same host buffers again on the next inference.
     host_outputs = {name: np.array(array, copy=True) for name, array in outputs.items()}
     return RunResult(outputs=host_outputs, timing=TimingSummary.from_seconds(times))

@@ -15,10 +15,9 @@ from trtfuse.errors import TrtfuseError
 if TYPE_CHECKING:
     import onnx
 
-    from trtfuse.check import CheckResult, StepResult
     from trtfuse.inputs import StepFeed
     from trtfuse.tolerances import Tolerance
-    from trtfuse.verdict import OutputVerdict
+    from trtfuse.verdict import CheckResult, OutputVerdict, StepResult
 
 F = TypeVar("F", bound=Callable[..., object])
 

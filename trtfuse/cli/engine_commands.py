@@ -148,7 +148,8 @@ def run_command(
     as_json: bool,
 ) -> None:
     """Run MODEL.engine with TensorRT (plugins registered first) on given or generated inputs; print timings."""
-    from trtfuse.runner import generated_feed, load_feed, run_engine, save_arrays
+    from trtfuse.engine_file import EngineFile
+    from trtfuse.runner import load_feed, run_engine, save_arrays
 
     if inputs_path is not None and (shapes or dims):
         raise click.UsageError("--inputs gives every input already; drop --shape/--dim")
@@ -159,12 +160,10 @@ def run_command(
     OutputPlan().read(engine_path).read(*([inputs_path] if inputs_path else [])).write(
         "outputs file", save_outputs
     ).check()
-    if inputs_path is not None:
-        feed = load_feed(inputs_path)
-    else:
-        feed = generated_feed(engine_path, seed, shapes=shapes, dims=dims)
+    engine = EngineFile.open(engine_path)
+    feed = load_feed(inputs_path) if inputs_path else engine.generated_feed(seed, shapes=shapes, dims=dims)
     try:
-        result = run_engine(engine_path, feed, iterations=iterations, warmup=warmup)
+        result = run_engine(engine, feed, iterations=iterations, warmup=warmup)
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot run {engine_path}")
     if save_outputs is not None:
@@ -216,7 +215,7 @@ def compare_command(
         import polygraphy  # noqa: F401
     except ImportError:
         raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
-    from trtfuse.compare import ORIGINAL_RUNNER, compare, comparison_feeds
+    from trtfuse.compare import ORIGINAL_RUNNER, compare, comparison_feeds, open_engine
     from trtfuse.io import load_model
     from trtfuse.saved_inputs import save_feeds
 
@@ -225,7 +224,7 @@ def compare_command(
     original = load_model(original_path)
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
     if save_inputs is not None:
-        feeds = feeds or comparison_feeds(original, candidate_path, seed, shapes, dims)
+        feeds = feeds or comparison_feeds(original, open_engine(candidate_path), seed, shapes, dims)
         with Transaction():
             save_feeds(save_inputs, feeds)
     tolerance = tolerance_from(rtol, atol)

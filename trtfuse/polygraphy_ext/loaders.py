@@ -20,10 +20,11 @@ from polygraphy.logger import G_LOGGER
 
 import trtfuse
 from trtfuse import contract
-from trtfuse.build import BuildOptions, build_engine, gpu_name, import_tensorrt, read_sidecar, sidecar_path_for
-from trtfuse.check import check_fused_nodes
+from trtfuse.build import BuildOptions, build_engine, gpu_name
+from trtfuse.engine_file import import_tensorrt, read_sidecar, sidecar_path_for
 from trtfuse.errors import TrtfuseError
 from trtfuse.fuse import FuseResult, fuse_model
+from trtfuse.fused_checks import check_fused_nodes
 from trtfuse.io import LoadedModel, load_model, save_model
 from trtfuse.outputs import make_folders, write_json_atomic
 from trtfuse.polygraphy_ext.errors import as_polygraphy_error

@@ -17,12 +17,13 @@ from polygraphy.common import TensorMetadata
 from polygraphy.datatype import DataType
 from polygraphy.exception import PolygraphyException
 
-from trtfuse.check import ModelRunner
+from trtfuse.engine_file import EngineFile
 from trtfuse.errors import TrtfuseError, first_line
+from trtfuse.graph_inputs import fed_inputs
 from trtfuse.io import LoadedModel
+from trtfuse.onnxrt import ModelRunner
 from trtfuse.polygraphy_ext.errors import as_polygraphy_error
-from trtfuse.profiles import Profile
-from trtfuse.runner import engine_profiles, profile_for_feed, trt_runner
+from trtfuse.runner import profile_for_feed, trt_runner
 
 ONNXRT_PREFIX = "trtfuse-onnxrt-runner"
 TRT_PREFIX = "trtfuse-trt-runner"
@@ -44,12 +45,8 @@ class FusedOnnxrtRunner(BaseRunner):
 
     @util.check_called_by("get_input_metadata")
     def get_input_metadata_impl(self) -> TensorMetadata:
-        graph = self.model.model.graph
-        initializers = {tensor.name for tensor in graph.initializer}
         meta = TensorMetadata()
-        for value in graph.input:
-            if value.name in initializers:
-                continue
+        for value in fed_inputs(self.model.model):
             tensor = value.type.tensor_type
             shape = [dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None for dim in tensor.shape.dim]
             meta.add(value.name, DataType.from_dtype(tensor.elem_type, "onnx"), shape)
@@ -70,20 +67,20 @@ class FusedOnnxrtRunner(BaseRunner):
 
 
 class TrtfuseTrtRunner(BaseRunner):
-    """Runs a trtfuse engine (the path `BuildTrtfuseEngine` returns) through trtfuse's TrtRunner, plugins registered
-    first; each feed runs in the first optimisation profile whose ranges hold it, as in `trtfuse compare`."""
+    """Runs a trtfuse engine (an opened `EngineFile`, or the path `BuildTrtfuseEngine` returns) through trtfuse's
+    TrtRunner, plugins registered first; each feed runs in the first optimisation profile whose ranges hold it, as in
+    `trtfuse compare`."""
 
-    def __init__(self, engine_path: str | Callable[[], str], name: str | None = None) -> None:
+    def __init__(self, engine: EngineFile | str | Callable[[], str], name: str | None = None) -> None:
         super().__init__(name=name, prefix=TRT_PREFIX)
-        self._engine_path = engine_path
+        self._engine = engine
 
     @util.check_called_by("activate")
     def activate_impl(self) -> None:
-        engine_path, _ = util.invoke_if_callable(self._engine_path)
-        self.engine_path = Path(engine_path)
+        engine, _ = util.invoke_if_callable(self._engine)
         with as_polygraphy_error(self.name):
-            self.profiles: list[Profile] = engine_profiles(self.engine_path)
-            self.runner = trt_runner(self.engine_path)
+            self.engine = engine if isinstance(engine, EngineFile) else EngineFile.open(Path(engine))
+            self.runner = trt_runner(self.engine)
             # Activation deserialises the engine: trtfuse's loader names the engine file when that fails.
             self.runner.activate()
         self.profile_index = 0
@@ -95,14 +92,14 @@ class TrtfuseTrtRunner(BaseRunner):
     @util.check_called_by("infer")
     def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict:
         with as_polygraphy_error(self.name):
-            index = profile_for_feed(self.profiles, feed_dict)
+            index = profile_for_feed(self.engine.profiles, feed_dict)
             if index != self.profile_index:
                 self.runner.set_profile(index)
                 self.profile_index = index
             try:
                 outputs = self.runner.infer(dict(feed_dict))
             except PolygraphyException as error:
-                raise TrtfuseError(f"{self.engine_path}: inference failed: {first_line(error)}") from None
+                raise TrtfuseError(f"{self.engine.path}: inference failed: {first_line(error)}") from None
         self.inference_time = self.runner.last_inference_time()
         # Copies: TrtRunner hands out the same host buffers again on the next inference.
         return OrderedDict((name, np.array(array, copy=True)) for name, array in outputs.items())
