@@ -360,3 +360,62 @@ def test_separation_check_finds_a_forbidden_import_anywhere_in_the_file(tmp_path
         "trtfuse.compare imports trtfuse.check",
         "trtfuse.runner imports trtfuse.build",
     ]
+
+
+# What a CLI module may not import (outside `if TYPE_CHECKING:`): the stages' internals. A command reaches them
+# through trtfuse.pipeline or a stage's own entry function, so the CLI holds no pipeline logic (issue 8).
+CLI_PACKAGE = "trtfuse.cli"
+CLI_FORBIDDEN = (
+    "trtfuse.patterns",
+    "trtfuse.rewrite",
+    "trtfuse.reference",
+    "trtfuse.build",
+    "trtfuse.plugins",
+    "trtfuse.kernels",
+    "trtfuse.model_dims",
+)
+
+
+def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import of the file, function-level ones included, except those under `if TYPE_CHECKING:`."""
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            pending.extend(node.orelse)
+        else:
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def cli_internal_imports(modules: dict[str, Path]) -> list[str]:
+    """`module imports target` for each CLI module that imports a stage internal of CLI_FORBIDDEN."""
+    found = []
+    for module, path in modules.items():
+        if module != CLI_PACKAGE and not module.startswith(f"{CLI_PACKAGE}."):
+            continue
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+            for name in imported_names(node, module, _is_pkg(path)):
+                target = resolve(name, modules)
+                if target is not None and any(target == f or target.startswith(f"{f}.") for f in CLI_FORBIDDEN):
+                    found.append(f"{module} imports {target}")
+    return sorted(set(found))
+
+
+def test_the_cli_imports_no_stage_internals() -> None:
+    assert cli_internal_imports(package_modules()) == []
+
+
+def test_the_cli_check_sees_function_level_imports_but_not_type_checking_ones(tmp_path: Path) -> None:
+    files = {
+        "__init__.py": "",
+        "build.py": "",
+        "pipeline.py": "",
+        "patterns/__init__.py": "",
+        "cli/__init__.py": "",
+        "cli/ok.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trtfuse.patterns import M\n"
+        "def run():\n    from trtfuse.pipeline import compile_model\n",
+        "cli/bad.py": "def run():\n    from trtfuse.build import build_engine\n",
+    }
+    assert cli_internal_imports(write_package(tmp_path, files)) == ["trtfuse.cli.bad imports trtfuse.build"]
