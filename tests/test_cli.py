@@ -277,7 +277,11 @@ def test_every_command_takes_json(llama_path: Path, tmp_path: Path) -> None:
     assert checked.exit_code == 0, checked.output
     json.loads(checked.stdout)
     compiled = _invoke("compile", llama_path, "-o", tmp_path / "m.engine", "--json", "-q")
-    assert json.loads(compiled.stdout)["fused_model"] == str(tmp_path / "m.fused.onnx")
+    compiled_json = json.loads(compiled.stdout)
+    assert compiled_json["fused_model"] == str(tmp_path / "m.fused.onnx")
+    assert compiled_json["model"] == str(llama_path) and compiled_json["report"] == str(tmp_path / "m.fusion.json")
+    assert set(compiled_json) == {"model", "fused_model", "report", "profiles", "engine", "build_seconds"}
+    assert compiled_json["profiles"][0]["name"] == "default"
     for command in ("run", "compare", "bench"):
         assert "--json" in _invoke(*command.split(), *(["kernels"] if command == "bench" else []), "-h").output
 

@@ -48,6 +48,16 @@ class CompiledModel:
     engine: BuildResult | None
     missing: MissingDependencyError | None
 
+    def to_json(self) -> dict:
+        return {
+            "model": str(self.fused.input_path),
+            "fused_model": str(self.fused.output_path),
+            "report": str(self.fused.report_path),
+            "profiles": [profile.to_json() for profile in self.profiles],
+            "engine": None if self.engine is None else str(self.engine.engine_path),
+            "build_seconds": None if self.engine is None else self.engine.seconds,
+        }
+
 
 def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
     """The fused model and the fusion report written beside the engine: MODEL.fused.onnx, MODEL.fusion.json."""

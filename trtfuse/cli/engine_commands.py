@@ -106,20 +106,11 @@ def compile_command(
         notify=info,
         on_fused=lambda fused: summary(_fused_line(fused), as_json),
     )
-    built, fused = compiled.engine, compiled.fused
     if as_json:
-        echo_json(
-            {
-                "model": str(model_path),
-                "fused_model": str(fused.output_path),
-                "report": str(fused.report_path),
-                "profiles": [profile.to_json() for profile in compiled.profiles],
-                "engine": None if built is None else str(built.engine_path),
-                "build_seconds": None if built is None else built.seconds,
-            }
-        )
+        echo_json(compiled.to_json())
     if compiled.missing is not None:
         _no_tensorrt(compiled.missing, f"fused, but no engine built ({engine_path})")
+    built = compiled.engine
     summary(f"built {built.engine_path} in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json)
 
 
