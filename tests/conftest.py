@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 # Kernels compiled by the tests go to a throwaway cache, not the user's; .ci/gpu sets its own to share with the bench.
 os.environ.setdefault("TRTFUSE_KERNEL_CACHE", tempfile.mkdtemp(prefix="trtfuse-test-kernel-cache-"))
 
-# 512 x 1024 fp32 = 2 MiB: above trtfuse.io.SMALL_TENSOR_BYTES, so it stays external after loading.
+# 512 x 1024 fp32 = 2 MiB: above trtfuse.model_io.SMALL_TENSOR_BYTES, so it stays external after loading.
 LARGE_SHAPE = (512, 1024)
 
 

@@ -17,7 +17,7 @@ from trtfuse.check import check_fused
 from trtfuse.contract import WeightMode
 from trtfuse.errors import TrtfuseError
 from trtfuse.inputs import DEFAULT_BATCH, DEFAULT_DIM, make_feed
-from trtfuse.io import LoadedModel, load_model
+from trtfuse.model_io import LoadedModel, load_model
 from trtfuse.onnxrt import run_model
 from trtfuse.tolerances import Tolerance, output_error, tolerance_for
 from trtfuse.verdict import computed_dtypes
@@ -409,7 +409,7 @@ def test_symlinked_models_read_external_data_beside_the_link_as_fuse_does(tmp_pa
     target.mkdir()
     links.mkdir()
     save_external(projection_model(), target / "model.onnx")
-    # The data lives beside the link only, where trtfuse.io.load_model (and so `fuse`) looks for it.
+    # The data lives beside the link only, where trtfuse.model_io.load_model (and so `fuse`) looks for it.
     (target / "weights.data").rename(links / "weights.data")
     (links / "model.onnx").symlink_to(target / "model.onnx")
     loaded = load_model(links / "model.onnx")
@@ -631,7 +631,7 @@ def test_models_onnxruntime_cannot_load_run_in_the_reference_evaluator(tmp_path:
 def test_16_bit_weights_in_external_data_are_widened_without_being_read(tmp_path: Path) -> None:
     from conftest import save_external
 
-    # 2 MiB of fp16: above trtfuse.io.SMALL_TENSOR_BYTES, so the loaded model holds only a reference to it.
+    # 2 MiB of fp16: above trtfuse.model_io.SMALL_TENSOR_BYTES, so the loaded model holds only a reference to it.
     weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float16), "W")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["y"], name="project")],

@@ -365,15 +365,15 @@ def test_unusual_valid_models_fuse_and_check(write_model, tmp_path: Path, make) 
 def test_library_warnings_only_with_verbose(llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
-    import trtfuse.io
+    import trtfuse.model_io
 
-    real_load = trtfuse.io.load_model
+    real_load = trtfuse.model_io.load_model
 
     def noisy_load(path: Path):
         warnings.warn("invalid value encountered in subtract", RuntimeWarning, stacklevel=1)
         return real_load(path)
 
-    monkeypatch.setattr(trtfuse.io, "load_model", noisy_load)
+    monkeypatch.setattr(trtfuse.model_io, "load_model", noisy_load)
     assert _invoke("inspect", llama_path).stderr == ""
     assert "invalid value encountered" in _invoke("inspect", llama_path, "-v").stderr
 

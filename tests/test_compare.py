@@ -16,7 +16,7 @@ from trtfuse.cli.engine_commands import compare_command
 from trtfuse.cli.options import EXIT_MISMATCH
 from trtfuse.compare import LOWERED_RUNNER, compare
 from trtfuse.errors import TrtfuseError
-from trtfuse.io import load_model
+from trtfuse.model_io import load_model
 from trtfuse.tolerances import tolerance_for
 
 VOCAB, HIDDEN, OUT = 32, 16, 8
@@ -201,7 +201,7 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
     # No TensorRT here: the engine's runner is replaced by the lowered fused model, so this drives compare's engine
     # branch (feeds, runner, verdict, report) around it.
     from trtfuse import compare as compare_module
-    from trtfuse.io import LoadedModel
+    from trtfuse.model_io import LoadedModel
     from trtfuse.onnxrt import ModelRunner
     from trtfuse.reference import lower_fused_nodes
     from trtfuse.runner import ENGINE_RUNNER

@@ -14,7 +14,7 @@ import pytest
 from trtfuse import contract
 from trtfuse.check import check_fused
 from trtfuse.fuse import FuseResult, fuse_model
-from trtfuse.io import LoadedModel, load_model
+from trtfuse.model_io import LoadedModel, load_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "models" / "fixtures" / "tools"
 EXPECTED: dict[str, dict] = json.loads((FIXTURES / "expected.json").read_text())["files"]

@@ -15,7 +15,7 @@ from trtfuse.check import check_fused
 from trtfuse.cli.main import cli
 from trtfuse.contract import WeightMode
 from trtfuse.fuse import fuse_model, search_model
-from trtfuse.io import external_tensors, load_model
+from trtfuse.model_io import external_tensors, load_model
 
 
 def _ops(model: onnx.ModelProto) -> list[str]:

@@ -36,7 +36,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "trtfuse.contract",
             "trtfuse.outputs",
             "trtfuse.tolerances",
-            "trtfuse.io",
+            "trtfuse.model_io",
             "trtfuse.graph_inputs",
             "trtfuse.model_dims",
             "trtfuse.inputs",
@@ -315,7 +315,7 @@ def test_cycle_check_finds_absolute_relative_and_function_level_cycles(tmp_path:
     assert find_cycle(import_graph(package_cycle, module_top_only=False)) is None
 
 
-TOY_STAGES = (("load", ("trtfuse", "trtfuse.io")), ("check", ("trtfuse.check",)), ("cli", ("trtfuse.cli",)))
+TOY_STAGES = (("load", ("trtfuse", "trtfuse.model_io")), ("check", ("trtfuse.check",)), ("cli", ("trtfuse.cli",)))
 
 
 def test_stage_check_finds_imports_from_a_later_stage_and_unplaced_modules(tmp_path: Path) -> None:
@@ -323,8 +323,8 @@ def test_stage_check_finds_imports_from_a_later_stage_and_unplaced_modules(tmp_p
         tmp_path / "ok",
         {
             "__init__.py": "",
-            "io.py": "",
-            "check.py": "from trtfuse import io\n",
+            "model_io.py": "",
+            "check.py": "from trtfuse import model_io\n",
             "cli/main.py": "import trtfuse.check\n",
         },
     )
@@ -333,7 +333,7 @@ def test_stage_check_finds_imports_from_a_later_stage_and_unplaced_modules(tmp_p
         tmp_path / "bad",
         {
             "__init__.py": "",
-            "io.py": "def late():\n    from trtfuse.cli.main import cli\n",
+            "model_io.py": "def late():\n    from trtfuse.cli.main import cli\n",
             "check.py": "",
             "cli/main.py": "",
             "extra.py": "",
@@ -341,7 +341,7 @@ def test_stage_check_finds_imports_from_a_later_stage_and_unplaced_modules(tmp_p
     )
     assert later_stage_imports(import_graph(backwards, module_top_only=False), TOY_STAGES) == [
         "trtfuse.extra has no stage",
-        "trtfuse.io (load) imports trtfuse.cli.main (cli)",
+        "trtfuse.model_io (load) imports trtfuse.cli.main (cli)",
     ]
 
 

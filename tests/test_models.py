@@ -105,9 +105,9 @@ def test_fusion_replaces_every_norm_call_and_nothing_else(name: str) -> None:
 def test_fused_fixture_matches_the_original_in_onnxruntime(name: str) -> None:
     fuse = _pipeline_module("trtfuse.fuse")
     check = _pipeline_module("trtfuse.check")
-    io = _pipeline_module("trtfuse.io")
-    original = io.load_model(FIXTURES / name)
-    fused = io.LoadedModel(model=fuse.fuse_model(original.model).model, path=original.path)
+    model_io = _pipeline_module("trtfuse.model_io")
+    original = model_io.load_model(FIXTURES / name)
+    fused = model_io.LoadedModel(model=fuse.fuse_model(original.model).model, path=original.path)
     result = check.check_fused(original, fused)
     assert result.passed, result.errors
 

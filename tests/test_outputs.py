@@ -151,7 +151,7 @@ def test_a_signal_during_the_data_copy_leaves_no_temp_file(
             assert _listing(out) == [temp.name]
             os.kill(os.getpid(), signal_number)
 
-    monkeypatch.setattr("trtfuse.io.copy_sparse", interrupted_copy)
+    monkeypatch.setattr("trtfuse.model_io.copy_sparse", interrupted_copy)
     result = _invoke("fuse", external_llama, "-o", out / "fused.onnx")
     assert result.exit_code == status
     assert result.stderr.count("\n") == 1

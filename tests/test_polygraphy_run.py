@@ -28,7 +28,7 @@ from trtfuse import contract
 from trtfuse.build import BuildResult, make_sidecar, tool_versions
 from trtfuse.engine_file import EngineFile, sidecar_path_for, write_engine
 from trtfuse.errors import MissingDependencyError, TrtfuseError
-from trtfuse.io import load_model
+from trtfuse.model_io import load_model
 from trtfuse.polygraphy_ext import loaders, runners
 from trtfuse.polygraphy_ext.loaders import engine_profiles_for
 from trtfuse.profiles import Profile, ShapeRange, derive_profiles, request_from_options

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse.check import check_fused
 from trtfuse.fuse import fuse_model
-from trtfuse.io import LoadedModel
+from trtfuse.model_io import LoadedModel
 
 OPSET = 18
 BATCH, TOKENS = 2, 3

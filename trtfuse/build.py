@@ -29,7 +29,7 @@ from trtfuse.engine_file import (
     write_engine,
 )
 from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
-from trtfuse.io import load_model
+from trtfuse.model_io import load_model
 from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trtfuse.inputs import StepFeed, default_feeds
-from trtfuse.io import LoadedModel
+from trtfuse.model_io import LoadedModel
 from trtfuse.tolerances import Tolerance
 from trtfuse.verdict import CheckResult, judge_lowered
 

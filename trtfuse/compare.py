@@ -14,7 +14,7 @@ import numpy as np
 from trtfuse.engine_file import EngineFile
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.inputs import StepFeed, default_feeds
-from trtfuse.io import LoadedModel, load_model
+from trtfuse.model_io import LoadedModel, load_model
 from trtfuse.onnxrt import original_runner
 from trtfuse.runner import ENGINE_RUNNER
 from trtfuse.tolerances import Tolerance

@@ -18,7 +18,7 @@ import numpy as np
 
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.inputs import make_feed
-from trtfuse.io import load_model
+from trtfuse.model_io import load_model
 from trtfuse.outputs import write_bytes_atomic, write_json_atomic
 from trtfuse.plugins.trt_module import RTX_MODULE, load_trt
 from trtfuse.profiles import Profile

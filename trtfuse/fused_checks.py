@@ -14,7 +14,7 @@ from onnx import helper
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError
 from trtfuse.graph_inputs import fed_inputs
-from trtfuse.io import LoadedModel
+from trtfuse.model_io import LoadedModel
 
 
 def check_same_inputs(original: LoadedModel, fused: LoadedModel) -> None:

@@ -13,7 +13,7 @@ import onnx
 from onnx import external_data_helper, helper
 
 from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
-from trtfuse.io import LoadedModel
+from trtfuse.model_io import LoadedModel
 from trtfuse.reference import lower_fused_nodes
 from trtfuse.widening import NARROW_FLOATS, is_reduced_precision, widen_to_float32
 
@@ -28,7 +28,7 @@ _SIZE_HINT = "; set the input sizes with --dim SYMBOL=N or --shape NAME=D0xD1"
 
 def onnxruntime_session(model: LoadedModel) -> object:
     """An onnxruntime CPU session running `model` as written: no graph optimisations, which would fuse and re-round
-    the very norm chains being checked. External data resolves as `trtfuse.io.load_model` resolves it: against the
+    the very norm chains being checked. External data resolves as `trtfuse.model_io.load_model` resolves it: against the
     folder the model's path names, not the target of a symlinked model file."""
     try:
         import onnxruntime

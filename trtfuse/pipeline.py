@@ -18,7 +18,7 @@ from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
 if TYPE_CHECKING:
     from trtfuse.build import BuildResult
     from trtfuse.fuse import FuseResult
-    from trtfuse.io import LoadedModel
+    from trtfuse.model_io import LoadedModel
     from trtfuse.profiles import Profile, ProfileRequest
 
 Notify = Callable[[str], None]
@@ -68,7 +68,7 @@ def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
 def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path) -> None:
     """Add the loaded input's external data files to the plan's reads, and the copies of them the fused model would
     get beside `output_path` to its writes; check the plan again."""
-    from trtfuse.io import data_copies
+    from trtfuse.model_io import data_copies
 
     plan.read(*loaded.data_files)
     for target in data_copies(loaded.model, output_path, loaded):
@@ -88,7 +88,7 @@ def _fuse(loaded: LoadedModel, source_path: Path) -> FuseResult:
 def _save(result: FuseResult, loaded: LoadedModel, paths: tuple[Path, Path, Path | None], notify: Notify) -> FusedFile:
     """Write the fused model (and the report, when asked for); the caller holds the Transaction."""
     from trtfuse.build import plugins_used
-    from trtfuse.io import save_model
+    from trtfuse.model_io import save_model
 
     input_path, output_path, report_path = paths
     save_model(result.model, output_path, source=loaded, notify=notify)
@@ -103,7 +103,7 @@ def fuse_file(
 ) -> FusedFile:
     """Rewrite every RMSNorm and QK-norm of the model at `input_path` into trtfuse plugin nodes; write the fused model
     (and the JSON fusion report). Every output is checked before any work, and none is left half written."""
-    from trtfuse.io import load_model
+    from trtfuse.model_io import load_model
 
     plan = OutputPlan().read(input_path).write("fused model", output_path).write("report", report_path)
     plan.check()
@@ -131,7 +131,7 @@ def compile_model(
     starts. Without TensorRT or a GPU, what was fused stays written and `missing` says why no engine was built."""
     from trtfuse.build import BuildOptions, build_engine
     from trtfuse.engine_file import sidecar_path_for
-    from trtfuse.io import load_model
+    from trtfuse.model_io import load_model
     from trtfuse.profiles import derive_profiles
 
     fused_path, report_path = compile_outputs(engine_path)

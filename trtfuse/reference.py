@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
-from trtfuse.io import DEFAULT_DOMAINS
+from trtfuse.model_io import DEFAULT_DOMAINS
 
 _FLOAT = TensorProto.FLOAT
 _DTYPE_NAMES = {code: name for name, code in contract.OUTPUT_DTYPE_CODES.items()}

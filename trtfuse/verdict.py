@@ -29,7 +29,7 @@ import onnx
 from trtfuse.errors import TrtfuseError
 from trtfuse.fused_checks import check_fused_nodes, check_same_inputs, declared_output_differences, dtype_name
 from trtfuse.inputs import StepFeed
-from trtfuse.io import DEFAULT_DOMAINS, LoadedModel
+from trtfuse.model_io import DEFAULT_DOMAINS, LoadedModel
 from trtfuse.onnxrt import ModelRunner, lowered_runner, original_runner, reference_runner, widened_feed
 from trtfuse.tolerances import OutputError, Tolerance, non_finite_mismatch, output_error, tolerance_for
 

@@ -207,7 +207,7 @@ def compare_command(
     except ImportError:
         raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
     from trtfuse.compare import ORIGINAL_RUNNER, compare, comparison_feeds, open_engine
-    from trtfuse.io import load_model
+    from trtfuse.model_io import load_model
     from trtfuse.saved_inputs import save_feeds
 
     plan = OutputPlan().read(original_path, candidate_path, *([load_inputs] if load_inputs else []))

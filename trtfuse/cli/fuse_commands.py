@@ -56,7 +56,7 @@ def _search_json(search: NormSearch) -> dict:
 def inspect(model_path: Path, as_json: bool) -> None:
     """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected."""
     from trtfuse.fuse import search_model
-    from trtfuse.io import load_model
+    from trtfuse.model_io import load_model
 
     search = search_model(load_model(model_path).model)
     if as_json:
@@ -118,7 +118,7 @@ def check(
     the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
     the original is no worse than the original's own (docs/cli.md)."""
     from trtfuse.check import check_fused
-    from trtfuse.io import load_model
+    from trtfuse.model_io import load_model
     from trtfuse.saved_inputs import save_feeds
 
     original, fused = load_model(original_path), load_model(fused_path)

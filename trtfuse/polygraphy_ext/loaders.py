@@ -25,7 +25,7 @@ from trtfuse.engine_file import import_tensorrt, read_sidecar, sidecar_path_for
 from trtfuse.errors import TrtfuseError
 from trtfuse.fuse import FuseResult, fuse_model
 from trtfuse.fused_checks import check_fused_nodes
-from trtfuse.io import LoadedModel, load_model, save_model
+from trtfuse.model_io import LoadedModel, load_model, save_model
 from trtfuse.outputs import make_folders, write_json_atomic
 from trtfuse.polygraphy_ext.errors import as_polygraphy_error
 from trtfuse.profiles import Profile, ShapeRange, derive_profiles, request_from_options
@@ -57,7 +57,7 @@ class FusedModel:
 
 
 class FuseModel(BaseLoader):
-    """Functor that loads an ONNX model with `trtfuse.io.load_model` and fuses its norms with
+    """Functor that loads an ONNX model with `trtfuse.model_io.load_model` and fuses its norms with
     `trtfuse.fuse.fuse_model`, returning a `FusedModel`."""
 
     def __init__(self, model_path: str) -> None:

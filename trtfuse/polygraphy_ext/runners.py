@@ -20,7 +20,7 @@ from polygraphy.exception import PolygraphyException
 from trtfuse.engine_file import EngineFile
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.graph_inputs import fed_inputs
-from trtfuse.io import LoadedModel
+from trtfuse.model_io import LoadedModel
 from trtfuse.onnxrt import ModelRunner
 from trtfuse.polygraphy_ext.errors import as_polygraphy_error
 from trtfuse.runner import profile_for_feed, trt_runner

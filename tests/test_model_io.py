@@ -13,7 +13,7 @@ from conftest import projection_model, save_external
 from onnx import helper
 
 from trtfuse.errors import TrtfuseError
-from trtfuse.io import external_tensors, load_model, save_model
+from trtfuse.model_io import external_tensors, load_model, save_model
 from trtfuse.outputs import write_json_atomic
 
 
