@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtfuse import contract
 from trtfuse.check import check_fused
 from trtfuse.contract import WeightMode
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.inputs import DEFAULT_BATCH, DEFAULT_DIM, make_feed
 from trtfuse.model_io import LoadedModel, load_model
 from trtfuse.onnxrt import run_model
@@ -124,7 +124,7 @@ def test_different_interfaces_are_reported(tmp_path: Path) -> None:
 
 def test_onnxruntime_shape_failure_points_at_dim_and_shape(tmp_path: Path) -> None:
     loaded = _loaded(embedding_norm_model(fused=False), tmp_path / "original.onnx")
-    with pytest.raises(TrtfuseError, match=r"onnxruntime cannot run it: .*--dim SYMBOL=N or --shape NAME=D0xD1"):
+    with pytest.raises(OptionError, match=r"onnxruntime cannot run it: .*dim SYMBOL=N or shape NAME=D0xD1"):
         run_model(loaded, {"input_ids": np.zeros((2, 3, 4), np.int64)})
 
 
@@ -175,9 +175,9 @@ def test_feed_symbolic_dims_masks_positions_and_floats() -> None:
 def test_feed_shape_overrides_and_bad_names() -> None:
     model = embedding_norm_model(fused=False)
     assert make_feed(model, 0, shapes={"input_ids": (1, 9)})["input_ids"].shape == (1, 9)
-    with pytest.raises(TrtfuseError, match="--shape names no graph input: tokens"):
+    with pytest.raises(OptionError, match="shape names no graph input: tokens"):
         make_feed(model, 0, shapes={"tokens": (1, 9)})
-    with pytest.raises(TrtfuseError, match="--dim names no symbolic dim of a graph input: batch"):
+    with pytest.raises(OptionError, match="dim names no symbolic dim of a graph input: batch"):
         make_feed(model, 0, dims={"batch": 1, "batch_size": 1})
 
 

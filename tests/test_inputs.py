@@ -14,7 +14,7 @@ import pytest
 from kv_models import HEAD_SIZE, KV_HEADS, POSITIONS, genai_model, optimum_model
 from onnx import TensorProto, helper, numpy_helper
 
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.inputs import DECODE, DEFAULT_DIM, PREFILL, SINGLE, Step, default_feeds, make_feed
 from trtfuse.model_dims import DEFAULT_BATCH, DimRole, model_dims
 from trtfuse.profiles import DimRange, derive_profiles, request_from_options
@@ -163,22 +163,22 @@ def _one_input(dims: list) -> onnx.ModelProto:
         (
             ["seq // 0"],
             {},
-            r"input 'x': cannot evaluate symbolic dim 'seq // 0' \(dim 0\): it divides by zero; .*--dim",
+            r"input 'x': cannot evaluate symbolic dim 'seq // 0' \(dim 0\): it divides by zero; .*dim",
         ),
         (
             ["seq - 10"],
             {},
-            r"input 'x': symbolic dim 'seq - 10' \(dim 0\) is -5 with seq=5; set its symbols with --dim",
+            r"input 'x': symbolic dim 'seq - 10' \(dim 0\) is -5 with seq=5; set its symbols with dim",
         ),
         (["seq ** 2"], {}, r"'seq \*\* 2' \(dim 0\): it is not integer arithmetic"),
         (["seq / 2"], {}, r"'seq / 2' \(dim 0\): 5 / 2 is not a whole number"),
         (["seq", "hidden"], {"seq": 10**6, "hidden": 10**6}, r"input 'x' of shape 1000000x1000000 makes the feed"),
-        (["seq"], {"seq": -3}, r"--dim seq=-3: a dim is a non-negative integer"),
-        (["seq"], {"sequence": 3}, r"--dim names no symbolic dim of a graph input: sequence \(dims: seq\)"),
+        (["seq"], {"seq": -3}, r"dim seq=-3: a dim is a non-negative integer"),
+        (["seq"], {"sequence": 3}, r"dim names no symbolic dim of a graph input: sequence \(dims: seq\)"),
     ],
 )
 def test_bad_dims_are_one_line_naming_input_and_dim(dims, given, message):
-    with pytest.raises(TrtfuseError, match=message):
+    with pytest.raises(OptionError, match=message):
         make_feed(_one_input(dims), 0, dims=given)
 
 
@@ -191,7 +191,7 @@ def test_negative_dim_in_the_model_names_the_input():
 
 @pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True])
 def test_seed_out_of_range(seed):
-    with pytest.raises(TrtfuseError, match=rf"--seed {seed}: must be an integer from 0 to {2**64 - 1}"):
+    with pytest.raises(OptionError, match=rf"seed {seed}: must be an integer from 0 to {2**64 - 1}"):
         make_feed(_one_input([2]), seed)
     assert make_feed(_one_input([2]), np.int64(2**62))["x"].shape == (2,)
 
@@ -207,11 +207,11 @@ def test_empty_gather_table_names_input_and_table():
 def test_shapes_that_disagree_on_a_dim_and_shapes_of_the_wrong_rank():
     model = optimum_model()
     shapes = {"input_ids": (1, 3), "position_ids": (1, 4)}
-    with pytest.raises(TrtfuseError, match=r"--shape position_ids gives dim 'sequence_length' = 4, --shape input_ids"):
+    with pytest.raises(OptionError, match=r"shape position_ids gives dim 'sequence_length' = 4, shape input_ids"):
         make_feed(model, 0, shapes=shapes)
-    with pytest.raises(TrtfuseError, match=r"--shape input_ids: the input has rank 2, the shape has 3"):
+    with pytest.raises(OptionError, match=r"shape input_ids: the input has rank 2, the shape has 3"):
         make_feed(model, 0, shapes={"input_ids": (1, 3, 1)})
-    with pytest.raises(TrtfuseError, match=r"--shape past_key_values.0.key: dim 1 is fixed at 2 in the model"):
+    with pytest.raises(OptionError, match=r"shape past_key_values.0.key: dim 1 is fixed at 2 in the model"):
         make_feed(model, 0, shapes={"past_key_values.0.key": (1, 3, 1, HEAD_SIZE)})
 
 

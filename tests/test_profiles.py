@@ -11,7 +11,7 @@ from kv_models import HEAD_SIZE, KV_HEADS, genai_model, optimum_model
 from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse.cli.options import RangeType, ShapeRangeType
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.model_dims import DEFAULT_BATCH, DimRole, dim_role
 from trtfuse.profiles import DimRange, Profile, ProfileRequest, ShapeRange, derive_profiles, request_from_options
 
@@ -111,7 +111,7 @@ def test_profile_json_round_trip():
 
 def test_unknown_symbolic_dim_names_input_and_dim():
     with pytest.raises(
-        TrtfuseError, match=r"input 'input_ids' dim 1 is symbolic dim 's1' with no known role.*--shape input_ids="
+        OptionError, match=r"input 'input_ids' dim 1 is symbolic dim 's1' with no known role.*shape input_ids="
     ):
         derive_profiles(_model({"input_ids": ["batch", "s1"]}), _request())
 
@@ -154,15 +154,15 @@ def test_bad_shape_specs(text, message):
 
 
 def test_shape_for_missing_input_lists_the_inputs():
-    with pytest.raises(TrtfuseError, match=r"--shape ids: the model has no such input \(inputs: input_ids\)"):
+    with pytest.raises(OptionError, match=r"shape ids: the model has no such input \(inputs: input_ids\)"):
         derive_profiles(_model({"input_ids": ["batch", "seq"]}), _request(shapes=["ids=1:1:1"]))
 
 
 def test_shape_with_wrong_rank_or_fixed_dim():
     model = _model({"input_ids": [1, "seq"]})
-    with pytest.raises(TrtfuseError, match=r"--shape input_ids: the input has rank 2, the shapes have 1"):
+    with pytest.raises(OptionError, match=r"shape input_ids: the input has rank 2, the shapes have 1"):
         derive_profiles(model, _request(shapes=["input_ids=1:1:1"]))
-    with pytest.raises(TrtfuseError, match=r"--shape input_ids: dim 0 is fixed at 1 in the model"):
+    with pytest.raises(OptionError, match=r"shape input_ids: dim 0 is fixed at 1 in the model"):
         derive_profiles(model, _request(shapes=["input_ids=1x1:2x1:2x1"]))
 
 
@@ -241,7 +241,7 @@ def test_dim_arithmetic_is_evaluated_at_min_opt_and_max():
 
 
 def test_past_on_a_model_without_kv_cache_is_an_error():
-    with pytest.raises(TrtfuseError, match=r"--past: the model has no KV cache"):
+    with pytest.raises(OptionError, match=r"past: the model has no KV cache"):
         derive_profiles(_model({"input_ids": ["batch", "seq"]}), _request(past="0:1:2"))
 
 
@@ -250,18 +250,19 @@ def test_past_on_a_model_without_kv_cache_is_an_error():
     [
         (
             {"tokens": ["1:1:8"], "shapes": ["input_ids=1x1:1x4:1x8"]},
-            r"--shape input_ids fixes dim 'sequence_length', ",
+            r"shape input_ids fixes dim 'sequence_length', ",
         ),
         (
             {"past": "0:1:8", "shapes": ["attention_mask=1x1:1x4:1x8"]},
-            r"--shape attention_mask fixes dim 'past_sequence_length \+ sequence_length', which --past also sets",
+            r"shape attention_mask fixes dim 'past_sequence_length \+ sequence_length', which past also sets",
         ),
-        ({"batch": "1:1:2", "shapes": ["input_ids=1x1:1x4:1x8"]}, r"fixes dim 'batch_size', which --batch also sets"),
+        ({"batch": "1:1:2", "shapes": ["input_ids=1x1:1x4:1x8"]}, r"fixes dim 'batch_size', which batch also sets"),
     ],
 )
 def test_a_shape_that_contradicts_a_range_flag_is_an_error(options, message):
-    with pytest.raises(TrtfuseError, match=message):
+    with pytest.raises(OptionError, match=message) as raised:
         derive_profiles(optimum_model(positions=LONG), _request(**options))
+    assert raised.value.choice == "shape"
 
 
 def test_a_batch_the_model_does_not_allow():
@@ -269,7 +270,7 @@ def test_a_batch_the_model_does_not_allow():
     model.graph.input[1].type.tensor_type.elem_type = TensorProto.FLOAT
     (profile,) = derive_profiles(model, _request())
     assert profile.shapes["input_ids"] == ShapeRange((1, 1), (1, 256), (1, 4096))
-    with pytest.raises(TrtfuseError, match=r"--batch 1:2:2: the model allows only batch 1 \(the batch dim of cache"):
+    with pytest.raises(OptionError, match=r"batch 1:2:2: the model allows only batch 1 \(the batch dim of cache"):
         derive_profiles(model, _request(batch="1:2:2"))
 
 
@@ -331,5 +332,5 @@ def test_fixtures_without_cache_have_token_profiles_and_refuse_past(name):
     model = onnx.load(TOOL_FIXTURES / name)
     (profile,) = derive_profiles(model, _request())
     assert profile.shapes == {"input_ids": ShapeRange((1, 1), (B, 256), (B, 4096))}
-    with pytest.raises(TrtfuseError, match=r"--past: the model has no KV cache"):
+    with pytest.raises(OptionError, match=r"past: the model has no KV cache"):
         derive_profiles(model, _request(past="0:1:2"))

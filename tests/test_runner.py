@@ -13,7 +13,7 @@ from trtfuse.cli.engine_commands import compile_command, run_command
 from trtfuse.cli.main import TrtfuseGroup
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
 from trtfuse.engine_file import EngineFile, write_engine
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.errors import MissingDependencyError, OptionError, TrtfuseError
 from trtfuse.profiles import Profile, ShapeRange
 from trtfuse.runner import (
     TimingSummary,
@@ -99,7 +99,7 @@ def test_generated_feed_uses_the_first_profile_opt_shapes_and_vocabulary(tmp_pat
 
 def test_generated_feed_needs_a_sidecar(tmp_path):
     (tmp_path / "m.engine").write_bytes(b"x")
-    with pytest.raises(TrtfuseError, match=r"no sidecar beside the engine; give the inputs with --inputs"):
+    with pytest.raises(OptionError, match=r"no sidecar beside the engine; give the inputs with inputs"):
         EngineFile.open(tmp_path / "m.engine").generated_feed(seed=0)
 
 

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import numpy as np
 
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseError
 from trtfuse.inputs import make_feed
 from trtfuse.model_io import load_model
 from trtfuse.outputs import write_bytes_atomic, write_json_atomic
@@ -72,7 +72,12 @@ class EngineFile:
     @property
     def fused_model_path(self) -> Path:
         if self.sidecar is None:
-            raise TrtfuseError(f"{self.path}: no sidecar beside the engine; give the inputs with --inputs FILE.npz")
+            raise OptionError(
+                "inputs",
+                f"{self.path}: no sidecar beside the engine; give the inputs with ",
+                Choice("inputs"),
+                " FILE.npz",
+            )
         return self.path.resolve().parent / self.sidecar["fused_model"]
 
     def feed_shapes(

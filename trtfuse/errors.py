@@ -1,10 +1,36 @@
 """The exception types users see: a single line naming the file, node or tensor at fault."""
 
 import signal
+from collections.abc import Callable
+from dataclasses import dataclass
 
 
 class TrtfuseError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A user choice named in model terms inside an `OptionError`'s message; each interface spells it its own way."""
+
+    name: str
+
+
+class OptionError(TrtfuseError):
+    """A user choice does not fit the model: `choice` names which in model terms ("shape", "dim", "seed", "tokens",
+    "past", "batch", "inputs"); `parts` is the message, with every choice it mentions as a `Choice`.
+
+    The core never names a command-line flag: the CLI spells each `Choice` as its flag (`--shape`), in one place.
+    """
+
+    def __init__(self, choice: str, *parts: str | Choice) -> None:
+        self.choice = choice
+        self.parts = parts
+        super().__init__(self.spelled(lambda name: name))
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        """The message with each choice spelled by `spell`."""
+        return "".join(spell(part.name) if isinstance(part, Choice) else part for part in self.parts)
 
 
 class MissingDependencyError(TrtfuseError):

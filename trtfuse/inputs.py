@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.model_dims import DEFAULT_BATCH, DimExpressionError, DimRole, ModelDims, model_dims
 
 __all__ = [
@@ -104,28 +104,33 @@ def _step_feed(
     step: Step,
 ) -> StepFeed:
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < SEED_LIMIT:
-        raise TrtfuseError(f"--seed {seed}: must be an integer from 0 to {SEED_LIMIT - 1}")
+        raise OptionError("seed", Choice("seed"), f" {seed}: must be an integer from 0 to {SEED_LIMIT - 1}")
     names = {value.name for value in reading.inputs}
     unknown = sorted(set(shapes) - names)
     if unknown:
-        raise TrtfuseError(f"--shape names no graph input: {', '.join(unknown)} (inputs: {', '.join(sorted(names))})")
+        inputs = ", ".join(sorted(names))
+        raise OptionError("shape", Choice("shape"), f" names no graph input: {', '.join(unknown)} (inputs: {inputs})")
     symbols = {s for parsed in reading.expressions.values() for e in parsed if e is not None for s in e.symbols}
     unknown = sorted(set(dims) - symbols)
     if unknown:
         known = ", ".join(sorted(symbols)) or "none"
-        raise TrtfuseError(f"--dim names no symbolic dim of a graph input: {', '.join(unknown)} (dims: {known})")
+        raise OptionError(
+            "dim", Choice("dim"), f" names no symbolic dim of a graph input: {', '.join(unknown)} (dims: {known})"
+        )
     for symbol, value in dims.items():
         if not isinstance(value, int | np.integer) or value < 0:
-            raise TrtfuseError(f"--dim {symbol}={value}: a dim is a non-negative integer")
+            raise OptionError("dim", Choice("dim"), f" {symbol}={value}: a dim is a non-negative integer")
     values = _symbol_values(reading, shapes, dims, step)
     input_shapes = {value.name: _input_shape(value, reading, shapes, values) for value in reading.inputs}
     _check_size(input_shapes, reading)
     tokens = _role_value(reading, values, DimRole.TOKENS)
     past = _past(reading, values, step.past if reading.has_kv_cache else 0)
     if reading.max_total is not None and tokens is not None and past + tokens > reading.max_total.value:
-        raise TrtfuseError(
+        raise OptionError(
+            "dim",
             f"{step.name} step: {past} past + {tokens} new tokens exceed what the model holds "
-            f"({reading.max_total.reason}); set smaller dims with --dim"
+            f"({reading.max_total.reason}); set smaller dims with ",
+            Choice("dim"),
         )
     rng = np.random.default_rng(seed)
     index_bounds = _gather_index_bounds(model)
@@ -145,7 +150,8 @@ def _step_feed(
 def _symbol_values(
     reading: ModelDims, shapes: Mapping[str, Sequence[int]], dims: Mapping[str, int], step: Step
 ) -> dict[str, int]:
-    """Every symbol's value: --dim, then what a --shape binds, then what the model requires, then its role's."""
+    """Every symbol's value: the dims given, then what a given shape binds, then what the model requires, then
+    its role's."""
     values = dict(dims)
     bound_by: dict[str, str] = {}
     for name, shape in shapes.items():
@@ -154,9 +160,14 @@ def _symbol_values(
             if symbol is None or symbol in dims or axis >= len(shape):
                 continue
             if symbol in values and values[symbol] != shape[axis]:
-                raise TrtfuseError(
-                    f"--shape {name} gives dim {symbol!r} = {shape[axis]}, --shape {bound_by[symbol]} gives "
-                    f"{values[symbol]}; make them agree or set it with --dim {symbol}=N"
+                raise OptionError(
+                    "shape",
+                    Choice("shape"),
+                    f" {name} gives dim {symbol!r} = {shape[axis]}, ",
+                    Choice("shape"),
+                    f" {bound_by[symbol]} gives {values[symbol]}; make them agree or set it with ",
+                    Choice("dim"),
+                    f" {symbol}=N",
                 )
             values[symbol] = shape[axis]
             bound_by[symbol] = name
@@ -203,12 +214,16 @@ def _input_shape(
     if value.name in shapes:
         shape = tuple(shapes[value.name])
         if value.type.tensor_type.HasField("shape") and len(shape) != len(dims):
-            raise TrtfuseError(f"--shape {value.name}: the input has rank {len(dims)}, the shape has {len(shape)}")
+            raise OptionError(
+                "shape", Choice("shape"), f" {value.name}: the input has rank {len(dims)}, the shape has {len(shape)}"
+            )
         for axis, (dim, size) in enumerate(zip(dims, shape, strict=False)):
             if dim.HasField("dim_value") and dim.dim_value != size:
-                raise TrtfuseError(f"--shape {value.name}: dim {axis} is fixed at {dim.dim_value} in the model")
+                raise OptionError(
+                    "shape", Choice("shape"), f" {value.name}: dim {axis} is fixed at {dim.dim_value} in the model"
+                )
         if any(not isinstance(size, int | np.integer) or size < 0 for size in shape):
-            raise TrtfuseError(f"--shape {value.name}: dims are non-negative integers, got {shape}")
+            raise OptionError("shape", Choice("shape"), f" {value.name}: dims are non-negative integers, got {shape}")
         return shape
     shape = []
     for axis, (dim, expression) in enumerate(zip(dims, reading.expressions[value.name], strict=True)):
@@ -218,17 +233,27 @@ def _input_shape(
         if expression is None:
             shape.append(DEFAULT_DIM)
             continue
-        hint = f"set its symbols with --dim or give the shape with --shape {value.name}=D0x..."
+        hint = (
+            "; set its symbols with ",
+            Choice("dim"),
+            " or give the shape with ",
+            Choice("shape"),
+            f" {value.name}=D0x...",
+        )
         try:
             size = expression.evaluate(values)
         except DimExpressionError as error:
-            raise TrtfuseError(
-                f"input {value.name!r}: cannot evaluate symbolic dim {expression.text!r} (dim {axis}): {error}; {hint}"
+            raise OptionError(
+                "dim",
+                f"input {value.name!r}: cannot evaluate symbolic dim {expression.text!r} (dim {axis}): {error}",
+                *hint,
             ) from None
         if size < 0:
             given = ", ".join(f"{s}={values[s]}" for s in sorted(expression.symbols))
-            raise TrtfuseError(
-                f"input {value.name!r}: symbolic dim {expression.text!r} (dim {axis}) is {size} with {given}; {hint}"
+            raise OptionError(
+                "dim",
+                f"input {value.name!r}: symbolic dim {expression.text!r} (dim {axis}) is {size} with {given}",
+                *hint,
             )
         shape.append(size)
     return tuple(shape)
@@ -242,9 +267,13 @@ def _check_size(input_shapes: Mapping[str, tuple[int, ...]], reading: ModelDims)
     if sum(sizes.values()) > MAX_FEED_BYTES:
         largest = max(sizes, key=sizes.__getitem__)
         shape = "x".join(map(str, input_shapes[largest]))
-        raise TrtfuseError(
+        raise OptionError(
+            "dim",
             f"input {largest!r} of shape {shape} makes the feed {sum(sizes.values()) / 2**30:.3g} GiB, more than "
-            f"{MAX_FEED_BYTES // 2**30} GiB; give smaller dims with --dim or --shape"
+            f"{MAX_FEED_BYTES // 2**30} GiB; give smaller dims with ",
+            Choice("dim"),
+            " or ",
+            Choice("shape"),
         )
 
 
@@ -278,7 +307,11 @@ def _length_array(
     name: str, shape: tuple[int, ...], dtype: np.dtype, role: DimRole, past: int, tokens: int | None
 ) -> np.ndarray:
     if tokens is None:
-        raise TrtfuseError(f"input {name!r} holds a length but no input dim says how many tokens; give it with --shape")
+        raise OptionError(
+            "shape",
+            f"input {name!r} holds a length but no input dim says how many tokens; give it with ",
+            Choice("shape"),
+        )
     total = past + tokens
     value = past if role is DimRole.PAST else total
     if name.lower().startswith("seqlens_k"):

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper
 
-from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
+from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseError, first_line
 from trtfuse.model_io import LoadedModel
 from trtfuse.reference import lower_fused_nodes
 from trtfuse.widening import NARROW_FLOATS, is_reduced_precision, widen_to_float32
@@ -23,7 +23,7 @@ _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 # onnxruntime's messages about a feed the graph cannot take; the sizes are what the user can change.
 _SHAPE_ERROR = re.compile(r"shape|dimension|rank|broadcast|reshape|size", re.IGNORECASE)
 
-_SIZE_HINT = "; set the input sizes with --dim SYMBOL=N or --shape NAME=D0xD1"
+_SIZE_HINT = ("; set the input sizes with ", Choice("dim"), " SYMBOL=N or ", Choice("shape"), " NAME=D0xD1")
 
 
 def onnxruntime_session(model: LoadedModel) -> object:
@@ -90,7 +90,7 @@ class ModelRunner:
             except Exception as error:
                 # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
                 message = first_line(error)
-                raise TrtfuseError(f"{self.model.path}: onnxruntime cannot run it: {message}{_hint(message)}") from None
+                raise _runtime_error(f"{self.model.path}: onnxruntime cannot run it: {message}", message) from None
 
         return run
 
@@ -113,7 +113,7 @@ class ModelRunner:
                 return dict(zip(names, evaluator.run(names, dict(feed)), strict=True))
             except Exception as error:
                 message = f"onnx's reference evaluator cannot run it: {first_line(error)}"
-                raise TrtfuseError(f"{self.model.path}: {message}{_hint(message)}") from None
+                raise _runtime_error(f"{self.model.path}: {message}", message) from None
 
         return run
 
@@ -171,9 +171,11 @@ def keep_16_bit_roundings(model: onnx.ModelProto) -> onnx.ModelProto:
     return kept
 
 
-def _hint(message: str) -> str:
-    """Where a runtime's error is about the sizes fed (not about types), what the user can change."""
-    return _SIZE_HINT if _SHAPE_ERROR.search(message) and "type" not in message.lower() else ""
+def _runtime_error(text: str, message: str) -> TrtfuseError:
+    """`text` as an error; where the runtime's `message` is about the sizes fed (not types), with what to change."""
+    if _SHAPE_ERROR.search(message) and "type" not in message.lower():
+        return OptionError("shape", text, *_SIZE_HINT)
+    return TrtfuseError(text)
 
 
 def run_model(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.model_dims import DimExpressionError, DimRole, ModelDims, model_dims
 
 
@@ -66,8 +66,8 @@ class ProfileRequest:
     """Everything the user said about profiles: one RoleRanges per profile, plus what holds in all of them.
 
     `batch` None means the model's default (`ModelDims.default_batch`); `past_given` and `tokens_given` record that
-    `--past` / `--tokens` were on the command line, so that a conflicting `--shape` or a model without a KV cache is
-    an error rather than a silently ignored flag.
+    the user gave a past / tokens range, so that a conflicting input shape or a model without a KV cache is an error
+    rather than a silently ignored choice.
     """
 
     profiles: tuple[RoleRanges, ...] = (PRESETS["default"],)
@@ -145,49 +145,59 @@ def request_from_options(
 def _check_override(value: onnx.ValueInfoProto, shape_range: ShapeRange) -> None:
     dims = value.type.tensor_type.shape.dim
     if len(dims) != len(shape_range.min):
-        raise TrtfuseError(
-            f"--shape {value.name}: the input has rank {len(dims)}, the shapes have {len(shape_range.min)}"
+        raise OptionError(
+            "shape",
+            Choice("shape"),
+            f" {value.name}: the input has rank {len(dims)}, the shapes have {len(shape_range.min)}",
         )
     for axis, dim in enumerate(dims):
         fixed = dim.dim_value if dim.HasField("dim_value") else None
         if fixed is not None and {shape_range.min[axis], shape_range.opt[axis], shape_range.max[axis]} != {fixed}:
-            raise TrtfuseError(f"--shape {value.name}: dim {axis} is fixed at {fixed} in the model")
+            raise OptionError("shape", Choice("shape"), f" {value.name}: dim {axis} is fixed at {fixed} in the model")
 
 
-# The roles each range flag sets: a --shape of an input with such a dim contradicts the flag.
-_FLAG_ROLES = {
-    "--tokens": (DimRole.TOKENS, DimRole.TOTAL),
-    "--past": (DimRole.PAST, DimRole.TOTAL),
-    "--batch": (DimRole.BATCH,),
+# The roles each range sets: a shape given for an input with such a dim contradicts the range.
+_RANGE_ROLES = {
+    "tokens": (DimRole.TOKENS, DimRole.TOTAL),
+    "past": (DimRole.PAST, DimRole.TOTAL),
+    "batch": (DimRole.BATCH,),
 }
 
 
 def _check_flags(reading: ModelDims, request: ProfileRequest) -> None:
     if request.past_given and not reading.has_kv_cache:
-        raise TrtfuseError(
-            "--past: the model has no KV cache (no input dim or length input named like past_sequence_length); "
-            "drop --past"
+        raise OptionError(
+            "past",
+            Choice("past"),
+            ": the model has no KV cache (no input dim or length input named like past_sequence_length); drop ",
+            Choice("past"),
         )
-    given = {"--tokens": request.tokens_given, "--past": request.past_given, "--batch": request.batch is not None}
+    given = {"tokens": request.tokens_given, "past": request.past_given, "batch": request.batch is not None}
     for name in request.shapes:
         for expression in reading.expressions[name]:
             for symbol in sorted(expression.symbols) if expression is not None else ():
                 role = reading.roles.get(symbol)
-                flag = next((f for f, roles in _FLAG_ROLES.items() if given[f] and role in roles), None)
-                if flag is not None:
-                    raise TrtfuseError(
-                        f"--shape {name} fixes dim {expression.text!r}, which {flag} also sets; give one or the other"
+                setter = next((r for r, roles in _RANGE_ROLES.items() if given[r] and role in roles), None)
+                if setter is not None:
+                    raise OptionError(
+                        "shape",
+                        Choice("shape"),
+                        f" {name} fixes dim {expression.text!r}, which ",
+                        Choice(setter),
+                        " also sets; give one or the other",
                     )
     if request.batch is not None and reading.batch is not None:
         required = reading.batch.value
         if (request.batch.min, request.batch.max) != (required, required):
-            raise TrtfuseError(
-                f"--batch {request.batch}: the model allows only batch {required} ({reading.batch.reason})"
+            raise OptionError(
+                "batch",
+                Choice("batch"),
+                f" {request.batch}: the model allows only batch {required} ({reading.batch.reason})",
             )
 
 
 def _batch_range(reading: ModelDims, request: ProfileRequest) -> DimRange:
-    """--batch, else the model's one batch rule: exactly the batch it requires, or 1 up to the default batch."""
+    """The batch range asked for, else the model's one rule: exactly the batch it requires, or 1 up to the default."""
     if request.batch is not None:
         return request.batch
     batch = reading.default_batch()
@@ -204,14 +214,16 @@ def _dim_range(
     if dim.HasField("dim_value"):
         return DimRange(dim.dim_value, dim.dim_value, dim.dim_value)
     expression = reading.expressions[input_name][axis]
-    hint = f"give its shape with --shape {input_name}=MIN:OPT:MAX"
+    hint = ("; give its shape with ", Choice("shape"), f" {input_name}=MIN:OPT:MAX")
     if expression is None:
-        raise TrtfuseError(f"input {input_name!r} dim {axis} is an unnamed dynamic dim; {hint}")
+        raise OptionError("shape", f"input {input_name!r} dim {axis} is an unnamed dynamic dim", *hint)
     for symbol in sorted(expression.symbols):
         if symbol not in reading.roles and symbol not in reading.fixed:
-            raise TrtfuseError(
+            raise OptionError(
+                "shape",
                 f"input {input_name!r} dim {axis} is symbolic dim {expression.text!r} with no known role (batch, "
-                f"sequence/tokens, past, total) nor a value the graph requires; {hint}"
+                "sequence/tokens, past, total) nor a value the graph requires",
+                *hint,
             )
     bounds = []
     for pick in (lambda r: r.min, lambda r: r.opt, lambda r: r.max):
@@ -220,12 +232,15 @@ def _dim_range(
         try:
             bounds.append(expression.evaluate(values))
         except DimExpressionError as error:
-            raise TrtfuseError(f"input {input_name!r} dim {axis} ({expression.text!r}): {error}; {hint}") from None
+            raise OptionError(
+                "shape", f"input {input_name!r} dim {axis} ({expression.text!r}): {error}", *hint
+            ) from None
     low, opt, high = bounds
     if not 0 <= low <= opt <= high:
-        raise TrtfuseError(
-            f"input {input_name!r} dim {axis} ({expression.text!r}) spans {low}:{opt}:{high}, not a range of "
-            f"sizes; {hint}"
+        raise OptionError(
+            "shape",
+            f"input {input_name!r} dim {axis} ({expression.text!r}) spans {low}:{opt}:{high}, not a range of sizes",
+            *hint,
         )
     return DimRange(low, opt, high)
 
@@ -243,9 +258,14 @@ def _within_positions(role_ranges: RoleRanges, reading: ModelDims, request: Prof
         return role_ranges
     n = bound.value
     if request.tokens_given or request.past_given or tokens.min + past.min > n:
-        raise TrtfuseError(
+        raise OptionError(
+            "tokens",
             f"profile {role_ranges.name!r}: {past.max} past + {tokens.max} new tokens at MAX exceed what the model "
-            f"holds ({bound.reason}); give --tokens and --past whose MAX add up to at most {n}"
+            f"holds ({bound.reason}); give ",
+            Choice("tokens"),
+            " and ",
+            Choice("past"),
+            f" whose MAX add up to at most {n}",
         )
     tokens_max = min(tokens.max, max(tokens.min, n // 2 if past.max else n))
     past_max = min(past.max, n - tokens_max)
@@ -263,12 +283,15 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
     known = {value.name for value in inputs}
     for name in request.shapes:
         if name not in known:
-            raise TrtfuseError(f"--shape {name}: the model has no such input (inputs: {', '.join(sorted(known))})")
+            inputs = ", ".join(sorted(known))
+            raise OptionError("shape", Choice("shape"), f" {name}: the model has no such input (inputs: {inputs})")
     for value in inputs:
         if value.name in request.shapes:
             _check_override(value, request.shapes[value.name])
         elif not value.type.tensor_type.HasField("shape"):
-            raise TrtfuseError(f"input {value.name!r} has no static rank; give its shape with --shape")
+            raise OptionError(
+                "shape", f"input {value.name!r} has no static rank; give its shape with ", Choice("shape")
+            )
     _check_flags(reading, request)
     batch = _batch_range(reading, request)
     profiles = []

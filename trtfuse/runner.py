@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from trtfuse.engine_file import EngineFile, import_tensorrt, register_plugins
-from trtfuse.errors import TrtfuseError, first_line
+from trtfuse.errors import Choice, OptionError, TrtfuseError, first_line
 from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile
 
@@ -62,9 +62,13 @@ def profile_for_feed(profiles: Sequence[Profile], feed: Mapping[str, np.ndarray]
     name = outside[0] if outside else next(iter(feed))
     shape = "x".join(str(dim) for dim in feed[name].shape)
     ranges = "; ".join(f"{p.name}: {p.shapes[name]}" for p in profiles if name in p.shapes)
-    raise TrtfuseError(
+    raise OptionError(
+        "shape",
         f"input '{name}' of shape {shape} fits no optimisation profile of the engine together with the other inputs "
-        f"({ranges}); pick shapes inside one profile with --shape/--dim"
+        f"({ranges}); pick shapes inside one profile with ",
+        Choice("shape"),
+        "/",
+        Choice("dim"),
     )
 
 

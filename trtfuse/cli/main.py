@@ -19,7 +19,7 @@ from trtfuse.cli.options import (
     VERBOSITY,
     printable,
 )
-from trtfuse.errors import Interrupted, MissingDependencyError, TrtfuseError, first_line
+from trtfuse.errors import Interrupted, MissingDependencyError, OptionError, TrtfuseError, first_line
 from trtfuse.outputs import termination_as_exception
 
 # The shell's convention for a process ended by a signal: 128 + its number.
@@ -57,6 +57,9 @@ class TrtfuseGroup(click.Group):
         except MissingDependencyError as error:
             _error_line(f"trtfuse: {error}", "yellow")
             status = EXIT_MISSING_DEPENDENCY
+        except OptionError as error:
+            _error_line(f"trtfuse: error: {error.spelled(lambda name: f'--{name}')}")
+            status = EXIT_BAD_INPUT
         except TrtfuseError as error:
             _error_line(f"trtfuse: error: {error}")
             status = EXIT_BAD_INPUT
