@@ -16,7 +16,9 @@ from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.inputs import StepFeed, default_feeds
 from trtfuse.model_io import LoadedModel, load_model
 from trtfuse.onnxrt import original_runner
+from trtfuse.outputs import Transaction
 from trtfuse.runner import ENGINE_RUNNER
+from trtfuse.saved_inputs import save_feeds
 from trtfuse.tolerances import Tolerance
 from trtfuse.verdict import CheckResult, judge_for, judge_lowered, judge_steps
 
@@ -58,22 +60,25 @@ def compare(
     tolerance: Tolerance | None = None,
     feeds: Sequence[StepFeed] | None = None,
     inputs_file: Path | None = None,
+    save_inputs: Path | None = None,
 ) -> ComparisonReport:
     """Judge the candidate (an engine, or a fused .onnx) against the original at each step of `feeds` (by default
-    the original's `default_feeds`; for an engine without `shapes` or `dims`, its first profile's OPT shapes)."""
+    the original's `default_feeds`; for an engine without `shapes` or `dims`, its first profile's OPT shapes), the
+    feeds saved to `save_inputs` first when asked; an engine's file and sidecar are read once."""
     if not candidate_path.exists():
         raise TrtfuseError(f"{candidate_path}: no such file")
     original = load_model(original_path)
     seed_used = None if inputs_file else seed
-    if not is_engine(candidate_path):
-        fused = load_model(candidate_path)
-        if feeds is None:
-            feeds = comparison_feeds(original, None, seed, shapes, dims)
-        result = judge_lowered(original, fused, feeds, seed_used, inputs_file, tolerance)
-        return ComparisonReport(original_path, candidate_path, LOWERED_RUNNER, result)
-    engine = EngineFile.open(candidate_path)
+    engine = EngineFile.open(candidate_path) if is_engine(candidate_path) else None
+    fused = load_model(candidate_path) if engine is None else None
     if feeds is None:
         feeds = comparison_feeds(original, engine, seed, shapes, dims)
+    if save_inputs is not None:
+        with Transaction():
+            save_feeds(save_inputs, feeds)
+    if fused is not None:
+        result = judge_lowered(original, fused, feeds, seed_used, inputs_file, tolerance)
+        return ComparisonReport(original_path, candidate_path, LOWERED_RUNNER, result)
     judge = judge_for(original, tolerance)
     runner, note = original_runner(original)
     result = judge_steps(runner, engine_run(engine), feeds, judge, seed_used, inputs_file, note)
@@ -92,11 +97,6 @@ def comparison_feeds(
     if engine is not None:
         shapes = engine.feed_shapes(shapes, dims)
     return default_feeds(original.model, seed, shapes=shapes, dims=dims)
-
-
-def open_engine(candidate_path: Path) -> EngineFile | None:
-    """The engine file a candidate path names, read once; None for a fused .onnx."""
-    return EngineFile.open(candidate_path) if is_engine(candidate_path) else None
 
 
 def engine_run(engine: EngineFile) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from trtfuse.engine_file import EngineFile, import_tensorrt, register_plugins
 from trtfuse.errors import Choice, OptionError, TrtfuseError, first_line
-from trtfuse.outputs import write_bytes_atomic
+from trtfuse.outputs import OutputPlan, write_bytes_atomic
 from trtfuse.profiles import Profile
 
 ENGINE_RUNNER = "tensorrt-engine"
@@ -155,3 +155,61 @@ def run_engine(
     # Copies: Polygraphy may hand out the same host buffers again on the next inference.
     host_outputs = {name: np.array(array, copy=True) for name, array in outputs.items()}
     return RunResult(outputs=host_outputs, timing=TimingSummary.from_seconds(times))
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """What `trtfuse run` reports: the engine, the feed it ran on, its outputs and timings."""
+
+    engine_path: Path
+    feed: dict[str, np.ndarray]
+    result: RunResult
+
+    def to_json(self) -> dict:
+        return {
+            "engine": str(self.engine_path),
+            "inputs": {name: _array_json(array) for name, array in self.feed.items()},
+            "outputs": {name: _array_json(array) for name, array in self.result.outputs.items()},
+            "timing_ms": vars(self.result.timing),
+        }
+
+    def lines(self) -> list[str]:
+        arrays = [("input ", self.feed), ("output", self.result.outputs)]
+        shapes = [f"{kind} {name}: {_shape_text(array)}" for kind, named in arrays for name, array in named.items()]
+        return [*shapes, self.result.timing.line()]
+
+
+def _array_json(array: np.ndarray) -> dict:
+    return {"shape": list(array.shape), "dtype": str(array.dtype)}
+
+
+def _shape_text(array: np.ndarray) -> str:
+    return f"{'x'.join(map(str, array.shape))} {array.dtype}"
+
+
+def run_engine_file(
+    engine_path: Path,
+    inputs_path: Path | None,
+    seed: int,
+    shapes: Mapping[str, Sequence[int]],
+    dims: Mapping[str, int],
+    *,
+    iterations: int,
+    warmup: int,
+    save_outputs: Path | None,
+) -> EngineRun:
+    """`trtfuse run`: the engine file on the inputs file (else a feed generated from its sidecar), the last run's
+    outputs saved when asked; checks every path before any work."""
+    if not engine_path.is_file():
+        raise TrtfuseError(
+            f"{engine_path}: no such engine file" if not engine_path.exists() else f"{engine_path}: not a file"
+        )
+    OutputPlan().read(engine_path).read(*([inputs_path] if inputs_path else [])).write(
+        "outputs file", save_outputs
+    ).check()
+    engine = EngineFile.open(engine_path)
+    feed = load_feed(inputs_path) if inputs_path else engine.generated_feed(seed, shapes=shapes, dims=dims)
+    result = run_engine(engine, feed, iterations=iterations, warmup=warmup)
+    if save_outputs is not None:
+        save_arrays(save_outputs, result.outputs)
+    return EngineRun(engine_path=engine_path, feed=feed, result=result)

@@ -26,7 +26,7 @@ from trtfuse.cli.options import (
     summary,
     unique,
 )
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.errors import MissingDependencyError
 from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
@@ -139,45 +139,28 @@ def run_command(
     as_json: bool,
 ) -> None:
     """Run MODEL.engine with TensorRT (plugins registered first) on given or generated inputs; print timings."""
-    from trtfuse.engine_file import EngineFile
-    from trtfuse.runner import load_feed, run_engine, save_arrays
+    from trtfuse.runner import run_engine_file
 
     if inputs_path is not None and (shapes or dims):
         raise click.UsageError("--inputs gives every input already; drop --shape/--dim")
-    if not engine_path.is_file():
-        raise TrtfuseError(
-            f"{engine_path}: no such engine file" if not engine_path.exists() else f"{engine_path}: not a file"
-        )
-    OutputPlan().read(engine_path).read(*([inputs_path] if inputs_path else [])).write(
-        "outputs file", save_outputs
-    ).check()
-    engine = EngineFile.open(engine_path)
-    feed = load_feed(inputs_path) if inputs_path else engine.generated_feed(seed, shapes=shapes, dims=dims)
     try:
-        result = run_engine(engine, feed, iterations=iterations, warmup=warmup)
+        run = run_engine_file(
+            engine_path,
+            inputs_path,
+            seed,
+            shapes,
+            dims,
+            iterations=iterations,
+            warmup=warmup,
+            save_outputs=save_outputs,
+        )
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot run {engine_path}")
-    if save_outputs is not None:
-        save_arrays(save_outputs, result.outputs)
     if as_json:
-        echo_json(
-            {
-                "engine": str(engine_path),
-                "inputs": {name: _array_json(array) for name, array in feed.items()},
-                "outputs": {name: _array_json(array) for name, array in result.outputs.items()},
-                "timing_ms": vars(result.timing),
-            }
-        )
+        echo_json(run.to_json())
         return
-    for name, array in feed.items():
-        click.echo(printable(f"input  {name}: {'x'.join(map(str, array.shape))} {array.dtype}"))
-    for name, array in result.outputs.items():
-        click.echo(printable(f"output {name}: {'x'.join(map(str, array.shape))} {array.dtype}"))
-    click.echo(result.timing.line())
-
-
-def _array_json(array: object) -> dict:
-    return {"shape": list(array.shape), "dtype": str(array.dtype)}
+    for line in run.lines():
+        click.echo(printable(line))
 
 
 @click.command("compare")
@@ -206,22 +189,25 @@ def compare_command(
         import polygraphy  # noqa: F401
     except ImportError:
         raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
-    from trtfuse.compare import ORIGINAL_RUNNER, compare, comparison_feeds, open_engine
+    from trtfuse.compare import ORIGINAL_RUNNER, compare
     from trtfuse.model_io import load_model
-    from trtfuse.saved_inputs import save_feeds
 
     plan = OutputPlan().read(original_path, candidate_path, *([load_inputs] if load_inputs else []))
     plan.write("comparison report", report_path).write("saved inputs", save_inputs).check()
     original = load_model(original_path)
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
-    if save_inputs is not None:
-        feeds = feeds or comparison_feeds(original, open_engine(candidate_path), seed, shapes, dims)
-        with Transaction():
-            save_feeds(save_inputs, feeds)
     tolerance = tolerance_from(rtol, atol)
     try:
         report = compare(
-            original_path, candidate_path, seed, shapes, dims, tolerance=tolerance, feeds=feeds, inputs_file=load_inputs
+            original_path,
+            candidate_path,
+            seed,
+            shapes,
+            dims,
+            tolerance=tolerance,
+            feeds=feeds,
+            inputs_file=load_inputs,
+            save_inputs=save_inputs,
         )
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot compare against {candidate_path}")
