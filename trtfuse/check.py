@@ -14,6 +14,8 @@ from pathlib import Path
 
 from trtfuse.inputs import StepFeed, default_feeds
 from trtfuse.model_io import LoadedModel
+from trtfuse.outputs import Transaction
+from trtfuse.saved_inputs import save_feeds
 from trtfuse.tolerances import Tolerance
 from trtfuse.verdict import CheckResult, judge_lowered
 
@@ -28,10 +30,15 @@ def check_fused(
     tolerance: Tolerance | None = None,
     feeds: Sequence[StepFeed] | None = None,
     inputs_file: Path | None = None,
+    save_inputs: Path | None = None,
 ) -> CheckResult:
     """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `feeds` (by default
-    `default_feeds` of the original with `seed`, `shapes` and `dims`; `inputs_file` names where given feeds came from).
+    `default_feeds` of the original with `seed`, `shapes` and `dims`; `inputs_file` names where given feeds came from),
+    the feeds saved to `save_inputs` first when asked.
     """
     if feeds is None:
         feeds = default_feeds(original.model, seed, shapes=shapes, dims=dims)
+    if save_inputs is not None:
+        with Transaction():
+            save_feeds(save_inputs, feeds)
     return judge_lowered(original, fused, feeds, None if inputs_file else seed, inputs_file, tolerance)

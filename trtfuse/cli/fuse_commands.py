@@ -14,7 +14,7 @@ import click
 from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from trtfuse.cli.options import common_options, echo_json, feed_options, info, printable, summary
-from trtfuse.outputs import OutputPlan, Transaction
+from trtfuse.outputs import OutputPlan
 
 if TYPE_CHECKING:
     from trtfuse.patterns import NormSearch, RmsNormMatch
@@ -119,20 +119,22 @@ def check(
     the original is no worse than the original's own (docs/cli.md)."""
     from trtfuse.check import check_fused
     from trtfuse.model_io import load_model
-    from trtfuse.saved_inputs import save_feeds
 
     original, fused = load_model(original_path), load_model(fused_path)
     plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)
     plan.read(*([load_inputs] if load_inputs else []))
     plan.write("saved inputs", save_inputs).check()
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
-    if save_inputs is not None:
-        from trtfuse.inputs import default_feeds
-
-        feeds = feeds or default_feeds(original.model, seed, shapes=shapes, dims=dims)
-        with Transaction():
-            save_feeds(save_inputs, feeds)
+    tolerance = tolerance_from(rtol, atol)
     result = check_fused(
-        original, fused, seed, shapes, dims, tolerance=tolerance_from(rtol, atol), feeds=feeds, inputs_file=load_inputs
+        original,
+        fused,
+        seed,
+        shapes,
+        dims,
+        tolerance=tolerance,
+        feeds=feeds,
+        inputs_file=load_inputs,
+        save_inputs=save_inputs,
     )
     echo_result(result, as_json)
