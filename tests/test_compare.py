@@ -218,3 +218,28 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
         assert report.passed is passes
         checked = check_fused(load_model(original), loaded, seed=4, dims={"sequence": 3})
         assert report.result.to_json() == checked.to_json()
+
+
+def test_engine_comparison_saving_its_inputs_reads_the_engine_file_once(model_pair, tmp_path, monkeypatch):
+    from trtfuse import compare as compare_module
+    from trtfuse.engine_file import EngineFile
+    from trtfuse.model_io import LoadedModel
+    from trtfuse.onnxrt import ModelRunner
+    from trtfuse.reference import lower_fused_nodes
+    from trtfuse.saved_inputs import load_feeds
+
+    original, fused, _, _ = model_pair
+    engine, saved = tmp_path / "model.engine", tmp_path / "inputs.npz"
+    engine.write_bytes(b"engine")
+    loaded = load_model(fused)
+    lowered = ModelRunner(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
+    monkeypatch.setattr(compare_module, "engine_run", lambda path: lowered.run)
+    opened = []
+    monkeypatch.setattr(
+        compare_module.EngineFile, "open", lambda path: opened.append(path) or EngineFile(path, None, [])
+    )
+    report = compare(original, engine, seed=4, dims={"sequence": 3}, save_inputs=saved)
+    assert opened == [engine]
+    assert report.passed
+    saved_steps = [feed.step for feed in load_feeds(saved, load_model(original).model)]
+    assert saved_steps and saved_steps == [step.name for step in report.result.steps]
