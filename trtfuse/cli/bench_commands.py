@@ -6,17 +6,17 @@ from pathlib import Path
 
 import click
 
-from trtfuse.cli.options import common_options, echo_json
+from trtfuse.cli.options import HELP_OPTIONS, common_options, echo_json
 from trtfuse.errors import MissingDependencyError
 from trtfuse.outputs import OutputPlan, write_json_atomic
 
 
-@click.group("bench")
+@click.group("bench", context_settings=HELP_OPTIONS)
 def bench() -> None:
     """Benchmarks that need a GPU."""
 
 
-@bench.command("kernels")
+@bench.command("kernels", context_settings=HELP_OPTIONS)
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="Also write the full results here.")
 @click.option("--no-torch-compile", is_flag=True, help="Skip the torch.compile baselines (saves their compile time).")
 @common_options

@@ -15,6 +15,7 @@ import click
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from trtfuse.cli.options import (
     EXIT_MISSING_DEPENDENCY,
+    HELP_OPTIONS,
     RangeType,
     ShapeRangeType,
     SizeType,
@@ -43,7 +44,7 @@ def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
     raise SystemExit(EXIT_MISSING_DEPENDENCY)
 
 
-@click.command("compile")
+@click.command("compile", context_settings=HELP_OPTIONS)
 @click.argument("model_path", metavar="MODEL.onnx", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "engine_path", type=click.Path(path_type=Path), help="Engine [default: MODEL.engine].")
 @click.option(
@@ -119,7 +120,7 @@ def _fused_line(fused: FusedFile) -> str:
     return f"{fused.input_path}: {used or 'no plugin nodes'} -> {fused.output_path} (report {fused.report_path})"
 
 
-@click.command("run")
+@click.command("run", context_settings=HELP_OPTIONS)
 @click.argument("engine_path", metavar="MODEL.engine", type=click.Path(path_type=Path))
 @click.option("--inputs", "inputs_path", type=click.Path(path_type=Path), help="Inputs as .npz (else random ones).")
 @feed_options
@@ -163,7 +164,7 @@ def run_command(
         click.echo(printable(line))
 
 
-@click.command("compare")
+@click.command("compare", context_settings=HELP_OPTIONS)
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
 @click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=click.Path(path_type=Path))
 @feed_options

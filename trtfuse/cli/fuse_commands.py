@@ -13,7 +13,7 @@ import click
 
 from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
-from trtfuse.cli.options import common_options, echo_json, feed_options, info, printable, summary
+from trtfuse.cli.options import HELP_OPTIONS, common_options, echo_json, feed_options, info, printable, summary
 from trtfuse.outputs import OutputPlan
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def _search_json(search: NormSearch) -> dict:
     }
 
 
-@click.command()
+@click.command(context_settings=HELP_OPTIONS)
 @click.argument("model_path", metavar="MODEL.onnx", type=click.Path(path_type=Path))
 @common_options
 def inspect(model_path: Path, as_json: bool) -> None:
@@ -74,7 +74,7 @@ def inspect(model_path: Path, as_json: bool) -> None:
         click.echo(printable(line))
 
 
-@click.command()
+@click.command(context_settings=HELP_OPTIONS)
 @click.argument("input_path", metavar="IN.onnx", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "output_path", required=True, type=click.Path(path_type=Path), help="Fused model.")
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the JSON fusion report here.")
@@ -95,7 +95,7 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
     )
 
 
-@click.command()
+@click.command(context_settings=HELP_OPTIONS)
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
 @click.argument("fused_path", metavar="FUSED.onnx", type=click.Path(path_type=Path))
 @feed_options

@@ -16,6 +16,7 @@ from trtfuse.cli.options import (
     EXIT_BAD_INPUT,
     EXIT_INTERNAL_ERROR,
     EXIT_MISSING_DEPENDENCY,
+    HELP_OPTIONS,
     VERBOSITY,
     printable,
 )
@@ -38,8 +39,8 @@ class TrtfuseGroup(click.Group):
     3 for a missing optional dependency, 2 for bad input or usage, 130/143 for SIGINT/SIGTERM, 4 for a bug."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        # -h as well as --help, on the group and (click passes it down) on every command under it.
-        kwargs.setdefault("context_settings", {}).setdefault("help_option_names", ["-h", "--help"])
+        # -h as well as --help on the group; each command sets the same for itself (options.HELP_OPTIONS).
+        kwargs.setdefault("context_settings", {}).setdefault("help_option_names", HELP_OPTIONS["help_option_names"])
         super().__init__(*args, **kwargs)
 
     def main(

@@ -13,6 +13,10 @@ import click
 
 from trtfuse.outputs import json_text
 
+# -h as well as --help on every command. Set on each command, not only inherited from the group: click keeps a
+# command's help option once made, so a command first invoked on its own would lose -h under the group.
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
 # A missing optional dependency (TensorRT, a GPU, CuTeDSL) is not the user's input's fault: a status of its own.
