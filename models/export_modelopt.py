@@ -20,7 +20,7 @@ import click
 import numpy as np
 import onnx
 from export import VOCAB, ExportSpec, LogitsOnly, export_onnx, random_input_ids
-from tool_exports import Manifest, norm_entry, onnxruntime_vs_torch, run_tool, tiny_model
+from tool_exports import Manifest, export_options, norm_entry, onnxruntime_vs_torch, run_tool, tiny_model
 
 QUANTIZE = "modelopt.onnx.quantization"
 AUTOCAST = "modelopt.onnx.autocast"
@@ -76,10 +76,7 @@ def export(arch: str, variant: str, path: Path, sources: Path) -> dict[str, obje
 
 
 @click.command(help=__doc__)
-@click.option("--out", "out_root", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--arch", "archs", multiple=True, help="Only these families (repeatable).")
-@click.option("--variant", "variants", multiple=True, type=click.Choice(sorted(VARIANTS)))
-@click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export.")
+@export_options(VARIANTS)
 def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool) -> None:
     manifest = Manifest("modelopt", out_root / "modelopt")
     sources = manifest.out_dir / "sources"

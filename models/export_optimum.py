@@ -18,6 +18,7 @@ import click
 import onnx
 from tool_exports import (
     Manifest,
+    export_options,
     norm_entry,
     onnxruntime_vs_torch,
     run_tool,
@@ -60,10 +61,7 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
 
 
 @click.command(help=__doc__)
-@click.option("--out", "out_root", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--arch", "archs", multiple=True, help="Only these families (repeatable).")
-@click.option("--variant", "variants", multiple=True, type=click.Choice(sorted(VARIANTS)))
-@click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export.")
+@export_options(VARIANTS)
 def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool) -> None:
     Manifest("optimum", out_root / "optimum").attempt_all(archs, variants or VARIANTS, export, verbose)
 

@@ -17,6 +17,7 @@ from functools import partial
 from importlib import metadata
 from pathlib import Path
 
+import click
 import numpy as np
 import onnxruntime
 import torch
@@ -59,6 +60,23 @@ ARCHITECTURES = {
 # The families of issue 12: every RMSNorm family, and the LayerNorm negatives that must come out with nothing fused.
 RMS_FAMILIES = ("llama", "mistral", "phi3", "qwen3", "gemma3", "olmo2")
 NEGATIVES = ("gpt2", "phi")
+
+
+def export_options(variants: Sequence[str]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The options every per-tool export script takes: --out, --arch, --variant (one of `variants`), --verbose."""
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        options = (
+            click.option("--out", "out_root", type=click.Path(file_okay=False, path_type=Path), required=True),
+            click.option("--arch", "archs", multiple=True, help="Only these families (repeatable)."),
+            click.option("--variant", "variants", multiple=True, type=click.Choice(sorted(variants))),
+            click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export."),
+        )
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 @dataclass
