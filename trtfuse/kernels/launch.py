@@ -1,0 +1,157 @@
+"""Launch declarations of ahead-of-time kernels: what a runtime that knows nothing of trtfuse needs to launch one.
+
+A declaration names the kernel's entry, its parameters in order (input pointers, int32 scalars, output pointers:
+TensorRT's order for AOT plugins), the block size, the dynamic shared memory and the grid as a function of each
+part's row count. It imports neither CuTeDSL nor TensorRT, so the bare-driver launcher and the TensorRT plugins read
+it without compiling anything. `launch_values` is the one formula for the grid and the scalars; it runs on ints
+here and on TensorRT's symbolic shape expressions in the AOT plugins.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+DECLARATION_FORMAT = 1
+POINTER_PTX_TYPE = ".u64"
+SCALAR_PTX_TYPE = ".u32"  # CuTeDSL's Int32 parameters are declared .u32 in the PTX
+
+
+class Tactic(enum.IntEnum):
+    """The tilings an AOT plugin offers TensorRT to time. TensorRT's tactics are positive (0 is "the default")."""
+
+    PREFILL = 1  # rows packed into blocks: many tokens
+    DECODE = 2  # one row per block, rows spread over the SMs: few tokens
+
+
+class ParamRole(str, enum.Enum):
+    INPUT = "input"
+    SCALAR = "scalar"
+    OUTPUT = "output"
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    name: str
+    role: ParamRole
+
+    @property
+    def ptx_type(self) -> str:
+        return SCALAR_PTX_TYPE if self.role is ParamRole.SCALAR else POINTER_PTX_TYPE
+
+
+@dataclass(frozen=True)
+class RowPart:
+    """One normalisation problem of the grid: rows of `hidden` elements, `rows_per_block` rows per block."""
+
+    name: str  # the activation input: "x", or "q" then "k"
+    hidden: int
+    rows_per_block: int
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LaunchDeclaration:
+    """How to launch one compiled AOT kernel: parts' blocks are laid out one after the other in grid x."""
+
+    kernel_name: str
+    arch: str
+    tactic: Tactic
+    block_threads: int
+    shared_mem: int  # dynamic shared memory, bytes
+    params: tuple[KernelParam, ...]
+    parts: tuple[RowPart, ...]
+
+    def launch_values(
+        self, rows: Sequence[T], cdiv: Callable[[T, int], T], at_least_one: Callable[[T], T]
+    ) -> tuple[T, tuple[T, ...]]:
+        """(grid x, the scalar arguments in parameter order) from each part's row count.
+
+        The scalars are every part's row count, then the block count of every part but the last (the block where
+        the next part starts). The grid is never empty, so a 0-row call is a valid one-block no-op.
+        """
+        if len(rows) != len(self.parts):
+            raise ValueError(f"{self.kernel_name} has {len(self.parts)} row counts, got {len(rows)}")
+        blocks = [cdiv(n, part.rows_per_block) for n, part in zip(rows, self.parts)]
+        total = blocks[0]
+        for more in blocks[1:]:
+            total = total + more
+        return at_least_one(total), (*rows, *blocks[:-1])
+
+    def grid_x(self, rows: Sequence[int]) -> int:
+        return self.launch_values(rows, _cdiv, _at_least_one)[0]
+
+    def scalars(self, rows: Sequence[int]) -> tuple[int, ...]:
+        return self.launch_values(rows, _cdiv, _at_least_one)[1]
+
+    def rows_of(self, element_counts: Sequence[int]) -> tuple[int, ...]:
+        """Each part's row count from its activation's element count."""
+        return tuple(count // part.hidden for count, part in zip(element_counts, self.parts))
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["format"] = DECLARATION_FORMAT
+        data["tactic"] = int(self.tactic)
+        data["params"] = [{"name": p.name, "role": p.role.value} for p in self.params]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LaunchDeclaration:
+        if data.get("format") != DECLARATION_FORMAT:
+            raise ValueError(f"launch declaration format {data.get('format')!r}, expected {DECLARATION_FORMAT}")
+        return cls(
+            kernel_name=str(data["kernel_name"]),
+            arch=str(data["arch"]),
+            tactic=Tactic(int(data["tactic"])),
+            block_threads=int(data["block_threads"]),
+            shared_mem=int(data["shared_mem"]),
+            params=tuple(KernelParam(str(p["name"]), ParamRole(p["role"])) for p in data["params"]),
+            parts=tuple(RowPart(str(p["name"]), int(p["hidden"]), int(p["rows_per_block"])) for p in data["parts"]),
+        )
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _at_least_one(n: int) -> int:
+    return max(n, 1)
+
+
+def rms_norm_params() -> tuple[KernelParam, ...]:
+    """x, weight (never read when weight_mode is NONE: such nodes get a placeholder weight), rows, y."""
+    return (
+        KernelParam("x", ParamRole.INPUT),
+        KernelParam("weight", ParamRole.INPUT),
+        KernelParam("rows", ParamRole.SCALAR),
+        KernelParam("y", ParamRole.OUTPUT),
+    )
+
+
+def qk_norm_params() -> tuple[KernelParam, ...]:
+    """q, k, their weights, both row counts, the q block count (the first k block), q_out, k_out."""
+    inputs = ("q", "k", "q_weight", "k_weight")
+    scalars = ("q_rows", "k_rows", "q_blocks")
+    return (
+        *(KernelParam(name, ParamRole.INPUT) for name in inputs),
+        *(KernelParam(name, ParamRole.SCALAR) for name in scalars),
+        KernelParam("q_out", ParamRole.OUTPUT),
+        KernelParam("k_out", ParamRole.OUTPUT),
+    )
+
+
+@dataclass(frozen=True)
+class KernelArtifact:
+    """A compiled AOT kernel: PTX (what TensorRT embeds) and the cubin for the declaration's architecture."""
+
+    declaration: LaunchDeclaration
+    ptx: str
+    cubin: bytes
