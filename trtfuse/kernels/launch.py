@@ -77,7 +77,7 @@ class LaunchDeclaration:
         """
         if len(rows) != len(self.parts):
             raise ValueError(f"{self.kernel_name} has {len(self.parts)} row counts, got {len(rows)}")
-        blocks = [cdiv(n, part.rows_per_block) for n, part in zip(rows, self.parts)]
+        blocks = [cdiv(n, part.rows_per_block) for n, part in zip(rows, self.parts, strict=True)]
         total = blocks[0]
         for more in blocks[1:]:
             total = total + more
@@ -91,7 +91,7 @@ class LaunchDeclaration:
 
     def rows_of(self, element_counts: Sequence[int]) -> tuple[int, ...]:
         """Each part's row count from its activation's element count."""
-        return tuple(count // part.hidden for count, part in zip(element_counts, self.parts))
+        return tuple(count // part.hidden for count, part in zip(element_counts, self.parts, strict=True))
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
