@@ -40,6 +40,26 @@ def _vector(hidden: int, dtype: str, out_dtype: str) -> int:
     return access_vector(hidden, DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype])
 
 
+def rms_norm_tiling(spec: RmsNormSpec, regime: Regime, aligned: bool) -> RowTiling:
+    """The row tiling of `spec` in `regime`: full vectors for aligned pointers, one element per access otherwise."""
+    vector = _vector(spec.hidden, spec.dtype, spec.out_dtype) if aligned else 1
+    return row_tiling(spec.hidden, vector, regime, DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype])
+
+
+def qk_norm_tilings(spec: QkNormSpec, aligned: bool) -> tuple[RowTiling, RowTiling]:
+    """q's and k's tilings in one block size; head-dim rows use the small-row table entry, wide rows the prefill one
+    (the same in both regimes for head-dim rows, so QK-norm has one tiling whatever the row count)."""
+    x_bytes, y_bytes = DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype]
+
+    def tiling(hidden: int) -> RowTiling:
+        vector = _vector(hidden, spec.dtype, spec.out_dtype) if aligned else 1
+        return row_tiling(hidden, vector, Regime.PREFILL, x_bytes, y_bytes)
+
+    q, k = tiling(spec.q_hidden), tiling(spec.k_hidden)
+    block = max(q.block_threads, k.block_threads)
+    return with_block_threads(q, block), with_block_threads(k, block)
+
+
 def _alignment_masks(hidden: int, dtype: str, out_dtype: str, weight_dtype: str | None) -> tuple[int, int]:
     """Low-bit masks a pointer must clear for the full-vector variant: (inputs and outputs, weight). One mask for x
     and y: the stricter of the two sides' (the same when they share a dtype)."""
@@ -93,15 +113,11 @@ class RmsNormKernel:
         self.cache = cache
         self.device = device
         self._act_mask, self._weight_mask = _alignment_masks(spec.hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
-        self._vector = _vector(spec.hidden, spec.dtype, spec.out_dtype)
         self._decode_max_rows = device.sm_count
         self._functions: dict[tuple[bool, bool], Any] = {}
 
     def variant(self, regime: Regime, aligned: bool) -> RmsNormVariant:
-        spec = self.spec
-        vector = self._vector if aligned else 1
-        tiling = row_tiling(spec.hidden, vector, regime, DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype])
-        return RmsNormVariant(self.spec, tiling, self.device.arch)
+        return RmsNormVariant(self.spec, rms_norm_tiling(self.spec, regime, aligned), self.device.arch)
 
     def _function(self, decode: bool, aligned: bool) -> Any:
         function = self._functions.get((decode, aligned))
@@ -156,21 +172,8 @@ class QkNormKernel:
         self._k_masks = (k_act, k_w)
         self._functions: dict[bool, Any] = {}
 
-    def tilings(self, aligned: bool) -> tuple[RowTiling, RowTiling]:
-        """Both parts in one block size; head-dim rows use the small-row table entry, wide rows the prefill one."""
-        spec = self.spec
-        x_bytes, y_bytes = DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype]
-
-        def tiling(hidden: int) -> RowTiling:
-            vector = _vector(hidden, spec.dtype, spec.out_dtype) if aligned else 1
-            return row_tiling(hidden, vector, Regime.PREFILL, x_bytes, y_bytes)
-
-        q, k = tiling(self.spec.q_hidden), tiling(self.spec.k_hidden)
-        block = max(q.block_threads, k.block_threads)
-        return with_block_threads(q, block), with_block_threads(k, block)
-
     def variant(self, aligned: bool) -> QkNormVariant:
-        q, k = self.tilings(aligned)
+        q, k = qk_norm_tilings(self.spec, aligned)
         return QkNormVariant(self.spec, q, k, self.device.arch)
 
     def _function(self, aligned: bool) -> Any:

@@ -13,6 +13,7 @@ import importlib.metadata
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def default_cache_root() -> Path:
 
 
 # The modules whose text decides the generated code.
-_KERNEL_SOURCES = ("norm_kernel.py", "ptx.py", "tiling.py", "compiler.py", "specs.py")
+_KERNEL_SOURCES = ("norm_kernel.py", "ptx.py", "tiling.py", "compiler.py", "specs.py", "aot.py", "launch.py")
 
 
 @functools.cache
@@ -81,14 +82,20 @@ class KernelCache:
             return getattr(load_module(str(path), enable_tvm_ffi=True), symbol)
         function = compile_variant(variant)
         self.compiled += 1
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Write then rename, so a concurrent process never loads a half-written object file.
-        fd, tmp = tempfile.mkstemp(suffix=".o", dir=path.parent)
-        os.close(fd)
-        try:
-            function.export_to_c(tmp, function_name=symbol)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_cache_file(path, lambda tmp: function.export_to_c(str(tmp), function_name=symbol))
         return function
+
+
+def write_cache_file(path: Path, write: Callable[[Path], None]) -> None:
+    """Have `write` fill a temporary file beside `path`, then rename it into place, so a concurrent process never
+    loads a half-written file. The cache keeps its own writer rather than trtfuse.outputs': a cache entry must
+    outlive a command whose outputs are rolled back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

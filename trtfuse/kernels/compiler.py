@@ -12,9 +12,18 @@ from cutlass.cute.runtime import make_ptr
 from cutlass.runtime import make_fake_stream
 
 from trtfuse.contract import rounding_dtype
-from trtfuse.kernels.norm_kernel import CUTLASS_DTYPES, NormMath, qk_norm_launcher, rms_norm_launcher
+from trtfuse.kernels.norm_kernel import (
+    CUTLASS_DTYPES,
+    NormMath,
+    qk_norm_aot_kernel,
+    qk_norm_aot_launcher,
+    qk_norm_launcher,
+    rms_norm_aot_kernel,
+    rms_norm_aot_launcher,
+    rms_norm_launcher,
+)
 from trtfuse.kernels.specs import DTYPE_BYTES, QkNormSpec, RmsNormSpec
-from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling
+from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling, scalar_fallback
 
 
 @dataclass(frozen=True)
@@ -90,3 +99,62 @@ def compile_variant(variant: RmsNormVariant | QkNormVariant, ptx_dir: Path | Non
         _math(spec),
         options=options,
     )
+
+
+@dataclass(frozen=True)
+class AotCompiled:
+    kernel_name: str
+    ptx: str
+    cubin: bytes
+
+
+def _element_ptr(dtype: str) -> cute.Pointer:
+    # TensorRT promises a plugin's pointers no alignment beyond the element: the kernel checks for the vector path.
+    return make_ptr(CUTLASS_DTYPES[dtype], 0, cute.AddressSpace.gmem, assumed_align=DTYPE_BYTES[dtype])
+
+
+def compile_aot_variant(variant: RmsNormVariant | QkNormVariant, entry_prefix: str, dump_dir: Path) -> AotCompiled:
+    """Compile `variant` as an ahead-of-time kernel (TensorRT's parameter order, alignment checked in the kernel):
+    its PTX, its cubin for `variant.arch`, and the device entry's name, `entry_prefix` plus CuTeDSL's `_0`.
+
+    Sets the entry name on the shared kernel function: the caller serialises compilations."""
+    spec = variant.spec
+    weight_dtype = spec.weight_dtype or spec.dtype
+    options = f"--gpu-arch {variant.arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}"
+    if isinstance(variant, RmsNormVariant):
+        kernel = rms_norm_aot_kernel
+        args = (
+            _element_ptr(spec.dtype),
+            _element_ptr(weight_dtype),
+            Int32(1),
+            _element_ptr(spec.out_dtype),
+            make_fake_stream(),
+            variant.tiling,
+            scalar_fallback(variant.tiling),
+            _math(spec),
+        )
+        launcher = rms_norm_aot_launcher
+    else:
+        kernel = qk_norm_aot_kernel
+        args = (
+            _element_ptr(spec.dtype),
+            _element_ptr(spec.dtype),
+            _element_ptr(weight_dtype),
+            _element_ptr(weight_dtype),
+            Int32(1),
+            Int32(1),
+            _element_ptr(spec.out_dtype),
+            _element_ptr(spec.out_dtype),
+            make_fake_stream(),
+            variant.q_tiling,
+            variant.k_tiling,
+            scalar_fallback(variant.q_tiling),
+            scalar_fallback(variant.k_tiling),
+            _math(spec),
+        )
+        launcher = qk_norm_aot_launcher
+    # Without a unique prefix, variants differing only in an immediate (epsilon) would share an entry name.
+    kernel.set_name_prefix(entry_prefix, remove_cutlass_symbol=True, keep_mangled_name=False)
+    compiled = cute.compile(launcher, *args, options=options)
+    (kernel_name,) = compiled.kernel_info
+    return AotCompiled(kernel_name=kernel_name, ptx=compiled.artifacts.PTX, cubin=bytes(compiled.artifacts.CUBIN))

@@ -19,7 +19,7 @@ from cutlass import Float32, Int32, Int64
 
 from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.ptx import l2_evict_policy, load_16_bytes
-from trtfuse.kernels.tiling import WARP, RowTiling
+from trtfuse.kernels.tiling import ACCESS_BYTES, WARP, RowTiling
 
 CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 
@@ -259,8 +259,13 @@ def rms_norm_launcher(
     math: cutlass.Constexpr,
 ):
     """Host entry: one block per `rows_per_block` rows; at least one block, so a 0-row call is a valid no-op."""
+    _launch_rms_norm(_rms_norm_kernel(x_ptr, w_ptr, y_ptr, rows, tiling, math), rows, stream, tiling)
+
+
+def _launch_rms_norm(kernel: object, rows: Int32, stream: cuda.CUstream, tiling: RowTiling) -> None:
+    """The launch both RMSNorm entries share (traced inside a host entry)."""
     blocks = cutlass.max((rows + tiling.rows_per_block - 1) // tiling.rows_per_block, 1)
-    _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rows, tiling, math).launch(
+    kernel.launch(
         grid=[blocks, 1, 1],
         block=[tiling.block_threads, 1, 1],
         smem=smem_bytes(tiling),
@@ -315,14 +320,173 @@ def qk_norm_launcher(
     math: cutlass.Constexpr,
 ):
     """Host entry: q blocks first, then k blocks, in one grid of the block size both tilings share
-    (QkNormKernel.tilings gives them one)."""
+    (api.qk_norm_tilings gives them one)."""
+    q_blocks = (q_rows + q_tiling.rows_per_block - 1) // q_tiling.rows_per_block
+    kernel = _qk_norm_kernel(
+        q_ptr, k_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr, q_rows, k_rows, q_blocks, q_tiling, k_tiling, math
+    )
+    _launch_qk_norm(kernel, q_rows, k_rows, stream, q_tiling, k_tiling)
+
+
+def _launch_qk_norm(
+    kernel: object, q_rows: Int32, k_rows: Int32, stream: cuda.CUstream, q_tiling: RowTiling, k_tiling: RowTiling
+) -> None:
+    """The launch both QK-norm entries share (traced inside a host entry)."""
     q_blocks = (q_rows + q_tiling.rows_per_block - 1) // q_tiling.rows_per_block
     k_blocks = (k_rows + k_tiling.rows_per_block - 1) // k_tiling.rows_per_block
-    _qk_norm_kernel(
-        q_ptr, k_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr, q_rows, k_rows, q_blocks, q_tiling, k_tiling, math
-    ).launch(
+    kernel.launch(
         grid=[cutlass.max(q_blocks + k_blocks, 1), 1, 1],
         block=[q_tiling.block_threads, 1, 1],
         smem=smem_bytes(q_tiling) + smem_bytes(k_tiling),
         stream=stream,
     )
+
+
+# Ahead-of-time entries (TensorRT launches them itself): parameters in TensorRT's order (inputs, int32 scalars,
+# outputs), pointers promised only element alignment, and the 16-byte path chosen inside the kernel.
+
+
+def _vector_align(ptr: cute.Pointer, tiling: RowTiling) -> int:
+    """The alignment (bytes) the vector path needs of `ptr`: one vector, at most one 16-byte access."""
+    return min(ACCESS_BYTES, tiling.vector * ptr.dtype.width // 8)
+
+
+def _misalignment(ptrs: tuple, tiling: RowTiling) -> Int64:
+    """The low address bits of `ptrs` that the vector path needs clear; 0 when all of them are."""
+    bits = Int64(0)
+    for ptr in ptrs:
+        bits = bits | (ptr.toint() & (_vector_align(ptr, tiling) - 1))
+    return bits
+
+
+def _realigned(ptr: cute.Pointer, tiling: RowTiling) -> cute.Pointer:
+    """`ptr` promised to the vector path's alignment (checked by the caller), so its accesses compile 16 bytes wide."""
+    return cute.make_ptr(ptr.dtype, ptr.toint(), cute.AddressSpace.gmem, assumed_align=_vector_align(ptr, tiling))
+
+
+@cute.kernel
+def rms_norm_aot_kernel(
+    x_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    rows: Int32,
+    y_ptr: cute.Pointer,
+    tiling: cutlass.Constexpr,
+    fallback: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    block, _, _ = cute.arch.block_idx()
+    smem = cutlass.memory.SmemAllocator()
+    # `fallback` keeps the tiling's rows per block and threads per row, so one partials layout serves both paths.
+    partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
+    if cutlass.const_expr(fallback == tiling):
+        _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math)
+    else:
+        checked = (x_ptr, y_ptr, w_ptr) if math.params.weight_mode != WeightMode.NONE else (x_ptr, y_ptr)
+        # Uniform across the grid: every thread takes the same path, so the row's barrier stays inside one of them.
+        if _misalignment(checked, tiling) == 0:
+            x, w, y = (_realigned(p, tiling) for p in (x_ptr, w_ptr, y_ptr))
+            _normalize_block_rows(x, w, y, rows, block, partials, tiling, math)
+        else:
+            _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, fallback, math)
+
+
+@cute.jit
+def rms_norm_aot_launcher(
+    x_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    rows: Int32,
+    y_ptr: cute.Pointer,
+    stream: cuda.CUstream,
+    tiling: cutlass.Constexpr,
+    fallback: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    """Host entry of the AOT kernel: only traced, so that the device entry gets the launch's `.reqntid` and
+    `.minnctapersm`; TensorRT launches the device entry with the grid of the kernel's launch declaration."""
+    _launch_rms_norm(rms_norm_aot_kernel(x_ptr, w_ptr, rows, y_ptr, tiling, fallback, math), rows, stream, tiling)
+
+
+@cute.kernel
+def qk_norm_aot_kernel(
+    q_ptr: cute.Pointer,
+    k_ptr: cute.Pointer,
+    wq_ptr: cute.Pointer,
+    wk_ptr: cute.Pointer,
+    q_rows: Int32,
+    k_rows: Int32,
+    q_blocks: Int32,
+    q_out_ptr: cute.Pointer,
+    k_out_ptr: cute.Pointer,
+    q_tiling: cutlass.Constexpr,
+    k_tiling: cutlass.Constexpr,
+    q_fallback: cutlass.Constexpr,
+    k_fallback: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    block, _, _ = cute.arch.block_idx()
+    smem = cutlass.memory.SmemAllocator()
+    q_partials = smem.allocate_tensor(Float32, _partials_layout(q_tiling), byte_alignment=4)
+    k_partials = smem.allocate_tensor(Float32, _partials_layout(k_tiling), byte_alignment=4)
+    q_io = (q_ptr, wq_ptr, q_out_ptr)
+    k_io = (k_ptr, wk_ptr, k_out_ptr)
+    if cutlass.const_expr(q_fallback == q_tiling and k_fallback == k_tiling):
+        if block < q_blocks:
+            _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_tiling, math)
+        else:
+            _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_tiling, math)
+    else:
+        weighted = math.params.weight_mode != WeightMode.NONE
+        q_checked = q_io if weighted else (q_ptr, q_out_ptr)
+        k_checked = k_io if weighted else (k_ptr, k_out_ptr)
+        # One path for the whole grid (uniform per block, as the q/k branch is).
+        aligned = (_misalignment(q_checked, q_tiling) | _misalignment(k_checked, k_tiling)) == 0
+        if block < q_blocks:
+            if aligned:
+                q, wq, q_out = (_realigned(p, q_tiling) for p in q_io)
+                _normalize_block_rows(q, wq, q_out, q_rows, block, q_partials, q_tiling, math)
+            else:
+                _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_fallback, math)
+        else:
+            if aligned:
+                k, wk, k_out = (_realigned(p, k_tiling) for p in k_io)
+                _normalize_block_rows(k, wk, k_out, k_rows, block - q_blocks, k_partials, k_tiling, math)
+            else:
+                _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_fallback, math)
+
+
+@cute.jit
+def qk_norm_aot_launcher(
+    q_ptr: cute.Pointer,
+    k_ptr: cute.Pointer,
+    wq_ptr: cute.Pointer,
+    wk_ptr: cute.Pointer,
+    q_rows: Int32,
+    k_rows: Int32,
+    q_out_ptr: cute.Pointer,
+    k_out_ptr: cute.Pointer,
+    stream: cuda.CUstream,
+    q_tiling: cutlass.Constexpr,
+    k_tiling: cutlass.Constexpr,
+    q_fallback: cutlass.Constexpr,
+    k_fallback: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    """Host entry of the AOT QK-norm kernel, traced only (see `rms_norm_aot_launcher`)."""
+    q_blocks = (q_rows + q_tiling.rows_per_block - 1) // q_tiling.rows_per_block
+    kernel = qk_norm_aot_kernel(
+        q_ptr,
+        k_ptr,
+        wq_ptr,
+        wk_ptr,
+        q_rows,
+        k_rows,
+        q_blocks,
+        q_out_ptr,
+        k_out_ptr,
+        q_tiling,
+        k_tiling,
+        q_fallback,
+        k_fallback,
+        math,
+    )
+    _launch_qk_norm(kernel, q_rows, k_rows, stream, q_tiling, k_tiling)

@@ -1,0 +1,141 @@
+"""Ahead-of-time kernel artifacts: PTX and cubin of a spec's tiling for one architecture, with its launch declaration.
+
+TensorRT's AOT plugins embed the PTX in the engine and launch the kernel themselves, with the grid, block and scalar
+arguments the declaration gives as functions of the row counts. Each tactic is one tiling (`Tactic`), chosen by
+TensorRT's timing per optimisation profile instead of per call. Artifacts are cached on disk beside the compiled
+kernels (same folder, so the same version, CuTeDSL and kernel-source keys), and in memory per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import threading
+from pathlib import Path
+
+from trtfuse.kernels.api import qk_norm_tilings, rms_norm_tiling
+from trtfuse.kernels.cache import cache_folder, default_cache_root, write_cache_file
+from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_aot_variant
+from trtfuse.kernels.launch import (
+    KernelArtifact,
+    LaunchDeclaration,
+    RowPart,
+    Tactic,
+    qk_norm_params,
+    rms_norm_params,
+)
+from trtfuse.kernels.norm_kernel import smem_bytes
+from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+from trtfuse.kernels.tiling import Regime
+
+# The targets CI compiles every artifact for: Ampere (A100, A10/RTX 30, L4/RTX 40), Hopper and Blackwell datacenter.
+AOT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
+_REGIMES = {Tactic.PREFILL: Regime.PREFILL, Tactic.DECODE: Regime.DECODE}
+
+_memory: dict[tuple[Path, str], KernelArtifact] = {}
+# One compilation at a time: the entry name is set on the shared kernel function before each compile.
+_compile_lock = threading.Lock()
+
+
+def rms_norm_tactics(spec: RmsNormSpec) -> tuple[Tactic, ...]:
+    """Prefill and decode, or prefill alone where the two tilings are one (rows of at most one warp of vectors)."""
+    prefill, decode = (rms_norm_tiling(spec, regime, aligned=True) for regime in (Regime.PREFILL, Regime.DECODE))
+    return (Tactic.PREFILL,) if prefill == decode else (Tactic.PREFILL, Tactic.DECODE)
+
+
+def qk_norm_tactics(spec: QkNormSpec) -> tuple[Tactic, ...]:
+    """One tiling whatever the row count (`api.qk_norm_tilings`)."""
+    del spec
+    return (Tactic.PREFILL,)
+
+
+def _check_tactic(tactic: Tactic, offered: tuple[Tactic, ...], spec: RmsNormSpec | QkNormSpec) -> None:
+    if tactic not in offered:
+        raise ValueError(f"tactic {tactic!r} is not one of {offered} for {spec}")
+
+
+def rms_norm_artifact(spec: RmsNormSpec, tactic: Tactic, arch: str, cache_root: Path | None = None) -> KernelArtifact:
+    """The AOT kernel of `spec` in `tactic`'s tiling for `arch` (CuTeDSL's --gpu-arch, e.g. "sm_90a")."""
+    tactic = Tactic(tactic)
+    _check_tactic(tactic, rms_norm_tactics(spec), spec)
+    tiling = rms_norm_tiling(spec, _REGIMES[tactic], aligned=True)
+    variant = RmsNormVariant(spec, tiling, arch)
+    parts = (RowPart("x", spec.hidden, tiling.rows_per_block),)
+    return _artifact(variant, tactic, rms_norm_params(), parts, tiling.block_threads, smem_bytes(tiling), cache_root)
+
+
+def qk_norm_artifact(spec: QkNormSpec, tactic: Tactic, arch: str, cache_root: Path | None = None) -> KernelArtifact:
+    """The AOT QK-norm kernel of `spec` for `arch`: q blocks first, then k blocks, in one grid."""
+    tactic = Tactic(tactic)
+    _check_tactic(tactic, qk_norm_tactics(spec), spec)
+    q_tiling, k_tiling = qk_norm_tilings(spec, aligned=True)
+    variant = QkNormVariant(spec, q_tiling, k_tiling, arch)
+    parts = (
+        RowPart("q", spec.q_hidden, q_tiling.rows_per_block),
+        RowPart("k", spec.k_hidden, k_tiling.rows_per_block),
+    )
+    shared = smem_bytes(q_tiling) + smem_bytes(k_tiling)
+    return _artifact(variant, tactic, qk_norm_params(), parts, q_tiling.block_threads, shared, cache_root)
+
+
+def artifact_key(variant: RmsNormVariant | QkNormVariant) -> str:
+    """A digest of everything that shapes the AOT machine code; also the entry name's suffix, so that no two
+    artifacts share an entry name."""
+    return hashlib.sha256(repr(("aot", variant)).encode()).hexdigest()[:24]
+
+
+def _artifact(
+    variant: RmsNormVariant | QkNormVariant,
+    tactic: Tactic,
+    params: tuple,
+    parts: tuple[RowPart, ...],
+    block_threads: int,
+    shared_mem: int,
+    cache_root: Path | None,
+) -> KernelArtifact:
+    root = cache_root if cache_root is not None else default_cache_root()
+    key = artifact_key(variant)
+    folder = cache_folder(root, variant.arch)
+    artifact = _memory.get((folder, key))
+    if artifact is not None:
+        return artifact
+    with _compile_lock:
+        artifact = _memory.get((folder, key)) or _read(folder, key)
+        if artifact is None:
+            with tempfile.TemporaryDirectory(prefix="trtfuse-aot-") as dump:
+                compiled = compile_aot_variant(variant, f"trtfuse_{key}", Path(dump))
+            declaration = LaunchDeclaration(
+                kernel_name=compiled.kernel_name,
+                arch=variant.arch,
+                tactic=tactic,
+                block_threads=block_threads,
+                shared_mem=shared_mem,
+                params=params,
+                parts=parts,
+            )
+            artifact = KernelArtifact(declaration, compiled.ptx, compiled.cubin)
+            _write(folder, key, artifact)
+        _memory[(folder, key)] = artifact
+    return artifact
+
+
+def _paths(folder: Path, key: str) -> tuple[Path, Path, Path]:
+    stem = folder / f"aot-{key}"
+    return stem.with_suffix(".ptx"), stem.with_suffix(".cubin"), stem.with_suffix(".json")
+
+
+def _write(folder: Path, key: str, artifact: KernelArtifact) -> None:
+    ptx, cubin, declaration = _paths(folder, key)
+    write_cache_file(ptx, lambda tmp: tmp.write_text(artifact.ptx))
+    write_cache_file(cubin, lambda tmp: tmp.write_bytes(artifact.cubin))
+    # The declaration last: its presence says the entry is complete.
+    write_cache_file(declaration, lambda tmp: tmp.write_text(artifact.declaration.dumps()))
+
+
+def _read(folder: Path, key: str) -> KernelArtifact | None:
+    ptx, cubin, declaration = _paths(folder, key)
+    if not declaration.exists():
+        return None
+    loaded = LaunchDeclaration.from_json(json.loads(declaration.read_text()))
+    return KernelArtifact(loaded, ptx.read_text(), cubin.read_bytes())
