@@ -1,0 +1,190 @@
+"""CPU/CI: every AOT artifact compiles for every target architecture, and its PTX agrees with its declaration."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
+
+from trtfuse.contract import NormParams, WeightMode
+from trtfuse.kernels import aot
+from trtfuse.kernels.aot import AOT_ARCHS, qk_norm_artifact, qk_norm_tactics, rms_norm_artifact, rms_norm_tactics
+from trtfuse.kernels.launch import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
+from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+
+AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
+DTYPE_PAIRS = (
+    ("float32", "float32"),
+    ("float16", "float16"),
+    ("bfloat16", "bfloat16"),
+    ("float32", "float16"),
+    ("float32", "bfloat16"),
+    ("float16", "float32"),
+    ("bfloat16", "float32"),
+)
+HIDDENS = (64, 128, 1000, 1001, 2048, 4096, 5120, 8192)  # the GPU kernel tests' sizes, plus a ragged odd one
+
+
+def sixteen_bit_side(dtype: str, out_dtype: str) -> str:
+    return dtype if dtype != "float32" else out_dtype
+
+
+RMS_SPECS = list(
+    dict.fromkeys(
+        [
+            *(
+                RmsNormSpec(4096, dtype, weight, NormParams(1e-6, offset, mode), out)
+                for dtype, out in DTYPE_PAIRS
+                for mode, offset, weight in (
+                    (AFTER, 0.0, sixteen_bit_side(dtype, out)),
+                    (BEFORE, 1.0, "float32"),
+                    (NONE, 0.0, None),
+                )
+            ),
+            *(RmsNormSpec(hidden, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)) for hidden in HIDDENS),
+        ]
+    )
+)  # the bf16 4096 spec is in both lists
+QK_SPECS = [
+    QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # Qwen3
+    QkNormSpec(256, 256, "bfloat16", "float32", NormParams(1e-6, 1.0, BEFORE), "float32"),  # Gemma3, fp32 out
+    QkNormSpec(4096, 1024, "float16", "float32", NormParams(1e-6, 0.0, AFTER), "float32"),  # OLMo2 GQA, mixed
+    QkNormSpec(128, 128, "float16", None, NormParams(1e-6, 0.0, NONE)),
+    QkNormSpec(128, 64, "float32", "float32", NormParams(1e-5, 0.0, AFTER)),
+]
+ENTRY = re.compile(r"\.visible \.entry (\w+)\((.*?)\)", re.S)
+
+
+def entry_params(ptx: str) -> tuple[str, list[str]]:
+    (match,) = ENTRY.finditer(ptx)
+    return match.group(1), [line.strip().rstrip(",") for line in match.group(2).strip().splitlines()]
+
+
+def global_accesses(ptx: str) -> set[str]:
+    return set(re.findall(r"\b(?:ld|st)\.global(?:\.[A-Za-z0-9:_]+)+", ptx))
+
+
+def check_artifact(artifact: KernelArtifact, arch: str) -> None:
+    """The PTX is one entry whose name and parameters are the declaration's, for `arch`; the cubin is for `arch`."""
+    declaration = artifact.declaration
+    assert declaration.arch == arch
+    assert re.search(rf"^\.target {arch}\b", artifact.ptx, re.M)
+    name, params = entry_params(artifact.ptx)
+    assert name == declaration.kernel_name
+    assert len(params) == len(declaration.params)
+    for index, (text, param) in enumerate(zip(params, declaration.params, strict=True)):
+        assert text.startswith(f".param {param.ptx_type}"), (text, param)
+        assert text.endswith(f"{name}_param_{index}")
+        assert (".ptr .global" in text) == (param.role is not ParamRole.SCALAR)
+    roles = [p.role for p in declaration.params]
+    # TensorRT's order: inputs, then scalars, then outputs.
+    assert roles == sorted(roles, key=[ParamRole.INPUT, ParamRole.SCALAR, ParamRole.OUTPUT].index)
+    assert re.search(rf"\.reqntid {declaration.block_threads}, 1, 1", artifact.ptx)
+    assert artifact.cubin[:4] == b"\x7fELF"
+    assert name.encode() in artifact.cubin
+    assert LaunchDeclaration.from_json(json.loads(declaration.dumps())) == declaration
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("aot-cache")
+
+
+@pytest.mark.parametrize("arch", AOT_ARCHS)
+def test_every_rms_norm_artifact_compiles_for_every_architecture(arch: str, cache_root: Path) -> None:
+    names = set()
+    for spec in RMS_SPECS:
+        for tactic in rms_norm_tactics(spec):
+            artifact = rms_norm_artifact(spec, tactic, arch, cache_root)
+            check_artifact(artifact, arch)
+            assert artifact.declaration.tactic is tactic
+            assert [p.name for p in artifact.declaration.params] == ["x", "weight", "rows", "y"]
+            names.add(artifact.declaration.kernel_name)
+    assert len(names) == sum(len(rms_norm_tactics(s)) for s in RMS_SPECS), "two artifacts share an entry name"
+
+
+@pytest.mark.parametrize("arch", AOT_ARCHS)
+def test_every_qk_norm_artifact_compiles_for_every_architecture(arch: str, cache_root: Path) -> None:
+    for spec in QK_SPECS:
+        (tactic,) = qk_norm_tactics(spec)
+        artifact = qk_norm_artifact(spec, tactic, arch, cache_root)
+        check_artifact(artifact, arch)
+        declared = [p.name for p in artifact.declaration.params]
+        assert declared == ["q", "k", "q_weight", "k_weight", "q_rows", "k_rows", "q_blocks", "q_out", "k_out"]
+        assert [p.hidden for p in artifact.declaration.parts] == [spec.q_hidden, spec.k_hidden]
+
+
+def test_vector_kernels_keep_an_in_kernel_scalar_path(cache_root: Path) -> None:
+    """The AOT kernel promises only element alignment and branches on the pointers itself: both paths are in the
+    PTX, and the address test survives (an align-16 promise would fold it away)."""
+    spec = RmsNormSpec(4096, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
+    for tactic in rms_norm_tactics(spec):
+        ptx = rms_norm_artifact(spec, tactic, "sm_90a", cache_root).ptx
+        assert ".align 16" not in entry_params(ptx)[1][0]
+        accesses = global_accesses(ptx)
+        assert any(a.endswith(".v4.b32") for a in accesses if a.startswith("ld."))
+        assert {"ld.global.b16", "st.global.b16"} <= accesses
+        assert re.search(r"and\.b64\s+%rd\d+, %rd\d+, 14;", ptx)
+    prefill = rms_norm_artifact(spec, Tactic.PREFILL, "sm_90a", cache_root).ptx
+    assert any(".L2::cache_hint" in a for a in global_accesses(prefill)), "the prefill tiling reads x twice"
+
+
+def test_a_row_no_vector_divides_has_only_the_scalar_path(cache_root: Path) -> None:
+    spec = RmsNormSpec(1001, "float16", "float16", NormParams(1e-6, 0.0, AFTER))
+    ptx = rms_norm_artifact(spec, Tactic.PREFILL, "sm_90a", cache_root).ptx
+    assert not any(".v4" in a for a in global_accesses(ptx))
+
+
+def test_head_dim_rows_offer_one_tactic_and_wide_rows_two() -> None:
+    head = RmsNormSpec(128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
+    wide = RmsNormSpec(4096, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
+    assert rms_norm_tactics(head) == (Tactic.PREFILL,)
+    assert rms_norm_tactics(wide) == (Tactic.PREFILL, Tactic.DECODE)
+    with pytest.raises(ValueError, match="tactic"):
+        rms_norm_artifact(head, Tactic.DECODE, "sm_90a")
+
+
+def test_variants_differing_only_in_epsilon_get_distinct_entries(cache_root: Path) -> None:
+    a, b = (RmsNormSpec(2048, "float16", "float16", NormParams(eps, 0.0, AFTER)) for eps in (1e-5, 1e-6))
+    first, second = (rms_norm_artifact(s, Tactic.PREFILL, "sm_90a", cache_root) for s in (a, b))
+    assert first.declaration.kernel_name != second.declaration.kernel_name
+    assert first.ptx != second.ptx
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 132, 133, 16384])
+def test_the_grid_covers_every_row_once(rows: int, cache_root: Path) -> None:
+    """Evaluated over a profile's range (1 row, an SM count, long prefill): every row lands in exactly one block of
+    its part, the grid is never empty, and the q block count scalar is where the k blocks start."""
+    for tactic in (Tactic.PREFILL, Tactic.DECODE):
+        spec = RmsNormSpec(4096, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
+        declaration = rms_norm_artifact(spec, tactic, "sm_90a", cache_root).declaration
+        (part,) = declaration.parts
+        grid = declaration.grid_x([rows])
+        assert grid >= 1
+        assert grid * part.rows_per_block >= rows > (grid - 1) * part.rows_per_block or grid == 1 == rows + 1
+        assert declaration.scalars([rows]) == (rows,)
+    qk = qk_norm_artifact(QK_SPECS[0], Tactic.PREFILL, "sm_90a", cache_root).declaration
+    q_rows, k_rows = rows * 32, rows * 8
+    q_part, k_part = qk.parts
+    q_blocks = -(-q_rows // q_part.rows_per_block)
+    assert qk.scalars([q_rows, k_rows]) == (q_rows, k_rows, q_blocks)
+    assert qk.grid_x([q_rows, k_rows]) == max(1, q_blocks + -(-k_rows // k_part.rows_per_block))
+    assert qk.rows_of([q_rows * 128, k_rows * 128]) == (q_rows, k_rows)
+
+
+def test_artifacts_are_read_back_from_disk_without_compiling(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = RmsNormSpec(5120, "float16", "float32", NormParams(1e-6, 1.0, BEFORE))
+    compiled = rms_norm_artifact(spec, Tactic.DECODE, "sm_89", cache_root)
+    monkeypatch.setattr(aot, "_memory", {})
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("compiled again instead of reading the cache")
+
+    monkeypatch.setattr(aot, "compile_aot_variant", refuse)
+    assert rms_norm_artifact(spec, Tactic.DECODE, "sm_89", cache_root) == compiled
+    assert len(list(cache_root.rglob("aot-*.json"))) >= 1
+    assert not list(cache_root.rglob("tmp*")), "a temporary file was left in the cache"
