@@ -23,7 +23,7 @@ from trtfuse.kernels.norm_kernel import (
     rms_norm_launcher,
 )
 from trtfuse.kernels.specs import DTYPE_BYTES, QkNormSpec, RmsNormSpec
-from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling, scalar_fallback
+from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,6 @@ def compile_aot_variant(variant: RmsNormVariant | QkNormVariant, entry_prefix: s
             _element_ptr(spec.out_dtype),
             make_fake_stream(),
             variant.tiling,
-            scalar_fallback(variant.tiling),
             _math(spec),
         )
         launcher = rms_norm_aot_launcher
@@ -148,8 +147,6 @@ def compile_aot_variant(variant: RmsNormVariant | QkNormVariant, entry_prefix: s
             make_fake_stream(),
             variant.q_tiling,
             variant.k_tiling,
-            scalar_fallback(variant.q_tiling),
-            scalar_fallback(variant.k_tiling),
             _math(spec),
         )
         launcher = qk_norm_aot_launcher

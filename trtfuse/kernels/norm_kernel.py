@@ -131,6 +131,57 @@ def _load_slots_with_policy(
 
 
 @cute.jit
+def _row_rstd(
+    sum_sq: Float32,
+    lane: Int32,
+    row_in_block: Int32,
+    partials: cute.Tensor,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+) -> Float32:
+    """rsqrt(mean of squares + epsilon) of this thread's row, from this thread's partial sum of squares; every
+    thread of the block must call this (a row wider than a warp meets the others at a barrier)."""
+    threads = tiling.threads_per_row
+    # Butterfly over the row's lanes; sub-warp rows use the low log2(threads) rounds and stay inside their group.
+    sum_sq = cute.arch.warp_reduction(sum_sq, lambda a, b: a + b, threads_in_group=min(threads, WARP))
+    if cutlass.const_expr(tiling.warps_per_row > 1):
+        # A row spans several warps: one shared-memory exchange of the per-warp sums, one barrier.
+        if lane % WARP == 0:
+            partials[row_in_block, lane // WARP] = sum_sq
+        cute.arch.barrier()
+        sum_sq = Float32(0.0)
+        for w in cutlass.range_constexpr(tiling.warps_per_row):
+            sum_sq = sum_sq + partials[row_in_block, w]
+    return cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.params.epsilon), fastmath=True)
+
+
+@cute.jit
+def _normalized(
+    x: cute.TensorSSA, rstd: Float32, r_w: cute.Tensor | None, out_dtype: cutlass.Constexpr, math: cutlass.Constexpr
+) -> cute.TensorSSA:
+    """y from x (fp32), the row's rstd and the weight's registers (None without a weight), per weight_mode."""
+    rounding = CUTLASS_DTYPES[math.rounding]
+    if cutlass.const_expr(r_w is None):
+        return (x * rstd).to(out_dtype)
+    if cutlass.const_expr(
+        math.params.weight_mode == WeightMode.AFTER_CAST
+        and math.params.weight_offset == 0.0
+        and r_w.element_type == out_dtype
+        and rounding == out_dtype
+    ):
+        # Llama's semantics with the weight in the output dtype: the product of two fp16 or two bf16 values is exact in
+        # fp32, so one multiply in that dtype (packed, fewer registers) rounds exactly as the fp32 path does (for
+        # fp32 the two paths are the same operations).
+        return (x * rstd).to(out_dtype) * r_w.load()
+    w = r_w.load().to(Float32)
+    if cutlass.const_expr(math.params.weight_offset != 0.0):
+        w = w + Float32(math.params.weight_offset)
+    if cutlass.const_expr(math.params.weight_mode == WeightMode.AFTER_CAST):
+        return ((x * rstd).to(rounding).to(Float32) * w).to(out_dtype)
+    return (x * rstd * w).to(out_dtype)
+
+
+@cute.jit
 def _normalize_block_rows(
     x_ptr: cute.Pointer,
     w_ptr: cute.Pointer,
@@ -181,18 +232,7 @@ def _normalize_block_rows(
             _load_slots(cute.make_tensor(w_ptr, row_layout), r_w, lane, tiling)
 
     x = r_x.load().to(Float32)
-    sum_sq = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-    # Butterfly over the row's lanes; sub-warp rows use the low log2(threads) rounds and stay inside their group.
-    sum_sq = cute.arch.warp_reduction(sum_sq, lambda a, b: a + b, threads_in_group=min(threads, WARP))
-    if cutlass.const_expr(tiling.warps_per_row > 1):
-        # A row spans several warps: one shared-memory exchange of the per-warp sums, one barrier.
-        if lane % WARP == 0:
-            partials[row_in_block, lane // WARP] = sum_sq
-        cute.arch.barrier()
-        sum_sq = Float32(0.0)
-        for w in cutlass.range_constexpr(tiling.warps_per_row):
-            sum_sq = sum_sq + partials[row_in_block, w]
-    rstd = cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.params.epsilon), fastmath=True)
+    rstd = _row_rstd((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), lane, row_in_block, partials, tiling, math)
 
     if cutlass.const_expr(tiling.reread):
         # x again, rather than its fp32 copy held in registers across the reduction: an L1 or L2 hit, marked
@@ -200,33 +240,61 @@ def _normalize_block_rows(
         if row_ok:
             _load_slots_with_policy(g_x, r_x, lane, tiling, False)
         x = r_x.load().to(Float32)
-    out_dtype = y_ptr.dtype
-    rounding = CUTLASS_DTYPES[math.rounding]
-    if cutlass.const_expr(not has_weight):
-        r_y.store((x * rstd).to(out_dtype))
-    elif cutlass.const_expr(
-        math.params.weight_mode == WeightMode.AFTER_CAST
-        and math.params.weight_offset == 0.0
-        and w_ptr.dtype == out_dtype
-        and rounding == out_dtype
-    ):
-        # Llama's semantics with the weight in the output dtype: the product of two fp16 or two bf16 values is exact in
-        # fp32, so one multiply in that dtype (packed, fewer registers) rounds exactly as the fp32 path does (for
-        # fp32 the two paths are the same operations).
-        r_y.store((x * rstd).to(out_dtype) * r_w.load())
-    else:
-        w = r_w.load().to(Float32)
-        if cutlass.const_expr(math.params.weight_offset != 0.0):
-            w = w + Float32(math.params.weight_offset)
-        if cutlass.const_expr(math.params.weight_mode == WeightMode.AFTER_CAST):
-            r_y.store(((x * rstd).to(rounding).to(Float32) * w).to(out_dtype))
-        else:
-            r_y.store((x * rstd * w).to(out_dtype))
+    r_y.store(_normalized(x, rstd, r_w if cutlass.const_expr(has_weight) else None, y_ptr.dtype, math))
 
     if cutlass.const_expr(tiling.paired_stores):
         _store_slots_paired(r_y, g_y, lane, row_ok, tiling)
     elif row_ok:
         _store_slots(r_y, g_y, lane, tiling)
+
+
+@cute.jit
+def _normalize_block_rows_by_element(
+    x_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    y_ptr: cute.Pointer,
+    rows: Int32,
+    block: Int32,
+    partials: cute.Tensor,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    """`_normalize_block_rows` for pointers the tiling's vectors do not fit, in the same threads: one element per
+    access in a rolled loop, x read twice. Slow, but it needs few registers, so an AOT kernel holding both paths
+    keeps its vector path's register count (its occupancy)."""
+    threads = tiling.threads_per_row
+    has_weight = math.params.weight_mode != WeightMode.NONE
+    tidx, _, _ = cute.arch.thread_idx()
+    lane = tidx % threads
+    row_in_block = tidx // threads
+    row = block * tiling.rows_per_block + row_in_block
+    row_ok = row < rows
+    # (1, element index): column i is element i, so the per-element copies below read one element each.
+    row_layout = cute.make_layout((1, tiling.hidden), stride=(1, 1))
+    offset = Int64(row) * tiling.hidden
+    g_x = cute.make_tensor(x_ptr + offset, row_layout)
+    g_y = cute.make_tensor(y_ptr + offset, row_layout)
+    g_w = cute.make_tensor(w_ptr, row_layout)
+    one = cute.make_layout((1, 1), stride=(1, 1))
+    r_x = cute.make_rmem_tensor(one, x_ptr.dtype)
+    r_y = cute.make_rmem_tensor(one, y_ptr.dtype)
+    r_w = cute.make_rmem_tensor(one, w_ptr.dtype)
+
+    sum_sq = Float32(0.0)
+    if row_ok:
+        for index in cutlass.range(lane, tiling.hidden, threads, unroll=1):
+            cute.autovec_copy(g_x[None, index], r_x[None, 0])
+            x = r_x.load().to(Float32)
+            sum_sq = sum_sq + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    rstd = _row_rstd(sum_sq, lane, row_in_block, partials, tiling, math)
+    if row_ok:
+        for index in cutlass.range(lane, tiling.hidden, threads, unroll=1):
+            cute.autovec_copy(g_x[None, index], r_x[None, 0])
+            if cutlass.const_expr(has_weight):
+                cute.autovec_copy(g_w[None, index], r_w[None, 0])
+            weight = r_w if cutlass.const_expr(has_weight) else None
+            r_y.store(_normalized(r_x.load().to(Float32), rstd, weight, y_ptr.dtype, math))
+            cute.autovec_copy(r_y[None, 0], g_y[None, index])
 
 
 def _partials_layout(tiling: RowTiling) -> cute.Layout:
@@ -371,14 +439,13 @@ def rms_norm_aot_kernel(
     rows: Int32,
     y_ptr: cute.Pointer,
     tiling: cutlass.Constexpr,
-    fallback: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
     block, _, _ = cute.arch.block_idx()
     smem = cutlass.memory.SmemAllocator()
-    # `fallback` keeps the tiling's rows per block and threads per row, so one partials layout serves both paths.
+    # Both paths use the tiling's threads and rows per block, so one partials layout serves them.
     partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
-    if cutlass.const_expr(fallback == tiling):
+    if cutlass.const_expr(tiling.vector == 1):
         _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math)
     else:
         checked = (x_ptr, y_ptr, w_ptr) if math.params.weight_mode != WeightMode.NONE else (x_ptr, y_ptr)
@@ -387,7 +454,7 @@ def rms_norm_aot_kernel(
             x, w, y = (_realigned(p, tiling) for p in (x_ptr, w_ptr, y_ptr))
             _normalize_block_rows(x, w, y, rows, block, partials, tiling, math)
         else:
-            _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, fallback, math)
+            _normalize_block_rows_by_element(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math)
 
 
 @cute.jit
@@ -398,12 +465,11 @@ def rms_norm_aot_launcher(
     y_ptr: cute.Pointer,
     stream: cuda.CUstream,
     tiling: cutlass.Constexpr,
-    fallback: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
     """Host entry of the AOT kernel: only traced, so that the device entry gets the launch's `.reqntid` and
     `.minnctapersm`; TensorRT launches the device entry with the grid of the kernel's launch declaration."""
-    _launch_rms_norm(rms_norm_aot_kernel(x_ptr, w_ptr, rows, y_ptr, tiling, fallback, math), rows, stream, tiling)
+    _launch_rms_norm(rms_norm_aot_kernel(x_ptr, w_ptr, rows, y_ptr, tiling, math), rows, stream, tiling)
 
 
 @cute.kernel
@@ -419,8 +485,6 @@ def qk_norm_aot_kernel(
     k_out_ptr: cute.Pointer,
     q_tiling: cutlass.Constexpr,
     k_tiling: cutlass.Constexpr,
-    q_fallback: cutlass.Constexpr,
-    k_fallback: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
     block, _, _ = cute.arch.block_idx()
@@ -429,7 +493,7 @@ def qk_norm_aot_kernel(
     k_partials = smem.allocate_tensor(Float32, _partials_layout(k_tiling), byte_alignment=4)
     q_io = (q_ptr, wq_ptr, q_out_ptr)
     k_io = (k_ptr, wk_ptr, k_out_ptr)
-    if cutlass.const_expr(q_fallback == q_tiling and k_fallback == k_tiling):
+    if cutlass.const_expr(q_tiling.vector == 1 and k_tiling.vector == 1):
         if block < q_blocks:
             _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_tiling, math)
         else:
@@ -445,13 +509,15 @@ def qk_norm_aot_kernel(
                 q, wq, q_out = (_realigned(p, q_tiling) for p in q_io)
                 _normalize_block_rows(q, wq, q_out, q_rows, block, q_partials, q_tiling, math)
             else:
-                _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_fallback, math)
+                _normalize_block_rows_by_element(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_tiling, math)
         else:
             if aligned:
                 k, wk, k_out = (_realigned(p, k_tiling) for p in k_io)
                 _normalize_block_rows(k, wk, k_out, k_rows, block - q_blocks, k_partials, k_tiling, math)
             else:
-                _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_fallback, math)
+                _normalize_block_rows_by_element(
+                    k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_tiling, math
+                )
 
 
 @cute.jit
@@ -467,8 +533,6 @@ def qk_norm_aot_launcher(
     stream: cuda.CUstream,
     q_tiling: cutlass.Constexpr,
     k_tiling: cutlass.Constexpr,
-    q_fallback: cutlass.Constexpr,
-    k_fallback: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
     """Host entry of the AOT QK-norm kernel, traced only (see `rms_norm_aot_launcher`)."""
@@ -485,8 +549,6 @@ def qk_norm_aot_launcher(
         k_out_ptr,
         q_tiling,
         k_tiling,
-        q_fallback,
-        k_fallback,
         math,
     )
     _launch_qk_norm(kernel, q_rows, k_rows, stream, q_tiling, k_tiling)

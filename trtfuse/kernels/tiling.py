@@ -137,15 +137,3 @@ def with_block_threads(tiling: RowTiling, block_threads: int) -> RowTiling:
     """The same row mapping in a block of `block_threads` threads (QK-norm's two parts share one block size, so
     neither part's residency floor holds)."""
     return dataclasses.replace(tiling, rows_per_block=block_threads // tiling.threads_per_row, min_blocks_per_sm=0)
-
-
-def scalar_fallback(tiling: RowTiling) -> RowTiling:
-    """The same threads, rows per block and registers floor with one element per access: the path an AOT kernel
-    takes for pointers its vectors do not fit, since its launch (grid, block) was fixed when TensorRT built it."""
-    return dataclasses.replace(
-        tiling,
-        vector=1,
-        vectors_per_thread=-(-tiling.hidden // tiling.threads_per_row),
-        reread=False,
-        paired_stores=False,
-    )
