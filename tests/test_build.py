@@ -3,6 +3,8 @@
 import importlib.util
 import json
 import os
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +25,8 @@ from trtfuse.build import (
 from trtfuse.cli.engine_commands import compile_command
 from trtfuse.cli.main import TrtfuseGroup
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
-from trtfuse.engine_file import read_sidecar, write_engine
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.engine_file import EngineFile, PluginKind, read_sidecar, write_engine
+from trtfuse.errors import MissingDependencyError, OptionError, TrtfuseError
 from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile, ShapeRange
 from trtfuse.runner import ENGINE_RUNNER
@@ -82,7 +84,7 @@ def test_parser_error_finds_the_node_name_from_its_index():
 def test_sidecar_round_trip(tmp_path):
     fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
     engine = tmp_path / "m.engine"
-    options = BuildOptions(profiles=(PROFILE,), optimization_level=2, workspace_bytes=1 << 30)
+    options = BuildOptions(profiles=(PROFILE,), optimization_level=2, workspace_bytes=1 << 30, plugins=PluginKind.AOT)
     sidecar = make_sidecar(
         engine_path=engine,
         fused_model_path=fused,
@@ -105,9 +107,11 @@ def test_sidecar_round_trip(tmp_path):
         "workspace_bytes": 1 << 30,
         "timing_cache": None,
         "allow_tf32": False,
+        "plugins": "aot",
     }
     assert [Profile.from_json(p) for p in loaded["profiles"]] == [PROFILE]
     assert loaded["plugins"][0]["nodes"] == 1
+    assert EngineFile.open(engine).plugin_kind is PluginKind.AOT
 
 
 def test_sidecar_errors(tmp_path):
@@ -248,7 +252,7 @@ def test_tensorrt_layer_against_the_tensorrt_rtx_api(tmp_path, monkeypatch):
     import tensorrt_rtx
 
     monkeypatch.setattr(build, "import_tensorrt", lambda: tensorrt_rtx)
-    monkeypatch.setattr(build, "register_plugins", lambda: None)
+    monkeypatch.setattr(build, "register_plugins", lambda kind: None)
     plain = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "plain.onnx")
     cache = tmp_path / "timing.cache"
     decode = Profile("decode", {"input_ids": ShapeRange((1, 1), (1, 1), (2, 1))})
@@ -260,6 +264,8 @@ def test_tensorrt_layer_against_the_tensorrt_rtx_api(tmp_path, monkeypatch):
     assert result.engine_path.stat().st_size > 0
     assert cache.stat().st_size > 0
     assert read_sidecar(result.engine_path)["versions"]["tensorrt"] == tensorrt_rtx.__version__
+    # TensorRT-RTX has no AOT plugins (no QuickPluginCreationRequest), so the default is the Python kind.
+    assert read_sidecar(result.engine_path)["build"]["plugins"] == "python"
     assert any(line.endswith("steps)") for line in lines)
     assert any(" done in " in line for line in lines)
 
@@ -342,3 +348,223 @@ def test_length_inputs_get_value_ranges_only_where_tensorrt_reads_them_as_shape_
     config = _Config(0)
     build.add_profiles(_Builder(refuse_shapes=False), config, [profile])
     assert config.profiles[0].values == {}
+
+
+def test_the_default_plugin_kind_is_aot_where_tensorrt_has_it():
+    assert build.plugin_kind_for(None, "10.9.0", has_aot=True) is PluginKind.AOT
+    assert build.plugin_kind_for(None, "10.8.0", has_aot=False) is PluginKind.PYTHON
+    assert build.plugin_kind_for(PluginKind.PYTHON, "11.1.0", has_aot=True) is PluginKind.PYTHON
+    assert build.plugin_kind_for(PluginKind.AOT, "11.1.0", has_aot=True) is PluginKind.AOT
+
+
+def test_aot_asked_for_on_a_tensorrt_without_it_names_both_versions():
+    with pytest.raises(OptionError) as error:
+        build.plugin_kind_for(PluginKind.AOT, "10.8.0.43", has_aot=False)
+    assert error.value.choice == "plugins"
+    assert error.value.spelled(lambda name: f"--{name}") == (
+        "TensorRT 10.8.0.43 has no AOT plugins (they need TensorRT >= 10.9 with tensorrt.plugin's aot_impl); install "
+        "a newer TensorRT or build with --plugins python"
+    )
+
+
+class _AotFlags:
+    """NetworkDefinitionCreationFlag's values in NvInfer.h at v10.9.0 (STRONGLY_TYPED 1, PREFER_AOT 3)."""
+
+    STRONGLY_TYPED = 1
+    PREFER_JIT_PYTHON_PLUGINS = 2
+    PREFER_AOT_PYTHON_PLUGINS = 3
+
+
+class _AotFlags11:
+    """The same at v11.1, where STRONGLY_TYPED is deprecated (ignored) and the others moved down by one."""
+
+    STRONGLY_TYPED = 0
+    PREFER_JIT_PYTHON_PLUGINS = 1
+    PREFER_AOT_PYTHON_PLUGINS = 2
+
+
+@pytest.mark.parametrize(
+    ("version", "enum", "plugins", "flags"),
+    [
+        ("10.9.0", _AotFlags, PluginKind.AOT, 1 << 1 | 1 << 3),
+        ("10.9.0", _AotFlags, PluginKind.PYTHON, 1 << 1),
+        ("11.1.0", _AotFlags11, PluginKind.AOT, 1 << 2),
+        ("11.1.0", _AotFlags11, PluginKind.PYTHON, 0),
+        # A TensorRT without the flag (before 10.9): the AOT nodes' own attribute still asks for AOT.
+        ("10.8.0", _FakeFlags, PluginKind.AOT, 1 << 1),
+    ],
+)
+def test_aot_builds_set_the_flag_that_prefers_aot_plugins(version, enum, plugins, flags):
+    module = type("trt", (), {"__version__": version, "NetworkDefinitionCreationFlag": enum})
+    assert build.network_flags(module, plugins) == flags
+
+
+class _FakeParser:
+    def __init__(self, calls: dict) -> None:
+        self.calls = calls
+        self.num_errors = 0
+
+    def parse(self, model: bytes, path: str) -> bool:
+        self.calls["parse"] = (model, path)
+        return True
+
+    def parse_from_file(self, path: str) -> bool:
+        self.calls["parse_from_file"] = path
+        return True
+
+
+class _FakeConfig:
+    builder_optimization_level = 3
+    progress_monitor = None
+
+    def clear_flag(self, flag):
+        pass
+
+    def set_memory_pool_limit(self, pool, size):
+        pass
+
+    def create_timing_cache(self, data):
+        return data
+
+    def set_timing_cache(self, cache, ignore_mismatch):
+        return True
+
+    def get_timing_cache(self):
+        return None
+
+    def add_optimization_profile(self, profile):
+        return 0
+
+
+class _FakeNetwork:
+    num_inputs = 0
+
+
+def _fake_tensorrt(version: str, calls: dict) -> types.ModuleType:
+    """Just enough of `tensorrt` for `build_engine` to run its calls in order; it records the network flags and how
+    the model was parsed, and builds the bytes b"engine"."""
+
+    class Builder:
+        def __init__(self, logger):
+            pass
+
+        def create_network(self, flags):
+            calls["flags"] = flags
+            return _FakeNetwork()
+
+        def create_optimization_profile(self):
+            return _Profile(refuse_shapes=False)
+
+        def create_builder_config(self):
+            return _FakeConfig()
+
+        def build_serialized_network(self, network, config):
+            return b"engine"
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, severity):
+            pass
+
+    class IProgressMonitor:
+        def __init__(self):
+            pass
+
+    trt = types.ModuleType("tensorrt")
+    trt.__version__ = version
+    trt.Builder, trt.Logger, trt.IProgressMonitor = Builder, Logger, IProgressMonitor
+    trt.OnnxParser = lambda network, logger: _FakeParser(calls)
+    trt.NetworkDefinitionCreationFlag = _AotFlags
+    trt.BuilderFlag = types.SimpleNamespace(TF32=0)
+    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE=0)
+    return trt
+
+
+def _aot_modules(monkeypatch, calls: dict, has_aot: bool) -> None:
+    """The plugins side's AOT functions (interface.md) as recorders, so the build side is tested on its own."""
+
+    def prepare_for_aot(model: onnx.ModelProto) -> onnx.ModelProto:
+        prepared = onnx.ModelProto()
+        prepared.CopyFrom(model)
+        for node in prepared.graph.node:
+            if node.domain == contract.ONNX_DOMAIN:
+                node.attribute.append(onnx.helper.make_attribute("aot", 1))
+        return prepared
+
+    aot = types.ModuleType("trtfuse.plugins.aot")
+    aot.aot_supported = lambda trt: has_aot
+    aot.register_aot = lambda: calls.setdefault("registered", []).append("aot")
+    aot_nodes = types.ModuleType("trtfuse.plugins.aot_nodes")
+    aot_nodes.prepare_for_aot = prepare_for_aot
+    monkeypatch.setitem(sys.modules, "trtfuse.plugins.aot", aot)
+    monkeypatch.setitem(sys.modules, "trtfuse.plugins.aot_nodes", aot_nodes)
+    monkeypatch.setattr(build, "register_plugins", lambda kind: calls.setdefault("registered", []).append(kind.value))
+    monkeypatch.setattr(build, "plugin_creation_errors", lambda: [])
+
+
+def test_an_aot_build_parses_the_aot_form_from_bytes_and_leaves_the_fused_file_as_it_was(tmp_path, monkeypatch):
+    from conftest import save_external
+
+    from trtfuse import model_io
+
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    monkeypatch.setattr(build, "import_tensorrt", lambda: _fake_tensorrt("10.9.0", calls))
+    # Every tensor left in the external file, as an LLM's large weights are: the parser must still find them.
+    monkeypatch.setattr(model_io, "SMALL_TENSOR_BYTES", 0)
+    fused = save_external(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    on_disk = fused.read_bytes()
+    result = build.build_engine(fused, tmp_path / "m.engine", BuildOptions(profiles=(PROFILE,)))
+    assert calls["registered"] == ["aot"], "only the AOT kind is registered"
+    assert "parse_from_file" not in calls
+    assert calls["flags"] == 1 << 1 | 1 << 3
+    model_bytes, path = calls["parse"]
+    assert path == str(fused.absolute()), "the model file: onnx-tensorrt resolves external data beside it"
+    parsed = onnx.load_from_string(model_bytes)
+    (norm,) = [node for node in parsed.graph.node if node.domain == contract.ONNX_DOMAIN]
+    assert onnx.helper.get_attribute_value(next(a for a in norm.attribute if a.name == "aot")) == 1
+    external = [t.name for t in parsed.graph.initializer if onnx.external_data_helper.uses_external_data(t)]
+    assert sorted(external) == ["embedding", "lm_head", "norm.weight"]
+    onnx.external_data_helper.load_external_data_for_model(parsed, str(Path(path).parent))
+    assert fused.read_bytes() == on_disk
+    assert result.sidecar["build"]["plugins"] == "aot"
+    assert EngineFile.open(result.engine_path).plugin_kind is PluginKind.AOT
+
+
+def test_a_python_build_registers_only_the_python_plugins_and_parses_the_file(tmp_path, monkeypatch):
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    monkeypatch.setattr(build, "import_tensorrt", lambda: _fake_tensorrt("10.9.0", calls))
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    options = BuildOptions(profiles=(PROFILE,), plugins=PluginKind.PYTHON)
+    result = build.build_engine(fused, tmp_path / "m.engine", options)
+    assert calls["registered"] == ["python"]
+    assert calls["parse_from_file"] == str(fused) and "parse" not in calls
+    assert calls["flags"] == 1 << 1
+    assert result.sidecar["build"]["plugins"] == "python"
+
+
+def test_compile_plugins_aot_on_a_tensorrt_without_aot_is_one_line_exit_2(tmp_path, monkeypatch):
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=False)
+    monkeypatch.setattr(build, "import_tensorrt", lambda: _fake_tensorrt("10.8.0", calls))
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    result = CliRunner().invoke(_cli(), ["compile", str(original), "--plugins", "aot"])
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        "trtfuse: error: TensorRT 10.8.0 has no AOT plugins (they need TensorRT >= 10.9 with tensorrt.plugin's "
+        "aot_impl); install a newer TensorRT or build with --plugins python\n"
+    )
+    assert "registered" not in calls and "flags" not in calls
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"], "what was fused is removed with the failed call"
+    default = CliRunner().invoke(_cli(), ["compile", str(original), "--json"])
+    assert default.exit_code == 0, default.output
+    assert json.loads(default.stdout)["plugins"] == "python", "without AOT the default is the Python kind"
+    assert calls["registered"] == ["python"]
+
+
+def test_compile_plugin_kinds_are_the_core_enum():
+    from trtfuse.cli.engine_commands import PLUGIN_KINDS
+
+    assert tuple(kind.value for kind in PluginKind) == PLUGIN_KINDS

@@ -280,8 +280,9 @@ def test_every_command_takes_json(llama_path: Path, tmp_path: Path) -> None:
     compiled_json = json.loads(compiled.stdout)
     assert compiled_json["fused_model"] == str(tmp_path / "m.fused.onnx")
     assert compiled_json["model"] == str(llama_path) and compiled_json["report"] == str(tmp_path / "m.fusion.json")
-    assert set(compiled_json) == {"model", "fused_model", "report", "profiles", "engine", "build_seconds"}
+    assert set(compiled_json) == {"model", "fused_model", "report", "profiles", "engine", "build_seconds", "plugins"}
     assert compiled_json["profiles"][0]["name"] == "default"
+    assert compiled_json["plugins"] is None, "no engine built, so no plugin kind"
     for command in ("run", "compare", "bench"):
         assert "--json" in _invoke(*command.split(), *(["kernels"] if command == "bench" else []), "-h").output
 

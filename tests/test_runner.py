@@ -2,23 +2,30 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from test_compare import save_model_file, tiny_lm
 
+from trtfuse import engine_file
 from trtfuse.build import BuildOptions, make_sidecar, tool_versions
 from trtfuse.cli.engine_commands import compile_command, run_command
 from trtfuse.cli.main import TrtfuseGroup
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
-from trtfuse.engine_file import EngineFile, write_engine
+from trtfuse.engine_file import EngineFile, PluginKind, read_sidecar, sidecar_path_for, write_engine
 from trtfuse.errors import MissingDependencyError, OptionError, TrtfuseError
 from trtfuse.profiles import Profile, ShapeRange
 from trtfuse.runner import (
     TimingSummary,
+    engine_loader,
     load_feed,
     profile_for_feed,
+    profile_holds,
     run_engine,
     save_arrays,
 )
@@ -32,7 +39,7 @@ def _cli() -> TrtfuseGroup:
     return TrtfuseGroup(commands={"compile": compile_command, "run": run_command})
 
 
-def _engine_with_sidecar(tmp_path, profiles=(DECODE, PREFILL)):
+def _engine_with_sidecar(tmp_path, profiles=(DECODE, PREFILL), plugins=PluginKind.PYTHON):
     """A fused model and a sidecar as `compile` writes them; the engine bytes are a stand-in, never deserialised."""
     fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
     engine = tmp_path / "m.engine"
@@ -42,7 +49,7 @@ def _engine_with_sidecar(tmp_path, profiles=(DECODE, PREFILL)):
         versions=tool_versions("none"),
         gpu="none",
         plugins=[],
-        options=BuildOptions(profiles=profiles),
+        options=BuildOptions(profiles=profiles, plugins=plugins),
     )
     write_engine(engine, b"not an engine", sidecar)
     return engine
@@ -56,6 +63,12 @@ def test_profile_for_feed_picks_the_first_that_holds_every_input():
     assert profile_for_feed([DECODE, PREFILL], _feed(3, 1)) == 0
     assert profile_for_feed([DECODE, PREFILL], _feed(1, 100)) == 1
     assert profile_for_feed([], _feed(9, 9)) == 0
+
+
+def test_profile_holds_every_fed_shape_or_not():
+    assert profile_holds(PREFILL, _feed(1, 100))
+    assert not profile_holds(DECODE, _feed(1, 100))
+    assert profile_holds(DECODE, {"not_in_the_profile": np.zeros((7,), np.int64)})
 
 
 def test_profile_for_feed_names_the_input_outside_every_profile():
@@ -147,3 +160,84 @@ def test_run_engine_on_given_and_generated_inputs(tmp_path):
     assert generated.exit_code == 0, generated.output
     assert "input  input_ids: 1x8 int64" in generated.output
     assert json.loads((tmp_path / "model.engine.json").read_text())["profiles"][0]["name"] == "tokens 1:8:32"
+
+
+def _rewrite_build_options(engine: Path, **changes) -> None:
+    """The sidecar as an older trtfuse (no plugin kind) or a damaged file would have it."""
+    sidecar = read_sidecar(engine)
+    for key, value in changes.items():
+        if value is None:
+            sidecar["build"].pop(key, None)
+        else:
+            sidecar["build"][key] = value
+    sidecar_path_for(engine).write_text(json.dumps(sidecar))
+
+
+def test_the_sidecar_decides_the_plugin_kind_and_older_ones_mean_python(tmp_path):
+    engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    assert EngineFile.open(engine).plugin_kind is PluginKind.AOT
+    _rewrite_build_options(engine, plugins="python")
+    assert EngineFile.open(engine).plugin_kind is PluginKind.PYTHON
+    _rewrite_build_options(engine, plugins=None)
+    assert "plugins" not in read_sidecar(engine)["build"]
+    assert EngineFile.open(engine).plugin_kind is PluginKind.PYTHON
+    sidecar_path_for(engine).unlink()
+    assert EngineFile.open(engine).plugin_kind is PluginKind.PYTHON, "no sidecar: run as engines always ran"
+
+
+def test_an_unknown_plugin_kind_is_one_line_naming_the_sidecar(tmp_path):
+    engine = _engine_with_sidecar(tmp_path)
+    _rewrite_build_options(engine, plugins="cuda")
+    with pytest.raises(TrtfuseError, match=r"m\.engine\.json: unknown plugin kind 'cuda' in the build options"):
+        EngineFile.open(engine)
+
+
+class _FakeEngineFromBytes:
+    def __init__(self, data) -> None:
+        self.data = data
+
+    def __call__(self) -> str:
+        return "deserialised engine"
+
+
+@pytest.mark.parametrize(
+    ("plugins", "registered"),
+    [(PluginKind.AOT, []), (PluginKind.PYTHON, [PluginKind.PYTHON]), (None, [PluginKind.PYTHON])],
+    ids=["aot", "python", "older-sidecar"],
+)
+def test_loading_an_engine_registers_plugins_only_for_the_python_kind(tmp_path, monkeypatch, plugins, registered):
+    """What `trtfuse run`, `compare` and the Polygraphy runner load through: `runner.engine_loader`."""
+    import polygraphy.backend.trt
+
+    engine = _engine_with_sidecar(tmp_path, plugins=plugins or PluginKind.PYTHON)
+    if plugins is None:
+        _rewrite_build_options(engine, plugins=None)
+    calls = []
+    monkeypatch.setattr(engine_file, "import_tensorrt", lambda: calls.append("import") or object())
+    monkeypatch.setattr(engine_file, "register_plugins", calls.append)
+    monkeypatch.setattr(polygraphy.backend.trt, "EngineFromBytes", _FakeEngineFromBytes)
+    assert engine_loader(EngineFile.open(engine))() == "deserialised engine"
+    assert calls == ["import", *registered]
+
+
+FAKE_TENSORRT = '__version__ = "10.9.0.0"\nQuickPluginCreationRequest = object\n'
+
+
+def test_an_aot_engine_loads_without_importing_trtfuse_plugins(tmp_path):
+    """In a fresh process (a stand-in `tensorrt` module on the path): readying TensorRT for an AOT engine, through
+    every module that runs engines, imports nothing from trtfuse.plugins nor trtfuse.kernels."""
+    engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    (tmp_path / "fake" / "tensorrt").mkdir(parents=True)
+    (tmp_path / "fake" / "tensorrt" / "__init__.py").write_text(FAKE_TENSORRT)
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import trtfuse.compare, trtfuse.leak_check, trtfuse.polygraphy_ext.runners, trtfuse.runner\n"
+        "from trtfuse.engine_file import EngineFile, tensorrt_for\n"
+        f"assert tensorrt_for(EngineFile.open(Path({str(engine)!r}))).__version__ == '10.9.0.0'\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('trtfuse.plugins', 'trtfuse.kernels'))))\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -23,12 +23,13 @@ import trtfuse
 from trtfuse import contract
 from trtfuse.engine_file import (
     SIDECAR_FORMAT,
+    PluginKind,
     import_tensorrt,
     plugin_creation_errors,
     register_plugins,
     write_engine,
 )
-from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
+from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseError, first_line
 from trtfuse.model_io import load_model
 from trtfuse.outputs import write_bytes_atomic
 from trtfuse.profiles import Profile
@@ -40,6 +41,12 @@ DEFAULT_OPTIMIZATION_LEVEL = 3
 PLUGIN_NOT_FOUND = "Plugin not found"
 # From this major version every network is strongly typed and the STRONGLY_TYPED flag is deprecated and ignored.
 ALWAYS_STRONGLY_TYPED_MAJOR = 11
+# The first release with ahead-of-time Python plugins (release notes 10.9.0: "AOT QDPs"); for the error line only,
+# the test is `trtfuse.plugins.aot.aot_supported`.
+AOT_MIN_TENSORRT = "10.9"
+# The network flag that asks the parser for a plugin's AOT implementation (NvInfer.h: 3 in 10.9, 2 in 11.x, hence
+# the name); trtfuse's AOT nodes also carry the node attribute that demands it.
+PREFER_AOT_FLAG = "PREFER_AOT_PYTHON_PLUGINS"
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class BuildOptions:
     # TensorRT allows TF32 for fp32 matmuls by default; that is about fp16-level error, so an fp32 model would fail
     # the fp32 tolerance of `trtfuse compare`. Off unless asked for.
     allow_tf32: bool = False
+    # None: AOT where the installed TensorRT has it, else Python (`plugin_kind_for`); the sidecar records the kind used.
+    plugins: PluginKind | None = None
 
     def __post_init__(self) -> None:
         if not self.profiles:
@@ -67,6 +76,7 @@ class BuildOptions:
             "workspace_bytes": self.workspace_bytes,
             "timing_cache": str(self.timing_cache) if self.timing_cache else None,
             "allow_tf32": self.allow_tf32,
+            "plugins": None if self.plugins is None else self.plugins.value,
         }
 
 
@@ -218,13 +228,52 @@ class BuildProgress:
             self._emit(f"{'  ' * depth}{phase_name} done in {seconds:.1f} s")
 
 
-def network_flags(trt: ModuleType) -> int:
+def plugin_kind_for(requested: PluginKind | None, tensorrt_version: str, has_aot: bool) -> PluginKind:
+    """The plugin kind to build with: as requested, or by default AOT where TensorRT has AOT plugins (`has_aot`) and
+    Python otherwise. AOT asked for on a TensorRT without them is the user's choice not fitting: one line."""
+    if requested is None:
+        return PluginKind.AOT if has_aot else PluginKind.PYTHON
+    if requested is PluginKind.AOT and not has_aot:
+        raise OptionError(
+            "plugins",
+            f"TensorRT {tensorrt_version} has no AOT plugins (they need TensorRT >= {AOT_MIN_TENSORRT} with "
+            "tensorrt.plugin's aot_impl); install a newer TensorRT or build with ",
+            Choice("plugins"),
+            f" {PluginKind.PYTHON.value}",
+        )
+    return requested
+
+
+def _has_aot(trt: ModuleType) -> bool:
+    from trtfuse.plugins.aot import aot_supported
+
+    return aot_supported(trt)
+
+
+def check_plugin_kind(requested: PluginKind | None) -> None:
+    """Fail before any work when AOT is asked for and the installed TensorRT has none; without TensorRT, say
+    nothing: the build says it is missing once the model is fused."""
+    if requested is not PluginKind.AOT:
+        return
+    try:
+        trt = import_tensorrt()
+    except MissingDependencyError:
+        return
+    plugin_kind_for(requested, trt.__version__, _has_aot(trt))
+
+
+def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> int:
     """Strongly typed, so the fp16/bf16 types of the ONNX graph are kept as written: the flag below TensorRT 11, where
-    it is deprecated (and every network is strongly typed)."""
+    it is deprecated (and every network is strongly typed). For AOT plugins, the flag that prefers them, where this
+    TensorRT has it."""
+    flags = 0
     major = int(str(trt.__version__).split(".", 1)[0])
-    if major >= ALWAYS_STRONGLY_TYPED_MAJOR:
-        return 0
-    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    if major < ALWAYS_STRONGLY_TYPED_MAJOR:
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    prefer_aot = getattr(trt.NetworkDefinitionCreationFlag, PREFER_AOT_FLAG, None)
+    if plugins is PluginKind.AOT and prefer_aot is not None:
+        flags |= 1 << int(prefer_aot)
+    return flags
 
 
 def shape_tensor_inputs(network: object) -> set[str]:
@@ -314,30 +363,53 @@ def _stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _model_to_parse(plugins: PluginKind, model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model TensorRT's parser reads: the fused model as written for the Python plugins; for AOT, its AOT form
+    (every attribute present, the node attribute that asks for AOT), made in memory so the file stays as `fuse`
+    writes it."""
+    if plugins is PluginKind.PYTHON:
+        return model
+    from trtfuse.plugins.aot_nodes import prepare_for_aot
+
+    return prepare_for_aot(model)
+
+
+def _parse(parser: object, plugins: PluginKind, fused_model_path: Path, model: onnx.ModelProto) -> bool:
+    if plugins is PluginKind.PYTHON:
+        # parse_from_file resolves external data files relative to the model.
+        return parser.parse_from_file(str(fused_model_path))
+    # `path` is the model file, not its folder: onnx-tensorrt replaces the path's last component with each tensor's
+    # location (WeightsContext::parseExternalWeights), so external data resolves as for parse_from_file.
+    return parser.parse(model.SerializeToString(), str(fused_model_path.absolute()))
+
+
 def build_engine(
     fused_model_path: Path,
     engine_path: Path,
     options: BuildOptions,
     emit: Callable[[str], None] = _stderr_line,
 ) -> BuildResult:
-    """Parse the fused model with the trtfuse plugins registered, build one engine for all profiles, write it."""
+    """Parse the fused model with one kind of trtfuse plugins registered (`options.plugins`, else the default for the
+    installed TensorRT), build one engine for all profiles, write it with a sidecar that records the kind."""
     for path in (engine_path, options.timing_cache):
         if path is not None and not path.resolve().parent.is_dir():
             raise TrtfuseError(f"{path}: output folder does not exist")
     model = load_model(fused_model_path).model
     timing_cache_bytes = _read_timing_cache(options.timing_cache)
     trt = import_tensorrt()
-    register_plugins()
+    options = replace(options, plugins=plugin_kind_for(options.plugins, trt.__version__, _has_aot(trt)))
+    model_to_parse = _model_to_parse(options.plugins, model)
+    register_plugins(options.plugins)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = create_builder(trt, logger)
-    network = builder.create_network(network_flags(trt))
+    network = builder.create_network(network_flags(trt, options.plugins))
     parser = trt.OnnxParser(network, logger)
-    # parse_from_file, not parse: it resolves external data files relative to the model.
     plugin_creation_errors()
-    parsed = parser.parse_from_file(str(fused_model_path))
+    parsed = _parse(parser, options.plugins, fused_model_path, model_to_parse)
     if not parsed or parser.num_errors:
         issues = [_parse_issue(parser.get_error(index)) for index in range(parser.num_errors)]
-        raise TrtfuseError(parser_error_line(fused_model_path, issues, model, plugin_creation_errors()))
+        # The parser's node indices are those of the model it read.
+        raise TrtfuseError(parser_error_line(fused_model_path, issues, model_to_parse, plugin_creation_errors()))
 
     config = builder.create_builder_config()
     add_profiles(builder, config, options.profiles, shape_tensor_inputs(network))

@@ -3,11 +3,14 @@ records the fused model it was built from, its optimisation profiles and the too
 
 `build` writes it through `write_engine`; `run`, `compare` and `polygraphy run --trtfuse` read it once, with
 `EngineFile.open`, and hand the object on. TensorRT is imported, and the trtfuse plugins registered, here and
-nowhere else on the engine side.
+nowhere else on the engine side; `tensorrt_for` is the one place that decides, from the sidecar's plugin kind,
+whether an engine needs the Python plugins registered to run (an AOT engine carries its kernels and needs nothing).
 """
 
 from __future__ import annotations
 
+import enum
+import importlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,13 +23,21 @@ from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseE
 from trtfuse.inputs import make_feed
 from trtfuse.model_io import load_model
 from trtfuse.outputs import write_bytes_atomic, write_json_atomic
-from trtfuse.plugins.trt_module import RTX_MODULE, load_trt
 from trtfuse.profiles import Profile
 
 SIDECAR_FORMAT = "trtfuse-engine/1"
 INSTALL_HINT = (
     "install it with `pip install -e '.[gpu]'` in a trtfuse checkout (tensorrt>=10.8) on a machine with an NVIDIA GPU"
 )
+
+
+class PluginKind(str, enum.Enum):
+    """How an engine's trtfuse nodes run. AOT: TensorRT embeds the kernels and launches them itself, so the engine
+    runs in any TensorRT runtime without Python. PYTHON: IPluginV3 plugins that call back into a Python process with
+    trtfuse imported, registered before the engine is deserialised."""
+
+    AOT = "aot"
+    PYTHON = "python"
 
 
 def sidecar_path_for(engine_path: Path) -> Path:
@@ -55,19 +66,37 @@ def read_sidecar(engine_path: Path) -> dict | None:
     return data
 
 
+def recorded_plugin_kind(engine_path: Path, sidecar: dict | None) -> PluginKind:
+    """The kind the sidecar's build options record. Sidecars from before AOT engines record none (nor null), and an
+    engine without a sidecar is of unknown kind: all of them run as the Python plugins' engines always have."""
+    build = sidecar.get("build") if sidecar is not None else None
+    recorded = build.get("plugins") if isinstance(build, dict) else None
+    if recorded is None:
+        return PluginKind.PYTHON
+    try:
+        return PluginKind(recorded)
+    except ValueError:
+        kinds = " or ".join(kind.value for kind in PluginKind)
+        raise TrtfuseError(
+            f"{sidecar_path_for(engine_path)}: unknown plugin kind {recorded!r} in the build options (expected {kinds})"
+        ) from None
+
+
 @dataclass(frozen=True)
 class EngineFile:
-    """An engine path and what its sidecar says, read once; without a sidecar, no profiles and no fused model."""
+    """An engine path and what its sidecar says, read once; without a sidecar, no profiles, no fused model and the
+    Python plugin kind."""
 
     path: Path
     sidecar: dict | None
     profiles: tuple[Profile, ...]
+    plugin_kind: PluginKind = PluginKind.PYTHON
 
     @staticmethod
     def open(path: Path) -> EngineFile:
         sidecar = read_sidecar(path)
         profiles = tuple(Profile.from_json(profile) for profile in sidecar["profiles"]) if sidecar else ()
-        return EngineFile(path=path, sidecar=sidecar, profiles=profiles)
+        return EngineFile(path, sidecar, profiles, recorded_plugin_kind(path, sidecar))
 
     @property
     def fused_model_path(self) -> Path:
@@ -100,21 +129,37 @@ class EngineFile:
 
 
 def import_tensorrt() -> ModuleType:
-    """TensorRT as the plugins load it (`trt_module.load_trt`), so engine and plugins share one module; its stand-in
-    TensorRT-RTX cannot run the plugins in an engine, so here it counts as no TensorRT."""
+    """The `tensorrt` module itself. The plugins' `trt_module.load_trt` returns this same module wherever it imports;
+    its test stand-in TensorRT-RTX cannot run the plugins in an engine, so on the engine side it counts as no TensorRT
+    and is never looked for (nor is trtfuse.plugins imported, which an AOT engine does not need)."""
     try:
-        trt = load_trt()
-    except MissingDependencyError:
-        trt = None
-    if trt is None or trt.__name__ == RTX_MODULE:
+        return importlib.import_module("tensorrt")
+    except ImportError:
         raise MissingDependencyError(f"TensorRT's Python module `tensorrt` is not installed; {INSTALL_HINT}") from None
-    return trt
 
 
-def register_plugins() -> None:
+def register_plugins(kind: PluginKind) -> None:
+    """The trtfuse creators of one kind in TensorRT's plugin registry: the Python (IPluginV3) ones, or the AOT
+    quickly deployable plugins. Both kinds go by the same names and namespace, and the registry holds one creator per
+    name, so the plugins' `claim_plugin_kind` refuses the other kind, with one line, once a process holds one."""
+    from trtfuse.plugins.aot import claim_plugin_kind, register_aot
+
+    if kind is PluginKind.AOT:
+        register_aot()
+        return
     from trtfuse import plugins
 
+    claim_plugin_kind(kind.value)
     plugins.register()
+
+
+def tensorrt_for(engine: EngineFile) -> ModuleType:
+    """TensorRT, ready to deserialise `engine`: the Python plugins registered for an engine of that kind, nothing at
+    all for an AOT engine (TensorRT embedded its kernels; no trtfuse.plugins import, no Python plugin)."""
+    trt = import_tensorrt()
+    if engine.plugin_kind is PluginKind.PYTHON:
+        register_plugins(PluginKind.PYTHON)
+    return trt
 
 
 def plugin_creation_errors() -> list[str]:

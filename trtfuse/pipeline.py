@@ -17,6 +17,7 @@ from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
     from trtfuse.build import BuildResult
+    from trtfuse.engine_file import PluginKind
     from trtfuse.fuse import FuseResult
     from trtfuse.model_io import LoadedModel
     from trtfuse.profiles import Profile, ProfileRequest
@@ -56,6 +57,7 @@ class CompiledModel:
             "profiles": [profile.to_json() for profile in self.profiles],
             "engine": None if self.engine is None else str(self.engine.engine_path),
             "build_seconds": None if self.engine is None else self.engine.seconds,
+            "plugins": None if self.engine is None else self.engine.sidecar["build"]["plugins"],
         }
 
 
@@ -123,13 +125,15 @@ def compile_model(
     workspace_bytes: int | None = None,
     timing_cache: Path | None = None,
     allow_tf32: bool = False,
+    plugins: PluginKind | None = None,
     notify: Notify = _silent,
     on_fused: Callable[[FusedFile], None] = lambda _fused: None,
 ) -> CompiledModel:
     """Fuse the model, write the fused model and its report beside the engine (`compile_outputs`), derive the
-    profiles from `request` and build the TensorRT engine. `on_fused` hears of the fused model before the build
-    starts. Without TensorRT or a GPU, what was fused stays written and `missing` says why no engine was built."""
-    from trtfuse.build import BuildOptions, build_engine
+    profiles from `request` and build the TensorRT engine with the `plugins` kind (None: the installed TensorRT's
+    default, `build.plugin_kind_for`). `on_fused` hears of the fused model before the build starts. Without TensorRT
+    or a GPU, what was fused stays written and `missing` says why no engine was built."""
+    from trtfuse.build import BuildOptions, build_engine, check_plugin_kind
     from trtfuse.engine_file import sidecar_path_for
     from trtfuse.model_io import load_model
     from trtfuse.profiles import derive_profiles
@@ -139,6 +143,7 @@ def compile_model(
     plan.write("engine", engine_path).write("engine sidecar", sidecar_path_for(engine_path))
     plan.write("fused model", fused_path).write("fusion report", report_path).write("timing cache", timing_cache)
     plan.check()
+    check_plugin_kind(plugins)
     loaded = load_model(model_path)
     plan_model_outputs(plan, loaded, fused_path)
     built: BuildResult | None = None
@@ -151,6 +156,7 @@ def compile_model(
             workspace_bytes=workspace_bytes,
             timing_cache=timing_cache,
             allow_tf32=allow_tf32,
+            plugins=plugins,
         )
         fused = _save(result, loaded, (model_path, fused_path, report_path), notify)
         on_fused(fused)

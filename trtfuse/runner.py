@@ -1,4 +1,5 @@
-"""Run a trtfuse engine (an `EngineFile`) through Polygraphy's TrtRunner, the plugins registered first."""
+"""Run a trtfuse engine (an `EngineFile`) through Polygraphy's TrtRunner; a Python-plugin engine's plugins are
+registered first, an AOT engine needs none (`engine_file.tensorrt_for` decides)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtfuse.engine_file import EngineFile, import_tensorrt, register_plugins
+from trtfuse.engine_file import EngineFile, import_tensorrt, tensorrt_for
 from trtfuse.errors import Choice, OptionError, TrtfuseError, first_line
 from trtfuse.outputs import OutputPlan, write_bytes_atomic
 from trtfuse.profiles import Profile
@@ -55,7 +56,7 @@ def profile_for_feed(profiles: Sequence[Profile], feed: Mapping[str, np.ndarray]
     if not profiles:
         return 0
     for index, profile in enumerate(profiles):
-        if all(_shape_fits(profile, name, array.shape) for name, array in feed.items()):
+        if profile_holds(profile, feed):
             return index
     outside = [name for name, array in feed.items() if not any(_shape_fits(p, name, array.shape) for p in profiles)]
     # When every shape fits some profile but no profile fits them all, the first input is as good a culprit as any.
@@ -70,6 +71,11 @@ def profile_for_feed(profiles: Sequence[Profile], feed: Mapping[str, np.ndarray]
         "/",
         Choice("dim"),
     )
+
+
+def profile_holds(profile: Profile, feed: Mapping[str, np.ndarray]) -> bool:
+    """Whether every fed shape lies in the profile's ranges."""
+    return all(_shape_fits(profile, name, array.shape) for name, array in feed.items())
 
 
 def _shape_fits(profile: Profile, name: str, shape: tuple[int, ...]) -> bool:
@@ -98,14 +104,14 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 
 def engine_loader(engine: EngineFile) -> Callable[[], object]:
-    """A Polygraphy-style loader: calling it registers the trtfuse plugins, then deserialises the engine."""
+    """A Polygraphy-style loader: calling it readies TensorRT for the engine's plugin kind (`tensorrt_for`), then
+    deserialises the engine."""
     engine_path = engine.path
     if not engine_path.is_file():
         raise TrtfuseError(f"{engine_path}: no such engine file")
 
     def load() -> object:
-        import_tensorrt()
-        register_plugins()
+        tensorrt_for(engine)
         from polygraphy.backend.common import BytesFromPath
         from polygraphy.backend.trt import EngineFromBytes
         from polygraphy.exception import PolygraphyException

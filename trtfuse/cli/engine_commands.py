@@ -1,8 +1,8 @@
 """`trtfuse compile`, `trtfuse run` and `trtfuse compare`.
 
-Exit statuses: 0 success; 1 `compare` found outputs beyond tolerance; 2 bad input (the group's TrtfuseError
-handling); 3 TensorRT or a GPU is missing, so no engine was built or run (`compile` has still fused and written the
-fused model and report).
+Exit statuses: 0 success; 1 `compare` found outputs beyond tolerance, or `run --leak-check` found a leak; 2 bad input
+(the group's TrtfuseError handling); 3 TensorRT or a GPU is missing, so no engine was built or run (`compile` has still
+fused and written the fused model and report).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import click
 
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from trtfuse.cli.options import (
+    EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
     RangeType,
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from trtfuse.pipeline import FusedFile
     from trtfuse.profiles import DimRange, ShapeRange
 
+# The values of `engine_file.PluginKind`, spelled here so that `--help` imports no engine module.
+PLUGIN_KINDS = ("aot", "python")
 COMPARE_INSTALL_HINT = (
     "install it with `pip install -e '.[compare]'` in a trtfuse checkout, or `pip install polygraphy`"
 )
@@ -75,6 +78,13 @@ def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
     "--timing-cache", type=click.Path(path_type=Path), help="Timing cache file, read if present, then updated."
 )
 @click.option("--tf32", is_flag=True, help="Let TensorRT use TF32 for fp32 matmuls (faster, fp16-level error).")
+@click.option(
+    "--plugins",
+    type=click.Choice(PLUGIN_KINDS),
+    help="aot: TensorRT embeds the kernels and launches them itself, so the engine runs without Python "
+    "(TensorRT >= 10.9); python: IPluginV3 plugins that call back into a Python process with trtfuse. "
+    "[default: aot where the installed TensorRT has it, else python]",
+)
 @common_options
 def compile_command(
     model_path: Path,
@@ -88,9 +98,11 @@ def compile_command(
     workspace: int | None,
     timing_cache: Path | None,
     tf32: bool,
+    plugins: str | None,
     as_json: bool,
 ) -> None:
     """Fuse MODEL.onnx, write the fused model and its report beside the engine, then build the TensorRT engine."""
+    from trtfuse.engine_file import PluginKind
     from trtfuse.pipeline import compile_model
     from trtfuse.profiles import request_from_options
 
@@ -104,6 +116,7 @@ def compile_command(
         workspace_bytes=workspace,
         timing_cache=timing_cache,
         allow_tf32=tf32,
+        plugins=None if plugins is None else PluginKind(plugins),
         notify=info,
         on_fused=lambda fused: summary(_fused_line(fused), as_json),
     )
@@ -112,7 +125,10 @@ def compile_command(
     if compiled.missing is not None:
         _no_tensorrt(compiled.missing, f"fused, but no engine built ({engine_path})")
     built = compiled.engine
-    summary(f"built {built.engine_path} in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json)
+    kind = built.sidecar["build"]["plugins"]
+    summary(
+        f"built {built.engine_path} ({kind} plugins) in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json
+    )
 
 
 def _fused_line(fused: FusedFile) -> str:
@@ -127,6 +143,14 @@ def _fused_line(fused: FusedFile) -> str:
 @click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Timed runs.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed runs first.")
 @click.option("--save-outputs", type=click.Path(path_type=Path), help="Write the outputs of the last run as .npz.")
+@click.option(
+    "--leak-check",
+    "leak_changes",
+    metavar="N",
+    type=click.IntRange(min=1),
+    help="Instead of timing: GPU memory in use before TensorRT and after N token-count changes in one execution "
+    "context, all torn down (NVIDIA/TensorRT#4849, AOT plugins); exit 1 if it leaked. Takes only --seed.",
+)
 @common_options
 def run_command(
     engine_path: Path,
@@ -137,13 +161,18 @@ def run_command(
     iterations: int,
     warmup: int,
     save_outputs: Path | None,
+    leak_changes: int | None,
     as_json: bool,
 ) -> None:
-    """Run MODEL.engine with TensorRT (plugins registered first) on given or generated inputs; print timings."""
-    from trtfuse.runner import run_engine_file
-
+    """Run MODEL.engine with TensorRT (a Python-plugin engine's plugins registered first; an AOT engine needs none) on
+    given or generated inputs; print timings. With --leak-check N, check it for a GPU memory leak instead."""
     if inputs_path is not None and (shapes or dims):
         raise click.UsageError("--inputs gives every input already; drop --shape/--dim")
+    if leak_changes is not None:
+        _leak_check(engine_path, leak_changes, seed, as_json)
+        return
+    from trtfuse.runner import run_engine_file
+
     try:
         run = run_engine_file(
             engine_path,
@@ -162,6 +191,35 @@ def run_command(
         return
     for line in run.lines():
         click.echo(printable(line))
+
+
+# What `run` does besides the leak check; the check sets the token counts and runs a schedule of its own.
+_NOT_WITH_LEAK_CHECK = ("inputs_path", "shapes", "dims", "iterations", "warmup", "save_outputs")
+
+
+def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> None:
+    from trtfuse.leak_check import leak_check_engine_file
+
+    ctx = click.get_current_context()
+    given = [
+        next(opt for opt in param.opts if opt.startswith("--"))
+        for param in ctx.command.params
+        if param.name in _NOT_WITH_LEAK_CHECK
+        and ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT
+    ]
+    if given:
+        raise click.UsageError(f"--leak-check sets the inputs and runs itself; drop {'/'.join(given)}")
+    try:
+        report = leak_check_engine_file(engine_path, changes, seed)
+    except MissingDependencyError as error:
+        _no_tensorrt(error, f"cannot check {engine_path} for a leak")
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        for line in report.lines():
+            click.echo(printable(line))
+    if report.leaked:
+        raise SystemExit(EXIT_MISMATCH)
 
 
 @click.command("compare", context_settings=HELP_OPTIONS)

@@ -12,6 +12,7 @@ from polygraphy.tools.args import util as args_util
 from polygraphy.tools.args.base import BaseArgs, BaseRunnerArgs
 from polygraphy.tools.script import Script, make_invocable
 
+from trtfuse.engine_file import PluginKind
 from trtfuse.profiles import PRESETS
 
 _MODULE = "trtfuse.polygraphy_ext"
@@ -42,6 +43,15 @@ class TrtfuseArgs(BaseArgs):
             "first preset sizes the inputs they leave out. [default: default]",
         )
         self.group.add_argument(
+            "--trtfuse-plugins",
+            dest="trtfuse_plugins",
+            choices=[kind.value for kind in PluginKind],
+            default=None,
+            help="The plugin kind of the --trtfuse engine, as `trtfuse compile --plugins`: aot (kernels embedded, no "
+            "Python needed to run it; TensorRT >= 10.9) or python. [default: aot where the installed TensorRT has it, "
+            "else python]",
+        )
+        self.group.add_argument(
             "--trtfuse-cache",
             dest="trtfuse_cache",
             metavar="DIR",
@@ -57,6 +67,7 @@ class TrtfuseArgs(BaseArgs):
 
         Attributes:
             presets (List[str]): The trtfuse profile presets.
+            plugins (str): The plugin kind of the engine ("aot" or "python"), or None for the default.
             cache_dir (str): The folder for fused models and engines, or None for the default.
             polygraphy_profiles (List[Dict[str, List[List[int]]]]):
                     Per profile given with --trt-min/opt/max-shapes, each input's [MIN, OPT, MAX] shapes; empty when
@@ -64,6 +75,7 @@ class TrtfuseArgs(BaseArgs):
             not_passed (List[str]): The TensorRT build options given that the trtfuse engine does not take.
         """
         self.presets = args_util.get(args, "trtfuse_profiles") or []
+        self.plugins = args_util.get(args, "trtfuse_plugins")
         self.cache_dir = args_util.get(args, "trtfuse_cache")
         given = any(args_util.get(args, f"trt_{bound}_shapes") for bound in ("min", "opt", "max"))
         config = self.arg_groups[TrtConfigArgs]
@@ -100,6 +112,7 @@ class TrtfuseArgs(BaseArgs):
                 workspace_bytes=_workspace_bytes(config),
                 timing_cache=config.load_timing_cache,
                 allow_tf32=config.tf32 or None,
+                plugins=self.plugins,
             ),
             "build_trtfuse_engine",
         )

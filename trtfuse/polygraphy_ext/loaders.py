@@ -21,7 +21,7 @@ from polygraphy.logger import G_LOGGER
 import trtfuse
 from trtfuse import contract
 from trtfuse.build import BuildOptions, build_engine, gpu_name
-from trtfuse.engine_file import import_tensorrt, read_sidecar, sidecar_path_for
+from trtfuse.engine_file import PluginKind, import_tensorrt, read_sidecar, sidecar_path_for
 from trtfuse.errors import TrtfuseError
 from trtfuse.fuse import FuseResult, fuse_model
 from trtfuse.fused_checks import check_fused_nodes
@@ -132,6 +132,7 @@ class BuildTrtfuseEngine(BaseLoader):
         workspace_bytes: int | None = None,
         timing_cache: str | None = None,
         allow_tf32: bool | None = None,
+        plugins: str | None = None,
     ) -> None:
         self._fused = fused
         self.presets = list(util.default(presets, []))
@@ -141,6 +142,8 @@ class BuildTrtfuseEngine(BaseLoader):
         self.workspace_bytes = workspace_bytes
         self.timing_cache = Path(timing_cache) if timing_cache else None
         self.allow_tf32 = util.default(allow_tf32, False)
+        # "aot" or "python" (`PluginKind`); None: what `trtfuse compile` picks for the installed TensorRT.
+        self.plugins = None if plugins is None else PluginKind(plugins)
 
     @util.check_called_by("__call__")
     def call_impl(self) -> str:
@@ -155,6 +158,7 @@ class BuildTrtfuseEngine(BaseLoader):
                 workspace_bytes=self.workspace_bytes,
                 timing_cache=self.timing_cache,
                 allow_tf32=self.allow_tf32,
+                plugins=self.plugins,
             )
             folder = self.cache_dir / f"{fused.original.path.stem}-{_build_key(fused.result.model, options)}"
             engine_path = folder / "model.engine"
