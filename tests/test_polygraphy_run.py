@@ -26,7 +26,7 @@ from polygraphy.exception import PolygraphyException
 from trtfuse import compare as compare_module
 from trtfuse import contract
 from trtfuse.build import BuildResult, make_sidecar, tool_versions
-from trtfuse.engine_file import EngineFile, sidecar_path_for, write_engine
+from trtfuse.engine_file import EngineFile, PluginKind, sidecar_path_for, write_engine
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.model_io import load_model
 from trtfuse.polygraphy_ext import loaders, runners
@@ -206,6 +206,16 @@ def test_generated_script_passes_polygraphy_profiles_and_build_options_to_trtfus
     assert "--fp16 does not apply to the --trtfuse engine" in output
 
 
+def test_the_plugin_kind_of_the_trtfuse_engine_reaches_its_loader(tmp_path):
+    result = polygraphy_run(
+        str(FIXTURES / "qwen3-dynamo-fp32.onnx"), "--trtfuse", "--trtfuse-plugins", "python", "--gen", "-"
+    )
+    assert result.returncode == 0, output_of(result)
+    assert "BuildTrtfuseEngine(fuse_with_trtfuse, plugins='python')" in result.stdout
+    refused = polygraphy_run(str(FIXTURES / "qwen3-dynamo-fp32.onnx"), "--trtfuse", "--trtfuse-plugins", "cuda")
+    assert refused.returncode != 0 and "invalid choice: 'cuda'" in output_of(refused)
+
+
 def test_engine_profiles_are_compiles_or_polygraphys():
     model = load_model(FIXTURES / "qwen3-dynamo-fp32.onnx").model
     derived = engine_profiles_for(model, ["decode", "prefill"], [])
@@ -309,6 +319,12 @@ def test_engine_loader_builds_through_build_engine_once_then_reuses(tmp_path, mo
     assert Path(build()) == engine and len(calls) == 2, "an engine from another GPU is built again"
     other = loaders.BuildTrtfuseEngine(loaders.FuseModel(str(fixture)), presets=["default"], cache_dir=str(tmp_path))
     assert Path(other()).parent != engine.parent, "other profiles, another engine"
+    assert calls[-1][1].plugins is None, "no kind given: build_engine picks the installed TensorRT's default"
+    python = loaders.BuildTrtfuseEngine(
+        loaders.FuseModel(str(fixture)), presets=["decode", "prefill"], cache_dir=str(tmp_path), plugins="python"
+    )
+    assert Path(python()).parent != engine.parent, "another plugin kind, another engine"
+    assert calls[-1][1].plugins is PluginKind.PYTHON
 
 
 class _FakeTrtRunner:
