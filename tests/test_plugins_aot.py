@@ -551,7 +551,16 @@ else:
     raise SystemExit("the AOT plugins registered beside the Python ones")
 """
 
-BUILD_SCRIPT = """
+# Strongly typed, the ONNX dtypes kept as written: a flag below TensorRT 11 (from 11 every network is).
+TYPED_FLAGS = """
+def typed_flags(trt):
+    major = int(trt.__version__.split(".", 1)[0])
+    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if major < 11 else 0
+"""
+
+BUILD_SCRIPT = (
+    TYPED_FLAGS
+    + """
 import json, sys
 from pathlib import Path
 import onnx, tensorrt as trt
@@ -562,7 +571,7 @@ fused, engine, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 register_aot()
 logger = trt.Logger(trt.Logger.WARNING)
 builder = trt.Builder(logger)
-network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+network = builder.create_network(typed_flags(trt))
 parser = trt.OnnxParser(network, logger)
 if not parser.parse(prepare_for_aot(onnx.load(fused)).SerializeToString()):
     raise SystemExit("; ".join(parser.get_error(i).desc() for i in range(parser.num_errors)))
@@ -578,8 +587,11 @@ if serialized is None:
     raise SystemExit("the build failed")
 Path(engine).write_bytes(bytes(serialized))
 """
+)
 
-NETWORK_SCRIPT = """
+NETWORK_SCRIPT = (
+    TYPED_FLAGS
+    + """
 import sys
 from pathlib import Path
 import numpy as np, tensorrt as trt, tensorrt.plugin as trtp
@@ -589,7 +601,7 @@ register_aot()
 hidden = int(sys.argv[2])
 logger = trt.Logger(trt.Logger.WARNING)
 builder = trt.Builder(logger)
-network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+network = builder.create_network(typed_flags(trt))
 x = network.add_input("x", trt.float32, (-1, hidden))
 weight = np.linspace(0.5, 1.5, hidden, dtype=np.float32)
 w = network.add_constant((hidden,), trt.Weights(weight)).get_output(0)
@@ -611,6 +623,7 @@ if serialized is None:
     raise SystemExit("the build failed")
 Path(sys.argv[1]).write_bytes(bytes(serialized))
 """
+)
 
 # Runs an engine with nothing of trtfuse imported or registered: TensorRT and the CUDA runtime only.
 RUN_SCRIPT = """
@@ -664,6 +677,14 @@ assert not any(m.split(".")[0] == "trtfuse" for m in sys.modules), "trtfuse was 
 assert not any(getattr(c, "plugin_namespace", None) == "trtfuse" for c in trt.get_plugin_registry().all_creators)
 np.savez(out_path, **results)
 """
+
+
+@pytest.mark.parametrize(
+    "name", ["REGISTER_SCRIPT", "PYTHON_FIRST_SCRIPT", "BUILD_SCRIPT", "NETWORK_SCRIPT", "RUN_SCRIPT"]
+)
+def test_the_tensorrt_scripts_are_python(name: str) -> None:
+    """They run only where TensorRT exists; here at least they must compile."""
+    compile(globals()[name], name, "exec")
 
 
 def _python(script: str, *args: str) -> None:
