@@ -500,15 +500,29 @@ def compare_part(spec: RmsNormSpec | QkNormSpec, part: PartTensors) -> tuple[boo
     return True, "", max_abs, worst
 
 
+def captured_launch(kernel: DriverKernel, pointers: Mapping[str, int], rows: Sequence[int]) -> torch.cuda.CUDAGraph:
+    """One launch captured into a graph on a side stream, as an enqueue is under its caller's capture. Without
+    torch.cuda.graph's context manager, whose gc.collect and empty_cache per capture would cost more than the
+    hundreds of captures here."""
+    torch.cuda.synchronize()  # the inputs were written on the default stream
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            kernel.launch(pointers, rows, stream.cuda_stream)
+        finally:
+            graph.capture_end()
+    return graph
+
+
 def run_case(kernel: DriverKernel, entry: MatrixEntry, case: LaunchCase, stem: str) -> CaseResult:
     """Launch one case (directly, or as replays of a captured graph) and compare every part's output."""
     tensors = CaseTensors(entry, kernel.declaration, case)
     pointers = tensors.pointers()
     replays = 1
     if case.graph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-            kernel.launch(pointers, tensors.rows, torch.cuda.current_stream().cuda_stream)
+        graph = captured_launch(kernel, pointers, tensors.rows)
         replays = GRAPH_REPLAYS
     max_abs = worst = 0.0
     for replay in range(replays):
