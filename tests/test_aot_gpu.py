@@ -202,7 +202,7 @@ def test_shifted_pointers_are_one_element_past_an_aligned_allocation() -> None:
 def test_weight_mode_none_gets_a_nan_placeholder_weight() -> None:
     tensors = CaseTensors(rms_entry("bfloat16", None), rms_declaration(64), LaunchCase(3), device="cpu")
     weight = tensors.parts["x"].weight
-    assert weight.numel() == 1 and weight.dtype == torch.bfloat16 and bool(torch.isnan(weight).all())
+    assert weight.numel() == 64 and weight.dtype == torch.float32 and bool(torch.isnan(weight).all())
 
 
 def write_reference(entry: MatrixEntry, tensors: CaseTensors) -> None:

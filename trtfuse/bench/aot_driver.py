@@ -30,7 +30,7 @@ import cuda.bindings.driver as cuda_driver
 import torch
 
 from trtfuse.bench.reference import norm_reference
-from trtfuse.contract import NormParams, WeightMode
+from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE, NormParams, WeightMode
 from trtfuse.kernels.device import arch_for, current_device
 from trtfuse.kernels.launch import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
@@ -413,7 +413,7 @@ def random_rows(rows: int, hidden: int, out: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PartTensors:
-    """One row part's buffers: activation, weight (a NaN placeholder of one element in weight_mode NONE), output."""
+    """One row part's buffers: activation, weight (a NaN placeholder in weight_mode NONE), output."""
 
     x: torch.Tensor
     weight: torch.Tensor
@@ -431,7 +431,7 @@ class CaseTensors:
         spec = entry.spec
         x_dtype, out_dtype = getattr(torch, spec.dtype), getattr(torch, spec.out_dtype)
         no_weight = spec.weight_dtype is None
-        w_dtype = x_dtype if no_weight else getattr(torch, spec.weight_dtype)
+        w_dtype = getattr(torch, AOT_PLACEHOLDER_WEIGHT_DTYPE if no_weight else spec.weight_dtype)
         self.entry = entry
         self.rows = part_rows(entry, case.tokens)
         self.parts: dict[str, PartTensors] = {}
@@ -444,9 +444,10 @@ class CaseTensors:
             # A 0-row launch still gets one row of every buffer: it must leave the poisoned output untouched.
             allocated = max(rows, 1)
             x = random_rows(allocated, hidden, offset_view(allocated * hidden, x_dtype, offset(x_name), device))
-            weight = offset_view(1 if no_weight else hidden, w_dtype, offset(w_name), device)
+            weight = offset_view(hidden, w_dtype, offset(w_name), device)
             if no_weight:
-                weight.fill_(float("nan"))  # a read of the placeholder would poison the output
+                # The plugins' placeholder ([H] of AOT_PLACEHOLDER_WEIGHT_DTYPE), NaN: a read would poison y.
+                weight.fill_(float("nan"))
             else:
                 random_rows(1, hidden, weight)
             out = offset_view(allocated * hidden, out_dtype, offset(out_name), device).fill_(float("nan"))
