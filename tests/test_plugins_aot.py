@@ -472,6 +472,67 @@ def test_autotune_offers_exactly_the_contract_s_dtype_pairs(op: str, output_dtyp
     assert len(seen) == len(combinations)
 
 
+class IntShape:
+    """A shape whose "expressions" are ints: evaluates aot_impl's launch arithmetic for one concrete shape."""
+
+    def __init__(self, dims: tuple[int, ...]) -> None:
+        self.dims = dims
+
+    def numel(self) -> int:
+        return int(np.prod(self.dims))
+
+
+class IntLaunchParams:
+    def __init__(self) -> None:
+        self.grid_x = self.block_x = 1
+        self.shared_mem = 0
+
+
+# trtp's expression functions on ints. Only the arithmetic is checked here; trtp's own expression types are
+# exercised by the TensorRT tests.
+INT_EXPRESSIONS = SimpleNamespace(
+    cdiv=lambda a, b: -(-a // b),
+    max=max,
+    KernelLaunchParams=IntLaunchParams,
+    SymInt32=int,
+    SymIntExprs=SimpleNamespace(from_tuple=tuple),
+)
+
+
+@pytest.mark.parametrize(
+    ("op", "shapes"),
+    [
+        (contract.RMS_NORM_OP, [(4, 29, HIDDEN)]),
+        (contract.RMS_NORM_OP, [(1, 1, HIDDEN)]),
+        (contract.QK_NORM_OP, [(3, 5, 4, 16), (3, 5, 2, 32)]),
+        (contract.QK_NORM_OP, [(0, 4, 16), (0, 2, 32)]),
+    ],
+)
+def test_aot_impl_s_launch_is_the_declaration_s_for_the_activations_rows(op: str, shapes: list) -> None:
+    """The artifact's entry and PTX, block and shared memory, and the grid and scalars of the declaration's formula
+    for rows = element count // hidden of each activation, in order (q, then k)."""
+    from trtfuse.kernels.aot import qk_norm_artifact, rms_norm_artifact
+    from trtfuse.kernels.launch import Tactic
+    from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+
+    params = contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
+    if op == contract.RMS_NORM_OP:
+        artifact = rms_norm_artifact(RmsNormSpec(HIDDEN, "float16", "float16", params), Tactic.PREFILL, "sm_90a")
+    else:
+        artifact = qk_norm_artifact(QkNormSpec(16, 32, "float16", "float16", params), Tactic.PREFILL, "sm_90a")
+    activations = [SimpleNamespace(shape_expr=IntShape(shape)) for shape in shapes]
+    name, ptx, launch, extra = aot._kernel(INT_EXPRESSIONS, artifact, activations)
+    declaration = artifact.declaration
+    rows = [int(np.prod(shape[:-1])) for shape in shapes]
+    assert (name, ptx) == (declaration.kernel_name, artifact.ptx) and f".entry {name}(" in ptx
+    assert (launch.grid_x, launch.block_x, launch.shared_mem) == (
+        declaration.grid_x(rows),
+        declaration.block_threads,
+        declaration.shared_mem,
+    )
+    assert extra == declaration.scalars(rows)
+
+
 # --- one kind per process, and what needs no TensorRT ----------------------------------------------------------------
 
 
