@@ -265,6 +265,97 @@ def test_the_check_summary_names_every_failure(capsys: pytest.CaptureFixture[str
     assert "2 cases, 1 failed; worst passing error 0.40 of the allowed" in printed and "imported: none" in printed
 
 
+class CpuLaunches:
+    """The driver and CUDA replaced on the CPU: every buffer a case allocates is registered by its pointer, and a
+    launch packs its arguments as the real one does, then writes the float64 reference through the unpacked
+    pointers (`faulty`: and leaves the last row of each output NaN)."""
+
+    def __init__(self, faulty: bool) -> None:
+        self.faulty = faulty
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.spec: object = None
+        launches = self
+
+        class Tensors(CaseTensors):
+            def __init__(self, entry: MatrixEntry, declaration: LaunchDeclaration, case: LaunchCase) -> None:
+                super().__init__(entry, declaration, case, device="cpu")
+                for part in self.parts.values():
+                    launches.tensors |= {t.data_ptr(): t for t in (part.x, part.weight, part.out)}
+                launches.spec = entry.spec
+
+        class Kernel:
+            def __init__(self, artifact: object, image: str) -> None:
+                self.declaration = artifact.declaration
+                self.image = image
+
+            def launch(self, pointers: dict[str, int], rows: tuple[int, ...], stream: int) -> None:
+                launches.launch(self.declaration, pointers, rows)
+
+            def unload(self) -> None:
+                pass
+
+        class Replay:
+            def __init__(self, kernel: Kernel, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
+                self.replay = lambda: kernel.launch(pointers, rows, 0)
+
+        self.tensors_class, self.kernel_class, self.replay_class = Tensors, Kernel, Replay
+
+    def view(self, pointer: int, rows: int, hidden: int) -> torch.Tensor:
+        return self.tensors[pointer].reshape(-1)[: rows * hidden].view(rows, hidden)
+
+    def launch(self, declaration: LaunchDeclaration, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
+        packed = pack_params(declaration, argument_values(declaration, pointers, rows))
+        values = dict(zip([p.name for p in declaration.params], unpack_params(declaration, packed), strict=True))
+        spec = self.spec
+        for part, n in zip(declaration.parts, rows, strict=True):
+            x_name, w_name, out_name = aot_driver.PART_TENSORS[part.name]
+            if n == 0:
+                continue
+            weight = None if spec.weight_dtype is None else self.tensors[values[w_name]]
+            out = self.view(values[out_name], n, part.hidden)
+            out.copy_(norm_reference(self.view(values[x_name], n, part.hidden), weight, spec.params, spec.out_dtype))
+            if self.faulty:
+                out[-1] = float("nan")
+
+
+@pytest.mark.parametrize("faulty", [False, True])
+def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faulty: bool) -> None:
+    """`check_artifacts` end to end on the CPU (CpuLaunches): manifest, both images, every case, the report."""
+    from trtfuse.kernels.launch import KernelArtifact
+
+    entries = [(rms_entry("bfloat16", None), rms_declaration(64)), (qk_entry(), qk_declaration())]
+    manifest = {"format": aot_driver.MANIFEST_FORMAT, "arch": "sm_90a", "entries": []}
+    for i, (entry, declaration) in enumerate(entries):
+        aot_driver.write_artifact(tmp_path, f"e{i}", KernelArtifact(declaration, ".entry k()\n", b"\x7fELF"))
+        heads = None if entry.heads is None else list(entry.heads)
+        spec = aot_driver.spec_to_json(entry.spec)
+        manifest["entries"].append({"spec": spec, "heads": heads, "stems": {"PREFILL": f"e{i}"}})
+    (tmp_path / aot_driver.MANIFEST).write_text(json.dumps(manifest))
+    fakes = CpuLaunches(faulty)
+    monkeypatch.setattr(aot_driver, "DriverKernel", fakes.kernel_class)
+    monkeypatch.setattr(aot_driver, "CaseTensors", fakes.tensors_class)
+    monkeypatch.setattr(aot_driver, "captured_launch", fakes.replay_class)
+    monkeypatch.setattr(aot_driver, "bind_torch_context", lambda: None)
+    monkeypatch.setattr(aot_driver, "device_arch_and_sms", lambda: ("sm_90a", 4))
+    monkeypatch.setattr(aot_driver, "LARGE_ROWS", 40)
+    monkeypatch.setattr(aot_driver, "RAGGED_ROWS", 17)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+
+    report = aot_driver.check_artifacts(tmp_path)
+    per_image = len(launch_cases(rms_declaration(64), 4)) + len(launch_cases(qk_declaration(), 4))
+    assert report["cases"] == 2 * per_image and report["artifacts"] == 2
+    ran = {(r["artifact"], r["image"]) for r in report["results"]}
+    assert ran == {(stem, image) for stem in ("e0", "e1") for image in ("ptx", "cubin")}
+    failed = {r["case"] for r in report["results"] if not r["passed"]}
+    if faulty:
+        assert "tokens=0" not in failed and "tokens=3" in failed and "tokens=3 shifted=x,weight,y graph" in failed
+        assert report["failed"] == 2 * per_image - 4  # all but the four 0-row launches (2 artifacts x 2 images)
+    else:
+        assert failed == set() and report["failed"] == 0
+
+
 # --- GPU: compile, then check in a bare-driver process ---------------------------------------------------------------
 
 
