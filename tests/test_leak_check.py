@@ -332,3 +332,81 @@ def test_leak_check_of_a_real_engine(tmp_path, plugins):
     assert all(value > 0 for value in data["bytes_in_use"].values())
     assert data["leaked"] is (checked.returncode == 1)
     assert data["verdict"].startswith(("LEAK: ", "no leak: "))
+
+
+def _has_gpu() -> bool:
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        return False
+    error, count = cudart.cudaGetDeviceCount()
+    return error == cudart.cudaError_t.cudaSuccess and count > 0
+
+
+# A kernel of a few KiB of machine code (about a trtfuse norm kernel's): 300 steps of load, xor, rotate on a buffer.
+_STEPS = "\n".join(
+    f"ld.volatile.global.u32 %r2, [%rd2+{4 * (i % 64)}];\nxor.b32 %r1, %r1, %r2;\n"
+    f"shf.l.wrap.b32 %r1, %r1, %r1, {i % 31 + 1};"
+    for i in range(300)
+)
+_LEAK_PTX = f""".version 8.0
+.target sm_80
+.address_size 64
+.visible .entry step(.param .u64 p, .param .u32 n)
+{{
+.reg .b64 %rd<3>;
+.reg .b32 %r<3>;
+ld.param.u64 %rd1, [p];
+ld.param.u32 %r1, [n];
+cvta.to.global.u64 %rd2, %rd1;
+{_STEPS}
+st.global.u32 [%rd2], %r1;
+ret;
+}}
+""".encode()
+
+
+@contextlib.contextmanager
+def _module_per_change(leak: bool):
+    """What #4849 describes, with the bare driver: a CUDA module loaded and launched at every token-count change;
+    unloaded on teardown unless `leak`."""
+    import ctypes
+
+    from cuda.bindings import driver, runtime
+
+    error, buffer = runtime.cudaMalloc(256)
+    assert error == runtime.cudaError_t.cudaSuccess
+    modules, last = [], []
+
+    def run(feed):
+        tokens = feed["input_ids"].shape[1]
+        if last and last[-1] != tokens:
+            error, module = driver.cuModuleLoadData(_LEAK_PTX)
+            assert error == driver.CUresult.CUDA_SUCCESS, error
+            error, function = driver.cuModuleGetFunction(module, b"step")
+            pointer, count = ctypes.c_uint64(buffer), ctypes.c_uint32(tokens)
+            arguments = (ctypes.c_void_p * 2)(ctypes.addressof(pointer), ctypes.addressof(count))
+            (error,) = driver.cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, 0, ctypes.addressof(arguments), 0)
+            assert error == driver.CUresult.CUDA_SUCCESS, error
+            modules.append(module)
+        last.append(tokens)
+
+    try:
+        yield run
+    finally:
+        runtime.cudaFree(buffer)
+        for module in modules if not leak else ():
+            driver.cuModuleUnload(module)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU and cuda-python (run with `python3 -m pytest -m gpu`)")
+def test_the_real_readings_see_a_module_leaked_per_change_and_nothing_without_one():
+    """cudaMemGetInfo through `gpu_memory_in_use`, on modules of a few KiB of code as #4849 leaks them: on the H200
+    each costs 16 KiB, so 1000 changes leak about 16 MiB, and the same modules unloaded leave nothing."""
+    counts = token_schedule(1, 64, 1000)
+    leaking = measure_leak(leak_check.gpu_memory_in_use, lambda: _module_per_change(leak=True), counts, _feed_for)
+    clean = measure_leak(leak_check.gpu_memory_in_use, lambda: _module_per_change(leak=False), counts, _feed_for)
+    print(f"leaked modules: {leaking.growth_from_changes} bytes; unloaded: {clean.growth_from_changes} bytes")
+    assert _report(leaking).leaked, _report(leaking).verdict()
+    assert not _report(clean).leaked, _report(clean).verdict()
