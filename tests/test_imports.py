@@ -54,7 +54,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plugins", ("trtfuse.plugins",)),
     ("engine file", ("trtfuse.engine_file",)),
     ("build", ("trtfuse.build",)),
-    ("run", ("trtfuse.runner", "trtfuse.polygraphy_ext")),
+    ("run", ("trtfuse.runner", "trtfuse.leak_check", "trtfuse.polygraphy_ext")),
     ("check/compare", ("trtfuse.check", "trtfuse.compare", "trtfuse.pipeline")),
     ("harnesses", ("trtfuse.bench",)),
     ("cli", ("trtfuse.cli",)),

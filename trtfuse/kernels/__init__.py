@@ -1,6 +1,27 @@
-"""CuTeDSL RMSNorm and QK-norm kernels for the trtfuse plugins (interface: docs/architecture.md, "Kernels")."""
+"""CuTeDSL RMSNorm and QK-norm kernels for the trtfuse plugins (interface: docs/architecture.md, "Kernels").
 
-from trtfuse.kernels.api import QkNormKernel, RmsNormKernel, get_qk_norm, get_rms_norm
-from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+The names below are loaded on first use, so that importing a submodule that needs no CuTeDSL (`launch`, `specs`)
+does not load it: the bare-driver harness and the AOT plugins' descriptions read declarations without compiling.
+"""
 
-__all__ = ["QkNormKernel", "QkNormSpec", "RmsNormKernel", "RmsNormSpec", "get_qk_norm", "get_rms_norm"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "QkNormKernel": "trtfuse.kernels.api",
+    "RmsNormKernel": "trtfuse.kernels.api",
+    "get_qk_norm": "trtfuse.kernels.api",
+    "get_rms_norm": "trtfuse.kernels.api",
+    "QkNormSpec": "trtfuse.kernels.specs",
+    "RmsNormSpec": "trtfuse.kernels.specs",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trtfuse.kernels' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -28,12 +28,15 @@ def register() -> dict[str, Any]:
     """Register a creator for every fused-node kind in TensorRT's plugin registry, once per process.
 
     Safe to call any number of times, also when another copy of these creators is already registered. Returns the
-    registered trtfuse creators by plugin name.
+    registered trtfuse creators by plugin name. Refused, with one line, in a process that registered the AOT plugins
+    (the two kinds share names in the registry).
     """
+    from trtfuse.plugins.aot import PYTHON_PLUGINS, claim_plugin_kind
     from trtfuse.plugins.qk_norm import QkNormPluginCreator
     from trtfuse.plugins.rms_norm import RmsNormPluginCreator
     from trtfuse.plugins.trt_module import load_trt
 
+    claim_plugin_kind(PYTHON_PLUGINS)
     registry = load_trt().get_plugin_registry()
     present = _registered(registry)
     for creator_class in (RmsNormPluginCreator, QkNormPluginCreator):
