@@ -21,6 +21,7 @@ import importlib.abc
 import itertools
 import json
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -650,10 +651,14 @@ def check_artifacts(folder: Path) -> dict[str, Any]:
     if manifest["arch"] != arch:
         raise BadInput(f"{folder / MANIFEST}: artifacts are for {manifest['arch']}, this GPU is {arch}")
     bind_torch_context()
+    start = time.perf_counter()
     results: list[CaseResult] = []
     aborted = ""
     artifacts = [(entry, stem) for entry, stems in manifest_entries(manifest) for stem in stems.values()]
-    for (entry, stem), image in itertools.product(artifacts, IMAGES):
+    for done, ((entry, stem), image) in enumerate(itertools.product(artifacts, IMAGES)):
+        if done % 50 == 0:
+            failed = sum(not r.passed for r in results)
+            print(f"checking image {done + 1}/{2 * len(artifacts)}, {failed} failed cases so far", flush=True)
         artifact = read_artifact(folder, stem)
         try:
             kernel = DriverKernel(artifact, image)
@@ -674,6 +679,7 @@ def check_artifacts(folder: Path) -> dict[str, Any]:
         "failed": len(failed),
         "aborted": aborted,
         "forbidden_modules_imported": forbidden_imported(),
+        "wall_s": time.perf_counter() - start,
         "results": [dataclasses.asdict(r) for r in results],
     }
 
@@ -689,7 +695,7 @@ def print_check(report: Mapping[str, Any]) -> None:
         f"\nAOT bare-driver check on {report['gpu']} ({report['arch']}, {report['sms']} SMs): "
         f"{report['artifacts']} artifacts x (ptx, cubin), {report['cases']} cases, {report['failed']} failed; "
         f"worst passing error {worst:.2f} of the allowed; CuTeDSL/TVM-FFI modules imported: "
-        f"{report['forbidden_modules_imported'] or 'none'}"
+        f"{report['forbidden_modules_imported'] or 'none'}; {report['wall_s']:.0f} s"
     )
     if report["aborted"]:
         print(f"aborted after a CUDA error: {report['aborted']}")
