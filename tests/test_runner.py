@@ -241,3 +241,12 @@ def test_an_aot_engine_loads_without_importing_trtfuse_plugins(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_running_without_polygraphy_says_how_to_get_it(tmp_path, monkeypatch):
+    from trtfuse import runner
+
+    monkeypatch.setattr(runner, "import_tensorrt", lambda: object())
+    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", None)
+    with pytest.raises(MissingDependencyError, match=r"TrtRunner; install it with `pip install polygraphy`"):
+        runner.trt_runner(EngineFile.open(_engine_with_sidecar(tmp_path)))

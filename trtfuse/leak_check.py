@@ -274,9 +274,9 @@ def gpu_memory_in_use() -> int:
 def engine_session(engine: EngineFile, profile_index: int) -> Iterator[Run]:
     """The engine deserialised in a new runtime with one execution context in `profile_index` (as `trtfuse run` does,
     through Polygraphy's TrtRunner); on leaving, context, engine and runtime destroyed and collected."""
+    runner = trt_runner(engine, profile_index)
     from polygraphy.exception import PolygraphyException
 
-    runner = trt_runner(engine, profile_index)
     try:
         runner.activate()
     except PolygraphyException as error:

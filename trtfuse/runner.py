@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from trtfuse.engine_file import EngineFile, import_tensorrt, tensorrt_for
-from trtfuse.errors import Choice, OptionError, TrtfuseError, first_line
+from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseError, first_line
 from trtfuse.outputs import OutputPlan, write_bytes_atomic
 from trtfuse.profiles import Profile
 
@@ -131,8 +131,12 @@ def trt_runner(engine: EngineFile, profile_index: int = 0) -> object:
     """Polygraphy's TrtRunner over the engine, set to one optimisation profile."""
     loader = engine_loader(engine)
     import_tensorrt()
-    from polygraphy.backend.trt import TrtRunner
-
+    try:
+        from polygraphy.backend.trt import TrtRunner
+    except ImportError:
+        raise MissingDependencyError(
+            "running an engine takes Polygraphy's TrtRunner; install it with `pip install polygraphy`"
+        ) from None
     return TrtRunner(loader, name=ENGINE_RUNNER, optimization_profile=profile_index)
 
 
