@@ -379,7 +379,9 @@ def test_every_artifact_runs_correctly_from_the_bare_cuda_driver(tmp_path: Path)
     compiled = run_module(["compile", "--out", str(artifacts), "--jobs", jobs], timeout=COMPILE_TIMEOUT_S)
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     report_path = Path(os.environ.get("TRTFUSE_AOT_CHECK_JSON") or tmp_path / "check.json")
+    report_path.unlink(missing_ok=True)
     checked = run_module(["check", str(artifacts), "--json", str(report_path)], timeout=CHECK_TIMEOUT_S)
+    assert report_path.is_file(), f"check wrote no report (exit {checked.returncode}): {checked.stderr[-3000:]}"
     report = json.loads(report_path.read_text())
     failures = [
         f"{r['artifact']} [{r['image']}] {r['case']}: {r['detail']}" for r in report["results"] if not r["passed"]
