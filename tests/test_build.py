@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -217,26 +218,111 @@ def test_compile_unknown_symbolic_dim_names_input(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
 
 
+def _compile_in_a_process_of_its_own(*args: str) -> subprocess.CompletedProcess:
+    """`trtfuse compile` in a child process: the build registers one kind of trtfuse plugins, and the test process
+    must stay free to load either kind of engine (and to register the Python plugins for other tests)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trtfuse.cli.main", "compile", *args], capture_output=True, text=True, timeout=1800
+    )
+
+
+@pytest.mark.parametrize("plugins", ["aot", "python"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=["fp16", "fp32"])
 @pytest.mark.gpu
 @pytest.mark.tensorrt
 @needs_tensorrt
-def test_compile_builds_an_engine_that_matches_onnxruntime(dtype, tmp_path):
+def test_compile_builds_an_engine_that_matches_onnxruntime(dtype, plugins, tmp_path):
     from trtfuse.compare import compare
 
     original = save_model_file(tiny_lm(dtype, fused=False), tmp_path / "model.onnx")
     engine = tmp_path / "model.engine"
     cache = tmp_path / "timing.cache"
-    args = ["compile", str(original), "--profile", "decode", "--tokens", "1:16:64", "--timing-cache", str(cache)]
-    result = CliRunner().invoke(_cli(), args)
-    assert result.exit_code == 0, result.output
+    args = ["--profile", "decode", "--tokens", "1:16:64", "--timing-cache", str(cache), "--plugins", plugins]
+    result = _compile_in_a_process_of_its_own(str(original), *args)
+    assert result.returncode == 0, result.stderr
     sidecar = read_sidecar(engine)
     assert [p["name"] for p in sidecar["profiles"]] == ["decode", "tokens 1:16:64"]
     assert sidecar["plugins"][0]["name"] == contract.RMS_NORM_OP
+    assert sidecar["build"]["plugins"] == plugins
     assert cache.stat().st_size > 0
     report = compare(original, engine, dims={"batch": 1, "sequence": 9})
     assert report.candidate_runner == ENGINE_RUNNER
     assert report.passed, report.to_json()
+
+
+# Deserialises and runs an engine with TensorRT and cuda-python alone, then says whether trtfuse was ever imported.
+_BARE_RUN = """
+import sys
+import numpy as np
+import tensorrt as trt
+from cuda.bindings import runtime as cudart
+
+engine_path, feed_path, out_path = sys.argv[1:]
+engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(open(engine_path, "rb").read())
+assert engine is not None, "TensorRT could not deserialise the engine"
+context = engine.create_execution_context()
+feed = dict(np.load(feed_path))
+for name, array in feed.items():
+    context.set_input_shape(name, array.shape)
+outputs = {}
+for index in range(engine.num_io_tensors):
+    name = engine.get_tensor_name(index)
+    is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+    dtype = trt.nptype(engine.get_tensor_dtype(name))
+    array = feed[name] if is_input else np.empty(tuple(context.get_tensor_shape(name)), dtype)
+    error, pointer = cudart.cudaMalloc(max(array.nbytes, 1))
+    assert error == cudart.cudaError_t.cudaSuccess, error
+    if is_input:
+        cudart.cudaMemcpy(pointer, array.ctypes.data, array.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice)
+    else:
+        outputs[name] = (array, pointer)
+    context.set_tensor_address(name, pointer)
+assert context.execute_async_v3(0)
+cudart.cudaDeviceSynchronize()
+for name, (array, pointer) in outputs.items():
+    cudart.cudaMemcpy(array.ctypes.data, pointer, array.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+np.savez(out_path, **{name: array for name, (array, _) in outputs.items()})
+print(sorted(name for name in sys.modules if name.split(".")[0] == "trtfuse"))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_an_aot_engine_runs_where_trtfuse_is_not(tmp_path):
+    """The point of AOT engines: deserialised and run by TensorRT alone (no trtfuse imported, no plugin registered),
+    with `trtexec` too where it is installed, and giving what `trtfuse run` gives."""
+    import shutil
+
+    from trtfuse.runner import load_feed, run_engine, save_arrays
+
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    result = _compile_in_a_process_of_its_own(str(original), "--tokens", "1:8:32", "--plugins", "aot")
+    assert result.returncode == 0, result.stderr
+    engine = tmp_path / "model.engine"
+    feed = {"input_ids": np.array([[1, 2, 3, 4, 5]], np.int64)}
+    save_arrays(tmp_path / "feed.npz", feed)
+    script = tmp_path / "bare_run.py"
+    script.write_text(_BARE_RUN)
+    # Run from the temp folder, with no path to trtfuse's checkout: an import of trtfuse could only come from an
+    # installed copy, and the script says whether one happened.
+    bare = subprocess.run(
+        [sys.executable, str(script), str(engine), str(tmp_path / "feed.npz"), str(tmp_path / "out.npz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout.strip() == "[]", "TensorRT alone ran the engine"
+    expected = run_engine(EngineFile.open(engine), feed, iterations=1, warmup=0).outputs["logits"]
+    got = load_feed(tmp_path / "out.npz")["logits"]
+    np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), atol=2e-3, rtol=2e-3)
+    if shutil.which("trtexec"):
+        trtexec = subprocess.run(
+            ["trtexec", f"--loadEngine={engine}", "--shapes=input_ids:1x5"], capture_output=True, text=True, timeout=600
+        )
+        assert trtexec.returncode == 0, trtexec.stdout[-2000:]
 
 
 @pytest.mark.filterwarnings("ignore:.*Timing cache operations are no-ops in TensorRT-RTX")

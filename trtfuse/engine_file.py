@@ -67,8 +67,8 @@ def read_sidecar(engine_path: Path) -> dict | None:
 
 
 def recorded_plugin_kind(engine_path: Path, sidecar: dict | None) -> PluginKind:
-    """The kind the sidecar's build options record. Sidecars from before AOT engines record none (nor null), and an
-    engine without a sidecar is of unknown kind: all of them run as the Python plugins' engines always have."""
+    """The kind the sidecar's build options record. A sidecar from before AOT engines records no kind, and an engine
+    without a sidecar has none: both run as Python-plugin engines always have."""
     build = sidecar.get("build") if sidecar is not None else None
     recorded = build.get("plugins") if isinstance(build, dict) else None
     if recorded is None:
@@ -129,9 +129,9 @@ class EngineFile:
 
 
 def import_tensorrt() -> ModuleType:
-    """The `tensorrt` module itself. The plugins' `trt_module.load_trt` returns this same module wherever it imports;
-    its test stand-in TensorRT-RTX cannot run the plugins in an engine, so on the engine side it counts as no TensorRT
-    and is never looked for (nor is trtfuse.plugins imported, which an AOT engine does not need)."""
+    """The `tensorrt` module: the one the plugins' `trt_module.load_trt` returns wherever it imports, taken without
+    importing trtfuse.plugins (an AOT engine needs none of it). TensorRT-RTX, the plugins' test stand-in, cannot run
+    them in an engine, so it is never taken here."""
     try:
         return importlib.import_module("tensorrt")
     except ImportError:
