@@ -179,6 +179,8 @@ def test_launch_cases_cover_the_row_counts_alignment_and_graphs() -> None:
     cases = launch_cases(declaration, sm_count=132)
     aligned = {c.tokens for c in cases if not c.shifted and not c.graph}
     assert {0, 1, 3, 132, 4097, 16384} <= aligned
+    assert not any(c.null for c in cases)
+    assert [(c.tokens, c.null) for c in aot_driver.NULL_POINTER_CASES] == [(0, True)]
     pointers = aot_driver.pointer_names(declaration)
     assert set(pointers) == {"q", "k", "q_weight", "k_weight", "q_out", "k_out"}
     assert {c.shifted for c in cases if len(c.shifted) == 1} == {(name,) for name in pointers}
@@ -348,13 +350,14 @@ def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: py
 
     report = aot_driver.check_artifacts(tmp_path)
     per_image = len(launch_cases(rms_declaration(64), 4)) + len(launch_cases(qk_declaration(), 4))
+    per_image += 2 * len(aot_driver.NULL_POINTER_CASES)
     assert report["cases"] == 2 * per_image and report["artifacts"] == 2
     ran = {(r["artifact"], r["image"]) for r in report["results"]}
     assert ran == {(stem, image) for stem in ("e0", "e1") for image in ("ptx", "cubin")}
     failed = {r["case"] for r in report["results"] if not r["passed"]}
     if faulty:
         assert "tokens=0" not in failed and "tokens=3" in failed and "tokens=3 shifted=x,weight,y graph" in failed
-        assert report["failed"] == 2 * per_image - 4  # all but the four 0-row launches (2 artifacts x 2 images)
+        assert report["failed"] == 2 * per_image - 8  # all but the 0-row launches (2 per image, 4 images)
     else:
         assert failed == set() and report["failed"] == 0
 

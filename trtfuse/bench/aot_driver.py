@@ -347,16 +347,20 @@ def entry_name(entry: MatrixEntry) -> str:
 @dataclass(frozen=True)
 class LaunchCase:
     """One launch to check: `tokens` rows (RMSNorm) or tokens of `heads` rows each (QK-norm), the pointers in
-    `shifted` one element off the allocation's alignment, or launched from replays of a captured CUDA graph."""
+    `shifted` one element off the allocation's alignment, or launched from replays of a captured CUDA graph;
+    `null`: every pointer 0 (what a runtime may pass for empty tensors; 0 tokens only)."""
 
     tokens: int
     shifted: tuple[str, ...] = ()
     graph: bool = False
+    null: bool = False
 
     def label(self) -> str:
         parts = [f"tokens={self.tokens}"]
         if self.shifted:
             parts.append("shifted=" + ",".join(self.shifted))
+        if self.null:
+            parts.append("null pointers")
         if self.graph:
             parts.append("graph")
         return " ".join(parts)
@@ -434,6 +438,7 @@ class CaseTensors:
         no_weight = spec.weight_dtype is None
         w_dtype = getattr(torch, AOT_PLACEHOLDER_WEIGHT_DTYPE if no_weight else spec.weight_dtype)
         self.entry = entry
+        self.null = case.null
         self.rows = part_rows(entry, case.tokens)
         self.parts: dict[str, PartTensors] = {}
         for part, rows, hidden in zip(declaration.parts, self.rows, part_hidden(entry), strict=True):
@@ -459,7 +464,7 @@ class CaseTensors:
         for part_name, part in self.parts.items():
             x_name, w_name, out_name = PART_TENSORS[part_name]
             result |= {x_name: part.x.data_ptr(), w_name: part.weight.data_ptr(), out_name: part.out.data_ptr()}
-        return result
+        return dict.fromkeys(result, 0) if self.null else result
 
     def refresh(self) -> None:
         """Fresh random activations and re-poisoned outputs in the same buffers (for another graph replay)."""
@@ -631,9 +636,15 @@ def context_alive() -> bool:
     return True
 
 
-def check_image(kernel: DriverKernel, entry: MatrixEntry, stem: str, sm_count: int, results: list[CaseResult]) -> str:
-    """Run every case on one loaded image into `results`; returns why the run must stop ("" to go on)."""
-    for case in launch_cases(kernel.declaration, sm_count):
+# Last, after every other case of every artifact: a fault here loses the context, and would lose the rest with it.
+NULL_POINTER_CASES = (LaunchCase(0, null=True),)
+
+
+def check_image(
+    kernel: DriverKernel, entry: MatrixEntry, stem: str, cases: Sequence[LaunchCase], results: list[CaseResult]
+) -> str:
+    """Run `cases` on one loaded image into `results`; returns why the run must stop ("" to go on)."""
+    for case in cases:
         try:
             results.append(run_case(kernel, entry, case, stem))
         except (RuntimeError, ValueError) as error:
@@ -655,17 +666,19 @@ def check_artifacts(folder: Path) -> dict[str, Any]:
     results: list[CaseResult] = []
     aborted = ""
     artifacts = [(entry, stem) for entry, stems in manifest_entries(manifest) for stem in stems.values()]
-    for done, ((entry, stem), image) in enumerate(itertools.product(artifacts, IMAGES)):
+    passes = (lambda declaration: launch_cases(declaration, sm_count), lambda declaration: NULL_POINTER_CASES)
+    images = list(itertools.product(artifacts, IMAGES))
+    for done, (cases_of, ((entry, stem), image)) in enumerate(itertools.product(passes, images)):
         if done % 50 == 0:
             failed = sum(not r.passed for r in results)
-            print(f"checking image {done + 1}/{2 * len(artifacts)}, {failed} failed cases so far", flush=True)
+            print(f"image {done + 1}/{len(passes) * len(images)}, {failed} failed cases so far", flush=True)
         artifact = read_artifact(folder, stem)
         try:
             kernel = DriverKernel(artifact, image)
         except RuntimeError as error:
             results.append(CaseResult(stem, image, "load", False, str(error)))
             continue
-        aborted = check_image(kernel, entry, stem, sm_count, results)
+        aborted = check_image(kernel, entry, stem, cases_of(artifact.declaration), results)
         if aborted:
             break
         kernel.unload()
