@@ -262,7 +262,7 @@ def test_the_check_summary_names_every_failure(capsys: pytest.CaptureFixture[str
         CaseResult("000-rms-prefill", "cubin", "tokens=3 shifted=x", False, "x: 3 NaN elements", float("inf"), 9.0),
     ]
     report = {"gpu": "H200", "arch": "sm_90a", "sms": 132, "artifacts": 1, "cases": 2, "failed": 1, "aborted": ""}
-    report["wall_s"] = 3.0
+    report |= {"wall_s": 3.0, "seed": 7}
     report |= {"forbidden_modules_imported": [], "results": [dataclasses.asdict(r) for r in results]}
     aot_driver.print_check(report)
     printed = capsys.readouterr().out

@@ -662,6 +662,7 @@ def check_artifacts(folder: Path) -> dict[str, Any]:
     if manifest["arch"] != arch:
         raise BadInput(f"{folder / MANIFEST}: artifacts are for {manifest['arch']}, this GPU is {arch}")
     bind_torch_context()
+    seed = torch.seed()  # fresh inputs in every run, replayable with torch.manual_seed(seed)
     start = time.perf_counter()
     results: list[CaseResult] = []
     aborted = ""
@@ -687,6 +688,7 @@ def check_artifacts(folder: Path) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name(),
         "arch": arch,
         "sms": sm_count,
+        "seed": seed,
         "artifacts": len(artifacts),
         "cases": len(results),
         "failed": len(failed),
@@ -708,7 +710,7 @@ def print_check(report: Mapping[str, Any]) -> None:
         f"\nAOT bare-driver check on {report['gpu']} ({report['arch']}, {report['sms']} SMs): "
         f"{report['artifacts']} artifacts x (ptx, cubin), {report['cases']} cases, {report['failed']} failed; "
         f"worst passing error {worst:.2f} of the allowed; CuTeDSL/TVM-FFI modules imported: "
-        f"{report['forbidden_modules_imported'] or 'none'}; {report['wall_s']:.0f} s"
+        f"{report['forbidden_modules_imported'] or 'none'}; {report['wall_s']:.0f} s, torch seed {report['seed']}"
     )
     if report["aborted"]:
         print(f"aborted after a CUDA error: {report['aborted']}")
