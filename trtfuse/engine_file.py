@@ -141,15 +141,14 @@ def import_tensorrt() -> ModuleType:
 def register_plugins(kind: PluginKind) -> None:
     """The trtfuse creators of one kind in TensorRT's plugin registry: the Python (IPluginV3) ones, or the AOT
     quickly deployable plugins. Both kinds go by the same names and namespace, and the registry holds one creator per
-    name, so the plugins' `claim_plugin_kind` refuses the other kind, with one line, once a process holds one."""
-    from trtfuse.plugins.aot import claim_plugin_kind, register_aot
-
+    name, so once a process holds one kind the plugins refuse the other, with one line."""
     if kind is PluginKind.AOT:
+        from trtfuse.plugins.aot import register_aot
+
         register_aot()
         return
     from trtfuse import plugins
 
-    claim_plugin_kind(kind.value)
     plugins.register()
 
 
