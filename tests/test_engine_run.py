@@ -22,6 +22,7 @@ def test_engine_run_lines_name_each_input_and_output_then_the_timings():
 def test_engine_run_json_holds_shapes_dtypes_and_timings():
     assert _run().to_json() == {
         "engine": "m.engine",
+        "plugins": "python",
         "inputs": {"input_ids": {"shape": [1, 4], "dtype": "int64"}},
         "outputs": {"logits": {"shape": [1, 4, 8], "dtype": "float16"}},
         "timing_ms": {"runs": 2, "min_ms": 1.0, "median_ms": 2.0, "mean_ms": 2.0, "max_ms": 3.0},

@@ -254,3 +254,14 @@ def test_running_without_polygraphy_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", None)
     with pytest.raises(MissingDependencyError, match=r"TrtRunner; install it with `pip install polygraphy`"):
         runner.trt_runner(EngineFile.open(_engine_with_sidecar(tmp_path)))
+
+
+def test_run_reports_the_engines_plugin_kind(tmp_path, monkeypatch):
+    from trtfuse import runner
+    from trtfuse.runner import RunResult
+
+    engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    timing = TimingSummary.from_seconds([0.001])
+    monkeypatch.setattr(runner, "run_engine", lambda engine, feed, **_: RunResult({}, timing))
+    run = runner.run_engine_file(engine, None, 0, {}, {}, iterations=1, warmup=0, save_outputs=None)
+    assert run.to_json()["plugins"] == "aot"

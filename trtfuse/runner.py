@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtfuse.engine_file import EngineFile, import_tensorrt, tensorrt_for
+from trtfuse.engine_file import EngineFile, PluginKind, import_tensorrt, tensorrt_for
 from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseError, first_line
 from trtfuse.outputs import OutputPlan, write_bytes_atomic
 from trtfuse.profiles import Profile
@@ -174,10 +174,12 @@ class EngineRun:
     engine_path: Path
     feed: dict[str, np.ndarray]
     result: RunResult
+    plugin_kind: PluginKind = PluginKind.PYTHON
 
     def to_json(self) -> dict:
         return {
             "engine": str(self.engine_path),
+            "plugins": self.plugin_kind.value,
             "inputs": {name: _array_json(array) for name, array in self.feed.items()},
             "outputs": {name: _array_json(array) for name, array in self.result.outputs.items()},
             "timing_ms": vars(self.result.timing),
@@ -222,4 +224,4 @@ def run_engine_file(
     result = run_engine(engine, feed, iterations=iterations, warmup=warmup)
     if save_outputs is not None:
         save_arrays(save_outputs, result.outputs)
-    return EngineRun(engine_path=engine_path, feed=feed, result=result)
+    return EngineRun(engine_path=engine_path, feed=feed, result=result, plugin_kind=engine.plugin_kind)
