@@ -105,16 +105,15 @@ class PackedParams:
 def argument_values(declaration: LaunchDeclaration, pointers: Mapping[str, int], rows: Sequence[int]) -> list[int]:
     """Each kernel parameter's value in declaration order: pointers by parameter name, the scalars from the row
     counts (declaration.scalars)."""
-    pointer_names = {p.name for p in declaration.params if p.role is not ParamRole.SCALAR}
-    if set(pointers) != pointer_names:
-        raise ValueError(f"{declaration.kernel_name} takes pointers {sorted(pointer_names)}, got {sorted(pointers)}")
-    scalars = iter(declaration.scalars(rows))
-    values = []
-    for param in declaration.params:
-        values.append(next(scalars) if param.role is ParamRole.SCALAR else pointers[param.name])
-    if next(scalars, None) is not None:
-        raise ValueError(f"{declaration.kernel_name}: the declaration gives more scalars than it has parameters")
-    return values
+    expected = set(pointer_names(declaration))
+    if set(pointers) != expected:
+        raise ValueError(f"{declaration.kernel_name} takes pointers {sorted(expected)}, got {sorted(pointers)}")
+    scalars = list(declaration.scalars(rows))
+    scalar_params = [p for p in declaration.params if p.role is ParamRole.SCALAR]
+    if len(scalars) != len(scalar_params):
+        raise ValueError(f"{declaration.kernel_name}: {len(scalar_params)} scalar parameters, {len(scalars)} scalars")
+    by_name = dict(zip((p.name for p in scalar_params), scalars, strict=True)) | dict(pointers)
+    return [by_name[p.name] for p in declaration.params]
 
 
 def pack_params(declaration: LaunchDeclaration, values: Sequence[int]) -> PackedParams:
