@@ -256,6 +256,17 @@ def test_the_bare_process_guard_blocks_cutlass_and_tvm_ffi() -> None:
     assert done.returncode == 1 and "has imported cutlass" in done.stderr
 
 
+def test_the_check_process_imports_no_cutlass_or_tvm_ffi() -> None:
+    """What `check` imports before its guard runs: the driver, the launch declarations, the specs, the reference."""
+    code = (
+        "import sys; from trtfuse.bench import aot_driver, reference; import trtfuse.kernels.specs;"
+        " print(aot_driver.forbidden_imported())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_the_check_summary_names_every_failure(capsys: pytest.CaptureFixture[str]) -> None:
     results = [
         CaseResult("000-rms-prefill", "ptx", "tokens=1", True, "", 0.01, 0.4),
