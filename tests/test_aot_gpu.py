@@ -37,6 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Both steps must end well inside the device's 10-minute limit per command, which `.ci/gpu tests` shares.
 COMPILE_TIMEOUT_S = 240
 CHECK_TIMEOUT_S = 400
+# A folder of artifacts compiled elsewhere (`aot_driver compile --out DIR` on a CPU machine) to check instead of
+# compiling here: PTX from another CuTeDSL build may have an ISA this machine's driver knows.
+ARTIFACTS_ENV = "TRTFUSE_AOT_ARTIFACTS"
 
 
 def rms_declaration(hidden: int = 4096, rows_per_block: int = 1) -> LaunchDeclaration:
@@ -387,11 +390,15 @@ def run_module(args: list[str], timeout: int) -> subprocess.CompletedProcess[str
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with `python3 -m pytest -m gpu`)")
 def test_every_artifact_runs_correctly_from_the_bare_cuda_driver(tmp_path: Path) -> None:
-    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the compile step needs it)")
-    artifacts = tmp_path / "artifacts"
-    jobs = str(min(8, os.cpu_count() or 1))
-    compiled = run_module(["compile", "--out", str(artifacts), "--jobs", jobs], timeout=COMPILE_TIMEOUT_S)
-    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    given = os.environ.get(ARTIFACTS_ENV)
+    if given:
+        artifacts = Path(given)
+    else:
+        pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the compile step needs it)")
+        artifacts = tmp_path / "artifacts"
+        jobs = str(min(8, os.cpu_count() or 1))
+        compiled = run_module(["compile", "--out", str(artifacts), "--jobs", jobs], timeout=COMPILE_TIMEOUT_S)
+        assert compiled.returncode == 0, compiled.stderr[-3000:]
     report_path = Path(os.environ.get("TRTFUSE_AOT_CHECK_JSON") or tmp_path / "check.json")
     report_path.unlink(missing_ok=True)
     checked = run_module(["check", str(artifacts), "--json", str(report_path)], timeout=CHECK_TIMEOUT_S)
@@ -406,7 +413,10 @@ def test_every_artifact_runs_correctly_from_the_bare_cuda_driver(tmp_path: Path)
     manifest = json.loads((artifacts / "manifest.json").read_text())
     stems = {stem for entry in manifest["entries"] for stem in entry["stems"].values()}
     ran = {(r["artifact"], r["image"]) for r in report["results"]}
-    assert ran == {(stem, image) for stem in stems for image in ("ptx", "cubin")}
+    # PTX whose ISA this driver does not know is not loaded (the report says why); every cubin must run.
+    unloadable = set(report["ptx_not_loadable"])
+    expected = {(stem, "cubin") for stem in stems} | {(stem, "ptx") for stem in stems - unloadable}
+    assert ran == expected
     assert len(manifest["entries"]) == len(aot_driver.matrix())
 
 

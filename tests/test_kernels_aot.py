@@ -188,3 +188,25 @@ def test_artifacts_are_read_back_from_disk_without_compiling(cache_root: Path, m
     assert rms_norm_artifact(spec, Tactic.DECODE, "sm_89", cache_root) == compiled
     assert len(list(cache_root.rglob("aot-*.json"))) >= 1
     assert not list(cache_root.rglob("tmp*")), "a temporary file was left in the cache"
+
+
+@pytest.mark.parametrize(
+    ("isa", "driver", "problem"),
+    [
+        ("8.8", 12090, None),
+        ("8.8", 13000, None),
+        ("9.1", 13000, "ISA 9.1, which needs a CUDA 13.1 driver; this machine's driver is CUDA 13.0"),
+        ("8.8", 12080, "ISA 8.8, which needs a CUDA 12.9 driver; this machine's driver is CUDA 12.8"),
+        ("9.9", 13000, "needs a newer CUDA driver than cuda-bindings knows"),
+        ("9.9", None, None),  # no driver here: nothing to refuse
+    ],
+)
+def test_ptx_a_driver_cannot_jit_is_named_with_both_versions(isa: str, driver: int | None, problem: str | None) -> None:
+    """The H200's driver (CUDA 13.0) refused CuTeDSL-cu13's PTX with CUDA_ERROR_UNSUPPORTED_PTX_VERSION; the build
+    must say so instead of letting TensorRT fail to time the kernel."""
+    from trtfuse.kernels.device import ptx_driver_problem
+
+    found = ptx_driver_problem(f".version {isa}\n.target sm_90a\n", driver)
+    assert (found is None) == (problem is None)
+    if problem is not None:
+        assert problem in found

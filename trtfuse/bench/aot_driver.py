@@ -32,7 +32,7 @@ import torch
 
 from trtfuse.bench.reference import norm_reference
 from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE, NormParams, WeightMode
-from trtfuse.kernels.device import arch_for, current_device
+from trtfuse.kernels.device import arch_for, current_device, driver_version, ptx_driver_problem
 from trtfuse.kernels.launch import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 
@@ -665,6 +665,10 @@ def check_artifacts(folder: Path) -> dict[str, Any]:
     start = time.perf_counter()
     results: list[CaseResult] = []
     aborted = ""
+    driver = driver_version()
+    # PTX this driver cannot JIT (an ISA newer than it knows: CuTeDSL built against a newer CUDA) is not loaded, and
+    # said so; its cubin still runs. Any other load failure is a failure.
+    unloadable: dict[str, str] = {}
     artifacts = [(entry, stem) for entry, stems in manifest_entries(manifest) for stem in stems.values()]
     passes = (lambda declaration: launch_cases(declaration, sm_count), lambda declaration: NULL_POINTER_CASES)
     images = list(itertools.product(artifacts, IMAGES))
@@ -673,6 +677,10 @@ def check_artifacts(folder: Path) -> dict[str, Any]:
             failed = sum(not r.passed for r in results)
             print(f"image {done + 1}/{len(passes) * len(images)}, {failed} failed cases so far", flush=True)
         artifact = read_artifact(folder, stem)
+        problem = ptx_driver_problem(artifact.ptx, driver) if image == "ptx" else None
+        if problem is not None:
+            unloadable[stem] = problem
+            continue
         try:
             kernel = DriverKernel(artifact, image)
         except RuntimeError as error:
@@ -692,6 +700,7 @@ def check_artifacts(folder: Path) -> dict[str, Any]:
         "cases": len(results),
         "failed": len(failed),
         "aborted": aborted,
+        "ptx_not_loadable": unloadable,
         "forbidden_modules_imported": forbidden_imported(),
         "wall_s": time.perf_counter() - start,
         "results": [dataclasses.asdict(r) for r in results],
@@ -713,6 +722,10 @@ def print_check(report: Mapping[str, Any]) -> None:
     )
     if report["aborted"]:
         print(f"aborted after a CUDA error: {report['aborted']}")
+    unloadable = report.get("ptx_not_loadable") or {}
+    if unloadable:
+        reasons = sorted(set(unloadable.values()))
+        print(f"PTX not loaded for {len(unloadable)} artifacts (their cubins ran): {'; '.join(reasons)}")
 
 
 # --- command line -----------------------------------------------------------------------------------------------------

@@ -51,3 +51,34 @@ def current_device() -> DeviceInfo:
     minor = _attribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
     sms = _attribute(attrs.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
     return DeviceInfo(arch=arch_for(major, minor), sm_count=sms, has_gpu=True)
+
+
+def driver_version() -> int | None:
+    """The CUDA driver's version as cuDriverGetVersion gives it (13000 for 13.0); None without a driver."""
+    try:
+        err, version = cuda.cuDriverGetVersion()
+    except RuntimeError:  # libcuda missing
+        return None
+    return int(version) if err == cuda.CUresult.CUDA_SUCCESS else None
+
+
+def _cuda_text(version: int) -> str:
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def ptx_driver_problem(ptx: str, driver: int | None) -> str | None:
+    """Why a CUDA driver of version `driver` cannot JIT-compile `ptx` (its ISA is newer than the driver knows, as
+    CUDA's PTX ISA table says); None when it can, or when there is no driver to ask."""
+    if driver is None:
+        return None
+    from cuda.bindings import utils
+
+    isa = utils.get_ptx_ver(ptx)
+    try:
+        needed = utils.get_minimal_required_cuda_ver_from_ptx_ver(isa)
+    except ValueError:
+        needed = None
+    if needed is not None and driver >= needed:
+        return None
+    needs = "a newer CUDA driver than cuda-bindings knows" if needed is None else f"a CUDA {_cuda_text(needed)} driver"
+    return f"the kernels' PTX is ISA {isa}, which needs {needs}; this machine's driver is CUDA {_cuda_text(driver)}"

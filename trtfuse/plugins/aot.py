@@ -331,7 +331,15 @@ def _build_arch() -> str:
 
 def _kernel(trtp: Any, artifact: Any, activations: Sequence[Any]) -> tuple[str, str, Any, Any]:
     """aot_impl's result for `artifact`: its entry name, its PTX, and its launch as expressions of the activations'
-    symbolic shapes (rows = element count // hidden), by the declaration's own formula."""
+    symbolic shapes (rows = element count // hidden), by the declaration's own formula.
+
+    Refused when this machine's driver cannot JIT the PTX (CuTeDSL built against a newer CUDA than the driver):
+    TensorRT would fail to time it with a bare CUDA error."""
+    from trtfuse.kernels.device import driver_version, ptx_driver_problem
+
+    problem = ptx_driver_problem(artifact.ptx, driver_version())
+    if problem is not None:
+        raise TrtfuseError(f"{problem}: update the driver, or build with the Python plugins")
     declaration = artifact.declaration
     rows = declaration.rows_of([activation.shape_expr.numel() for activation in activations])
     grid_x, scalars = declaration.launch_values(rows, trtp.cdiv, lambda blocks: trtp.max(blocks, 1))
