@@ -10,52 +10,17 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
 
+from trtfuse.bench import aot_driver
 from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels import aot
-from trtfuse.kernels.aot import AOT_ARCHS, qk_norm_artifact, qk_norm_tactics, rms_norm_artifact, rms_norm_tactics
+from trtfuse.kernels.aot import AOT_ARCHS, qk_norm_artifact, rms_norm_artifact, rms_norm_tactics
 from trtfuse.kernels.launch import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 
 AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
-DTYPE_PAIRS = (
-    ("float32", "float32"),
-    ("float16", "float16"),
-    ("bfloat16", "bfloat16"),
-    ("float32", "float16"),
-    ("float32", "bfloat16"),
-    ("float16", "float32"),
-    ("bfloat16", "float32"),
-)
-HIDDENS = (64, 128, 1000, 1001, 2048, 4096, 5120, 8192)  # the GPU kernel tests' sizes, plus a ragged odd one
-
-
-def sixteen_bit_side(dtype: str, out_dtype: str) -> str:
-    return dtype if dtype != "float32" else out_dtype
-
-
-RMS_SPECS = list(
-    dict.fromkeys(
-        [
-            *(
-                RmsNormSpec(4096, dtype, weight, NormParams(1e-6, offset, mode), out)
-                for dtype, out in DTYPE_PAIRS
-                for mode, offset, weight in (
-                    (AFTER, 0.0, sixteen_bit_side(dtype, out)),
-                    (BEFORE, 1.0, "float32"),
-                    (NONE, 0.0, None),
-                )
-            ),
-            *(RmsNormSpec(hidden, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)) for hidden in HIDDENS),
-        ]
-    )
-)  # the bf16 4096 spec is in both lists
-QK_SPECS = [
-    QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # Qwen3
-    QkNormSpec(256, 256, "bfloat16", "float32", NormParams(1e-6, 1.0, BEFORE), "float32"),  # Gemma3, fp32 out
-    QkNormSpec(4096, 1024, "float16", "float32", NormParams(1e-6, 0.0, AFTER), "float32"),  # OLMo2 GQA, mixed
-    QkNormSpec(128, 128, "float16", None, NormParams(1e-6, 0.0, NONE)),
-    QkNormSpec(128, 64, "float32", "float32", NormParams(1e-5, 0.0, AFTER)),
-]
+QWEN3_QK = QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
+RMS_PARAMS = ["x", "weight", "rows", "y"]
+QK_PARAMS = ["q", "k", "q_weight", "k_weight", "q_rows", "k_rows", "q_blocks", "q_out", "k_out"]
 ENTRY = re.compile(r"\.visible \.entry (\w+)\((.*?)\)", re.S)
 
 
@@ -95,27 +60,24 @@ def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("arch", AOT_ARCHS)
-def test_every_rms_norm_artifact_compiles_for_every_architecture(arch: str, cache_root: Path) -> None:
+def test_every_artifact_compiles_for_every_architecture(
+    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The matrix the H200 check runs (every spec of the kernel GPU tests: dtype pairs, weight modes, hidden sizes,
+    QK shapes; every tactic), compiled for each target and read back as the bare-driver check reads it."""
+    monkeypatch.setenv("TRTFUSE_KERNEL_CACHE", str(tmp_path / "cache"))
+    manifest = aot_driver.compile_matrix(tmp_path / "artifacts", arch, jobs=2)
     names = set()
-    for spec in RMS_SPECS:
-        for tactic in rms_norm_tactics(spec):
-            artifact = rms_norm_artifact(spec, tactic, arch, cache_root)
+    for entry, stems in aot_driver.manifest_entries(manifest):
+        for tactic_name, stem in stems.items():
+            artifact = aot_driver.read_artifact(tmp_path / "artifacts", stem)
             check_artifact(artifact, arch)
-            assert artifact.declaration.tactic is tactic
-            assert [p.name for p in artifact.declaration.params] == ["x", "weight", "rows", "y"]
+            assert artifact.declaration.tactic is Tactic[tactic_name]
+            expected = RMS_PARAMS if entry.heads is None else QK_PARAMS
+            assert [p.name for p in artifact.declaration.params] == expected
             names.add(artifact.declaration.kernel_name)
-    assert len(names) == sum(len(rms_norm_tactics(s)) for s in RMS_SPECS), "two artifacts share an entry name"
-
-
-@pytest.mark.parametrize("arch", AOT_ARCHS)
-def test_every_qk_norm_artifact_compiles_for_every_architecture(arch: str, cache_root: Path) -> None:
-    for spec in QK_SPECS:
-        (tactic,) = qk_norm_tactics(spec)
-        artifact = qk_norm_artifact(spec, tactic, arch, cache_root)
-        check_artifact(artifact, arch)
-        declared = [p.name for p in artifact.declaration.params]
-        assert declared == ["q", "k", "q_weight", "k_weight", "q_rows", "k_rows", "q_blocks", "q_out", "k_out"]
-        assert [p.hidden for p in artifact.declaration.parts] == [spec.q_hidden, spec.k_hidden]
+    assert len(names) == sum(len(stems) for _, stems in aot_driver.manifest_entries(manifest)), "shared entry names"
+    assert len(names) >= 150
 
 
 def test_vector_kernels_keep_an_in_kernel_scalar_path(cache_root: Path) -> None:
@@ -167,7 +129,7 @@ def test_the_grid_covers_every_row_once(rows: int, cache_root: Path) -> None:
         assert grid >= 1
         assert grid * part.rows_per_block >= rows > (grid - 1) * part.rows_per_block or grid == 1 == rows + 1
         assert declaration.scalars([rows]) == (rows,)
-    qk = qk_norm_artifact(QK_SPECS[0], Tactic.PREFILL, "sm_90a", cache_root).declaration
+    qk = qk_norm_artifact(QWEN3_QK, Tactic.PREFILL, "sm_90a", cache_root).declaration
     q_rows, k_rows = rows * 32, rows * 8
     q_part, k_part = qk.parts
     q_blocks = -(-q_rows // q_part.rows_per_block)
