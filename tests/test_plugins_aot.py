@@ -27,7 +27,7 @@ from graphs import AttentionSpec, Builder, NormSpec, attention_block, rms_norm, 
 from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse import contract
-from trtfuse.contract import WeightMode
+from trtfuse.contract import PluginKind, WeightMode
 from trtfuse.errors import TrtfuseError
 from trtfuse.fuse import fuse_model
 from trtfuse.plugins import aot
@@ -538,15 +538,15 @@ def test_aot_impl_s_launch_is_the_declaration_s_for_the_activations_rows(op: str
 
 def test_one_process_registers_one_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aot, "_claimed_kind", None)
-    aot.claim_plugin_kind(aot.AOT_PLUGINS)
-    aot.claim_plugin_kind(aot.AOT_PLUGINS)
+    aot.claim_plugin_kind(PluginKind.AOT)
+    aot.claim_plugin_kind(PluginKind.AOT)
     with pytest.raises(TrtfuseError) as raised:
-        aot.claim_plugin_kind(aot.PYTHON_PLUGINS)
+        aot.claim_plugin_kind(PluginKind.PYTHON)
     assert "\n" not in str(raised.value) and "registered trtfuse's aot plugins" in str(raised.value)
     monkeypatch.setattr(aot, "_claimed_kind", None)
-    aot.claim_plugin_kind(aot.PYTHON_PLUGINS)
+    aot.claim_plugin_kind(PluginKind.PYTHON)
     with pytest.raises(TrtfuseError, match="registered trtfuse's python plugins"):
-        aot.claim_plugin_kind(aot.AOT_PLUGINS)
+        aot.claim_plugin_kind(PluginKind.AOT)
     with pytest.raises(ValueError):
         aot.claim_plugin_kind("jit")
 

@@ -105,3 +105,13 @@ def dtype_pair_problem(dtype: str, output_dtype: str) -> str | None:
     if "float32" not in (dtype, output_dtype) and dtype != output_dtype:
         return f"input dtype {dtype} and output dtype {output_dtype} are two different 16-bit dtypes"
     return None
+
+
+class PluginKind(str, enum.Enum):
+    """How an engine's trtfuse nodes run. AOT: TensorRT embeds the kernels and launches them itself, so the engine
+    runs in any TensorRT runtime without Python. PYTHON: IPluginV3 plugins that call back into a Python process with
+    trtfuse imported, registered before the engine is deserialised. Both kinds implement the nodes above under one
+    name, namespace and version, so a process registers one kind."""
+
+    AOT = "aot"
+    PYTHON = "python"

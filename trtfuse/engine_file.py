@@ -9,7 +9,6 @@ whether an engine needs the Python plugins registered to run (an AOT engine carr
 
 from __future__ import annotations
 
-import enum
 import importlib
 import json
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from types import ModuleType
 
 import numpy as np
 
+from trtfuse.contract import PluginKind
 from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseError
 from trtfuse.inputs import make_feed
 from trtfuse.model_io import load_model
@@ -29,15 +29,6 @@ SIDECAR_FORMAT = "trtfuse-engine/1"
 INSTALL_HINT = (
     "install it with `pip install -e '.[gpu]'` in a trtfuse checkout (tensorrt>=10.8) on a machine with an NVIDIA GPU"
 )
-
-
-class PluginKind(str, enum.Enum):
-    """How an engine's trtfuse nodes run. AOT: TensorRT embeds the kernels and launches them itself, so the engine
-    runs in any TensorRT runtime without Python. PYTHON: IPluginV3 plugins that call back into a Python process with
-    trtfuse imported, registered before the engine is deserialised."""
-
-    AOT = "aot"
-    PYTHON = "python"
 
 
 def sidecar_path_for(engine_path: Path) -> Path:

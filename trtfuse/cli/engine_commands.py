@@ -28,6 +28,7 @@ from trtfuse.cli.options import (
     summary,
     unique,
 )
+from trtfuse.contract import PluginKind
 from trtfuse.errors import MissingDependencyError
 from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
 
@@ -35,8 +36,7 @@ if TYPE_CHECKING:
     from trtfuse.pipeline import FusedFile
     from trtfuse.profiles import DimRange, ShapeRange
 
-# The values of `engine_file.PluginKind`, spelled here so that `--help` imports no engine module.
-PLUGIN_KINDS = ("aot", "python")
+PLUGIN_KINDS = tuple(kind.value for kind in PluginKind)
 COMPARE_INSTALL_HINT = (
     "install it with `pip install -e '.[compare]'` in a trtfuse checkout, or `pip install polygraphy`"
 )
@@ -102,7 +102,6 @@ def compile_command(
     as_json: bool,
 ) -> None:
     """Fuse MODEL.onnx, write the fused model and its report beside the engine, then build the TensorRT engine."""
-    from trtfuse.engine_file import PluginKind
     from trtfuse.pipeline import compile_model
     from trtfuse.profiles import request_from_options
 

@@ -31,12 +31,13 @@ def register() -> dict[str, Any]:
     registered trtfuse creators by plugin name. Refused, with one line, in a process that registered the AOT plugins
     (the two kinds share names in the registry).
     """
-    from trtfuse.plugins.aot import PYTHON_PLUGINS, claim_plugin_kind
+    from trtfuse.contract import PluginKind
+    from trtfuse.plugins.aot import claim_plugin_kind
     from trtfuse.plugins.qk_norm import QkNormPluginCreator
     from trtfuse.plugins.rms_norm import RmsNormPluginCreator
     from trtfuse.plugins.trt_module import load_trt
 
-    claim_plugin_kind(PYTHON_PLUGINS)
+    claim_plugin_kind(PluginKind.PYTHON)
     registry = load_trt().get_plugin_registry()
     present = _registered(registry)
     for creator_class in (RmsNormPluginCreator, QkNormPluginCreator):

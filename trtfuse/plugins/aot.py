@@ -25,15 +25,12 @@ from trtfuse import contract
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.trt_module import load_trt
 
-AOT_PLUGINS = "aot"
-PYTHON_PLUGINS = "python"
-PLUGIN_KINDS = (AOT_PLUGINS, PYTHON_PLUGINS)
 LINEAR = "LINEAR"
 # tensorrt.plugin's spelling of each contract dtype in AutoTuneCombination type strings.
 COMBINATION_TYPE_NAMES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 
 _lock = threading.Lock()
-_claimed_kind: str | None = None
+_claimed_kind: contract.PluginKind | None = None
 _aot_registered = False
 
 
@@ -57,19 +54,18 @@ def aot_supported(trt: ModuleType) -> bool:
     return hasattr(trt, "QuickPluginCreationRequest")
 
 
-def claim_plugin_kind(kind: str) -> None:
-    """Record that this process registers trtfuse's `kind` plugins ("aot" or "python"); refuse the other kind.
+def claim_plugin_kind(kind: contract.PluginKind) -> None:
+    """Record that this process registers trtfuse's `kind` plugins; refuse the other kind.
 
     Both kinds are creators of one name, namespace and version in TensorRT's one plugin registry, so a process that
     held both would build with whichever the registry returned.
     """
     global _claimed_kind
-    if kind not in PLUGIN_KINDS:
-        raise ValueError(f"plugin kind {kind!r} is not one of {PLUGIN_KINDS}")
+    kind = contract.PluginKind(kind)
     if _claimed_kind not in (None, kind):
         raise TrtfuseError(
-            f"this process registered trtfuse's {_claimed_kind} plugins; the {kind} plugins share their names in "
-            f"TensorRT's registry, so build with them in another process"
+            f"this process registered trtfuse's {_claimed_kind.value} plugins; the {kind.value} plugins share their "
+            "names in TensorRT's registry, so build with them in another process"
         )
     _claimed_kind = kind
 
@@ -87,7 +83,7 @@ def register_aot() -> None:
                 f"{trt.__name__} {getattr(trt, '__version__', '(unknown version)')} has no AOT plugins: they need "
                 "TensorRT >= 10.9 (tensorrt.plugin's aot_impl); build with the Python plugins instead"
             )
-        claim_plugin_kind(AOT_PLUGINS)
+        claim_plugin_kind(contract.PluginKind.AOT)
         _refuse_registered_creators(trt)
         trtp = importlib.import_module(f"{trt.__name__}.plugin")
         for definition in qdp_definitions(trtp):
