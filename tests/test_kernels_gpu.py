@@ -10,6 +10,7 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels import QkNormSpec, RmsNormSpec, get_qk_norm, get_rms_norm
+from trtfuse.tolerances import KERNEL_ELEMENTWISE
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
@@ -24,9 +25,6 @@ AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.
 DTYPES = ("float32", "float16", "bfloat16")
 HIDDENS = (64, 128, 1000, 2048, 4096, 5120, 8192)
 ROWS = (1, 3, 64, 4096)
-# Elementwise: two units in the last place of the output dtype (the kernel rounds once from fp32, the reference
-# from fp64, and AFTER_CAST rounds twice), plus an absolute floor for outputs near zero.
-TOLERANCE = {"float32": (1e-5, 1e-6), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2)}
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +64,9 @@ def assert_matches(y: torch.Tensor, ref: torch.Tensor, rounded_to: str | None = 
     """`rounded_to`: a coarser dtype the value passed through on its way to y's (AFTER_CAST's R), whose units in the
     last place then set the tolerance: the kernel's fp32 x·r and the float64 one may round to neighbours there."""
     assert not torch.isnan(y).any(), "output has unwritten (NaN-poisoned) or NaN elements"
-    rtol, atol = max(TOLERANCE[str(y.dtype).removeprefix("torch.")], TOLERANCE[rounded_to or "float32"])
+    rtol, atol = max(
+        KERNEL_ELEMENTWISE[str(y.dtype).removeprefix("torch.")], KERNEL_ELEMENTWISE[rounded_to or "float32"]
+    )
     torch.testing.assert_close(y.double(), ref.double(), rtol=rtol, atol=atol)
 
 

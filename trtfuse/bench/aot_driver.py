@@ -35,6 +35,7 @@ from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE, NormParams, WeightMod
 from trtfuse.kernels.device import arch_for, current_device, driver_version, ptx_driver_problem
 from trtfuse.kernels.launch import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+from trtfuse.tolerances import KERNEL_ELEMENTWISE
 
 # The process that launches artifacts must prove it needs neither (issue 9: TensorRT runs them with no Python).
 FORBIDDEN_MODULES = ("cutlass", "tvm_ffi")
@@ -45,9 +46,6 @@ U32_LIMIT = 1 << 32
 U64_LIMIT = 1 << 64
 # Each row part's tensors, by parameter name: (activation, weight, output).
 PART_TENSORS = {"x": ("x", "weight", "y"), "q": ("q", "q_weight", "q_out"), "k": ("k", "k_weight", "k_out")}
-# Elementwise (rtol, atol) per dtype: tests/test_kernels_gpu.py's TOLERANCE, so an artifact passes exactly when
-# today's kernel would (two units in the last place of the output dtype, or of AFTER_CAST's 16-bit R).
-ELEMENTWISE_TOLERANCE = {"float32": (1e-5, 1e-6), "float16": (2e-3, 1e-3), "bfloat16": (1.6e-2, 1e-2)}
 LARGE_ROWS = 16384
 RAGGED_ROWS = 4097  # one row past a whole number of prefill blocks of every tiling
 GRAPH_ROWS = 32
@@ -492,7 +490,7 @@ def compare_part(spec: RmsNormSpec | QkNormSpec, part: PartTensors) -> tuple[boo
     x = part.x.view(part.rows, part.hidden)
     weight = None if spec.weight_dtype is None else part.weight
     reference = norm_reference(x, weight, spec.params, spec.out_dtype).double()
-    rtol, atol = max(ELEMENTWISE_TOLERANCE[spec.out_dtype], ELEMENTWISE_TOLERANCE[rounded_to(spec) or "float32"])
+    rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
     error = (out.double() - reference).abs()
     ratio = error / (atol + rtol * reference.abs())
     nan = int(torch.isnan(out).sum())
