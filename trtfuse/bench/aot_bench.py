@@ -101,6 +101,29 @@ def finish(row: dict[str, Any], picked: Tactic) -> dict[str, Any]:
     return row
 
 
+def measure(
+    row: dict[str, Any],
+    today: Call,
+    aot_calls: Mapping[Tactic, Call],
+    poison: Callable[[], None],
+    verify: Callable[[str], None],
+    n_sets: int,
+    copy_gbs: float,
+) -> None:
+    """Time today's call and every tactic's into `row` (its "timing" says how: CUDA-graph replays of input set 0,
+    or events over the `n_sets` rotating sets, then also against a same-size copy and the run's copy bandwidth)."""
+    graph = row["timing"] == "graph"
+
+    def time_one(call: Call) -> float:
+        return graph_replay_us(lambda: call(0)) if graph else median_event_us(call, n_sets)
+
+    if not graph:
+        row["same_size_copy_us"] = same_size_copy_us(row["bytes"])
+    row |= timed_side_by_side(today, aot_calls, time_one, poison, verify)
+    if not graph:
+        add_pct_copy(row, row["bytes"], copy_gbs)
+
+
 def bench_rms(rows: int, hidden: int, graph: bool, copy_gbs: float, sm_count: int) -> dict[str, Any]:
     """RMSNorm of rows x hidden bf16: event-timed over rotating input sets, or graph replays for decode rows."""
     spec = RmsNormSpec(hidden, DTYPE_NAME, DTYPE_NAME, LLAMA)
@@ -133,16 +156,8 @@ def bench_rms(rows: int, hidden: int, graph: bool, copy_gbs: float, sm_count: in
         for i in sorted({0, n_sets - 1}):
             check_close(ys[i], norm_reference(xs[i], w, LLAMA), f"{what} {rows}x{hidden} set {i}")
 
-    def time_one(call: Call) -> float:
-        return graph_replay_us(lambda: call(0)) if graph else median_event_us(call, n_sets)
-
-    calls = {t: driver_call(k) for t, k in loaded.items()}
-    row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "bytes": nbytes, "timing": "graph" if graph else "events"}
-    if not graph:
-        row["same_size_copy_us"] = same_size_copy_us(nbytes)
-    row |= timed_side_by_side(today, calls, time_one, poison, verify)
-    if not graph:
-        add_pct_copy(row, nbytes, copy_gbs)
+    row = {"shape": f"{rows}x{hidden}", "bytes": nbytes, "timing": "graph" if graph else "events"}
+    measure(row, today, {t: driver_call(k) for t, k in loaded.items()}, poison, verify, n_sets, copy_gbs)
     for loaded_kernel in loaded.values():
         loaded_kernel.unload()
     return finish(row, expected_tactic(rows, sm_count, tuple(loaded)))
@@ -191,16 +206,8 @@ def bench_qk(tokens: int, copy_gbs: float) -> dict[str, Any]:
             check_close(q_outs[i], norm_reference(qs[i], wq, LLAMA), f"{what} qk q tokens={tokens} set {i}")
             check_close(k_outs[i], norm_reference(ks[i], wk, LLAMA), f"{what} qk k tokens={tokens} set {i}")
 
-    def time_one(call: Call) -> float:
-        return graph_replay_us(lambda: call(0)) if graph else median_event_us(call, n_sets)
-
-    calls = {t: driver_call(k) for t, k in loaded.items()}
-    row: dict[str, Any] = {"tokens": tokens, "bytes": nbytes, "timing": "graph" if graph else "events"}
-    if not graph:
-        row["same_size_copy_us"] = same_size_copy_us(nbytes)
-    row |= timed_side_by_side(today, calls, time_one, poison, verify)
-    if not graph:
-        add_pct_copy(row, nbytes, copy_gbs)
+    row = {"tokens": tokens, "bytes": nbytes, "timing": "graph" if graph else "events"}
+    measure(row, today, {t: driver_call(k) for t, k in loaded.items()}, poison, verify, n_sets, copy_gbs)
     for loaded_kernel in loaded.values():
         loaded_kernel.unload()
     return finish(row, Tactic.PREFILL)
