@@ -448,7 +448,7 @@ def test_aot_asked_for_on_a_tensorrt_without_it_names_both_versions():
         build.plugin_kind_for(PluginKind.AOT, "10.8.0.43", has_aot=False)
     assert error.value.choice == "plugins"
     assert error.value.spelled(lambda name: f"--{name}") == (
-        "TensorRT 10.8.0.43 has no AOT plugins (they need TensorRT >= 10.9 with tensorrt.plugin's aot_impl); install "
+        "TensorRT 10.8.0.43 has no AOT plugins (they need TensorRT >= 10.10 with tensorrt.plugin's aot_impl); install "
         "a newer TensorRT or build with --plugins python"
     )
 
@@ -568,23 +568,12 @@ def _fake_tensorrt(version: str, calls: dict) -> types.ModuleType:
 
 
 def _aot_modules(monkeypatch, calls: dict, has_aot: bool) -> None:
-    """The plugins side's AOT functions (interface.md) as recorders, so the build side is tested on its own."""
+    """The plugins side's TensorRT calls as recorders (whether the TensorRT has AOT plugins, registering them), so the
+    build side is tested on its own; `prepare_for_aot` is the real one."""
+    from trtfuse.plugins import aot
 
-    def prepare_for_aot(model: onnx.ModelProto) -> onnx.ModelProto:
-        prepared = onnx.ModelProto()
-        prepared.CopyFrom(model)
-        for node in prepared.graph.node:
-            if node.domain == contract.ONNX_DOMAIN:
-                node.attribute.append(onnx.helper.make_attribute("aot", 1))
-        return prepared
-
-    aot = types.ModuleType("trtfuse.plugins.aot")
-    aot.aot_supported = lambda trt: has_aot
-    aot.register_aot = lambda: calls.setdefault("registered", []).append("aot")
-    aot_nodes = types.ModuleType("trtfuse.plugins.aot_nodes")
-    aot_nodes.prepare_for_aot = prepare_for_aot
-    monkeypatch.setitem(sys.modules, "trtfuse.plugins.aot", aot)
-    monkeypatch.setitem(sys.modules, "trtfuse.plugins.aot_nodes", aot_nodes)
+    monkeypatch.setattr(aot, "aot_supported", lambda trt: has_aot)
+    monkeypatch.setattr(aot, "register_aot", lambda: calls.setdefault("registered", []).append("aot"))
     monkeypatch.setattr(build, "register_plugins", lambda kind: calls.setdefault("registered", []).append(kind.value))
     monkeypatch.setattr(build, "plugin_creation_errors", lambda: [])
 
@@ -639,7 +628,7 @@ def test_compile_plugins_aot_on_a_tensorrt_without_aot_is_one_line_exit_2(tmp_pa
     result = CliRunner().invoke(_cli(), ["compile", str(original), "--plugins", "aot"])
     assert result.exit_code == 2, result.output
     assert result.output == (
-        "trtfuse: error: TensorRT 10.8.0 has no AOT plugins (they need TensorRT >= 10.9 with tensorrt.plugin's "
+        "trtfuse: error: TensorRT 10.8.0 has no AOT plugins (they need TensorRT >= 10.10 with tensorrt.plugin's "
         "aot_impl); install a newer TensorRT or build with --plugins python\n"
     )
     assert "registered" not in calls and "flags" not in calls

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 import pytest
 from graphs import AttentionSpec, Builder, NormSpec, attention_block, rms_norm, single_norm
@@ -35,7 +36,7 @@ from trtfuse.plugins.aot_nodes import PLACEHOLDER_PREFIX, prepare_for_aot
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 needs_tensorrt = pytest.mark.skipif(
-    not HAS_TENSORRT, reason="needs the real `tensorrt` module (>= 10.9) and an NVIDIA GPU (not installable here)"
+    not HAS_TENSORRT, reason="needs the real `tensorrt` module (>= 10.10) and an NVIDIA GPU (not installable here)"
 )
 HIDDEN = 64
 ROOT = Path(__file__).resolve().parent.parent
@@ -304,8 +305,7 @@ STAND_INS = SimpleNamespace(
     SymIntExprs=SymIntExprs,
 )
 DEFINITIONS = {definition.op: definition for definition in aot.qdp_definitions(STAND_INS)}
-# tensorrt.plugin's _validate.py: the attribute types it serialises, and names an attribute may not take.
-SERIALIZABLE_BUILTIN_TYPES = (int, float, bytes, bool, str)
+# tensorrt.plugin's _validate.py: names an attribute may not take.
 DISALLOWED_ATTR_NAMES = {"outputs", "stream", "tactic"}
 OUTPUT_COUNTS = {contract.RMS_NORM_OP: 1, contract.QK_NORM_OP: 2}
 
@@ -342,7 +342,9 @@ def test_the_register_function_passes_tensorrt_plugin_rules(op: str) -> None:
             assert not seen_attribute, "TensorDescs come before every attribute"
         else:
             assert index > 0 and name not in DISALLOWED_ATTR_NAMES
-            assert param.annotation in SERIALIZABLE_BUILTIN_TYPES
+            # A NumPy array type: tensorrt.plugin makes a float or int field's value with float(data) / int(data)
+            # on a one-element array, which NumPy >= 2.4 refuses; an array type takes data.astype(dtype).
+            assert typing.get_origin(param.annotation) is np.ndarray, f"{name}: {param.annotation}"
             seen_attribute = True
     returned = signature.return_annotation
     if OUTPUT_COUNTS[op] == 1:
@@ -361,14 +363,42 @@ def test_the_fields_are_the_contract_s_in_its_order_and_the_inputs_the_kernel_s(
 @pytest.mark.parametrize("case", FUSED_MODELS, ids=list(FUSED_MODELS))
 def test_each_attribute_annotation_is_what_the_parser_s_field_becomes(case: str) -> None:
     """The parser turns a FLOAT attribute into a FLOAT32 field and an INT into an INT32 one; tensorrt.plugin's creator
-    makes the value with the annotation (`float(data)`, `int(data)`)."""
-    becomes = {onnx.AttributeProto.FLOAT: float, onnx.AttributeProto.INT: int}
+    advertises an NDArray[float32] / NDArray[int32] annotation as exactly those field types."""
+    becomes = {onnx.AttributeProto.FLOAT: npt.NDArray[np.float32], onnx.AttributeProto.INT: npt.NDArray[np.int32]}
     for node in _trtfuse_nodes(prepare_for_aot(fuse_model(FUSED_MODELS[case]()).model)):
         _, attributes, annotations = _split(DEFINITIONS[node.op_type].register)
         types_of = {attribute.name: attribute.type for attribute in node.attribute}
         assert {name: becomes[types_of[name]] for name in attributes} == {
             name: annotations[name] for name in attributes
         }
+
+
+def creator_value(annotation: object, field_data: np.ndarray) -> object:
+    """What tensorrt.plugin's create_plugin makes of a field for an attribute of `annotation` (_lib.py, v10.9.0 to
+    v11.1): `data.astype(dtype)` for a NumPy array type, else `annotation(data)`."""
+    if typing.get_origin(annotation) is np.ndarray:
+        (dtype,) = typing.get_args(typing.get_args(annotation)[1])
+        return field_data.astype(dtype)
+    return annotation(field_data)
+
+
+@pytest.mark.parametrize("case", FUSED_MODELS, ids=list(FUSED_MODELS))
+def test_the_creator_makes_each_field_s_value_from_a_one_element_array(case: str) -> None:
+    """TensorRT hands every field as a one-element array (pyPlugin.cpp's PluginField.data); the values the creator
+    makes from them must reach autotune and give the node's own epsilon, mode and sizes."""
+    for node in _trtfuse_nodes(prepare_for_aot(fuse_model(FUSED_MODELS[case]()).model)):
+        definition = DEFINITIONS[node.op_type]
+        tensors, fields, annotations = _split(definition.register)
+        given = _attributes(node)
+        dtypes = {onnx.AttributeProto.FLOAT: np.float32, onnx.AttributeProto.INT: np.int32}
+        types_of = {attribute.name: attribute.type for attribute in node.attribute}
+        values = [creator_value(annotations[n], np.array([given[n]], dtype=dtypes[types_of[n]])) for n in fields]
+        descs = [TensorDesc() for _ in tensors]
+        combinations = definition.autotune(*descs, *values, (None,) * OUTPUT_COUNTS[node.op_type])
+        assert combinations, node.name
+        params = aot._params(*values[:3])
+        assert params.epsilon == float(np.float32(given[contract.ATTR_EPSILON]))
+        assert params.weight_mode is WeightMode(given[contract.ATTR_WEIGHT_MODE])
 
 
 @pytest.mark.parametrize("op", contract.FUSED_OPS)
@@ -577,7 +607,7 @@ def test_register_aot_refuses_a_tensorrt_without_aot_in_one_line() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.strip().splitlines()
-    assert "has no AOT plugins: they need TensorRT >= 10.9" in line
+    assert "has no AOT plugins: they need TensorRT >= 10.10" in line
 
 
 # --- real TensorRT: register, build, and run where trtfuse is not ---------------------------------------------------
@@ -712,7 +742,10 @@ inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPU
 feeds = np.load(feeds_path)
 results = {}
 for run in sorted({key.split("__", 1)[0] for key in feeds.files}):
-    arrays = {name: np.ascontiguousarray(feeds[f"{run}__{name}"]) for name in inputs}
+    arrays = {
+        name: np.ascontiguousarray(feeds[f"{run}__{name}"], dtype=trt.nptype(engine.get_tensor_dtype(name)))
+        for name in inputs
+    }
     for name, array in arrays.items():
         context.set_input_shape(name, array.shape)
     buffers = []
@@ -720,7 +753,7 @@ for run in sorted({key.split("__", 1)[0] for key in feeds.files}):
         if name in arrays:
             host = arrays[name]
         else:
-            host = np.empty(tuple(context.get_tensor_shape(name)), dtype=np.float32)
+            host = np.empty(tuple(context.get_tensor_shape(name)), dtype=trt.nptype(engine.get_tensor_dtype(name)))
         device = check(cudart.cudaMalloc(max(host.nbytes, 1)))
         if name in arrays:
             check(cudart.cudaMemcpy(device, host.ctypes.data, host.nbytes, TO_DEVICE))
@@ -824,8 +857,12 @@ def test_a_fused_model_builds_with_aot_plugins_and_runs_without_trtfuse(case: st
     engine = tmp_path / "model.engine"
     _python(BUILD_SCRIPT, str(fused), str(engine), json.dumps(profile))
     rng = np.random.default_rng(0)
+    input_dtypes = {
+        graph_input.name: onnx.helper.tensor_dtype_to_np_dtype(graph_input.type.tensor_type.elem_type)
+        for graph_input in original.graph.input
+    }
     runs = {
-        f"run{index}": {name: rng.standard_normal(shape).astype(np.float32) for name, shape in run.items()}
+        f"run{index}": {name: rng.standard_normal(shape).astype(input_dtypes[name]) for name, shape in run.items()}
         for index, run in enumerate(shapes)
     }
     results = _run_fresh(engine, runs, tmp_path)
@@ -853,3 +890,19 @@ def test_an_add_plugin_network_builds_and_runs_without_trtfuse(tmp_path: Path) -
         x = feed["x"].astype(np.float64)
         expected = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-6)) * weight
         np.testing.assert_allclose(results[run]["y"], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("version", "has_request", "supported"),
+    [
+        ("10.8.0.43", False, False),
+        ("10.9.0.34", True, False),  # AOT QDPs exist, but its parser may look them up by node name (aot.py)
+        ("10.10.0.31", True, True),
+        ("11.1.0.4", True, True),
+        ("11.1.0.4", False, False),  # a build without tensorrt.plugin's AOT support (TensorRT-RTX 1.7 is one)
+        ("unknown", True, False),
+    ],
+)
+def test_aot_needs_the_aot_request_type_and_tensorrt_10_10(version: str, has_request: bool, supported: bool) -> None:
+    fields = {"__version__": version} | ({"QuickPluginCreationRequest": object} if has_request else {})
+    assert aot.aot_supported(SimpleNamespace(**fields)) is supported

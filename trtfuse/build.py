@@ -41,9 +41,6 @@ DEFAULT_OPTIMIZATION_LEVEL = 3
 PLUGIN_NOT_FOUND = "Plugin not found"
 # From this major version every network is strongly typed and the STRONGLY_TYPED flag is deprecated and ignored.
 ALWAYS_STRONGLY_TYPED_MAJOR = 11
-# The first release with ahead-of-time Python plugins (release notes 10.9.0: "AOT QDPs"); for the error line only,
-# the test is `trtfuse.plugins.aot.aot_supported`.
-AOT_MIN_TENSORRT = "10.9"
 # The network flag that asks the parser for a plugin's AOT implementation (NvInfer.h: 3 in 10.9, 2 in 11.x, hence
 # the name); trtfuse's AOT nodes also carry the node attribute that demands it.
 PREFER_AOT_FLAG = "PREFER_AOT_PYTHON_PLUGINS"
@@ -234,9 +231,11 @@ def plugin_kind_for(requested: PluginKind | None, tensorrt_version: str, has_aot
     if requested is None:
         return PluginKind.AOT if has_aot else PluginKind.PYTHON
     if requested is PluginKind.AOT and not has_aot:
+        from trtfuse.plugins.aot import min_tensorrt_text
+
         raise OptionError(
             "plugins",
-            f"TensorRT {tensorrt_version} has no AOT plugins (they need TensorRT >= {AOT_MIN_TENSORRT} with "
+            f"TensorRT {tensorrt_version} has no AOT plugins (they need TensorRT >= {min_tensorrt_text()} with "
             "tensorrt.plugin's aot_impl); install a newer TensorRT or build with ",
             Choice("plugins"),
             f" {PluginKind.PYTHON.value}",
@@ -363,7 +362,7 @@ def _stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _model_to_parse(plugins: PluginKind, model: onnx.ModelProto) -> onnx.ModelProto:
+def _model_to_parse(plugins: PluginKind, model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     """The model TensorRT's parser reads: the fused model as written for the Python plugins; for AOT, its AOT form
     (every attribute present, the node attribute that asks for AOT), made in memory so the file stays as `fuse`
     writes it."""
@@ -371,7 +370,7 @@ def _model_to_parse(plugins: PluginKind, model: onnx.ModelProto) -> onnx.ModelPr
         return model
     from trtfuse.plugins.aot_nodes import prepare_for_aot
 
-    return prepare_for_aot(model)
+    return prepare_for_aot(model, source=path)
 
 
 def _parse(parser: object, plugins: PluginKind, fused_model_path: Path, model: onnx.ModelProto) -> bool:
@@ -398,7 +397,7 @@ def build_engine(
     timing_cache_bytes = _read_timing_cache(options.timing_cache)
     trt = import_tensorrt()
     options = replace(options, plugins=plugin_kind_for(options.plugins, trt.__version__, _has_aot(trt)))
-    model_to_parse = _model_to_parse(options.plugins, model)
+    model_to_parse = _model_to_parse(options.plugins, model, fused_model_path)
     register_plugins(options.plugins)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = create_builder(trt, logger)

@@ -82,7 +82,7 @@ def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
     "--plugins",
     type=click.Choice(PLUGIN_KINDS),
     help="aot: TensorRT embeds the kernels and launches them itself, so the engine runs without Python "
-    "(TensorRT >= 10.9); python: IPluginV3 plugins that call back into a Python process with trtfuse. "
+    "(TensorRT >= 10.10); python: IPluginV3 plugins that call back into a Python process with trtfuse. "
     "[default: aot where the installed TensorRT has it, else python]",
 )
 @common_options

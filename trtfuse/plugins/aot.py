@@ -21,11 +21,25 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from trtfuse import contract
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.trt_module import load_trt
 
 LINEAR = "LINEAR"
+# The first TensorRT trtfuse builds AOT plugins with. AOT QDPs arrived in 10.9, but 10.9's ONNX parser may look a QDP
+# up by the node's name instead of its op type: NVIDIA's 10.9 sample names its node exactly like its op, the 10.10
+# sample does not ("circ_pad_plugin 0"), and onnx-tensorrt's createPlugin passes the op type in the parsers that know
+# AOT plugins. trtfuse's nodes are named after the norms they replace, so on 10.9 every lookup could fail.
+AOT_MIN_TENSORRT = (10, 10)
+# tensorrt.plugin makes a field's value as `annotation(field.data)`, and `field.data` is a one-element array: for a
+# float or int annotation that is an array-to-scalar conversion NumPy >= 2.4 refuses. NumPy array annotations take
+# its `field.data.astype(dtype)` path instead (_lib.py create_plugin, v10.9.0 to v11.1), and make the creator
+# advertise FLOAT32 and INT32 fields: what the ONNX parser makes of FLOAT and INT attributes.
+Float32Field = npt.NDArray[np.float32]
+Int32Field = npt.NDArray[np.int32]
 # tensorrt.plugin's spelling of each contract dtype in AutoTuneCombination type strings.
 COMBINATION_TYPE_NAMES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 
@@ -50,8 +64,22 @@ class QdpDefinition:
 
 
 def aot_supported(trt: ModuleType) -> bool:
-    """Whether `trt` builds AOT plugins: TensorRT >= 10.9, by the test tensorrt.plugin itself makes."""
-    return hasattr(trt, "QuickPluginCreationRequest")
+    """Whether `trt` builds trtfuse's AOT plugins: tensorrt.plugin's own test for AOT (`QuickPluginCreationRequest`)
+    and at least AOT_MIN_TENSORRT."""
+    return hasattr(trt, "QuickPluginCreationRequest") and tensorrt_release(trt) >= AOT_MIN_TENSORRT
+
+
+def tensorrt_release(trt: ModuleType) -> tuple[int, int]:
+    """(major, minor) of `trt.__version__` ("10.10.0.31" -> (10, 10)); (0, 0) when it does not say."""
+    parts = str(getattr(trt, "__version__", "")).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def min_tensorrt_text() -> str:
+    return ".".join(str(part) for part in AOT_MIN_TENSORRT)
 
 
 def claim_plugin_kind(kind: contract.PluginKind) -> None:
@@ -81,7 +109,7 @@ def register_aot() -> None:
         if not aot_supported(trt):
             raise MissingDependencyError(
                 f"{trt.__name__} {getattr(trt, '__version__', '(unknown version)')} has no AOT plugins: they need "
-                "TensorRT >= 10.9 (tensorrt.plugin's aot_impl); build with the Python plugins instead"
+                f"TensorRT >= {min_tensorrt_text()} (tensorrt.plugin's aot_impl); build with the Python plugins instead"
             )
         claim_plugin_kind(contract.PluginKind.AOT)
         _refuse_registered_creators(trt)
@@ -124,22 +152,22 @@ def _rms_norm(trtp: Any) -> QdpDefinition:
     def register(
         x: TensorDesc,
         weight: TensorDesc,
-        epsilon: float,
-        weight_offset: float,
-        weight_mode: int,
-        hidden_size: int,
-        output_dtype: int,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        hidden_size: Int32Field,
+        output_dtype: Int32Field,
     ) -> TensorDesc:
         return _output_like(x, output_dtype)
 
     def autotune(
         x: TensorDesc,
         weight: TensorDesc,
-        epsilon: float,
-        weight_offset: float,
-        weight_mode: int,
-        hidden_size: int,
-        output_dtype: int,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        hidden_size: Int32Field,
+        output_dtype: Int32Field,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
         from trtfuse.kernels.aot import rms_norm_tactics
@@ -148,7 +176,7 @@ def _rms_norm(trtp: Any) -> QdpDefinition:
         params, out_dtype = _params(epsilon, weight_offset, weight_mode), _dtype_of_code(output_dtype)
         combinations = []
         for dtype, weight_dtype in _dtype_choices(params, out_dtype):
-            spec = RmsNormSpec(hidden_size, dtype, _spec_weight_dtype(params, weight_dtype), params, out_dtype)
+            spec = RmsNormSpec(_int(hidden_size), dtype, _spec_weight_dtype(params, weight_dtype), params, out_dtype)
             types = (dtype, weight_dtype, out_dtype)
             combinations.append(_combination(trtp, types, rms_norm_tactics(spec)))
         return combinations
@@ -156,11 +184,11 @@ def _rms_norm(trtp: Any) -> QdpDefinition:
     def aot_impl(
         x: TensorDesc,
         weight: TensorDesc,
-        epsilon: float,
-        weight_offset: float,
-        weight_mode: int,
-        hidden_size: int,
-        output_dtype: int,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        hidden_size: Int32Field,
+        output_dtype: Int32Field,
         outputs: tuple[TensorDesc],
         tactic: int,
     ) -> Kernel:
@@ -170,7 +198,7 @@ def _rms_norm(trtp: Any) -> QdpDefinition:
 
         params = _params(epsilon, weight_offset, weight_mode)
         spec = RmsNormSpec(
-            hidden=hidden_size,
+            hidden=_int(hidden_size),
             dtype=_dtype_name(x.dtype),
             weight_dtype=_spec_weight_dtype(params, _dtype_name(weight.dtype)),
             params=params,
@@ -190,12 +218,12 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
         k: TensorDesc,
         q_weight: TensorDesc,
         k_weight: TensorDesc,
-        epsilon: float,
-        weight_offset: float,
-        weight_mode: int,
-        q_hidden_size: int,
-        k_hidden_size: int,
-        output_dtype: int,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        q_hidden_size: Int32Field,
+        k_hidden_size: Int32Field,
+        output_dtype: Int32Field,
     ) -> tuple[TensorDesc, TensorDesc]:
         return _output_like(q, output_dtype), _output_like(k, output_dtype)
 
@@ -204,12 +232,12 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
         k: TensorDesc,
         q_weight: TensorDesc,
         k_weight: TensorDesc,
-        epsilon: float,
-        weight_offset: float,
-        weight_mode: int,
-        q_hidden_size: int,
-        k_hidden_size: int,
-        output_dtype: int,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        q_hidden_size: Int32Field,
+        k_hidden_size: Int32Field,
+        output_dtype: Int32Field,
         outputs: tuple[TensorDesc, TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
         from trtfuse.kernels.aot import qk_norm_tactics
@@ -219,7 +247,7 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
         combinations = []
         for dtype, weight_dtype in _dtype_choices(params, out_dtype):
             spec_weight = _spec_weight_dtype(params, weight_dtype)
-            spec = QkNormSpec(q_hidden_size, k_hidden_size, dtype, spec_weight, params, out_dtype)
+            spec = QkNormSpec(_int(q_hidden_size), _int(k_hidden_size), dtype, spec_weight, params, out_dtype)
             types = (dtype, dtype, weight_dtype, weight_dtype, out_dtype, out_dtype)
             combinations.append(_combination(trtp, types, qk_norm_tactics(spec)))
         return combinations
@@ -229,12 +257,12 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
         k: TensorDesc,
         q_weight: TensorDesc,
         k_weight: TensorDesc,
-        epsilon: float,
-        weight_offset: float,
-        weight_mode: int,
-        q_hidden_size: int,
-        k_hidden_size: int,
-        output_dtype: int,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        q_hidden_size: Int32Field,
+        k_hidden_size: Int32Field,
+        output_dtype: Int32Field,
         outputs: tuple[TensorDesc, TensorDesc],
         tactic: int,
     ) -> Kernel:
@@ -244,8 +272,8 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
 
         params = _params(epsilon, weight_offset, weight_mode)
         spec = QkNormSpec(
-            q_hidden=q_hidden_size,
-            k_hidden=k_hidden_size,
+            q_hidden=_int(q_hidden_size),
+            k_hidden=_int(k_hidden_size),
             dtype=_dtype_name(q.dtype),
             weight_dtype=_spec_weight_dtype(params, _dtype_name(q_weight.dtype)),
             params=params,
@@ -259,11 +287,22 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
 # --- what both QDPs share -----------------------------------------------------------------------------------------
 
 
-def _params(epsilon: float, weight_offset: float, weight_mode: int) -> contract.NormParams:
-    return contract.NormParams(epsilon, weight_offset, contract.WeightMode(weight_mode))
+def _int(field: Int32Field) -> int:
+    (value,) = np.asarray(field).reshape(-1)
+    return int(value)
 
 
-def _dtype_of_code(code: int) -> str:
+def _float(field: Float32Field) -> float:
+    (value,) = np.asarray(field, dtype=np.float32).reshape(-1)
+    return float(value)
+
+
+def _params(epsilon: Float32Field, weight_offset: Float32Field, weight_mode: Int32Field) -> contract.NormParams:
+    return contract.NormParams(_float(epsilon), _float(weight_offset), contract.WeightMode(_int(weight_mode)))
+
+
+def _dtype_of_code(field: Int32Field) -> str:
+    code = _int(field)
     for name, known in contract.OUTPUT_DTYPE_CODES.items():
         if known == code:
             return name
@@ -311,7 +350,7 @@ def _dtype_name(data_type: Any) -> str:
     raise TrtfuseError(f"the trtfuse AOT kernels take float32, float16 or bfloat16 tensors, not {data_type}")
 
 
-def _output_like(activation: Any, output_dtype: int) -> Any:
+def _output_like(activation: Any, output_dtype: Int32Field) -> Any:
     """A descriptor with `activation`'s shape expression and the node's output dtype."""
     output = activation.like()
     output.dtype = _data_types()[_dtype_of_code(output_dtype)]

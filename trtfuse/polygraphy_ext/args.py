@@ -48,7 +48,7 @@ class TrtfuseArgs(BaseArgs):
             choices=[kind.value for kind in PluginKind],
             default=None,
             help="The plugin kind of the --trtfuse engine, as `trtfuse compile --plugins`: aot (kernels embedded, no "
-            "Python needed to run it; TensorRT >= 10.9) or python. [default: aot where the installed TensorRT has it, "
+            "Python needed to run it; TensorRT >= 10.10) or python. [default: aot where the installed TensorRT has it, "
             "else python]",
         )
         self.group.add_argument(
