@@ -111,8 +111,9 @@ def register_aot() -> None:
                 f"{trt.__name__} {getattr(trt, '__version__', '(unknown version)')} has no AOT plugins: they need "
                 f"TensorRT >= {min_tensorrt_text()} (tensorrt.plugin's aot_impl); build with the Python plugins instead"
             )
-        claim_plugin_kind(contract.PluginKind.AOT)
+        # Refused before claiming, so that a refusal leaves this process free to build with the Python plugins.
         _refuse_registered_creators(trt)
+        claim_plugin_kind(contract.PluginKind.AOT)
         trtp = importlib.import_module(f"{trt.__name__}.plugin")
         for definition in qdp_definitions(trtp):
             trtp.register(definition.plugin_id)(definition.register)
