@@ -582,9 +582,11 @@ def test_an_aot_build_parses_the_aot_form_from_bytes_and_leaves_the_fused_file_a
     from conftest import save_external
 
     from trtfuse import model_io
+    from trtfuse.plugins import aot
 
     calls: dict = {}
     _aot_modules(monkeypatch, calls, has_aot=True)
+    monkeypatch.setattr(aot, "_embedded_ptx_isas", {"9.4", "8.8"})
     monkeypatch.setattr(build, "import_tensorrt", lambda: _fake_tensorrt("10.9.0", calls))
     # Every tensor left in the external file, as an LLM's large weights are: the parser must still find them.
     monkeypatch.setattr(model_io, "SMALL_TENSOR_BYTES", 0)
@@ -604,6 +606,8 @@ def test_an_aot_build_parses_the_aot_form_from_bytes_and_leaves_the_fused_file_a
     onnx.external_data_helper.load_external_data_for_model(parsed, str(Path(path).parent))
     assert fused.read_bytes() == on_disk
     assert result.sidecar["build"]["plugins"] == "aot"
+    # The PTX ISAs the plugins' aot_impl handed TensorRT (planted: the stand-in builder calls no plugin), in order.
+    assert result.sidecar["build"]["ptx_isa"] == ["8.8", "9.4"]
     assert EngineFile.open(result.engine_path).plugin_kind is PluginKind.AOT
 
 

@@ -229,8 +229,13 @@ FAKE_TENSORRT = '__version__ = "10.9.0.0"\nQuickPluginCreationRequest = object\n
 
 def test_an_aot_engine_loads_without_importing_trtfuse_plugins(tmp_path):
     """In a fresh process (a stand-in `tensorrt` module on the path): readying TensorRT for an AOT engine, through
-    every module that runs engines, imports nothing from trtfuse.plugins nor trtfuse.kernels."""
+    every module that runs engines, imports nothing from trtfuse.plugins and no CuTeDSL or TVM-FFI (the driver check
+    of the recorded PTX ISA reads only trtfuse.kernels.device)."""
     engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    sidecar_path = sidecar_path_for(engine)
+    sidecar = json.loads(sidecar_path.read_text())
+    sidecar["build"]["ptx_isa"] = ["8.8"]
+    sidecar_path.write_text(json.dumps(sidecar))
     (tmp_path / "fake" / "tensorrt").mkdir(parents=True)
     (tmp_path / "fake" / "tensorrt" / "__init__.py").write_text(FAKE_TENSORRT)
     script = (
@@ -239,7 +244,7 @@ def test_an_aot_engine_loads_without_importing_trtfuse_plugins(tmp_path):
         "import trtfuse.compare, trtfuse.leak_check, trtfuse.polygraphy_ext.runners, trtfuse.runner\n"
         "from trtfuse.engine_file import EngineFile, tensorrt_for\n"
         f"assert tensorrt_for(EngineFile.open(Path({str(engine)!r}))).__version__ == '10.9.0.0'\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('trtfuse.plugins', 'trtfuse.kernels'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('trtfuse.plugins', 'cutlass', 'tvm_ffi'))))\n"
     )
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), *sys.path])}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=120)
@@ -265,3 +270,39 @@ def test_run_reports_the_engines_plugin_kind(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_engine", lambda engine, feed, **_: RunResult({}, timing))
     run = runner.run_engine_file(engine, None, 0, {}, {}, iterations=1, warmup=0, save_outputs=None)
     assert run.to_json()["plugins"] == "aot"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "driver", "problem"),
+    [
+        (["8.8"], 13000, None),
+        (["8.8", "9.4"], 13000, "ISA 9.4, which needs a CUDA 13.4 driver; this machine's driver is CUDA 13.0"),
+        (["8.8"], 12080, "ISA 8.8, which needs a CUDA 12.9 driver; this machine's driver is CUDA 12.8"),
+        (None, 12000, None),  # built before trtfuse recorded the ISA
+        (["9.4"], None, None),  # no driver to ask
+    ],
+)
+def test_an_aot_engine_whose_ptx_this_driver_cannot_jit_is_refused_in_one_line(
+    tmp_path, monkeypatch, recorded, driver, problem
+):
+    """The H200's CUDA 13.0 driver refused PTX ISA 9.4 (CuTeDSL's CUDA 13 libraries): an engine embedding it would
+    fail inside TensorRT with a bare CUDA error."""
+    pytest.importorskip("cuda.bindings", reason="cuda-python maps PTX ISA versions to CUDA versions")
+    from trtfuse.kernels import device
+
+    engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    sidecar_path = sidecar_path_for(engine)
+    sidecar = json.loads(sidecar_path.read_text())
+    if recorded is not None:
+        sidecar["build"]["ptx_isa"] = recorded
+    sidecar_path.write_text(json.dumps(sidecar))
+    monkeypatch.setattr(device, "driver_version", lambda: driver)
+    monkeypatch.setattr(engine_file, "import_tensorrt", lambda: object())
+    opened = EngineFile.open(engine)
+    if problem is None:
+        engine_file.tensorrt_for(opened)
+        return
+    with pytest.raises(TrtfuseError) as raised:
+        engine_file.tensorrt_for(opened)
+    message = str(raised.value)
+    assert "\n" not in message and problem in message and str(engine) in message and "CUDA 12 libraries" in message

@@ -441,5 +441,10 @@ def build_engine(
         plugins=plugins_used(model),
         options=options,
     )
+    if options.plugins is PluginKind.AOT:
+        from trtfuse.plugins.aot import embedded_ptx_isas
+
+        # The driver that runs the engine JIT-compiles this PTX: `trtfuse run` checks it against the driver it finds.
+        sidecar["build"]["ptx_isa"] = embedded_ptx_isas()
     sidecar_path = write_engine(engine_path, memoryview(serialized), sidecar)
     return BuildResult(engine_path, sidecar_path, sidecar, seconds)

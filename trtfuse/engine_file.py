@@ -149,7 +149,30 @@ def tensorrt_for(engine: EngineFile) -> ModuleType:
     trt = import_tensorrt()
     if engine.plugin_kind is PluginKind.PYTHON:
         register_plugins(PluginKind.PYTHON)
+    else:
+        problem = embedded_ptx_problem(engine)
+        if problem is not None:
+            raise TrtfuseError(
+                f"{engine.path}: {problem}: update the driver, or rebuild the engine where nvidia-cutlass-dsl's "
+                "CUDA 12 libraries are installed (their PTX needs CUDA 12.9)"
+            )
     return trt
+
+
+def embedded_ptx_problem(engine: EngineFile) -> str | None:
+    """Why this machine's CUDA driver cannot JIT the AOT kernels the sidecar says the engine embeds; None when it can,
+    when the sidecar does not say (an engine built before trtfuse recorded it), or without cuda-python to ask."""
+    build = engine.sidecar.get("build") if engine.sidecar else None
+    isas = build.get("ptx_isa") if isinstance(build, dict) else None
+    if not isas:
+        return None
+    try:
+        from trtfuse.kernels.device import driver_version, isa_driver_problem
+    except ImportError:
+        return None
+    driver = driver_version()
+    problems = [problem for isa in isas if driver is not None and (problem := isa_driver_problem(isa, driver))]
+    return problems[-1] if problems else None
 
 
 def plugin_creation_errors() -> list[str]:

@@ -66,14 +66,25 @@ def _cuda_text(version: int) -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
+def ptx_isa(ptx: str) -> str:
+    """The PTX ISA version `ptx` declares (".version 8.8" -> "8.8")."""
+    from cuda.bindings import utils
+
+    return utils.get_ptx_ver(ptx)
+
+
 def ptx_driver_problem(ptx: str, driver: int | None) -> str | None:
     """Why a CUDA driver of version `driver` cannot JIT-compile `ptx` (its ISA is newer than the driver knows, as
     CUDA's PTX ISA table says); None when it can, or when there is no driver to ask."""
     if driver is None:
         return None
+    return isa_driver_problem(ptx_isa(ptx), driver)
+
+
+def isa_driver_problem(isa: str, driver: int) -> str | None:
+    """`ptx_driver_problem` for PTX of ISA `isa`."""
     from cuda.bindings import utils
 
-    isa = utils.get_ptx_ver(ptx)
     try:
         needed = utils.get_minimal_required_cuda_ver_from_ptx_ver(isa)
     except ValueError:

@@ -45,6 +45,9 @@ COMBINATION_TYPE_NAMES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF1
 
 _lock = threading.Lock()
 _claimed_kind: contract.PluginKind | None = None
+# The PTX ISA of every kernel handed to TensorRT in this process: the sidecar records it, since the CUDA driver that
+# runs the engine must know it.
+_embedded_ptx_isas: set[str] = set()
 _aot_registered = False
 
 
@@ -61,6 +64,11 @@ class QdpDefinition:
     def plugin_id(self) -> str:
         """tensorrt.plugin's "namespace::name"; the parser looks the plugin up by op_type and plugin_namespace."""
         return f"{contract.PLUGIN_NAMESPACE}::{self.op}"
+
+
+def embedded_ptx_isas() -> list[str]:
+    """The PTX ISA versions of the kernels this process handed TensorRT, oldest first."""
+    return sorted(_embedded_ptx_isas, key=lambda isa: tuple(int(part) for part in isa.split(".")))
 
 
 def aot_supported(trt: ModuleType) -> bool:
@@ -371,11 +379,12 @@ def _kernel(trtp: Any, artifact: Any, activations: Sequence[Any]) -> tuple[str, 
 
     Refused when this machine's driver cannot JIT the PTX (CuTeDSL built against a newer CUDA than the driver):
     TensorRT would fail to time it with a bare CUDA error."""
-    from trtfuse.kernels.device import driver_version, ptx_driver_problem
+    from trtfuse.kernels.device import driver_version, ptx_driver_problem, ptx_isa
 
     problem = ptx_driver_problem(artifact.ptx, driver_version())
     if problem is not None:
         raise TrtfuseError(f"{problem}: update the driver, or build with the Python plugins")
+    _embedded_ptx_isas.add(ptx_isa(artifact.ptx))
     declaration = artifact.declaration
     rows = declaration.rows_of([activation.shape_expr.numel() for activation in activations])
     grid_x, scalars = declaration.launch_values(rows, trtp.cdiv, lambda blocks: trtp.max(blocks, 1))
