@@ -152,7 +152,7 @@ def tensorrt_for(engine: EngineFile) -> ModuleType:
     else:
         problem = embedded_ptx_problem(engine)
         if problem is not None:
-            raise TrtfuseError(
+            raise MissingDependencyError(
                 f"{engine.path}: {problem}: update the driver, or rebuild the engine where nvidia-cutlass-dsl's "
                 "CUDA 12 libraries are installed (their PTX needs CUDA 12.9)"
             )
