@@ -144,6 +144,26 @@ def test_missing_candidate_is_one_clear_error(model_pair, tmp_path):
         compare(original, tmp_path / "missing.onnx")
 
 
+def test_the_cli_loads_the_original_once(model_pair, monkeypatch):
+    """A large original with external weights costs seconds to load: the command and the core share one load."""
+    from trtfuse import compare as compare_module
+    from trtfuse import model_io
+
+    original, fused, _, _ = model_pair
+    loads = []
+    real = model_io.load_model
+
+    def counting(path, *args, **kwargs):
+        loads.append(Path(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(model_io, "load_model", counting)
+    monkeypatch.setattr(compare_module, "load_model", counting)
+    result = CliRunner().invoke(compare_command, [str(original), str(fused)])
+    assert result.exit_code == 0, result.output
+    assert loads.count(Path(original)) == 1
+
+
 def test_cli_exit_status_and_json_report(model_pair, tmp_path):
     original, fused, corrupted, _ = model_pair
     runner = CliRunner()

@@ -61,13 +61,15 @@ def compare(
     feeds: Sequence[StepFeed] | None = None,
     inputs_file: Path | None = None,
     save_inputs: Path | None = None,
+    loaded_original: LoadedModel | None = None,
 ) -> ComparisonReport:
     """Judge the candidate (an engine, or a fused .onnx) against the original at each step of `feeds` (by default
     the original's `default_feeds`; for an engine without `shapes` or `dims`, its first profile's OPT shapes), the
-    feeds saved to `save_inputs` first when asked; an engine's file and sidecar are read once."""
+    feeds saved to `save_inputs` first when asked; an engine's file and sidecar are read once, and the original
+    once (`loaded_original`: the caller's, already loaded from `original_path`)."""
     if not candidate_path.exists():
         raise TrtfuseError(f"{candidate_path}: no such file")
-    original = load_model(original_path)
+    original = loaded_original if loaded_original is not None else load_model(original_path)
     seed_used = None if inputs_file else seed
     engine = EngineFile.open(candidate_path) if is_engine(candidate_path) else None
     fused = load_model(candidate_path) if engine is None else None

@@ -266,6 +266,7 @@ def compare_command(
             feeds=feeds,
             inputs_file=load_inputs,
             save_inputs=save_inputs,
+            loaded_original=original,
         )
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot compare against {candidate_path}")
