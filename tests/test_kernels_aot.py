@@ -159,7 +159,7 @@ def test_artifacts_are_read_back_from_disk_without_compiling(cache_root: Path, m
         ("8.8", 13000, None),
         ("9.1", 13000, "ISA 9.1, which needs a CUDA 13.1 driver; this machine's driver is CUDA 13.0"),
         ("8.8", 12080, "ISA 8.8, which needs a CUDA 12.9 driver; this machine's driver is CUDA 12.8"),
-        ("9.9", 13000, "needs a newer CUDA driver than cuda-bindings knows"),
+        ("9.9", 13000, None),  # newer than cuda-bindings' table: the driver judges
         ("9.9", None, None),  # no driver here: nothing to refuse
     ],
 )

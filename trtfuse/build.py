@@ -425,6 +425,10 @@ def build_engine(
     monitor = _progress_monitor(trt, BuildProgress(emit))
     config.progress_monitor = monitor
 
+    if options.plugins is PluginKind.AOT:
+        from trtfuse.plugins.aot import take_embedded_ptx_isas
+
+        take_embedded_ptx_isas()  # what an earlier build in this process embedded
     started = time.monotonic()
     serialized = builder.build_serialized_network(network, config)
     seconds = time.monotonic() - started
@@ -442,9 +446,9 @@ def build_engine(
         options=options,
     )
     if options.plugins is PluginKind.AOT:
-        from trtfuse.plugins.aot import embedded_ptx_isas
+        from trtfuse.plugins.aot import take_embedded_ptx_isas
 
         # The driver that runs the engine JIT-compiles this PTX: `trtfuse run` checks it against the driver it finds.
-        sidecar["build"]["ptx_isa"] = embedded_ptx_isas()
+        sidecar["build"]["ptx_isa"] = take_embedded_ptx_isas()
     sidecar_path = write_engine(engine_path, memoryview(serialized), sidecar)
     return BuildResult(engine_path, sidecar_path, sidecar, seconds)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
@@ -68,9 +69,10 @@ def _cuda_text(version: int) -> str:
 
 def ptx_isa(ptx: str) -> str:
     """The PTX ISA version `ptx` declares (".version 8.8" -> "8.8")."""
-    from cuda.bindings import utils
-
-    return utils.get_ptx_ver(ptx)
+    found = re.search(r"^\s*\.version\s+(\d+\.\d+)", ptx, re.MULTILINE)
+    if found is None:
+        raise ValueError("the PTX has no .version directive")
+    return found.group(1)
 
 
 def ptx_driver_problem(ptx: str, driver: int | None) -> str | None:
@@ -82,14 +84,19 @@ def ptx_driver_problem(ptx: str, driver: int | None) -> str | None:
 
 
 def isa_driver_problem(isa: str, driver: int) -> str | None:
-    """`ptx_driver_problem` for PTX of ISA `isa`."""
-    from cuda.bindings import utils
-
+    """`ptx_driver_problem` for PTX of ISA `isa`. None also where it cannot tell: the ISA table is cuda-bindings'
+    (12.9.1 and later), and an ISA newer than the installed table knows is left to the driver to judge."""
     try:
-        needed = utils.get_minimal_required_cuda_ver_from_ptx_ver(isa)
-    except ValueError:
-        needed = None
-    if needed is not None and driver >= needed:
+        from cuda.bindings.utils import get_minimal_required_cuda_ver_from_ptx_ver
+    except ImportError:
         return None
-    needs = "a newer CUDA driver than cuda-bindings knows" if needed is None else f"a CUDA {_cuda_text(needed)} driver"
-    return f"the kernels' PTX is ISA {isa}, which needs {needs}; this machine's driver is CUDA {_cuda_text(driver)}"
+    try:
+        needed = get_minimal_required_cuda_ver_from_ptx_ver(isa)
+    except ValueError:
+        return None
+    if driver >= needed:
+        return None
+    return (
+        f"the kernels' PTX is ISA {isa}, which needs a CUDA {_cuda_text(needed)} driver; "
+        f"this machine's driver is CUDA {_cuda_text(driver)}"
+    )

@@ -22,7 +22,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from trtfuse import contract
 from trtfuse.errors import MissingDependencyError, TrtfuseError
@@ -34,12 +33,13 @@ LINEAR = "LINEAR"
 # sample does not ("circ_pad_plugin 0"), and onnx-tensorrt's createPlugin passes the op type in the parsers that know
 # AOT plugins. trtfuse's nodes are named after the norms they replace, so on 10.9 every lookup could fail.
 AOT_MIN_TENSORRT = (10, 10)
-# tensorrt.plugin makes a field's value as `annotation(field.data)`, and `field.data` is a one-element array: for a
-# float or int annotation that is an array-to-scalar conversion NumPy >= 2.4 refuses. NumPy array annotations take
-# its `field.data.astype(dtype)` path instead (_lib.py create_plugin, v10.9.0 to v11.1), and make the creator
-# advertise FLOAT32 and INT32 fields: what the ONNX parser makes of FLOAT and INT attributes.
-Float32Field = npt.NDArray[np.float32]
-Int32Field = npt.NDArray[np.int32]
+# Every field is annotated `bytes`: tensorrt.plugin makes its value as `bytes(field.data)`, the raw bytes of the
+# one-element FLOAT32 or INT32 array the ONNX parser sends (its type is the attribute's, whatever the creator
+# advertises), read back here with NumPy. `float`/`int` annotations make it `float(field.data)` on a one-element
+# array, which NumPy >= 2.4 refuses; `numpy.typing.NDArray` ones fail tensorrt.plugin's `issubclass` checks on
+# NumPy >= 2.5 and Python >= 3.13 (_lib.py create_plugin, _validate.py, v10.9.0 to v11.1; docs/plugins.md).
+Float32Field = bytes
+Int32Field = bytes
 # tensorrt.plugin's spelling of each contract dtype in AutoTuneCombination type strings.
 COMBINATION_TYPE_NAMES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
 
@@ -66,9 +66,11 @@ class QdpDefinition:
         return f"{contract.PLUGIN_NAMESPACE}::{self.op}"
 
 
-def embedded_ptx_isas() -> list[str]:
-    """The PTX ISA versions of the kernels this process handed TensorRT, oldest first."""
-    return sorted(_embedded_ptx_isas, key=lambda isa: tuple(int(part) for part in isa.split(".")))
+def take_embedded_ptx_isas() -> list[str]:
+    """The PTX ISA versions of the kernels handed to TensorRT since the last call, oldest first."""
+    taken = sorted(_embedded_ptx_isas, key=lambda isa: tuple(int(part) for part in isa.split(".")))
+    _embedded_ptx_isas.clear()
+    return taken
 
 
 def aot_supported(trt: ModuleType) -> bool:
@@ -296,14 +298,20 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
 # --- what both QDPs share -----------------------------------------------------------------------------------------
 
 
+def _field_value(field: bytes, dtype: type) -> float | int:
+    """The one number in a field's raw bytes."""
+    values = np.frombuffer(bytes(field), dtype=dtype)
+    if values.size != 1:
+        raise TrtfuseError(f"a trtfuse AOT plugin field holds {values.size} {np.dtype(dtype).name} values, not one")
+    return values[0].item()
+
+
 def _int(field: Int32Field) -> int:
-    (value,) = np.asarray(field).reshape(-1)
-    return int(value)
+    return int(_field_value(field, np.int32))
 
 
 def _float(field: Float32Field) -> float:
-    (value,) = np.asarray(field, dtype=np.float32).reshape(-1)
-    return float(value)
+    return float(_field_value(field, np.float32))
 
 
 def _params(epsilon: Float32Field, weight_offset: Float32Field, weight_mode: Int32Field) -> contract.NormParams:
