@@ -921,5 +921,6 @@ def test_aot_needs_the_aot_request_type_and_tensorrt_10_10(version: str, has_req
 def test_a_field_that_is_not_one_number_is_one_line() -> None:
     assert aot._float(np.float32(2.5).tobytes()) == 2.5
     assert aot._int(np.int32(-3).tobytes()) == -3
-    with pytest.raises(TrtfuseError, match="holds 2 float32 values, not one"):
-        aot._float(np.array([1.0, 2.0], np.float32).tobytes())
+    assert aot._int(np.int64(7).tobytes()) == 7 and aot._float(np.float64(0.25).tobytes()) == 0.25
+    with pytest.raises(TrtfuseError, match="holds 12 bytes, not one 4- or 8-byte number"):
+        aot._float(np.array([1.0, 2.0, 3.0], np.float32).tobytes())

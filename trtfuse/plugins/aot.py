@@ -298,20 +298,21 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
 # --- what both QDPs share -----------------------------------------------------------------------------------------
 
 
-def _field_value(field: bytes, dtype: type) -> float | int:
-    """The one number in a field's raw bytes."""
-    values = np.frombuffer(bytes(field), dtype=dtype)
-    if values.size != 1:
-        raise TrtfuseError(f"a trtfuse AOT plugin field holds {values.size} {np.dtype(dtype).name} values, not one")
-    return values[0].item()
+def _field_value(field: bytes, kind: str) -> float | int:
+    """The one number in a field's raw bytes: "f" (float) or "i" (int), 4 bytes as the ONNX parser sends FLOAT and
+    INT attributes (FLOAT32, INT32), or 8 should a parser send them 64-bit."""
+    raw = bytes(field)
+    if len(raw) not in (4, 8):
+        raise TrtfuseError(f"a trtfuse AOT plugin field holds {len(raw)} bytes, not one 4- or 8-byte number")
+    return np.frombuffer(raw, dtype=np.dtype(f"{kind}{len(raw)}"))[0].item()
 
 
 def _int(field: Int32Field) -> int:
-    return int(_field_value(field, np.int32))
+    return int(_field_value(field, "i"))
 
 
 def _float(field: Float32Field) -> float:
-    return float(_field_value(field, np.float32))
+    return float(_field_value(field, "f"))
 
 
 def _params(epsilon: Float32Field, weight_offset: Float32Field, weight_mode: Int32Field) -> contract.NormParams:
