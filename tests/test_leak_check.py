@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 from kv_models import optimum_model
 from test_compare import save_model_file, tiny_lm
+from test_runner import engine_with_sidecar
 
 from trtfuse import leak_check
-from trtfuse.build import BuildOptions, make_sidecar, tool_versions
 from trtfuse.cli.engine_commands import compile_command, run_command
 from trtfuse.cli.main import TrtfuseGroup
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
-from trtfuse.engine_file import EngineFile, PluginKind, write_engine
+from trtfuse.engine_file import EngineFile, PluginKind
 from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.leak_check import (
     LeakCheckReport,
@@ -187,19 +187,8 @@ def test_the_json_report_holds_every_reading_and_the_verdict():
 
 
 def _engine(tmp_path, profiles=(DECODE, PREFILL), model=None, plugins=PluginKind.AOT):
-    """A fused model and its sidecar as `compile` writes them; the engine bytes are never deserialised here."""
-    fused = save_model_file(model if model is not None else tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
-    engine = tmp_path / "m.engine"
-    sidecar = make_sidecar(
-        engine_path=engine,
-        fused_model_path=fused,
-        versions=tool_versions("11.1.0"),
-        gpu="none",
-        plugins=[],
-        options=BuildOptions(profiles=profiles, plugins=plugins),
-    )
-    write_engine(engine, b"not an engine", sidecar)
-    return engine
+    """An AOT engine's fused model and sidecar as `compile` writes them; the engine bytes are never deserialised."""
+    return engine_with_sidecar(tmp_path, profiles, plugins, model)
 
 
 def test_the_check_runs_in_the_first_profile_whose_token_count_varies(tmp_path):

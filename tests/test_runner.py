@@ -39,9 +39,10 @@ def _cli() -> TrtfuseGroup:
     return TrtfuseGroup(commands={"compile": compile_command, "run": run_command})
 
 
-def _engine_with_sidecar(tmp_path, profiles=(DECODE, PREFILL), plugins=PluginKind.PYTHON):
-    """A fused model and a sidecar as `compile` writes them; the engine bytes are a stand-in, never deserialised."""
-    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+def engine_with_sidecar(tmp_path, profiles=(DECODE, PREFILL), plugins=PluginKind.PYTHON, model=None):
+    """A fused model (`model`, default a tiny fp16 LM) and a sidecar as `compile` writes them; the engine bytes are a
+    stand-in, never deserialised."""
+    fused = save_model_file(model if model is not None else tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
     engine = tmp_path / "m.engine"
     sidecar = make_sidecar(
         engine_path=engine,
@@ -101,7 +102,7 @@ def test_feed_npz_round_trip_and_bad_file(tmp_path):
 
 
 def test_generated_feed_uses_the_first_profile_opt_shapes_and_vocabulary(tmp_path):
-    engine = _engine_with_sidecar(tmp_path, profiles=(PREFILL, DECODE))
+    engine = engine_with_sidecar(tmp_path, profiles=(PREFILL, DECODE))
     feed = EngineFile.open(engine).generated_feed(seed=1)
     assert feed["input_ids"].shape == (1, 64)
     assert feed["input_ids"].dtype == np.int64
@@ -123,7 +124,7 @@ def test_run_of_missing_engine_is_bad_input(tmp_path):
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
 def test_run_without_tensorrt(tmp_path):
-    engine = _engine_with_sidecar(tmp_path)
+    engine = engine_with_sidecar(tmp_path)
     with pytest.raises(MissingDependencyError, match=r"`tensorrt` is not installed"):
         run_engine(EngineFile.open(engine), _feed(1, 1))
     result = CliRunner().invoke(_cli(), ["run", str(engine)])
@@ -132,7 +133,7 @@ def test_run_without_tensorrt(tmp_path):
 
 
 def test_run_rejects_bad_iteration_counts(tmp_path):
-    engine = _engine_with_sidecar(tmp_path)
+    engine = engine_with_sidecar(tmp_path)
     with pytest.raises(TrtfuseError, match=r"need at least one iteration"):
         run_engine(EngineFile.open(engine), _feed(1, 1), iterations=0)
 
@@ -178,7 +179,7 @@ def _rewrite_build_options(engine: Path, **changes) -> None:
 
 
 def test_the_sidecar_decides_the_plugin_kind_and_older_ones_mean_python(tmp_path):
-    engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    engine = engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
     assert EngineFile.open(engine).plugin_kind is PluginKind.AOT
     _rewrite_build_options(engine, plugins="python")
     assert EngineFile.open(engine).plugin_kind is PluginKind.PYTHON
@@ -190,7 +191,7 @@ def test_the_sidecar_decides_the_plugin_kind_and_older_ones_mean_python(tmp_path
 
 
 def test_an_unknown_plugin_kind_is_one_line_naming_the_sidecar(tmp_path):
-    engine = _engine_with_sidecar(tmp_path)
+    engine = engine_with_sidecar(tmp_path)
     _rewrite_build_options(engine, plugins="cuda")
     with pytest.raises(TrtfuseError, match=r"m\.engine\.json: unknown plugin kind 'cuda' in the build options"):
         EngineFile.open(engine)
@@ -213,7 +214,7 @@ def test_loading_an_engine_registers_plugins_only_for_the_python_kind(tmp_path, 
     """What `trtfuse run`, `compare` and the Polygraphy runner load through: `runner.engine_loader`."""
     import polygraphy.backend.trt
 
-    engine = _engine_with_sidecar(tmp_path, plugins=plugins or PluginKind.PYTHON)
+    engine = engine_with_sidecar(tmp_path, plugins=plugins or PluginKind.PYTHON)
     if plugins is None:
         _rewrite_build_options(engine, plugins=None)
     calls = []
@@ -231,7 +232,7 @@ def test_an_aot_engine_loads_without_importing_trtfuse_plugins(tmp_path):
     """In a fresh process (a stand-in `tensorrt` module on the path): readying TensorRT for an AOT engine, through
     every module that runs engines, imports nothing from trtfuse.plugins and no CuTeDSL or TVM-FFI (the driver check
     of the recorded PTX ISA reads only trtfuse.kernels.device)."""
-    engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    engine = engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
     sidecar_path = sidecar_path_for(engine)
     sidecar = json.loads(sidecar_path.read_text())
     sidecar["build"]["ptx_isa"] = ["8.8"]
@@ -258,14 +259,14 @@ def test_running_without_polygraphy_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "import_tensorrt", lambda: object())
     monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", None)
     with pytest.raises(MissingDependencyError, match=r"TrtRunner; install it with `pip install polygraphy`"):
-        runner.trt_runner(EngineFile.open(_engine_with_sidecar(tmp_path)))
+        runner.trt_runner(EngineFile.open(engine_with_sidecar(tmp_path)))
 
 
 def test_run_reports_the_engines_plugin_kind(tmp_path, monkeypatch):
     from trtfuse import runner
     from trtfuse.runner import RunResult
 
-    engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    engine = engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
     timing = TimingSummary.from_seconds([0.001])
     monkeypatch.setattr(runner, "run_engine", lambda engine, feed, **_: RunResult({}, timing))
     run = runner.run_engine_file(engine, None, 0, {}, {}, iterations=1, warmup=0, save_outputs=None)
@@ -290,7 +291,7 @@ def test_an_aot_engine_whose_ptx_this_driver_cannot_jit_is_refused_in_one_line(
     pytest.importorskip("cuda.bindings", reason="cuda-python maps PTX ISA versions to CUDA versions")
     from trtfuse.kernels import device
 
-    engine = _engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
+    engine = engine_with_sidecar(tmp_path, plugins=PluginKind.AOT)
     sidecar_path = sidecar_path_for(engine)
     sidecar = json.loads(sidecar_path.read_text())
     if recorded is not None:
