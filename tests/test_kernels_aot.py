@@ -172,3 +172,21 @@ def test_ptx_a_driver_cannot_jit_is_named_with_both_versions(isa: str, driver: i
     assert (found is None) == (problem is None)
     if problem is not None:
         assert problem in found
+
+
+@pytest.mark.parametrize(
+    ("accepts", "problem"),
+    [(False, "9.9, which this machine's CUDA 13.0 driver does not accept"), (True, None), (None, None)],
+)
+def test_an_isa_the_table_does_not_know_is_put_to_the_driver(
+    monkeypatch: pytest.MonkeyPatch, accepts: bool | None, problem: str | None
+) -> None:
+    """The H200's cuda-bindings (13.3.1) had no entry for CuTeDSL-cu13's ISA 9.4, which its driver refused: the
+    driver itself is asked (an empty kernel of that ISA and target), and only a refusal stops the build."""
+    from trtfuse.kernels import device
+
+    asked = []
+    monkeypatch.setattr(device, "driver_accepts_isa", lambda isa, target: asked.append((isa, target)) or accepts)
+    found = device.ptx_driver_problem(".version 9.9\n.target sm_90a\n", 13000)
+    assert asked == [("9.9", "sm_90a")]
+    assert found == problem or (problem is not None and problem in found)

@@ -167,11 +167,14 @@ def embedded_ptx_problem(engine: EngineFile) -> str | None:
     if not isas:
         return None
     try:
-        from trtfuse.kernels.device import driver_version, isa_driver_problem
+        from trtfuse.kernels.device import current_device, driver_version, isa_driver_problem
     except ImportError:
         return None
     driver = driver_version()
-    problems = [problem for isa in isas if driver is not None and (problem := isa_driver_problem(isa, driver))]
+    if driver is None:
+        return None
+    target = current_device().arch
+    problems = [problem for isa in isas if (problem := isa_driver_problem(isa, driver, target))]
     return problems[-1] if problems else None
 
 

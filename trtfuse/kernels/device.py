@@ -75,28 +75,79 @@ def ptx_isa(ptx: str) -> str:
     return found.group(1)
 
 
+def ptx_target(ptx: str) -> str:
+    """The architecture `ptx` is for (".target sm_90a" -> "sm_90a")."""
+    found = re.search(r"^\s*\.target\s+(\w+)", ptx, re.MULTILINE)
+    if found is None:
+        raise ValueError("the PTX has no .target directive")
+    return found.group(1)
+
+
 def ptx_driver_problem(ptx: str, driver: int | None) -> str | None:
-    """Why a CUDA driver of version `driver` cannot JIT-compile `ptx` (its ISA is newer than the driver knows, as
-    CUDA's PTX ISA table says); None when it can, or when there is no driver to ask."""
+    """Why a CUDA driver of version `driver` cannot JIT-compile `ptx` (its ISA is newer than the driver knows);
+    None when it can, or when there is no driver to ask."""
     if driver is None:
         return None
-    return isa_driver_problem(ptx_isa(ptx), driver)
+    return isa_driver_problem(ptx_isa(ptx), driver, ptx_target(ptx))
 
 
-def isa_driver_problem(isa: str, driver: int) -> str | None:
-    """`ptx_driver_problem` for PTX of ISA `isa`. None also where it cannot tell: the ISA table is cuda-bindings'
-    (12.9.1 and later), and an ISA newer than the installed table knows is left to the driver to judge."""
+def isa_driver_problem(isa: str, driver: int, target: str) -> str | None:
+    """`ptx_driver_problem` for PTX of ISA `isa` for `target`. CUDA's PTX ISA table (cuda-bindings >= 12.9.1) says
+    which driver an ISA needs; an ISA the installed table does not know (newer than that cuda-bindings: the H200's
+    13.3.1 did not know CuTeDSL-cu13's 9.4) is put to the driver itself (`driver_accepts_isa`)."""
+    needed = _cuda_for_isa(isa)
+    if needed is not None:
+        if driver >= needed:
+            return None
+        return (
+            f"the kernels' PTX is ISA {isa}, which needs a CUDA {_cuda_text(needed)} driver; "
+            f"this machine's driver is CUDA {_cuda_text(driver)}"
+        )
+    if driver_accepts_isa(isa, target) is False:
+        return f"the kernels' PTX is ISA {isa}, which this machine's CUDA {_cuda_text(driver)} driver does not accept"
+    return None
+
+
+def _cuda_for_isa(isa: str) -> int | None:
+    """The CUDA version PTX ISA `isa` first shipped with, from cuda-bindings' table; None where it does not know."""
     try:
         from cuda.bindings.utils import get_minimal_required_cuda_ver_from_ptx_ver
     except ImportError:
         return None
     try:
-        needed = get_minimal_required_cuda_ver_from_ptx_ver(isa)
+        return int(get_minimal_required_cuda_ver_from_ptx_ver(isa))
     except ValueError:
         return None
-    if driver >= needed:
+
+
+def driver_accepts_isa(isa: str, target: str) -> bool | None:
+    """Whether this machine's CUDA driver JIT-compiles PTX of ISA `isa` for `target`: an empty kernel declaring both
+    is loaded into device 0's primary context. None when no GPU can be asked."""
+    probe = f".version {isa}\n.target {target}\n.address_size 64\n.visible .entry trtfuse_isa_probe()\n{{\n\tret;\n}}\n"
+    success = cuda.CUresult.CUDA_SUCCESS
+    try:
+        (err,) = cuda.cuInit(0)
+    except RuntimeError:  # libcuda missing
         return None
-    return (
-        f"the kernels' PTX is ISA {isa}, which needs a CUDA {_cuda_text(needed)} driver; "
-        f"this machine's driver is CUDA {_cuda_text(driver)}"
-    )
+    if err != success:
+        return None
+    err, device = cuda.cuDeviceGet(0)
+    if err != success:
+        return None
+    err, context = cuda.cuDevicePrimaryCtxRetain(device)
+    if err != success:
+        return None
+    try:
+        (err,) = cuda.cuCtxPushCurrent(context)
+        if err != success:
+            return None
+        try:
+            err, module = cuda.cuModuleLoadData(probe.encode() + b"\0")
+            if err == success:
+                cuda.cuModuleUnload(module)
+                return True
+            return False if err == cuda.CUresult.CUDA_ERROR_UNSUPPORTED_PTX_VERSION else None
+        finally:
+            cuda.cuCtxPopCurrent()
+    finally:
+        cuda.cuDevicePrimaryCtxRelease(device)
