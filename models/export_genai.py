@@ -19,9 +19,9 @@ import click
 import onnx
 from tool_exports import (
     Manifest,
+    export_facts,
     export_options,
     norm_entry,
-    onnxruntime_vs_torch,
     run_tool,
     save_checkpoint,
     tiny_model,
@@ -76,13 +76,10 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
         run_tool(command)
         graph = onnx.load(str(built / "model.onnx"))
         onnx.save(graph, str(path))
-    entry["opset"] = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
     entry["inputs"] = [value.name for value in graph.graph.input]
     entry["contrib_ops"] = sorted({node.op_type for node in graph.graph.node if node.domain == "com.microsoft"})
     entry["absorbed_norm_calls"] = absorbed_qk_norms(graph)
-    entry["onnxruntime_vs_torch"] = onnxruntime_vs_torch(model, path)
-    entry["bytes"] = path.stat().st_size
-    return entry
+    return entry | export_facts(model, graph, path)
 
 
 @click.command(help=__doc__)

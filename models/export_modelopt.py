@@ -20,7 +20,7 @@ import click
 import numpy as np
 import onnx
 from export import VOCAB, ExportSpec, LogitsOnly, export_onnx, random_input_ids
-from tool_exports import Manifest, export_options, norm_entry, onnxruntime_vs_torch, run_tool, tiny_model
+from tool_exports import Manifest, export_facts, export_options, norm_entry, run_tool, tiny_model
 
 QUANTIZE = "modelopt.onnx.quantization"
 AUTOCAST = "modelopt.onnx.autocast"
@@ -68,11 +68,8 @@ def export(arch: str, variant: str, path: Path, sources: Path) -> dict[str, obje
         graph = onnx.load(str(written))
         onnx.save(graph, str(path))
     entry["source"] = f"sources/{source.name}"
-    entry["opset"] = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
     entry["qdq_nodes"] = sum(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in graph.graph.node)
-    entry["onnxruntime_vs_torch"] = onnxruntime_vs_torch(model, path)
-    entry["bytes"] = path.stat().st_size
-    return entry
+    return entry | export_facts(model, graph, path)
 
 
 @click.command(help=__doc__)

@@ -18,9 +18,9 @@ import click
 import onnx
 from tool_exports import (
     Manifest,
+    export_facts,
     export_options,
     norm_entry,
-    onnxruntime_vs_torch,
     run_tool,
     save_checkpoint,
     tiny_model,
@@ -53,11 +53,8 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
             raise RuntimeError(f"expected one .onnx file, optimum wrote {[p.name for p in onnx_files]}")
         graph = onnx.load(str(onnx_files[0]))
         onnx.save(graph, str(path))
-    entry["opset"] = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
     entry["inputs"] = [value.name for value in graph.graph.input]
-    entry["onnxruntime_vs_torch"] = onnxruntime_vs_torch(model, path)
-    entry["bytes"] = path.stat().st_size
-    return entry
+    return entry | export_facts(model, graph, path)
 
 
 @click.command(help=__doc__)

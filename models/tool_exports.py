@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 import numpy as np
+import onnx
 import onnxruntime
 import torch
 
@@ -195,6 +196,16 @@ def onnxruntime_vs_torch(model: nn.Module, path: Path) -> str:
         return f"onnxruntime fails: {first_line(error)}"
     logits = np.asarray(logits, dtype=np.float32)
     return f"{np.abs(logits - expected).max() / np.abs(expected).max():.2e}"
+
+
+def export_facts(model: nn.Module, graph: onnx.ModelProto, path: Path) -> dict[str, object]:
+    """What every tool's manifest entry records of an export written to `path`: its default-domain opset, how far
+    onnxruntime's logits are from torch's, and its size."""
+    return {
+        "opset": next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")),
+        "onnxruntime_vs_torch": onnxruntime_vs_torch(model, path),
+        "bytes": path.stat().st_size,
+    }
 
 
 def _prefill_input(value: object, input_ids: np.ndarray, head_dim: int) -> np.ndarray:
