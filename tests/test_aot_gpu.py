@@ -31,7 +31,7 @@ from trtfuse.bench.aot_driver import (  # noqa: E402
 )
 from trtfuse.bench.reference import norm_reference  # noqa: E402
 from trtfuse.contract import NormParams, WeightMode  # noqa: E402
-from trtfuse.kernels.launch import LaunchDeclaration, RowPart, Tactic, qk_norm_params, rms_norm_params  # noqa: E402
+from trtfuse.kernels.declaration import LaunchDeclaration, RowPart, Tactic, qk_norm_params, rms_norm_params  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Both steps must end well inside the device's 10-minute limit per command, which `.ci/gpu tests` shares.
@@ -107,7 +107,7 @@ def test_arguments_reject_missing_or_unknown_pointers_and_values_out_of_range() 
 
 
 def test_artifacts_round_trip_through_their_files(tmp_path: Path) -> None:
-    from trtfuse.kernels.launch import KernelArtifact
+    from trtfuse.kernels.declaration import KernelArtifact
 
     artifact = KernelArtifact(qk_declaration(), ".version 8.8\n.entry trtfuse_qk_0()\n", b"\x7fELF\x00\x01")
     aot_driver.write_artifact(tmp_path, "a", artifact)
@@ -341,7 +341,7 @@ class CpuLaunches:
 @pytest.mark.parametrize("faulty", [False, True])
 def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faulty: bool) -> None:
     """`check_artifacts` end to end on the CPU (CpuLaunches): manifest, both images, every case, the report."""
-    from trtfuse.kernels.launch import KernelArtifact
+    from trtfuse.kernels.declaration import KernelArtifact
 
     entries = [(rms_entry("bfloat16", None), rms_declaration(64)), (qk_entry(), qk_declaration())]
     manifest = {"format": aot_driver.MANIFEST_FORMAT, "arch": "sm_90a", "entries": []}

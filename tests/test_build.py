@@ -437,19 +437,37 @@ def test_length_inputs_get_value_ranges_only_where_tensorrt_reads_them_as_shape_
 
 
 def test_the_default_plugin_kind_is_aot_where_tensorrt_has_it():
-    assert build.plugin_kind_for(None, "10.9.0", has_aot=True) is PluginKind.AOT
-    assert build.plugin_kind_for(None, "10.8.0", has_aot=False) is PluginKind.PYTHON
-    assert build.plugin_kind_for(PluginKind.PYTHON, "11.1.0", has_aot=True) is PluginKind.PYTHON
-    assert build.plugin_kind_for(PluginKind.AOT, "11.1.0", has_aot=True) is PluginKind.AOT
+    refused = "TensorRT 10.8.0 has no AOT plugins (tensorrt.plugin's aot_impl)"
+    assert build.plugin_kind_for(None, None) is PluginKind.AOT
+    assert build.plugin_kind_for(None, refused) is PluginKind.PYTHON
+    assert build.plugin_kind_for(PluginKind.PYTHON, None) is PluginKind.PYTHON
+    assert build.plugin_kind_for(PluginKind.PYTHON, refused) is PluginKind.PYTHON
+    assert build.plugin_kind_for(PluginKind.AOT, None) is PluginKind.AOT
 
 
-def test_aot_asked_for_on_a_tensorrt_without_it_names_both_versions():
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [
+        ("10.8.0.43", "TensorRT 10.8.0.43 has no AOT plugins (tensorrt.plugin's aot_impl)"),
+        (
+            "10.12.0.36",
+            "TensorRT 10.12.0.36's Python binding hands TensorRT each AOT kernel's name in a string it has already "
+            "freed (fixed in 10.14)",
+        ),
+    ],
+)
+def test_aot_asked_for_on_a_tensorrt_it_is_refused_on_says_why_in_one_line(version: str, reason: str):
+    from trtfuse.plugins import aot
+
+    trt = types.ModuleType("tensorrt")
+    trt.__version__ = version
+    if version.startswith("10.12"):
+        trt.QuickPluginCreationRequest = object
     with pytest.raises(OptionError) as error:
-        build.plugin_kind_for(PluginKind.AOT, "10.8.0.43", has_aot=False)
+        build.plugin_kind_for(PluginKind.AOT, aot.aot_refusal(trt))
     assert error.value.choice == "plugins"
     assert error.value.spelled(lambda name: f"--{name}") == (
-        "TensorRT 10.8.0.43 has no AOT plugins (they need TensorRT >= 10.10 with tensorrt.plugin's aot_impl); install "
-        "a newer TensorRT or build with --plugins python"
+        f"{reason}; trtfuse builds AOT plugins with TensorRT >= 10.14: install it or build with --plugins python"
     )
 
 
@@ -572,7 +590,8 @@ def _aot_modules(monkeypatch, calls: dict, has_aot: bool) -> None:
     build side is tested on its own; `prepare_for_aot` is the real one."""
     from trtfuse.plugins import aot
 
-    monkeypatch.setattr(aot, "aot_supported", lambda trt: has_aot)
+    if has_aot:
+        monkeypatch.setattr(aot, "aot_refusal", lambda trt: None)
     monkeypatch.setattr(aot, "register_aot", lambda: calls.setdefault("registered", []).append("aot"))
     monkeypatch.setattr(build, "register_plugins", lambda kind: calls.setdefault("registered", []).append(kind.value))
     monkeypatch.setattr(build, "plugin_creation_errors", lambda: [])
@@ -589,7 +608,7 @@ def test_an_aot_build_parses_the_aot_form_from_bytes_and_leaves_the_fused_file_a
     # Before the build, what an earlier build embedded (dropped); after it, what aot_impl handed this one.
     taken = iter([["7.0"], ["8.8", "9.4"]])
     monkeypatch.setattr(aot, "take_embedded_ptx_isas", lambda: next(taken))
-    monkeypatch.setattr(build, "import_tensorrt", lambda: _fake_tensorrt("10.9.0", calls))
+    monkeypatch.setattr(build, "import_tensorrt", lambda: _fake_tensorrt("10.14.1", calls))
     # Every tensor left in the external file, as an LLM's large weights are: the parser must still find them.
     monkeypatch.setattr(model_io, "SMALL_TENSOR_BYTES", 0)
     fused = save_external(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
@@ -616,7 +635,7 @@ def test_an_aot_build_parses_the_aot_form_from_bytes_and_leaves_the_fused_file_a
 def test_a_python_build_registers_only_the_python_plugins_and_parses_the_file(tmp_path, monkeypatch):
     calls: dict = {}
     _aot_modules(monkeypatch, calls, has_aot=True)
-    monkeypatch.setattr(build, "import_tensorrt", lambda: _fake_tensorrt("10.9.0", calls))
+    monkeypatch.setattr(build, "import_tensorrt", lambda: _fake_tensorrt("10.14.1", calls))
     fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
     options = BuildOptions(profiles=(PROFILE,), plugins=PluginKind.PYTHON)
     result = build.build_engine(fused, tmp_path / "m.engine", options)
@@ -634,8 +653,8 @@ def test_compile_plugins_aot_on_a_tensorrt_without_aot_is_one_line_exit_2(tmp_pa
     result = CliRunner().invoke(_cli(), ["compile", str(original), "--plugins", "aot"])
     assert result.exit_code == 2, result.output
     assert result.output == (
-        "trtfuse: error: TensorRT 10.8.0 has no AOT plugins (they need TensorRT >= 10.10 with tensorrt.plugin's "
-        "aot_impl); install a newer TensorRT or build with --plugins python\n"
+        "trtfuse: error: TensorRT 10.8.0 has no AOT plugins (tensorrt.plugin's aot_impl); trtfuse builds AOT plugins "
+        "with TensorRT >= 10.14: install it or build with --plugins python\n"
     )
     assert "registered" not in calls and "flags" not in calls
     assert sorted(os.listdir(tmp_path)) == ["model.onnx"], "what was fused is removed with the failed call"

@@ -12,10 +12,13 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip 
 
 from trtfuse.bench import aot_driver
 from trtfuse.contract import NormParams, WeightMode
-from trtfuse.kernels import aot
-from trtfuse.kernels.aot import AOT_ARCHS, qk_norm_artifact, rms_norm_artifact, rms_norm_tactics
-from trtfuse.kernels.launch import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
+from trtfuse.kernels import artifacts
+from trtfuse.kernels.api import rms_norm_tiling
+from trtfuse.kernels.artifacts import AOT_ARCHS, qk_norm_artifact, rms_norm_artifact, rms_norm_tactics
+from trtfuse.kernels.compiler import RmsNormVariant
+from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+from trtfuse.kernels.tiling import Regime
 
 AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
 QWEN3_QK = QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
@@ -40,6 +43,9 @@ def check_artifact(artifact: KernelArtifact, arch: str) -> None:
     assert re.search(rf"^\.target {arch}\b", artifact.ptx, re.M)
     name, params = entry_params(artifact.ptx)
     assert name == declaration.kernel_name
+    # Inline in a std::string (libstdc++ keeps up to 15 characters in the object): TensorRT 10.10-10.13 read the name
+    # after the string holding it was destroyed.
+    assert len(name) <= artifacts.ENTRY_NAME_MAX == 15
     assert len(params) == len(declaration.params)
     for index, (text, param) in enumerate(zip(params, declaration.params, strict=True)):
         assert text.startswith(f".param {param.ptx_type}"), (text, param)
@@ -117,6 +123,33 @@ def test_variants_differing_only_in_epsilon_get_distinct_entries(cache_root: Pat
     assert first.ptx != second.ptx
 
 
+def test_entry_names_are_short_and_a_claimed_prefix_is_never_shared(tmp_path: Path) -> None:
+    """An artifact keeps the prefix it claimed; another key whose digits collide with it gets a salted one."""
+    first = artifacts.claim_entry_prefix(tmp_path, "0123456789abcdef01234567")
+    assert first == "tf0123456789a" and len(first) + len("_0") == artifacts.ENTRY_NAME_MAX
+    assert artifacts.claim_entry_prefix(tmp_path, "0123456789abcdef01234567") == first
+    colliding = artifacts.claim_entry_prefix(tmp_path, "0123456789affffffffffff")
+    assert colliding != first and len(colliding) == len(first) and colliding.startswith("tf")
+    assert artifacts.claim_entry_prefix(tmp_path, "0123456789affffffffffff") == colliding
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"entry-{first}", f"entry-{colliding}"])
+
+
+def test_a_compiled_artifact_takes_the_salted_name_when_its_digits_are_taken(
+    cache_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = RmsNormSpec(512, "float16", "float16", NormParams(3e-5, 0.0, AFTER))
+    variant = RmsNormVariant(spec, rms_norm_tiling(spec, Regime.PREFILL, aligned=True), "sm_90a")
+    variant_key = artifacts.artifact_key(variant)
+    folder = artifacts.cache_folder(cache_root, "sm_90a")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"entry-tf{variant_key[:11]}").write_text("another artifact's key")
+    monkeypatch.setattr(artifacts, "_memory", {})
+    artifact = rms_norm_artifact(spec, Tactic.PREFILL, "sm_90a", cache_root)
+    name = artifact.declaration.kernel_name
+    assert name != f"tf{variant_key[:11]}_0" and len(name) == 15
+    check_artifact(artifact, "sm_90a")
+
+
 @pytest.mark.parametrize("rows", [0, 1, 7, 132, 133, 16384])
 def test_the_grid_covers_every_row_once(rows: int, cache_root: Path) -> None:
     """Evaluated over a profile's range (1 row, an SM count, long prefill): every row lands in exactly one block of
@@ -141,12 +174,12 @@ def test_the_grid_covers_every_row_once(rows: int, cache_root: Path) -> None:
 def test_artifacts_are_read_back_from_disk_without_compiling(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = RmsNormSpec(5120, "float16", "float32", NormParams(1e-6, 1.0, BEFORE))
     compiled = rms_norm_artifact(spec, Tactic.DECODE, "sm_89", cache_root)
-    monkeypatch.setattr(aot, "_memory", {})
+    monkeypatch.setattr(artifacts, "_memory", {})
 
     def refuse(*args: object) -> None:
         raise AssertionError("compiled again instead of reading the cache")
 
-    monkeypatch.setattr(aot, "compile_aot_variant", refuse)
+    monkeypatch.setattr(artifacts, "compile_aot_variant", refuse)
     assert rms_norm_artifact(spec, Tactic.DECODE, "sm_89", cache_root) == compiled
     assert len(list(cache_root.rglob("aot-*.json"))) >= 1
     assert not list(cache_root.rglob("tmp*")), "a temporary file was left in the cache"

@@ -33,10 +33,18 @@ from trtfuse.fuse import fuse_model
 from trtfuse.plugins import aot
 from trtfuse.plugins.aot_nodes import PLACEHOLDER_PREFIX, prepare_for_aot
 
-HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
-needs_tensorrt = pytest.mark.skipif(
-    not HAS_TENSORRT, reason="needs the real `tensorrt` module (>= 10.10) and an NVIDIA GPU (not installable here)"
-)
+
+def _why_no_aot_tensorrt() -> str | None:
+    if importlib.util.find_spec("tensorrt") is None:
+        return "needs the real `tensorrt` module (>= 10.14) and an NVIDIA GPU (not installable here)"
+    import tensorrt
+
+    refusal = aot.aot_refusal(tensorrt)
+    return None if refusal is None else f"needs a TensorRT trtfuse builds AOT plugins with: {refusal}"
+
+
+WHY_NO_AOT_TENSORRT = _why_no_aot_tensorrt()
+needs_tensorrt = pytest.mark.skipif(WHY_NO_AOT_TENSORRT is not None, reason=str(WHY_NO_AOT_TENSORRT))
 HIDDEN = 64
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -310,7 +318,7 @@ OUTPUT_COUNTS = {contract.RMS_NORM_OP: 1, contract.QK_NORM_OP: 2}
 
 
 def _kernel_inputs(op: str) -> list[str]:
-    from trtfuse.kernels.launch import ParamRole, qk_norm_params, rms_norm_params
+    from trtfuse.kernels.declaration import ParamRole, qk_norm_params, rms_norm_params
 
     params = rms_norm_params() if op == contract.RMS_NORM_OP else qk_norm_params()
     return [param.name for param in params if param.role is ParamRole.INPUT]
@@ -472,7 +480,7 @@ TYPE_NAMES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
 def test_autotune_offers_exactly_the_contract_s_dtype_pairs(op: str, output_dtype: str, mode: WeightMode) -> None:
     """One combination per (activation, weight) dtype pair the contract allows, LINEAR, with the kernels' tactics;
     in type strings _autotune.py's _str_to_data_type reads (FP32, FP16, or a trt.DataType name: BF16)."""
-    from trtfuse.kernels.aot import qk_norm_tactics, rms_norm_tactics
+    from trtfuse.kernels.artifacts import qk_norm_tactics, rms_norm_tactics
     from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 
     hidden = (HIDDEN,) if op == contract.RMS_NORM_OP else (16, 32)
@@ -545,8 +553,8 @@ INT_EXPRESSIONS = SimpleNamespace(
 def test_aot_impl_s_launch_is_the_declaration_s_for_the_activations_rows(op: str, shapes: list) -> None:
     """The artifact's entry and PTX, block and shared memory, and the grid and scalars of the declaration's formula
     for rows = element count // hidden of each activation, in order (q, then k)."""
-    from trtfuse.kernels.aot import qk_norm_artifact, rms_norm_artifact
-    from trtfuse.kernels.launch import Tactic
+    from trtfuse.kernels.artifacts import qk_norm_artifact, rms_norm_artifact
+    from trtfuse.kernels.declaration import Tactic
     from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 
     params = contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
@@ -596,7 +604,7 @@ def test_importing_the_aot_modules_needs_neither_tensorrt_nor_cutedsl() -> None:
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("tensorrt_rtx") is None or HAS_TENSORRT,
+    importlib.util.find_spec("tensorrt_rtx") is None or importlib.util.find_spec("tensorrt") is not None,
     reason="needs TensorRT-RTX's module (a TensorRT without AOT plugins) where `tensorrt` is absent",
 )
 def test_register_aot_refuses_a_tensorrt_without_aot_in_one_line() -> None:
@@ -611,7 +619,7 @@ def test_register_aot_refuses_a_tensorrt_without_aot_in_one_line() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.strip().splitlines()
-    assert "has no AOT plugins: they need TensorRT >= 10.10" in line
+    assert "has no AOT plugins (tensorrt.plugin's aot_impl); trtfuse builds AOT plugins with TensorRT >= 10.14" in line
 
 
 # --- real TensorRT: register, build, and run where trtfuse is not ---------------------------------------------------
@@ -907,13 +915,15 @@ def test_an_add_plugin_network_builds_and_runs_without_trtfuse(tmp_path: Path) -
     [
         ("10.8.0.43", False, False),
         ("10.9.0.34", True, False),  # AOT QDPs exist, but its parser may look them up by node name (aot.py)
-        ("10.10.0.31", True, True),
+        ("10.10.0.31", True, False),  # 10.10-10.13: the binding hands TensorRT a freed kernel name (aot.py)
+        ("10.13.3.9", True, False),
+        ("10.14.1.48", True, True),
         ("11.1.0.4", True, True),
         ("11.1.0.4", False, False),  # a build without tensorrt.plugin's AOT support (TensorRT-RTX 1.7 is one)
         ("unknown", True, False),
     ],
 )
-def test_aot_needs_the_aot_request_type_and_tensorrt_10_10(version: str, has_request: bool, supported: bool) -> None:
+def test_aot_needs_the_aot_request_type_and_tensorrt_10_14(version: str, has_request: bool, supported: bool) -> None:
     fields = {"__version__": version} | ({"QuickPluginCreationRequest": object} if has_request else {})
     assert aot.aot_supported(SimpleNamespace(**fields)) is supported
 

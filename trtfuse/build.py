@@ -55,7 +55,8 @@ class BuildOptions:
     # TensorRT allows TF32 for fp32 matmuls by default; that is about fp16-level error, so an fp32 model would fail
     # the fp32 tolerance of `trtfuse compare`. Off unless asked for.
     allow_tf32: bool = False
-    # None: AOT where the installed TensorRT has it, else Python (`plugin_kind_for`); the sidecar records the kind used.
+    # None: AOT where trtfuse builds AOT plugins with the installed TensorRT (>= 10.14), else Python
+    # (`plugin_kind_for`); the sidecar records the kind used.
     plugins: PluginKind | None = None
 
     def __post_init__(self) -> None:
@@ -225,28 +226,28 @@ class BuildProgress:
             self._emit(f"{'  ' * depth}{phase_name} done in {seconds:.1f} s")
 
 
-def plugin_kind_for(requested: PluginKind | None, tensorrt_version: str, has_aot: bool) -> PluginKind:
-    """The plugin kind to build with: as requested, or by default AOT where TensorRT has AOT plugins (`has_aot`) and
-    Python otherwise. AOT asked for on a TensorRT without them is the user's choice not fitting: one line."""
+def plugin_kind_for(requested: PluginKind | None, aot_refusal: str | None) -> PluginKind:
+    """The plugin kind to build with: as requested, or by default AOT where trtfuse builds AOT plugins with this
+    TensorRT (`aot_refusal` None) and Python otherwise. AOT asked for where it is refused: one line with the reason."""
     if requested is None:
-        return PluginKind.AOT if has_aot else PluginKind.PYTHON
-    if requested is PluginKind.AOT and not has_aot:
+        return PluginKind.AOT if aot_refusal is None else PluginKind.PYTHON
+    if requested is PluginKind.AOT and aot_refusal is not None:
         from trtfuse.plugins.aot import min_tensorrt_text
 
         raise OptionError(
             "plugins",
-            f"TensorRT {tensorrt_version} has no AOT plugins (they need TensorRT >= {min_tensorrt_text()} with "
-            "tensorrt.plugin's aot_impl); install a newer TensorRT or build with ",
+            f"{aot_refusal}; trtfuse builds AOT plugins with TensorRT >= {min_tensorrt_text()}: install it or build "
+            "with ",
             Choice("plugins"),
             f" {PluginKind.PYTHON.value}",
         )
     return requested
 
 
-def _has_aot(trt: ModuleType) -> bool:
-    from trtfuse.plugins.aot import aot_supported
+def _aot_refusal(trt: ModuleType) -> str | None:
+    from trtfuse.plugins.aot import aot_refusal
 
-    return aot_supported(trt)
+    return aot_refusal(trt)
 
 
 def check_plugin_kind(requested: PluginKind | None) -> None:
@@ -258,7 +259,7 @@ def check_plugin_kind(requested: PluginKind | None) -> None:
         trt = import_tensorrt()
     except MissingDependencyError:
         return
-    plugin_kind_for(requested, trt.__version__, _has_aot(trt))
+    plugin_kind_for(requested, _aot_refusal(trt))
 
 
 def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> int:
@@ -396,7 +397,7 @@ def build_engine(
     model = load_model(fused_model_path).model
     timing_cache_bytes = _read_timing_cache(options.timing_cache)
     trt = import_tensorrt()
-    options = replace(options, plugins=plugin_kind_for(options.plugins, trt.__version__, _has_aot(trt)))
+    options = replace(options, plugins=plugin_kind_for(options.plugins, _aot_refusal(trt)))
     model_to_parse = _model_to_parse(options.plugins, model, fused_model_path)
     register_plugins(options.plugins)
     logger = trt.Logger(trt.Logger.WARNING)

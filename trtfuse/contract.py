@@ -71,7 +71,7 @@ RMS_NORM_FIELDS = (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, ATTR_HIDD
 QK_NORM_FIELDS = (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, ATTR_Q_HIDDEN, ATTR_K_HIDDEN)
 OPTIONAL_FIELDS = (ATTR_OUTPUT_DTYPE,)
 
-# AOT plugins (tensorrt.plugin QDPs; trtfuse builds them with TensorRT >= 10.10, plugins/aot.py says why not 10.9).
+# AOT plugins (tensorrt.plugin QDPs; trtfuse builds them with TensorRT >= 10.14, plugins/aot.py says why).
 # `aot` (INT, 1) is the ONNX parser's node attribute that asks for a QDP's AOT implementation. tensorrt.plugin hands
 # aot_impl every field by position, in registration order, so a node built as AOT carries all of AOT_FIELDS,
 # `output_dtype` included; weight_mode NONE nodes get a never-read weight of [H] zeros in

@@ -27,7 +27,8 @@ from trtfuse.profiles import Profile
 
 SIDECAR_FORMAT = "trtfuse-engine/1"
 INSTALL_HINT = (
-    "install it with `pip install -e '.[gpu]'` in a trtfuse checkout (tensorrt>=10.8) on a machine with an NVIDIA GPU"
+    "install it with `pip install -e '.[gpu]'` in a trtfuse checkout (tensorrt>=10.14; the Python plugins alone run "
+    "from 10.8) on a machine with an NVIDIA GPU"
 )
 
 

@@ -40,10 +40,10 @@ from trtfuse.bench.kernels import (
     same_size_copy_us,
 )
 from trtfuse.bench.reference import norm_reference
-from trtfuse.kernels import aot
+from trtfuse.kernels import artifacts
 from trtfuse.kernels.api import get_qk_norm, get_rms_norm
+from trtfuse.kernels.declaration import Tactic
 from trtfuse.kernels.device import current_device
-from trtfuse.kernels.launch import Tactic
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime, regime_for
 
@@ -63,8 +63,10 @@ def aot_kernels(spec: RmsNormSpec | QkNormSpec) -> dict[Tactic, DriverKernel]:
     """Every tactic's artifact for this GPU, loaded from its PTX."""
     arch = current_device().arch
     if isinstance(spec, RmsNormSpec):
-        return {t: DriverKernel(aot.rms_norm_artifact(spec, t, arch), "ptx") for t in aot.rms_norm_tactics(spec)}
-    return {t: DriverKernel(aot.qk_norm_artifact(spec, t, arch), "ptx") for t in aot.qk_norm_tactics(spec)}
+        return {
+            t: DriverKernel(artifacts.rms_norm_artifact(spec, t, arch), "ptx") for t in artifacts.rms_norm_tactics(spec)
+        }
+    return {t: DriverKernel(artifacts.qk_norm_artifact(spec, t, arch), "ptx") for t in artifacts.qk_norm_tactics(spec)}
 
 
 def timed_side_by_side(

@@ -32,8 +32,8 @@ import torch
 
 from trtfuse.bench.reference import norm_reference
 from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE, NormParams, WeightMode
+from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.device import arch_for, current_device, driver_version, ptx_driver_problem
-from trtfuse.kernels.launch import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 from trtfuse.tolerances import KERNEL_ELEMENTWISE
 
@@ -550,17 +550,17 @@ def run_case(kernel: DriverKernel, entry: MatrixEntry, case: LaunchCase, stem: s
 
 
 def tactics_of(entry: MatrixEntry) -> tuple[Tactic, ...]:
-    from trtfuse.kernels import aot  # CuTeDSL: imported by `compile` only, never by `check`
+    from trtfuse.kernels import artifacts  # CuTeDSL: imported by `compile` only, never by `check`
 
-    return aot.rms_norm_tactics(entry.spec) if entry.heads is None else aot.qk_norm_tactics(entry.spec)
+    return artifacts.rms_norm_tactics(entry.spec) if entry.heads is None else artifacts.qk_norm_tactics(entry.spec)
 
 
 def compile_one(spec_json: dict[str, Any], qk: bool, tactic: int, stem: str, arch: str, folder: str) -> str:
     """Compile one artifact (through the kernel cache) and write its files; runs in a worker process."""
-    from trtfuse.kernels import aot
+    from trtfuse.kernels import artifacts
 
     spec = spec_from_json(spec_json)
-    build = aot.qk_norm_artifact if qk else aot.rms_norm_artifact
+    build = artifacts.qk_norm_artifact if qk else artifacts.rms_norm_artifact
     write_artifact(Path(folder), stem, build(spec, Tactic(tactic), arch))
     return stem
 

@@ -82,8 +82,8 @@ def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
     "--plugins",
     type=click.Choice(PLUGIN_KINDS),
     help="aot: TensorRT embeds the kernels and launches them itself, so the engine runs without Python "
-    "(TensorRT >= 10.10); python: IPluginV3 plugins that call back into a Python process with trtfuse. "
-    "[default: aot where the installed TensorRT has it, else python]",
+    "(TensorRT >= 10.14); python: IPluginV3 plugins that call back into a Python process with trtfuse "
+    "(TensorRT >= 10.8). [default: aot with TensorRT >= 10.14, else python]",
 )
 @common_options
 def compile_command(

@@ -28,11 +28,12 @@ from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.trt_module import load_trt
 
 LINEAR = "LINEAR"
-# The first TensorRT trtfuse builds AOT plugins with. AOT QDPs arrived in 10.9, but 10.9's ONNX parser may look a QDP
-# up by the node's name instead of its op type: NVIDIA's 10.9 sample names its node exactly like its op, the 10.10
-# sample does not ("circ_pad_plugin 0"), and onnx-tensorrt's createPlugin passes the op type in the parsers that know
-# AOT plugins. trtfuse's nodes are named after the norms they replace, so on 10.9 every lookup could fail.
-AOT_MIN_TENSORRT = (10, 10)
+# The first TensorRT trtfuse builds AOT plugins with (docs/aot.md, "Which TensorRT"). AOT QDPs arrived in 10.9, whose
+# ONNX parser may look a QDP up by the node's name instead of its op type (trtfuse's nodes are named after the norms
+# they replace). From 10.10 to 10.13 the Python binding's aot_impl trampoline returns the kernel name as the
+# `c_str()` of a string in a local tuple that is destroyed on return (python/src/infer/pyPlugin.cpp), so TensorRT reads
+# freed memory for every name longer than the string's inline buffer; 10.14 keeps the name in a member.
+AOT_MIN_TENSORRT = (10, 14)
 # Every field is annotated `bytes`: tensorrt.plugin makes its value as `bytes(field.data)`, the raw bytes of the
 # one-element FLOAT32 or INT32 array the ONNX parser sends (its type is the attribute's, whatever the creator
 # advertises), read back here with NumPy. `float`/`int` annotations make it `float(field.data)` on a one-element
@@ -74,9 +75,33 @@ def take_embedded_ptx_isas() -> list[str]:
 
 
 def aot_supported(trt: ModuleType) -> bool:
-    """Whether `trt` builds trtfuse's AOT plugins: tensorrt.plugin's own test for AOT (`QuickPluginCreationRequest`)
-    and at least AOT_MIN_TENSORRT."""
-    return hasattr(trt, "QuickPluginCreationRequest") and tensorrt_release(trt) >= AOT_MIN_TENSORRT
+    """Whether trtfuse builds its AOT plugins with `trt` (`aot_refusal` says why not)."""
+    return aot_refusal(trt) is None
+
+
+def aot_refusal(trt: ModuleType) -> str | None:
+    """Why trtfuse builds no AOT plugins with `trt`, in one sentence naming its version; None where it does.
+    tensorrt.plugin's own test for AOT is `QuickPluginCreationRequest`; the version decides the rest."""
+    label = f"{tensorrt_label(trt)} {getattr(trt, '__version__', '(unknown version)')}"
+    release = tensorrt_release(trt)
+    if not hasattr(trt, "QuickPluginCreationRequest"):
+        return f"{label} has no AOT plugins (tensorrt.plugin's aot_impl)"
+    if release == (0, 0):
+        return f"{label} does not say which release it is"
+    if release < (10, 10):
+        return f"{label}'s ONNX parser may look AOT plugins up by node name instead of op type"
+    if release < AOT_MIN_TENSORRT:
+        return (
+            f"{label}'s Python binding hands TensorRT each AOT kernel's name in a string it has already freed "
+            "(fixed in 10.14)"
+        )
+    return None
+
+
+def tensorrt_label(trt: ModuleType) -> str:
+    """ "TensorRT" for the tensorrt module, the module's name for another (TensorRT-RTX's `tensorrt_rtx`)."""
+    name = getattr(trt, "__name__", "tensorrt")
+    return "TensorRT" if name == "tensorrt" else name
 
 
 def tensorrt_release(trt: ModuleType) -> tuple[int, int]:
@@ -116,10 +141,11 @@ def register_aot() -> None:
         if _aot_registered:
             return
         trt = load_trt()
-        if not aot_supported(trt):
+        refusal = aot_refusal(trt)
+        if refusal is not None:
             raise MissingDependencyError(
-                f"{trt.__name__} {getattr(trt, '__version__', '(unknown version)')} has no AOT plugins: they need "
-                f"TensorRT >= {min_tensorrt_text()} (tensorrt.plugin's aot_impl); build with the Python plugins instead"
+                f"{refusal}; trtfuse builds AOT plugins with TensorRT >= {min_tensorrt_text()}: build with the Python "
+                "plugins instead"
             )
         # Refused before claiming, so that a refusal leaves this process free to build with the Python plugins.
         _refuse_registered_creators(trt)
@@ -181,7 +207,7 @@ def _rms_norm(trtp: Any) -> QdpDefinition:
         output_dtype: Int32Field,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
-        from trtfuse.kernels.aot import rms_norm_tactics
+        from trtfuse.kernels.artifacts import rms_norm_tactics
         from trtfuse.kernels.specs import RmsNormSpec
 
         params, out_dtype = _params(epsilon, weight_offset, weight_mode), _dtype_of_code(output_dtype)
@@ -203,8 +229,8 @@ def _rms_norm(trtp: Any) -> QdpDefinition:
         outputs: tuple[TensorDesc],
         tactic: int,
     ) -> Kernel:
-        from trtfuse.kernels.aot import rms_norm_artifact
-        from trtfuse.kernels.launch import Tactic
+        from trtfuse.kernels.artifacts import rms_norm_artifact
+        from trtfuse.kernels.declaration import Tactic
         from trtfuse.kernels.specs import RmsNormSpec
 
         params = _params(epsilon, weight_offset, weight_mode)
@@ -251,7 +277,7 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
         output_dtype: Int32Field,
         outputs: tuple[TensorDesc, TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
-        from trtfuse.kernels.aot import qk_norm_tactics
+        from trtfuse.kernels.artifacts import qk_norm_tactics
         from trtfuse.kernels.specs import QkNormSpec
 
         params, out_dtype = _params(epsilon, weight_offset, weight_mode), _dtype_of_code(output_dtype)
@@ -277,8 +303,8 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
         outputs: tuple[TensorDesc, TensorDesc],
         tactic: int,
     ) -> Kernel:
-        from trtfuse.kernels.aot import qk_norm_artifact
-        from trtfuse.kernels.launch import Tactic
+        from trtfuse.kernels.artifacts import qk_norm_artifact
+        from trtfuse.kernels.declaration import Tactic
         from trtfuse.kernels.specs import QkNormSpec
 
         params = _params(epsilon, weight_offset, weight_mode)

@@ -48,8 +48,8 @@ class TrtfuseArgs(BaseArgs):
             choices=[kind.value for kind in PluginKind],
             default=None,
             help="The plugin kind of the --trtfuse engine, as `trtfuse compile --plugins`: aot (kernels embedded, no "
-            "Python needed to run it; TensorRT >= 10.10) or python. [default: aot where the installed TensorRT has it, "
-            "else python]",
+            "Python needed to run it; TensorRT >= 10.14) or python (TensorRT >= 10.8). [default: aot with TensorRT "
+            ">= 10.14, else python]",
         )
         self.group.add_argument(
             "--trtfuse-cache",

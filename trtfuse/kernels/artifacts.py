@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 import threading
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from trtfuse.kernels.api import qk_norm_tilings, rms_norm_tiling
 from trtfuse.kernels.cache import cache_folder, default_cache_root, write_cache_file
 from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_aot_variant
-from trtfuse.kernels.launch import (
+from trtfuse.kernels.declaration import (
     KernelArtifact,
     LaunchDeclaration,
     RowPart,
@@ -32,6 +33,13 @@ from trtfuse.kernels.tiling import Regime
 # The targets CI compiles every artifact for: Ampere (A100, A10/RTX 30, L4/RTX 40), Hopper and Blackwell datacenter.
 AOT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
 _REGIMES = {Tactic.PREFILL: Regime.PREFILL, Tactic.DECODE: Regime.DECODE}
+
+# Entry names fit libstdc++'s 15-character inline string buffer: TensorRT 10.10-10.13's Python binding hands TensorRT
+# the name through a std::string destroyed before TensorRT reads it (docs/aot.md), and an inline name is the one kind
+# that survives such a regression. "tf", 11 hex digits of the artifact key, then CuTeDSL's "_0".
+ENTRY_NAME_MAX = 15
+_ENTRY_HEX = 11
+_ENTRY_SALTS = 64
 
 _memory: dict[tuple[Path, str], KernelArtifact] = {}
 # One compilation at a time: the entry name is set on the shared kernel function before each compile.
@@ -80,9 +88,32 @@ def qk_norm_artifact(spec: QkNormSpec, tactic: Tactic, arch: str, cache_root: Pa
 
 
 def artifact_key(variant: RmsNormVariant | QkNormVariant) -> str:
-    """A digest of everything that shapes the AOT machine code; also the entry name's suffix, so that no two
-    artifacts share an entry name."""
+    """A digest of everything that shapes the AOT machine code: the artifact's file name in the cache."""
     return hashlib.sha256(repr(("aot", variant)).encode()).hexdigest()[:24]
+
+
+def claim_entry_prefix(folder: Path, key: str) -> str:
+    """The entry-name prefix of artifact `key`, unique among the artifacts of `folder` (one cache folder per
+    architecture: what one build embeds). 11 hex digits of the key, or of a salted digest where another key already
+    claimed those; the claim is a file named after the prefix holding the key, made exclusively."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for salt in range(_ENTRY_SALTS):
+        digest = key if salt == 0 else hashlib.sha256(f"{key}/{salt}".encode()).hexdigest()
+        prefix = f"tf{digest[:_ENTRY_HEX]}"
+        claim = folder / f"entry-{prefix}"
+        fd, tmp = tempfile.mkstemp(prefix=".entry-", dir=folder)
+        try:
+            os.write(fd, key.encode())
+            os.close(fd)
+            try:
+                os.link(tmp, claim)
+                return prefix
+            except FileExistsError:
+                if claim.read_text() == key:
+                    return prefix
+        finally:
+            os.unlink(tmp)
+    raise RuntimeError(f"no free entry name for AOT artifact {key} in {folder} after {_ENTRY_SALTS} digests")
 
 
 def _artifact(
@@ -104,7 +135,9 @@ def _artifact(
         artifact = _memory.get((folder, key)) or _read(folder, key)
         if artifact is None:
             with tempfile.TemporaryDirectory(prefix="trtfuse-aot-") as dump:
-                compiled = compile_aot_variant(variant, f"trtfuse_{key}", Path(dump))
+                compiled = compile_aot_variant(variant, claim_entry_prefix(folder, key), Path(dump))
+            if len(compiled.kernel_name) > ENTRY_NAME_MAX:
+                raise RuntimeError(f"AOT entry name {compiled.kernel_name} is over {ENTRY_NAME_MAX} characters")
             declaration = LaunchDeclaration(
                 kernel_name=compiled.kernel_name,
                 arch=variant.arch,
