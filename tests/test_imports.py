@@ -5,12 +5,11 @@ The rules of docs/architecture.md checked here:
   torch is for the harnesses, and a runtime module may import it only inside the function that needs it;
 - the imports among trtfuse's modules form no cycle: neither the imports Python runs when a module is imported, nor
   all imports, function-level ones included (a cycle there is still two modules that each need the other), leaving
-  out only a submodule's imports of its own package, which Python initialises before the submodule anyway. (That
-  exception covers trtfuse/plugins/: `register()` in its __init__ imports the creators lazily, and plugins/base.py
-  imports `record_creation_error` from the package.)
-- running and comparing an engine stand beside building it: runner, compare and Polygraphy's engine runner import
-  nothing from build or check (the engine file and onnxruntime have their own modules);
-- no module imports, anywhere in the file, from a later stage of `STAGES`; every module has a stage.
+  out only a submodule's imports of its own package, which Python initialises before the submodule anyway;
+- running and comparing an engine stand beside building it: the engine session, run, compare, the leak check and
+  Polygraphy's engine runner import nothing from the build;
+- every module's stage is the folder (or top-level module) of trtfuse/ it lies in, and no module imports, anywhere in
+  the file, from a later stage of `STAGES`.
 """
 
 from __future__ import annotations
@@ -21,49 +20,37 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "trtfuse"
+from support.paths import PACKAGE_ROOT
+
 HARNESS_PACKAGES = ("trtfuse.bench", "trtfuse.cli")
 FORBIDDEN_AT_TOP = "torch"
-# The pipeline in import order: a module may import from its own stage and earlier ones. The kernels and plugins
-# stand beside the ONNX stages (they import none of them); the engine file comes before build, which writes it
-# through that module, and before the runner, which reads it.
-STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (
-        "load",
-        (
-            "trtfuse",
-            "trtfuse.errors",
-            "trtfuse.contract",
-            "trtfuse.outputs",
-            "trtfuse.tolerances",
-            "trtfuse.model_io",
-            "trtfuse.graph_inputs",
-            "trtfuse.model_dims",
-            "trtfuse.inputs",
-            "trtfuse.profiles",
-            "trtfuse.saved_inputs",
-            "trtfuse.widening",
-        ),
-    ),
-    ("find", ("trtfuse.patterns",)),
-    ("rewrite", ("trtfuse.rewrite", "trtfuse.fuse")),
-    ("reference", ("trtfuse.reference", "trtfuse.fused_checks")),
-    ("onnxrt", ("trtfuse.onnxrt",)),
-    ("verdict", ("trtfuse.verdict",)),
-    ("kernels", ("trtfuse.kernels",)),
-    ("plugins", ("trtfuse.plugins",)),
-    ("engine file", ("trtfuse.engine_file",)),
-    ("build", ("trtfuse.build",)),
-    ("run", ("trtfuse.runner", "trtfuse.leak_check", "trtfuse.polygraphy_ext")),
-    ("check/compare", ("trtfuse.check", "trtfuse.compare", "trtfuse.pipeline")),
-    ("harnesses", ("trtfuse.bench",)),
-    ("cli", ("trtfuse.cli",)),
+# The pipeline in import order, one entry per folder (or top-level module) of trtfuse/: a module may import from its
+# own stage and earlier ones. The kernels and plugins stand beside the ONNX stages (they import none of them); the
+# engine stage builds, holds and runs engines; the pipeline, the Polygraphy extension, the harnesses and the CLI are
+# the faces over all of it.
+STAGES: tuple[str, ...] = (
+    "errors",
+    "files",
+    "contract",
+    "model",
+    "fusion",
+    "verify",
+    "kernels",
+    "plugins",
+    "engine",
+    "pipeline",
+    "polygraphy_ext",
+    "bench",
+    "cli",
 )
-# Module -> the modules it must not import from, anywhere in the file.
+# Module -> the modules it must not import from, anywhere in the file: running and comparing an engine stand beside
+# building it.
 SEPARATED = {
-    "trtfuse.runner": ("trtfuse.build", "trtfuse.check"),
-    "trtfuse.compare": ("trtfuse.build", "trtfuse.check"),
-    "trtfuse.polygraphy_ext.runners": ("trtfuse.build", "trtfuse.check"),
+    "trtfuse.engine.session": ("trtfuse.engine.build",),
+    "trtfuse.engine.run": ("trtfuse.engine.build",),
+    "trtfuse.engine.compare": ("trtfuse.engine.build",),
+    "trtfuse.engine.leak_check": ("trtfuse.engine.build",),
+    "trtfuse.polygraphy_ext.runners": ("trtfuse.engine.build",),
 }
 
 
@@ -184,23 +171,18 @@ def _within(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(f"{prefix}.")
 
 
-def stage_of(module: str, stages: tuple[tuple[str, tuple[str, ...]], ...] = STAGES) -> int | None:
-    """The index of the stage that holds `module` (the longest matching prefix wins; the package `trtfuse` itself holds
-    only its __init__), or None."""
-    matches = [
-        (len(prefix), index)
-        for index, (_, prefixes) in enumerate(stages)
-        for prefix in prefixes
-        if module == prefix or ("." in prefix and _within(module, prefix))
-    ]
-    return max(matches)[1] if matches else None
+def stage_of(module: str, stages: tuple[str, ...] = STAGES) -> int | None:
+    """The index of the stage of `module`: the folder or top-level module of trtfuse/ it lies in (the package
+    `trtfuse` itself, its version, comes first); None for one no stage names."""
+    parts = module.split(".")
+    if parts == ["trtfuse"]:
+        return -1
+    return stages.index(parts[1]) if parts[1] in stages else None
 
 
-def later_stage_imports(
-    graph: dict[str, set[str]], stages: tuple[tuple[str, tuple[str, ...]], ...] = STAGES
-) -> list[str]:
+def later_stage_imports(graph: dict[str, set[str]], stages: tuple[str, ...] = STAGES) -> list[str]:
     """'module (stage) imports target (later stage)' for each import against the stage order, and 'module has no
-    stage' for a module `stages` does not place."""
+    stage' for a module in no folder that `stages` names."""
     found = []
     for module, targets in graph.items():
         own = stage_of(module, stages)
@@ -210,7 +192,7 @@ def later_stage_imports(
         for target in sorted(targets):
             other = stage_of(target, stages)
             if other is not None and other > own:
-                found.append(f"{module} ({stages[own][0]}) imports {target} ({stages[other][0]})")
+                found.append(f"{module} ({stages[own]}) imports {target} ({stages[other]})")
     return sorted(found)
 
 
@@ -226,9 +208,9 @@ def separated_imports(graph: dict[str, set[str]], separated: dict[str, tuple[str
 
 def test_the_package_is_read() -> None:
     modules = package_modules()
-    assert {"trtfuse.contract", "trtfuse.plugins.base", "trtfuse.bench.kernels"} <= modules.keys()
+    assert {"trtfuse.contract", "trtfuse.plugins.python.base", "trtfuse.bench.kernels"} <= modules.keys()
     assert "trtfuse.kernels.api" in import_graph(modules, module_top_only=True)["trtfuse.bench.kernels"]
-    assert "trtfuse.plugins.qk_norm" in import_graph(modules, module_top_only=False)["trtfuse.plugins"]
+    assert "trtfuse.plugins.python.qk_norm" in import_graph(modules, module_top_only=False)["trtfuse.plugins.registry"]
 
 
 def test_no_runtime_module_imports_torch_at_module_top() -> None:
@@ -315,7 +297,7 @@ def test_cycle_check_finds_absolute_relative_and_function_level_cycles(tmp_path:
     assert find_cycle(import_graph(package_cycle, module_top_only=False)) is None
 
 
-TOY_STAGES = (("load", ("trtfuse", "trtfuse.model_io")), ("check", ("trtfuse.check",)), ("cli", ("trtfuse.cli",)))
+TOY_STAGES = ("model", "verify", "cli")
 
 
 def test_stage_check_finds_imports_from_a_later_stage_and_unplaced_modules(tmp_path: Path) -> None:
@@ -323,9 +305,10 @@ def test_stage_check_finds_imports_from_a_later_stage_and_unplaced_modules(tmp_p
         tmp_path / "ok",
         {
             "__init__.py": "",
-            "model_io.py": "",
-            "check.py": "from trtfuse import model_io\n",
-            "cli/main.py": "import trtfuse.check\n",
+            "model/__init__.py": "",
+            "model/onnx_file.py": "",
+            "verify/check.py": "from trtfuse.model import onnx_file\n",
+            "cli/main.py": "import trtfuse.verify.check\n",
         },
     )
     assert later_stage_imports(import_graph(ordered, module_top_only=False), TOY_STAGES) == []
@@ -333,16 +316,21 @@ def test_stage_check_finds_imports_from_a_later_stage_and_unplaced_modules(tmp_p
         tmp_path / "bad",
         {
             "__init__.py": "",
-            "model_io.py": "def late():\n    from trtfuse.cli.main import cli\n",
-            "check.py": "",
+            "model/onnx_file.py": "def late():\n    from trtfuse.cli.main import cli\n",
+            "verify/check.py": "",
             "cli/main.py": "",
             "extra.py": "",
         },
     )
     assert later_stage_imports(import_graph(backwards, module_top_only=False), TOY_STAGES) == [
         "trtfuse.extra has no stage",
-        "trtfuse.model_io (load) imports trtfuse.cli.main (cli)",
+        "trtfuse.model.onnx_file (model) imports trtfuse.cli.main (cli)",
     ]
+
+
+def test_every_folder_and_top_level_module_of_the_package_is_a_stage() -> None:
+    entries = {path.stem for path in PACKAGE_ROOT.iterdir() if path.suffix == ".py" or (path / "__init__.py").exists()}
+    assert entries - {"__init__"} == set(STAGES)
 
 
 def test_separation_check_finds_a_forbidden_import_anywhere_in_the_file(tmp_path: Path) -> None:
@@ -350,15 +338,15 @@ def test_separation_check_finds_a_forbidden_import_anywhere_in_the_file(tmp_path
         tmp_path,
         {
             "__init__.py": "",
-            "build.py": "def import_tensorrt():\n    pass\n",
-            "check.py": "",
-            "runner.py": "def load():\n    from trtfuse.build import import_tensorrt\n",
-            "compare.py": "from trtfuse import check\n",
+            "engine/build.py": "def import_tensorrt():\n    pass\n",
+            "engine/run.py": "def load():\n    from trtfuse.engine.build import import_tensorrt\n",
+            "engine/compare.py": "from trtfuse.engine import build\n",
+            "engine/session.py": "from trtfuse.engine import run\n",
         },
     )
     assert separated_imports(import_graph(modules, module_top_only=False)) == [
-        "trtfuse.compare imports trtfuse.check",
-        "trtfuse.runner imports trtfuse.build",
+        "trtfuse.engine.compare imports trtfuse.engine.build",
+        "trtfuse.engine.run imports trtfuse.engine.build",
     ]
 
 
@@ -366,13 +354,13 @@ def test_separation_check_finds_a_forbidden_import_anywhere_in_the_file(tmp_path
 # through trtfuse.pipeline or a stage's own entry function, so the CLI holds no pipeline logic (issue 8).
 CLI_PACKAGE = "trtfuse.cli"
 CLI_FORBIDDEN = (
-    "trtfuse.patterns",
-    "trtfuse.rewrite",
-    "trtfuse.reference",
-    "trtfuse.build",
+    "trtfuse.fusion.patterns",
+    "trtfuse.fusion.rewrite",
+    "trtfuse.fusion.lowering",
+    "trtfuse.engine.build",
     "trtfuse.plugins",
     "trtfuse.kernels",
-    "trtfuse.model_dims",
+    "trtfuse.model.dims",
 )
 
 
@@ -410,12 +398,12 @@ def test_the_cli_imports_no_stage_internals() -> None:
 def test_the_cli_check_sees_function_level_imports_but_not_type_checking_ones(tmp_path: Path) -> None:
     files = {
         "__init__.py": "",
-        "build.py": "",
+        "engine/build.py": "",
         "pipeline.py": "",
-        "patterns/__init__.py": "",
+        "fusion/patterns/__init__.py": "",
         "cli/__init__.py": "",
-        "cli/ok.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trtfuse.patterns import M\n"
+        "cli/ok.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trtfuse.fusion.patterns import M\n"
         "def run():\n    from trtfuse.pipeline import compile_model\n",
-        "cli/bad.py": "def run():\n    from trtfuse.build import build_engine\n",
+        "cli/bad.py": "def run():\n    from trtfuse.engine.build import build_engine\n",
     }
-    assert cli_internal_imports(write_package(tmp_path, files)) == ["trtfuse.cli.bad imports trtfuse.build"]
+    assert cli_internal_imports(write_package(tmp_path, files)) == ["trtfuse.cli.bad imports trtfuse.engine.build"]

@@ -1,18 +1,19 @@
-"""The small shared primitives have one owner each: NormParams, the fed graph inputs, the trtfuse opset import."""
+"""The small shared primitives have one owner each: NormParams, the fused nodes' fields (the codec), the dtype
+mappings, the fed graph inputs, the trtfuse opset import."""
 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse import contract
-from trtfuse.graph_inputs import fed_inputs
+from trtfuse.model.interface import fed_inputs
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "trtfuse"
+from support.paths import PACKAGE_ROOT
+
 NORM_FIELDS = {"epsilon", "weight_offset", "weight_mode"}
 
 
@@ -42,7 +43,7 @@ def test_the_norm_constants_are_declared_only_by_norm_params() -> None:
     declaring = {
         name: classes for name, tree in _sources().items() if (classes := _classes_declaring_the_constants(tree))
     }
-    assert declaring == {"contract.py": ["NormParams"]}
+    assert declaring == {"contract/nodes.py": ["NormParams"]}
 
 
 def test_norm_params_holds_floats_and_a_weight_mode() -> None:
@@ -55,7 +56,30 @@ def test_norm_params_holds_floats_and_a_weight_mode() -> None:
 
 def test_only_rewrite_writes_the_trtfuse_opset_import() -> None:
     writers = sorted(name for name, tree in _sources().items() if "ONNX_DOMAIN_VERSION" in ast.unparse(tree))
-    assert writers == ["contract.py", "rewrite.py"]
+    assert writers == ["contract/__init__.py", "contract/nodes.py", "fusion/rewrite.py"]
+
+
+def _modules_mentioning(text: str) -> list[str]:
+    return sorted(name for name, tree in _sources().items() if text in ast.unparse(tree))
+
+
+def test_one_codec_reads_the_fused_nodes_attributes() -> None:
+    """Every reader of a node's fields (check, the lowering, the AOT form, both plugin kinds) goes through the codec:
+    no other runtime module reads ONNX attribute values or decodes field bytes itself."""
+    readers = [name for name in _modules_mentioning("get_attribute_value") if not name.startswith("bench/")]
+    assert readers == ["contract/codec.py"]
+    decoders = [name for name in _modules_mentioning("frombuffer") if not name.startswith("bench/")]
+    assert decoders == ["contract/codec.py"]
+
+
+def test_each_dtype_mapping_has_one_owner() -> None:
+    """ONNX codes <-> contract dtypes in contract/nodes.py (inverted once), TensorRT DataType <-> contract dtypes in
+    plugins/trt_module.py."""
+    inverted = [name for name in _modules_mentioning("OUTPUT_DTYPE_CODES.items()") if not name.startswith("bench/")]
+    assert inverted == ["contract/codec.py", "contract/nodes.py"]  # the codec only spells the codes in messages
+    assert [name for name in _modules_mentioning("DataType.BF16") if not name.startswith("bench/")] == [
+        "plugins/trt_module.py"
+    ]
 
 
 def test_fed_inputs_leave_out_initializers_listed_as_inputs() -> None:

@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtfuse.errors import MissingDependencyError, TrtfuseError
-from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
+from trtfuse.files import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
-    from trtfuse.build import BuildResult
-    from trtfuse.engine_file import PluginKind
-    from trtfuse.fuse import FuseResult
-    from trtfuse.model_io import LoadedModel
-    from trtfuse.profiles import Profile, ProfileRequest
+    import onnx
+
+    from trtfuse.contract import PluginKind
+    from trtfuse.engine.build import BuildResult
+    from trtfuse.engine.build_options import BuildOptions
+    from trtfuse.engine.profiles import Profile, ProfileRequest
+    from trtfuse.fusion.fuse import FuseResult
+    from trtfuse.model.onnx_file import LoadedModel
 
 Notify = Callable[[str], None]
 
@@ -31,13 +34,13 @@ def _silent(_message: str) -> None:
 
 @dataclass(frozen=True)
 class FusedFile:
-    """A fused model written to disk, with its fusion report and the plugins it uses."""
+    """A fused model written to disk (`model` is what was written, handed on to the build), with its fusion report."""
 
     input_path: Path
     output_path: Path
     report_path: Path | None
     report: dict
-    plugins: list[dict]
+    model: onnx.ModelProto
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class CompiledModel:
             "profiles": [profile.to_json() for profile in self.profiles],
             "engine": None if self.engine is None else str(self.engine.engine_path),
             "build_seconds": None if self.engine is None else self.engine.seconds,
-            "plugins": None if self.engine is None else self.engine.sidecar["build"]["plugins"],
+            "plugins": None if self.engine is None else self.engine.plugin_kind.value,
         }
 
 
@@ -70,7 +73,7 @@ def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
 def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path) -> None:
     """Add the loaded input's external data files to the plan's reads, and the copies of them the fused model would
     get beside `output_path` to its writes; check the plan again."""
-    from trtfuse.model_io import data_copies
+    from trtfuse.model.onnx_file import data_copies
 
     plan.read(*loaded.data_files)
     for target in data_copies(loaded.model, output_path, loaded):
@@ -79,7 +82,7 @@ def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path)
 
 
 def _fuse(loaded: LoadedModel, source_path: Path) -> FuseResult:
-    from trtfuse.fuse import fuse_model
+    from trtfuse.fusion.fuse import fuse_model
 
     try:
         return fuse_model(loaded.model)
@@ -87,17 +90,29 @@ def _fuse(loaded: LoadedModel, source_path: Path) -> FuseResult:
         raise TrtfuseError(f"{source_path}: {error}") from None
 
 
-def _save(result: FuseResult, loaded: LoadedModel, paths: tuple[Path, Path, Path | None], notify: Notify) -> FusedFile:
+def write_fused(
+    result: FuseResult, loaded: LoadedModel, paths: tuple[Path, Path, Path | None], notify: Notify
+) -> FusedFile:
     """Write the fused model (and the report, when asked for); the caller holds the Transaction."""
-    from trtfuse.build import plugins_used
-    from trtfuse.model_io import save_model
+    from trtfuse.model.onnx_file import save_model
 
     input_path, output_path, report_path = paths
     save_model(result.model, output_path, source=loaded, notify=notify)
     report = result.report()
     if report_path is not None:
         write_json_atomic(report_path, report)
-    return FusedFile(input_path, output_path, report_path, report, plugins_used(result.model))
+    return FusedFile(input_path, output_path, report_path, report, result.model)
+
+
+def build_fused(fused: FusedFile, engine_path: Path, options: BuildOptions, notify: Notify) -> BuildResult:
+    """Build the engine of a fused model just written, from the model in memory (`fused.model`, resolving its
+    external data beside `fused.output_path`)."""
+    from trtfuse.engine.build import build_engine
+    from trtfuse.model.onnx_file import LoadedModel
+
+    for profile in options.profiles:
+        notify(f"profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items()))
+    return build_engine(LoadedModel(fused.model, fused.output_path), engine_path, options, emit=notify)
 
 
 def fuse_file(
@@ -105,7 +120,7 @@ def fuse_file(
 ) -> FusedFile:
     """Rewrite every RMSNorm and QK-norm of the model at `input_path` into trtfuse plugin nodes; write the fused model
     (and the JSON fusion report). Every output is checked before any work, and none is left half written."""
-    from trtfuse.model_io import load_model
+    from trtfuse.model.onnx_file import load_model
 
     plan = OutputPlan().read(input_path).write("fused model", output_path).write("report", report_path)
     plan.check()
@@ -113,7 +128,7 @@ def fuse_file(
     plan_model_outputs(plan, loaded, output_path)
     with Transaction():
         result = _fuse(loaded, input_path)
-        return _save(result, loaded, (input_path, output_path, report_path), notify)
+        return write_fused(result, loaded, (input_path, output_path, report_path), notify)
 
 
 def compile_model(
@@ -131,12 +146,12 @@ def compile_model(
 ) -> CompiledModel:
     """Fuse the model, write the fused model and its report beside the engine (`compile_outputs`), derive the
     profiles from `request` and build the TensorRT engine with the `plugins` kind (None: the installed TensorRT's
-    default, `build.plugin_kind_for`). `on_fused` hears of the fused model before the build starts. Without TensorRT
-    or a GPU, what was fused stays written and `missing` says why no engine was built."""
-    from trtfuse.build import BuildOptions, build_engine, check_plugin_kind
-    from trtfuse.engine_file import sidecar_path_for
-    from trtfuse.model_io import load_model
-    from trtfuse.profiles import derive_profiles
+    default, `build_options.plugin_kind_for`). `on_fused` hears of the fused model before the build starts. Without
+    TensorRT or a GPU, what was fused stays written and `missing` says why no engine was built."""
+    from trtfuse.engine.build_options import BuildOptions, check_plugin_kind
+    from trtfuse.engine.profiles import derive_profiles
+    from trtfuse.engine.sidecar import sidecar_path_for
+    from trtfuse.model.onnx_file import load_model
 
     fused_path, report_path = compile_outputs(engine_path)
     plan = OutputPlan().read(model_path)
@@ -158,12 +173,10 @@ def compile_model(
             allow_tf32=allow_tf32,
             plugins=plugins,
         )
-        fused = _save(result, loaded, (model_path, fused_path, report_path), notify)
+        fused = write_fused(result, loaded, (model_path, fused_path, report_path), notify)
         on_fused(fused)
-        for profile in options.profiles:
-            notify(f"profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items()))
         try:
-            built = build_engine(fused_path, engine_path, options, emit=notify)
+            built = build_fused(fused, engine_path, options, notify)
         except MissingDependencyError as error:
             # What was fused stays written: the user can check it, or build on a machine with TensorRT.
             missing = error

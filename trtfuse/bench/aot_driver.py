@@ -35,7 +35,7 @@ from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE, NormParams, WeightMod
 from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.device import arch_for, current_device, driver_version, ptx_driver_problem
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
-from trtfuse.tolerances import KERNEL_ELEMENTWISE
+from trtfuse.verify.tolerances import KERNEL_ELEMENTWISE
 
 # The process that launches artifacts must prove it needs neither (issue 9: TensorRT runs them with no Python).
 FORBIDDEN_MODULES = ("cutlass", "tvm_ffi")

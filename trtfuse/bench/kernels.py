@@ -28,7 +28,7 @@ from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.device import current_device
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime
-from trtfuse.tolerances import output_error
+from trtfuse.verify.tolerances import output_error
 
 EPS = 1e-6
 LLAMA = NormParams(EPS, 0.0, WeightMode.AFTER_CAST)  # the semantics every benchmark row runs

@@ -29,21 +29,20 @@ from typing import Any
 import numpy as np
 
 from trtfuse.contract import (
-    ATTR_OUTPUT_DTYPE,
-    OUTPUT_DTYPE_CODES,
-    QK_NORM_FIELDS,
+    FLOAT_FIELDS,
+    QK_NORM,
     QK_NORM_OP,
-    RMS_NORM_FIELDS,
+    RMS_NORM,
     RMS_NORM_OP,
     NormParams,
     WeightMode,
     rounding_dtype,
 )
-from trtfuse.plugins.base import DEFAULT_TACTIC, DTYPE_NAMES, NormPlugin, NormPluginCreator, trt
-from trtfuse.plugins.fields import NormConfig
-from trtfuse.plugins.qk_norm import QkNormPluginCreator
-from trtfuse.plugins.rms_norm import RmsNormPluginCreator
-from trtfuse.tolerances import output_error, tolerance_for
+from trtfuse.contract.codec import NodeFields
+from trtfuse.plugins.python.base import DEFAULT_TACTIC, DTYPE_NAMES, NormPlugin, NormPluginCreator, trt
+from trtfuse.plugins.python.qk_norm import QkNormPluginCreator
+from trtfuse.plugins.python.rms_norm import RmsNormPluginCreator
+from trtfuse.verify.tolerances import output_error, tolerance_for
 
 Shape = tuple[int, ...]
 DTYPE_BY_NAME = {name: data_type for data_type, name in DTYPE_NAMES.items()}
@@ -56,7 +55,7 @@ class NormCase:
     """One plugin instance: its fields, its dtypes, the activation shapes of its optimisation profile, and the
     activation shapes of the runs that follow (each run is one on_shape_change, then enqueues)."""
 
-    config: NormConfig
+    config: NodeFields
     dtype: str
     weight_dtype: str | None
     min_shapes: tuple[Shape, ...]
@@ -67,15 +66,15 @@ class NormCase:
     @property
     def name(self) -> str:
         weight = self.weight_dtype or "none"
-        out = f"-to-{self.config.output_dtype}" if self.config.output_dtype else ""
+        out = f"-to-{self.config.output_dtype}" if self.config.output_dtype != self.dtype else ""
         return (
-            f"{self.config.plugin}-{self.dtype}{out}-w{weight}-{self.config.params.weight_mode.name}-"
+            f"{self.config.op.name}-{self.dtype}{out}-w{weight}-{self.config.params.weight_mode.name}-"
             f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.params.weight_offset:g}"
         )
 
     @property
     def output_dtype(self) -> str:
-        return self.config.output_dtype or self.dtype
+        return self.config.output_dtype
 
     @property
     def input_dtypes(self) -> tuple[str, ...]:
@@ -106,8 +105,9 @@ def rms_case(
 ) -> NormCase:
     """An RMSNorm over [*leading, hidden]; `runs` are the leading dims of successive runs. The defaults go from
     prefill (1024 rows: more rows than an H200 has SMs, the prefill kernel) to decode (3 rows, then 1).
-    `output_dtype` is the node's attribute (None: a node without it)."""
-    config = NormConfig(RMS_NORM_OP, _float32_params(epsilon, weight_offset, weight_mode), (hidden,), output_dtype)
+    `output_dtype` is the node's attribute (None: the activation's dtype)."""
+    params = _float32_params(epsilon, weight_offset, weight_mode)
+    config = NodeFields(RMS_NORM, params, (hidden,), output_dtype or dtype)
     return NormCase(
         config=config,
         dtype=dtype,
@@ -132,7 +132,8 @@ def qk_case(
     runs: Sequence[int] = (64, 5, 1),
 ) -> NormCase:
     """A QK-norm over q [1, tokens, q_heads, head_dim] and k [1, tokens, k_heads, head_dim] (Qwen3's layout)."""
-    config = NormConfig(QK_NORM_OP, _float32_params(epsilon, weight_offset, weight_mode), (head_dim, head_dim))
+    params = _float32_params(epsilon, weight_offset, weight_mode)
+    config = NodeFields(QK_NORM, params, (head_dim, head_dim), dtype)
 
     def shapes(tokens: int) -> tuple[Shape, ...]:
         return ((1, tokens, q_heads, head_dim), (1, tokens, k_heads, head_dim))
@@ -151,22 +152,16 @@ def qk_case(
 # --- TensorRT descriptors ----------------------------------------------------------------------------------------
 
 
-def parser_fields(config: NormConfig) -> tuple[Any, list[np.ndarray]]:
+def parser_fields(config: NodeFields) -> tuple[Any, list[np.ndarray]]:
     """The fields TensorRT's ONNX parser builds from a fused node's attributes (float -> FLOAT32, int -> INT32),
-    written independently of the plugins' own serialiser; the arrays must outlive the collection."""
-    names = RMS_NORM_FIELDS if config.plugin == RMS_NORM_OP else QK_NORM_FIELDS
-    params = config.params
-    values = (params.epsilon, params.weight_offset, int(params.weight_mode), *config.hidden_sizes)
+    from the numbers alone rather than the plugins' own serialiser; the arrays must outlive the collection."""
     arrays, fields = [], []
-    for name, value in zip(names, values, strict=True):
-        is_float = isinstance(value, float)
+    for name, value in config.numbers().items():
+        is_float = name in FLOAT_FIELDS
         array = np.array([value], dtype=np.float32 if is_float else np.int32)
         kind = trt.PluginFieldType.FLOAT32 if is_float else trt.PluginFieldType.INT32
         arrays.append(array)
         fields.append(trt.PluginField(name, array, kind))
-    if config.output_dtype is not None:
-        arrays.append(np.array([OUTPUT_DTYPE_CODES[config.output_dtype]], dtype=np.int32))
-        fields.append(trt.PluginField(ATTR_OUTPUT_DTYPE, arrays[-1], trt.PluginFieldType.INT32))
     return trt.PluginFieldCollection(fields), arrays
 
 
@@ -273,7 +268,7 @@ def build_phase(creator: NormPluginCreator, case: NormCase, node: str = "node") 
     for capability in CAPABILITIES:
         if plugin.get_capability_interface(getattr(trt.PluginCapabilityType, capability)) is None:
             raise AssertionError(f"{case.name}: no {capability} capability interface")
-    if plugin.num_outputs != len(plugin.ACTIVATION_NAMES):
+    if plugin.num_outputs != len(plugin.OP.outputs):
         raise AssertionError(f"{case.name}: num_outputs is {plugin.num_outputs}")
     output_types = plugin.get_output_data_types([DTYPE_BY_NAME[dtype] for dtype in case.input_dtypes])
     shapes = plugin.get_output_shapes([trt.DimsExprs(len(s)) for s in case.input_shapes(case.max_shapes)], [], None)
@@ -381,7 +376,7 @@ def device_tensors(
     return DeviceTensors(inputs, outputs, buffers)
 
 
-def reference_norm(x: Any, weight: Any, config: NormConfig) -> Any:
+def reference_norm(x: Any, weight: Any, config: NodeFields) -> Any:
     """The plugin node's output for x (and its weight) by the shared float64 reference, computed on the CPU."""
     from trtfuse.bench.reference import norm_reference  # torch: only the GPU steps need it
 
@@ -471,7 +466,7 @@ def host_cost(
 
 def _launch_args(plugin: NormPlugin, inputs: Sequence[int], outputs: Sequence[int], stream: int) -> tuple[int, ...]:
     """The kernel-launch arguments enqueue passes: activations, weights (0 without), outputs, rows, stream."""
-    activations = len(plugin.ACTIVATION_NAMES)
+    activations = len(plugin.OP.activations)
     weights = tuple(inputs[activations:]) if len(inputs) > activations else (0,) * activations
     return (*inputs[:activations], *weights, *outputs, *plugin.rows, stream)
 
@@ -500,7 +495,7 @@ def graph_replay(cases: Sequence[NormCase], replays: int = 2, seed: int = 100) -
     stream = torch.cuda.Stream()
     steps = []
     for index, case in enumerate(cases):
-        creator = CREATORS[case.config.plugin]()
+        creator = CREATORS[case.config.op.name]()
         plugin, _clone = runtime_phase(creator, build_phase(creator, case))
         shapes = case.runs[0]
         tensors = device_tensors(case, shapes, seed + index)
@@ -562,7 +557,7 @@ def drive(case: NormCase, seed: int = 0) -> LifecycleReport:
     checked against the reference; host cost at the last run's shapes; destroy."""
     import torch
 
-    creator = CREATORS[case.config.plugin]()
+    creator = CREATORS[case.config.op.name]()
     build = build_phase(creator, case)
     attached, clone = runtime_phase(creator, build)
     stream = torch.cuda.Stream()

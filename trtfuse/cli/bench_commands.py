@@ -8,7 +8,7 @@ import click
 
 from trtfuse.cli.options import HELP_OPTIONS, common_options, echo_json
 from trtfuse.errors import MissingDependencyError
-from trtfuse.outputs import OutputPlan, write_json_atomic
+from trtfuse.files import OutputPlan, write_json_atomic
 
 
 @click.group("bench", context_settings=HELP_OPTIONS)

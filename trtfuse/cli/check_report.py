@@ -15,9 +15,9 @@ from trtfuse.errors import TrtfuseError
 if TYPE_CHECKING:
     import onnx
 
-    from trtfuse.inputs import StepFeed
-    from trtfuse.tolerances import Tolerance
-    from trtfuse.verdict import CheckResult, OutputVerdict, StepResult
+    from trtfuse.model.feeds import StepFeed
+    from trtfuse.verify.tolerances import Tolerance
+    from trtfuse.verify.verdict import CheckResult, OutputVerdict, StepResult
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -64,7 +64,7 @@ def verdict_options(command: F) -> F:
 
 def tolerance_from(rtol: float | None, atol: float | None) -> Tolerance | None:
     """The user's tolerance (an option not given is 0), or None for the default verdict."""
-    from trtfuse.tolerances import Tolerance
+    from trtfuse.verify.tolerances import Tolerance
 
     if rtol is None and atol is None:
         return None
@@ -81,7 +81,7 @@ def feeds_for(
     """The loaded steps, or None for the default feeds; --load-inputs fixes every size, so --shape/--dim conflict."""
     if load_inputs is None:
         return None
-    from trtfuse.saved_inputs import load_feeds
+    from trtfuse.model.feed_files import load_feeds
 
     ctx = click.get_current_context()
     flags = {"--shape": "shapes", "--dim": "dims", "--seed": "seed"}
@@ -115,7 +115,7 @@ def echo_result(result: CheckResult, as_json: bool, extra_json: Mapping[str, obj
 
 
 def _judged_by_text(result: CheckResult) -> str:
-    from trtfuse.verdict import REFERENCE_MARGIN
+    from trtfuse.verify.verdict import REFERENCE_MARGIN
 
     if result.judged_by == "tolerance":
         return "within tolerance of the original"

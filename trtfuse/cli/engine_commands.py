@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from trtfuse.cli.options import (
     EXIT_MISMATCH,
@@ -30,11 +31,11 @@ from trtfuse.cli.options import (
 )
 from trtfuse.contract import PluginKind
 from trtfuse.errors import MissingDependencyError
-from trtfuse.outputs import OutputPlan, Transaction, write_json_atomic
+from trtfuse.files import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
+    from trtfuse.engine.profiles import DimRange, ShapeRange
     from trtfuse.pipeline import FusedFile
-    from trtfuse.profiles import DimRange, ShapeRange
 
 PLUGIN_KINDS = tuple(kind.value for kind in PluginKind)
 COMPARE_INSTALL_HINT = (
@@ -102,8 +103,8 @@ def compile_command(
     as_json: bool,
 ) -> None:
     """Fuse MODEL.onnx, write the fused model and its report beside the engine, then build the TensorRT engine."""
+    from trtfuse.engine.profiles import request_from_options
     from trtfuse.pipeline import compile_model
-    from trtfuse.profiles import request_from_options
 
     engine_path = engine_path or model_path.with_suffix(".engine")
     request = request_from_options(presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes)
@@ -124,14 +125,15 @@ def compile_command(
     if compiled.missing is not None:
         _no_tensorrt(compiled.missing, f"fused, but no engine built ({engine_path})")
     built = compiled.engine
-    kind = built.sidecar["build"]["plugins"]
+    kind = built.plugin_kind.value
     summary(
         f"built {built.engine_path} ({kind} plugins) in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json
     )
 
 
 def _fused_line(fused: FusedFile) -> str:
-    used = ", ".join(f"{plugin['nodes']} {plugin['name']}" for plugin in fused.plugins)
+    totals = fused.report["totals"]
+    used = ", ".join(f"{totals[op]} {op}" for op in contract.FUSED_OPS if totals[op])
     return f"{fused.input_path}: {used or 'no plugin nodes'} -> {fused.output_path} (report {fused.report_path})"
 
 
@@ -170,7 +172,7 @@ def run_command(
     if leak_changes is not None:
         _leak_check(engine_path, leak_changes, seed, as_json)
         return
-    from trtfuse.runner import run_engine_file
+    from trtfuse.engine.run import run_engine_file
 
     try:
         run = run_engine_file(
@@ -197,7 +199,7 @@ _NOT_WITH_LEAK_CHECK = ("inputs_path", "shapes", "dims", "iterations", "warmup",
 
 
 def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> None:
-    from trtfuse.leak_check import leak_check_engine_file
+    from trtfuse.engine.leak_check import leak_check_engine_file
 
     ctx = click.get_current_context()
     given = [
@@ -247,8 +249,8 @@ def compare_command(
         import polygraphy  # noqa: F401
     except ImportError:
         raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
-    from trtfuse.compare import ORIGINAL_RUNNER, compare
-    from trtfuse.model_io import load_model
+    from trtfuse.engine.compare import ORIGINAL_RUNNER, compare
+    from trtfuse.model.onnx_file import load_model
 
     plan = OutputPlan().read(original_path, candidate_path, *([load_inputs] if load_inputs else []))
     plan.write("comparison report", report_path).write("saved inputs", save_inputs).check()

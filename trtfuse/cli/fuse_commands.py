@@ -14,10 +14,10 @@ import click
 from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from trtfuse.cli.options import HELP_OPTIONS, common_options, echo_json, feed_options, info, printable, summary
-from trtfuse.outputs import OutputPlan
+from trtfuse.files import OutputPlan
 
 if TYPE_CHECKING:
-    from trtfuse.patterns import NormSearch, RmsNormMatch
+    from trtfuse.fusion.patterns import NormSearch, RmsNormMatch
 
 
 def _match_line(match: RmsNormMatch) -> str:
@@ -55,8 +55,8 @@ def _search_json(search: NormSearch) -> dict:
 @common_options
 def inspect(model_path: Path, as_json: bool) -> None:
     """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected."""
-    from trtfuse.fuse import search_model
-    from trtfuse.model_io import load_model
+    from trtfuse.fusion.fuse import search_model
+    from trtfuse.model.onnx_file import load_model
 
     search = search_model(load_model(model_path).model)
     if as_json:
@@ -117,8 +117,8 @@ def check(
     inputs, at a prefill and a decode step on KV-cache models; exit 1 if an output fails. Float32 graphs pass within
     the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
     the original is no worse than the original's own (docs/cli.md)."""
-    from trtfuse.check import check_fused
-    from trtfuse.model_io import load_model
+    from trtfuse.model.onnx_file import load_model
+    from trtfuse.verify.check import check_fused
 
     original, fused = load_model(original_path), load_model(fused_path)
     plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)

@@ -21,7 +21,7 @@ from trtfuse.cli.options import (
     printable,
 )
 from trtfuse.errors import Interrupted, MissingDependencyError, OptionError, TrtfuseError, first_line
-from trtfuse.outputs import termination_as_exception
+from trtfuse.files import termination_as_exception
 
 # The shell's convention for a process ended by a signal: 128 + its number.
 EXIT_SIGINT = 128 + signal.SIGINT

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import click
 
-from trtfuse.outputs import json_text
+from trtfuse.files import json_text
 
 # -h as well as --help on every command. Set on each command, not only inherited from the group: click keeps a
 # command's help option once made, so a command first invoked on its own would lose -h under the group.
@@ -66,7 +66,7 @@ class ShapeRangeType(click.ParamType):
     name = "NAME=MIN:OPT:MAX"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
-        from trtfuse.profiles import ShapeRange
+        from trtfuse.engine.profiles import ShapeRange
 
         if isinstance(value, tuple):
             return value
@@ -92,7 +92,7 @@ class RangeType(click.ParamType):
         self.minimum = minimum
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
-        from trtfuse.profiles import DimRange
+        from trtfuse.engine.profiles import DimRange
 
         if isinstance(value, DimRange):
             return value

@@ -88,7 +88,7 @@ class KernelCache:
 
 def write_cache_file(path: Path, write: Callable[[Path], None]) -> None:
     """Have `write` fill a temporary file beside `path`, then rename it into place, so a concurrent process never
-    loads a half-written file. The cache keeps its own writer rather than trtfuse.outputs': a cache entry must
+    loads a half-written file. The cache keeps its own writer rather than trtfuse.files': a cache entry must
     outlive a command whose outputs are rolled back."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)

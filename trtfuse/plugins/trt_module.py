@@ -31,3 +31,8 @@ def load_trt() -> ModuleType:
                 f"{TRT_MODULE_ENV}={RTX_MODULE} but `tensorrt_rtx` does not import (pip install tensorrt-rtx-cu13): "
                 f"{rtx_error}"
             ) from rtx_error
+
+
+def contract_data_types(trt: ModuleType) -> dict[str, object]:
+    """The contract's dtype names as `trt`'s DataType members: the one mapping of the TensorRT side."""
+    return {"float32": trt.DataType.FLOAT, "float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}

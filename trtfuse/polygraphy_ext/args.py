@@ -12,8 +12,8 @@ from polygraphy.tools.args import util as args_util
 from polygraphy.tools.args.base import BaseArgs, BaseRunnerArgs
 from polygraphy.tools.script import Script, make_invocable
 
-from trtfuse.engine_file import PluginKind
-from trtfuse.profiles import PRESETS
+from trtfuse.contract import PluginKind
+from trtfuse.engine.profiles import PRESETS
 
 _MODULE = "trtfuse.polygraphy_ext"
 # TrtConfigArgs options that change how `--trt` builds but that a trtfuse engine does not take: it is strongly

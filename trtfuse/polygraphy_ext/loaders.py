@@ -1,7 +1,7 @@
-"""Polygraphy loaders over trtfuse's own pipeline: fuse (`trtfuse.fuse`), lower for onnxruntime
-(`trtfuse.reference`, as `trtfuse check` does), build the engine (`trtfuse.build.build_engine` with
-`trtfuse.profiles`, as `trtfuse compile` does). Each is lazy: it does its work when called, and takes the loader
-before it (or its result) as its input, so they chain like Polygraphy's own.
+"""Polygraphy loaders over trtfuse's own pipeline: fuse (`fusion.fuse`), lower for onnxruntime (`fusion.lowering`,
+as `trtfuse check` does), write the fused model and build its engine (`pipeline.write_fused` and `build_fused`, as
+`trtfuse compile` does). Each is lazy: it does its work when called, and takes the loader before it (or its result)
+as its input, so they chain like Polygraphy's own.
 """
 
 from __future__ import annotations
@@ -20,16 +20,19 @@ from polygraphy.logger import G_LOGGER
 
 import trtfuse
 from trtfuse import contract
-from trtfuse.build import BuildOptions, build_engine, gpu_name
-from trtfuse.engine_file import PluginKind, import_tensorrt, read_sidecar, sidecar_path_for
+from trtfuse.contract import PluginKind
+from trtfuse.engine.build import gpu_name
+from trtfuse.engine.build_options import BuildOptions
+from trtfuse.engine.profiles import Profile, ShapeRange, derive_profiles, request_from_options
+from trtfuse.engine.sidecar import read_sidecar
+from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.errors import TrtfuseError
-from trtfuse.fuse import FuseResult, fuse_model
-from trtfuse.fused_checks import check_fused_nodes
-from trtfuse.model_io import LoadedModel, load_model, save_model
-from trtfuse.outputs import make_folders, write_json_atomic
+from trtfuse.files import make_folders
+from trtfuse.fusion.fuse import FuseResult, fuse_model
+from trtfuse.fusion.lowering import lower_fused_nodes
+from trtfuse.model.onnx_file import LoadedModel, load_model
+from trtfuse.pipeline import build_fused, write_fused
 from trtfuse.polygraphy_ext.errors import as_polygraphy_error
-from trtfuse.profiles import Profile, ShapeRange, derive_profiles, request_from_options
-from trtfuse.reference import lower_fused_nodes
 
 # One shape range per input name, as Polygraphy's --trt-min/opt/max-shapes give them: [MIN, OPT, MAX].
 PolygraphyProfile = Mapping[str, Sequence[Sequence[int]]]
@@ -57,8 +60,8 @@ class FusedModel:
 
 
 class FuseModel(BaseLoader):
-    """Functor that loads an ONNX model with `trtfuse.model_io.load_model` and fuses its norms with
-    `trtfuse.fuse.fuse_model`, returning a `FusedModel`."""
+    """Functor that loads an ONNX model with `trtfuse.model.onnx_file.load_model` and fuses its norms with
+    `trtfuse.fusion.fuse.fuse_model`, returning a `FusedModel`."""
 
     def __init__(self, model_path: str) -> None:
         self.model_path = model_path
@@ -82,7 +85,7 @@ class FuseModel(BaseLoader):
 
 class LowerFusedNodes(BaseLoader):
     """Functor that replaces each plugin node of a `FusedModel` with standard ONNX ops computing the contract's exact
-    semantics (`trtfuse.reference.lower_fused_nodes`), so onnxruntime runs it; returns a `LoadedModel`."""
+    semantics (`trtfuse.fusion.lowering.lower_fused_nodes`), so onnxruntime runs it; returns a `LoadedModel`."""
 
     def __init__(self, fused: FusedModel | Callable[[], FusedModel]) -> None:
         self._fused = fused
@@ -91,8 +94,8 @@ class LowerFusedNodes(BaseLoader):
     def call_impl(self) -> LoadedModel:
         fused, _ = util.invoke_if_callable(self._fused)
         with as_polygraphy_error("trtfuse"):
-            check_fused_nodes(fused.fused)
-            return LoadedModel(model=lower_fused_nodes(fused.result.model), path=fused.original.path)
+            lowered = lower_fused_nodes(fused.result.model, fused.original.path)
+            return LoadedModel(model=lowered, path=fused.original.path)
 
 
 def engine_profiles_for(
@@ -115,7 +118,7 @@ def engine_profiles_for(
 
 class BuildTrtfuseEngine(BaseLoader):
     """Functor that builds the TensorRT engine of a `FusedModel` with the trtfuse plugins, through
-    `trtfuse.build.build_engine` (the code `trtfuse compile` runs), and returns the engine's path.
+    `trtfuse.engine.build.build_engine` (the code `trtfuse compile` runs), and returns the engine's path.
 
     The fused model, its report, the engine and its sidecar go to one folder per (fused model, profiles, build
     options) under `cache_dir`; an engine already there that the sidecar says was built by this TensorRT on this GPU
@@ -166,14 +169,9 @@ class BuildTrtfuseEngine(BaseLoader):
                 G_LOGGER.info(f"trtfuse: using the engine built before: {engine_path}")
                 return str(engine_path)
             make_folders(folder)
-            fused_path = folder / "model.fused.onnx"
-            save_model(fused.result.model, fused_path, source=fused.original, notify=G_LOGGER.info)
-            write_json_atomic(folder / "model.fusion.json", fused.result.report())
-            for profile in options.profiles:
-                G_LOGGER.info(
-                    f"trtfuse: profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items())
-                )
-            built = build_engine(fused_path, engine_path, options, emit=G_LOGGER.info)
+            paths = (fused.original.path, folder / "model.fused.onnx", folder / "model.fusion.json")
+            written = write_fused(fused.result, fused.original, paths, notify=G_LOGGER.info)
+            built = build_fused(written, engine_path, options, notify=G_LOGGER.info)
         G_LOGGER.info(f"trtfuse: built {built.engine_path} in {built.seconds:.1f} s")
         return str(built.engine_path)
 
@@ -192,7 +190,7 @@ def _build_key(model: onnx.ModelProto, options: BuildOptions) -> str:
 
 
 def _reusable(engine_path: Path, tensorrt_version: str) -> bool:
-    if not engine_path.is_file() or not sidecar_path_for(engine_path).is_file():
+    if not engine_path.is_file():
         return False
     sidecar = read_sidecar(engine_path)
-    return sidecar["versions"].get("tensorrt") == tensorrt_version and sidecar.get("gpu") == gpu_name()
+    return sidecar is not None and sidecar.versions.get("tensorrt") == tensorrt_version and sidecar.gpu == gpu_name()

@@ -15,15 +15,13 @@ from polygraphy import util
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 from polygraphy.datatype import DataType
-from polygraphy.exception import PolygraphyException
 
-from trtfuse.engine_file import EngineFile
-from trtfuse.errors import TrtfuseError, first_line
-from trtfuse.graph_inputs import fed_inputs
-from trtfuse.model_io import LoadedModel
-from trtfuse.onnxrt import ModelRunner
+from trtfuse.engine.engine_file import EngineFile
+from trtfuse.engine.session import EngineSession
+from trtfuse.model.interface import fed_inputs
+from trtfuse.model.onnx_file import LoadedModel
 from trtfuse.polygraphy_ext.errors import as_polygraphy_error
-from trtfuse.runner import profile_for_feed, trt_runner
+from trtfuse.verify.onnxrt import ModelRunner
 
 ONNXRT_PREFIX = "trtfuse-onnxrt-runner"
 TRT_PREFIX = "trtfuse-trt-runner"
@@ -67,9 +65,9 @@ class FusedOnnxrtRunner(BaseRunner):
 
 
 class TrtfuseTrtRunner(BaseRunner):
-    """Runs a trtfuse engine (an opened `EngineFile`, or the path `BuildTrtfuseEngine` returns) through trtfuse's
-    TrtRunner, plugins registered first; each feed runs in the first optimisation profile whose ranges hold it, as in
-    `trtfuse compare`."""
+    """Runs a trtfuse engine (an opened `EngineFile`, or the path `BuildTrtfuseEngine` returns) in an
+    `EngineSession`, as `trtfuse run` and `trtfuse compare` do: the plugins its kind needs registered first, each feed
+    in the first optimisation profile whose ranges hold it."""
 
     def __init__(self, engine: EngineFile | str | Callable[[], str], name: str | None = None) -> None:
         super().__init__(name=name, prefix=TRT_PREFIX)
@@ -79,32 +77,21 @@ class TrtfuseTrtRunner(BaseRunner):
     def activate_impl(self) -> None:
         engine, _ = util.invoke_if_callable(self._engine)
         with as_polygraphy_error(self.name):
-            self.engine = engine if isinstance(engine, EngineFile) else EngineFile.open(Path(engine))
-            self.runner = trt_runner(self.engine)
-            # Activation deserialises the engine: trtfuse's loader names the engine file when that fails.
-            self.runner.activate()
-        self.profile_index = 0
+            opened = engine if isinstance(engine, EngineFile) else EngineFile.open(Path(engine))
+            self.session = EngineSession(opened, name=self.name).__enter__()
 
     @util.check_called_by("get_input_metadata")
     def get_input_metadata_impl(self) -> TensorMetadata:
-        return self.runner.get_input_metadata(use_numpy_dtypes=False)
+        return self.session.runner.get_input_metadata(use_numpy_dtypes=False)
 
     @util.check_called_by("infer")
     def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict:
         with as_polygraphy_error(self.name):
-            index = profile_for_feed(self.engine.profiles, feed_dict)
-            if index != self.profile_index:
-                self.runner.set_profile(index)
-                self.profile_index = index
-            try:
-                outputs = self.runner.infer(dict(feed_dict))
-            except PolygraphyException as error:
-                raise TrtfuseError(f"{self.engine.path}: inference failed: {first_line(error)}") from None
-        self.inference_time = self.runner.last_inference_time()
-        # Copies: TrtRunner hands out the same host buffers again on the next inference.
-        return OrderedDict((name, np.array(array, copy=True)) for name, array in outputs.items())
+            outputs = self.session.infer(feed_dict)
+        self.inference_time = self.session.last_inference_time()
+        return OrderedDict(outputs)
 
     @util.check_called_by("deactivate")
     def deactivate_impl(self) -> None:
-        self.runner.deactivate()
-        del self.runner
+        self.session.__exit__(None, None, None)
+        del self.session

@@ -1,0 +1,489 @@
+"""Engine build: the pure parts in CI, `trtfuse compile` without TensorRT in CI, the real build where TensorRT is."""
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from trtfuse import contract
+from trtfuse.cli.main import cli
+from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
+from trtfuse.contract import PluginKind
+from trtfuse.engine import build, build_options
+from trtfuse.engine.build import plugins_used
+from trtfuse.engine.build_options import BuildOptions, plugin_kind_for
+from trtfuse.engine.engine_file import EngineFile
+from trtfuse.engine.parser_errors import ParserIssue, parser_error_line
+from trtfuse.engine.profiles import Profile, ShapeRange
+from trtfuse.engine.progress import BuildProgress
+from trtfuse.engine.session import ENGINE_RUNNER
+from trtfuse.engine.sidecar import read_sidecar
+from trtfuse.errors import MissingDependencyError, OptionError, TrtfuseError
+from trtfuse.files import write_bytes_atomic
+from trtfuse.model.onnx_file import load_model
+from trtfuse.plugins import registry
+
+from fakes import tensorrt as fakes_trt
+from support.markers import HAS_TENSORRT, HAS_TENSORRT_RTX, needs_tensorrt
+from support.models import save_model_file, tiny_lm
+
+PROFILE = Profile("default", {"input_ids": ShapeRange((1, 1), (1, 256), (1, 4096))})
+
+
+def test_build_options_are_checked():
+    with pytest.raises(TrtfuseError, match="at least one optimisation profile"):
+        BuildOptions(profiles=())
+    with pytest.raises(TrtfuseError, match=r"the optimisation level must be 0 to 5, got 6"):
+        BuildOptions(profiles=(PROFILE,), optimization_level=6)
+    with pytest.raises(TrtfuseError, match=r"the workspace limit must be positive"):
+        BuildOptions(profiles=(PROFILE,), workspace_bytes=0)
+
+
+def test_plugins_used_counts_only_trtfuse_nodes():
+    assert plugins_used(tiny_lm(np.float16, fused=True)) == [
+        {"name": contract.RMS_NORM_OP, "namespace": "trtfuse", "version": contract.PLUGIN_VERSION, "nodes": 1}
+    ]
+    assert plugins_used(tiny_lm(np.float16, fused=False)) == []
+
+
+def test_parser_error_names_the_node_and_counts_the_rest():
+    model = tiny_lm(np.float16, fused=True)
+    issues = [
+        ParserIssue(1, "norm", contract.RMS_NORM_OP, "Plugin not found\nmore detail"),
+        ParserIssue(2, "lm_head", "MatMul", "x"),
+    ]
+    line = parser_error_line(Path("m.onnx"), issues, model)
+    assert line == (
+        "m.onnx: TensorRT's ONNX parser failed at node 'norm' (TrtfuseRmsNorm): Plugin not found; "
+        "is the 'TrtfuseRmsNorm' plugin registered in namespace 'trtfuse'? (and 1 more parser errors)"
+    )
+    assert "\n" not in line
+
+
+def test_parser_error_finds_the_node_name_from_its_index():
+    model = tiny_lm(np.float16, fused=True)
+    line = parser_error_line(Path("m.onnx"), [ParserIssue(2, "", "", "unsupported")], model)
+    assert line == "m.onnx: TensorRT's ONNX parser failed at node 'lm_head' (MatMul): unsupported"
+    graph_line = parser_error_line(Path("m.onnx"), [ParserIssue(-1, "", "", "")], model)
+    assert graph_line == "m.onnx: TensorRT's ONNX parser failed at the graph: no description"
+    assert "without saying why" in parser_error_line(Path("m.onnx"), [], model)
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    target = tmp_path / "m.engine"
+    target.write_bytes(b"old engine")
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(TrtfuseError, match="disk full"):
+        write_bytes_atomic(target, b"new engine")
+    assert target.read_bytes() == b"old engine"
+    assert os.listdir(tmp_path) == ["m.engine"]
+
+
+def test_atomic_write_needs_the_folder(tmp_path):
+    with pytest.raises(TrtfuseError, match=r"output folder does not exist"):
+        write_bytes_atomic(tmp_path / "missing" / "m.engine", b"x")
+
+
+def test_progress_lines_are_indented_by_phase_depth():
+    lines = []
+    progress = BuildProgress(lines.append)
+    progress.phase_start("Building engine", None, 3)
+    progress.phase_start("Tactic search", "Building engine", 10)
+    assert progress.step_complete("Tactic search", 0) is True
+    progress.phase_finish("Tactic search")
+    progress.phase_finish("Building engine")
+    assert lines[0] == "Building engine (3 steps)"
+    assert lines[1] == "  Tactic search (10 steps)"
+    assert lines[2].startswith("  Tactic search done in ")
+    assert lines[3].startswith("Building engine done in ")
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
+def test_build_without_tensorrt_says_how_to_get_it(tmp_path):
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    with pytest.raises(MissingDependencyError, match=r"pip install -e '\.\[gpu\]'"):
+        build.build_engine(load_model(fused), tmp_path / "m.engine", BuildOptions(profiles=(PROFILE,)))
+    assert sorted(os.listdir(tmp_path)) == ["m.fused.onnx"]
+
+
+def test_build_checks_the_output_folder_first(tmp_path):
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    with pytest.raises(TrtfuseError, match=r"output folder does not exist"):
+        build.build_engine(load_model(fused), tmp_path / "no" / "m.engine", BuildOptions(profiles=(PROFILE,)))
+    cache_elsewhere = BuildOptions(profiles=(PROFILE,), timing_cache=tmp_path / "no" / "timing.cache")
+    with pytest.raises(TrtfuseError, match=r"timing\.cache: output folder does not exist"):
+        build.build_engine(load_model(fused), tmp_path / "m.engine", cache_elsewhere)
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
+def test_compile_without_tensorrt_fuses_then_exits_3(tmp_path):
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    engine = tmp_path / "out" / "model.engine"
+    engine.parent.mkdir()
+    result = CliRunner().invoke(cli, ["compile", str(original), "-o", str(engine), "--profile", "decode"])
+    assert result.exit_code == EXIT_MISSING_DEPENDENCY, result.output
+    assert "fused, but no engine built" in result.output
+    assert "pip install -e '.[gpu]'" in result.output
+    assert sorted(os.listdir(engine.parent)) == ["model.fused.onnx", "model.fusion.json"]
+    report = json.loads((engine.parent / "model.fusion.json").read_text())
+    assert len(report["fused"]) == 1
+    assert plugins_used(onnx.load(str(engine.parent / "model.fused.onnx")))[0]["nodes"] == 1
+
+
+def test_compile_bad_profile_spec_is_exit_2_and_writes_nothing(tmp_path):
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    for args in (["--tokens", "8:4:16"], ["--shape", "ids=1x1:1x2:1x3"], ["--workspace", "lots"]):
+        result = CliRunner().invoke(cli, ["compile", str(original), *args])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("trtfuse: error: ")
+        assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+
+
+def test_compile_never_overwrites_its_input(tmp_path):
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "m.fused.onnx")
+    result = CliRunner().invoke(cli, ["compile", str(original), "-o", str(tmp_path / "m.engine")])
+    assert result.exit_code == 2
+    assert "would overwrite the input" in result.output
+    assert onnx.load(str(original)) == tiny_lm(np.float16, fused=False)
+
+
+def test_compile_unknown_symbolic_dim_names_input(tmp_path):
+    model = tiny_lm(np.float16, fused=False)
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "s1"
+    original = save_model_file(model, tmp_path / "model.onnx")
+    result = CliRunner().invoke(cli, ["compile", str(original)])
+    assert result.exit_code == 2
+    assert "input 'input_ids' dim 1 is symbolic dim 's1'" in result.output
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+
+
+def _compile_in_a_process_of_its_own(*args: str) -> subprocess.CompletedProcess:
+    """`trtfuse compile` in a child process: the build registers one kind of trtfuse plugins, and the test process
+    must stay free to load either kind of engine (and to register the Python plugins for other tests)."""
+    return subprocess.run(
+        [sys.executable, "-m", "trtfuse.cli.main", "compile", *args], capture_output=True, text=True, timeout=1800
+    )
+
+
+@pytest.mark.parametrize("plugins", ["aot", "python"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=["fp16", "fp32"])
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_compile_builds_an_engine_that_matches_onnxruntime(dtype, plugins, tmp_path):
+    from trtfuse.engine.compare import compare
+
+    original = save_model_file(tiny_lm(dtype, fused=False), tmp_path / "model.onnx")
+    engine = tmp_path / "model.engine"
+    cache = tmp_path / "timing.cache"
+    args = ["--profile", "decode", "--tokens", "1:16:64", "--timing-cache", str(cache), "--plugins", plugins]
+    result = _compile_in_a_process_of_its_own(str(original), *args)
+    assert result.returncode == 0, result.stderr
+    sidecar = read_sidecar(engine)
+    assert [profile.name for profile in sidecar.profiles] == ["decode", "tokens 1:16:64"]
+    assert sidecar.data["plugins"][0]["name"] == contract.RMS_NORM_OP
+    assert sidecar.plugin_kind is PluginKind(plugins)
+    assert cache.stat().st_size > 0
+    report = compare(original, engine, dims={"batch": 1, "sequence": 9})
+    assert report.candidate_runner == ENGINE_RUNNER
+    assert report.passed, report.to_json()
+
+
+# Deserialises and runs an engine with TensorRT and cuda-python alone, then says whether trtfuse was ever imported.
+_BARE_RUN = """
+import sys
+import numpy as np
+import tensorrt as trt
+from cuda.bindings import runtime as cudart
+
+engine_path, feed_path, out_path = sys.argv[1:]
+engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(open(engine_path, "rb").read())
+assert engine is not None, "TensorRT could not deserialise the engine"
+context = engine.create_execution_context()
+feed = dict(np.load(feed_path))
+for name, array in feed.items():
+    context.set_input_shape(name, array.shape)
+outputs = {}
+for index in range(engine.num_io_tensors):
+    name = engine.get_tensor_name(index)
+    is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+    dtype = trt.nptype(engine.get_tensor_dtype(name))
+    array = feed[name] if is_input else np.empty(tuple(context.get_tensor_shape(name)), dtype)
+    error, pointer = cudart.cudaMalloc(max(array.nbytes, 1))
+    assert error == cudart.cudaError_t.cudaSuccess, error
+    if is_input:
+        cudart.cudaMemcpy(pointer, array.ctypes.data, array.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice)
+    else:
+        outputs[name] = (array, pointer)
+    context.set_tensor_address(name, pointer)
+assert context.execute_async_v3(0)
+cudart.cudaDeviceSynchronize()
+for name, (array, pointer) in outputs.items():
+    cudart.cudaMemcpy(array.ctypes.data, pointer, array.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+np.savez(out_path, **{name: array for name, (array, _) in outputs.items()})
+print(sorted(name for name in sys.modules if name.split(".")[0] == "trtfuse"))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_an_aot_engine_runs_where_trtfuse_is_not(tmp_path):
+    """The point of AOT engines: deserialised and run by TensorRT alone (no trtfuse imported, no plugin registered),
+    with `trtexec` too where it is installed, and giving what `trtfuse run` gives."""
+    import shutil
+
+    from trtfuse.engine.run import run_engine
+    from trtfuse.model.feed_files import read_arrays, write_arrays
+
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    result = _compile_in_a_process_of_its_own(str(original), "--tokens", "1:8:32", "--plugins", "aot")
+    assert result.returncode == 0, result.stderr
+    engine = tmp_path / "model.engine"
+    feed = {"input_ids": np.array([[1, 2, 3, 4, 5]], np.int64)}
+    write_arrays(tmp_path / "feed.npz", feed)
+    script = tmp_path / "bare_run.py"
+    script.write_text(_BARE_RUN)
+    # Run from the temp folder, with no path to trtfuse's checkout: an import of trtfuse could only come from an
+    # installed copy, and the script says whether one happened.
+    bare = subprocess.run(
+        [sys.executable, str(script), str(engine), str(tmp_path / "feed.npz"), str(tmp_path / "out.npz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout.strip() == "[]", "TensorRT alone ran the engine"
+    expected = run_engine(EngineFile.open(engine), feed, iterations=1, warmup=0).outputs["logits"]
+    got = read_arrays(tmp_path / "out.npz")["logits"]
+    np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), atol=2e-3, rtol=2e-3)
+    if shutil.which("trtexec"):
+        trtexec = subprocess.run(
+            ["trtexec", f"--loadEngine={engine}", "--shapes=input_ids:1x5"], capture_output=True, text=True, timeout=600
+        )
+        assert trtexec.returncode == 0, trtexec.stdout[-2000:]
+
+
+@pytest.mark.filterwarnings("ignore:.*Timing cache operations are no-ops in TensorRT-RTX")
+@pytest.mark.skipif(
+    not HAS_TENSORRT_RTX, reason="needs TensorRT-RTX's Python module as an API stand-in (pip install tensorrt-rtx-cu13)"
+)
+def test_tensorrt_layer_against_the_tensorrt_rtx_api(tmp_path, monkeypatch):
+    """TensorRT-RTX shares TensorRT's builder, ONNX parser, profile, timing-cache and progress-monitor API and builds
+    ahead of time without a GPU, but aborts on Python plugins. So this drives `build_engine`'s TensorRT calls on the
+    unfused model, and the parser-error path on the fused one with no plugin registered. It checks trtfuse's use of
+    the API, not a TensorRT engine."""
+    import tensorrt_rtx
+
+    monkeypatch.setattr(build, "import_tensorrt", lambda: tensorrt_rtx)
+    monkeypatch.setattr(build, "register_plugins", lambda kind: None)
+    plain = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "plain.onnx")
+    cache = tmp_path / "timing.cache"
+    decode = Profile("decode", {"input_ids": ShapeRange((1, 1), (1, 1), (2, 1))})
+    options = BuildOptions(
+        profiles=(decode, PROFILE), optimization_level=0, workspace_bytes=1 << 28, timing_cache=cache
+    )
+    lines = []
+    result = build.build_engine(load_model(plain), tmp_path / "plain.engine", options, emit=lines.append)
+    assert result.engine_path.stat().st_size > 0
+    assert cache.stat().st_size > 0
+    assert read_sidecar(result.engine_path).versions["tensorrt"] == tensorrt_rtx.__version__
+    # TensorRT-RTX has no AOT plugins (no QuickPluginCreationRequest), so the default is the Python kind.
+    assert read_sidecar(result.engine_path).plugin_kind is PluginKind.PYTHON
+    assert any(line.endswith("steps)") for line in lines)
+    assert any(" done in " in line for line in lines)
+
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "fused.onnx")
+    with pytest.raises(TrtfuseError) as error:
+        build.build_engine(load_model(fused), tmp_path / "fused.engine", options)
+    assert str(error.value).startswith(f"{fused}: TensorRT's ONNX parser failed at node 'norm' (TrtfuseRmsNorm): ")
+    assert "is the 'TrtfuseRmsNorm' plugin registered in namespace 'trtfuse'?" in str(error.value)
+    assert not (tmp_path / "fused.engine").exists()
+
+
+def test_parser_error_points_at_the_plugin_when_it_was_found_but_refused():
+    model = tiny_lm(np.float16, fused=True)
+    refused = [ParserIssue(1, "norm", contract.RMS_NORM_OP, "Could not create the plugin.")]
+    said = "TrtfuseRmsNorm 'norm': field 'epsilon' must be FLOAT32, got FLOAT16"
+    line = parser_error_line(Path("m.onnx"), refused, model, [said])
+    assert line.endswith(f"Could not create the plugin.; the plugin said: {said}")
+    assert "registered" not in line
+    assert "in TensorRT's log above" in parser_error_line(Path("m.onnx"), refused, model)
+
+
+@pytest.mark.parametrize(("version", "flags"), [("10.8.0.43", 1 << 1), ("10.13.2", 1 << 1), ("11.1.0.1", 0)])
+def test_strongly_typed_flag_only_below_tensorrt_11(version, flags):
+    module = type("trt", (), {"__version__": version, "NetworkDefinitionCreationFlag": fakes_trt.Flags})
+    assert build.network_flags(module) == flags
+
+
+def test_profiles_tensorrt_refuses_are_one_line_errors():
+    """IOptimizationProfile.set_shape raises RuntimeError, IBuilderConfig.add_optimization_profile returns -1 for a
+    profile it refuses (TensorRT's Python binding sources); neither may surface as a traceback or go unnoticed."""
+    with pytest.raises(TrtfuseError, match=r"profile 'default': TensorRT refused the shapes of input 'input_ids'"):
+        build.add_profiles(fakes_trt.ProfileBuilder(refuse_shapes=True), fakes_trt.ProfileConfig(0), [PROFILE])
+    with pytest.raises(TrtfuseError, match=r"profile 'default': TensorRT refused the optimisation profile"):
+        build.add_profiles(fakes_trt.ProfileBuilder(refuse_shapes=False), fakes_trt.ProfileConfig(-1), [PROFILE])
+    build.add_profiles(fakes_trt.ProfileBuilder(refuse_shapes=False), fakes_trt.ProfileConfig(0), [PROFILE])
+
+
+def test_length_inputs_get_value_ranges_only_where_tensorrt_reads_them_as_shape_tensors():
+    lengths = ShapeRange((0,), (256,), (4095,))
+    profile = Profile("default", {"input_ids": ShapeRange((1, 1), (1, 1), (1, 1))}, {"past_sequence_length": lengths})
+    config = fakes_trt.ProfileConfig(0)
+    build.add_profiles(fakes_trt.ProfileBuilder(refuse_shapes=False), config, [profile], {"past_sequence_length"})
+    assert config.profiles[0].values == {"past_sequence_length": ((0,), (256,), (4095,))}
+    config = fakes_trt.ProfileConfig(0)
+    build.add_profiles(fakes_trt.ProfileBuilder(refuse_shapes=False), config, [profile])
+    assert config.profiles[0].values == {}
+
+
+def test_the_default_plugin_kind_is_aot_where_tensorrt_has_it():
+    refused = "TensorRT 10.8.0 has no AOT plugins (tensorrt.plugin's aot_impl)"
+    assert plugin_kind_for(None, None) is PluginKind.AOT
+    assert plugin_kind_for(None, refused) is PluginKind.PYTHON
+    assert plugin_kind_for(PluginKind.PYTHON, None) is PluginKind.PYTHON
+    assert plugin_kind_for(PluginKind.PYTHON, refused) is PluginKind.PYTHON
+    assert plugin_kind_for(PluginKind.AOT, None) is PluginKind.AOT
+
+
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [
+        ("10.8.0.43", "TensorRT 10.8.0.43 has no AOT plugins (tensorrt.plugin's aot_impl)"),
+        (
+            "10.12.0.36",
+            "TensorRT 10.12.0.36's Python binding hands TensorRT each AOT kernel's name in a string it has already "
+            "freed (fixed in 10.14)",
+        ),
+    ],
+)
+def test_aot_asked_for_on_a_tensorrt_it_is_refused_on_says_why_in_one_line(version: str, reason: str):
+    trt = types.ModuleType("tensorrt")
+    trt.__version__ = version
+    if version.startswith("10.12"):
+        trt.QuickPluginCreationRequest = object
+    with pytest.raises(OptionError) as error:
+        plugin_kind_for(PluginKind.AOT, registry.aot_refusal(trt))
+    assert error.value.choice == "plugins"
+    assert error.value.spelled(lambda name: f"--{name}") == (
+        f"{reason}; trtfuse builds AOT plugins with TensorRT >= 10.14: install it or build with --plugins python"
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "enum", "plugins", "flags"),
+    [
+        ("10.9.0", fakes_trt.AotFlags, PluginKind.AOT, 1 << 1 | 1 << 3),
+        ("10.9.0", fakes_trt.AotFlags, PluginKind.PYTHON, 1 << 1),
+        ("11.1.0", fakes_trt.AotFlags11, PluginKind.AOT, 1 << 2),
+        ("11.1.0", fakes_trt.AotFlags11, PluginKind.PYTHON, 0),
+        # A TensorRT without the flag (before 10.9): the AOT nodes' own attribute still asks for AOT.
+        ("10.8.0", fakes_trt.Flags, PluginKind.AOT, 1 << 1),
+    ],
+)
+def test_aot_builds_set_the_flag_that_prefers_aot_plugins(version, enum, plugins, flags):
+    module = type("trt", (), {"__version__": version, "NetworkDefinitionCreationFlag": enum})
+    assert build.network_flags(module, plugins) == flags
+
+
+def _use_tensorrt(monkeypatch, trt) -> None:
+    """`trt` as the TensorRT both the build and the plugin-kind check import."""
+    monkeypatch.setattr(build, "import_tensorrt", lambda: trt)
+    monkeypatch.setattr(build_options, "import_tensorrt", lambda: trt)
+
+
+def _aot_modules(monkeypatch, calls: dict, has_aot: bool) -> None:
+    """The plugins side's TensorRT calls as recorders (whether the TensorRT has AOT plugins, registering them), so the
+    build side is tested on its own; `prepare_for_aot` is the real one."""
+    if has_aot:
+        monkeypatch.setattr(registry, "aot_refusal", lambda trt: None)
+    monkeypatch.setattr(build, "register_plugins", lambda kind: calls.setdefault("registered", []).append(kind.value))
+    monkeypatch.setattr(build, "plugin_creation_errors", lambda: [])
+
+
+def test_an_aot_build_parses_the_aot_form_from_bytes_and_leaves_the_fused_file_as_it_was(tmp_path, monkeypatch):
+    from trtfuse.model import onnx_file as model_io
+    from trtfuse.plugins import qdp
+
+    from support.models import save_external
+
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    # Before the build, what an earlier build embedded (dropped); after it, what aot_impl handed this one.
+    taken = iter([["7.0"], ["8.8", "9.4"]])
+    monkeypatch.setattr(qdp, "take_embedded_ptx_isas", lambda: next(taken))
+    _use_tensorrt(monkeypatch, fakes_trt.fake_tensorrt("10.14.1", calls))
+    # Every tensor left in the external file, as an LLM's large weights are: the parser must still find them.
+    monkeypatch.setattr(model_io, "SMALL_TENSOR_BYTES", 0)
+    fused = save_external(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    on_disk = fused.read_bytes()
+    result = build.build_engine(load_model(fused), tmp_path / "m.engine", BuildOptions(profiles=(PROFILE,)))
+    assert calls["registered"] == ["aot"], "only the AOT kind is registered"
+    assert "parse_from_file" not in calls
+    assert calls["flags"] == 1 << 1 | 1 << 3
+    model_bytes, path = calls["parse"]
+    assert path == str(fused.absolute()), "the model file: onnx-tensorrt resolves external data beside it"
+    parsed = onnx.load_from_string(model_bytes)
+    (norm,) = [node for node in parsed.graph.node if node.domain == contract.ONNX_DOMAIN]
+    assert onnx.helper.get_attribute_value(next(a for a in norm.attribute if a.name == "aot")) == 1
+    external = [t.name for t in parsed.graph.initializer if onnx.external_data_helper.uses_external_data(t)]
+    assert sorted(external) == ["embedding", "lm_head", "norm.weight"]
+    onnx.external_data_helper.load_external_data_for_model(parsed, str(Path(path).parent))
+    assert fused.read_bytes() == on_disk
+    assert result.sidecar["build"]["plugins"] == "aot"
+    # The PTX ISAs the plugins' aot_impl handed TensorRT (planted: the stand-in builder calls no plugin), in order.
+    assert result.sidecar["build"]["ptx_isa"] == ["8.8", "9.4"]
+    assert EngineFile.open(result.engine_path).plugin_kind is PluginKind.AOT
+
+
+def test_a_python_build_registers_only_the_python_plugins_and_parses_the_model_it_is_given(tmp_path, monkeypatch):
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    _use_tensorrt(monkeypatch, fakes_trt.fake_tensorrt("10.14.1", calls))
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    options = BuildOptions(profiles=(PROFILE,), plugins=PluginKind.PYTHON)
+    result = build.build_engine(load_model(fused), tmp_path / "m.engine", options)
+    assert calls["registered"] == ["python"]
+    assert "parse_from_file" not in calls, "the fused model flows in from the pipeline, not read again"
+    model_bytes, path = calls["parse"]
+    assert path == str(fused.absolute()) and onnx.load_from_string(model_bytes) == load_model(fused).model
+    assert calls["flags"] == 1 << 1
+    assert result.sidecar["build"]["plugins"] == "python"
+
+
+def test_compile_plugins_aot_on_a_tensorrt_without_aot_is_one_line_exit_2(tmp_path, monkeypatch):
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=False)
+    _use_tensorrt(monkeypatch, fakes_trt.fake_tensorrt("10.8.0", calls))
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    result = CliRunner().invoke(cli, ["compile", str(original), "--plugins", "aot"])
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        "trtfuse: error: TensorRT 10.8.0 has no AOT plugins (tensorrt.plugin's aot_impl); trtfuse builds AOT plugins "
+        "with TensorRT >= 10.14: install it or build with --plugins python\n"
+    )
+    assert "registered" not in calls and "flags" not in calls
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"], "what was fused is removed with the failed call"
+    default = CliRunner().invoke(cli, ["compile", str(original), "--json"])
+    assert default.exit_code == 0, default.output
+    assert json.loads(default.stdout)["plugins"] == "python", "without AOT the default is the Python kind"
+    assert calls["registered"] == ["python"]
+
+
+def test_compile_plugin_kinds_are_the_core_enum():
+    from trtfuse.cli.engine_commands import PLUGIN_KINDS
+
+    assert tuple(kind.value for kind in PluginKind) == PLUGIN_KINDS

@@ -1,0 +1,1 @@
+"""Stand-ins for TensorRT's objects, shared by the tests of the TensorRT side."""

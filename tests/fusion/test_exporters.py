@@ -1,0 +1,74 @@
+"""The per-tool fixtures in models/fixtures/tools (optimum, onnxruntime-optimized optimum, onnxruntime-genai,
+ModelOpt, dynamo at opset 23, onnxslim): each fuses into exactly as many norms as its torch model calls, with every
+q/k pair paired and no norm left partly fused, and the fused model passes `check` against the original."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from trtfuse import contract
+from trtfuse.fusion.fuse import FuseResult, fuse_model
+from trtfuse.model.onnx_file import LoadedModel, load_model
+from trtfuse.verify.check import check_fused
+
+from support.paths import TOOL_FIXTURES
+
+FIXTURES = TOOL_FIXTURES
+EXPECTED: dict[str, dict] = json.loads((FIXTURES / "expected.json").read_text())["files"]
+NAMES = sorted(EXPECTED)
+# Each tool's graphs differ in a way the others' do not: one fixture per tool, well under 1 MB each.
+TOOLS = {"optimum", "genai", "modelopt", "dynamo23", "onnxslim"}
+
+
+def _fused(name: str) -> tuple[LoadedModel, FuseResult]:
+    original = load_model(FIXTURES / name)
+    return original, fuse_model(original.model)
+
+
+def test_manifest_lists_exactly_the_committed_tool_fixtures() -> None:
+    on_disk = {path.name: path.stat().st_size for path in FIXTURES.glob("*.onnx")}
+    assert on_disk == {name: entry["bytes"] for name, entry in EXPECTED.items()}
+    assert all(size < 2**20 for size in on_disk.values())
+    assert {entry["tool"] for entry in EXPECTED.values()} == TOOLS
+    assert all(entry["uses_rms_norm"] and entry["norm_calls"] > 0 for entry in EXPECTED.values())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tool_fixture_fuses_every_norm_call_and_nothing_else(name: str) -> None:
+    entry = EXPECTED[name]
+    _, result = _fused(name)
+    kinds = Counter(node.kind for node in result.fused)
+    assert kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_OP] == entry["norm_calls"], result.report()
+    plugin_nodes = Counter(node.op_type for node in result.model.graph.node if node.domain == contract.ONNX_DOMAIN)
+    assert plugin_nodes == kinds
+
+
+@pytest.mark.parametrize("name", [name for name in NAMES if EXPECTED[name]["qk_norm_calls"]])
+def test_tool_fixture_pairs_every_qk_norm(name: str) -> None:
+    """The q and k norms of every layer have one epsilon, dtype and weight mode: numerics allow pairing each."""
+    _, result = _fused(name)
+    kinds = Counter(node.kind for node in result.fused)
+    assert 2 * kinds[contract.QK_NORM_OP] == EXPECTED[name]["qk_norm_calls"], result.report()["near_misses"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tool_fixture_leaves_no_norm_partly_fused(name: str) -> None:
+    """Every norm of these families multiplies by a weight; a fused node without one left the multiply (and the cast
+    before it) in the graph."""
+    entry = EXPECTED[name]
+    _, result = _fused(name)
+    assert [node.name for node in result.fused if node.params.weight_mode is contract.WeightMode.NONE] == []
+    # The epsilon as the graph holds it: float32, or fp16 where the tool converted the constant (ModelOpt).
+    stored = {float(np.float32(entry["epsilon"])), float(np.float16(entry["epsilon"]))}
+    assert [node.as_dict() for node in result.fused if node.params.epsilon not in stored] == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fused_tool_fixture_passes_check(name: str) -> None:
+    original, result = _fused(name)
+    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
+    assert verdict.passed, verdict.to_json()

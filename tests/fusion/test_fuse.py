@@ -1,0 +1,144 @@
+"""fuse_model and its report on small hand-built graphs; the external-data path end to end on a small model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from trtfuse import contract
+from trtfuse.cli.main import cli
+from trtfuse.contract import WeightMode
+from trtfuse.fusion.fuse import fuse_model, search_model
+from trtfuse.model.onnx_file import external_tensors, load_model
+from trtfuse.verify.check import check_fused
+
+from support.models import layer_norm_model, llama_norm_model, projection_model, save_external
+
+
+def _ops(model: onnx.ModelProto) -> list[str]:
+    return [node.op_type for node in model.graph.node]
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
+def test_llama_norms_become_plugin_nodes(opset: int, dtype: int, tmp_path: Path) -> None:
+    original = llama_norm_model(dtype=dtype, opset=opset, layers=2)
+    before = original.SerializeToString()
+    result = fuse_model(original)
+    assert original.SerializeToString() == before
+    fused = result.model
+    assert _ops(fused) == [contract.RMS_NORM_OP, "MatMul", contract.RMS_NORM_OP, "MatMul", "Identity"]
+    onnx.checker.check_model(fused, full_check=True)
+    opsets = {(opset_id.domain, opset_id.version) for opset_id in fused.opset_import}
+    assert opsets == {("", opset), (contract.ONNX_DOMAIN, contract.ONNX_DOMAIN_VERSION)}
+    assert fused.producer_name == "trtfuse-tests"
+    assert {entry.key: entry.value for entry in fused.metadata_props} == {"origin": "conftest"}
+    node = fused.graph.node[0]
+    attributes = {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
+    assert node.domain == contract.ONNX_DOMAIN
+    assert list(node.input) == ["x", "layers.0.norm.weight"]
+    assert list(node.output) == ["layers.0.norm/y"]
+    assert attributes[contract.ATTR_EPSILON] == pytest.approx(1e-6)
+    assert attributes[contract.ATTR_HIDDEN] == 64
+    assert attributes[contract.ATTR_WEIGHT_MODE] == WeightMode.AFTER_CAST
+    unused = {"two", "one", "epsilon", "axes"} & {tensor.name for tensor in fused.graph.initializer}
+    assert not unused
+    paths = [tmp_path / "original.onnx", tmp_path / "fused.onnx"]
+    for model, path in zip((original, fused), paths, strict=True):
+        onnx.save_model(model, str(path))
+    check = check_fused(load_model(paths[0]), load_model(paths[1]))
+    assert check.passed, check.errors
+
+
+def test_report_lists_every_fused_node() -> None:
+    result = fuse_model(llama_norm_model(layers=3))
+    report = result.report()
+    assert report["totals"] == {contract.RMS_NORM_OP: 3, contract.QK_NORM_OP: 0, "norms": 3}
+    assert [entry["kind"] for entry in report["fused"]] == [contract.RMS_NORM_OP] * 3
+    first = report["fused"][0]
+    assert first["replaced"][0] == "layers.0.norm/Cast"
+    assert "layers.0.norm/Mul_1" in first["replaced"]
+    assert first["hidden_sizes"] == [64]
+    assert first["weight_mode"] == "AFTER_CAST"
+    assert first["weight_offset"] == 0.0
+    assert first["epsilon"] == pytest.approx(1e-6)
+    assert first["tags"]
+    assert report["near_misses"] == []
+
+
+def test_model_without_norms_is_unchanged() -> None:
+    original = projection_model()
+    result = fuse_model(original)
+    assert result.fused == []
+    assert _ops(result.model) == _ops(original)
+    assert all(opset_id.domain != contract.ONNX_DOMAIN for opset_id in result.model.opset_import)
+    assert result.report()["totals"] == {contract.RMS_NORM_OP: 0, contract.QK_NORM_OP: 0, "norms": 0}
+
+
+def test_layer_norm_is_left_alone_and_explained() -> None:
+    original = layer_norm_model()
+    result = fuse_model(original)
+    assert result.fused == []
+    assert _ops(result.model) == _ops(original)
+    assert result.report()["near_misses"]
+    assert search_model(original).near_misses == result.search.near_misses
+
+
+def test_external_data_stays_in_place(tmp_path: Path) -> None:
+    """The CI version of the large-model path: weights external (threshold 0), fused into another folder by the CLI."""
+    model = llama_norm_model(dtype=TensorProto.FLOAT, hidden=1024, layers=2)
+    source = tmp_path / "source"
+    source.mkdir()
+    original_path = save_external(model, source / "model.onnx")
+    data = source / "weights.data"
+    before = data.stat()
+    out = tmp_path / "out"
+    out.mkdir()
+    runner = CliRunner()
+    result = runner.invoke(cli, ["fuse", str(original_path), "-o", str(out / "fused.onnx")])
+    assert result.exit_code == 0, result.output
+    after = data.stat()
+    assert (before.st_ino, before.st_size, before.st_mtime_ns) == (after.st_ino, after.st_size, after.st_mtime_ns)
+    fused_proto = onnx.load(str(out / "fused.onnx"), load_external_data=False)
+    # The 4 MiB projections stay external, at the same offsets of a same-named data file; the norm weights move inline.
+    source_refs = {
+        tensor.name: list(tensor.external_data)
+        for tensor in external_tensors(onnx.load(str(original_path), load_external_data=False))
+    }
+    fused_refs = {tensor.name: list(tensor.external_data) for tensor in external_tensors(fused_proto)}
+    assert set(fused_refs) == {"layers.0.proj", "layers.1.proj"}
+    for name, refs in fused_refs.items():
+        assert refs == source_refs[name]
+    assert (out / "weights.data").read_bytes() == data.read_bytes()
+    assert fused_proto.ByteSize() < 64 * 1024
+    check = check_fused(load_model(original_path), load_model(out / "fused.onnx"))
+    assert check.passed
+    assert check.errors[0].max_rel <= 1e-6
+
+
+def test_fuse_result_keeps_large_weights_unloaded(tmp_path: Path) -> None:
+    path = save_external(llama_norm_model(dtype=TensorProto.FLOAT, hidden=1024), tmp_path / "model.onnx")
+    loaded = load_model(path)
+    result = fuse_model(loaded.model)
+    (projection,) = external_tensors(result.model)
+    assert projection.name == "layers.0.proj"
+    assert not projection.raw_data
+
+
+def test_graph_outputs_keep_their_declared_dims_over_a_stale_value_info() -> None:
+    """ModelOpt's exports carry value_info for the graph output with dims of their own (`unk__108`); graphsurgeon
+    takes those, which renamed the fused model's `batch` and `sequence` (its interface) until the pass restored the
+    declaration."""
+    original = llama_norm_model(layers=2)
+    output = original.graph.output[0]
+    declared = [dim.dim_param or dim.dim_value for dim in output.type.tensor_type.shape.dim]
+    stale = helper.make_tensor_value_info(output.name, output.type.tensor_type.elem_type, ["unk__1", "unk__2", 64])
+    original.graph.value_info.append(stale)
+    fused = fuse_model(original).model
+    (fused_output,) = [value for value in fused.graph.output if value.name == output.name]
+    assert [dim.dim_param or dim.dim_value for dim in fused_output.type.tensor_type.shape.dim] == declared
+    assert [value.name for value in fused.graph.input] == [value.name for value in original.graph.input]

@@ -1,0 +1,469 @@
+"""AOT kernel artifacts launched with the bare CUDA driver (issue 9): the GPU run of `trtfuse.bench.aot_driver`
+(compile in one process, check in another that imports no CuTeDSL or TVM-FFI), and its CPU-testable parts."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import inspect
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+from trtfuse.bench import aot_driver  # noqa: E402  (imports torch)
+from trtfuse.bench.aot_driver import (  # noqa: E402
+    CaseResult,
+    CaseTensors,
+    LaunchCase,
+    MatrixEntry,
+    argument_values,
+    compare_part,
+    launch_cases,
+    pack_params,
+    unpack_params,
+)
+from trtfuse.bench.reference import norm_reference  # noqa: E402
+from trtfuse.contract import NormParams, WeightMode  # noqa: E402
+from trtfuse.kernels.declaration import LaunchDeclaration, RowPart, Tactic, qk_norm_params, rms_norm_params  # noqa: E402
+
+from support.paths import REPO_ROOT  # noqa: E402
+
+REPO = REPO_ROOT
+# Both steps must end well inside the device's 10-minute limit per command, which `.ci/gpu tests` shares.
+COMPILE_TIMEOUT_S = 240
+CHECK_TIMEOUT_S = 400
+# A folder of artifacts compiled elsewhere (`aot_driver compile --out DIR` on a CPU machine) to check instead of
+# compiling here: PTX from another CuTeDSL build may have an ISA this machine's driver knows.
+ARTIFACTS_ENV = "TRTFUSE_AOT_ARTIFACTS"
+
+
+def rms_declaration(hidden: int = 4096, rows_per_block: int = 1) -> LaunchDeclaration:
+    parts = (RowPart("x", hidden, rows_per_block),)
+    return LaunchDeclaration("trtfuse_rms_0", "sm_90a", Tactic.PREFILL, 256, 32, rms_norm_params(), parts)
+
+
+def qk_declaration(rows_per_block: int = 8) -> LaunchDeclaration:
+    parts = (RowPart("q", 128, rows_per_block), RowPart("k", 128, rows_per_block))
+    return LaunchDeclaration("trtfuse_qk_0", "sm_90a", Tactic.PREFILL, 128, 64, qk_norm_params(), parts)
+
+
+def rms_entry(dtype: str = "bfloat16", weight_dtype: str | None = "float32", out: str | None = None) -> MatrixEntry:
+    from trtfuse.kernels.specs import RmsNormSpec
+
+    mode = WeightMode.AFTER_CAST if weight_dtype else WeightMode.NONE
+    return MatrixEntry(RmsNormSpec(64, dtype, weight_dtype, NormParams(1e-6, 0.0, mode), out))
+
+
+def qk_entry() -> MatrixEntry:
+    from trtfuse.kernels.specs import QkNormSpec
+
+    spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, WeightMode.AFTER_CAST))
+    return MatrixEntry(spec, (4, 2))
+
+
+# --- CPU: kernel arguments -----------------------------------------------------------------------------------------
+
+
+def test_rms_norm_arguments_follow_the_declared_parameter_order() -> None:
+    declaration = rms_declaration()
+    pointers = {"x": 0x7F00_0000_1000, "weight": 0x7F00_0000_2002, "y": 0xFFFF_FFFF_FFFF_FFF0}
+    values = argument_values(declaration, pointers, (77,))
+    assert values == [pointers["x"], pointers["weight"], 77, pointers["y"]]
+    packed = pack_params(declaration, values)
+    assert unpack_params(declaration, packed) == values
+    # u64 for pointers and u32 for the scalar: the sizes the PTX entry's .param types take.
+    assert [ctypes.sizeof(v) for v in packed.values] == [8, 8, 4, 8]
+    assert [p.ptx_type for p in declaration.params] == [".u64", ".u64", ".u32", ".u64"]
+
+
+def test_qk_norm_arguments_carry_both_row_counts_and_the_q_block_count() -> None:
+    declaration = qk_declaration(rows_per_block=8)
+    names = ("q", "k", "q_weight", "k_weight", "q_out", "k_out")
+    pointers = {name: 0x1000 * (i + 1) for i, name in enumerate(names)}
+    values = argument_values(declaration, pointers, (33 * 4, 33 * 2))
+    q_blocks = -(-33 * 4 // 8)
+    assert values == [0x1000, 0x2000, 0x3000, 0x4000, 132, 66, q_blocks, 0x5000, 0x6000]
+    assert unpack_params(declaration, pack_params(declaration, values)) == values
+    assert declaration.grid_x((132, 66)) == q_blocks + -(-66 // 8)
+
+
+def test_arguments_reject_missing_or_unknown_pointers_and_values_out_of_range() -> None:
+    declaration = rms_declaration()
+    with pytest.raises(ValueError, match="takes pointers"):
+        argument_values(declaration, {"x": 1, "y": 2}, (1,))
+    with pytest.raises(ValueError, match="takes pointers"):
+        argument_values(declaration, {"x": 1, "weight": 2, "y": 3, "z": 4}, (1,))
+    with pytest.raises(ValueError, match=r"does not fit \.u32"):
+        pack_params(declaration, [1, 2, 1 << 32, 3])
+    with pytest.raises(ValueError, match=r"does not fit \.u64"):
+        pack_params(declaration, [-1, 2, 1, 3])
+    with pytest.raises(ValueError, match="4 parameters"):
+        pack_params(declaration, [1, 2, 3])
+
+
+def test_artifacts_round_trip_through_their_files(tmp_path: Path) -> None:
+    from trtfuse.kernels.declaration import KernelArtifact
+
+    artifact = KernelArtifact(qk_declaration(), ".version 8.8\n.entry trtfuse_qk_0()\n", b"\x7fELF\x00\x01")
+    aot_driver.write_artifact(tmp_path, "a", artifact)
+    assert aot_driver.read_artifact(tmp_path, "a") == artifact
+    image = aot_driver.module_image(artifact, "ptx")
+    assert image == artifact.ptx.encode() + b"\0" and image.count(b"\0") == 1  # cuModuleLoadData reads PTX to NUL
+    assert aot_driver.module_image(artifact, "cubin") == artifact.cubin
+    with pytest.raises(FileNotFoundError, match=r"b\.json"):
+        aot_driver.read_artifact(tmp_path, "b")
+
+
+# --- CPU: the matrix and the cases -----------------------------------------------------------------------------------
+
+
+def kernel_test_specs() -> tuple[set[object], set[tuple[object, tuple[int, int]]]]:
+    """Every RMSNorm spec and every (QK-norm spec, heads) tests/test_kernels_gpu.py runs, read from its lists and
+    its parametrize marks."""
+    pytest.importorskip("cutlass", reason="tests/test_kernels_gpu.py needs nvidia-cutlass-dsl to import")
+    sys.path.insert(0, str(REPO / "tests"))
+    import test_kernels_gpu as kernel_tests
+
+    from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+
+    rms: set[object] = set(kernel_tests.DTYPE_PAIR_SPECS) | set(kernel_tests.MIXED_SPECS)
+    qk = {(spec, (q, k)) for _, spec, q, k in kernel_tests.QK_CASES}
+    for _, function in inspect.getmembers(kernel_tests, inspect.isfunction):
+        marks = [m for m in getattr(function, "pytestmark", []) if m.name == "parametrize"]
+        grids = []
+        for mark in marks:
+            names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else mark.args[0]
+            grids.append([dict(zip(names, v if len(names) > 1 else (v,), strict=True)) for v in mark.args[1]])
+        for combination in itertools.product(*grids):
+            args = {k: v for part in combination for k, v in part.items()}
+            if isinstance(args.get("spec"), RmsNormSpec):
+                rms.add(args["spec"])
+            elif isinstance(args.get("spec"), QkNormSpec) and "q_heads" in args:
+                qk.add((args["spec"], (args["q_heads"], args["k_heads"])))
+            elif isinstance(args.get("spec"), QkNormSpec):  # test_mixed_precision_qk_norm's heads
+                spec = args["spec"]
+                qk.add((spec, (32, 8) if spec.q_hidden <= 256 else (1, 1)))
+            elif "hidden" in args and "mode" in args:
+                params = NormParams(1e-6, args["offset"], args["mode"])
+                rms.add(RmsNormSpec(args["hidden"], args["dtype"], args["weight_dtype"], params))
+            elif "hidden" in args and "out_dtype" in args:
+                dtype, out = args["dtype"], args["out_dtype"]
+                weight = dtype if dtype != "float32" else out
+                params = NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
+                rms.add(RmsNormSpec(args["hidden"], dtype, weight, params, out))
+    return rms, qk
+
+
+def test_the_matrix_covers_every_spec_of_the_kernel_gpu_tests() -> None:
+    rms, qk = kernel_test_specs()
+    entries = aot_driver.matrix()
+    assert len(entries) == len(set(entries))
+    covered_rms = {e.spec for e in entries if e.heads is None}
+    covered_qk = {(e.spec, e.heads) for e in entries if e.heads is not None}
+    assert rms - covered_rms == set()
+    assert qk - covered_qk == set()
+    modes = {e.spec.params.weight_mode for e in entries}
+    assert modes == set(WeightMode)
+
+
+def test_the_matrix_specs_survive_the_manifest() -> None:
+    for entry in aot_driver.matrix():
+        assert aot_driver.spec_from_json(json.loads(json.dumps(aot_driver.spec_to_json(entry.spec)))) == entry.spec
+    assert len({aot_driver.entry_name(e) for e in aot_driver.matrix()}) > 0
+
+
+def test_launch_cases_cover_the_row_counts_alignment_and_graphs() -> None:
+    declaration = qk_declaration()
+    cases = launch_cases(declaration, sm_count=132)
+    aligned = {c.tokens for c in cases if not c.shifted and not c.graph}
+    assert {0, 1, 3, 132, 4097, 16384} <= aligned
+    assert not any(c.null for c in cases)
+    assert [(c.tokens, c.null) for c in aot_driver.NULL_POINTER_CASES] == [(0, True)]
+    pointers = aot_driver.pointer_names(declaration)
+    assert set(pointers) == {"q", "k", "q_weight", "k_weight", "q_out", "k_out"}
+    assert {c.shifted for c in cases if len(c.shifted) == 1} == {(name,) for name in pointers}
+    assert any(c.shifted == pointers and c.tokens > 132 for c in cases)
+    assert {bool(c.shifted) for c in cases if c.graph} == {False, True}
+    assert aot_driver.part_rows(qk_entry(), 5) == (20, 10)
+
+
+def test_shifted_pointers_are_one_element_past_an_aligned_allocation() -> None:
+    entry = rms_entry("float16", "float32", "float32")
+    case = LaunchCase(3, ("x", "weight", "y"))
+    tensors = CaseTensors(entry, rms_declaration(64), case, device="cpu")
+    pointers = tensors.pointers()
+    part = tensors.parts["x"]
+    assert pointers["x"] % 16 == 2 and pointers["weight"] % 16 == 4 and pointers["y"] % 16 == 4
+    assert part.x.untyped_storage().data_ptr() + 2 == pointers["x"]
+    assert part.out.untyped_storage().data_ptr() + 4 == pointers["y"]
+    aligned = CaseTensors(entry, rms_declaration(64), LaunchCase(3, ("weight",)), device="cpu").pointers()
+    assert aligned["x"] % 16 == 0 and aligned["y"] % 16 == 0 and aligned["weight"] % 16 == 4
+    assert bool(torch.isnan(part.out).all())
+
+
+def test_weight_mode_none_gets_a_nan_placeholder_weight() -> None:
+    tensors = CaseTensors(rms_entry("bfloat16", None), rms_declaration(64), LaunchCase(3), device="cpu")
+    weight = tensors.parts["x"].weight
+    assert weight.numel() == 64 and weight.dtype == torch.float32 and bool(torch.isnan(weight).all())
+
+
+def write_reference(entry: MatrixEntry, tensors: CaseTensors) -> None:
+    for part in tensors.parts.values():
+        x = part.x.view(part.rows, part.hidden)
+        weight = None if entry.spec.weight_dtype is None else part.weight
+        part.out.view(part.rows, part.hidden).copy_(norm_reference(x, weight, entry.spec.params, entry.spec.out_dtype))
+
+
+@pytest.mark.parametrize(
+    "entry", [rms_entry(), rms_entry("float32", "float32"), rms_entry("bfloat16", None), qk_entry()], ids=repr
+)
+def test_outputs_pass_only_when_written_and_close(entry: MatrixEntry) -> None:
+    declaration = rms_declaration(64) if entry.heads is None else qk_declaration()
+    tensors = CaseTensors(entry, declaration, LaunchCase(3, aot_driver.pointer_names(declaration)), device="cpu")
+    parts = list(tensors.parts.values())
+    assert all(not compare_part(entry.spec, part)[0] for part in parts)  # poisoned: nothing written yet
+    write_reference(entry, tensors)
+    assert all(compare_part(entry.spec, part)[0] for part in parts)
+    parts[0].out.view(-1)[5] = float("nan")
+    assert "1 NaN" in compare_part(entry.spec, parts[0])[1]
+    write_reference(entry, tensors)
+    # An absolute step: a relative one can land within the absolute floor when the element is near zero.
+    parts[-1].out.view(-1)[7] += 1.0
+    passed, detail, _, worst = compare_part(entry.spec, parts[-1])
+    assert not passed and "outside" in detail and worst > 1
+
+
+def test_a_zero_row_launch_must_leave_the_poisoned_output_untouched() -> None:
+    entry = rms_entry()
+    tensors = CaseTensors(entry, rms_declaration(64), LaunchCase(0), device="cpu")
+    part = tensors.parts["x"]
+    assert part.rows == 0 and part.out.numel() == 64
+    assert compare_part(entry.spec, part)[0]
+    part.out[0] = 1.0
+    assert compare_part(entry.spec, part)[:2] == (False, "1 elements written by a 0-row launch")
+
+
+def test_the_bare_process_guard_blocks_cutlass_and_tvm_ffi() -> None:
+    finder = aot_driver._ForbiddenImport()
+    for name in ("cutlass", "cutlass.cute", "tvm_ffi", "tvm_ffi.core"):
+        with pytest.raises(ImportError, match="bare-driver process"):
+            finder.find_spec(name, None)
+    assert finder.find_spec("numpy", None) is None
+    code = "import cutlass, sys; from trtfuse.bench.aot_driver import require_bare_process; require_bare_process()"
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 1 and "has imported cutlass" in done.stderr
+
+
+def test_the_check_process_imports_no_cutlass_or_tvm_ffi() -> None:
+    """What `check` imports before its guard runs: the driver, the launch declarations, the specs, the reference."""
+    code = (
+        "import sys; from trtfuse.bench import aot_driver, reference; import trtfuse.kernels.specs;"
+        " print(aot_driver.forbidden_imported())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_check_summary_names_every_failure(capsys: pytest.CaptureFixture[str]) -> None:
+    results = [
+        CaseResult("000-rms-prefill", "ptx", "tokens=1", True, "", 0.01, 0.4),
+        CaseResult("000-rms-prefill", "cubin", "tokens=3 shifted=x", False, "x: 3 NaN elements", float("inf"), 9.0),
+    ]
+    report = {"gpu": "H200", "arch": "sm_90a", "sms": 132, "artifacts": 1, "cases": 2, "failed": 1, "aborted": ""}
+    report |= {"wall_s": 3.0, "seed": 7}
+    report |= {"forbidden_modules_imported": [], "results": [dataclasses.asdict(r) for r in results]}
+    aot_driver.print_check(report)
+    printed = capsys.readouterr().out
+    assert "FAIL 000-rms-prefill [cubin] tokens=3 shifted=x: x: 3 NaN elements" in printed
+    assert "2 cases, 1 failed; worst passing error 0.40 of the allowed" in printed and "imported: none" in printed
+
+
+class CpuLaunches:
+    """The driver and CUDA replaced on the CPU: every buffer a case allocates is registered by its pointer, and a
+    launch packs its arguments as the real one does, then writes the float64 reference through the unpacked
+    pointers (`faulty`: and leaves the last row of each output NaN)."""
+
+    def __init__(self, faulty: bool) -> None:
+        self.faulty = faulty
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.spec: object = None
+        launches = self
+
+        class Tensors(CaseTensors):
+            def __init__(self, entry: MatrixEntry, declaration: LaunchDeclaration, case: LaunchCase) -> None:
+                super().__init__(entry, declaration, case, device="cpu")
+                for part in self.parts.values():
+                    launches.tensors |= {t.data_ptr(): t for t in (part.x, part.weight, part.out)}
+                launches.spec = entry.spec
+
+        class Kernel:
+            def __init__(self, artifact: object, image: str) -> None:
+                self.declaration = artifact.declaration
+                self.image = image
+
+            def launch(self, pointers: dict[str, int], rows: tuple[int, ...], stream: int) -> None:
+                launches.launch(self.declaration, pointers, rows)
+
+            def unload(self) -> None:
+                pass
+
+        class Replay:
+            def __init__(self, kernel: Kernel, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
+                self.replay = lambda: kernel.launch(pointers, rows, 0)
+
+        self.tensors_class, self.kernel_class, self.replay_class = Tensors, Kernel, Replay
+
+    def view(self, pointer: int, rows: int, hidden: int) -> torch.Tensor:
+        return self.tensors[pointer].reshape(-1)[: rows * hidden].view(rows, hidden)
+
+    def launch(self, declaration: LaunchDeclaration, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
+        packed = pack_params(declaration, argument_values(declaration, pointers, rows))
+        values = dict(zip([p.name for p in declaration.params], unpack_params(declaration, packed), strict=True))
+        spec = self.spec
+        for part, n in zip(declaration.parts, rows, strict=True):
+            x_name, w_name, out_name = aot_driver.PART_TENSORS[part.name]
+            if n == 0:
+                continue
+            weight = None if spec.weight_dtype is None else self.tensors[values[w_name]]
+            out = self.view(values[out_name], n, part.hidden)
+            out.copy_(norm_reference(self.view(values[x_name], n, part.hidden), weight, spec.params, spec.out_dtype))
+            if self.faulty:
+                out[-1] = float("nan")
+
+
+@pytest.mark.parametrize("faulty", [False, True])
+def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faulty: bool) -> None:
+    """`check_artifacts` end to end on the CPU (CpuLaunches): manifest, both images, every case, the report."""
+    from trtfuse.kernels.declaration import KernelArtifact
+
+    entries = [(rms_entry("bfloat16", None), rms_declaration(64)), (qk_entry(), qk_declaration())]
+    manifest = {"format": aot_driver.MANIFEST_FORMAT, "arch": "sm_90a", "entries": []}
+    for i, (entry, declaration) in enumerate(entries):
+        aot_driver.write_artifact(tmp_path, f"e{i}", KernelArtifact(declaration, ".entry k()\n", b"\x7fELF"))
+        heads = None if entry.heads is None else list(entry.heads)
+        spec = aot_driver.spec_to_json(entry.spec)
+        manifest["entries"].append({"spec": spec, "heads": heads, "stems": {"PREFILL": f"e{i}"}})
+    (tmp_path / aot_driver.MANIFEST).write_text(json.dumps(manifest))
+    fakes = CpuLaunches(faulty)
+    monkeypatch.setattr(aot_driver, "DriverKernel", fakes.kernel_class)
+    monkeypatch.setattr(aot_driver, "CaseTensors", fakes.tensors_class)
+    monkeypatch.setattr(aot_driver, "captured_launch", fakes.replay_class)
+    monkeypatch.setattr(aot_driver, "bind_torch_context", lambda: None)
+    monkeypatch.setattr(aot_driver, "device_arch_and_sms", lambda: ("sm_90a", 4))
+    monkeypatch.setattr(aot_driver, "LARGE_ROWS", 40)
+    monkeypatch.setattr(aot_driver, "RAGGED_ROWS", 17)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+
+    report = aot_driver.check_artifacts(tmp_path)
+    per_image = len(launch_cases(rms_declaration(64), 4)) + len(launch_cases(qk_declaration(), 4))
+    per_image += 2 * len(aot_driver.NULL_POINTER_CASES)
+    assert report["cases"] == 2 * per_image and report["artifacts"] == 2
+    ran = {(r["artifact"], r["image"]) for r in report["results"]}
+    assert ran == {(stem, image) for stem in ("e0", "e1") for image in ("ptx", "cubin")}
+    failed = {r["case"] for r in report["results"] if not r["passed"]}
+    if faulty:
+        assert "tokens=0" not in failed and "tokens=3" in failed and "tokens=3 shifted=x,weight,y graph" in failed
+        assert report["failed"] == 2 * per_image - 8  # all but the 0-row launches (2 per image, 4 images)
+    else:
+        assert failed == set() and report["failed"] == 0
+
+
+# --- GPU: compile, then check in a bare-driver process ---------------------------------------------------------------
+
+
+def run_module(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "trtfuse.bench.aot_driver", *args]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    print(done.stdout[-6000:])
+    print(done.stderr[-6000:], file=sys.stderr)
+    return done
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with `python3 -m pytest -m gpu`)")
+def test_every_artifact_runs_correctly_from_the_bare_cuda_driver(tmp_path: Path) -> None:
+    given = os.environ.get(ARTIFACTS_ENV)
+    if given:
+        artifacts = Path(given)
+    else:
+        pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (the compile step needs it)")
+        artifacts = tmp_path / "artifacts"
+        jobs = str(min(8, os.cpu_count() or 1))
+        compiled = run_module(["compile", "--out", str(artifacts), "--jobs", jobs], timeout=COMPILE_TIMEOUT_S)
+        assert compiled.returncode == 0, compiled.stderr[-3000:]
+    report_path = Path(os.environ.get("TRTFUSE_AOT_CHECK_JSON") or tmp_path / "check.json")
+    report_path.unlink(missing_ok=True)
+    checked = run_module(["check", str(artifacts), "--json", str(report_path)], timeout=CHECK_TIMEOUT_S)
+    assert report_path.is_file(), f"check wrote no report (exit {checked.returncode}): {checked.stderr[-3000:]}"
+    report = json.loads(report_path.read_text())
+    failures = [
+        f"{r['artifact']} [{r['image']}] {r['case']}: {r['detail']}" for r in report["results"] if not r["passed"]
+    ]
+    assert report["forbidden_modules_imported"] == []
+    assert failures == [], "\n".join(failures[:30])
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    stems = {stem for entry in manifest["entries"] for stem in entry["stems"].values()}
+    ran = {(r["artifact"], r["image"]) for r in report["results"]}
+    # PTX whose ISA this driver does not know is not loaded (the report says why); every cubin must run.
+    unloadable = set(report["ptx_not_loadable"])
+    expected = {(stem, "cubin") for stem in stems} | {(stem, "ptx") for stem in stems - unloadable}
+    assert ran == expected
+    assert len(manifest["entries"]) == len(aot_driver.matrix())
+
+
+# --- CPU: the side-by-side benchmark's bookkeeping -------------------------------------------------------------------
+
+
+def test_the_benchmark_times_today_twice_around_every_tactic_and_keeps_the_faster() -> None:
+    pytest.importorskip("cutlass", reason="the AOT benchmark compiles artifacts with nvidia-cutlass-dsl")
+    from trtfuse.bench import aot_bench
+
+    timings = {"today": [10.0, 10.5], "prefill": [12.0], "decode": [9.0]}
+    order: list[str] = []
+
+    def call(name: str) -> aot_bench.Call:
+        return lambda i: order.append(name)
+
+    def time_one(c: aot_bench.Call) -> float:
+        c(0)
+        return timings[order[-1]].pop(0)
+
+    events: list[str] = []
+    row = aot_bench.timed_side_by_side(
+        call("today"),
+        {Tactic.PREFILL: call("prefill"), Tactic.DECODE: call("decode")},
+        time_one,
+        lambda: events.append("poison"),
+        lambda what: events.append(f"verify {what}"),
+    )
+    assert order == ["today", "prefill", "decode", "today"]
+    assert events[:2] == ["poison", "verify today_us"] and len(events) == 8
+    assert row["faster_tactic"] == "decode" and row["today_spread_pct"] == pytest.approx(5.0)
+    row = aot_bench.finish(row | {"timing": "graph", "shape": "8x4096"}, Tactic.DECODE)
+    assert row["aot_over_today"] == pytest.approx(9.0 / 10.25) and row["expected_tactic"] == "decode"
+    aot_bench.add_pct_copy(row, nbytes=4_000_000, copy_gbs=4000.0)
+    assert row["aot_decode_pct_copy"] == pytest.approx(100 * 4_000_000 / 9.0 / 1e3 / 4000.0)
+    assert "aot decode     9.00*" in aot_bench._line("rms 8x4096", row)
+
+
+def test_the_benchmark_expects_decode_up_to_one_row_per_sm() -> None:
+    pytest.importorskip("cutlass", reason="the AOT benchmark compiles artifacts with nvidia-cutlass-dsl")
+    from trtfuse.bench.aot_bench import expected_tactic
+
+    both = (Tactic.PREFILL, Tactic.DECODE)
+    assert expected_tactic(1, 132, both) is Tactic.DECODE
+    assert expected_tactic(132, 132, both) is Tactic.DECODE
+    assert expected_tactic(133, 132, both) is Tactic.PREFILL
+    assert expected_tactic(1, 132, (Tactic.PREFILL,)) is Tactic.PREFILL

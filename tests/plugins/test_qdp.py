@@ -1,0 +1,619 @@
+"""The AOT plugins: prepare_for_aot's nodes, the QDP definitions' signatures by tensorrt.plugin's rules, the one kind of
+plugin per process, and (where TensorRT exists) engines that build with them and run in a process without trtfuse.
+
+The signature tests read the functions `qdp_definitions` builds with stand-in types (plain classes in tensorrt.plugin's
+roles, nothing executed) and check them against the rules of tensorrt.plugin's _validate.py and _plugin_class.py
+(v10.9.0 and v11.1, unchanged between the two): what TensorRT would refuse at `@trtp.register` / `@trtp.autotune` /
+`@trtp.aot_impl`, and the positional call that would hand a field to the wrong parameter. Everything that needs
+TensorRT runs in subprocesses, so no registration leaks into the other tests of this process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+
+from trtfuse import contract
+from trtfuse.contract import WeightMode
+from trtfuse.contract.codec import from_qdp
+from trtfuse.fusion.aot_form import prepare_for_aot
+from trtfuse.fusion.fuse import fuse_model
+from trtfuse.plugins import qdp as aot
+
+from support.fused_models import FUSED_MODELS, attributes_of, rms_model, trtfuse_nodes
+from support.graphs import AttentionSpec, Builder, NormSpec, attention_block, rms_norm, single_norm
+from support.markers import needs_aot_tensorrt
+from support.paths import REPO_ROOT
+
+needs_tensorrt = needs_aot_tensorrt
+HIDDEN = 64
+ROOT = REPO_ROOT
+
+
+# --- the QDP definitions, by tensorrt.plugin's rules ----------------------------------------------------------------
+
+
+class TensorDesc:
+    """Stand-ins for tensorrt.plugin's types: only their identity matters to the signature rules."""
+
+
+class AutoTuneCombination:
+    def __init__(self, io_types: str, layouts: str, tactics: list[int]) -> None:
+        self.io_types, self.layouts, self.tactics = io_types, layouts, tactics
+
+
+class KernelLaunchParams:
+    pass
+
+
+class SymExprs:
+    pass
+
+
+class SymIntExprs(SymExprs):
+    pass
+
+
+STAND_INS = SimpleNamespace(
+    TensorDesc=TensorDesc,
+    AutoTuneCombination=AutoTuneCombination,
+    KernelLaunchParams=KernelLaunchParams,
+    SymIntExprs=SymIntExprs,
+)
+DEFINITIONS = {definition.op: definition for definition in aot.qdp_definitions(STAND_INS)}
+# tensorrt.plugin's _validate.py: names an attribute may not take.
+DISALLOWED_ATTR_NAMES = {"outputs", "stream", "tactic"}
+OUTPUT_COUNTS = {contract.RMS_NORM_OP: 1, contract.QK_NORM_OP: 2}
+
+
+def _kernel_inputs(op: str) -> list[str]:
+    from trtfuse.kernels.declaration import ParamRole, qk_norm_params, rms_norm_params
+
+    params = rms_norm_params() if op == contract.RMS_NORM_OP else qk_norm_params()
+    return [param.name for param in params if param.role is ParamRole.INPUT]
+
+
+def _split(function: typing.Callable) -> tuple[list[str], list[str], dict[str, object]]:
+    """(tensor names, attribute names, annotations) of a register-style signature, by _parse_register_inputs."""
+    tensors, attributes, annotations = [], [], {}
+    for name, param in inspect.signature(function).parameters.items():
+        annotations[name] = param.annotation
+        if name in ("outputs", "tactic"):
+            continue
+        (tensors if param.annotation is TensorDesc else attributes).append(name)
+    return tensors, attributes, annotations
+
+
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+def test_the_register_function_passes_tensorrt_plugin_rules(op: str) -> None:
+    definition = DEFINITIONS[op]
+    assert definition.plugin_id == f"trtfuse::{op}"
+    signature = inspect.signature(definition.register)
+    seen_attribute = False
+    for index, (name, param) in enumerate(signature.parameters.items()):
+        assert param.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert param.default is inspect.Parameter.empty, f"{name}: defaults are refused"
+        assert not isinstance(param.annotation, str), f"{name}: a string annotation fails issubclass"
+        if param.annotation is TensorDesc:
+            assert not seen_attribute, "TensorDescs come before every attribute"
+        else:
+            assert index > 0 and name not in DISALLOWED_ATTR_NAMES
+            # bytes: tensorrt.plugin makes a float or int field's value with float(data) / int(data) on a
+            # one-element array, which NumPy >= 2.4 refuses, and an NDArray annotation fails its issubclass checks
+            # on NumPy >= 2.5 and Python >= 3.13 (docs/plugins.md, "Attribute types").
+            assert param.annotation is bytes, f"{name}: {param.annotation}"
+            seen_attribute = True
+        # What _validate.py asks of every parameter: a class issubclass accepts.
+        issubclass(param.annotation, TensorDesc)
+    returned = signature.return_annotation
+    if OUTPUT_COUNTS[op] == 1:
+        assert returned is TensorDesc
+    else:
+        assert typing.get_origin(returned) is tuple and typing.get_args(returned) == (TensorDesc,) * OUTPUT_COUNTS[op]
+
+
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+def test_the_fields_are_the_contract_s_in_its_order_and_the_inputs_the_kernel_s(op: str) -> None:
+    tensors, attributes, _ = _split(DEFINITIONS[op].register)
+    assert tuple(attributes) == contract.OPS[op].fields
+    assert tensors == _kernel_inputs(op)
+
+
+@pytest.mark.parametrize("case", FUSED_MODELS, ids=list(FUSED_MODELS))
+def test_each_attribute_annotation_is_what_the_parser_s_field_becomes(case: str) -> None:
+    """The parser sends a FLOAT attribute as a FLOAT32 field and an INT as an INT32 one, whatever the creator
+    advertises; the plugin reads each field's bytes as the dtype its name says, so each prepared node's attribute
+    must be of that type."""
+    read_as = {name: onnx.AttributeProto.FLOAT for name in (contract.ATTR_EPSILON, contract.ATTR_WEIGHT_OFFSET)}
+    for node in trtfuse_nodes(prepare_for_aot(fuse_model(FUSED_MODELS[case]()).model)):
+        _, attributes, _ = _split(DEFINITIONS[node.op_type].register)
+        types_of = {attribute.name: attribute.type for attribute in node.attribute}
+        assert {name: types_of[name] for name in attributes} == {
+            name: read_as.get(name, onnx.AttributeProto.INT) for name in attributes
+        }
+
+
+def creator_value(annotation: object, field_data: np.ndarray) -> object:
+    """What tensorrt.plugin's create_plugin makes of a field for an attribute of `annotation` (_lib.py, v10.9.0 to
+    v11.1): `data.astype(dtype)` for a NumPy array type, else `annotation(data)`."""
+    if typing.get_origin(annotation) is np.ndarray:
+        (dtype,) = typing.get_args(typing.get_args(annotation)[1])
+        return field_data.astype(dtype)
+    return annotation(field_data)
+
+
+@pytest.mark.parametrize("case", FUSED_MODELS, ids=list(FUSED_MODELS))
+def test_the_creator_makes_each_field_s_value_from_a_one_element_array(case: str) -> None:
+    """TensorRT hands every field as a one-element array (pyPlugin.cpp's PluginField.data); the values the creator
+    makes from them must reach autotune and give the node's own epsilon, mode and sizes."""
+    for node in trtfuse_nodes(prepare_for_aot(fuse_model(FUSED_MODELS[case]()).model)):
+        definition = DEFINITIONS[node.op_type]
+        tensors, fields, annotations = _split(definition.register)
+        given = attributes_of(node)
+        dtypes = {onnx.AttributeProto.FLOAT: np.float32, onnx.AttributeProto.INT: np.int32}
+        types_of = {attribute.name: attribute.type for attribute in node.attribute}
+        values = [creator_value(annotations[n], np.array([given[n]], dtype=dtypes[types_of[n]])) for n in fields]
+        descs = [TensorDesc() for _ in tensors]
+        combinations = definition.autotune(*descs, *values, (None,) * OUTPUT_COUNTS[node.op_type])
+        assert combinations, node.name
+        params = from_qdp(contract.OPS[node.op_type], values).params
+        assert params.epsilon == float(np.float32(given[contract.ATTR_EPSILON]))
+        assert params.weight_mode is WeightMode(given[contract.ATTR_WEIGHT_MODE])
+
+
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+def test_aot_impl_and_autotune_take_every_field_in_registration_order(op: str) -> None:
+    """_validate_aot_impl wants (inputs..., attrs..., outputs, tactic) with the register function's names and types;
+    get_launch_params passes *all* fields by position, so aot_impl must declare all of them."""
+    definition = DEFINITIONS[op]
+    tensors, attributes, annotations = _split(definition.register)
+    for function, tail in ((definition.aot_impl, ["outputs", "tactic"]), (definition.autotune, ["outputs"])):
+        function_tensors, function_attributes, function_annotations = _split(function)
+        assert list(inspect.signature(function).parameters) == [*tensors, *attributes, *tail]
+        assert (function_tensors, function_attributes) == (tensors, attributes)
+        assert {name: function_annotations[name] for name in (*tensors, *attributes)} == {
+            name: annotations[name] for name in (*tensors, *attributes)
+        }
+        outputs = function_annotations["outputs"]
+        assert typing.get_origin(outputs) is tuple and typing.get_args(outputs) == (TensorDesc,) * OUTPUT_COUNTS[op]
+    assert _split(definition.aot_impl)[2]["tactic"] is int
+
+
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+def test_the_return_annotations_are_the_ones_tensorrt_plugin_accepts(op: str) -> None:
+    definition = DEFINITIONS[op]
+    kernel = inspect.signature(definition.aot_impl).return_annotation
+    assert typing.get_origin(kernel) is tuple
+    name, compiled, launch, extra = typing.get_args(kernel)
+    for text in (name, compiled):
+        assert all(arg in (str, bytes) for arg in (typing.get_args(text) or (text,)))
+    assert issubclass(launch, KernelLaunchParams) and issubclass(extra, SymExprs)
+    combinations = inspect.signature(definition.autotune).return_annotation
+    assert typing.get_origin(combinations) is list and typing.get_args(combinations) == (AutoTuneCombination,)
+
+
+@pytest.mark.parametrize("case", FUSED_MODELS, ids=list(FUSED_MODELS))
+def test_the_positional_call_gives_each_parameter_its_field(case: str) -> None:
+    """What TensorRT does with a prepared node: the parser copies the attributes the creator advertises, in the
+    creator's field order (the register signature's), and get_launch_params calls aot_impl(*inputs, *values,
+    outputs, tactic). Each parameter must receive the attribute of its own name."""
+    for node in trtfuse_nodes(prepare_for_aot(fuse_model(FUSED_MODELS[case]()).model)):
+        definition = DEFINITIONS[node.op_type]
+        tensors, creator_fields, _ = _split(definition.register)
+        given = attributes_of(node)
+        copied = [given[name] for name in creator_fields if name in given]
+        bound = inspect.signature(definition.aot_impl).bind(*node.input, *copied, "outputs", 1)
+        assert {name: bound.arguments[name] for name in creator_fields} == {
+            name: given[name] for name in creator_fields
+        }
+        assert [bound.arguments[name] for name in tensors] == list(node.input)
+
+
+def test_without_prepare_an_old_node_shifts_outputs_into_a_field() -> None:
+    """Why prepare_for_aot fills output_dtype: with one field fewer, `outputs` lands in output_dtype's slot."""
+    (node,) = trtfuse_nodes(rms_model(output_dtype=None))
+    definition = DEFINITIONS[node.op_type]
+    _, creator_fields, _ = _split(definition.register)
+    given = attributes_of(node)
+    copied = [given[name] for name in creator_fields if name in given]
+    bound = inspect.signature(definition.aot_impl).bind_partial(*node.input, *copied, "outputs", 1)
+    assert bound.arguments[contract.ATTR_OUTPUT_DTYPE] == "outputs"
+
+
+TYPE_NAMES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
+
+
+@pytest.mark.parametrize("mode", list(WeightMode), ids=[mode.name for mode in WeightMode])
+@pytest.mark.parametrize("output_dtype", sorted(contract.OUTPUT_DTYPE_CODES))
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+def test_autotune_offers_exactly_the_contract_s_dtype_pairs(op: str, output_dtype: str, mode: WeightMode) -> None:
+    """One combination per (activation, weight) dtype pair the contract allows, LINEAR, with the kernels' tactics;
+    in type strings _autotune.py's _str_to_data_type reads (FP32, FP16, or a trt.DataType name: BF16)."""
+    from trtfuse.kernels.artifacts import qk_norm_tactics, rms_norm_tactics
+    from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+
+    hidden = (HIDDEN,) if op == contract.RMS_NORM_OP else (16, 32)
+    code = contract.OUTPUT_DTYPE_CODES[output_dtype]
+    inputs = [None] * (2 * len(hidden))
+    fields = (np.float32(1e-6), np.float32(0.0), np.int32(mode), *(np.int32(h) for h in hidden), np.int32(code))
+    combinations = DEFINITIONS[op].autotune(*inputs, *(f.tobytes() for f in fields), (None,) * len(hidden))
+    seen = set()
+    params = contract.NormParams(1e-6, 0.0, mode)
+    for combination in combinations:
+        assert combination.layouts == "LINEAR"
+        names = [TYPE_NAMES[part.strip()] for part in combination.io_types.split(",")]
+        activations, weights, outputs = (
+            names[: len(hidden)],
+            names[len(hidden) : 2 * len(hidden)],
+            names[2 * len(hidden) :],
+        )
+        assert len(set(activations)) == len(set(weights)) == 1 and outputs == [output_dtype] * len(hidden)
+        dtype, weight = activations[0], weights[0]
+        assert contract.dtype_pair_problem(dtype, output_dtype) is None
+        spec_weight = None if mode is WeightMode.NONE else weight
+        if op == contract.RMS_NORM_OP:
+            tactics = rms_norm_tactics(RmsNormSpec(HIDDEN, dtype, spec_weight, params, output_dtype))
+        else:
+            tactics = qk_norm_tactics(QkNormSpec(16, 32, dtype, spec_weight, params, output_dtype))
+        assert combination.tactics == [int(tactic) for tactic in tactics] and all(t > 0 for t in combination.tactics)
+        seen.add((dtype, weight))
+    weights = (contract.AOT_PLACEHOLDER_WEIGHT_DTYPE,) if mode is WeightMode.NONE else contract.WEIGHT_DTYPES
+    allowed = {d for d in contract.ACTIVATION_DTYPES if contract.dtype_pair_problem(d, output_dtype) is None}
+    assert seen == {(dtype, weight) for dtype in allowed for weight in weights}
+    assert len(seen) == len(combinations)
+
+
+class IntShape:
+    """A shape whose "expressions" are ints: evaluates aot_impl's launch arithmetic for one concrete shape."""
+
+    def __init__(self, dims: tuple[int, ...]) -> None:
+        self.dims = dims
+
+    def numel(self) -> int:
+        return int(np.prod(self.dims))
+
+
+class IntLaunchParams:
+    def __init__(self) -> None:
+        self.grid_x = self.block_x = 1
+        self.shared_mem = 0
+
+
+# trtp's expression functions on ints. Only the arithmetic is checked here; trtp's own expression types are
+# exercised by the TensorRT tests.
+INT_EXPRESSIONS = SimpleNamespace(
+    cdiv=lambda a, b: -(-a // b),
+    max=max,
+    KernelLaunchParams=IntLaunchParams,
+    SymInt32=int,
+    SymIntExprs=SimpleNamespace(from_tuple=tuple),
+)
+
+
+@pytest.mark.parametrize(
+    ("op", "shapes"),
+    [
+        (contract.RMS_NORM_OP, [(4, 29, HIDDEN)]),
+        (contract.RMS_NORM_OP, [(1, 1, HIDDEN)]),
+        (contract.QK_NORM_OP, [(3, 5, 4, 16), (3, 5, 2, 32)]),
+        (contract.QK_NORM_OP, [(0, 4, 16), (0, 2, 32)]),
+    ],
+)
+def test_aot_impl_s_launch_is_the_declaration_s_for_the_activations_rows(op: str, shapes: list) -> None:
+    """The artifact's entry and PTX, block and shared memory, and the grid and scalars of the declaration's formula
+    for rows = element count // hidden of each activation, in order (q, then k)."""
+    from trtfuse.kernels.artifacts import qk_norm_artifact, rms_norm_artifact
+    from trtfuse.kernels.declaration import Tactic
+    from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+
+    params = contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
+    if op == contract.RMS_NORM_OP:
+        artifact = rms_norm_artifact(RmsNormSpec(HIDDEN, "float16", "float16", params), Tactic.PREFILL, "sm_90a")
+    else:
+        artifact = qk_norm_artifact(QkNormSpec(16, 32, "float16", "float16", params), Tactic.PREFILL, "sm_90a")
+    activations = [SimpleNamespace(shape_expr=IntShape(shape)) for shape in shapes]
+    name, ptx, launch, extra = aot._kernel(INT_EXPRESSIONS, artifact, activations)
+    declaration = artifact.declaration
+    rows = [int(np.prod(shape[:-1])) for shape in shapes]
+    assert (name, ptx) == (declaration.kernel_name, artifact.ptx) and f".entry {name}(" in ptx
+    assert (launch.grid_x, launch.block_x, launch.shared_mem) == (
+        declaration.grid_x(rows),
+        declaration.block_threads,
+        declaration.shared_mem,
+    )
+    assert extra == declaration.scalars(rows)
+
+
+# --- real TensorRT: register, build, and run where trtfuse is not ---------------------------------------------------
+
+REGISTER_SCRIPT = """
+import tensorrt as trt
+from trtfuse.errors import TrtfuseError
+from trtfuse.plugins.registry import register_aot, register_python
+register_aot()
+register_aot()
+names = {c.name for c in trt.get_plugin_registry().all_creators if getattr(c, "plugin_namespace", None) == "trtfuse"}
+assert {"TrtfuseRmsNorm", "TrtfuseQkNorm"} <= names, names
+try:
+    register_python()
+except TrtfuseError as error:
+    assert "\\n" not in str(error), error
+else:
+    raise SystemExit("the Python plugins registered beside the AOT ones")
+"""
+
+PYTHON_FIRST_SCRIPT = """
+from trtfuse.errors import TrtfuseError
+from trtfuse.plugins.registry import register_aot, register_python
+register_python()
+try:
+    register_aot()
+except TrtfuseError as error:
+    assert "\\n" not in str(error), error
+else:
+    raise SystemExit("the AOT plugins registered beside the Python ones")
+"""
+
+# Strongly typed, the ONNX dtypes kept as written: a flag below TensorRT 11 (from 11 every network is).
+TYPED_FLAGS = """
+def typed_flags(trt):
+    major = int(trt.__version__.split(".", 1)[0])
+    return 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if major < 11 else 0
+"""
+
+BUILD_SCRIPT = (
+    TYPED_FLAGS
+    + """
+import json, sys
+from pathlib import Path
+import onnx, tensorrt as trt
+from trtfuse.plugins.registry import register_aot
+from trtfuse.fusion.aot_form import prepare_for_aot
+
+fused, engine, shapes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+register_aot()
+logger = trt.Logger(trt.Logger.WARNING)
+builder = trt.Builder(logger)
+network = builder.create_network(typed_flags(trt))
+parser = trt.OnnxParser(network, logger)
+if not parser.parse(prepare_for_aot(onnx.load(fused)).SerializeToString()):
+    raise SystemExit("; ".join(parser.get_error(i).desc() for i in range(parser.num_errors)))
+config = builder.create_builder_config()
+config.clear_flag(trt.BuilderFlag.TF32)
+if shapes:
+    profile = builder.create_optimization_profile()
+    for name, (low, opt, high) in shapes.items():
+        profile.set_shape(name, low, opt, high)
+    config.add_optimization_profile(profile)
+serialized = builder.build_serialized_network(network, config)
+if serialized is None:
+    raise SystemExit("the build failed")
+Path(engine).write_bytes(bytes(serialized))
+"""
+)
+
+NETWORK_SCRIPT = (
+    TYPED_FLAGS
+    + """
+import sys
+from pathlib import Path
+import numpy as np, tensorrt as trt, tensorrt.plugin as trtp
+from trtfuse.plugins.registry import register_aot
+
+register_aot()
+hidden = int(sys.argv[2])
+logger = trt.Logger(trt.Logger.WARNING)
+builder = trt.Builder(logger)
+network = builder.create_network(typed_flags(trt))
+x = network.add_input("x", trt.float32, (-1, hidden))
+weight = np.linspace(0.5, 1.5, hidden, dtype=np.float32)
+w = network.add_constant((hidden,), trt.Weights(weight)).get_output(0)
+norm = network.add_plugin(
+    trtp.op.trtfuse.TrtfuseRmsNorm(
+        x,
+        w,
+        epsilon=np.float32(1e-6).tobytes(),
+        weight_offset=np.float32(0.0).tobytes(),
+        weight_mode=np.int32(1).tobytes(),
+        hidden_size=np.int32(hidden).tobytes(),
+        output_dtype=np.int32(1).tobytes(),
+    ),
+    aot=True,
+)
+y = norm.get_output(0)
+y.name = "y"
+network.mark_output(y)
+config = builder.create_builder_config()
+profile = builder.create_optimization_profile()
+profile.set_shape("x", (1, hidden), (8, hidden), (64, hidden))
+config.add_optimization_profile(profile)
+serialized = builder.build_serialized_network(network, config)
+if serialized is None:
+    raise SystemExit("the build failed")
+Path(sys.argv[1]).write_bytes(bytes(serialized))
+"""
+)
+
+# Runs an engine with nothing of trtfuse imported or registered: TensorRT and the CUDA runtime only.
+RUN_SCRIPT = """
+import sys
+import numpy as np, tensorrt as trt
+from cuda.bindings import runtime as cudart
+
+def check(result):
+    error = result[0] if isinstance(result, tuple) else result
+    if error != cudart.cudaError_t.cudaSuccess:
+        raise SystemExit(f"CUDA error {error}")
+    return result[1] if isinstance(result, tuple) and len(result) > 1 else None
+
+TO_DEVICE = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+TO_HOST = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+engine_path, feeds_path, out_path = sys.argv[1:4]
+logger = trt.Logger(trt.Logger.WARNING)
+engine = trt.Runtime(logger).deserialize_cuda_engine(open(engine_path, "rb").read())
+if engine is None:
+    raise SystemExit("the engine does not deserialise")
+context = engine.create_execution_context()
+stream = int(check(cudart.cudaStreamCreate()))
+names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+feeds = np.load(feeds_path)
+results = {}
+for run in sorted({key.split("__", 1)[0] for key in feeds.files}):
+    arrays = {
+        name: np.ascontiguousarray(feeds[f"{run}__{name}"], dtype=trt.nptype(engine.get_tensor_dtype(name)))
+        for name in inputs
+    }
+    for name, array in arrays.items():
+        context.set_input_shape(name, array.shape)
+    buffers = []
+    for name in names:
+        if name in arrays:
+            host = arrays[name]
+        else:
+            host = np.empty(tuple(context.get_tensor_shape(name)), dtype=trt.nptype(engine.get_tensor_dtype(name)))
+        device = check(cudart.cudaMalloc(max(host.nbytes, 1)))
+        if name in arrays:
+            check(cudart.cudaMemcpy(device, host.ctypes.data, host.nbytes, TO_DEVICE))
+        context.set_tensor_address(name, device)
+        buffers.append((name, host, device))
+    if not context.execute_async_v3(stream):
+        raise SystemExit("execute_async_v3 failed")
+    check(cudart.cudaStreamSynchronize(stream))
+    for name, host, device in buffers:
+        if name not in arrays:
+            check(cudart.cudaMemcpy(host.ctypes.data, device, host.nbytes, TO_HOST))
+            results[f"{run}__{name}"] = host
+        check(cudart.cudaFree(device))
+assert not any(m.split(".")[0] == "trtfuse" for m in sys.modules), "trtfuse was imported"
+assert not any(getattr(c, "plugin_namespace", None) == "trtfuse" for c in trt.get_plugin_registry().all_creators)
+np.savez(out_path, **results)
+"""
+
+
+@pytest.mark.parametrize(
+    "name", ["REGISTER_SCRIPT", "PYTHON_FIRST_SCRIPT", "BUILD_SCRIPT", "NETWORK_SCRIPT", "RUN_SCRIPT"]
+)
+def test_the_tensorrt_scripts_are_python(name: str) -> None:
+    """They run only where TensorRT exists; here at least they must compile."""
+    compile(globals()[name], name, "exec")
+
+
+def _python(script: str, *args: str) -> None:
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+
+
+def _run_fresh(
+    engine: Path, runs: dict[str, dict[str, np.ndarray]], tmp_path: Path
+) -> dict[str, dict[str, np.ndarray]]:
+    feeds = {f"{run}__{name}": array for run, arrays in runs.items() for name, array in arrays.items()}
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    _python(RUN_SCRIPT, str(engine), str(tmp_path / "feeds.npz"), str(tmp_path / "outputs.npz"))
+    outputs = np.load(tmp_path / "outputs.npz")
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for key in outputs.files:
+        run, name = key.split("__", 1)
+        found.setdefault(run, {})[name] = outputs[key]
+    return found
+
+
+def _reference(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(names, feed), strict=True))
+
+
+def _dynamic_norm(spec: NormSpec) -> onnx.ModelProto:
+    b = Builder()
+    b.output(rms_norm(b, b.input("x", ["batch", "sequence", HIDDEN], spec.dtype), spec))
+    return b.model()
+
+
+ENGINE_CASES = {
+    "rms-fp16-llama-dynamic": (
+        lambda: _dynamic_norm(NormSpec(dtype="float16")),
+        {"x": ((1, 1, HIDDEN), (2, 3, HIDDEN), (4, 32, HIDDEN))},
+        [{"x": (1, 1, HIDDEN)}, {"x": (4, 29, HIDDEN)}, {"x": (2, 3, HIDDEN)}],
+    ),
+    "rms-fp32-no-weight": (lambda: single_norm(NormSpec(weight="none")), {}, [{"x": (2, 3, HIDDEN)}]),
+    "qk-fp32-qwen3": (
+        lambda: attention_block(AttentionSpec("qk-head-dim")),
+        {},
+        [{"x": (2, 3, HIDDEN)}],
+    ),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_register_aot_registers_both_qdps_once_and_refuses_the_python_plugins() -> None:
+    _python(REGISTER_SCRIPT)
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_register_aot_is_refused_after_the_python_plugins() -> None:
+    _python(PYTHON_FIRST_SCRIPT)
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_tensorrt
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=list(ENGINE_CASES))
+def test_a_fused_model_builds_with_aot_plugins_and_runs_without_trtfuse(case: str, tmp_path: Path) -> None:
+    from trtfuse.verify.tolerances import tolerance_for
+
+    make, profile, shapes = ENGINE_CASES[case]
+    original = make()
+    fused = tmp_path / "fused.onnx"
+    onnx.save(fuse_model(original).model, str(fused))
+    engine = tmp_path / "model.engine"
+    _python(BUILD_SCRIPT, str(fused), str(engine), json.dumps(profile))
+    rng = np.random.default_rng(0)
+    input_dtypes = {
+        graph_input.name: onnx.helper.tensor_dtype_to_np_dtype(graph_input.type.tensor_type.elem_type)
+        for graph_input in original.graph.input
+    }
+    runs = {
+        f"run{index}": {name: rng.standard_normal(shape).astype(input_dtypes[name]) for name, shape in run.items()}
+        for index, run in enumerate(shapes)
+    }
+    results = _run_fresh(engine, runs, tmp_path)
+    dtype = "float16" if "fp16" in case else "float32"
+    for run, feed in runs.items():
+        expected = _reference(original, feed)
+        assert results[run].keys() == expected.keys()
+        for name, value in expected.items():
+            error = np.abs(results[run][name].astype(np.float64) - value)
+            relative = error / np.maximum(np.abs(value), 1e-3)
+            assert tolerance_for(dtype).accepts(float(error.max()), float(relative.max())), (run, name, error.max())
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+@needs_tensorrt
+def test_an_add_plugin_network_builds_and_runs_without_trtfuse(tmp_path: Path) -> None:
+    engine = tmp_path / "network.engine"
+    _python(NETWORK_SCRIPT, str(engine), str(HIDDEN))
+    rng = np.random.default_rng(1)
+    runs = {f"rows{rows}": {"x": rng.standard_normal((rows, HIDDEN)).astype(np.float32)} for rows in (1, 64, 5)}
+    results = _run_fresh(engine, runs, tmp_path)
+    weight = np.linspace(0.5, 1.5, HIDDEN, dtype=np.float32).astype(np.float64)
+    for run, feed in runs.items():
+        x = feed["x"].astype(np.float64)
+        expected = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(1e-6)) * weight
+        np.testing.assert_allclose(results[run]["y"], expected, rtol=1e-5, atol=1e-6)

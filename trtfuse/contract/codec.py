@@ -1,0 +1,244 @@
+"""The one codec of a fused node's fields: every transport decodes into `NodeFields`, validated here, and encodes
+from it.
+
+Transports: the node's ONNX attributes (what the pass writes, what `check`, the lowering and the AOT form read),
+TensorRT PluginFields (what the ONNX parser and a deserialised engine hand the Python plugins, as `RawField`s: the
+TensorRT side converts its own types), and QDP field bytes (what tensorrt.plugin hands the AOT plugins, by position).
+A bad value is one line naming where it came from, the field and the problem, whatever the transport.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from trtfuse.contract.nodes import (
+    ATTR_OUTPUT_DTYPE,
+    ATTR_WEIGHT_MODE,
+    FLOAT_FIELDS,
+    LOOKUP_ATTRIBUTES,
+    OPS,
+    OUTPUT_DTYPE_CODES,
+    FusedOp,
+    NormParams,
+    WeightMode,
+    dtype_of_code,
+)
+from trtfuse.errors import TrtfuseError
+
+INT32_MAX = 2**31 - 1
+_MODES = ", ".join(f"{mode.value} ({mode.name})" for mode in WeightMode)
+_CODES = ", ".join(f"{code} ({name})" for name, code in OUTPUT_DTYPE_CODES.items())
+
+
+class FieldError(TrtfuseError):
+    """One field's problem, before a transport says where the field came from."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class NodeFields:
+    """A fused node's fields, validated: `hidden_sizes` follows the op's parts, `output_dtype` is the normalised
+    outputs' dtype (a contract dtype name)."""
+
+    op: FusedOp
+    params: NormParams
+    hidden_sizes: tuple[int, ...]
+    output_dtype: str
+
+    @property
+    def has_weight(self) -> bool:
+        return self.params.weight_mode is not WeightMode.NONE
+
+    def numbers(self) -> dict[str, float | int]:
+        """Every field's number, in the op's field order (`output_dtype` as its ONNX code)."""
+        params = self.params
+        values = (
+            params.epsilon,
+            params.weight_offset,
+            int(params.weight_mode),
+            *self.hidden_sizes,
+            OUTPUT_DTYPE_CODES[self.output_dtype],
+        )
+        return dict(zip(self.op.fields, values, strict=True))
+
+    def onnx_attributes(self) -> dict[str, str | float | int]:
+        """The node's attributes: the parser's lookup strings, then every field."""
+        return {**LOOKUP_ATTRIBUTES, **self.numbers()}
+
+    def plugin_arrays(self) -> dict[str, np.ndarray]:
+        """Every field as the one-element float32 or int32 array a PluginField points at."""
+        return {
+            name: np.array([value], dtype=np.float32 if name in FLOAT_FIELDS else np.int32)
+            for name, value in self.numbers().items()
+        }
+
+
+def op_named(name: str) -> FusedOp:
+    op = OPS.get(name)
+    if op is None:
+        raise TrtfuseError(f"{name} is no trtfuse op ({', '.join(OPS)})")
+    return op
+
+
+def decode(op: FusedOp, values: Mapping[str, float | int]) -> NodeFields:
+    """NodeFields from every field's number (`output_dtype` as its ONNX code); FieldError for the first field that
+    is missing or out of the contract."""
+    for name in op.fields:
+        if name not in values:
+            raise FieldError(name, f"is missing ({op.name} takes {', '.join(op.fields)})")
+    epsilon, offset = float(values[op.fields[0]]), float(values[op.fields[1]])
+    if not (math.isfinite(epsilon) and epsilon >= 0.0):
+        raise FieldError(op.fields[0], f"is {epsilon!r}, not a finite non-negative number")
+    if not math.isfinite(offset):
+        raise FieldError(op.fields[1], f"is {offset!r}, not a finite number")
+    for name in FLOAT_FIELDS:
+        if float(np.float32(values[name])) != float(values[name]):
+            raise FieldError(name, f"is {float(values[name])!r}, not a float32 value")
+    mode = int(values[ATTR_WEIGHT_MODE])
+    if mode not in {member.value for member in WeightMode}:
+        raise FieldError(ATTR_WEIGHT_MODE, f"is {mode}, none of {_MODES}")
+    for name in op.hidden_fields:
+        if not 1 <= int(values[name]) <= INT32_MAX:
+            raise FieldError(name, f"is {values[name]}, not a positive int32 length")
+    output_dtype = dtype_of_code(int(values[ATTR_OUTPUT_DTYPE]))
+    if output_dtype is None:
+        raise FieldError(ATTR_OUTPUT_DTYPE, f"is {values[ATTR_OUTPUT_DTYPE]}, none of {_CODES}")
+    return NodeFields(
+        op=op,
+        params=NormParams(epsilon, offset, WeightMode(mode)),
+        hidden_sizes=tuple(int(values[name]) for name in op.hidden_fields),
+        output_dtype=output_dtype,
+    )
+
+
+# --- ONNX attributes -------------------------------------------------------------------------------------------------
+
+
+def from_node(node: onnx.NodeProto, where: str) -> NodeFields:
+    """The fields of a trtfuse node from its attributes. `where` ("FILE: node 'NAME'") starts every error line.
+
+    The lookup attributes, where present, must name trtfuse; other attributes (the parser's `aot`) are left alone."""
+    try:
+        op = op_named(node.op_type)
+    except TrtfuseError as error:
+        raise TrtfuseError(f"{where}: {error}") from None
+    values: dict[str, float | int] = {}
+    for attribute in node.attribute:
+        name = attribute.name
+        if name in LOOKUP_ATTRIBUTES:
+            given = helper.get_attribute_value(attribute)
+            if attribute.type != onnx.AttributeProto.STRING or given != LOOKUP_ATTRIBUTES[name].encode():
+                shown = given.decode(errors="replace") if isinstance(given, bytes) else given
+                raise TrtfuseError(
+                    f"{where}: attribute {name} is {shown!r}, not the string {LOOKUP_ATTRIBUTES[name]!r}"
+                )
+        elif name in op.fields:
+            expected = onnx.AttributeProto.FLOAT if name in FLOAT_FIELDS else onnx.AttributeProto.INT
+            if attribute.type != expected:
+                kind = onnx.AttributeProto.AttributeType.Name(expected).lower()
+                raise TrtfuseError(f"{where}: attribute {name} must be one {kind}")
+            values[name] = helper.get_attribute_value(attribute)
+    try:
+        return decode(op, values)
+    except FieldError as error:
+        raise TrtfuseError(f"{where}: attribute {error}") from None
+
+
+# --- TensorRT PluginFields -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RawField:
+    """A PluginField as the TensorRT side reads it: its name, its type's name (FLOAT32, INT32, CHAR...) and, for the
+    types whose data it can read, the data."""
+
+    name: str
+    type_name: str
+    data: np.ndarray | None
+
+
+_FLOAT_TYPES = ("FLOAT32", "FLOAT64")
+_INT_TYPES = ("INT32", "INT64")
+# A PluginField made without a type reads as bytes: tolerated for the lookup strings.
+_STRING_TYPES = ("CHAR", "UNKNOWN")
+
+
+def from_plugin_fields(op: FusedOp, fields: Iterable[RawField], label: str) -> NodeFields:
+    """The fields of a plugin from what TensorRT handed its creator. `label` ("OP 'node'") starts every error line.
+
+    The lookup attributes, which a caller may pass on as fields, must name trtfuse."""
+    values: dict[str, float | int] = {}
+    for field in fields:
+        name = field.name
+        try:
+            if name in LOOKUP_ATTRIBUTES:
+                _check_lookup_field(field)
+                continue
+            if name not in op.fields:
+                raise FieldError(name, f"is not a field of {op.name} (its fields: {', '.join(op.fields)})")
+            if name in values:
+                raise FieldError(name, "is given twice")
+            values[name] = _plugin_number(field)
+        except FieldError as error:
+            raise TrtfuseError(f"{label}: field {error}") from None
+    try:
+        return decode(op, values)
+    except FieldError as error:
+        raise TrtfuseError(f"{label}: field {error}") from None
+
+
+def _check_lookup_field(field: RawField) -> None:
+    if field.type_name not in _STRING_TYPES or field.data is None:
+        raise FieldError(field.name, f"must be a string (CHAR), got {field.type_name}")
+    given = np.asarray(field.data, dtype=np.int8).tobytes().rstrip(b"\0").decode("utf-8", "replace")
+    if given != LOOKUP_ATTRIBUTES[field.name]:
+        raise FieldError(field.name, f"is {given!r}, but this creator is {LOOKUP_ATTRIBUTES[field.name]!r}")
+
+
+def _plugin_number(field: RawField) -> float | int:
+    """The one number a field holds, exactly as TensorRT would read it (its type checked first: TensorRT's binding
+    cannot read the data of FLOAT16, BF16, FP8, INT4, FP4 or DIMS fields)."""
+    if field.name in FLOAT_FIELDS:
+        if field.type_name not in _FLOAT_TYPES:
+            raise FieldError(field.name, f"must be FLOAT32, got {field.type_name}")
+    elif field.type_name not in _INT_TYPES:
+        raise FieldError(field.name, f"must be INT32, got {field.type_name}")
+    data = np.asarray(field.data).reshape(-1)
+    if data.size != 1:
+        raise FieldError(field.name, f"must hold exactly one value, got {data.size}")
+    return float(data[0]) if field.name in FLOAT_FIELDS else int(data[0])
+
+
+# --- QDP field bytes ----------------------------------------------------------------------------------------------
+
+
+def from_qdp(op: FusedOp, raw: Sequence[bytes]) -> NodeFields:
+    """The fields of an AOT plugin from the raw bytes tensorrt.plugin hands each field, in the op's field order: 4
+    bytes as the ONNX parser sends FLOAT and INT attributes (FLOAT32, INT32), or 8 should a parser send them 64-bit."""
+    if len(raw) != len(op.fields):
+        raise TrtfuseError(f"{op.name}: {len(raw)} fields, expected {len(op.fields)} ({', '.join(op.fields)})")
+    values: dict[str, float | int] = {}
+    try:
+        for name, data in zip(op.fields, raw, strict=True):
+            values[name] = _qdp_number(name, data)
+        return decode(op, values)
+    except FieldError as error:
+        raise TrtfuseError(f"{op.name}: field {error}") from None
+
+
+def _qdp_number(name: str, data: bytes) -> float | int:
+    raw = bytes(data)
+    if len(raw) not in (4, 8):
+        raise FieldError(name, f"holds {len(raw)} bytes, not one 4- or 8-byte number")
+    kind = "f" if name in FLOAT_FIELDS else "i"
+    return np.frombuffer(raw, dtype=np.dtype(f"{kind}{len(raw)}"))[0].item()

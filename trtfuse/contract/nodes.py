@@ -1,0 +1,162 @@
+"""The plugin nodes the fusion pass writes and the TensorRT plugins and kernels implement.
+
+docs/plugin-nodes.md is the prose version of this module; the two must agree. Each fused node's op_type is the
+TensorRT plugin name, so TensorRT's ONNX parser maps it onto the creator registered under `PLUGIN_NAMESPACE`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+PLUGIN_NAMESPACE = "trtfuse"
+PLUGIN_VERSION = "1"
+# Fused nodes live in their own ONNX domain so onnx.checker accepts them; TensorRT's parser keys plugins on op_type.
+ONNX_DOMAIN = "trtfuse"
+ONNX_DOMAIN_VERSION = 1
+
+
+class WeightMode(enum.IntEnum):
+    """Where the weight multiply happens relative to the rounding of the normalised value.
+
+    With r = rsqrt(mean(x², last axis) + eps) computed in fp32, w' = w + weight_offset in fp32, T the output dtype
+    (`output_dtype`) and R the node's 16-bit dtype (x's dtype when x is 16-bit, else T; `rounding_dtype`):
+    NONE         y = T(x·r)
+    AFTER_CAST   y = T(R(x·r) · w')    Llama, Mistral, Qwen, Phi-3, DeepSeek, ONNX RMSNormalization: normalise, round,
+                                       then scale.
+    BEFORE_CAST  y = T(x·r · w')       Gemma (offset 1), OLMo2 (offset 0): scale in fp32, then round.
+    When x and y are both fp32, R is fp32 and AFTER_CAST and BEFORE_CAST are the same function.
+    """
+
+    NONE = 0
+    AFTER_CAST = 1
+    BEFORE_CAST = 2
+
+
+@dataclass(frozen=True)
+class NormParams:
+    """The formula's constants every fused node carries (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE).
+
+    The match, the fused-node record, the plugin config, the kernel specs and the kernel math all embed this one
+    value; epsilon and weight_offset are float32 values held exactly in Python floats."""
+
+    epsilon: float
+    weight_offset: float
+    weight_mode: WeightMode
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        object.__setattr__(self, "weight_offset", float(self.weight_offset))
+        object.__setattr__(self, "weight_mode", WeightMode(self.weight_mode))
+
+
+# The parser looks a plugin up by these two string attributes (and the op type); the pass writes both.
+ATTR_NAMESPACE = "plugin_namespace"
+ATTR_VERSION = "plugin_version"
+LOOKUP_ATTRIBUTES = {ATTR_NAMESPACE: PLUGIN_NAMESPACE, ATTR_VERSION: PLUGIN_VERSION}
+# The fields, every one required: numbers, float32 or int32.
+ATTR_EPSILON = "epsilon"  # float32
+ATTR_WEIGHT_OFFSET = "weight_offset"  # float32
+ATTR_WEIGHT_MODE = "weight_mode"  # int, a WeightMode
+ATTR_HIDDEN = "hidden_size"  # int: length of the normalised (last) axis
+ATTR_Q_HIDDEN = "q_hidden_size"
+ATTR_K_HIDDEN = "k_hidden_size"
+ATTR_OUTPUT_DTYPE = "output_dtype"  # int, an ONNX TensorProto code (OUTPUT_DTYPE_CODES): the normalised outputs' dtype
+FLOAT_FIELDS = frozenset({ATTR_EPSILON, ATTR_WEIGHT_OFFSET})
+# `aot` (INT, 1) is the ONNX parser's node attribute that asks for a QDP's AOT implementation (fusion/aot_form.py);
+# weight_mode NONE nodes built as AOT get a never-read weight of [H] zeros in this dtype, as a QDP's input count is
+# fixed.
+ATTR_AOT = "aot"
+AOT_PLACEHOLDER_WEIGHT_DTYPE = "float32"
+
+ACTIVATION_DTYPES = ("float32", "float16", "bfloat16")
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
+# ONNX TensorProto element types of the output dtypes (onnx.TensorProto.FLOAT, FLOAT16, BFLOAT16).
+OUTPUT_DTYPE_CODES = {"float32": 1, "float16": 10, "bfloat16": 16}
+_DTYPES_BY_CODE = {code: name for name, code in OUTPUT_DTYPE_CODES.items()}
+
+
+def dtype_of_code(code: int) -> str | None:
+    """The contract dtype of an ONNX element type code, or None for a code outside OUTPUT_DTYPE_CODES."""
+    return _DTYPES_BY_CODE.get(code)
+
+
+def rounding_dtype(dtype: str, output_dtype: str) -> str:
+    """R of the semantics: the dtype AFTER_CAST rounds the normalised value to, the node's 16-bit side."""
+    return dtype if dtype != "float32" else output_dtype
+
+
+def dtype_pair_problem(dtype: str, output_dtype: str) -> str | None:
+    """Why an (input, output) dtype pair is outside the contract, or None when it is inside."""
+    if dtype not in ACTIVATION_DTYPES:
+        return f"input dtype {dtype} is not one of {', '.join(ACTIVATION_DTYPES)}"
+    if output_dtype not in ACTIVATION_DTYPES:
+        return f"output dtype {output_dtype} is not one of {', '.join(ACTIVATION_DTYPES)}"
+    if "float32" not in (dtype, output_dtype) and dtype != output_dtype:
+        return f"input dtype {dtype} and output dtype {output_dtype} are two different 16-bit dtypes"
+    return None
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """One plugin op: its tensors by position and its fields in serialisation order.
+
+    A node normalises one or more parts, each over rows of its own hidden size (`hidden_fields[i]`); every activation
+    and output belongs to a part, and each part has one weight input (none when weight_mode is NONE). Every
+    activation shares one dtype, every weight one dtype of its own; normalised outputs are in `output_dtype`, the
+    others (a residual sum) in the activations' dtype."""
+
+    name: str
+    activations: tuple[str, ...]
+    activation_parts: tuple[int, ...]
+    weights: tuple[str, ...]
+    outputs: tuple[str, ...]
+    output_parts: tuple[int, ...]
+    normalised_outputs: tuple[bool, ...]
+    hidden_fields: tuple[str, ...]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every field, in the order the plugins serialise them and tensorrt.plugin hands them to a QDP."""
+        return (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, *self.hidden_fields, ATTR_OUTPUT_DTYPE)
+
+    def inputs(self, weighted: bool) -> tuple[str, ...]:
+        """The input names by position: activations, then (unless weight_mode is NONE) the weights."""
+        return self.activations + (self.weights if weighted else ())
+
+
+RMS_NORM = FusedOp(
+    name="TrtfuseRmsNorm",
+    activations=("x",),
+    activation_parts=(0,),
+    weights=("weight",),
+    outputs=("y",),
+    output_parts=(0,),
+    normalised_outputs=(True,),
+    hidden_fields=(ATTR_HIDDEN,),
+)
+# The q-norm and k-norm of one attention block: one launch, shared constants, each part with its own weight.
+QK_NORM = FusedOp(
+    name="TrtfuseQkNorm",
+    activations=("q", "k"),
+    activation_parts=(0, 1),
+    weights=("q_weight", "k_weight"),
+    outputs=("q_out", "k_out"),
+    output_parts=(0, 1),
+    normalised_outputs=(True, True),
+    hidden_fields=(ATTR_Q_HIDDEN, ATTR_K_HIDDEN),
+)
+OPS = {op.name: op for op in (RMS_NORM, QK_NORM)}
+RMS_NORM_OP = RMS_NORM.name
+QK_NORM_OP = QK_NORM.name
+FUSED_OPS = tuple(OPS)
+
+
+class PluginKind(str, enum.Enum):
+    """How an engine's trtfuse nodes run. AOT: TensorRT embeds the kernels and launches them itself, so the engine
+    runs in any TensorRT runtime without Python. PYTHON: IPluginV3 plugins that call back into a Python process with
+    trtfuse imported, registered before the engine is deserialised. Both kinds implement the nodes above under one
+    name, namespace and version, so a process registers one kind."""
+
+    AOT = "aot"
+    PYTHON = "python"

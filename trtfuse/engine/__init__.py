@@ -1,0 +1,1 @@
+"""TensorRT engines: profiles, build, the engine file and sidecar, run, compare, leak check."""

@@ -1,0 +1,262 @@
+"""Build a TensorRT engine from a fused model, written atomically with its sidecar.
+
+The TensorRT calls live in `build_engine` and its helpers here; the options and plugin-kind policy
+(`build_options`), the parser's errors (`parser_errors`), the progress lines (`progress`) and the sidecar's schema
+(`sidecar`) are plain Python that the CPU tests exercise.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+
+import onnx
+
+import trtfuse
+from trtfuse import contract
+from trtfuse.contract import PluginKind
+from trtfuse.engine.build_options import BuildOptions, aot_refusal_of, plugin_kind_for
+from trtfuse.engine.parser_errors import ParserIssue, parser_error_line
+from trtfuse.engine.profiles import Profile
+from trtfuse.engine.progress import BuildProgress, progress_monitor
+from trtfuse.engine.sidecar import make_sidecar, write_sidecar
+from trtfuse.engine.tensorrt import import_tensorrt, plugin_creation_errors, register_plugins
+from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
+from trtfuse.files import write_bytes_atomic
+from trtfuse.fusion.aot_form import prepare_for_aot
+from trtfuse.fusion.fused_nodes import plugin_node_counts
+from trtfuse.model.onnx_file import LoadedModel
+
+# From this major version every network is strongly typed and the STRONGLY_TYPED flag is deprecated and ignored.
+ALWAYS_STRONGLY_TYPED_MAJOR = 11
+# The network flag that asks the parser for a plugin's AOT implementation (NvInfer.h: 3 in 10.9, 2 in 11.x, hence
+# the name); trtfuse's AOT nodes also carry the node attribute that demands it.
+PREFER_AOT_FLAG = "PREFER_AOT_PYTHON_PLUGINS"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    engine_path: Path
+    sidecar_path: Path
+    sidecar: dict
+    seconds: float
+
+    @property
+    def plugin_kind(self) -> PluginKind:
+        return PluginKind(self.sidecar["build"]["plugins"])
+
+
+def plugins_used(model: onnx.ModelProto) -> list[dict]:
+    """Each trtfuse plugin the fused graph uses, with its namespace, version and number of nodes (the sidecar's
+    `plugins`)."""
+    return [
+        {"name": op, "namespace": contract.PLUGIN_NAMESPACE, "version": contract.PLUGIN_VERSION, "nodes": count}
+        for op, count in plugin_node_counts(model).items()
+        if count
+    ]
+
+
+def tool_versions(tensorrt_version: str) -> dict[str, str]:
+    return {
+        "trtfuse": trtfuse.__version__,
+        "tensorrt": tensorrt_version,
+        "nvidia-cutlass-dsl": _distribution_version("nvidia-cutlass-dsl"),
+    }
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def gpu_name() -> str:
+    """The name of GPU 0 as the driver reports it (nvidia-smi needs no Python CUDA package)."""
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "--id=0"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> int:
+    """Strongly typed, so the fp16/bf16 types of the ONNX graph are kept as written: the flag below TensorRT 11, where
+    it is deprecated (and every network is strongly typed). For AOT plugins, the flag that prefers them, where this
+    TensorRT has it."""
+    flags = 0
+    major = int(str(trt.__version__).split(".", 1)[0])
+    if major < ALWAYS_STRONGLY_TYPED_MAJOR:
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    prefer_aot = getattr(trt.NetworkDefinitionCreationFlag, PREFER_AOT_FLAG, None)
+    if plugins is PluginKind.AOT and prefer_aot is not None:
+        flags |= 1 << int(prefer_aot)
+    return flags
+
+
+def shape_tensor_inputs(network: object) -> set[str]:
+    """Names of the network inputs TensorRT reads as shape tensors (their values, not only their shapes, shape the
+    network): a profile gives them value ranges."""
+    inputs = (network.get_input(index) for index in range(network.num_inputs))
+    return {tensor.name for tensor in inputs if tensor.is_shape_tensor}
+
+
+def add_profiles(
+    trt_builder: object,
+    config: object,
+    profiles: Sequence[Profile],
+    shape_inputs: frozenset[str] | set[str] = frozenset(),
+) -> None:
+    """Each trtfuse profile as a TensorRT optimisation profile; a profile TensorRT refuses is a one-line error.
+
+    `shape_inputs` (from `shape_tensor_inputs`) get the value ranges a profile records for length inputs
+    (`past_sequence_length`, `total_sequence_length`); other inputs need only their shapes."""
+    for profile in profiles:
+        trt_profile = trt_builder.create_optimization_profile()
+        ranges = [("shapes", trt_profile.set_shape, name, shape) for name, shape in profile.shapes.items()]
+        ranges += [
+            ("values", trt_profile.set_shape_input, name, values)
+            for name, values in profile.values.items()
+            if name in shape_inputs
+        ]
+        for what, setter, name, bounds in ranges:
+            try:
+                setter(name, bounds.min, bounds.opt, bounds.max)
+            except (RuntimeError, TypeError) as error:
+                raise TrtfuseError(
+                    f"profile '{profile.name}': TensorRT refused the {what} of input '{name}' ({bounds}): "
+                    f"{first_line(error)}"
+                ) from None
+        if config.add_optimization_profile(trt_profile) < 0:
+            raise TrtfuseError(
+                f"profile '{profile.name}': TensorRT refused the optimisation profile (an input without shapes, or "
+                "shapes not ordered min <= opt <= max); its log above says which"
+            )
+
+
+def create_builder(trt: ModuleType, logger: object) -> object:
+    """A TensorRT builder, or MissingDependencyError when TensorRT finds no GPU it can use."""
+    try:
+        builder = trt.Builder(logger)
+    except (TypeError, RuntimeError) as error:
+        raise MissingDependencyError(
+            f"TensorRT {trt.__version__} could not start: no usable NVIDIA GPU or driver ({error})"
+        ) from None
+    if builder is None:
+        raise MissingDependencyError(f"TensorRT {trt.__version__} could not start: no usable NVIDIA GPU or driver")
+    return builder
+
+
+def _parse_issue(error: object) -> ParserIssue:
+    return ParserIssue(error.node(), error.node_name(), error.node_operator(), error.desc())
+
+
+def _read_timing_cache(path: Path | None) -> bytes:
+    if path is None or not path.exists():
+        return b""
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise TrtfuseError(f"{path}: cannot read the timing cache ({error.strerror})") from None
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _model_to_parse(plugins: PluginKind, fused: LoadedModel) -> onnx.ModelProto:
+    """The model TensorRT's parser reads: the fused model as written for the Python plugins; for AOT, its AOT form
+    (every attribute present, the node attribute that asks for AOT), made in memory so the file stays as `fuse`
+    writes it."""
+    if plugins is PluginKind.PYTHON:
+        return fused.model
+    return prepare_for_aot(fused.model, source=fused.path)
+
+
+def build_engine(
+    fused: LoadedModel,
+    engine_path: Path,
+    options: BuildOptions,
+    emit: Callable[[str], None] = _stderr_line,
+) -> BuildResult:
+    """Parse the fused model (`fused.model`, written at `fused.path`, against which its external data resolves) with
+    one kind of trtfuse plugins registered (`options.plugins`, else the default for the installed TensorRT), build one
+    engine for all profiles, write it with a sidecar that records the kind."""
+    for path in (engine_path, options.timing_cache):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise TrtfuseError(f"{path}: output folder does not exist")
+    timing_cache_bytes = _read_timing_cache(options.timing_cache)
+    trt = import_tensorrt()
+    options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
+    model_to_parse = _model_to_parse(options.plugins, fused)
+    register_plugins(options.plugins)
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = create_builder(trt, logger)
+    network = builder.create_network(network_flags(trt, options.plugins))
+    parser = trt.OnnxParser(network, logger)
+    plugin_creation_errors()
+    # `path` is the model file, not its folder: onnx-tensorrt replaces the path's last component with each tensor's
+    # location (WeightsContext::parseExternalWeights), so external data resolves as for parse_from_file.
+    parsed = parser.parse(model_to_parse.SerializeToString(), str(fused.path.absolute()))
+    if not parsed or parser.num_errors:
+        issues = [_parse_issue(parser.get_error(index)) for index in range(parser.num_errors)]
+        # The parser's node indices are those of the model it read.
+        raise TrtfuseError(parser_error_line(fused.path, issues, model_to_parse, plugin_creation_errors()))
+
+    config = builder.create_builder_config()
+    add_profiles(builder, config, options.profiles, shape_tensor_inputs(network))
+    config.builder_optimization_level = options.optimization_level
+    if not options.allow_tf32:
+        config.clear_flag(trt.BuilderFlag.TF32)
+    if options.workspace_bytes is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
+    if not config.set_timing_cache(config.create_timing_cache(timing_cache_bytes), ignore_mismatch=False):
+        # A cache from another TensorRT version or GPU: start a fresh one (written back after the build).
+        emit(f"timing cache {options.timing_cache} does not fit this TensorRT and GPU; starting a fresh one")
+        config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
+    # Held in a local: TensorRT requires the monitor to outlive every object that uses it.
+    monitor = progress_monitor(trt, BuildProgress(emit))
+    config.progress_monitor = monitor
+
+    if options.plugins is PluginKind.AOT:
+        from trtfuse.plugins.qdp import take_embedded_ptx_isas
+
+        take_embedded_ptx_isas()  # what an earlier build in this process embedded
+    started = time.monotonic()
+    serialized = builder.build_serialized_network(network, config)
+    seconds = time.monotonic() - started
+    if serialized is None:
+        raise TrtfuseError(f"{fused.path}: TensorRT could not build an engine; its messages above say why")
+    timing_cache = config.get_timing_cache()
+    if options.timing_cache is not None and timing_cache is not None:
+        write_bytes_atomic(options.timing_cache, memoryview(timing_cache.serialize()))
+    build = options.to_json()
+    if options.plugins is PluginKind.AOT:
+        from trtfuse.plugins.qdp import take_embedded_ptx_isas
+
+        # The driver that runs the engine JIT-compiles this PTX: `trtfuse run` checks it against the driver it finds.
+        build["ptx_isa"] = take_embedded_ptx_isas()
+    sidecar = make_sidecar(
+        engine_path=engine_path,
+        fused_model_path=fused.path,
+        versions=tool_versions(trt.__version__),
+        gpu=gpu_name(),
+        plugins=plugins_used(fused.model),
+        profiles=options.profiles,
+        build=build,
+    )
+    write_bytes_atomic(engine_path, memoryview(serialized))
+    sidecar_path = write_sidecar(engine_path, sidecar)
+    return BuildResult(engine_path, sidecar_path, sidecar, seconds)

@@ -1,0 +1,105 @@
+"""`trtfuse compare`: the original model against a TensorRT engine or, where there is none (CI), against the fused
+ONNX model, which is `trtfuse check` itself. Either way the steps, runs and verdict are `verify.verdict.judge_steps`'s;
+only the candidate differs (for an engine, an `EngineSession`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtfuse.engine.engine_file import EngineFile
+from trtfuse.engine.session import ENGINE_RUNNER, EngineSession
+from trtfuse.engine.tensorrt import import_tensorrt
+from trtfuse.errors import TrtfuseError
+from trtfuse.model.feeds import StepFeed
+from trtfuse.model.onnx_file import LoadedModel, load_model
+from trtfuse.verify.check import check_fused, step_feeds
+from trtfuse.verify.onnxrt import original_runner
+from trtfuse.verify.tolerances import Tolerance
+from trtfuse.verify.verdict import CheckResult, judge_for, judge_steps
+
+ORIGINAL_RUNNER = "onnxruntime-original"
+LOWERED_RUNNER = "onnxruntime-fused-lowered"
+
+
+@dataclass(frozen=True)
+class ComparisonReport:
+    original: Path
+    candidate: Path
+    candidate_runner: str
+    result: CheckResult
+
+    @property
+    def passed(self) -> bool:
+        return self.result.passed
+
+    def to_json(self) -> dict:
+        return {
+            "original": str(self.original),
+            "candidate": str(self.candidate),
+            "runners": [ORIGINAL_RUNNER, self.candidate_runner],
+            **self.result.to_json(),
+        }
+
+
+def is_engine(path: Path) -> bool:
+    return path.suffix.lower() != ".onnx"
+
+
+def compare(
+    original_path: Path,
+    candidate_path: Path,
+    seed: int = 0,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    *,
+    tolerance: Tolerance | None = None,
+    feeds: Sequence[StepFeed] | None = None,
+    inputs_file: Path | None = None,
+    save_inputs: Path | None = None,
+    loaded_original: LoadedModel | None = None,
+) -> ComparisonReport:
+    """Judge the candidate (an engine, or a fused .onnx) against the original at each step of `feeds` (by default
+    the original's `default_feeds`; for an engine without `shapes` or `dims`, at its first profile's OPT shapes), the
+    feeds saved to `save_inputs` first when asked; an engine's file and sidecar are read once, and the original
+    once (`loaded_original`: the caller's, already loaded from `original_path`)."""
+    if not candidate_path.exists():
+        raise TrtfuseError(f"{candidate_path}: no such file")
+    original = loaded_original if loaded_original is not None else load_model(original_path)
+    if not is_engine(candidate_path):
+        fused = load_model(candidate_path)
+        result = check_fused(
+            original,
+            fused,
+            seed,
+            shapes,
+            dims,
+            tolerance=tolerance,
+            feeds=feeds,
+            inputs_file=inputs_file,
+            save_inputs=save_inputs,
+        )
+        return ComparisonReport(original_path, candidate_path, LOWERED_RUNNER, result)
+    engine = EngineFile.open(candidate_path)
+    import_tensorrt()
+    feeds = step_feeds(original, seed, engine.feed_shapes(shapes, dims), dims, feeds, save_inputs)
+    judge = judge_for(original, tolerance)
+    runner, note = original_runner(original)
+    with _polygraphy_quiet(), EngineSession(engine) as session:
+        result = judge_steps(runner, session.infer, feeds, judge, None if inputs_file else seed, inputs_file, note)
+    return ComparisonReport(original_path, candidate_path, ENGINE_RUNNER, result)
+
+
+@contextlib.contextmanager
+def _polygraphy_quiet() -> Iterator[None]:
+    """trtfuse prints its own report and error line; Polygraphy's log, even its critical line, would repeat them."""
+    try:
+        from polygraphy.logger import G_LOGGER
+    except ImportError:
+        yield
+        return
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
+        yield

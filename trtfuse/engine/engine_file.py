@@ -1,0 +1,82 @@
+"""The engine artefact: a serialised TensorRT engine and its sidecar (`engine.sidecar`), opened once.
+
+`run`, `compare`, the leak check and `polygraphy run --trtfuse` open an engine with `EngineFile.open` and hand the
+object on; the sidecar gives the fused model the engine was built from, its optimisation profiles and its plugin
+kind. An engine without a sidecar runs as a Python-plugin engine on inputs the user gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtfuse.contract import PluginKind
+from trtfuse.engine.profiles import Profile
+from trtfuse.engine.sidecar import Sidecar, read_sidecar, sidecar_path_for
+from trtfuse.errors import Choice, OptionError, TrtfuseError
+from trtfuse.model.feeds import make_feed
+from trtfuse.model.onnx_file import load_model
+
+
+def check_engine_path(path: Path) -> None:
+    """An engine is a regular file: one line for a missing path, a folder, a FIFO or a device."""
+    if not path.exists():
+        raise TrtfuseError(f"{path}: no such engine file")
+    if not path.is_file():
+        raise TrtfuseError(f"{path}: not an engine file (not a regular file)")
+
+
+@dataclass(frozen=True)
+class EngineFile:
+    """An engine path and its sidecar, read once; without a sidecar, no profiles, no fused model and the Python
+    plugin kind."""
+
+    path: Path
+    sidecar: Sidecar | None
+
+    @staticmethod
+    def open(path: Path) -> EngineFile:
+        check_engine_path(path)
+        return EngineFile(path, read_sidecar(path))
+
+    @property
+    def profiles(self) -> tuple[Profile, ...]:
+        return self.sidecar.profiles if self.sidecar else ()
+
+    @property
+    def plugin_kind(self) -> PluginKind:
+        return self.sidecar.plugin_kind if self.sidecar else PluginKind.PYTHON
+
+    @property
+    def fused_model_path(self) -> Path:
+        """The fused model the sidecar names, in the engine's folder."""
+        if self.sidecar is None:
+            raise OptionError(
+                "inputs",
+                f"{self.path}: no sidecar beside the engine ({sidecar_path_for(self.path).name}, written by trtfuse "
+                "compile) to make inputs from; give them with ",
+                Choice("inputs"),
+                " FILE.npz",
+            )
+        return self.path.absolute().parent / self.sidecar.fused_model
+
+    def feed_shapes(
+        self, shapes: Mapping[str, Sequence[int]] | None, dims: Mapping[str, int] | None
+    ) -> Mapping[str, Sequence[int]] | None:
+        """The shapes to feed the engine: `shapes` as given; without shapes or dims, the first profile's OPT shapes."""
+        if not shapes and not dims and self.profiles:
+            return self.profiles[0].opt_shapes()
+        return shapes
+
+    def generated_feed(
+        self,
+        seed: int,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        dims: Mapping[str, int] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Random inputs for the engine's fused model, at `feed_shapes`."""
+        model = load_model(self.fused_model_path).model
+        return make_feed(model, seed, shapes=self.feed_shapes(shapes, dims), dims=dims)

@@ -1,0 +1,154 @@
+"""The plugin nodes of a fused model, read once: each node's fields decoded by the contract's codec, and its tensors
+checked against the op (input count for its weight mode, one activation dtype inside the contract's pairs, declared
+output dtypes, hidden sizes against the activations' static last dims). A foreign or hand-edited file may hold
+anything; each problem is one line naming the file and the node. The lowering, the AOT form, `check` and the node
+counts of every report read the nodes through here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from trtfuse import contract
+from trtfuse.contract.codec import NodeFields, from_node
+from trtfuse.errors import TrtfuseError
+from trtfuse.model.interface import elem_type_name
+
+
+@dataclass(frozen=True)
+class PluginNode:
+    """One trtfuse node of a graph with its decoded fields; `dtype` is its activations' dtype (None where neither
+    the graph nor shape inference says)."""
+
+    node: onnx.NodeProto
+    fields: NodeFields
+    dtype: str | None
+    where: str
+
+    @property
+    def op(self) -> contract.FusedOp:
+        return self.fields.op
+
+    @property
+    def activations(self) -> tuple[str, ...]:
+        return tuple(self.node.input[: len(self.op.activations)])
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return tuple(self.node.input[len(self.op.activations) :])
+
+    def output_dtype(self, index: int) -> str | None:
+        """The dtype output `index` has by the contract: `output_dtype` for a normalised output, else the
+        activations'."""
+        return self.fields.output_dtype if self.op.normalised_outputs[index] else self.dtype
+
+
+def node_label(node: onnx.NodeProto) -> str:
+    return node.name or (node.output[0] if node.output else "")
+
+
+def plugin_nodes(model: onnx.ModelProto, source: str | Path = "the fused model") -> list[PluginNode]:
+    """Every node of the main graph in the trtfuse domain, read and checked; `source` names the file in errors."""
+    types = TensorTypes(model)
+    nodes = []
+    for node in model.graph.node:
+        if node.domain != contract.ONNX_DOMAIN:
+            continue
+        where = f"{source}: node '{node_label(node)}'"
+        fields = from_node(node, where)
+        nodes.append(_checked(node, fields, where, types))
+    return nodes
+
+
+def plugin_node_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each trtfuse op the main graph holds, every op listed (0 for absent ones)."""
+    counts = Counter(node.op_type for node in model.graph.node if node.domain == contract.ONNX_DOMAIN)
+    return {op: counts.get(op, 0) for op in contract.FUSED_OPS}
+
+
+def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: TensorTypes) -> PluginNode:
+    op = fields.op
+    inputs = op.inputs(fields.has_weight)
+    given = [name for name in node.input]
+    if len(given) != len(inputs) or not all(given) or len(node.output) != len(op.outputs):
+        raise TrtfuseError(
+            f"{where}: {op.name} with weight_mode {fields.params.weight_mode.name} takes {len(inputs)} input(s) "
+            f"({', '.join(inputs)}) and gives {len(op.outputs)} output(s), not {len(given)} and {len(node.output)}"
+        )
+    known = {name: dtype for name in given[: len(op.activations)] if (dtype := types.dtype(name)) is not None}
+    for name, dtype in known.items():
+        if dtype not in contract.ACTIVATION_DTYPES:
+            raise TrtfuseError(
+                f"{where}: input '{name}' is {dtype}, not one of {', '.join(contract.ACTIVATION_DTYPES)}"
+            )
+    if len(set(known.values())) > 1:
+        described = ", ".join(f"'{name}' {dtype}" for name, dtype in known.items())
+        raise TrtfuseError(f"{where}: its activations must share one dtype, got {described}")
+    dtype = next(iter(known.values()), None)
+    if dtype is not None:
+        problem = contract.dtype_pair_problem(dtype, fields.output_dtype)
+        if problem is not None:
+            raise TrtfuseError(f"{where}: {problem}")
+    plugin = PluginNode(node, fields, dtype, where)
+    for index, output in enumerate(node.output):
+        declared, expected = types.dtype(output), plugin.output_dtype(index)
+        if declared is not None and expected is not None and declared != expected:
+            rule = "output_dtype" if op.normalised_outputs[index] else "its activations' dtype"
+            raise TrtfuseError(f"{where}: output '{output}' is declared {declared}, but {rule} is {expected}")
+    for position, name in enumerate(given):
+        part = op.activation_parts[position] if position < len(op.activations) else position - len(op.activations)
+        hidden = fields.hidden_sizes[part]
+        last = types.last_dim(name)
+        if last is not None and last != hidden:
+            what = "last dim" if position < len(op.activations) else "length"
+            raise TrtfuseError(f"{where}: {op.hidden_fields[part]} is {hidden}, but input '{name}' has {what} {last}")
+    return plugin
+
+
+class TensorTypes:
+    """Element types and static last dims of a graph's tensors: those declared, then (once, only if asked for one
+    that is not) those ONNX shape inference finds; shape inference skips the trtfuse ops, whose outputs the pass
+    declares."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._model = model
+        self._values = _declared(model.graph)
+        self._inferred = False
+
+    def _value(self, tensor: str) -> onnx.TypeProto.Tensor | None:
+        if tensor not in self._values and not self._inferred:
+            self._inferred = True
+            try:
+                inferred = onnx.shape_inference.infer_shapes(self._model)
+            except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
+                return None
+            self._values = {**_declared(inferred.graph), **self._values}
+        return self._values.get(tensor)
+
+    def dtype(self, tensor: str) -> str | None:
+        value = self._value(tensor)
+        return elem_type_name(value.elem_type) if value is not None and value.elem_type else None
+
+    def last_dim(self, tensor: str) -> int | None:
+        value = self._value(tensor)
+        if value is None or not value.HasField("shape") or not value.shape.dim:
+            return None
+        last = value.shape.dim[-1]
+        return last.dim_value if last.HasField("dim_value") else None
+
+
+def _declared(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto.Tensor]:
+    values = {
+        value.name: value.type.tensor_type
+        for value in [*graph.value_info, *graph.input, *graph.output]
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type
+    }
+    for tensor in graph.initializer:
+        typed = onnx.TypeProto.Tensor(elem_type=tensor.data_type)
+        typed.shape.dim.extend(onnx.TensorShapeProto.Dimension(dim_value=dim) for dim in tensor.dims)
+        values[tensor.name] = typed
+    return values

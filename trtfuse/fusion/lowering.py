@@ -1,0 +1,144 @@
+"""Reference semantics of the fused nodes: each one lowered to standard ONNX ops, so onnxruntime runs fused models.
+
+The lowering is the contract's definition written as a graph (see `contract.WeightMode`): the square, mean, epsilon
+and root in fp32, the weight plus its offset in fp32, and the casts exactly where the weight mode puts them: to the
+node's 16-bit dtype R before an AFTER_CAST weight multiply, to the output dtype T at the end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trtfuse import contract
+from trtfuse.errors import TrtfuseError, first_line
+from trtfuse.fusion.fused_nodes import PluginNode, plugin_nodes
+from trtfuse.model.onnx_file import DEFAULT_DOMAINS
+
+_FLOAT = TensorProto.FLOAT
+
+
+def lower_fused_nodes(model: onnx.ModelProto, source: str | Path = "the fused model") -> onnx.ModelProto:
+    """A copy of `model` in which every trtfuse node is replaced by standard ops; `source` names the file in errors."""
+    lowered = onnx.ModelProto()
+    lowered.CopyFrom(model)
+    plugins = iter(plugin_nodes(lowered, source))  # in graph order
+    elem_types = _elem_types(lowered)
+    opset = next(opset.version for opset in lowered.opset_import if opset.domain in DEFAULT_DOMAINS)
+    nodes: list[onnx.NodeProto] = []
+    for node in lowered.graph.node:
+        if node.domain != contract.ONNX_DOMAIN:
+            nodes.append(node)
+            continue
+        builder = _Lowering(next(plugins), elem_types, opset)
+        nodes.extend(builder.lower())
+        lowered.graph.initializer.extend(builder.constants)
+    del lowered.graph.node[:]
+    lowered.graph.node.extend(nodes)
+    kept_opsets = [opset for opset in lowered.opset_import if opset.domain != contract.ONNX_DOMAIN]
+    del lowered.opset_import[:]
+    lowered.opset_import.extend(kept_opsets)
+    return lowered
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor that declares one, shape inference filling in what the graph leaves out."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as error:
+        raise TrtfuseError(f"the fused model fails ONNX shape inference: {first_line(error)}") from None
+    types = {}
+    graph = inferred.graph
+    for value in [*graph.value_info, *graph.input, *graph.output]:
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            types[value.name] = value.type.tensor_type.elem_type
+    for tensor in graph.initializer:
+        types[tensor.name] = tensor.data_type
+    return types
+
+
+class _Lowering:
+    """Builds the standard-op replacement of one plugin node, one normalisation per part of its op."""
+
+    def __init__(self, plugin: PluginNode, elem_types: dict[str, int], opset: int) -> None:
+        self.plugin = plugin
+        self.elem_types = elem_types
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.constants: list[onnx.TensorProto] = []
+        node = plugin.node
+        self.prefix = f"{node.name or node.output[0]}/reference"
+
+    def lower(self) -> list[onnx.NodeProto]:
+        plugin = self.plugin
+        if plugin.dtype is None:
+            raise TrtfuseError(f"{plugin.where}: dtype of its input '{plugin.activations[0]}' is unknown")
+        out_type = contract.OUTPUT_DTYPE_CODES[plugin.fields.output_dtype]
+        weights = plugin.weights or (None,) * len(plugin.op.hidden_fields)
+        for role, x, weight, y in zip(
+            plugin.op.activations, plugin.activations, weights, plugin.node.output, strict=True
+        ):
+            self._norm(role, x, weight, y, out_type)
+        return self.nodes
+
+    def _norm(self, role: str, x: str, weight: str | None, y: str, out_type: int) -> None:
+        params = self.plugin.fields.params
+        mode = params.weight_mode
+        round_type = contract.OUTPUT_DTYPE_CODES[
+            contract.rounding_dtype(self.plugin.dtype, self.plugin.fields.output_dtype)
+        ]
+        name = f"{self.prefix}/{role}"
+        x32 = self._cast(x, _FLOAT, f"{name}/x_fp32")
+        square = self._op("Mul", [x32, x32], f"{name}/square")
+        mean = self._reduce_mean(square, f"{name}/mean")
+        epsilon = self._constant(f"{name}/epsilon", params.epsilon)
+        variance = self._op("Add", [mean, epsilon], f"{name}/add_epsilon")
+        root = self._op("Sqrt", [variance], f"{name}/sqrt")
+        inverse_root = self._op("Reciprocal", [root], f"{name}/rsqrt")
+        normalised = self._op("Mul", [x32, inverse_root], f"{name}/normalise")
+        if mode == contract.WeightMode.NONE:
+            self._cast(normalised, out_type, f"{name}/y", output=y)
+            return
+        scale = self._scale(weight, params.weight_offset, name)
+        if mode == contract.WeightMode.AFTER_CAST:
+            rounded = self._cast(self._cast(normalised, round_type, f"{name}/round"), _FLOAT, f"{name}/round_fp32")
+            self._cast(self._op("Mul", [rounded, scale], f"{name}/scale"), out_type, f"{name}/y", output=y)
+        else:
+            self._cast(self._op("Mul", [normalised, scale], f"{name}/scale"), out_type, f"{name}/y", output=y)
+
+    def _scale(self, weight: str, offset: float, name: str) -> str:
+        weight32 = self._cast(weight, _FLOAT, f"{name}/weight_fp32")
+        if offset == 0.0:
+            return weight32
+        return self._op("Add", [weight32, self._constant(f"{name}/weight_offset", offset)], f"{name}/offset_weight")
+
+    def _elem_type(self, tensor: str) -> int:
+        if tensor not in self.elem_types:
+            raise TrtfuseError(f"{self.plugin.where}: dtype of tensor '{tensor}' is unknown")
+        return self.elem_types[tensor]
+
+    def _op(self, op_type: str, inputs: list[str], name: str, output: str | None = None, **attrs: object) -> str:
+        """A node whose result is fp32, as every op of the lowering but the casts computes in fp32."""
+        output = output or name
+        self.nodes.append(helper.make_node(op_type, inputs, [output], name=name, **attrs))
+        self.elem_types[output] = attrs.get("to", _FLOAT)
+        return output
+
+    def _cast(self, tensor: str, to: int, name: str, output: str | None = None) -> str:
+        if output is None and self._elem_type(tensor) == to:
+            return tensor
+        return self._op("Cast", [tensor], name, output=output, to=to)
+
+    def _reduce_mean(self, tensor: str, name: str) -> str:
+        if self.opset >= 18:
+            axes = self._constant(f"{name}/axes", -1, np.int64, shape=(1,))
+            return self._op("ReduceMean", [tensor, axes], name, keepdims=1)
+        return self._op("ReduceMean", [tensor], name, axes=[-1], keepdims=1)
+
+    def _constant(self, name: str, value: float, dtype: type = np.float32, shape: tuple[int, ...] = ()) -> str:
+        self.constants.append(numpy_helper.from_array(np.full(shape, value, dtype=dtype), name))
+        self.elem_types[name] = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        return name

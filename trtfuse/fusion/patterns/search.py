@@ -1,0 +1,55 @@
+"""find_norms: every norm candidate in a graph, matched, paired into QK-norms, or rejected with a reason."""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from trtfuse.fusion.patterns.decomposed import ANCHORS, match_decomposed
+from trtfuse.fusion.patterns.fused_ops import is_fused_norm, match_fused
+from trtfuse.fusion.patterns.matches import NearMiss, NormSearch, Rejected, RmsNormMatch
+from trtfuse.fusion.patterns.qk import absorbed_qk_norms, pair_qk_norms
+from trtfuse.fusion.patterns.queries import ONNX_DOMAINS, describe, dtype_name
+from trtfuse.fusion.patterns.shapes import Shapes
+
+
+def _redefined_ops(graph: gs.Graph) -> list[str]:
+    """ONNX op names the model redefines as local functions: a node calling one may not compute the ONNX op."""
+    return sorted({function.name for function in graph.functions if (function.domain or "") in ONNX_DOMAINS})
+
+
+def _reduces_integers(node: gs.Node) -> bool:
+    """A reduction over integers (an attention mask's ReduceSum into sequence lengths) is no norm candidate: listing
+    it among the rejected norms only hides the real near misses."""
+    dtype = dtype_name(node.inputs[0]) if node.inputs else None
+    return dtype is not None and dtype.startswith(("int", "uint", "bool"))
+
+
+def find_norms(graph: gs.Graph) -> NormSearch:
+    """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified."""
+    graph_outputs = {tensor.name for tensor in graph.outputs}
+    search = NormSearch()
+    matches: list[RmsNormMatch] = []
+    redefined = _redefined_ops(graph)
+    shapes = Shapes(graph)
+    for node in graph.nodes:
+        is_anchor = node.op in ANCHORS and (node.domain or "") in ONNX_DOMAINS and not _reduces_integers(node)
+        if redefined and (is_anchor or is_fused_norm(node)):
+            reason = f"the model redefines the ONNX op(s) {', '.join(redefined)} as local functions"
+            search.near_misses.append(NearMiss(describe(node), reason))
+            continue
+        try:
+            if is_anchor:
+                match, notes = match_decomposed(node, graph_outputs, shapes)
+                search.near_misses.extend(notes)
+            elif is_fused_norm(node):
+                match = match_fused(node, graph_outputs, shapes)
+            else:
+                continue
+        except Rejected as rejection:
+            search.near_misses.append(rejection.near_miss)
+            continue
+        matches.append(match)
+    pairing = pair_qk_norms(matches, graph)
+    search.qk_norm_pairs, search.matches = pairing.pairs, pairing.unpaired
+    search.near_misses.extend([*pairing.notes, *absorbed_qk_norms(graph)])
+    return search

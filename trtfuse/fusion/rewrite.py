@@ -1,0 +1,164 @@
+"""Replace each matched norm with one plugin node of the contract (trtfuse/contract.py, docs/plugin-nodes.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from trtfuse import contract
+from trtfuse.contract.codec import NodeFields
+from trtfuse.errors import TrtfuseError
+from trtfuse.fusion.patterns import NormSearch, RmsNormMatch
+from trtfuse.fusion.patterns.queries import describe, dtype_name
+
+
+@dataclass(frozen=True)
+class FusedNode:
+    """One fused node, as the JSON report lists it; `kind` is its op type (contract.RMS_NORM_OP or QK_NORM_OP)."""
+
+    kind: str
+    name: str
+    replaced: tuple[str, ...]
+    params: contract.NormParams
+    hidden_sizes: tuple[int, ...]
+    dtype: str
+    output_dtype: str
+    tags: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "replaced": list(self.replaced),
+            "epsilon": self.params.epsilon,
+            "hidden_sizes": list(self.hidden_sizes),
+            "weight_mode": self.params.weight_mode.name,
+            "weight_offset": self.params.weight_offset,
+            "dtype": self.dtype,
+            "output_dtype": self.output_dtype,
+            "tags": list(self.tags),
+        }
+
+
+def output_dtype(match: RmsNormMatch) -> str:
+    """The dtype of the match's final tensor; a `y` the graph leaves untyped is a norm ending in x's dtype."""
+    return dtype_name(match.y) or match.dtype
+
+
+def _fields(op: contract.FusedOp, match: RmsNormMatch, hidden_sizes: tuple[int, ...]) -> NodeFields:
+    out = output_dtype(match)
+    problem = contract.dtype_pair_problem(match.dtype, out)
+    if problem is not None:
+        raise TrtfuseError(f"norm '{match.name}' cannot be one fused node: {problem}")
+    return NodeFields(op=op, params=match.params, hidden_sizes=hidden_sizes, output_dtype=out)
+
+
+def _normalised_input(graph: gs.Graph, match: RmsNormMatch) -> gs.Tensor:
+    """x itself, or for a residual norm the Add nodes computing x + skip (+ bias) that the fused node reads."""
+    total = match.x
+    for index, addend in enumerate(match.skip_inputs):
+        last = index == len(match.skip_inputs) - 1
+        if last and match.skip_sum is not None:
+            out = match.skip_sum
+            out.inputs.clear()
+        else:
+            out = gs.Variable(f"{match.y.name}/skip_sum_{index}", dtype=match.x.dtype, shape=match.x.shape)
+        graph.nodes.append(gs.Node("Add", f"{match.name}/skip_add_{index}", inputs=[total, addend], outputs=[out]))
+        total = out
+    if match.skip_sum is not None and match.skip_sum.dtype is None:
+        match.skip_sum.dtype, match.skip_sum.shape = match.x.dtype, match.x.shape
+    return total
+
+
+def _detach_output(match: RmsNormMatch) -> gs.Variable:
+    """Cut the final output from the node producing it, so the chain dies and the fused node can own it."""
+    y = match.y
+    y.inputs.clear()
+    if y.dtype is None:
+        y.dtype = match.x.dtype
+    if y.shape is None:
+        y.shape = match.x.shape
+    return y
+
+
+def _weights(*matches: RmsNormMatch) -> list[gs.Tensor]:
+    return [match.weight for match in matches if match.params.weight_mode != contract.WeightMode.NONE]
+
+
+def _rms_norm_node(graph: gs.Graph, match: RmsNormMatch) -> FusedNode:
+    attrs = _fields(contract.RMS_NORM, match, (match.hidden_size,)).onnx_attributes()
+    x = _normalised_input(graph, match)
+    y = _detach_output(match)
+    name = f"{contract.RMS_NORM_OP}/{y.name}"
+    graph.nodes.append(
+        gs.Node(
+            contract.RMS_NORM_OP,
+            name,
+            attrs=attrs,
+            inputs=[x, *_weights(match)],
+            outputs=[y],
+            domain=contract.ONNX_DOMAIN,
+        )
+    )
+    return _record(contract.RMS_NORM_OP, name, (match,), (match.hidden_size,))
+
+
+def _qk_norm_node(graph: gs.Graph, q: RmsNormMatch, k: RmsNormMatch) -> FusedNode:
+    if (q.dtype, output_dtype(q)) != (k.dtype, output_dtype(k)):
+        raise TrtfuseError(
+            f"q/k norms '{q.name}' and '{k.name}' cannot be one fused node: dtypes {q.dtype} -> {output_dtype(q)} "
+            f"and {k.dtype} -> {output_dtype(k)} differ"
+        )
+    attrs = _fields(contract.QK_NORM, q, (q.hidden_size, k.hidden_size)).onnx_attributes()
+    q_out, k_out = _detach_output(q), _detach_output(k)
+    name = f"{contract.QK_NORM_OP}/{q_out.name}"
+    graph.nodes.append(
+        gs.Node(
+            contract.QK_NORM_OP,
+            name,
+            attrs=attrs,
+            inputs=[q.x, k.x, *_weights(q, k)],
+            outputs=[q_out, k_out],
+            domain=contract.ONNX_DOMAIN,
+        )
+    )
+    return _record(contract.QK_NORM_OP, name, (q, k), (q.hidden_size, k.hidden_size))
+
+
+def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tuple[int, ...]) -> FusedNode:
+    first = matches[0]
+    return FusedNode(
+        kind=kind,
+        name=name,
+        replaced=tuple(describe(node) for match in matches for node in match.nodes),
+        params=first.params,
+        hidden_sizes=hidden,
+        dtype=first.dtype,
+        output_dtype=output_dtype(first),
+        tags=tuple(dict.fromkeys(tag for match in matches for tag in match.tags)),
+    )
+
+
+def _import_trtfuse_domain(graph: gs.Graph) -> None:
+    """The one writer of the trtfuse opset import: fuse exports the graph with the imports this leaves."""
+    if graph.import_domains is None:
+        graph.import_domains = [onnx.helper.make_opsetid("", graph.opset)]
+    if all(opset.domain != contract.ONNX_DOMAIN for opset in graph.import_domains):
+        graph.import_domains.append(onnx.helper.make_opsetid(contract.ONNX_DOMAIN, contract.ONNX_DOMAIN_VERSION))
+
+
+def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
+    """Put one contract node in place of each match and pair; remove what became dead; toposort. In place.
+
+    Returns the fused nodes the graph keeps: a norm whose result reaches no graph output was dead in the original
+    too, and goes with the rest of the dead code, so the report describes the file written."""
+    fused = [_rms_norm_node(graph, match) for match in search.matches]
+    fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
+    graph.cleanup().toposort()
+    kept = {node.name for node in graph.nodes}
+    fused = [node for node in fused if node.name in kept]
+    if fused:
+        _import_trtfuse_domain(graph)
+    return fused

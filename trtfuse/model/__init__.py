@@ -1,0 +1,1 @@
+"""Load and save ONNX models, read what their inputs mean, make the feeds that run them."""

@@ -1,0 +1,392 @@
+"""What each symbolic dim of a model's inputs means, read off the model itself.
+
+A symbolic dim either has a role from its name (batch, tokens of this call, past tokens in the KV cache, total =
+past + tokens) or a value the graph requires: the head count and head size of a KV cache, from the attention op that
+reads it (genai writes the cache's head size as `kv_cache_dim`). The model may also bound the batch onnxruntime can
+run (opset-23 `RotaryEmbedding`) and the total length (rotary cos/sin tables, position-embedding tables).
+`trtfuse.model.feeds` (feeds) and `trtfuse.engine.profiles` (TensorRT profiles) both size inputs from this one reading.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import operator
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import shape_inference
+
+from trtfuse.errors import TrtfuseError
+from trtfuse.model.interface import fed_inputs
+
+# The batch of generated inputs and the OPT/MAX batch of derived profiles, unless the model allows only another:
+# 2 rather than 1, so that a batch-mixing bug shows.
+DEFAULT_BATCH = 2
+
+
+class DimRole(enum.Enum):
+    BATCH = "batch"
+    TOKENS = "tokens"
+    PAST = "past"
+    TOTAL = "total"
+
+
+# Checked in order: "past_sequence_length" is past and "total_sequence_length" total, not tokens.
+_ROLE_PATTERNS = (
+    (DimRole.BATCH, re.compile(r"batch")),
+    (DimRole.PAST, re.compile(r"past")),
+    (DimRole.TOTAL, re.compile(r"total|kv_len|kv_seq")),
+    (DimRole.TOKENS, re.compile(r"seq|token|length|^len$")),
+)
+_CACHE_NAME = re.compile(r"past|cache")
+_ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.floordiv,
+}
+
+
+def dim_role(symbol: str) -> DimRole | None:
+    """The role a symbol's name gives it, or None (`s17`, `kv_cache_dim`)."""
+    lowered = symbol.lower()
+    for role, pattern in _ROLE_PATTERNS:
+        if pattern.search(lowered):
+            return role
+    return None
+
+
+class DimExpressionError(ValueError):
+    """A dim expression that cannot be evaluated; the message says why, naming neither the input nor the text."""
+
+
+@dataclass(frozen=True)
+class DimExpression:
+    """A `dim_param`: one symbol (`sequence_length`) or arithmetic on symbols (`past_sequence_length + 1`)."""
+
+    text: str
+    tree: ast.expr
+    symbols: frozenset[str]
+
+    @staticmethod
+    def parse(text: str) -> DimExpression:
+        try:
+            tree = ast.parse(text.strip(), mode="eval").body
+        except (SyntaxError, ValueError, RecursionError):
+            # Not an expression (`batch size`, `2*`, a NUL byte, thousands of brackets): one symbol, the whole text.
+            return DimExpression(text, ast.Name(id=text), frozenset({text}))
+        return DimExpression(text, tree, frozenset(node.id for node in ast.walk(tree) if isinstance(node, ast.Name)))
+
+    @property
+    def symbol(self) -> str | None:
+        """The symbol when the expression is a single one."""
+        return self.tree.id if isinstance(self.tree, ast.Name) else None
+
+    def evaluate(self, values: Mapping[str, int]) -> int:
+        """The value for these symbol values; raises DimExpressionError for an unknown symbol or bad arithmetic."""
+        try:
+            return _evaluate(self.tree, values)
+        except RecursionError:
+            raise DimExpressionError("it is nested too deeply") from None
+
+
+def _evaluate(node: ast.expr, values: Mapping[str, int]) -> int:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in values:
+            raise DimExpressionError(f"symbol {node.id!r} has no value")
+        return values[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        left = _evaluate(node.left, values)
+        right = _evaluate(node.right, values)
+        if isinstance(node.op, ast.FloorDiv | ast.Div) and right == 0:
+            raise DimExpressionError("it divides by zero")
+        if isinstance(node.op, ast.Div) and left % right:
+            raise DimExpressionError(f"{left} / {right} is not a whole number")
+        return _ARITHMETIC[type(node.op)](left, right)
+    raise DimExpressionError("it is not integer arithmetic (+, -, *, //, /) on symbols")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A value the model requires or allows at most, and why (the node or tensor that says so)."""
+
+    value: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """What the model's inputs' dims mean. `fixed` holds symbols whose value the graph requires."""
+
+    inputs: tuple[onnx.ValueInfoProto, ...]
+    roles: Mapping[str, DimRole]
+    fixed: Mapping[str, Bound]
+    cache_inputs: tuple[str, ...]
+    length_inputs: Mapping[str, DimRole]
+    batch: Bound | None = None
+    onnxruntime_batch: Bound | None = None
+    max_total: Bound | None = None
+    expressions: Mapping[str, tuple[DimExpression | None, ...]] = field(default_factory=dict)
+
+    @property
+    def has_kv_cache(self) -> bool:
+        """Whether the model reads a KV cache: an input dim or a length input with a past role."""
+        return DimRole.PAST in self.roles.values() or DimRole.PAST in self.length_inputs.values()
+
+    def symbols(self, role: DimRole) -> list[str]:
+        return sorted(symbol for symbol, symbol_role in self.roles.items() if symbol_role is role)
+
+    def default_batch(self) -> int:
+        """The one batch rule: what the model requires, else what onnxruntime can run, else DEFAULT_BATCH."""
+        if self.batch is not None:
+            return self.batch.value
+        if self.onnxruntime_batch is not None:
+            return self.onnxruntime_batch.value
+        return DEFAULT_BATCH
+
+
+def model_dims(model: onnx.ModelProto) -> ModelDims:
+    """Read every symbolic dim of the model's inputs: roles from names, fixed values and bounds from the graph."""
+    inputs = fed_inputs(model)
+    expressions: dict[str, tuple[DimExpression | None, ...]] = {}
+    roles: dict[str, DimRole] = {}
+    for value in inputs:
+        if not value.type.HasField("tensor_type"):
+            raise TrtfuseError(f"graph input {value.name!r} is not a tensor; trtfuse cannot size or generate it")
+        parsed = []
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                raise TrtfuseError(f"input {value.name!r} has a negative dim {dim.dim_value} in the model")
+            parsed.append(DimExpression.parse(dim.dim_param) if dim.HasField("dim_param") else None)
+        expressions[value.name] = tuple(parsed)
+        for expression in parsed:
+            for symbol in expression.symbols if expression else ():
+                role = dim_role(symbol)
+                if role is not None:
+                    roles[symbol] = role
+    cache_inputs = tuple(
+        value.name
+        for value in inputs
+        if _is_float(value) and len(expressions[value.name]) >= 3 and _CACHE_NAME.search(value.name.lower())
+    )
+    unread = any(
+        expression is not None and expression.symbols - roles.keys()
+        for name in cache_inputs
+        for expression in expressions[name]
+    )
+    # Shape inference only where a cache dim needs it: it is the slow part on a real model.
+    shapes = _static_shapes(model, infer=unread)
+    fixed = _fixed_cache_dims(model, inputs, expressions, shapes, set(cache_inputs))
+    return ModelDims(
+        inputs=tuple(inputs),
+        roles=roles,
+        fixed={symbol: bound for symbol, bound in fixed.items() if symbol not in roles},
+        cache_inputs=cache_inputs,
+        length_inputs=_length_inputs(inputs),
+        batch=_static_cache_batch(model, cache_inputs, expressions),
+        onnxruntime_batch=_onnxruntime_batch(model),
+        max_total=_max_total(model, shapes),
+        expressions=expressions,
+    )
+
+
+def _is_float(value: onnx.ValueInfoProto) -> bool:
+    elem_type = value.type.tensor_type.elem_type
+    return elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def _length_inputs(inputs: list[onnx.ValueInfoProto]) -> dict[str, DimRole]:
+    """Integer inputs of rank 0 or 1 whose values (not shapes) are lengths: `past_sequence_length`, `seqlens_k`."""
+    lengths = {}
+    for value in inputs:
+        if _is_float(value) or value.type.tensor_type.elem_type == onnx.TensorProto.BOOL:
+            continue
+        if len(value.type.tensor_type.shape.dim) > 1 or "mask" in value.name.lower():
+            continue
+        role = dim_role(value.name)
+        if role in (DimRole.PAST, DimRole.TOTAL):
+            lengths[value.name] = role
+        elif value.name.lower().startswith("seqlens_k"):
+            # GroupQueryAttention's seqlens_k: total length minus one, per batch entry.
+            lengths[value.name] = DimRole.TOTAL
+    return lengths
+
+
+def _static_shapes(model: onnx.ModelProto, infer: bool) -> dict[str, tuple[int | None, ...]]:
+    """Every tensor's shape where value_info, an initializer or (with `infer`) shape inference knows it."""
+    graph = model.graph
+    if infer:
+        try:
+            graph = shape_inference.infer_shapes(model).graph
+        except Exception:
+            # onnx's shape inference raises on graphs it cannot follow; value_info as written still helps.
+            graph = model.graph
+    shapes: dict[str, tuple[int | None, ...]] = {}
+    for value in (*graph.value_info, *graph.input, *graph.output):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            shapes[value.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim
+            )
+    for tensor in graph.initializer:
+        shapes[tensor.name] = tuple(tensor.dims)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            shapes[node.output[0]] = tuple(node.attribute[0].t.dims)
+    return shapes
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {output: node for node in model.graph.node for output in node.output if output}
+
+
+def _last_dim(name: str, shapes: Mapping, producers: Mapping[str, onnx.NodeProto], depth: int = 0) -> int | None:
+    """The static last dim of a tensor, from its shape or its producer (MatMul weight, MatMulNBits' N, bias Add)."""
+    shape = shapes.get(name)
+    if shape and shape[-1] is not None:
+        return shape[-1]
+    node = producers.get(name)
+    if node is None or depth > 8:
+        return None
+    if node.op_type == "MatMulNBits":
+        return next((a.i for a in node.attribute if a.name == "N"), None)
+    if node.op_type == "MatMul" and len(node.input) == 2:
+        weight = shapes.get(node.input[1])
+        return weight[-1] if weight and weight[-1] is not None else None
+    if node.op_type in ("Add", "Cast", "Identity", "Mul", "QuantizeLinear", "DequantizeLinear"):
+        found = (_last_dim(i, shapes, producers, depth + 1) for i in node.input[:2] if i)
+        return next((dim for dim in found if dim is not None), None)
+    return None
+
+
+def _consumers(model: onnx.ModelProto, name: str) -> list[tuple[onnx.NodeProto, int]]:
+    """The nodes reading `name`, through Cast/Identity, with the index of the input they read it at."""
+    found = []
+    for node in model.graph.node:
+        for index, input_name in enumerate(node.input):
+            if input_name != name:
+                continue
+            if node.op_type in ("Cast", "Identity") and node.output:
+                found.extend(_consumers(model, node.output[0]))
+            else:
+                found.append((node, index))
+    return found
+
+
+def _cache_layout(
+    node: onnx.NodeProto, index: int, shapes: Mapping, producers: Mapping[str, onnx.NodeProto]
+) -> dict[int, int]:
+    """The cache dims (axis -> value) an attention op requires of the cache it reads at input `index`."""
+    attributes = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+
+    def per_head(tensor_index: int, heads: int) -> int | None:
+        if tensor_index >= len(node.input) or not node.input[tensor_index] or not heads:
+            return None
+        hidden = _last_dim(node.input[tensor_index], shapes, producers)
+        return hidden // heads if hidden and hidden % heads == 0 else None
+
+    if node.domain in ("", "ai.onnx") and node.op_type == "Concat":
+        # The cache and the new keys or values, joined along the sequence: every other axis must agree.
+        axis = attributes.get("axis", 0)
+        others = [shapes.get(name) for position, name in enumerate(node.input) if position != index and name]
+        rank = max((len(shape) for shape in others if shape), default=0)
+        return {
+            a: shape[a]
+            for shape in others
+            if shape and len(shape) == rank
+            for a in range(rank)
+            if a != axis % rank and shape[a] is not None
+        }
+    if node.domain == "com.microsoft" and node.op_type == "GroupQueryAttention" and index in (3, 4):
+        heads, kv_heads = attributes.get("num_heads", 0), attributes.get("kv_num_heads", 0)
+        packed = len(node.input) < 2 or not node.input[1]
+        head_size = per_head(0, heads + 2 * kv_heads if packed else heads)
+        return {1: kv_heads, **({3: head_size} if head_size else {})}
+    if node.domain == "com.microsoft" and node.op_type == "MultiHeadAttention" and index in (6, 7):
+        heads = attributes.get("num_heads", 0)
+        head_size = per_head(0, heads)
+        return {1: heads, **({3: head_size} if head_size else {})}
+    if node.domain in ("", "ai.onnx") and node.op_type == "Attention" and index in (4, 5):
+        kv_heads = attributes.get("kv_num_heads", 0)
+        source = 1 if index == 4 else 2
+        source_shape = shapes.get(node.input[source], ()) if source < len(node.input) else ()
+        # K and V are [batch, kv_heads, sequence, head_size] or [batch, sequence, kv_heads * head_size].
+        head_size = source_shape[3] if len(source_shape) == 4 else per_head(source, kv_heads)
+        return {1: kv_heads, **({3: head_size} if head_size else {})}
+    return {}
+
+
+def _fixed_cache_dims(
+    model: onnx.ModelProto,
+    inputs: list[onnx.ValueInfoProto],
+    expressions: Mapping[str, tuple[DimExpression | None, ...]],
+    shapes: Mapping,
+    cache_inputs: set[str],
+) -> dict[str, Bound]:
+    """Symbolic head counts and head sizes of cache inputs, from the attention ops reading them."""
+    producers = _producers(model)
+    fixed: dict[str, Bound] = {}
+    for value in inputs:
+        if value.name not in cache_inputs:
+            continue
+        for node, index in _consumers(model, value.name):
+            for axis, required in _cache_layout(node, index, shapes, producers).items():
+                expression = expressions[value.name][axis] if axis < len(expressions[value.name]) else None
+                if expression is None or expression.symbol is None or not required:
+                    continue
+                what = {1: "head count", 3: "head size"}.get(axis, f"dim {axis}")
+                fixed.setdefault(expression.symbol, Bound(required, f"the {what} {node.op_type} {node.name!r} reads"))
+    return fixed
+
+
+def _static_cache_batch(
+    model: onnx.ModelProto, cache_inputs: tuple[str, ...], expressions: Mapping[str, tuple[DimExpression | None, ...]]
+) -> Bound | None:
+    """A cache input exported with a fixed batch fixes the batch of every input."""
+    by_name = {value.name: value for value in model.graph.input}
+    for name in cache_inputs:
+        first = by_name[name].type.tensor_type.shape.dim[0]
+        if expressions[name][0] is None and first.HasField("dim_value"):
+            return Bound(first.dim_value, f"the batch dim of cache input {name!r} is fixed")
+    return None
+
+
+def _onnxruntime_batch(model: onnx.ModelProto) -> Bound | None:
+    """Dynamo's opset-23 RotaryEmbedding gets cos/sin caches computed in the graph at the exporter's batch of 1;
+    onnxruntime refuses them beside an input of another batch. Caches fed as graph inputs follow the batch."""
+    graph_inputs = {value.name for value in model.graph.input}
+    for node in model.graph.node:
+        if node.op_type != "RotaryEmbedding" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        if node.input[1] not in graph_inputs:
+            return Bound(1, f"onnxruntime runs opset-23 RotaryEmbedding {node.name!r} only at batch 1")
+    return None
+
+
+def _max_total(model: onnx.ModelProto, shapes: Mapping) -> Bound | None:
+    """The most positions the model holds: rows of a 2-D rotary cos cache, or of the table position ids index."""
+    graph_inputs = {value.name for value in model.graph.input}
+    bounds = []
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in graph_inputs:
+            table = shapes.get(node.input[0])
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if "position" in node.input[1].lower() and axis == 0 and table and table[0]:
+                bounds.append(Bound(table[0], f"the position table {node.input[0]!r} has {table[0]} rows"))
+            continue
+        cos_index = None
+        if node.op_type == "RotaryEmbedding":
+            cos_index = 2 if node.domain == "com.microsoft" else 1
+        elif node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
+            cos_index = 7
+        if cos_index is None or cos_index >= len(node.input) or not node.input[cos_index]:
+            continue
+        cos_shape = shapes.get(node.input[cos_index])
+        if cos_shape and len(cos_shape) == 2 and cos_shape[0]:
+            bounds.append(Bound(cos_shape[0], f"the cos cache of {node.op_type} {node.name!r} has {cos_shape[0]} rows"))
+    return min(bounds, key=lambda bound: bound.value, default=None)

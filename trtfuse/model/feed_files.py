@@ -1,0 +1,106 @@
+"""Arrays in .npz files, the one reader and writer: plain arrays by name (`run --inputs`, `run --save-outputs`), and
+the inputs of a check or comparison as one .npz, so that a run can be repeated exactly (`--save-inputs`,
+`--load-inputs`).
+
+Each step's arrays are stored as `STEP/INPUT`, and `STEPS_KEY` lists the steps in order (input names may hold '/'
+themselves, step names do not). An .npz without `STEPS_KEY`, such as one written by `numpy.savez(**feed)`, is one
+step named `LOADED` holding one array per input.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from trtfuse.errors import TrtfuseError
+from trtfuse.files import write_bytes_atomic
+from trtfuse.model.feeds import StepFeed
+from trtfuse.model.interface import fed_inputs
+
+STEPS_KEY = "__trtfuse_steps__"
+LOADED = "loaded"
+
+
+def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Arrays by name as one .npz at `path`, written atomically."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes_atomic(path, buffer.getbuffer())
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the .npz at `path`, by name."""
+    if not path.exists():
+        raise TrtfuseError(f"{path}: no such file")
+    if not path.is_file():
+        raise TrtfuseError(f"{path}: not a regular file")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise TrtfuseError(f"{path}: not a readable .npz of input arrays ({error})") from None
+
+
+def save_feeds(path: Path, feeds: Sequence[StepFeed]) -> None:
+    """Every step's feed in one .npz at `path`, written atomically."""
+    arrays = {STEPS_KEY: np.array([feed.step for feed in feeds])}
+    for feed in feeds:
+        arrays.update({f"{feed.step}/{name}": array for name, array in feed.feed.items()})
+    write_arrays(path, arrays)
+
+
+def load_feeds(path: Path, model: onnx.ModelProto) -> list[StepFeed]:
+    """The steps saved in `path`, each checked against `model`'s graph inputs: every input present, no other array,
+    each of the input's dtype and rank."""
+    arrays = read_arrays(path)
+    if STEPS_KEY not in arrays:
+        feeds = [StepFeed(step=LOADED, dims={}, feed=arrays)]
+    else:
+        steps = [str(step) for step in arrays.pop(STEPS_KEY).ravel()]
+        feeds = [
+            StepFeed(
+                step=step,
+                dims={},
+                feed={
+                    key.removeprefix(f"{step}/"): array for key, array in arrays.items() if key.startswith(f"{step}/")
+                },
+            )
+            for step in steps
+        ]
+        stray = sorted(key for key in arrays if not any(key.startswith(f"{step}/") for step in steps))
+        if stray:
+            raise TrtfuseError(f"{path}: array '{stray[0]}' belongs to none of the steps {', '.join(steps)}")
+    return [_checked_feed(path, feed, model) for feed in feeds]
+
+
+def _checked_feed(path: Path, feed: StepFeed, model: onnx.ModelProto) -> StepFeed:
+    inputs = {value.name: value for value in fed_inputs(model)}
+    where = f"{path}: step '{feed.step}'" if feed.step != LOADED else str(path)
+    missing = sorted(set(inputs) - set(feed.feed))
+    if missing:
+        raise TrtfuseError(f"{where} has no array for input '{missing[0]}'")
+    extra = sorted(set(feed.feed) - set(inputs))
+    if extra:
+        raise TrtfuseError(f"{where}: array '{extra[0]}' is no graph input of the model")
+    checked = {}
+    for name, value in inputs.items():
+        array = feed.feed[name]
+        tensor = value.type.tensor_type
+        expected = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)) if tensor.elem_type else array.dtype
+        if array.dtype.kind == "V" and array.dtype.itemsize == expected.itemsize and expected.name == "bfloat16":
+            # numpy stores ml_dtypes' bfloat16 as raw 2-byte records.
+            array = array.view(expected)
+        if array.dtype != expected:
+            raise TrtfuseError(f"{where}: input '{name}' is {array.dtype.name}, the model takes {expected.name}")
+        if tensor.HasField("shape") and array.ndim != len(tensor.shape.dim):
+            raise TrtfuseError(
+                f"{where}: input '{name}' has rank {array.ndim}, the model takes {len(tensor.shape.dim)}"
+            )
+        checked[name] = array
+    return StepFeed(step=feed.step, dims=feed.dims, feed=checked)

@@ -1,0 +1,298 @@
+"""What the plugins share: TensorRT's IPluginV3 lifecycle around one cached norm kernel, for any op of the contract.
+
+A plugin's tensors are its op's (`contract.FusedOp`): the activations, then (unless weight_mode is NONE) one weight
+per part; each output has the shape of its part's first activation. Every activation shares one dtype (fp32, fp16 or
+bf16), every weight one dtype of its own; normalised outputs are in the node's `output_dtype`, the others in the
+activations' dtype; all tensors are LINEAR. Leading dims are flattened into rows of the part's hidden size.
+
+Work is done where TensorRT allows time for it: `configure_plugin` (build) and `on_shape_change` (build and run)
+pick the kernel and warm it up for every row count up to the largest seen, so `enqueue` is one call of a bound
+method with plain ints: no allocation, no synchronisation, no compilation, capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, ClassVar
+
+import trtfuse
+from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION, FusedOp, dtype_pair_problem
+from trtfuse.contract.codec import NodeFields
+from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.plugins.creation_errors import record_creation_error
+from trtfuse.plugins.python.fields import advertised_fields, parse_fields, serialize_fields
+from trtfuse.plugins.trt_module import contract_data_types, load_trt
+
+trt = load_trt()
+
+_DATA_TYPES = contract_data_types(trt)
+DTYPE_NAMES = {data_type: name for name, data_type in _DATA_TYPES.items()}
+# With no custom tactics advertised (no get_valid_tactics), TensorRT passes set_tactic this one, the default.
+DEFAULT_TACTIC = 0
+
+
+def timing_cache_id(config: NodeFields) -> str:
+    """TensorRT reuses a plugin's timings across nodes with equal IDs, so the ID names everything the kernel is
+    compiled for (the repr holds every field, floats exactly) and the trtfuse version that compiled it."""
+    return f"trtfuse {trtfuse.__version__} {config!r}"
+
+
+class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
+    """One fused norm node. Subclasses name the op, build the kernel and launch it."""
+
+    OP: ClassVar[FusedOp]
+
+    def __init__(self, config: NodeFields, phase: Any, node: str = "") -> None:
+        trt.IPluginV3.__init__(self)
+        trt.IPluginV3OneCore.__init__(self)
+        trt.IPluginV3OneBuild.__init__(self)
+        trt.IPluginV3OneRuntime.__init__(self)
+        self.plugin_name = self.OP.name
+        self.plugin_namespace = PLUGIN_NAMESPACE
+        self.plugin_version = PLUGIN_VERSION
+        self.num_outputs = len(self.OP.outputs)
+        self.timing_cache_id = timing_cache_id(config)
+        self.config = config
+        self.phase = phase
+        self.node = node
+        self._label = f"{self.OP.name} '{node}'" if node else self.OP.name
+        self._weighted = config.has_weight
+        self._input_names = self.OP.inputs(config.has_weight)
+        self._same_type_as = self._type_ties()
+        self._kernel: Any = None
+        self._kernel_dtypes: tuple[str, str | None] | None = None
+        self._warm_rows = 0
+        self._rows: tuple[int, ...] = (0,) * len(self.OP.activations)
+        self._has_shapes = False
+        self._launch = self._launch_unprepared
+        self._serialized: tuple[Any, Any] | None = None
+
+    @property
+    def kernel(self) -> Any:
+        """The prepared kernel (shared by clones), or None before configure_plugin / on_shape_change."""
+        return self._kernel
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """Row counts of the activations for the coming enqueues, from the last on_shape_change."""
+        return self._rows
+
+    # --- subclass hooks -------------------------------------------------------------------------------------------
+
+    def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
+        raise NotImplementedError
+
+    def _spec_fields(self, dtype: str, weight_dtype: str | None) -> dict[str, Any]:
+        """The kernel-spec fields both plugins share: dtypes and the node's compile-time constants."""
+        config = self.config
+        return {
+            "dtype": dtype,
+            "out_dtype": config.output_dtype,
+            "weight_dtype": weight_dtype,
+            "params": config.params,
+        }
+
+    def _kernels(self) -> ModuleType:
+        """trtfuse.kernels, imported on first use so the plugins import (and deserialise) without CuTeDSL."""
+        try:
+            import trtfuse.kernels as kernels
+        except ImportError as error:
+            raise MissingDependencyError(
+                f"{self._label} needs trtfuse.kernels (nvidia-cutlass-dsl): {error}"
+            ) from error
+        return kernels
+
+    # --- core and capabilities ------------------------------------------------------------------------------------
+
+    def get_capability_interface(self, type: Any) -> NormPlugin:
+        return self
+
+    def clone(self) -> NormPlugin:
+        """A plugin with the same fields and the same prepared kernel (compiled code is immutable and shared); the
+        per-call state (row counts, bound launch) is the twin's own."""
+        twin = type(self)(self.config, self.phase, self.node)
+        twin._kernel = self._kernel
+        twin._kernel_dtypes = self._kernel_dtypes
+        twin._warm_rows = self._warm_rows
+        twin._rows = self._rows
+        twin._has_shapes = self._has_shapes
+        twin._bind_launch()
+        return twin
+
+    def destroy(self) -> None:
+        self._kernel = None
+        self._kernel_dtypes = None
+        self._warm_rows = 0
+        self._has_shapes = False
+        self._bind_launch()
+        self._serialized = None
+
+    # --- build ----------------------------------------------------------------------------------------------------
+
+    def get_output_data_types(self, input_types: Sequence[Any]) -> list[Any]:
+        self._check_input_count(len(input_types))
+        for position in range(len(input_types)):
+            self._dtype_name(input_types[position], position)
+        return [self._output_type(input_types[0], index) for index in range(len(self.OP.outputs))]
+
+    def get_output_shapes(self, inputs: Sequence[Any], shape_inputs: Sequence[Any], expr_builder: Any) -> list[Any]:
+        self._check_input_count(len(inputs))
+        return [trt.DimsExprs(inputs[self._shape_source(index)]) for index in range(len(self.OP.outputs))]
+
+    def supports_format_combination(self, pos: int, in_out: Sequence[Any], num_inputs: int) -> bool:
+        if num_inputs != len(self._input_names) or not 0 <= pos < len(self._same_type_as):
+            return False
+        desc = in_out[pos].desc
+        if desc.format != trt.TensorFormat.LINEAR or desc.type not in DTYPE_NAMES:
+            return False
+        output_dtype = self.config.output_dtype
+        if pos >= num_inputs and self.OP.normalised_outputs[pos - num_inputs]:
+            return desc.type == _DATA_TYPES[output_dtype]
+        if pos == 0 and dtype_pair_problem(DTYPE_NAMES[desc.type], output_dtype):
+            return False
+        tied_to = self._same_type_as[pos]
+        return tied_to is None or desc.type == in_out[tied_to].desc.type
+
+    def configure_plugin(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        """Build phase: check the profile's shapes and warm the kernel up for its largest row count."""
+        self._check_input_count(len(inputs))
+        self._check_inputs([desc.min for desc in inputs])
+        max_rows = self._check_inputs([desc.max for desc in inputs])
+        self._prepare([desc.desc.type for desc in inputs], max(max_rows))
+
+    # --- runtime --------------------------------------------------------------------------------------------------
+
+    def on_shape_change(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+        """Concrete shapes for the enqueues that follow: keep their row counts, warm up if they grew."""
+        self._check_input_count(len(inputs))
+        rows = self._check_inputs([desc.dims for desc in inputs])
+        self._prepare([desc.type for desc in inputs], max(rows))
+        self._rows = rows
+        self._has_shapes = True
+        self._bind_launch()
+
+    def set_tactic(self, tactic: int) -> None:
+        """TensorRT's bindings treat this as required (a plugin without it fails every build and every run)."""
+        if tactic != DEFAULT_TACTIC:
+            raise TrtfuseError(f"{self._label}: TensorRT asked for tactic {tactic}; this plugin has only the default")
+
+    def attach_to_context(self, resource_context: Any) -> NormPlugin:
+        return self.clone()
+
+    def get_fields_to_serialize(self) -> Any:
+        # TensorRT reads the field data after this returns: the arrays live as long as the plugin.
+        self._serialized = serialize_fields(self.config)
+        return self._serialized[0]
+
+    # --- helpers --------------------------------------------------------------------------------------------------
+
+    def _type_ties(self) -> tuple[int | None, ...]:
+        """For each position of inputs then outputs: the earlier position whose dtype it must share, or None (the
+        first activation, the first weight, and the normalised outputs, whose dtype is the node's)."""
+        activations = len(self.OP.activations)
+        ties: list[int | None] = [None] + [0] * (activations - 1)
+        if self.config.has_weight:
+            ties += [None] + [activations] * (len(self.OP.weights) - 1)
+        return (*ties, *(None if normalised else 0 for normalised in self.OP.normalised_outputs))
+
+    def _shape_source(self, output: int) -> int:
+        """The activation whose shape output `output` has: its part's first."""
+        return self.OP.activation_parts.index(self.OP.output_parts[output])
+
+    def _output_type(self, input_type: Any, output: int) -> Any:
+        """`output_dtype` for a normalised output, the activations' dtype for the others."""
+        problem = dtype_pair_problem(self._dtype_name(input_type, 0), self.config.output_dtype)
+        if problem is not None:
+            raise TrtfuseError(f"{self._label}: {problem}")
+        return _DATA_TYPES[self.config.output_dtype] if self.OP.normalised_outputs[output] else input_type
+
+    def _check_input_count(self, count: int) -> None:
+        if count != len(self._input_names):
+            raise TrtfuseError(
+                f"{self._label}: expected {len(self._input_names)} inputs ({', '.join(self._input_names)}) with "
+                f"weight_mode {self.config.params.weight_mode.name}, got {count}"
+            )
+
+    def _dtype_name(self, data_type: Any, position: int) -> str:
+        name = DTYPE_NAMES.get(data_type)
+        if name is None:
+            raise TrtfuseError(
+                f"{self._label}: input '{self._input_names[position]}' has dtype {data_type.name}; "
+                f"supported: {', '.join(DTYPE_NAMES.values())}"
+            )
+        return name
+
+    def _check_inputs(self, shapes: Sequence[Any]) -> tuple[int, ...]:
+        """Row counts of the activations (product of leading dims) after checking every input's shape: each
+        activation ends in its part's hidden size, each weight holds exactly one row of its part's."""
+        activations = len(self.OP.activations)
+        rows = []
+        for position, dims in enumerate(shapes):
+            part = self.OP.activation_parts[position] if position < activations else position - activations
+            hidden = self.config.hidden_sizes[part]
+            shape = [int(dims[i]) for i in range(len(dims))]
+            name = self._input_names[position]
+            if position >= activations:
+                if not shape or shape[-1] != hidden or math.prod(shape) != hidden:
+                    raise TrtfuseError(
+                        f"{self._label}: input '{name}' has shape {shape}, expected [{hidden}] or [1, ..., 1, {hidden}]"
+                    )
+                continue
+            if not shape or shape[-1] != hidden:
+                raise TrtfuseError(f"{self._label}: input '{name}' has shape {shape}; its last dim must be {hidden}")
+            if any(size < 0 for size in shape):
+                raise TrtfuseError(f"{self._label}: input '{name}' has an unresolved dim in {shape}")
+            rows.append(math.prod(shape[:-1]))
+        return tuple(rows)
+
+    def _prepare(self, input_types: Sequence[Any], rows: int) -> None:
+        activations = len(self.OP.activations)
+        dtype = self._dtype_name(input_types[0], 0)
+        weight_dtype = self._dtype_name(input_types[activations], activations) if self.config.has_weight else None
+        if self._kernel is None or self._kernel_dtypes != (dtype, weight_dtype):
+            self._kernel = self._make_kernel(dtype, weight_dtype)
+            self._kernel_dtypes = (dtype, weight_dtype)
+            self._warm_rows = 0
+        if rows > self._warm_rows:
+            self._kernel.warm_up(rows)
+            self._warm_rows = rows
+
+    def _bind_launch(self) -> None:
+        """What enqueue calls: the kernel's launch once on_shape_change gave shapes; nothing for empty tensors (a
+        launch of zero blocks is a CUDA error); an error before any shapes, rather than a launch of unknown size."""
+        if self._kernel is None or not self._has_shapes:
+            self._launch = self._launch_unprepared
+        elif not any(self._rows):
+            self._launch = self._launch_nothing
+        else:
+            self._launch = self._kernel.launch
+
+    def _launch_unprepared(self, *args: int) -> None:
+        raise TrtfuseError(f"{self._label}: enqueue before on_shape_change gave the shapes to launch for")
+
+    def _launch_nothing(self, *args: int) -> None:
+        return None
+
+
+class NormPluginCreator(trt.IPluginCreatorV3One):
+    """Creates `PLUGIN` instances from fields: the ONNX parser's node attributes, or a serialised engine's fields."""
+
+    PLUGIN: ClassVar[type[NormPlugin]]
+
+    def __init__(self) -> None:
+        trt.IPluginCreatorV3One.__init__(self)
+        self.name = self.PLUGIN.OP.name
+        self.plugin_namespace = PLUGIN_NAMESPACE
+        self.plugin_version = PLUGIN_VERSION
+        self.field_names, self._field_arrays = advertised_fields(self.PLUGIN.OP.name)
+
+    def create_plugin(self, name: str, field_collection: Any, phase: Any) -> NormPlugin:
+        try:
+            return self.PLUGIN(parse_fields(self.PLUGIN.OP.name, field_collection, name), phase, name)
+        except TrtfuseError as error:
+            # TensorRT's binding prints the exception and hands the parser a null plugin, whose own message does
+            # not say why; the build reads this back to name the node and the field at fault.
+            record_creation_error(str(error))
+            raise

@@ -1,0 +1,153 @@
+"""TensorRT's plugin registry as trtfuse uses it: which TensorRT builds the AOT plugins, one plugin kind per process,
+registering either kind, and why a plugin creation failed.
+
+Both kinds are creators of one name, namespace and version in TensorRT's one registry, so a process that held both
+would build with whichever the registry returned: the first registration claims the process for its kind.
+Importing this module needs neither TensorRT nor CuTeDSL.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+from typing import Any
+
+from trtfuse import contract
+from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.plugins.trt_module import load_trt
+
+# The first TensorRT trtfuse builds AOT plugins with (docs/aot.md, "Which TensorRT"). AOT QDPs arrived in 10.9, whose
+# ONNX parser may look a QDP up by the node's name instead of its op type (trtfuse's nodes are named after the norms
+# they replace). From 10.10 to 10.13 the Python binding's aot_impl trampoline returns the kernel name as the
+# `c_str()` of a string in a local tuple that is destroyed on return (python/src/infer/pyPlugin.cpp), so TensorRT reads
+# freed memory for every name longer than the string's inline buffer; 10.14 keeps the name in a member.
+AOT_MIN_TENSORRT = (10, 14)
+
+_lock = threading.Lock()
+_claimed_kind: contract.PluginKind | None = None
+_aot_registered = False
+# The registry keeps raw pointers to the creators: these references keep the Python objects alive for the process.
+_creators: list[Any] = []
+
+
+def tensorrt_release(trt: ModuleType) -> tuple[int, int]:
+    """(major, minor) of `trt.__version__` ("10.10.0.31" -> (10, 10)); (0, 0) when it does not say."""
+    parts = str(getattr(trt, "__version__", "")).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def min_tensorrt_text() -> str:
+    return ".".join(str(part) for part in AOT_MIN_TENSORRT)
+
+
+def tensorrt_label(trt: ModuleType) -> str:
+    """ "TensorRT" for the tensorrt module, the module's name for another (TensorRT-RTX's `tensorrt_rtx`)."""
+    name = getattr(trt, "__name__", "tensorrt")
+    return "TensorRT" if name == "tensorrt" else name
+
+
+def aot_refusal(trt: ModuleType) -> str | None:
+    """Why trtfuse builds no AOT plugins with `trt`, in one sentence naming its version; None where it does.
+    tensorrt.plugin's own test for AOT is `QuickPluginCreationRequest`; the version decides the rest."""
+    label = f"{tensorrt_label(trt)} {getattr(trt, '__version__', '(unknown version)')}"
+    release = tensorrt_release(trt)
+    if not hasattr(trt, "QuickPluginCreationRequest"):
+        return f"{label} has no AOT plugins (tensorrt.plugin's aot_impl)"
+    if release == (0, 0):
+        return f"{label} does not say which release it is"
+    if release < (10, 10):
+        return f"{label}'s ONNX parser may look AOT plugins up by node name instead of op type"
+    if release < AOT_MIN_TENSORRT:
+        return (
+            f"{label}'s Python binding hands TensorRT each AOT kernel's name in a string it has already freed "
+            "(fixed in 10.14)"
+        )
+    return None
+
+
+def aot_supported(trt: ModuleType) -> bool:
+    """Whether trtfuse builds its AOT plugins with `trt` (`aot_refusal` says why not)."""
+    return aot_refusal(trt) is None
+
+
+def claim_plugin_kind(kind: contract.PluginKind) -> None:
+    """Record that this process registers trtfuse's `kind` plugins; refuse the other kind."""
+    global _claimed_kind
+    kind = contract.PluginKind(kind)
+    if _claimed_kind not in (None, kind):
+        raise TrtfuseError(
+            f"this process registered trtfuse's {_claimed_kind.value} plugins; the {kind.value} plugins share their "
+            "names in TensorRT's registry, so build with them in another process"
+        )
+    _claimed_kind = kind
+
+
+def register(kind: contract.PluginKind) -> None:
+    """The trtfuse creators of `kind` in TensorRT's plugin registry, once per process: the Python (IPluginV3) ones,
+    or the AOT quickly deployable plugins. Refused, with one line, in a process that registered the other kind."""
+    if contract.PluginKind(kind) is contract.PluginKind.AOT:
+        register_aot()
+    else:
+        register_python()
+
+
+def _registered(registry: Any) -> dict[str, Any]:
+    """The creators in `registry` under the trtfuse namespace, by plugin name."""
+    return {
+        creator.name: creator
+        for creator in registry.all_creators
+        if getattr(creator, "plugin_namespace", None) == contract.PLUGIN_NAMESPACE
+    }
+
+
+def register_python() -> dict[str, Any]:
+    """Register a Python creator for every op in TensorRT's plugin registry, once per process (also when another
+    copy of these creators is already registered). Returns the registered trtfuse creators by plugin name."""
+    from trtfuse.plugins.python.qk_norm import QkNormPluginCreator
+    from trtfuse.plugins.python.rms_norm import RmsNormPluginCreator
+
+    claim_plugin_kind(contract.PluginKind.PYTHON)
+    registry = load_trt().get_plugin_registry()
+    present = _registered(registry)
+    for creator_class in (RmsNormPluginCreator, QkNormPluginCreator):
+        if creator_class.PLUGIN.OP.name not in present:
+            creator = creator_class()
+            # False means TensorRT refused the creator (for one, another library holds the name): every build that
+            # uses the plugin would then fail at the parser, so say so here.
+            if not registry.register_creator(creator, contract.PLUGIN_NAMESPACE):
+                raise TrtfuseError(
+                    f"TensorRT's plugin registry refused the {creator_class.PLUGIN.OP.name} creator in namespace "
+                    f"'{contract.PLUGIN_NAMESPACE}' (its log above says why)"
+                )
+            _creators.append(creator)
+    return _registered(registry)
+
+
+def register_aot() -> None:
+    """Register every op's QDP in namespace trtfuse, once per process (later calls change nothing)."""
+    global _aot_registered
+    with _lock:
+        if _aot_registered:
+            return
+        trt = load_trt()
+        refusal = aot_refusal(trt)
+        if refusal is not None:
+            raise MissingDependencyError(
+                f"{refusal}; trtfuse builds AOT plugins with TensorRT >= {min_tensorrt_text()}: build with the Python "
+                "plugins instead"
+            )
+        # Refused before claiming, so that a refusal leaves this process free to build with the Python plugins.
+        present = sorted(name for name in _registered(trt.get_plugin_registry()) if name in contract.OPS)
+        if present:
+            raise TrtfuseError(
+                f"TensorRT's plugin registry already holds {', '.join(present)} in namespace "
+                f"'{contract.PLUGIN_NAMESPACE}'; the AOT plugins share those names, so register them in another process"
+            )
+        claim_plugin_kind(contract.PluginKind.AOT)
+        from trtfuse.plugins.qdp import register_definitions
+
+        register_definitions(trt)
+        _aot_registered = True

@@ -1,0 +1,1 @@
+"""Run models on the CPU and judge a candidate's outputs against the original's."""

@@ -1,0 +1,370 @@
+"""The one judgment `check` and `compare` pass on a candidate's outputs: blame the fusion only when it is to blame.
+
+`judge_steps` runs the original (twice), the candidate and the float32 evaluation at every step and judges each
+output; `judge_lowered` does so with the lowered fused model as the candidate.
+
+Per output of the original:
+- an output that differs between two runs of the original on the same inputs (uninitialised cache slots, say) says
+  nothing about the candidate: it is left out, and the verdict says so;
+- a missing output, a changed declared dtype, rank or static dim, a changed runtime shape or a NaN/inf mismatch
+  fails (a renamed symbolic dim is only reported);
+- integer and bool outputs must equal the original's;
+- float outputs of a float32 graph, and every float output when the user gives a tolerance, pass within the
+  tolerance of the dtype that computed them (`tolerances.tolerance_for`);
+- float outputs of a 16-bit or quantized graph are measured against a float32 evaluation of the original graph's
+  arithmetic (`verify.widening`): they pass when the candidate's error there is at most `REFERENCE_MARGIN` times
+  the original's own error, plus float32's tolerance, and both errors are reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from trtfuse.errors import TrtfuseError
+from trtfuse.model.feeds import StepFeed
+from trtfuse.model.interface import elem_type_name
+from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
+from trtfuse.verify.interface import check_same_inputs, declared_output_differences
+from trtfuse.verify.onnxrt import ModelRunner, lowered_runner, original_runner, reference_runner, widened_feed
+from trtfuse.verify.tolerances import OutputError, Tolerance, non_finite_mismatch, output_error, tolerance_for
+
+# Measured with every 16-bit value rounded as the graph says (`onnxrt.keep_16_bit_roundings`): on 70 outputs of real
+# exports (optimum, genai, ModelOpt int8/fp8/int4/AutoCast, dynamo opset 23, onnxslim) where a correct fusion differs
+# from the original, its RMS error against the float32 evaluation is 0.18-1.21 times the original's (the committed
+# fp16 fixtures fuse bit-exactly); a weight offset off by 0.01 on the fp16 fixtures is 14.5-18.4 times.
+REFERENCE_MARGIN = 1.5
+# Beyond the margin, float32 rounding of the evaluation itself: an output both models compute in float32 agrees to it.
+REFERENCE_FLOOR = tolerance_for("float32").rtol
+
+
+@dataclass(frozen=True)
+class ReferenceErrors:
+    """RMS errors, relative to the reference's RMS, of the original and the candidate against the float32 evaluation."""
+
+    original: float
+    candidate: float
+
+    @property
+    def bound(self) -> float:
+        return self.original * REFERENCE_MARGIN + REFERENCE_FLOOR
+
+    @property
+    def passed(self) -> bool:
+        return self.candidate <= self.bound
+
+
+@dataclass(frozen=True)
+class OutputVerdict:
+    """What was measured on one output and why it passed, failed or was left out (`passed` None)."""
+
+    name: str
+    dtype: str
+    computed_in: str
+    error: OutputError | None
+    reference: ReferenceErrors | None
+    passed: bool | None
+    note: str = ""
+
+    @property
+    def max_abs(self) -> float:
+        return self.error.max_abs if self.error else math.inf
+
+    @property
+    def max_rel(self) -> float:
+        return self.error.max_rel if self.error else math.inf
+
+    def to_json(self) -> dict:
+        """Plain values; non-finite errors stay floats for the JSON writer to spell."""
+        error, reference = self.error, self.reference
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "computed_in": self.computed_in,
+            "max_abs": error.max_abs if error else None,
+            "max_rel": error.max_rel if error else None,
+            "atol": error.tolerance.atol if error else None,
+            "rtol": error.tolerance.rtol if error else None,
+            "float32_evaluation": (
+                {"original_error": reference.original, "candidate_error": reference.candidate, "bound": reference.bound}
+                if reference
+                else None
+            ),
+            "passed": self.passed,
+            "note": self.note,
+        }
+
+
+def rms_error(actual: np.ndarray, reference: np.ndarray) -> float:
+    """RMS of `actual - reference` over RMS of `reference`, in float64; inf on a shape or NaN/inf mismatch."""
+    if actual.shape != reference.shape:
+        return math.inf
+    actual64 = np.asarray(actual, dtype=np.float64)
+    reference64 = np.asarray(reference, dtype=np.float64)
+    if non_finite_mismatch(actual64, reference64):
+        return math.inf
+    finite = np.isfinite(reference64)
+    difference = actual64[finite] - reference64[finite]
+    if difference.size == 0 or not np.any(difference):
+        return 0.0
+    scale = math.sqrt(float(np.mean(reference64[finite] ** 2)))
+    return math.sqrt(float(np.mean(difference**2))) / scale if scale > 0.0 else math.inf
+
+
+def same_runs(first: np.ndarray, second: np.ndarray) -> bool:
+    """Bit-for-bit agreement of two runs of one model (NaN equal to NaN)."""
+    if first.shape != second.shape or first.dtype != second.dtype:
+        return False
+    if first.dtype.kind in "fc" or first.dtype.name == "bfloat16":
+        return bool(np.array_equal(first.astype(np.float64), second.astype(np.float64), equal_nan=True))
+    return bool(np.array_equal(first, second))
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
+
+
+@dataclass(frozen=True)
+class Judge:
+    """How to judge: `tolerance` set by the user replaces every default; `computed_in` maps an output to the dtype
+    of the computation that produced it (an fp16 model's `logits.float()` is float16's); `declared` holds, per output,
+    why the candidate's declared interface differs from the original's so that it fails; `remarks`, differences
+    that are only reported."""
+
+    tolerance: Tolerance | None = None
+    computed_in: Mapping[str, str] | None = None
+    declared: Mapping[str, str] | None = None
+    remarks: Mapping[str, str] | None = None
+
+    def outputs(
+        self,
+        original: Mapping[str, np.ndarray],
+        original_again: Mapping[str, np.ndarray],
+        candidate: Mapping[str, np.ndarray],
+        reference: Mapping[str, np.ndarray] | None,
+    ) -> list[OutputVerdict]:
+        return [
+            self.output(name, expected, original_again[name], candidate.get(name), reference)
+            for name, expected in original.items()
+        ]
+
+    def output(
+        self,
+        name: str,
+        expected: np.ndarray,
+        expected_again: np.ndarray,
+        actual: np.ndarray | None,
+        reference: Mapping[str, np.ndarray] | None,
+    ) -> OutputVerdict:
+        dtype = np.dtype(expected.dtype).name
+        computed_in = (self.computed_in or {}).get(name, dtype)
+        verdict = {"name": name, "dtype": dtype, "computed_in": computed_in}
+        if actual is None:
+            return OutputVerdict(**verdict, error=None, reference=None, passed=False, note="missing from the candidate")
+        tolerance = self.tolerance if self.tolerance and is_float(expected.dtype) else tolerance_for(computed_in)
+        error = output_error(name, np.asarray(actual), expected, tolerance)
+        if not same_runs(expected, expected_again):
+            spread = output_error(name, expected_again, expected)
+            note = f"left out: two runs of the original differ (max abs {spread.max_abs:.3e})"
+            return OutputVerdict(**verdict, error=error, reference=None, passed=None, note=note)
+        declared = (self.declared or {}).get(name)
+        if declared:
+            return OutputVerdict(**verdict, error=error, reference=None, passed=False, note=declared)
+        if actual.shape != expected.shape:
+            note = f"shape {_shape(actual)}, the original's {_shape(expected)}"
+            return OutputVerdict(**verdict, error=error, reference=None, passed=False, note=note)
+        remark = (self.remarks or {}).get(name, "")
+        if reference is None or self.tolerance is not None or not is_float(expected.dtype) or name not in reference:
+            return OutputVerdict(**verdict, error=error, reference=None, passed=error.passed, note=remark)
+        errors = ReferenceErrors(rms_error(expected, reference[name]), rms_error(np.asarray(actual), reference[name]))
+        # Identical outputs cannot be blamed, whatever the reference says.
+        passed = errors.passed or error.max_abs == 0.0
+        return OutputVerdict(**verdict, error=error, reference=errors, passed=passed, note=remark)
+
+
+def _shape(array: np.ndarray) -> str:
+    return "x".join(str(dim) for dim in array.shape) or "scalar"
+
+
+_FLOAT_OUTPUTS = {"float16", "bfloat16", "float32", "float64"}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The verdict on every output of the original at one step; an output left out has `passed` None."""
+
+    name: str
+    input_shapes: dict[str, tuple[int, ...]]
+    outputs: list[OutputVerdict]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def judged(self) -> list[OutputVerdict]:
+        return [output for output in self.outputs if output.passed is not None]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.judged) and all(output.passed for output in self.judged)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Every step's verdicts; `seed` is None when the inputs came from a file."""
+
+    steps: list[StepResult]
+    seed: int | None
+    inputs_file: Path | None = None
+    judged_by: str = "tolerance"
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.steps) and all(step.passed for step in self.steps)
+
+    @property
+    def errors(self) -> list[OutputVerdict]:
+        return [output for step in self.steps for output in step.outputs]
+
+    def to_json(self) -> dict:
+        return {
+            "passed": self.passed,
+            "seed": self.seed,
+            "inputs_file": str(self.inputs_file) if self.inputs_file else None,
+            "judged_by": self.judged_by,
+            "margin": REFERENCE_MARGIN,
+            "steps": [
+                {
+                    "step": step.name,
+                    "input_shapes": {name: list(shape) for name, shape in step.input_shapes.items()},
+                    "notes": list(step.notes),
+                    "passed": step.passed,
+                    "outputs": [output.to_json() for output in step.outputs],
+                }
+                for step in self.steps
+            ],
+        }
+
+
+def judge_lowered(
+    original: LoadedModel,
+    fused: LoadedModel,
+    feeds: Sequence[StepFeed],
+    seed: int | None,
+    inputs_file: Path | None = None,
+    tolerance: Tolerance | None = None,
+) -> CheckResult:
+    """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `feeds`: what `check`
+    runs, and `compare` without an engine."""
+    check_same_inputs(original, fused)
+    runner, note = original_runner(original)
+    lowered = lowered_runner(fused, evaluator=runner.evaluator)
+    judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
+    return judge_steps(runner, lowered.run, feeds, judge, seed, inputs_file, note)
+
+
+def judge_for(
+    original: LoadedModel,
+    tolerance: Tolerance | None,
+    declared: Mapping[str, str] | None = None,
+    remarks: Mapping[str, str] | None = None,
+) -> Judge:
+    check_comparable_outputs(original)
+    return Judge(tolerance, computed_dtypes(original.model), declared or {}, remarks or {})
+
+
+def judge_steps(
+    runner: ModelRunner,
+    run_candidate: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    feeds: Sequence[StepFeed],
+    judge: Judge,
+    seed: int | None,
+    inputs_file: Path | None = None,
+    note: str = "",
+) -> CheckResult:
+    """Run the original (`runner`) twice, the candidate once and, where the verdict uses it, the float32 evaluation
+    of the original, at every step; judge each output. `note` goes with every step."""
+    original = runner.model
+    reference = reference_runner(original) if judge.tolerance is None else None
+    steps = []
+    for step in feeds:
+        first = runner.run(step.feed)
+        _check_tensor_outputs(original, first)
+        again = runner.run(step.feed)
+        candidate = run_candidate(step.feed)
+        notes = [note] if note else []
+        expected = None
+        if reference is not None:
+            try:
+                expected = reference.run(widened_feed(step.feed))
+            except TrtfuseError as error:
+                notes.append(f"no float32 evaluation of the original ({error}): judged by tolerance")
+        steps.append(
+            StepResult(
+                name=step.step,
+                input_shapes={name: tuple(array.shape) for name, array in step.feed.items()},
+                outputs=judge.outputs(first, again, candidate, expected),
+                notes=tuple(notes),
+            )
+        )
+    judged_by = "float32 evaluation" if reference is not None else "tolerance"
+    return CheckResult(steps=steps, seed=seed, inputs_file=inputs_file, judged_by=judged_by)
+
+
+def computed_dtypes(model: onnx.ModelProto) -> dict[str, str]:
+    """Per graph output, the dtype of the computation that produced it: the loosest float dtype along the Casts and
+    Identities it comes out of (an fp16 model's `logits.float()` is float16's)."""
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        # Shape inference raises for graphs onnxruntime still runs; each output then keeps its own dtype.
+        graph = model.graph
+    types = {value.name: value.type.tensor_type.elem_type for value in [*graph.input, *graph.value_info]}
+    types.update({value.name: value.type.tensor_type.elem_type for value in graph.output})
+    types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
+    producers = {output: node for node in graph.node for output in node.output}
+    computed = {}
+    for output in graph.output:
+        chain = [output.name]
+        node = producers.get(output.name)
+        while node is not None and node.op_type in ("Cast", "Identity") and node.domain in DEFAULT_DOMAINS:
+            chain.append(node.input[0])
+            node = producers.get(node.input[0])
+        names = [elem_type_name(types[name]) for name in chain if types.get(name)]
+        floats = [name for name in names if name in _FLOAT_OUTPUTS]
+        if floats:
+            computed[output.name] = max(floats, key=lambda name: tolerance_for(name).rtol)
+        elif names:
+            computed[output.name] = names[-1]
+    return computed
+
+
+def check_comparable_outputs(model: LoadedModel) -> None:
+    """Every graph output must be a tensor of numbers or bools: a string, complex or non-tensor output has no error
+    to measure."""
+    for output in model.model.graph.output:
+        kind = output.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            raise TrtfuseError(
+                f"{model.path}: output '{output.name}' is a {kind.removesuffix('_type')}, not a tensor; "
+                "check compares tensor outputs only"
+            )
+        elem_type = output.type.tensor_type.elem_type
+        if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+            kind = onnx.TensorProto.DataType.Name(elem_type).lower()
+            raise TrtfuseError(
+                f"{model.path}: output '{output.name}' holds {kind} values; "
+                "check compares numeric and bool outputs only"
+            )
+
+
+def _check_tensor_outputs(model: LoadedModel, outputs: Mapping[str, object]) -> None:
+    for name, value in outputs.items():
+        if not isinstance(value, np.ndarray) or (value.dtype.kind not in "biuf" and value.dtype.name != "bfloat16"):
+            kind = value.dtype.name if isinstance(value, np.ndarray) else type(value).__name__
+            raise TrtfuseError(
+                f"{model.path}: output '{name}' came out as {kind}; check compares numeric and bool tensors only"
+            )
