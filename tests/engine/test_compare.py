@@ -153,7 +153,7 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
     from trtfuse.engine.session import ENGINE_RUNNER
     from trtfuse.fusion.lowering import lower_fused_nodes
     from trtfuse.model.onnx_file import LoadedModel
-    from trtfuse.verify.onnxrt import ModelRunner
+    from trtfuse.verify.onnxrt import CpuSession
 
     original, fused, corrupted, _ = model_pair
     engine = tmp_path / "model.engine"
@@ -161,7 +161,7 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
     monkeypatch.setattr(compare_module, "import_tensorrt", lambda: object())
     for candidate, passes in ((fused, True), (corrupted, False)):
         loaded = load_model(candidate)
-        lowered = ModelRunner(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
+        lowered = CpuSession(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
         monkeypatch.setattr(compare_module, "EngineSession", OnnxrtEngineSession.running(lowered))
         report = compare(original, engine, seed=4, dims={"sequence": 3})
         assert report.candidate_runner == ENGINE_RUNNER
@@ -176,13 +176,13 @@ def test_engine_comparison_saving_its_inputs_reads_the_engine_file_once(model_pa
     from trtfuse.fusion.lowering import lower_fused_nodes
     from trtfuse.model.feed_files import load_feeds
     from trtfuse.model.onnx_file import LoadedModel
-    from trtfuse.verify.onnxrt import ModelRunner
+    from trtfuse.verify.onnxrt import CpuSession
 
     original, fused, _, _ = model_pair
     engine, saved = tmp_path / "model.engine", tmp_path / "inputs.npz"
     engine.write_bytes(b"engine")
     loaded = load_model(fused)
-    lowered = ModelRunner(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
+    lowered = CpuSession(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
     monkeypatch.setattr(compare_module, "import_tensorrt", lambda: object())
     monkeypatch.setattr(compare_module, "EngineSession", OnnxrtEngineSession.running(lowered))
     opened = []

@@ -8,13 +8,13 @@ from collections.abc import Mapping
 import numpy as np
 
 from trtfuse.engine.engine_file import EngineFile
-from trtfuse.verify.onnxrt import ModelRunner
+from trtfuse.verify.onnxrt import CpuSession
 
 
 class OnnxrtEngineSession:
     """Stands in for `trtfuse.engine.session.EngineSession`; `runner` is what the "engine" computes."""
 
-    runner: ModelRunner
+    runner: CpuSession
 
     def __init__(self, engine: EngineFile, profile_index: int | None = None, name: str = "fake") -> None:
         self.engine = engine
@@ -29,5 +29,5 @@ class OnnxrtEngineSession:
         return self.runner.run(feed)
 
     @classmethod
-    def running(cls, runner: ModelRunner) -> type[OnnxrtEngineSession]:
+    def running(cls, runner: CpuSession) -> type[OnnxrtEngineSession]:
         return type("Session", (cls,), {"runner": runner})

@@ -18,7 +18,7 @@ from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.model.feeds import DEFAULT_BATCH, DEFAULT_DIM, make_feed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
-from trtfuse.verify.onnxrt import run_model
+from trtfuse.verify.onnxrt import CpuSession
 from trtfuse.verify.tolerances import Tolerance, output_error, tolerance_for
 from trtfuse.verify.verdict import computed_dtypes
 
@@ -126,7 +126,7 @@ def test_different_interfaces_are_reported(tmp_path: Path) -> None:
 def test_onnxruntime_shape_failure_points_at_dim_and_shape(tmp_path: Path) -> None:
     loaded = _loaded(embedding_norm_model(fused=False), tmp_path / "original.onnx")
     with pytest.raises(OptionError, match=r"onnxruntime cannot run it: .*dim SYMBOL=N or shape NAME=D0xD1"):
-        run_model(loaded, {"input_ids": np.zeros((2, 3, 4), np.int64)})
+        CpuSession(loaded).run({"input_ids": np.zeros((2, 3, 4), np.int64)})
 
 
 def test_feed_keeps_token_ids_inside_the_vocabulary() -> None:
@@ -448,7 +448,7 @@ def test_widening_keeps_ops_and_weights_and_drops_activation_quantization() -> N
     assert widened.graph.node[0].input[0] == "x"
     np.testing.assert_array_equal(numpy_helper.to_array(widened.graph.initializer[0]), [0.5, -2.0])
     x = np.array([0.123, -0.456], np.float32)
-    (y,) = run_model(LoadedModel(model=widened, path=Path("widened.onnx")), {"x": x}).values()
+    (y,) = CpuSession(LoadedModel(model=widened, path=Path("widened.onnx"))).run({"x": x}).values()
     np.testing.assert_allclose(y, x * np.array([0.5, -2.0], np.float32), rtol=1e-7)
 
 
@@ -691,5 +691,5 @@ def test_onnxruntime_rounds_every_16_bit_value_as_the_graph_says() -> None:
     per_op = (x32 / np.sqrt(mean).astype(np.float16).astype(np.float32)).astype(np.float16)
     in_float32 = (x32 / np.sqrt((x32 * x32).mean(axis=-1, keepdims=True))).astype(np.float16)
     assert not np.array_equal(per_op, in_float32)
-    (y,) = run_model(model, {"x": x}).values()
+    (y,) = CpuSession(model).run({"x": x}).values()
     np.testing.assert_array_equal(y, per_op)

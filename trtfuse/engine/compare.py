@@ -17,7 +17,7 @@ from trtfuse.errors import TrtfuseError
 from trtfuse.model.feeds import StepFeed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused, step_feeds
-from trtfuse.verify.onnxrt import original_runner
+from trtfuse.verify.onnxrt import original_session
 from trtfuse.verify.tolerances import Tolerance
 from trtfuse.verify.verdict import CheckResult, judge_for, judge_steps
 
@@ -87,7 +87,7 @@ def compare(
     import_tensorrt()
     feeds = step_feeds(original, seed, engine.feed_shapes(shapes, dims), dims, feeds, save_inputs)
     judge = judge_for(original, tolerance)
-    runner, note = original_runner(original)
+    runner, note = original_session(original)
     with _polygraphy_quiet(), EngineSession(engine) as session:
         result = judge_steps(runner, session.infer, feeds, judge, None if inputs_file else seed, inputs_file, note)
     return ComparisonReport(original_path, candidate_path, ENGINE_RUNNER, result)

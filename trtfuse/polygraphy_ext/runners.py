@@ -1,5 +1,5 @@
 """Polygraphy runners for the two trtfuse sides of a comparison: the fused model lowered to standard ops in
-onnxruntime (`trtfuse check`'s `ModelRunner`), and the trtfuse engine in TensorRT (`trtfuse run`'s `TrtRunner`,
+onnxruntime (`trtfuse check`'s `CpuSession`), and the trtfuse engine in TensorRT (`trtfuse run`'s `TrtRunner`,
 switched per feed to the optimisation profile that holds it). Their names start with `trtfuse-`, so Polygraphy's
 log and comparison say which side is which."""
 
@@ -21,7 +21,7 @@ from trtfuse.engine.session import EngineSession
 from trtfuse.model.interface import fed_inputs
 from trtfuse.model.onnx_file import LoadedModel
 from trtfuse.polygraphy_ext.errors import as_polygraphy_error
-from trtfuse.verify.onnxrt import ModelRunner
+from trtfuse.verify.onnxrt import CpuSession
 
 ONNXRT_PREFIX = "trtfuse-onnxrt-runner"
 TRT_PREFIX = "trtfuse-trt-runner"
@@ -39,7 +39,7 @@ class FusedOnnxrtRunner(BaseRunner):
     @util.check_called_by("activate")
     def activate_impl(self) -> None:
         self.model, _ = util.invoke_if_callable(self._model)
-        self.runner = ModelRunner(self.model)
+        self.runner = CpuSession(self.model)
 
     @util.check_called_by("get_input_metadata")
     def get_input_metadata_impl(self) -> TensorMetadata:

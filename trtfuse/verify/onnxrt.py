@@ -60,7 +60,7 @@ def uses_bfloat16(model: onnx.ModelProto) -> bool:
     )
 
 
-class ModelRunner:
+class CpuSession:
     """One model on the CPU, loaded once and run on any number of feeds: onnxruntime, or onnx's reference evaluator
     (exact per-op rounding, slow) for bfloat16 models, which onnxruntime's CPU kernels mostly lack, and where asked."""
 
@@ -69,7 +69,7 @@ class ModelRunner:
         self.evaluator = evaluator or uses_bfloat16(model.model)
         self._run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
-    def load(self) -> ModelRunner:
+    def load(self) -> CpuSession:
         if self._run is None:
             self._run = self._evaluator() if self.evaluator else self._onnxruntime()
         return self
@@ -178,26 +178,21 @@ def _runtime_error(text: str, message: str) -> TrtfuseError:
     return TrtfuseError(text)
 
 
-def run_model(model: LoadedModel, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """`model`'s outputs on `feed`, once."""
-    return ModelRunner(model).run(feed)
-
-
-def original_runner(original: LoadedModel) -> tuple[ModelRunner, str]:
+def original_session(original: LoadedModel) -> tuple[CpuSession, str]:
     """The original's runner, and a note when it is not onnxruntime: where onnxruntime cannot load a model (dynamo's
     opset-23 fp16 Gemma3 mixes fp16 and fp32 in one Mul), onnx's reference evaluator runs it, and the fused model with
     it."""
-    runner = ModelRunner(original)
+    runner = CpuSession(original)
     try:
         return runner.load(), ""
     except TrtfuseError as error:
         if runner.evaluator:
             raise
         note = f"{error}; both models run in onnx's reference evaluator instead"
-        return ModelRunner(original, evaluator=True).load(), note
+        return CpuSession(original, evaluator=True).load(), note
 
 
-def lowered_runner(fused: LoadedModel, evaluator: bool) -> ModelRunner:
+def lowered_session(fused: LoadedModel, evaluator: bool) -> CpuSession:
     """`fused` with its plugin nodes lowered to standard ops (`trtfuse.fusion.lowering`), run as the original is run."""
     lowered_model = lower_fused_nodes(fused.model, fused.path)
     for output in lowered_model.graph.output:
@@ -205,14 +200,14 @@ def lowered_runner(fused: LoadedModel, evaluator: bool) -> ModelRunner:
             # onnxruntime refuses an undefined output dtype but infers a missing type: the output still runs, and
             # `verify.interface.declared_output_differences` fails it.
             output.ClearField("type")
-    return ModelRunner(LoadedModel(model=lowered_model, path=fused.path), evaluator=evaluator)
+    return CpuSession(LoadedModel(model=lowered_model, path=fused.path), evaluator=evaluator)
 
 
-def reference_runner(original: LoadedModel) -> ModelRunner | None:
+def float32_session(original: LoadedModel) -> CpuSession | None:
     """The float32 evaluation of a 16-bit or quantized original (`trtfuse.verify.widening`); None for a float32 one."""
     if not is_reduced_precision(original.model):
         return None
-    return ModelRunner(LoadedModel(model=widen_to_float32(original.model), path=original.path))
+    return CpuSession(LoadedModel(model=widen_to_float32(original.model), path=original.path))
 
 
 def widened_feed(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

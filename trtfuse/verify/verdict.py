@@ -31,7 +31,7 @@ from trtfuse.model.feeds import StepFeed
 from trtfuse.model.interface import elem_type_name
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
 from trtfuse.verify.interface import check_same_inputs, declared_output_differences
-from trtfuse.verify.onnxrt import ModelRunner, lowered_runner, original_runner, reference_runner, widened_feed
+from trtfuse.verify.onnxrt import CpuSession, float32_session, lowered_session, original_session, widened_feed
 from trtfuse.verify.tolerances import OutputError, Tolerance, non_finite_mismatch, output_error, tolerance_for
 
 # Measured with every 16-bit value rounded as the graph says (`onnxrt.keep_16_bit_roundings`): on 70 outputs of real
@@ -260,8 +260,8 @@ def judge_lowered(
     """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `feeds`: what `check`
     runs, and `compare` without an engine."""
     check_same_inputs(original, fused)
-    runner, note = original_runner(original)
-    lowered = lowered_runner(fused, evaluator=runner.evaluator)
+    runner, note = original_session(original)
+    lowered = lowered_session(fused, evaluator=runner.evaluator)
     judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
     return judge_steps(runner, lowered.run, feeds, judge, seed, inputs_file, note)
 
@@ -277,7 +277,7 @@ def judge_for(
 
 
 def judge_steps(
-    runner: ModelRunner,
+    runner: CpuSession,
     run_candidate: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
     feeds: Sequence[StepFeed],
     judge: Judge,
@@ -288,7 +288,7 @@ def judge_steps(
     """Run the original (`runner`) twice, the candidate once and, where the verdict uses it, the float32 evaluation
     of the original, at every step; judge each output. `note` goes with every step."""
     original = runner.model
-    reference = reference_runner(original) if judge.tolerance is None else None
+    reference = float32_session(original) if judge.tolerance is None else None
     steps = []
     for step in feeds:
         first = runner.run(step.feed)
