@@ -395,7 +395,7 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else ""
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--out",
     "out_dir",

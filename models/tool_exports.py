@@ -261,3 +261,8 @@ def run_tool(command: list[str]) -> None:
         if lines:
             raise RuntimeError(lines[-1])
     raise RuntimeError(f"{Path(command[0]).name} exited with {result.returncode}")
+
+
+if __name__ == "__main__":
+    # A library of the export_*.py scripts, not a command: `-h` (or any argument) prints what it is.
+    print(__doc__)
