@@ -595,6 +595,8 @@ def export_cache_onnx(
         location = path.name + ".data"
         (path.parent / location).unlink(missing_ok=True)
         onnx.save_model(graph, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location)
+        # onnx writes the data file owner-only; give it the .onnx file's permissions.
+        (path.parent / location).chmod(path.stat().st_mode & 0o777)
     else:
         onnx.save_model(graph, str(path))
 
@@ -732,10 +734,11 @@ def export_cache_one(spec: ExportSpec, out_dir: Path) -> dict[str, object]:
         "qk_norm_calls": calls.qk,
         "mla_norm_calls": calls.mla,
         "uses_rms_norm": uses_rms_norm,
-        "bytes": path.stat().st_size,
+        "bytes": sum(file.stat().st_size for file in (path, path.with_name(f"{path.name}.data")) if file.exists()),
         "cache": layout.to_json(),
-        "inputs": {value.name: _dims(value) for value in graph.graph.input},
-        "outputs": {value.name: _dims(value) for value in graph.graph.output},
+        "inputs": [value.name for value in graph.graph.input],
+        "outputs": [value.name for value in graph.graph.output],
+        "dims": {value.name: _dims(value) for value in (*graph.graph.input, *graph.graph.output)},
         "max_rel_error_vs_torch": errors,
         "greedy_tokens": {"torch": torch_tokens, "onnxruntime": onnx_tokens, "match": torch_tokens == onnx_tokens},
     }
