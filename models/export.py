@@ -426,9 +426,11 @@ KV_FIXTURES = (ExportSpec("qwen3", "dynamo", "float32", cache=True),)
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """The KV cache a model fills, per layer: (key heads, key width, value heads, value width)."""
+    """The KV cache a model fills, per layer: (key heads, key width, value heads, value width); and the layers that
+    transformers' own cache keeps as a sliding window (the export keeps their whole past, see WithCache)."""
 
     layers: tuple[tuple[int, int, int, int], ...]
+    sliding: tuple[int, ...] = ()
 
     @property
     def cache_names(self) -> list[str]:
@@ -451,7 +453,11 @@ class CacheLayout:
         ]
 
     def to_json(self) -> dict[str, object]:
-        layout = {"layers": len(self.layers), "dims": [BATCH_DIM, "kv_heads", PAST_DIM, "head_dim"]}
+        layout = {
+            "layers": len(self.layers),
+            "dims": [BATCH_DIM, "kv_heads", PAST_DIM, "head_dim"],
+            "full_length_sliding_layers": list(self.sliding),
+        }
         key_heads, key_width, value_heads, value_width = self.layers[0]
         if len(set(self.layers)) == 1 and key_heads == value_heads:
             return {**layout, "kv_heads": key_heads, "key_head_dim": key_width, "value_head_dim": value_width}
@@ -526,11 +532,13 @@ def native_step(model: nn.Module, input_ids: torch.Tensor, cache: object | None)
 
 
 def cache_layout(model: nn.Module) -> CacheLayout:
-    """Heads and widths of every layer's keys and values, read off the cache a two-token prefill fills."""
+    """Heads and widths of every layer's keys and values, and which layers slide, read off the cache a two-token
+    prefill fills."""
     _, cache = native_step(model, torch.zeros(1, 2, dtype=torch.int64), None)
     return CacheLayout(
         tuple((*layer.keys.shape[1:2], layer.keys.shape[3], *layer.values.shape[1:2], layer.values.shape[3])
-              for layer in cache.layers)
+              for layer in cache.layers),
+        tuple(index for index, layer in enumerate(cache.layers) if getattr(layer, "is_sliding", False)),
     )  # fmt: skip
 
 
@@ -876,6 +884,12 @@ def main(
                 traceback.print_exc()
             continue
         click.echo(f"ok      {spec.filename}: {_report(spec, expected[spec.filename])}")
+        sliding = expected[spec.filename].get("cache", {}).get("full_length_sliding_layers")
+        if sliding:
+            click.echo(
+                f"note    {spec.filename}: sliding-window layers {sliding} keep the whole past (the attention mask "
+                "applies the window; transformers' own cache keeps only the window there)"
+            )
     for filename, reason in failures.items():
         click.echo(f"FAILED  {filename}: {reason}")
     manifest = {"transformers": transformers.__version__, "torch": torch.__version__, "files": expected}
