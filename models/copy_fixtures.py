@@ -32,7 +32,7 @@ FOLDERS = {"optimum-O2": "optimum"}
 MAX_BYTES = 2**20
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("exports", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def main(exports: Path) -> None:
     DESTINATION.mkdir(parents=True, exist_ok=True)

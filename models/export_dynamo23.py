@@ -75,7 +75,7 @@ def onnxruntime_error(wrapper: torch.nn.Module, path: Path) -> str:
     return f"{np.abs(logits - expected).max() / np.abs(expected).max():.2e}"
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", "out_root", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.option("--arch", "archs", multiple=True, help="Only these families (repeatable).")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(sorted(DTYPES)))

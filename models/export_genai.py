@@ -82,7 +82,7 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
     return entry | export_facts(model, graph, path)
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @export_options(VARIANTS)
 def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool) -> None:
     Manifest("genai", out_root / "genai").attempt_all(archs, variants or VARIANTS, export, verbose)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import click
 import onnx
-import onnxslim
 from tool_exports import Manifest
 
 # Source tool -> the variants of its files that are slimmed.
@@ -24,6 +23,9 @@ SOURCES = {"optimum": ("fp32", "fp16"), "dynamo23": ("fp16", "bf16")}
 
 
 def slim(source: Path, entry: dict[str, object], path: Path) -> dict[str, object]:
+    # Only the optimum venv has onnxslim; imported here so that `-h` works in any python.
+    import onnxslim
+
     # The library call behind the `onnxslim IN OUT` command line, without a process start per file.
     onnxslim.slim(str(source), str(path))
     graph = onnx.load(str(path))
@@ -38,7 +40,7 @@ def slim(source: Path, entry: dict[str, object], path: Path) -> dict[str, object
     }
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", "out_root", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
 @click.option("--verbose", is_flag=True, help="Print the full traceback of a failed run.")
 def main(out_root: Path, verbose: bool) -> None:

@@ -170,7 +170,7 @@ def failure_table(failures: dict[tuple[str, str], str]) -> str:
     return "\n".join(rows)
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("exports", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--tool", "tools", multiple=True, help="Only these tools' folders (repeatable).")
 @click.option("--trtfuse", "trtfuse_command", default="trtfuse", show_default=True, help="How to call trtfuse.")

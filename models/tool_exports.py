@@ -26,8 +26,8 @@ import torch
 # export.py sets HF_HUB_OFFLINE before it imports transformers.
 from export import ARCHITECTURES as EXPORT_ARCHITECTURES
 from export import (
-    HEAD_DIM,
     HEADS,
+    KV_ARCHITECTURES,
     SAMPLE_BATCH,
     SAMPLE_SEQUENCE,
     Architecture,
@@ -37,11 +37,7 @@ from export import (
     random_input_ids,
 )
 from torch import nn
-from transformers import MistralConfig, PhiConfig, PretrainedConfig
-
-
-def _mistral() -> PretrainedConfig:
-    return MistralConfig(**_common(), head_dim=HEAD_DIM, rms_norm_eps=1e-5, sliding_window=None)
+from transformers import PhiConfig, PretrainedConfig
 
 
 def _phi() -> PretrainedConfig:
@@ -54,7 +50,7 @@ def _phi() -> PretrainedConfig:
 # export.py's families plus the two issue 12 names that export.py does not build.
 ARCHITECTURES = {
     **EXPORT_ARCHITECTURES,
-    "mistral": Architecture("mistral", _mistral, 1.0, True, 1e-5),
+    "mistral": KV_ARCHITECTURES["mistral"],
     "phi": Architecture("phi", _phi, 1.0, False, 1e-5),
 }
 
@@ -261,3 +257,8 @@ def run_tool(command: list[str]) -> None:
         if lines:
             raise RuntimeError(lines[-1])
     raise RuntimeError(f"{Path(command[0]).name} exited with {result.returncode}")
+
+
+if __name__ == "__main__":
+    # A library of the export_*.py scripts, not a command: `-h` (or any argument) prints what it is.
+    print(__doc__)

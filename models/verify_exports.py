@@ -16,7 +16,7 @@ import click
 from tool_exports import Manifest, onnxruntime_vs_torch, tiny_model
 
 
-@click.command(help=__doc__)
+@click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("out_root", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--tool", required=True, help="The folder under OUT_ROOT whose exports are compared.")
 def main(out_root: Path, tool: str) -> None:
