@@ -415,7 +415,7 @@ GENERATE_PROMPT = (2, 6)
 GENERATE_TOKENS = 8
 # Params above this go to one external data file beside the .onnx (protobuf's limit is 2 GiB).
 EXTERNAL_DATA_BYTES = 1_500_000_000
-# optimum's dim names, which trtfuse.model_dims reads as batch, tokens, past and past + tokens.
+# optimum's dim names, which trtfuse.model.dims reads as batch, tokens, past and past + tokens.
 BATCH_DIM, SEQUENCE_DIM, PAST_DIM = "batch_size", "sequence_length", "past_sequence_length"
 TOTAL_DIM = f"{PAST_DIM} + {SEQUENCE_DIM}"
 # A torch.export Dim name must be an identifier: the dynamo export's mask length is renamed to TOTAL_DIM afterwards.

@@ -15,12 +15,14 @@ import onnx
 import pytest
 
 from trtfuse import contract
-from trtfuse.check import check_fused
-from trtfuse.fuse import fuse_model
-from trtfuse.model_dims import DimRole, model_dims
-from trtfuse.model_io import LoadedModel, load_model
+from trtfuse.fusion.fuse import fuse_model
+from trtfuse.model.dims import DimRole, model_dims
+from trtfuse.model.onnx_file import LoadedModel, load_model
+from trtfuse.verify.check import check_fused
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 FIXTURES = ROOT / "models" / "fixtures" / "kv"
 MANIFEST = json.loads((FIXTURES / "expected.json").read_text())
 EXPECTED: dict[str, dict] = MANIFEST["files"]
