@@ -2,7 +2,6 @@
 the command on a simulated GPU in CI; the real CUDA and TensorRT layer where TensorRT is."""
 
 import contextlib
-import importlib.util
 import itertools
 import json
 import subprocess
@@ -32,9 +31,9 @@ from trtfuse.model.dims import model_dims
 
 from support.engines import engine_with_sidecar
 from support.kv_models import optimum_model
+from support.markers import HAS_TENSORRT
 from support.models import save_model_file, tiny_lm
 
-HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 MIB = 1 << 20
 DECODE = Profile("decode", {"input_ids": ShapeRange((1, 1), (2, 1), (2, 1))})
 PREFILL = Profile("prefill", {"input_ids": ShapeRange((1, 2), (2, 16), (2, 64))})

@@ -125,9 +125,9 @@ def test_artifacts_round_trip_through_their_files(tmp_path: Path) -> None:
 
 
 def kernel_test_specs() -> tuple[set[object], set[tuple[object, tuple[int, int]]]]:
-    """Every RMSNorm spec and every (QK-norm spec, heads) tests/test_kernels_gpu.py runs, read from its lists and
+    """Every RMSNorm spec and every (QK-norm spec, heads) tests/gpu/test_kernels_gpu.py runs, read from its lists and
     its parametrize marks."""
-    pytest.importorskip("cutlass", reason="tests/test_kernels_gpu.py needs nvidia-cutlass-dsl to import")
+    pytest.importorskip("cutlass", reason="tests/gpu/test_kernels_gpu.py needs nvidia-cutlass-dsl to import")
     sys.path.insert(0, str(REPO / "tests"))
     import test_kernels_gpu as kernel_tests
 

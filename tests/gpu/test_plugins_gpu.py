@@ -3,7 +3,7 @@ CuTeDSL kernels enqueued on raw device pointers and a side stream, checked again
 enqueue, and a CUDA-graph capture of several enqueues replayed with fresh inputs.
 
 Needs CUDA (torch), nvidia-cutlass-dsl and TensorRT's plugin types (`tensorrt`, or TensorRT-RTX's `tensorrt_rtx`,
-which these tests ask for where `tensorrt` is absent). Run: python3 -m pytest -m gpu tests/test_plugins_gpu.py -rA
+which these tests ask for where `tensorrt` is absent). Run: python3 -m pytest -m gpu tests/gpu/test_plugins_gpu.py -rA
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m trtfuse.bench.aot_driver compile --out DIR [--arch ARCH] [--jobs N]
     python -m trtfuse.bench.aot_driver check DIR [--json PATH]
 
-`compile` (imports CuTeDSL) writes every artifact of the matrix (the specs of tests/test_kernels_gpu.py, each
+`compile` (imports CuTeDSL) writes every artifact of the matrix (the specs of tests/gpu/test_kernels_gpu.py, each
 tactic) as `<stem>.ptx`, `<stem>.cubin` and `<stem>.json` (the launch declaration), plus `manifest.json`. `check` runs
 in a process that imports neither CuTeDSL nor TVM-FFI (it blocks both and asserts it): it loads each artifact with
 cuModuleLoadData (the PTX, then the cubin), launches it with cuLaunchKernel exactly as its declaration says, on torch
@@ -258,7 +258,7 @@ class MatrixEntry:
 
 
 def matrix() -> list[MatrixEntry]:
-    """Every spec of tests/test_kernels_gpu.py (dtype pairs and modes, hidden sizes, prefill re-reads, unaligned
+    """Every spec of tests/gpu/test_kernels_gpu.py (dtype pairs and modes, hidden sizes, prefill re-reads, unaligned
     pointers, mixed precision, the CUDA-graph specs; QK-norm with its head counts), each once."""
     after, before, none = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
     dtypes = ("float32", "float16", "bfloat16")
