@@ -90,7 +90,9 @@ def regime_for(rows: int, sm_count: int) -> Regime:
     return Regime.DECODE if rows <= sm_count else Regime.PREFILL
 
 
-def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_bytes: int | None = None) -> RowTiling:
+def row_tiling(
+    hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_bytes: int | None = None, residual: bool = False
+) -> RowTiling:
     """The table: threads per row from the vectors each thread should hold; rows per block from the block size.
 
     - rows of at most one warp of vectors (attention heads): one vector per lane, part of a warp per row, reduced
@@ -103,6 +105,7 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_byt
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
     - rows whose y (`y_bytes`, default x's) differs from x in width: the same, without the register cap.
+    - `residual` (the add+norm kernel: a residual row read and h written beside x and y): the same table.
     """
     vectors = hidden // vector
     min_blocks = 0
