@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 
@@ -10,11 +11,9 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
 
-from test_kernels_aot import check_artifact, entry_params, global_accesses
-
 from trtfuse.contract import ACTIVATION_DTYPES, NormParams, WeightMode, dtype_pair_problem
-from trtfuse.kernels.artifacts import AOT_ARCHS, add_rms_norm_artifact, add_rms_norm_tactics
-from trtfuse.kernels.declaration import Tactic
+from trtfuse.kernels.artifacts import AOT_ARCHS, ENTRY_NAME_MAX, add_rms_norm_artifact, add_rms_norm_tactics
+from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.specs import AddRmsNormSpec
 
 AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
@@ -30,6 +29,37 @@ MATRIX = [
     AddRmsNormSpec(1001, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # no vector divides the row
     AddRmsNormSpec(128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # one warp of vectors: one tactic
 ]
+
+
+ENTRY = re.compile(r"\.visible \.entry (\w+)\((.*?)\)", re.S)
+
+
+def entry_params(ptx: str) -> tuple[str, list[str]]:
+    (match,) = ENTRY.finditer(ptx)
+    return match.group(1), [line.strip().rstrip(",") for line in match.group(2).strip().splitlines()]
+
+
+def global_accesses(ptx: str) -> set[str]:
+    return set(re.findall(r"\b(?:ld|st)\.global(?:\.[A-Za-z0-9:_]+)+", ptx))
+
+
+def check_artifact(artifact: KernelArtifact, arch: str) -> None:
+    """One entry whose name and parameters are the declaration's (pointers `.u64 .ptr .global`, the row count
+    `.u32`, TensorRT's order: inputs, scalars, outputs), for `arch`, a name of at most 15 characters (docs/aot.md),
+    the block as `.reqntid`, and a cubin holding the entry; the declaration round-trips through JSON."""
+    declaration = artifact.declaration
+    assert declaration.arch == arch and re.search(rf"^\.target {arch}\b", artifact.ptx, re.M)
+    name, params = entry_params(artifact.ptx)
+    assert name == declaration.kernel_name and len(name) <= ENTRY_NAME_MAX == 15
+    assert len(params) == len(declaration.params)
+    for index, (text, param) in enumerate(zip(params, declaration.params, strict=True)):
+        assert text.startswith(f".param {param.ptx_type}") and text.endswith(f"{name}_param_{index}"), (text, param)
+        assert (".ptr .global" in text) == (param.role is not ParamRole.SCALAR)
+    roles = [p.role for p in declaration.params]
+    assert roles == sorted(roles, key=[ParamRole.INPUT, ParamRole.SCALAR, ParamRole.OUTPUT].index)
+    assert re.search(rf"\.reqntid {declaration.block_threads}, 1, 1", artifact.ptx)
+    assert artifact.cubin[:4] == b"\x7fELF" and name.encode() in artifact.cubin
+    assert LaunchDeclaration.from_json(json.loads(declaration.dumps())) == declaration
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +92,8 @@ def test_vector_kernels_test_every_pointer_and_keep_the_element_path(cache_root:
         accesses = global_accesses(ptx)
         assert {"ld.global.v4.b32", "st.global.v4.b32", "ld.global.b16", "st.global.b16"} <= accesses
         assert re.search(r"and\.b64\s+%rd\d+, %rd\d+, 14;", ptx)
-        assert len(re.findall(r"ld\.param\.b64", ptx)) == 5
+        # All five pointers are read (the row count is the one 32-bit parameter, 3).
+        assert set(re.findall(r"ld\.param\.b64\s+%rd\d+, \[\w+_param_(\d)\]", ptx)) == set("01245")
 
 
 def test_a_row_no_vector_divides_has_only_the_element_path(cache_root: Path) -> None:

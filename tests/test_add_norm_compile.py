@@ -126,15 +126,18 @@ def test_h_is_stored_before_the_reduction_and_the_prefill_row_read_twice(tmp_pat
 
 
 def test_the_tiling_is_the_rms_norm_table_with_a_residual() -> None:
-    """`row_tiling`'s residual rule (docs/kernels.md, "Fused residual add + RMSNorm"): the threads, vectors and
-    rows per block of the RMSNorm of the same row, in both regimes and alignments."""
-    for hidden, dtype, out in itertools.product((128, 1000, 2048, 4096, 5120, 8192), ACTIVATION_DTYPES, ("float32",)):
+    """`row_tiling`'s residual rule (docs/kernels.md, "Fused residual add + RMSNorm"): the threads, vectors, rows
+    per block and second read of the RMSNorm of the same row, in both regimes and alignments, without its cap."""
+    pairs = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("float32", "bfloat16")]
+    for hidden, (dtype, out) in itertools.product((128, 1000, 2048, 4096, 5120, 8192), pairs):
         for regime, aligned in itertools.product(Regime, (True, False)):
             params = NormParams(1e-6, 0.0, AFTER)
             add = rms_norm_tiling(AddRmsNormSpec(hidden, dtype, "float32", params, out), regime, aligned)
             norm = rms_norm_tiling(RmsNormSpec(hidden, dtype, "float32", params, out), regime, aligned)
-            shape = ("vector", "threads_per_row", "vectors_per_thread", "rows_per_block", "paired_stores")
+            shape = ("vector", "threads_per_row", "vectors_per_thread", "rows_per_block", "reread", "paired_stores")
             assert [getattr(add, f) for f in shape] == [getattr(norm, f) for f in shape]
+            # No register cap: the residual's slots would spill under it (BEFORE_CAST, fp32 weights).
+            assert add.min_blocks_per_sm == 0
 
 
 def test_warm_up_builds_every_reachable_variant_once(tmp_path: Path) -> None:
