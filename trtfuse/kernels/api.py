@@ -170,9 +170,7 @@ class AddRmsNormKernel(RmsNormKernel):
     residual and h held to x's alignment."""
 
     _launch_args = 7
-
-    def __init__(self, spec: AddRmsNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
-        super().__init__(spec, cache, device)
+    spec: AddRmsNormSpec
 
     def variant(self, regime: Regime, aligned: bool) -> AddRmsNormVariant:
         return AddRmsNormVariant(self.spec, rms_norm_tiling(self.spec, regime, aligned), self.device.arch)
