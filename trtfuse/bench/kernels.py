@@ -4,11 +4,16 @@ Method (/work/.library/device/METHOD.md): the same run first measures device-to-
 written) as the ceiling; every timing is the median of CUDA-event-timed calls after warm-up, on fresh random inputs,
 with outputs poisoned (NaN) beforehand and checked afterwards; bandwidth-bound shapes rotate through enough input sets
 to exceed the L2; decode-sized calls are timed as CUDA-graph replays of many captured calls.
+
+`--sections` picks parts of it (default: all): `norm` (RMSNorm, mixed precision, QK-norm, compile and host cost),
+`add_norm` (the fused residual add+RMSNorm against today's separate add, torch.compile, QuACK and Liger) and
+`layer_tail` (a GEMM, the residual add and the norm: cuBLAS's beta=1 epilogue then RMSNorm, or the fused add+norm).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -21,12 +26,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trtfuse.bench.reference import norm_reference
+from trtfuse.bench.reference import add_norm_reference, norm_reference
 from trtfuse.contract import NormParams, WeightMode
-from trtfuse.kernels.api import QkNormKernel, RmsNormKernel, get_qk_norm, get_rms_norm
+from trtfuse.kernels.api import QkNormKernel, RmsNormKernel, get_add_rms_norm, get_qk_norm, get_rms_norm
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.device import current_device
-from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime
 from trtfuse.verify.tolerances import output_error
 
@@ -41,6 +46,12 @@ MIXED_PREFILL_SHAPES = ((16384, 4096), (8192, 8192))
 DECODE_HIDDEN = 4096
 QK_TOKENS = (1, 8, 32, 1024, 4096, 16384)
 QK_HEADS = (32, 8, 128)  # Qwen3-8B: 32 q heads, 8 kv heads, head dim 128
+# The fused residual add+RMSNorm (bf16, Llama's semantics) and the GEMM + add + norm layer tail.
+ADD_PREFILL_SHAPES = ((16384, 4096), (8192, 8192), (4096, 4096))
+ADD_DECODE_ROWS = (1, 32, 128)
+TAIL_TOKENS = (1, 8, 128, 4096)
+TAIL_HIDDEN = 4096
+SECTIONS = ("norm", "add_norm", "layer_tail")
 GRAPH_CALLS = 50  # calls captured per graph: replay time / 50 is the per-call cost without host launch gaps
 TIMED_CALLS = 60
 HOST_RUN_AHEAD_CYCLES = 100_000_000  # ~50 ms at H200 clocks: longer than the host needs to queue TIMED_CALLS calls
@@ -291,6 +302,214 @@ def bench_qk(tokens: int, copy_gbs: float) -> dict[str, Any]:
     return row
 
 
+def llama_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Hugging Face decoder layer's `hidden_states = residual + hidden_states` then its RMSNorm: (y, h)."""
+    h = x + residual
+    return llama_rms_norm(h, w), h
+
+
+AddNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def add_norm_peers() -> tuple[dict[str, AddNorm], list[str]]:
+    """QuACK's and Liger's fused add+RMSNorm where they import, and one line for each that does not. Imported only
+    after our kernels are compiled: QuACK patches CuTe's tensor classes process-wide when imported."""
+    peers: dict[str, AddNorm] = {}
+    skipped = []
+    try:
+        from quack.rmsnorm import rmsnorm_fwd
+
+        # y = x·rstd·w in fp32 (the rstd of the unrounded fp32 sum), h = D(x + residual).
+        peers["quack"] = lambda x, r, w: rmsnorm_fwd(x, w, residual=r, eps=EPS)[:2]
+    except Exception as error:  # a missing or broken peer is a line, not a failure
+        skipped.append(f"QuACK skipped: {type(error).__name__}: {error}")
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
+
+        # casting_mode "llama": h in D, rstd in fp32, (h·rstd → D) · w: the contract's AFTER_CAST.
+        peers["liger"] = lambda x, r, w: fused_add_rms_norm_forward(x, r, w, EPS, 0.0, "llama")[:2]
+    except Exception as error:
+        skipped.append(f"Liger skipped: {type(error).__name__}: {error}")
+    return peers, skipped
+
+
+def _add_norm_specs(hidden: int) -> tuple[AddRmsNormSpec, RmsNormSpec]:
+    return AddRmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA), RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA)
+
+
+def warm_add_norm_kernels(max_rows: int) -> None:
+    """Every add+norm and RMSNorm variant the add_norm and layer_tail sections call, before any peer is imported."""
+    for hidden in sorted({h for _, h in ADD_PREFILL_SHAPES} | {DECODE_HIDDEN, TAIL_HIDDEN}):
+        fused, norm = _add_norm_specs(hidden)
+        get_add_rms_norm(fused).warm_up(max_rows)
+        get_rms_norm(norm).warm_up(max_rows)
+
+
+def check_add_norm(y: torch.Tensor, h: torch.Tensor, ref: tuple[torch.Tensor, torch.Tensor], what: str) -> None:
+    """y within check_close's 2e-2, h exactly D(x + residual) (peers may compute y from the unrounded sum)."""
+    check_close(y, ref[0], f"{what} y")
+    if not torch.equal(h, ref[1]):
+        raise AssertionError(f"{what}: h differs from D(x + residual)")
+
+
+def _try_peer(name: str, run: Callable[[], float], skipped: list[str]) -> float | None:
+    try:
+        return run()
+    except Exception as error:  # a peer that fails on this GPU or shape is skipped, with a line
+        skipped.append(f"{name} failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        return None
+
+
+def bench_add_norm_prefill(
+    rows: int, hidden: int, compiled: bool, peers: dict[str, AddNorm], skipped: list[str], copy_gbs: float
+) -> dict[str, Any]:
+    """Bytes: x and the residual read, y and h written, the weight read once."""
+    dtype = torch.bfloat16
+    fused_spec, norm_spec = _add_norm_specs(hidden)
+    fused, norm = get_add_rms_norm(fused_spec), get_rms_norm(norm_spec)
+    nbytes = 4 * rows * hidden * dtype.itemsize + hidden * dtype.itemsize
+    n_sets = input_sets(nbytes)
+    xs = [torch.randn(rows, hidden, device="cuda", dtype=dtype) for _ in range(n_sets)]
+    rs = [torch.randn(rows, hidden, device="cuda", dtype=dtype) for _ in range(n_sets)]
+    ys = [torch.full_like(xs[0], float("nan")) for _ in range(n_sets)]
+    hs = [torch.full_like(xs[0], float("nan")) for _ in range(n_sets)]
+    w = torch.randn(hidden, device="cuda", dtype=dtype)
+    ref = add_norm_reference(xs[0], rs[0], w, LLAMA)
+    row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "dtype": "bfloat16", "bytes": nbytes}
+    row["same_size_copy_us"] = same_size_copy_us(nbytes)
+    row["ours_us"] = median_event_us(lambda i: fused(xs[i], rs[i], w, ys[i], hs[i]), n_sets)
+    check_add_norm(ys[0], hs[0], ref, f"add+norm {row['shape']}")
+    ys[0].fill_(float("nan"))
+    hs[0].fill_(float("nan"))
+
+    def separate(i: int) -> None:
+        torch.add(xs[i], rs[i], out=hs[i])
+        norm(hs[i], w, ys[i])
+
+    row["separate_us"] = median_event_us(separate, n_sets)
+    check_add_norm(ys[0], hs[0], ref, f"torch add + our norm {row['shape']}")
+    row["ours_us_again"] = median_event_us(lambda i: fused(xs[i], rs[i], w, ys[i], hs[i]), n_sets)
+    if compiled:
+        fn = fresh_compile(llama_add_rms_norm)
+        check_add_norm(*fn(xs[0], rs[0], w), ref, f"torch.compile {row['shape']}")
+        row["compile_us"] = median_event_us(lambda i: fn(xs[i], rs[i], w), n_sets)
+    for name, peer in peers.items():
+
+        def timed(peer: AddNorm = peer, name: str = name) -> float:
+            check_add_norm(*peer(xs[0], rs[0], w), ref, f"{name} {row['shape']}")
+            return median_event_us(lambda i: peer(xs[i], rs[i], w), n_sets)
+
+        us = _try_peer(f"{name} {row['shape']}", timed, skipped)
+        if us is not None:
+            row[f"{name}_us"] = us
+    for key in ("ours", "separate", "compile", *peers):
+        if f"{key}_us" in row:
+            row[f"{key}_pct_copy"] = 100 * nbytes / row[f"{key}_us"] / 1e3 / copy_gbs
+    return row
+
+
+def bench_add_norm_decode(rows: int, compiled: bool, peers: dict[str, AddNorm], skipped: list[str]) -> dict[str, Any]:
+    """bf16, H=4096, µs per call in CUDA-graph replay; ours as the plugin calls it (raw pointers, captured stream)."""
+    hidden, dtype = DECODE_HIDDEN, torch.bfloat16
+    fused_spec, norm_spec = _add_norm_specs(hidden)
+    fused, norm = get_add_rms_norm(fused_spec), get_rms_norm(norm_spec)
+    x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+    r = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+    w = torch.randn(hidden, device="cuda", dtype=dtype)
+    y, h = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    ref = add_norm_reference(x, r, w, LLAMA)
+    row: dict[str, Any] = {"rows": rows, "hidden": hidden}
+
+    def raw_launch() -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        fused.launch(x.data_ptr(), r.data_ptr(), w.data_ptr(), y.data_ptr(), h.data_ptr(), rows, stream)
+
+    def separate() -> None:
+        torch.add(x, r, out=h)
+        norm.launch(h.data_ptr(), w.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream().cuda_stream)
+
+    row["ours_graph_us"] = graph_replay_us(raw_launch)
+    check_add_norm(y, h, ref, f"add+norm decode rows={rows}")
+    y.fill_(float("nan"))
+    h.fill_(float("nan"))
+    row["separate_graph_us"] = graph_replay_us(separate)
+    check_add_norm(y, h, ref, f"torch add + our norm decode rows={rows}")
+    row["ours_graph_us_again"] = graph_replay_us(raw_launch)
+    if compiled:
+        fn = fresh_compile(llama_add_rms_norm)
+        check_add_norm(*fn(x, r, w), ref, f"torch.compile decode rows={rows}")
+        row["compile_graph_us"] = graph_replay_us(lambda: fn(x, r, w))
+    for name, peer in peers.items():
+
+        def timed(peer: AddNorm = peer, name: str = name) -> float:
+            check_add_norm(*peer(x, r, w), ref, f"{name} decode rows={rows}")
+            return graph_replay_us(lambda: peer(x, r, w))
+
+        us = _try_peer(f"{name} decode rows={rows}", timed, skipped)
+        if us is not None:
+            row[f"{name}_graph_us"] = us
+    return row
+
+
+def rotating_graph_replay_us(call: Callable[[int], None], n_sets: int) -> float:
+    """`graph_replay_us` whose captured calls take input sets 0, 1, ... in turn, so replays do not run from L2."""
+    turn = itertools.count()
+    return graph_replay_us(lambda: call(next(turn) % n_sets))
+
+
+def bench_layer_tail(tokens: int) -> dict[str, Any]:
+    """A decoder layer's output projection, residual add and the next norm, bf16, hidden 4096:
+    (a) cuBLAS with the residual in its epilogue (beta=1): `residual.addmm_(a, W)` in place, as a residual stream
+        can be updated, and `torch.addmm(residual, a, W)` out of place (torch copies the residual into the output
+        first), each followed by our RMSNorm of h;
+    (b) `torch.mm(a, W)` then our fused add+norm.
+    Weights and activations rotate through sets of 3x the L2, as a model's layers do; graph replay up to 128
+    tokens, events at 4096. Each variant is timed twice, interleaved, so the spread shows."""
+    hidden, dtype = TAIL_HIDDEN, torch.bfloat16
+    fused_spec, norm_spec = _add_norm_specs(hidden)
+    fused, norm = get_add_rms_norm(fused_spec), get_rms_norm(norm_spec)
+    small = tokens <= 128
+    n_sets = input_sets(2 * (hidden * hidden + 5 * tokens * hidden))
+    a_s = [torch.randn(tokens, hidden, device="cuda", dtype=dtype) for _ in range(n_sets)]
+    ws = [torch.randn(hidden, hidden, device="cuda", dtype=dtype) / hidden**0.5 for _ in range(n_sets)]
+    residuals = [torch.randn(tokens, hidden, device="cuda", dtype=dtype) for _ in range(n_sets)]
+    streams = [r.clone() for r in residuals]  # updated in place by (a)
+    hs = [torch.full_like(residuals[0], float("nan")) for _ in range(n_sets)]
+    ys = [torch.full_like(residuals[0], float("nan")) for _ in range(n_sets)]
+    ts = [torch.empty_like(residuals[0]) for _ in range(n_sets)]
+    gamma = torch.randn(hidden, device="cuda", dtype=dtype)
+
+    def stream() -> int:
+        return torch.cuda.current_stream().cuda_stream
+
+    def epilogue_in_place(i: int) -> None:
+        streams[i].addmm_(a_s[i], ws[i])
+        norm.launch(streams[i].data_ptr(), gamma.data_ptr(), ys[i].data_ptr(), tokens, stream())
+
+    def epilogue_copy(i: int) -> None:
+        torch.addmm(residuals[i], a_s[i], ws[i], out=hs[i])
+        norm.launch(hs[i].data_ptr(), gamma.data_ptr(), ys[i].data_ptr(), tokens, stream())
+
+    def mm_then_fused(i: int) -> None:
+        torch.mm(a_s[i], ws[i], out=ts[i])
+        pointers = (ts[i].data_ptr(), residuals[i].data_ptr(), gamma.data_ptr(), ys[i].data_ptr(), hs[i].data_ptr())
+        fused.launch(*pointers, tokens, stream())
+
+    row: dict[str, Any] = {"tokens": tokens, "hidden": hidden, "timing": "graph" if small else "events"}
+    epilogue_copy(0)
+    torch.cuda.synchronize()
+    check_close(ys[0], norm_reference(hs[0], gamma, LLAMA), f"layer tail (a) {tokens}")
+    mm_then_fused(0)
+    torch.cuda.synchronize()
+    check_add_norm(ys[0], hs[0], add_norm_reference(ts[0], residuals[0], gamma, LLAMA), f"layer tail (b) {tokens}")
+    variants = {"epilogue_in_place": epilogue_in_place, "epilogue_copy": epilogue_copy, "mm_fused": mm_then_fused}
+    for _ in range(2):
+        for name, call in variants.items():
+            us = rotating_graph_replay_us(call, n_sets) if small else median_event_us(call, n_sets)
+            row.setdefault(f"{name}_us", []).append(us)
+    return row
+
+
 def bench_compile_and_load() -> dict[str, Any]:
     """Compile each variant into an empty cache folder, then load it from disk through a fresh cache object."""
     device = current_device()
@@ -348,7 +567,7 @@ def bench_host_overhead() -> dict[str, float]:
     return result
 
 
-def run(compiled: bool) -> dict[str, Any]:
+def run(compiled: bool, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
     start = time.perf_counter()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     report: dict[str, Any] = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__}
@@ -356,22 +575,37 @@ def run(compiled: bool) -> dict[str, Any]:
     report["copy_gbs"] = copy_gbs
     report["launch_floor_us"] = launch_floor_us()
     print(f"{props.name}, {props.multi_processor_count} SMs; D2D copy (read + write): {copy_gbs:.0f} GB/s", flush=True)
-    report["prefill"] = [
-        bench_prefill(dtype, rows, hidden, compiled, copy_gbs)
-        for dtype in (torch.bfloat16, torch.float16)
-        for rows, hidden in PREFILL_SHAPES
-    ]
-    # After the prefill runs, so CuTeDSL's one-time start-up in this process is not counted as a compile.
-    report["compile_and_load"] = bench_compile_and_load()
-    report["decode"] = [bench_decode(rows, compiled) for rows in DECODE_ROWS]
-    report["mixed_prefill"] = [
-        bench_mixed_prefill(x_name, y_name, rows, hidden, compiled, copy_gbs)
-        for x_name, y_name in MIXED_PAIRS
-        for rows, hidden in MIXED_PREFILL_SHAPES
-    ]
-    report["mixed_decode"] = [bench_mixed_decode(rows) for rows in DECODE_ROWS]
-    report["qk_norm"] = [bench_qk(tokens, copy_gbs) for tokens in QK_TOKENS]
-    report["host"] = bench_host_overhead()
+    if "norm" in sections:
+        report["prefill"] = [
+            bench_prefill(dtype, rows, hidden, compiled, copy_gbs)
+            for dtype in (torch.bfloat16, torch.float16)
+            for rows, hidden in PREFILL_SHAPES
+        ]
+        # After the prefill runs, so CuTeDSL's one-time start-up in this process is not counted as a compile.
+        report["compile_and_load"] = bench_compile_and_load()
+        report["decode"] = [bench_decode(rows, compiled) for rows in DECODE_ROWS]
+        report["mixed_prefill"] = [
+            bench_mixed_prefill(x_name, y_name, rows, hidden, compiled, copy_gbs)
+            for x_name, y_name in MIXED_PAIRS
+            for rows, hidden in MIXED_PREFILL_SHAPES
+        ]
+        report["mixed_decode"] = [bench_mixed_decode(rows) for rows in DECODE_ROWS]
+        report["qk_norm"] = [bench_qk(tokens, copy_gbs) for tokens in QK_TOKENS]
+        report["host"] = bench_host_overhead()
+    if "add_norm" in sections or "layer_tail" in sections:
+        warm_add_norm_kernels(max(r for r, _ in ADD_PREFILL_SHAPES))
+    if "add_norm" in sections:
+        peers, skipped = add_norm_peers()
+        for line in skipped:
+            print(line, flush=True)
+        report["add_norm_prefill"] = [
+            bench_add_norm_prefill(rows, hidden, compiled, peers, skipped, copy_gbs)
+            for rows, hidden in ADD_PREFILL_SHAPES
+        ]
+        report["add_norm_decode"] = [bench_add_norm_decode(rows, compiled, peers, skipped) for rows in ADD_DECODE_ROWS]
+        report["add_norm_skipped"] = skipped
+    if "layer_tail" in sections:
+        report["layer_tail"] = [bench_layer_tail(tokens) for tokens in TAIL_TOKENS]
     report["wall_s"] = time.perf_counter() - start
     return report
 
@@ -379,8 +613,37 @@ def run(compiled: bool) -> dict[str, Any]:
 PREFILL_TARGET_PCT = {"16384x4096": 92, "8192x8192": 92, "16384x2048": 88, "4096x4096": 80}
 
 
+ADD_PREFILL_TARGET_PCT = {"16384x4096": 94, "8192x8192": 94}
+ADD_DECODE_TARGET_US = {1: 1.7, 32: 1.9, 128: 2.2}
+
+
+def add_norm_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
+    """The fused add+norm issue's targets, each with whether this run met it."""
+    checks = []
+    for r in report.get("add_norm_prefill", []):
+        shape, ours = r["shape"], min(r["ours_us"], r["ours_us_again"])
+        goal = ADD_PREFILL_TARGET_PCT.get(shape)
+        if goal is not None:
+            checks.append(
+                (f"add+norm {shape} >= {goal}% of copy", 100 * r["bytes"] / ours / 1e3 / report["copy_gbs"] >= goal)
+            )
+            if "compile_us" in r:
+                checks.append((f"add+norm {shape} no slower than torch.compile", ours <= r["compile_us"]))
+        else:
+            peers = [r[k] for k in ("compile_us", "quack_us", "liger_us") if k in r]
+            if peers:
+                checks.append((f"add+norm {shape} no slower than the fastest peer", ours <= min(peers)))
+    for r in report.get("add_norm_decode", []):
+        goal = ADD_DECODE_TARGET_US[r["rows"]]
+        ours = min(r["ours_graph_us"], r["ours_graph_us_again"])
+        checks.append((f"add+norm decode rows={r['rows']} <= {goal} µs in graph replay", ours <= goal))
+    return checks
+
+
 def target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
-    """Issue 3's targets, each with whether this run met it."""
+    """Issue 3's targets, each with whether this run met it, and the add+norm issue's."""
+    if "prefill" not in report:
+        return add_norm_target_checks(report)
     checks = []
     for r in report["prefill"]:
         goal = PREFILL_TARGET_PCT[r["shape"]]
@@ -409,10 +672,58 @@ def target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
             checks.append((f"{key} <= 1 s", value <= 1.0))
         else:
             checks.append((f"{key} <= 50 ms", value <= 50))
-    return checks
+    return checks + add_norm_target_checks(report)
+
+
+def print_add_norm_report(report: dict[str, Any]) -> None:
+    copy_gbs, floor = report["copy_gbs"], report["launch_floor_us"]
+    names = {"ours": "ours", "separate": "add+ours", "compile": "compile", "quack": "QuACK", "liger": "Liger"}
+    if "add_norm_prefill" in report:
+        print("\nFused residual add + RMSNorm, bf16 (Llama), event-timed medians, µs and % of copy")
+        print("(bytes: x and residual read, y and h written, weight once; 'ours' twice: first and last timing;")
+        print(" 'add+ours' = torch.add then our RMSNorm, today's path; 'compile' = torch.compile of add + HF RMSNorm)")
+        for r in report["add_norm_prefill"]:
+            reach = attainable_pct(r["bytes"], copy_gbs, floor)
+            line = f"{r['shape']:>12} reach {reach:5.1f} | copy {r['same_size_copy_us']:7.1f}"
+            line += f" | ours {r['ours_us']:7.1f} {r['ours_us_again']:7.1f} ({r['ours_pct_copy']:5.1f}%)"
+            for key in ("separate", "compile", "quack", "liger"):
+                if f"{key}_us" in r:
+                    line += f" | {names[key]} {r[f'{key}_us']:7.1f} ({r[f'{key}_pct_copy']:5.1f}%)"
+            print(line)
+    if "add_norm_decode" in report:
+        print(f"\nFused residual add + RMSNorm decode, bf16, H={DECODE_HIDDEN}: µs per call in CUDA-graph replay")
+        for r in report["add_norm_decode"]:
+            line = f"  rows {r['rows']:>3}: ours {r['ours_graph_us']:.2f} / {r['ours_graph_us_again']:.2f}"
+            for key in ("separate", "compile", "quack", "liger"):
+                if f"{key}_graph_us" in r:
+                    line += f"  {names[key]} {r[f'{key}_graph_us']:.2f}"
+            print(line)
+    for line in report.get("add_norm_skipped", []):
+        print(f"  {line}")
+    if "layer_tail" in report:
+        print(f"\nLayer tail, bf16, hidden {TAIL_HIDDEN}: GEMM + residual add + RMSNorm, µs per call")
+        print("  (a) cuBLAS beta=1 epilogue (residual.addmm_ in place / torch.addmm out of place) + our RMSNorm;")
+        print("  (b) torch.mm + our fused add+norm")
+        for r in report["layer_tail"]:
+            a, b = min(r["epilogue_in_place_us"] + r["epilogue_copy_us"]), min(r["mm_fused_us"])
+            faster = "(b) fused" if b < a else "(a) epilogue"
+
+            def pair(key: str, r: dict[str, Any] = r) -> str:
+                return " ".join(f"{us:7.2f}" for us in r[key])
+
+            line = f"  M={r['tokens']:>5} ({r['timing']}): (a) in place {pair('epilogue_in_place_us')}"
+            line += f", copy {pair('epilogue_copy_us')}  (b) {pair('mm_fused_us')}  faster: {faster} ({a / b:.3f})"
+            print(line)
 
 
 def print_report(report: dict[str, Any]) -> None:
+    if "prefill" not in report:
+        print_add_norm_report(report)
+        print("\nTargets (fused add+norm):")
+        for name, met in target_checks(report):
+            print(f"  {'met   ' if met else 'MISSED'} {name}")
+        print(f"\nbenchmark wall time {report['wall_s']:.0f} s")
+        return
     copy_gbs, floor = report["copy_gbs"], report["launch_floor_us"]
     print("\nPrefill RMSNorm (weight after cast), event-timed medians; % of the copy bandwidth above")
     print(f"(event-timed no-op launch: {floor:.2f} µs; 'reach' = the % of copy that floor leaves attainable)")
@@ -457,7 +768,8 @@ def print_report(report: dict[str, Any]) -> None:
     print("\nHost overhead per call (µs):")
     for key, value in report["host"].items():
         print(f"  {key}: {value:.2f}")
-    print("\nTargets (issues 3 and 12):")
+    print_add_norm_report(report)
+    print("\nTargets (issues 3 and 12, fused add+norm):")
     for name, met in target_checks(report):
         print(f"  {'met   ' if met else 'MISSED'} {name}")
     print(f"\nbenchmark wall time {report['wall_s']:.0f} s")
@@ -467,10 +779,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the full results here")
     parser.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile baselines")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="parts to run")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the kernel benchmark needs a CUDA GPU")
-    report = run(compiled=not args.no_torch_compile)
+    report = run(compiled=not args.no_torch_compile, sections=tuple(args.sections))
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

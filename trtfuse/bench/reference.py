@@ -30,3 +30,16 @@ def norm_reference(
     if params.weight_mode is WeightMode.AFTER_CAST:
         return (normed.to(rounding).double() * scale).to(out)
     return (normed * scale).to(out)
+
+
+def add_norm_reference(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    params: NormParams,
+    output_dtype: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, h) of the fused residual add+norm: h = D(x + residual), the sum in float32 rounded once to x's dtype D
+    (the contract's definition; for 16-bit D the correctly rounded sum), then y = `norm_reference` of the rounded h."""
+    h = (x.detach().float() + residual.detach().float()).to(x.dtype)
+    return norm_reference(h, weight, params, output_dtype), h

@@ -1,4 +1,4 @@
-"""CuTeDSL RMSNorm and QK-norm kernels for the trtfuse plugins (interface: docs/architecture.md, "Kernels").
+"""CuTeDSL RMSNorm, residual add+RMSNorm and QK-norm kernels for the trtfuse plugins (docs/architecture.md, "Kernels").
 
 The names below are loaded on first use, so that importing a submodule that needs no CuTeDSL (`launch`, `specs`)
 does not load it: the bare-driver harness and the AOT plugins' descriptions read declarations without compiling.
@@ -10,6 +10,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "AddRmsNormKernel": "trtfuse.kernels.api",
+    "get_add_rms_norm": "trtfuse.kernels.api",
+    "AddRmsNormSpec": "trtfuse.kernels.specs",
     "QkNormKernel": "trtfuse.kernels.api",
     "RmsNormKernel": "trtfuse.kernels.api",
     "get_qk_norm": "trtfuse.kernels.api",

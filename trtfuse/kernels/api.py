@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from trtfuse.contract import WeightMode
 from trtfuse.kernels.cache import KernelCache
-from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant
+from trtfuse.kernels.compiler import AddRmsNormVariant, QkNormVariant, RmsNormVariant
 from trtfuse.kernels.device import DeviceInfo, current_device
-from trtfuse.kernels.specs import DTYPE_BYTES, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import (
     ACCESS_BYTES,
     Regime,
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
 _shared_cache: KernelCache | None = None
-_kernels: dict[RmsNormSpec | QkNormSpec, RmsNormKernel | QkNormKernel] = {}
+_kernels: dict[RmsNormSpec | AddRmsNormSpec | QkNormSpec, RmsNormKernel | QkNormKernel] = {}
 _kernels_lock = threading.Lock()
 
 
@@ -40,10 +40,14 @@ def _vector(hidden: int, dtype: str, out_dtype: str) -> int:
     return access_vector(hidden, DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype])
 
 
-def rms_norm_tiling(spec: RmsNormSpec, regime: Regime, aligned: bool) -> RowTiling:
-    """The row tiling of `spec` in `regime`: full vectors for aligned pointers, one element per access otherwise."""
+def rms_norm_tiling(spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned: bool) -> RowTiling:
+    """The row tiling of `spec` in `regime`: full vectors for aligned pointers, one element per access otherwise.
+    An add+norm spec's rows carry the residual's extra read and h's write (`row_tiling`'s `residual`)."""
     vector = _vector(spec.hidden, spec.dtype, spec.out_dtype) if aligned else 1
-    return row_tiling(spec.hidden, vector, regime, DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype])
+    x_bytes, y_bytes = DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype]
+    if isinstance(spec, AddRmsNormSpec):
+        return row_tiling(spec.hidden, vector, regime, x_bytes, y_bytes, residual=True)
+    return row_tiling(spec.hidden, vector, regime, x_bytes, y_bytes)
 
 
 def qk_norm_tilings(spec: QkNormSpec, aligned: bool) -> tuple[RowTiling, RowTiling]:
@@ -108,6 +112,8 @@ def _current_stream() -> int:
 class RmsNormKernel:
     """RMSNorm over rows of `spec.hidden`: a decode and a prefill tiling, each with a 16-byte and a scalar variant."""
 
+    _launch_args = 5  # the compiled function's arguments: pointers, rows, stream
+
     def __init__(self, spec: RmsNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
         self.spec = spec
         self.cache = cache
@@ -125,7 +131,7 @@ class RmsNormKernel:
             regime = Regime.DECODE if decode else Regime.PREFILL
             function = self.cache.get(self.variant(regime, aligned))
             if self.device.has_gpu:
-                load_into_context(function, n_args=5)
+                load_into_context(function, n_args=self._launch_args)
             self._functions[(decode, aligned)] = function
         return function
 
@@ -157,6 +163,52 @@ class RmsNormKernel:
         rows = x.numel() // spec.hidden
         self.launch(x.data_ptr(), 0 if w is None else w.data_ptr(), out.data_ptr(), rows, _current_stream())
         return out
+
+
+class AddRmsNormKernel(RmsNormKernel):
+    """h = D(x + residual) and y = RMSNorm(h) in one pass; RMSNorm's variants, regimes and alignment rule, with the
+    residual and h held to x's alignment."""
+
+    _launch_args = 7
+    spec: AddRmsNormSpec
+
+    def variant(self, regime: Regime, aligned: bool) -> AddRmsNormVariant:
+        return AddRmsNormVariant(self.spec, rms_norm_tiling(self.spec, regime, aligned), self.device.arch)
+
+    def launch(  # type: ignore[override]
+        self, x_ptr: int, residual_ptr: int, w_ptr: int, y_ptr: int, h_ptr: int, rows: int, stream: int
+    ) -> None:
+        """Enqueue on `stream`; `w_ptr` is 0 without a weight; `h_ptr` receives x + residual. No allocation, no
+        sync."""
+        aligned = not ((x_ptr | residual_ptr | y_ptr | h_ptr) & self._act_mask or w_ptr & self._weight_mask)
+        key = (rows <= self._decode_max_rows, aligned)
+        function = self._functions.get(key) or self._function(*key)
+        function(x_ptr, residual_ptr, w_ptr, y_ptr, h_ptr, rows, stream)
+
+    def __call__(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        w: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        h_out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Torch convenience: x and residual [..., hidden] on the current stream; returns (y, h)."""
+        spec = self.spec
+        _check_activation("x", x, spec.dtype, spec.hidden)
+        _check_tensor("residual", residual, spec.dtype, tuple(x.shape))
+        if (w is None) != (spec.params.weight_mode is WeightMode.NONE):
+            raise ValueError("a weight is required exactly when weight_mode is not NONE")
+        if w is not None:
+            _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
+        out = _empty_like(x, spec.out_dtype) if out is None else out
+        h_out = _empty_like(x, spec.dtype) if h_out is None else h_out
+        _check_tensor("out", out, spec.out_dtype, tuple(x.shape))
+        _check_tensor("h_out", h_out, spec.dtype, tuple(x.shape))
+        rows = x.numel() // spec.hidden
+        w_ptr = 0 if w is None else w.data_ptr()
+        self.launch(x.data_ptr(), residual.data_ptr(), w_ptr, out.data_ptr(), h_out.data_ptr(), rows, _current_stream())
+        return out, h_out
 
 
 class QkNormKernel:
@@ -253,7 +305,7 @@ def _empty_like(t: torch.Tensor, dtype: str) -> torch.Tensor:
     return torch.empty_like(t, dtype=_torch_dtype(dtype))
 
 
-def _get(spec: RmsNormSpec | QkNormSpec, kind: type) -> Any:
+def _get(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, kind: type) -> Any:
     kernel = _kernels.get(spec)
     if kernel is None:
         with _kernels_lock:
@@ -267,6 +319,11 @@ def _get(spec: RmsNormSpec | QkNormSpec, kind: type) -> Any:
 def get_rms_norm(spec: RmsNormSpec) -> RmsNormKernel:
     """The process's one kernel object for `spec`."""
     return _get(spec, RmsNormKernel)
+
+
+def get_add_rms_norm(spec: AddRmsNormSpec) -> AddRmsNormKernel:
+    """The process's one kernel object for `spec`."""
+    return _get(spec, AddRmsNormKernel)
 
 
 def get_qk_norm(spec: QkNormSpec) -> QkNormKernel:

@@ -17,17 +17,18 @@ from pathlib import Path
 
 from trtfuse.kernels.api import qk_norm_tilings, rms_norm_tiling
 from trtfuse.kernels.cache import cache_folder, default_cache_root, write_cache_file
-from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_aot_variant
+from trtfuse.kernels.compiler import AddRmsNormVariant, QkNormVariant, RmsNormVariant, Variant, compile_aot_variant
 from trtfuse.kernels.declaration import (
     KernelArtifact,
     LaunchDeclaration,
     RowPart,
     Tactic,
+    add_rms_norm_params,
     qk_norm_params,
     rms_norm_params,
 )
 from trtfuse.kernels.norm_kernel import smem_bytes
-from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime
 
 # The targets CI compiles every artifact for: Ampere (A100, A10/RTX 30, L4/RTX 40), Hopper and Blackwell datacenter.
@@ -46,10 +47,15 @@ _memory: dict[tuple[Path, str], KernelArtifact] = {}
 _compile_lock = threading.Lock()
 
 
-def rms_norm_tactics(spec: RmsNormSpec) -> tuple[Tactic, ...]:
+def rms_norm_tactics(spec: RmsNormSpec | AddRmsNormSpec) -> tuple[Tactic, ...]:
     """Prefill and decode, or prefill alone where the two tilings are one (rows of at most one warp of vectors)."""
     prefill, decode = (rms_norm_tiling(spec, regime, aligned=True) for regime in (Regime.PREFILL, Regime.DECODE))
     return (Tactic.PREFILL,) if prefill == decode else (Tactic.PREFILL, Tactic.DECODE)
+
+
+def add_rms_norm_tactics(spec: AddRmsNormSpec) -> tuple[Tactic, ...]:
+    """RMSNorm's rule on the add+norm tilings."""
+    return rms_norm_tactics(spec)
 
 
 def qk_norm_tactics(spec: QkNormSpec) -> tuple[Tactic, ...]:
@@ -58,7 +64,7 @@ def qk_norm_tactics(spec: QkNormSpec) -> tuple[Tactic, ...]:
     return (Tactic.PREFILL,)
 
 
-def _check_tactic(tactic: Tactic, offered: tuple[Tactic, ...], spec: RmsNormSpec | QkNormSpec) -> None:
+def _check_tactic(tactic: Tactic, offered: tuple[Tactic, ...], spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> None:
     if tactic not in offered:
         raise ValueError(f"tactic {tactic!r} is not one of {offered} for {spec}")
 
@@ -71,6 +77,19 @@ def rms_norm_artifact(spec: RmsNormSpec, tactic: Tactic, arch: str, cache_root: 
     variant = RmsNormVariant(spec, tiling, arch)
     parts = (RowPart("x", spec.hidden, tiling.rows_per_block),)
     return _artifact(variant, tactic, rms_norm_params(), parts, tiling.block_threads, smem_bytes(tiling), cache_root)
+
+
+def add_rms_norm_artifact(
+    spec: AddRmsNormSpec, tactic: Tactic, arch: str, cache_root: Path | None = None
+) -> KernelArtifact:
+    """The AOT add+norm kernel of `spec` in `tactic`'s tiling for `arch`: RMSNorm's grid, two more pointers."""
+    tactic = Tactic(tactic)
+    _check_tactic(tactic, add_rms_norm_tactics(spec), spec)
+    tiling = rms_norm_tiling(spec, _REGIMES[tactic], aligned=True)
+    variant = AddRmsNormVariant(spec, tiling, arch)
+    parts = (RowPart("x", spec.hidden, tiling.rows_per_block),)
+    params = add_rms_norm_params()
+    return _artifact(variant, tactic, params, parts, tiling.block_threads, smem_bytes(tiling), cache_root)
 
 
 def qk_norm_artifact(spec: QkNormSpec, tactic: Tactic, arch: str, cache_root: Path | None = None) -> KernelArtifact:
@@ -87,7 +106,7 @@ def qk_norm_artifact(spec: QkNormSpec, tactic: Tactic, arch: str, cache_root: Pa
     return _artifact(variant, tactic, qk_norm_params(), parts, q_tiling.block_threads, shared, cache_root)
 
 
-def artifact_key(variant: RmsNormVariant | QkNormVariant) -> str:
+def artifact_key(variant: Variant) -> str:
     """A digest of everything that shapes the AOT machine code: the artifact's file name in the cache."""
     return hashlib.sha256(repr(("aot", variant)).encode()).hexdigest()[:24]
 
@@ -117,7 +136,7 @@ def claim_entry_prefix(folder: Path, key: str) -> str:
 
 
 def _artifact(
-    variant: RmsNormVariant | QkNormVariant,
+    variant: Variant,
     tactic: Tactic,
     params: tuple,
     parts: tuple[RowPart, ...],

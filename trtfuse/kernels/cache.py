@@ -20,7 +20,7 @@ from typing import Any
 from cutlass.cute.runtime import load_module
 
 import trtfuse
-from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant, compile_variant
+from trtfuse.kernels.compiler import Variant, compile_variant
 
 CACHE_ENV = "TRTFUSE_KERNEL_CACHE"
 
@@ -46,7 +46,7 @@ def cache_folder(root: Path, arch: str) -> Path:
     return root / f"trtfuse-{trtfuse.__version__}_cutlass-dsl-{dsl_version}_{arch}_src-{kernel_sources_digest()}"
 
 
-def variant_key(variant: RmsNormVariant | QkNormVariant) -> str:
+def variant_key(variant: Variant) -> str:
     """A file-name-safe digest of everything that shapes the machine code (the dataclasses' reprs are exhaustive)."""
     return hashlib.sha256(repr(variant).encode()).hexdigest()[:24]
 
@@ -56,12 +56,12 @@ class KernelCache:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root if root is not None else default_cache_root()
-        self._functions: dict[RmsNormVariant | QkNormVariant, Any] = {}
+        self._functions: dict[Variant, Any] = {}
         self._lock = threading.Lock()
         self.compiled = 0  # counters for tests and the benchmark: what this process had to build or load
         self.loaded = 0
 
-    def get(self, variant: RmsNormVariant | QkNormVariant) -> Any:
+    def get(self, variant: Variant) -> Any:
         function = self._functions.get(variant)
         if function is None:
             with self._lock:
@@ -71,10 +71,10 @@ class KernelCache:
                     self._functions[variant] = function
         return function
 
-    def path_for(self, variant: RmsNormVariant | QkNormVariant) -> Path:
+    def path_for(self, variant: Variant) -> Path:
         return cache_folder(self.root, variant.arch) / f"{variant_key(variant)}.o"
 
-    def _load_or_compile(self, variant: RmsNormVariant | QkNormVariant) -> Any:
+    def _load_or_compile(self, variant: Variant) -> Any:
         path = self.path_for(variant)
         symbol = f"trtfuse_{variant_key(variant)}"
         if path.exists():

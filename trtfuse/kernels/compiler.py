@@ -15,6 +15,9 @@ from trtfuse.contract import rounding_dtype
 from trtfuse.kernels.norm_kernel import (
     CUTLASS_DTYPES,
     NormMath,
+    add_rms_norm_aot_kernel,
+    add_rms_norm_aot_launcher,
+    add_rms_norm_launcher,
     qk_norm_aot_kernel,
     qk_norm_aot_launcher,
     qk_norm_launcher,
@@ -22,13 +25,20 @@ from trtfuse.kernels.norm_kernel import (
     rms_norm_aot_launcher,
     rms_norm_launcher,
 )
-from trtfuse.kernels.specs import DTYPE_BYTES, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling
 
 
 @dataclass(frozen=True)
 class RmsNormVariant:
     spec: RmsNormSpec
+    tiling: RowTiling
+    arch: str
+
+
+@dataclass(frozen=True)
+class AddRmsNormVariant:
+    spec: AddRmsNormSpec
     tiling: RowTiling
     arch: str
 
@@ -41,7 +51,10 @@ class QkNormVariant:
     arch: str
 
 
-def _math(spec: RmsNormSpec | QkNormSpec) -> NormMath:
+Variant = RmsNormVariant | AddRmsNormVariant | QkNormVariant
+
+
+def _math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> NormMath:
     rounding = rounding_dtype(spec.dtype, spec.out_dtype)
     return NormMath(spec.params, rounding)
 
@@ -53,7 +66,7 @@ def _activation_ptr(dtype: str, tiling: RowTiling) -> cute.Pointer:
     return make_ptr(CUTLASS_DTYPES[dtype], 0, cute.AddressSpace.gmem, assumed_align=align)
 
 
-def _weight_ptr(spec: RmsNormSpec | QkNormSpec, tiling: RowTiling) -> cute.Pointer:
+def _weight_ptr(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, tiling: RowTiling) -> cute.Pointer:
     # A no-weight kernel still takes the (never read) pointer, so every variant has the same calling convention.
     dtype = spec.weight_dtype or spec.dtype
     align = min(ACCESS_BYTES, tiling.vector * DTYPE_BYTES[dtype])
@@ -67,10 +80,24 @@ def _options(arch: str, ptx_dir: Path | None) -> str:
     return options
 
 
-def compile_variant(variant: RmsNormVariant | QkNormVariant, ptx_dir: Path | None = None) -> Any:
+def compile_variant(variant: Variant, ptx_dir: Path | None = None) -> Any:
     """Compile one variant; its PTX lands in `ptx_dir` when given. Returns CuTeDSL's TVM-FFI compiled function."""
     spec = variant.spec
     options = _options(variant.arch, ptx_dir)
+    if isinstance(variant, AddRmsNormVariant):
+        return cute.compile(
+            add_rms_norm_launcher,
+            _activation_ptr(spec.dtype, variant.tiling),
+            _activation_ptr(spec.dtype, variant.tiling),
+            _weight_ptr(spec, variant.tiling),
+            _activation_ptr(spec.out_dtype, variant.tiling),
+            _activation_ptr(spec.dtype, variant.tiling),
+            Int32(1),
+            make_fake_stream(),
+            variant.tiling,
+            _math(spec),
+            options=options,
+        )
     if isinstance(variant, RmsNormVariant):
         return cute.compile(
             rms_norm_launcher,
@@ -113,7 +140,7 @@ def _element_ptr(dtype: str) -> cute.Pointer:
     return make_ptr(CUTLASS_DTYPES[dtype], 0, cute.AddressSpace.gmem, assumed_align=DTYPE_BYTES[dtype])
 
 
-def compile_aot_variant(variant: RmsNormVariant | QkNormVariant, entry_prefix: str, dump_dir: Path) -> AotCompiled:
+def compile_aot_variant(variant: Variant, entry_prefix: str, dump_dir: Path) -> AotCompiled:
     """Compile `variant` as an ahead-of-time kernel (TensorRT's parameter order, alignment checked in the kernel):
     its PTX, its cubin for `variant.arch`, and the device entry's name, `entry_prefix` plus CuTeDSL's `_0`.
 
@@ -133,6 +160,20 @@ def compile_aot_variant(variant: RmsNormVariant | QkNormVariant, entry_prefix: s
             _math(spec),
         )
         launcher = rms_norm_aot_launcher
+    elif isinstance(variant, AddRmsNormVariant):
+        kernel = add_rms_norm_aot_kernel
+        args = (
+            _element_ptr(spec.dtype),
+            _element_ptr(spec.dtype),
+            _element_ptr(weight_dtype),
+            Int32(1),
+            _element_ptr(spec.out_dtype),
+            _element_ptr(spec.dtype),
+            make_fake_stream(),
+            variant.tiling,
+            _math(spec),
+        )
+        launcher = add_rms_norm_aot_launcher
     else:
         kernel = qk_norm_aot_kernel
         args = (

@@ -136,6 +136,18 @@ def rms_norm_params() -> tuple[KernelParam, ...]:
     )
 
 
+def add_rms_norm_params() -> tuple[KernelParam, ...]:
+    """x, residual, weight (never read when weight_mode is NONE), rows, y, h (= x + residual)."""
+    return (
+        KernelParam("x", ParamRole.INPUT),
+        KernelParam("residual", ParamRole.INPUT),
+        KernelParam("weight", ParamRole.INPUT),
+        KernelParam("rows", ParamRole.SCALAR),
+        KernelParam("y", ParamRole.OUTPUT),
+        KernelParam("h", ParamRole.OUTPUT),
+    )
+
+
 def qk_norm_params() -> tuple[KernelParam, ...]:
     """q, k, their weights, both row counts, the q block count (the first k block), q_out, k_out."""
     inputs = ("q", "k", "q_weight", "k_weight")

@@ -5,7 +5,8 @@ x comes from DRAM once and y is written once. Prefill tilings (`reread`) load x 
 L1 or L2, where cache-eviction policies keep it until then, instead of holding it across the reduction. The sum of
 squares is reduced in fp32 with butterfly shuffles inside the row's lanes; a row wider than a warp adds one
 shared-memory exchange between its warps. QK-norm runs two such problems in one grid: the first blocks take q rows,
-the rest k rows.
+the rest k rows. The fused residual add+norm is the same pass with a residual: each thread loads x and the residual,
+forms h = D(x + residual), stores h at once and normalises h.
 """
 
 from __future__ import annotations
@@ -131,6 +132,13 @@ def _load_slots_with_policy(
 
 
 @cute.jit
+def _residual_sum(r_x: cute.Tensor, r_res: cute.Tensor) -> cute.TensorSSA:
+    """h = D(x + residual) from the two register fragments: the sum in fp32, rounded once to their dtype D (for
+    fp16/bf16 the correctly rounded 16-bit sum; for fp32 the fp32 sum)."""
+    return (r_x.load().to(Float32) + r_res.load().to(Float32)).to(r_x.element_type)
+
+
+@cute.jit
 def _row_rstd(
     sum_sq: Float32,
     lane: Int32,
@@ -191,14 +199,20 @@ def _normalize_block_rows(
     partials: cute.Tensor,
     tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
+    res_ptr: cute.Pointer | None = None,
+    h_ptr: cute.Pointer | None = None,
 ):
-    """Normalise the rows of block number `block` (of this problem); every thread of the block must call this."""
+    """Normalise the rows of block number `block` (of this problem); every thread of the block must call this.
+
+    With `res_ptr` and `h_ptr` (the add+norm kernel) the row normalised is h = D(x + residual), written to `h_ptr`;
+    without them (None: nothing of the residual is traced) it is x."""
     vec = tiling.vector
     threads = tiling.threads_per_row
     # Only the last slot of a thread can fall past the row end (when threads do not divide the row's vectors): it
     # alone is predicated, and zeroed first so that it adds nothing to the sum of squares.
     ragged = tiling.vectors_per_row % threads != 0
     has_weight = math.params.weight_mode != WeightMode.NONE
+    has_residual = res_ptr is not None
 
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % threads
@@ -219,26 +233,43 @@ def _normalize_block_rows(
     r_y = cute.make_rmem_tensor(slots_layout, y_ptr.dtype)
     if cutlass.const_expr(has_weight):
         r_w = cute.make_rmem_tensor(slots_layout, w_ptr.dtype)
+    # The residual's slots have x's layout and dtype; h = D(x + residual) then replaces x in r_x.
+    inputs = ((g_x, r_x),)
+    if cutlass.const_expr(has_residual):
+        g_h = cute.make_tensor(h_ptr + offset, row_layout)
+        r_res = cute.make_rmem_tensor(slots_layout, res_ptr.dtype)
+        inputs = ((g_x, r_x), (cute.make_tensor(res_ptr + offset, row_layout), r_res))
 
     if cutlass.const_expr(ragged):
-        r_x[None, tiling.vectors_per_thread - 1].fill(0)
+        for _, slots in inputs:
+            slots[None, tiling.vectors_per_thread - 1].fill(0)
     if row_ok:
-        if cutlass.const_expr(tiling.reread):
-            # Read again after the reduction: ask L1 and L2 to keep x until then.
-            _load_slots_with_policy(g_x, r_x, lane, tiling, True)
-        else:
-            _load_slots(g_x, r_x, lane, tiling)
+        for row_in, slots in inputs:
+            if cutlass.const_expr(tiling.reread):
+                # Read again after the reduction: ask L1 and L2 to keep the row until then.
+                _load_slots_with_policy(row_in, slots, lane, tiling, True)
+            else:
+                _load_slots(row_in, slots, lane, tiling)
         if cutlass.const_expr(has_weight):
             _load_slots(cute.make_tensor(w_ptr, row_layout), r_w, lane, tiling)
+    if cutlass.const_expr(has_residual):
+        # h is stored before the reduction: its registers are then needed only for the sum and the output.
+        r_x.store(_residual_sum(r_x, r_res))
+        if row_ok:
+            _store_slots(r_x, g_h, lane, tiling)
 
     x = r_x.load().to(Float32)
     rstd = _row_rstd((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), lane, row_in_block, partials, tiling, math)
 
     if cutlass.const_expr(tiling.reread):
-        # x again, rather than its fp32 copy held in registers across the reduction: an L1 or L2 hit, marked
-        # evict-first since this is its last use, so its lines make room for the rows still to come.
+        # The row again, rather than its fp32 copy held in registers across the reduction: an L1 or L2 hit, marked
+        # evict-first since this is its last use, so its lines make room for the rows still to come. With a
+        # residual, h is formed again from x and the residual, bit for bit as before.
         if row_ok:
-            _load_slots_with_policy(g_x, r_x, lane, tiling, False)
+            for row_in, slots in inputs:
+                _load_slots_with_policy(row_in, slots, lane, tiling, False)
+        if cutlass.const_expr(has_residual):
+            r_x.store(_residual_sum(r_x, r_res))
         x = r_x.load().to(Float32)
     r_y.store(_normalized(x, rstd, r_w if cutlass.const_expr(has_weight) else None, y_ptr.dtype, math))
 
@@ -258,12 +289,15 @@ def _normalize_block_rows_by_element(
     partials: cute.Tensor,
     tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
+    res_ptr: cute.Pointer | None = None,
+    h_ptr: cute.Pointer | None = None,
 ):
     """`_normalize_block_rows` for pointers the tiling's vectors do not fit, in the same threads: one element per
-    access in a rolled loop, x read twice. Slow, but it needs few registers, so an AOT kernel holding both paths
-    keeps its vector path's register count (its occupancy)."""
+    access in a rolled loop, x (and the residual, h formed again) read twice. Slow, but it needs few registers, so
+    an AOT kernel holding both paths keeps its vector path's register count (its occupancy)."""
     threads = tiling.threads_per_row
     has_weight = math.params.weight_mode != WeightMode.NONE
+    has_residual = res_ptr is not None
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % threads
     row_in_block = tidx // threads
@@ -279,17 +313,28 @@ def _normalize_block_rows_by_element(
     r_x = cute.make_rmem_tensor(one, x_ptr.dtype)
     r_y = cute.make_rmem_tensor(one, y_ptr.dtype)
     r_w = cute.make_rmem_tensor(one, w_ptr.dtype)
+    if cutlass.const_expr(has_residual):
+        g_res = cute.make_tensor(res_ptr + offset, row_layout)
+        g_h = cute.make_tensor(h_ptr + offset, row_layout)
+        r_res = cute.make_rmem_tensor(one, res_ptr.dtype)
 
     sum_sq = Float32(0.0)
     if row_ok:
         for index in cutlass.range(lane, tiling.hidden, threads, unroll=1):
             cute.autovec_copy(g_x[None, index], r_x[None, 0])
+            if cutlass.const_expr(has_residual):
+                cute.autovec_copy(g_res[None, index], r_res[None, 0])
+                r_x.store(_residual_sum(r_x, r_res))
+                cute.autovec_copy(r_x[None, 0], g_h[None, index])
             x = r_x.load().to(Float32)
             sum_sq = sum_sq + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
     rstd = _row_rstd(sum_sq, lane, row_in_block, partials, tiling, math)
     if row_ok:
         for index in cutlass.range(lane, tiling.hidden, threads, unroll=1):
             cute.autovec_copy(g_x[None, index], r_x[None, 0])
+            if cutlass.const_expr(has_residual):
+                cute.autovec_copy(g_res[None, index], r_res[None, 0])
+                r_x.store(_residual_sum(r_x, r_res))
             if cutlass.const_expr(has_weight):
                 cute.autovec_copy(g_w[None, index], r_w[None, 0])
             weight = r_w if cutlass.const_expr(has_weight) else None
@@ -344,6 +389,40 @@ def _launch_rms_norm(kernel: object, rows: Int32, stream: cuda.CUstream, tiling:
         # driver's default carveout, and lets a machine without a GPU compile.
         preferred_smem_carveout=-1 if tiling.min_blocks_per_sm > 1 else None,
     )
+
+
+@cute.kernel
+def _add_rms_norm_kernel(
+    x_ptr: cute.Pointer,
+    res_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    y_ptr: cute.Pointer,
+    h_ptr: cute.Pointer,
+    rows: Int32,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    block, _, _ = cute.arch.block_idx()
+    smem = cutlass.memory.SmemAllocator()
+    partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
+    _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math, res_ptr, h_ptr)
+
+
+@cute.jit
+def add_rms_norm_launcher(
+    x_ptr: cute.Pointer,
+    res_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    y_ptr: cute.Pointer,
+    h_ptr: cute.Pointer,
+    rows: Int32,
+    stream: cuda.CUstream,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    """Host entry of the fused residual add+RMSNorm: the RMSNorm's grid and block."""
+    kernel = _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, tiling, math)
+    _launch_rms_norm(kernel, rows, stream, tiling)
 
 
 @cute.kernel
@@ -470,6 +549,50 @@ def rms_norm_aot_launcher(
     """Host entry of the AOT kernel: only traced, so that the device entry gets the launch's `.reqntid` and
     `.minnctapersm`; TensorRT launches the device entry with the grid of the kernel's launch declaration."""
     _launch_rms_norm(rms_norm_aot_kernel(x_ptr, w_ptr, rows, y_ptr, tiling, math), rows, stream, tiling)
+
+
+@cute.kernel
+def add_rms_norm_aot_kernel(
+    x_ptr: cute.Pointer,
+    res_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    rows: Int32,
+    y_ptr: cute.Pointer,
+    h_ptr: cute.Pointer,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    block, _, _ = cute.arch.block_idx()
+    smem = cutlass.memory.SmemAllocator()
+    partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
+    if cutlass.const_expr(tiling.vector == 1):
+        _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math, res_ptr, h_ptr)
+    else:
+        activations = (x_ptr, res_ptr, y_ptr, h_ptr)
+        checked = (*activations, w_ptr) if math.params.weight_mode != WeightMode.NONE else activations
+        # Uniform across the grid, as in `rms_norm_aot_kernel`.
+        if _misalignment(checked, tiling) == 0:
+            x, res, w, y, h = (_realigned(p, tiling) for p in (x_ptr, res_ptr, w_ptr, y_ptr, h_ptr))
+            _normalize_block_rows(x, w, y, rows, block, partials, tiling, math, res, h)
+        else:
+            _normalize_block_rows_by_element(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math, res_ptr, h_ptr)
+
+
+@cute.jit
+def add_rms_norm_aot_launcher(
+    x_ptr: cute.Pointer,
+    res_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    rows: Int32,
+    y_ptr: cute.Pointer,
+    h_ptr: cute.Pointer,
+    stream: cuda.CUstream,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    """Host entry of the AOT add+norm kernel, traced only (see `rms_norm_aot_launcher`)."""
+    kernel = add_rms_norm_aot_kernel(x_ptr, res_ptr, w_ptr, rows, y_ptr, h_ptr, tiling, math)
+    _launch_rms_norm(kernel, rows, stream, tiling)
 
 
 @cute.kernel

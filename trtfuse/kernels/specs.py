@@ -29,7 +29,7 @@ def _check_hidden(name: str, hidden: int) -> None:
         raise ValueError(f"{name} must be a positive int, got {hidden!r}")
 
 
-def _normalise(spec: RmsNormSpec | QkNormSpec) -> None:
+def _normalise(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> None:
     if spec.out_dtype is None:
         object.__setattr__(spec, "out_dtype", spec.dtype)
     _check_common(spec.dtype, spec.out_dtype, spec.weight_dtype, spec.params)
@@ -50,6 +50,26 @@ class RmsNormSpec:
     def __post_init__(self) -> None:
         _check_hidden("hidden", self.hidden)
         _normalise(self)
+
+
+@dataclass(frozen=True)
+class AddRmsNormSpec:
+    """The fused residual add+RMSNorm: h = D(x + residual), rounded once to D = `dtype`, and y = the RMSNorm of h
+    (exactly `RmsNormSpec`'s with h as its x). x, residual and h are D, y is `out_dtype` (None: D)."""
+
+    hidden: int
+    dtype: str
+    weight_dtype: str | None
+    params: NormParams
+    out_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_hidden("hidden", self.hidden)
+        _normalise(self)
+
+    def norm(self) -> RmsNormSpec:
+        """The RMSNorm of h this computes (the same fields)."""
+        return RmsNormSpec(self.hidden, self.dtype, self.weight_dtype, self.params, self.out_dtype)
 
 
 @dataclass(frozen=True)

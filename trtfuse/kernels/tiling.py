@@ -90,7 +90,9 @@ def regime_for(rows: int, sm_count: int) -> Regime:
     return Regime.DECODE if rows <= sm_count else Regime.PREFILL
 
 
-def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_bytes: int | None = None) -> RowTiling:
+def row_tiling(
+    hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_bytes: int | None = None, residual: bool = False
+) -> RowTiling:
     """The table: threads per row from the vectors each thread should hold; rows per block from the block size.
 
     - rows of at most one warp of vectors (attention heads): one vector per lane, part of a warp per row, reduced
@@ -103,6 +105,9 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_byt
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
     - rows whose y (`y_bytes`, default x's) differs from x in width: the same, without the register cap.
+    - `residual` (the add+norm kernel: a residual row read and h written beside x and y): the same table without
+      the register cap. A thread also holds the residual's slots; at 40 registers ptxas spills 8-16 bytes for
+      BEFORE_CAST and for an fp32 weight, and Llama's 16-bit rows stay at 39-40 registers uncapped.
     """
     vectors = hidden // vector
     min_blocks = 0
@@ -114,7 +119,7 @@ def row_tiling(hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_byt
     elif regime is Regime.PREFILL:
         threads = min(PREFILL_MAX_ROW_THREADS, _next_pow2(-(-vectors // PREFILL_VECTORS_PER_THREAD)))
         per_block = max(PREFILL_BLOCK_THREADS, threads)
-        if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD and not mixed:
+        if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD and not mixed and not residual:
             min_blocks = PREFILL_RESIDENT_THREADS // per_block
         # Measured for fp16/bf16 rows of 128 threads or more (H >= 2048) only.
         reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES and threads >= PREFILL_BLOCK_THREADS
