@@ -236,12 +236,43 @@ def test_shape_range_spellings() -> None:
     from trtfuse.engine.profiles import ShapeRange
 
     assert ShapeType().convert("past_key_values.0.key:[1,8,0,64]", None, None) == (
-        "past_key_values.0.key",
-        (1, 8, 0, 64),
+        ("past_key_values.0.key", (1, 8, 0, 64)),
     )
-    assert ShapeType().convert("a:b=2x3", None, None) == ("a:b", (2, 3))
-    for spelling in ("ids=1x1:1x64:1x512", "ids:1x1:1x64:1x512", "ids:[1,1]:[1,64]:[1,512]"):
-        assert ShapeRangeType().convert(spelling, None, None) == ("ids", ShapeRange((1, 1), (1, 64), (1, 512)))
+    assert ShapeType().convert("a:b=2x3", None, None) == (("a:b", (2, 3)),)
+    assert ShapeType().convert("a:2X3", None, None) == (("a", (2, 3)),), "trtexec takes X as well as x"
+    # trtexec's list form, and Polygraphy's brackets inside it.
+    assert ShapeType().convert("input_ids:2x5,attention_mask:2x5", None, None) == (
+        ("input_ids", (2, 5)),
+        ("attention_mask", (2, 5)),
+    )
+    assert ShapeType().convert("a:[1,2],b:[3,4]", None, None) == (("a", (1, 2)), ("b", (3, 4)))
+    expected = ShapeRange((1, 1), (1, 64), (1, 512))
+    for spelling in ("ids=1x1:1x64:1x512", "ids:1x1:1x64:1x512", "ids:[1,1]:[1,64]:[1,512]", "ids:1X1:1X64:1X512"):
+        assert ShapeRangeType().convert(spelling, None, None) == (("ids", expected),)
+    assert ShapeRangeType().convert("ids:1x1:1x64:1x512,mask:1x1:1x64:1x512", None, None) == (
+        ("ids", expected),
+        ("mask", expected),
+    )
+
+
+@pytest.mark.parametrize("digits", ["١:٢:٣", "1:2:³", "1:2:8\u0663"])
+def test_numbers_are_ascii_digits_or_one_line(digits: str, llama_path: Path) -> None:
+    """Python's int() and str.isdigit() take other scripts' digits (and isdigit superscripts, which int() refuses):
+    options take ASCII digits, and anything else is one line, exit 2."""
+    for option in ("--tokens", "--batch", "--past"):
+        result = _invoke("compile", llama_path, option, digits.encode().decode("unicode_escape"))
+        assert result.exit_code == EXIT_BAD_INPUT, result.output
+        assert f"Invalid value for '{option}'" in result.stderr and "Traceback" not in result.output
+
+
+def test_trtexec_shape_lists_reach_the_feed(llama_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fused.onnx"
+    assert _invoke("fuse", llama_path, "-o", out).exit_code == 0
+    listed = _invoke("check", llama_path, out, "--shape", "x:1X3X64")
+    assert listed.exit_code == 0, listed.output
+    assert "x=1x3x64" in listed.output
+    twice = _invoke("check", llama_path, out, "--shape", "x:1x3x64,x:1x4x64")
+    assert twice.exit_code == EXIT_BAD_INPUT and "input 'x' is given twice" in twice.stderr
 
 
 @pytest.mark.parametrize(
@@ -282,9 +313,20 @@ def test_every_command_takes_json(llama_path: Path, tmp_path: Path) -> None:
     compiled_json = json.loads(compiled.stdout)
     assert compiled_json["fused_model"] == str(tmp_path / "m.fused.onnx")
     assert compiled_json["model"] == str(llama_path) and compiled_json["report"] == str(tmp_path / "m.fusion.json")
-    assert set(compiled_json) == {"model", "fused_model", "report", "profiles", "engine", "build_seconds", "plugins"}
+    assert set(compiled_json) == {
+        "model",
+        "fused_model",
+        "report",
+        "profiles",
+        "engine",
+        "build_seconds",
+        "plugins",
+        "error",
+        "exit",
+    }
     assert compiled_json["profiles"][0]["name"] == "default"
     assert compiled_json["plugins"] is None, "no engine built, so no plugin kind"
+    assert compiled_json["exit"] == 3 and "fused, but no engine built" in compiled_json["error"], "and why not"
     for command in ("run", "compare", "bench"):
         assert "--json" in _invoke(*command.split(), *(["kernels"] if command == "bench" else []), "-h").output
 

@@ -43,8 +43,12 @@ COMPARE_INSTALL_HINT = (
 )
 
 
-def _no_tensorrt(error: MissingDependencyError, done: str) -> NoReturn:
-    click.secho(printable(f"trtfuse: {done}: {error}"), fg="yellow", err=True)
+def _no_tensorrt(error: MissingDependencyError, done: str, as_json: bool) -> NoReturn:
+    """Exit 3 with one line saying what was done and what is missing (under --json, also as the call's JSON)."""
+    message = f"{done}: {error}"
+    click.secho(printable(f"trtfuse: {message}"), fg="yellow", err=True)
+    if as_json:
+        echo_json({"error": message, "exit": EXIT_MISSING_DEPENDENCY})
     raise SystemExit(EXIT_MISSING_DEPENDENCY)
 
 
@@ -120,10 +124,13 @@ def compile_command(
         notify=info,
         on_fused=lambda fused: summary(_fused_line(fused), as_json),
     )
+    if compiled.missing is not None:
+        done = f"fused, but no engine built ({engine_path})"
+        if as_json:
+            echo_json({**compiled.to_json(), "error": f"{done}: {compiled.missing}", "exit": EXIT_MISSING_DEPENDENCY})
+        _no_tensorrt(compiled.missing, done, as_json=False)
     if as_json:
         echo_json(compiled.to_json())
-    if compiled.missing is not None:
-        _no_tensorrt(compiled.missing, f"fused, but no engine built ({engine_path})")
     built = compiled.engine
     kind = built.plugin_kind.value
     summary(
@@ -186,7 +193,7 @@ def run_command(
             save_outputs=save_outputs,
         )
     except MissingDependencyError as error:
-        _no_tensorrt(error, f"cannot run {engine_path}")
+        _no_tensorrt(error, f"cannot run {engine_path}", as_json)
     if as_json:
         echo_json(run.to_json())
         return
@@ -213,7 +220,7 @@ def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> No
     try:
         report = leak_check_engine_file(engine_path, changes, seed)
     except MissingDependencyError as error:
-        _no_tensorrt(error, f"cannot check {engine_path} for a leak")
+        _no_tensorrt(error, f"cannot check {engine_path} for a leak", as_json)
     if as_json:
         echo_json(report.to_json())
     else:
@@ -271,7 +278,7 @@ def compare_command(
             loaded_original=original,
         )
     except MissingDependencyError as error:
-        _no_tensorrt(error, f"cannot compare against {candidate_path}")
+        _no_tensorrt(error, f"cannot compare against {candidate_path}", as_json)
     if report_path is not None:
         with Transaction():
             write_json_atomic(report_path, report.to_json())

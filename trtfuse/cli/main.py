@@ -18,10 +18,11 @@ from trtfuse.cli.options import (
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
     VERBOSITY,
+    echo_json,
     printable,
 )
 from trtfuse.errors import Interrupted, MissingDependencyError, OptionError, TrtfuseError, first_line
-from trtfuse.files import termination_as_exception
+from trtfuse.files import Transaction, termination_as_exception
 
 # The shell's convention for a process ended by a signal: 128 + its number.
 EXIT_SIGINT = 128 + signal.SIGINT
@@ -32,6 +33,15 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 def _error_line(message: str, colour: str = "red") -> None:
     click.secho(printable(" ".join(message.split("\n"))), fg=colour, err=True)
+
+
+def _fail(message: str, status: int, as_json: bool, kind: str = "error: ", colour: str = "red") -> int:
+    """`trtfuse: KIND MESSAGE`, one line on stderr; under --json also `{"error": MESSAGE, "exit": N}` on stdout, the
+    call's one JSON object."""
+    _error_line(f"trtfuse: {kind}{message}", colour)
+    if as_json:
+        echo_json({"error": " ".join(message.split("\n")), "exit": status})
+    return status
 
 
 class TrtfuseGroup(click.Group):
@@ -52,41 +62,41 @@ class TrtfuseGroup(click.Group):
         **extra: object,
     ) -> object:
         VERBOSITY.level = 0
+        arguments = list(sys.argv[1:] if args is None else args)
+        # Read off the raw arguments: a usage error can come before click has seen the flag.
+        as_json = "--json" in arguments[: arguments.index("--")] if "--" in arguments else "--json" in arguments
         try:
-            with termination_as_exception():
-                status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            # One transaction around the whole call: whatever the command wrote is removed again if it fails or is
+            # interrupted. A command's own exit status (1: a mismatch or a leak, 3: no engine built) is a result:
+            # what it wrote stays.
+            with termination_as_exception(), Transaction():
+                try:
+                    status = super().main(arguments, prog_name, complete_var, standalone_mode=False, **extra)
+                except SystemExit as done:
+                    status = done.code
         except MissingDependencyError as error:
-            _error_line(f"trtfuse: {error}", "yellow")
-            status = EXIT_MISSING_DEPENDENCY
+            status = _fail(str(error), EXIT_MISSING_DEPENDENCY, as_json, "", "yellow")
         except OptionError as error:
-            _error_line(f"trtfuse: error: {error.spelled(lambda name: f'--{name}')}")
-            status = EXIT_BAD_INPUT
+            status = _fail(error.spelled(lambda name: f"--{name}"), EXIT_BAD_INPUT, as_json)
         except TrtfuseError as error:
-            _error_line(f"trtfuse: error: {error}")
-            status = EXIT_BAD_INPUT
+            status = _fail(str(error), EXIT_BAD_INPUT, as_json)
         except _NO_ARGS_IS_HELP as error:
             # `trtfuse` or `trtfuse bench` alone: the help that -h gives, not an error.
             click.echo(error.ctx.get_help())
             status = 0
         except click.UsageError as error:
             command = error.ctx.command_path if error.ctx is not None else "trtfuse"
-            _error_line(f"trtfuse: error: {error.format_message()} (see '{command} --help')")
-            status = EXIT_BAD_INPUT
+            status = _fail(f"{error.format_message()} (see '{command} --help')", EXIT_BAD_INPUT, as_json)
         except click.ClickException as error:
-            _error_line(f"trtfuse: error: {error.format_message()}")
-            status = error.exit_code
+            status = _fail(error.format_message(), error.exit_code, as_json)
         except (click.Abort, KeyboardInterrupt):
-            _error_line("trtfuse: interrupted")
-            status = EXIT_SIGINT
+            status = _fail("interrupted", EXIT_SIGINT, as_json, "")
         except Interrupted as error:
-            _error_line(f"trtfuse: stopped by {error}")
-            status = 128 + error.signal_number
+            status = _fail(f"stopped by {error}", 128 + error.signal_number, as_json, "")
         except Exception as error:
-            _error_line(
-                f"trtfuse: internal error: {type(error).__name__}: {first_line(error)} (a bug in trtfuse; please "
-                "report it with the command line)"
-            )
-            status = EXIT_INTERNAL_ERROR
+            bug = "a bug in trtfuse; please report it with the command line"
+            message = f"{type(error).__name__}: {first_line(error)} ({bug})"
+            status = _fail(message, EXIT_INTERNAL_ERROR, as_json, "internal error: ")
         if not standalone_mode:
             return status
         sys.exit(status if isinstance(status, int) else 0)

@@ -26,14 +26,16 @@ EXIT_INTERNAL_ERROR = 4
 
 F = TypeVar("F", bound=Callable[..., object])
 
-# One shape: trtexec's `1x16` or Polygraphy's `[1,16]`.
-_SHAPE = r"(?:\d+(?:x\d+)*|\[\s*\d+(?:\s*,\s*\d+)*\s*\])"
+# One shape: trtexec's `1x16` (or `1X16`) or Polygraphy's `[1,16]`. Digits are ASCII: `\d` would take any script's.
+_SHAPE = r"(?:[0-9]+(?:[xX][0-9]+)*|\[\s*[0-9]+(?:\s*,\s*[0-9]+)*\s*\])"
 _SHAPE_RANGE = rf"{_SHAPE}:{_SHAPE}:{_SHAPE}"
+# trtexec's list form, `a:1x16,b:1x16`: the commas between entries, not those inside Polygraphy's brackets.
+_LIST_COMMA = re.compile(r",(?![^\[]*\])")
 
 
 def parse_dims(text: str) -> tuple[int, ...]:
     """`1x16` or `[1,16]` -> (1, 16)."""
-    return tuple(int(dim) for dim in re.split(r"[x,]", text.strip("[] ")))
+    return tuple(int(dim) for dim in re.split(r"[xX,]", text.strip("[] ")))
 
 
 def _split_name(text: str, value_pattern: str) -> tuple[str, str] | None:
@@ -46,41 +48,63 @@ def _split_name(text: str, value_pattern: str) -> tuple[str, str] | None:
     return None
 
 
+def _entries(text: str, value_pattern: str) -> list[tuple[str, str]] | None:
+    """NAME and VALUE of each entry of `text`: one `NAME=VALUE`, or trtexec's comma-separated list of them; None when
+    an entry is not well formed."""
+    whole = _split_name(text, value_pattern)
+    pieces = _LIST_COMMA.split(text)
+    if len(pieces) > 1:
+        entries = [_split_name(piece.strip(), value_pattern) for piece in pieces]
+        if all(entries):
+            return entries
+    return [whole] if whole else None
+
+
 class ShapeType(click.ParamType):
-    """`NAME=1x16`, `NAME:1x16` (trtexec) or `NAME:[1,16]` (Polygraphy) -> (NAME, (1, 16))."""
+    """`NAME=1x16`, `NAME:1x16` (trtexec) or `NAME:[1,16]` (Polygraphy), or trtexec's list `a:1x16,b:1x16` ->
+    ((NAME, (1, 16)), ...)."""
 
     name = "NAME=D0xD1"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
         if isinstance(value, tuple):
             return value
-        split = _split_name(str(value), _SHAPE)
-        if split is None:
-            self.fail(f"'{value}' is not NAME=D0xD1, NAME:D0xD1 or NAME:[D0,D1] (for example input_ids=1x16)")
-        return split[0], parse_dims(split[1])
+        entries = _entries(str(value), _SHAPE)
+        if entries is None:
+            self.fail(
+                f"'{value}' is not NAME=D0xD1, NAME:D0xD1, NAME:[D0,D1] or a comma-separated list of them (for "
+                "example input_ids=1x16 or input_ids:2x5,attention_mask:2x5)"
+            )
+        return tuple((name, parse_dims(dims)) for name, dims in entries)
 
 
 class ShapeRangeType(click.ParamType):
-    """`NAME=MIN:OPT:MAX`, each a shape in either spelling -> (NAME, ShapeRange)."""
+    """`NAME=MIN:OPT:MAX`, each a shape in either spelling, or a comma-separated list of them ->
+    ((NAME, ShapeRange), ...)."""
 
     name = "NAME=MIN:OPT:MAX"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
-        from trtfuse.engine.profiles import ShapeRange
-
         if isinstance(value, tuple):
             return value
-        split = _split_name(str(value), _SHAPE_RANGE)
-        if split is None:
-            self.fail(f"'{value}' is not NAME=MIN:OPT:MAX, shapes like 1x16 or [1,16] (e.g. input_ids=1x1:1x64:1x512)")
-        name, ranges = split
+        entries = _entries(str(value), _SHAPE_RANGE)
+        if entries is None:
+            self.fail(
+                f"'{value}' is not NAME=MIN:OPT:MAX or a comma-separated list of them, shapes like 1x16 or [1,16] "
+                "(e.g. input_ids=1x1:1x64:1x512)"
+            )
+        return tuple((name, self._range(name, ranges)) for name, ranges in entries)
+
+    def _range(self, name: str, ranges: str) -> object:
+        from trtfuse.engine.profiles import ShapeRange
+
         low, opt, high = (parse_dims(shape) for shape in re.findall(_SHAPE, ranges))
         if not len(low) == len(opt) == len(high):
             self.fail(f"{name}: MIN, OPT and MAX have different ranks in {ranges!r}")
         for axis, dims in enumerate(zip(low, opt, high, strict=True)):
             if not dims[0] <= dims[1] <= dims[2]:
                 self.fail(f"{name}: dim {axis} needs MIN <= OPT <= MAX, got {':'.join(map(str, dims))}")
-        return name, ShapeRange(low, opt, high)
+        return ShapeRange(low, opt, high)
 
 
 class RangeType(click.ParamType):
@@ -97,7 +121,7 @@ class RangeType(click.ParamType):
         if isinstance(value, DimRange):
             return value
         parts = str(value).strip().split(":")
-        if len(parts) != 3 or not all(part.strip().isdigit() for part in parts):
+        if len(parts) != 3 or not all(re.fullmatch(r"[0-9]+", part.strip()) for part in parts):
             self.fail(f"expected MIN:OPT:MAX with non-negative integers, got {value!r}")
         low, opt, high = (int(part) for part in parts)
         if not low <= opt <= high:
@@ -118,7 +142,7 @@ class SizeType(click.ParamType):
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
         if isinstance(value, int):
             return value
-        match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", str(value).lower())
+        match = re.fullmatch(r"\s*([0-9]+)\s*([kmgt]?)(?:i?b)?\s*", str(value).lower())
         if not match:
             self.fail(f"expected a size such as 4G, 512MiB or 1073741824, got {value!r}")
         size = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
@@ -135,16 +159,20 @@ class DimType(click.ParamType):
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
         if isinstance(value, tuple):
             return value
-        split = _split_name(str(value), r"\d+")
+        split = _split_name(str(value), r"[0-9]+")
         if split is None:
             self.fail(f"'{value}' is not SYMBOL=N (for example batch=2)")
         return split[0], int(split[1])
 
 
 def unique(kind: str) -> Callable[[click.Context, click.Parameter, Sequence[tuple]], dict]:
+    """The option's (name, value) pairs as a dict; a name given twice with two values is an error. A value may be one
+    pair or, from a list-form option, a tuple of them."""
+
     def collect(_ctx: click.Context, _param: click.Parameter, values: Sequence[tuple]) -> dict:
         found: dict = {}
-        for name, value in values:
+        pairs = [pair for value in values for pair in (value if isinstance(value[0], tuple) else (value,))]
+        for name, value in pairs:
             if name in found and found[name] != value:
                 raise click.BadParameter(f"{kind} '{name}' is given twice, as {found[name]} and {value}")
             found[name] = value
@@ -163,7 +191,8 @@ def feed_options(command: F) -> F:
             multiple=True,
             type=ShapeType(),
             callback=unique("input"),
-            help="Shape of one graph input (NAME=1x16, NAME:1x16 or NAME:[1,16]); repeatable.",
+            help="Shape of one graph input (NAME=1x16, NAME:1x16 or NAME:[1,16]), or trtexec's list "
+            "(a:1x16,b:1x16); repeatable.",
         ),
         click.option(
             "--dim",
