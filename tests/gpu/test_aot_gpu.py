@@ -1,4 +1,4 @@
-"""AOT kernel artifacts launched with the bare CUDA driver (issue 9): the GPU run of `trtfuse.bench.aot_driver`
+"""AOT kernel artifacts launched with the bare CUDA driver (issue 9): the GPU run of `trtfuse.bench.aot`
 (compile in one process, check in another that imports no CuTeDSL or TVM-FFI), and its CPU-testable parts."""
 
 from __future__ import annotations
@@ -17,18 +17,22 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
-from trtfuse.bench import aot_driver  # noqa: E402  (imports torch)
-from trtfuse.bench.aot_driver import (  # noqa: E402
-    CaseResult,
-    CaseTensors,
-    LaunchCase,
-    MatrixEntry,
-    argument_values,
-    compare_part,
-    launch_cases,
-    pack_params,
-    unpack_params,
+from trtfuse.bench.aot.cases import NULL_POINTER_CASES, LaunchCase, launch_cases  # noqa: E402  (imports torch)
+from trtfuse.bench.aot.check import CaseResult, check_artifacts, print_check  # noqa: E402
+from trtfuse.bench.aot.compare import compare_part  # noqa: E402
+from trtfuse.bench.aot.driver import module_image  # noqa: E402
+from trtfuse.bench.aot.isolation import ImportBlocker  # noqa: E402
+from trtfuse.bench.aot.manifest import (  # noqa: E402
+    MANIFEST,
+    MANIFEST_FORMAT,
+    read_artifact,
+    spec_from_json,
+    spec_to_json,
+    write_artifact,
 )
+from trtfuse.bench.aot.matrix import MatrixEntry, entry_name, matrix, part_rows  # noqa: E402
+from trtfuse.bench.aot.params import PackedParams, argument_values, pack_params, pointer_names  # noqa: E402
+from trtfuse.bench.aot.tensors import PART_TENSORS, CaseTensors  # noqa: E402
 from trtfuse.bench.reference import norm_reference  # noqa: E402
 from trtfuse.contract import NormParams, WeightMode  # noqa: E402
 from trtfuse.kernels.declaration import LaunchDeclaration, RowPart, Tactic, qk_norm_params, rms_norm_params  # noqa: E402
@@ -39,8 +43,8 @@ REPO = REPO_ROOT
 # Both steps must end well inside the device's 10-minute limit per command, which `.ci/gpu tests` shares.
 COMPILE_TIMEOUT_S = 240
 CHECK_TIMEOUT_S = 400
-# A folder of artifacts compiled elsewhere (`aot_driver compile --out DIR` on a CPU machine) to check instead of
-# compiling here: PTX from another CuTeDSL build may have an ISA this machine's driver knows.
+# A folder of artifacts compiled elsewhere (`python -m trtfuse.bench.aot compile --out DIR` on a CPU machine) to check
+# instead of compiling here: PTX from another CuTeDSL build may have an ISA this machine's driver knows.
 ARTIFACTS_ENV = "TRTFUSE_AOT_ARTIFACTS"
 
 
@@ -71,13 +75,19 @@ def qk_entry() -> MatrixEntry:
 # --- CPU: kernel arguments -----------------------------------------------------------------------------------------
 
 
+def values_the_driver_reads(packed: PackedParams) -> list[int]:
+    """Each parameter's value read as cuLaunchKernel reads it: through the pointer array at `packed.address`."""
+    pointers = (ctypes.c_void_p * len(packed.values)).from_address(packed.address)
+    return [type(value).from_address(pointer).value for value, pointer in zip(packed.values, pointers, strict=True)]
+
+
 def test_rms_norm_arguments_follow_the_declared_parameter_order() -> None:
     declaration = rms_declaration()
     pointers = {"x": 0x7F00_0000_1000, "weight": 0x7F00_0000_2002, "y": 0xFFFF_FFFF_FFFF_FFF0}
     values = argument_values(declaration, pointers, (77,))
     assert values == [pointers["x"], pointers["weight"], 77, pointers["y"]]
     packed = pack_params(declaration, values)
-    assert unpack_params(declaration, packed) == values
+    assert values_the_driver_reads(packed) == values
     # u64 for pointers and u32 for the scalar: the sizes the PTX entry's .param types take.
     assert [ctypes.sizeof(v) for v in packed.values] == [8, 8, 4, 8]
     assert [p.ptx_type for p in declaration.params] == [".u64", ".u64", ".u32", ".u64"]
@@ -90,7 +100,7 @@ def test_qk_norm_arguments_carry_both_row_counts_and_the_q_block_count() -> None
     values = argument_values(declaration, pointers, (33 * 4, 33 * 2))
     q_blocks = -(-33 * 4 // 8)
     assert values == [0x1000, 0x2000, 0x3000, 0x4000, 132, 66, q_blocks, 0x5000, 0x6000]
-    assert unpack_params(declaration, pack_params(declaration, values)) == values
+    assert values_the_driver_reads(pack_params(declaration, values)) == values
     assert declaration.grid_x((132, 66)) == q_blocks + -(-66 // 8)
 
 
@@ -112,13 +122,13 @@ def test_artifacts_round_trip_through_their_files(tmp_path: Path) -> None:
     from trtfuse.kernels.declaration import KernelArtifact
 
     artifact = KernelArtifact(qk_declaration(), ".version 8.8\n.entry trtfuse_qk_0()\n", b"\x7fELF\x00\x01")
-    aot_driver.write_artifact(tmp_path, "a", artifact)
-    assert aot_driver.read_artifact(tmp_path, "a") == artifact
-    image = aot_driver.module_image(artifact, "ptx")
+    write_artifact(tmp_path, "a", artifact)
+    assert read_artifact(tmp_path, "a") == artifact
+    image = module_image(artifact, "ptx")
     assert image == artifact.ptx.encode() + b"\0" and image.count(b"\0") == 1  # cuModuleLoadData reads PTX to NUL
-    assert aot_driver.module_image(artifact, "cubin") == artifact.cubin
+    assert module_image(artifact, "cubin") == artifact.cubin
     with pytest.raises(FileNotFoundError, match=r"b\.json"):
-        aot_driver.read_artifact(tmp_path, "b")
+        read_artifact(tmp_path, "b")
 
 
 # --- CPU: the matrix and the cases -----------------------------------------------------------------------------------
@@ -163,7 +173,7 @@ def kernel_test_specs() -> tuple[set[object], set[tuple[object, tuple[int, int]]
 
 def test_the_matrix_covers_every_spec_of_the_kernel_gpu_tests() -> None:
     rms, qk = kernel_test_specs()
-    entries = aot_driver.matrix()
+    entries = matrix()
     assert len(entries) == len(set(entries))
     covered_rms = {e.spec for e in entries if e.heads is None}
     covered_qk = {(e.spec, e.heads) for e in entries if e.heads is not None}
@@ -174,9 +184,9 @@ def test_the_matrix_covers_every_spec_of_the_kernel_gpu_tests() -> None:
 
 
 def test_the_matrix_specs_survive_the_manifest() -> None:
-    for entry in aot_driver.matrix():
-        assert aot_driver.spec_from_json(json.loads(json.dumps(aot_driver.spec_to_json(entry.spec)))) == entry.spec
-    assert len({aot_driver.entry_name(e) for e in aot_driver.matrix()}) > 0
+    for entry in matrix():
+        assert spec_from_json(json.loads(json.dumps(spec_to_json(entry.spec)))) == entry.spec
+    assert len({entry_name(e) for e in matrix()}) > 0
 
 
 def test_launch_cases_cover_the_row_counts_alignment_and_graphs() -> None:
@@ -185,13 +195,13 @@ def test_launch_cases_cover_the_row_counts_alignment_and_graphs() -> None:
     aligned = {c.tokens for c in cases if not c.shifted and not c.graph}
     assert {0, 1, 3, 132, 4097, 16384} <= aligned
     assert not any(c.null for c in cases)
-    assert [(c.tokens, c.null) for c in aot_driver.NULL_POINTER_CASES] == [(0, True)]
-    pointers = aot_driver.pointer_names(declaration)
+    assert [(c.tokens, c.null) for c in NULL_POINTER_CASES] == [(0, True)]
+    pointers = pointer_names(declaration)
     assert set(pointers) == {"q", "k", "q_weight", "k_weight", "q_out", "k_out"}
     assert {c.shifted for c in cases if len(c.shifted) == 1} == {(name,) for name in pointers}
     assert any(c.shifted == pointers and c.tokens > 132 for c in cases)
     assert {bool(c.shifted) for c in cases if c.graph} == {False, True}
-    assert aot_driver.part_rows(qk_entry(), 5) == (20, 10)
+    assert part_rows(qk_entry(), 5) == (20, 10)
 
 
 def test_shifted_pointers_are_one_element_past_an_aligned_allocation() -> None:
@@ -226,7 +236,7 @@ def write_reference(entry: MatrixEntry, tensors: CaseTensors) -> None:
 )
 def test_outputs_pass_only_when_written_and_close(entry: MatrixEntry) -> None:
     declaration = rms_declaration(64) if entry.heads is None else qk_declaration()
-    tensors = CaseTensors(entry, declaration, LaunchCase(3, aot_driver.pointer_names(declaration)), device="cpu")
+    tensors = CaseTensors(entry, declaration, LaunchCase(3, pointer_names(declaration)), device="cpu")
     parts = list(tensors.parts.values())
     assert all(not compare_part(entry.spec, part)[0] for part in parts)  # poisoned: nothing written yet
     write_reference(entry, tensors)
@@ -251,12 +261,12 @@ def test_a_zero_row_launch_must_leave_the_poisoned_output_untouched() -> None:
 
 
 def test_the_bare_process_guard_blocks_cutlass_and_tvm_ffi() -> None:
-    finder = aot_driver._ForbiddenImport()
+    finder = ImportBlocker()
     for name in ("cutlass", "cutlass.cute", "tvm_ffi", "tvm_ffi.core"):
         with pytest.raises(ImportError, match="bare-driver process"):
             finder.find_spec(name, None)
     assert finder.find_spec("numpy", None) is None
-    code = "import cutlass, sys; from trtfuse.bench.aot_driver import require_bare_process; require_bare_process()"
+    code = "import cutlass; from trtfuse.bench.aot.isolation import require_bare_process; require_bare_process()"
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 1 and "has imported cutlass" in done.stderr
@@ -265,8 +275,8 @@ def test_the_bare_process_guard_blocks_cutlass_and_tvm_ffi() -> None:
 def test_the_check_process_imports_no_cutlass_or_tvm_ffi() -> None:
     """What `check` imports before its guard runs: the driver, the launch declarations, the specs, the reference."""
     code = (
-        "import sys; from trtfuse.bench import aot_driver, reference; import trtfuse.kernels.specs;"
-        " print(aot_driver.forbidden_imported())"
+        "from trtfuse.bench import reference; from trtfuse.bench.aot import cli, isolation;"
+        " import trtfuse.kernels.specs; print(isolation.forbidden_imported())"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -281,7 +291,7 @@ def test_the_check_summary_names_every_failure(capsys: pytest.CaptureFixture[str
     report = {"gpu": "H200", "arch": "sm_90a", "sms": 132, "artifacts": 1, "cases": 2, "failed": 1, "aborted": ""}
     report |= {"wall_s": 3.0, "seed": 7}
     report |= {"forbidden_modules_imported": [], "results": [dataclasses.asdict(r) for r in results]}
-    aot_driver.print_check(report)
+    print_check(report)
     printed = capsys.readouterr().out
     assert "FAIL 000-rms-prefill [cubin] tokens=3 shifted=x: x: 3 NaN elements" in printed
     assert "2 cases, 1 failed; worst passing error 0.40 of the allowed" in printed and "imported: none" in printed
@@ -289,8 +299,8 @@ def test_the_check_summary_names_every_failure(capsys: pytest.CaptureFixture[str
 
 class CpuLaunches:
     """The driver and CUDA replaced on the CPU: every buffer a case allocates is registered by its pointer, and a
-    launch packs its arguments as the real one does, then writes the float64 reference through the unpacked
-    pointers (`faulty`: and leaves the last row of each output NaN)."""
+    launch packs its arguments as the real one does, then writes the float64 reference through the pointers
+    the driver would read (`faulty`: and leaves the last row of each output NaN)."""
 
     def __init__(self, faulty: bool) -> None:
         self.faulty = faulty
@@ -327,10 +337,10 @@ class CpuLaunches:
 
     def launch(self, declaration: LaunchDeclaration, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
         packed = pack_params(declaration, argument_values(declaration, pointers, rows))
-        values = dict(zip([p.name for p in declaration.params], unpack_params(declaration, packed), strict=True))
+        values = dict(zip([p.name for p in declaration.params], values_the_driver_reads(packed), strict=True))
         spec = self.spec
         for part, n in zip(declaration.parts, rows, strict=True):
-            x_name, w_name, out_name = aot_driver.PART_TENSORS[part.name]
+            x_name, w_name, out_name = PART_TENSORS[part.name]
             if n == 0:
                 continue
             weight = None if spec.weight_dtype is None else self.tensors[values[w_name]]
@@ -346,28 +356,28 @@ def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: py
     from trtfuse.kernels.declaration import KernelArtifact
 
     entries = [(rms_entry("bfloat16", None), rms_declaration(64)), (qk_entry(), qk_declaration())]
-    manifest = {"format": aot_driver.MANIFEST_FORMAT, "arch": "sm_90a", "entries": []}
+    manifest = {"format": MANIFEST_FORMAT, "arch": "sm_90a", "entries": []}
     for i, (entry, declaration) in enumerate(entries):
-        aot_driver.write_artifact(tmp_path, f"e{i}", KernelArtifact(declaration, ".entry k()\n", b"\x7fELF"))
+        write_artifact(tmp_path, f"e{i}", KernelArtifact(declaration, ".entry k()\n", b"\x7fELF"))
         heads = None if entry.heads is None else list(entry.heads)
-        spec = aot_driver.spec_to_json(entry.spec)
+        spec = spec_to_json(entry.spec)
         manifest["entries"].append({"spec": spec, "heads": heads, "stems": {"PREFILL": f"e{i}"}})
-    (tmp_path / aot_driver.MANIFEST).write_text(json.dumps(manifest))
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
     fakes = CpuLaunches(faulty)
-    monkeypatch.setattr(aot_driver, "DriverKernel", fakes.kernel_class)
-    monkeypatch.setattr(aot_driver, "CaseTensors", fakes.tensors_class)
-    monkeypatch.setattr(aot_driver, "captured_launch", fakes.replay_class)
-    monkeypatch.setattr(aot_driver, "bind_torch_context", lambda: None)
-    monkeypatch.setattr(aot_driver, "device_arch_and_sms", lambda: ("sm_90a", 4))
-    monkeypatch.setattr(aot_driver, "LARGE_ROWS", 40)
-    monkeypatch.setattr(aot_driver, "RAGGED_ROWS", 17)
+    monkeypatch.setattr("trtfuse.bench.aot.check.DriverKernel", fakes.kernel_class)
+    monkeypatch.setattr("trtfuse.bench.aot.check.CaseTensors", fakes.tensors_class)
+    monkeypatch.setattr("trtfuse.bench.aot.check.captured_launch", fakes.replay_class)
+    monkeypatch.setattr("trtfuse.bench.aot.check.bind_torch_context", lambda: None)
+    monkeypatch.setattr("trtfuse.bench.aot.check.device_arch_and_sms", lambda: ("sm_90a", 4))
+    monkeypatch.setattr("trtfuse.bench.aot.cases.LARGE_ROWS", 40)
+    monkeypatch.setattr("trtfuse.bench.aot.cases.RAGGED_ROWS", 17)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 0})())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
 
-    report = aot_driver.check_artifacts(tmp_path)
+    report = check_artifacts(tmp_path)
     per_image = len(launch_cases(rms_declaration(64), 4)) + len(launch_cases(qk_declaration(), 4))
-    per_image += 2 * len(aot_driver.NULL_POINTER_CASES)
+    per_image += 2 * len(NULL_POINTER_CASES)
     assert report["cases"] == 2 * per_image and report["artifacts"] == 2
     ran = {(r["artifact"], r["image"]) for r in report["results"]}
     assert ran == {(stem, image) for stem in ("e0", "e1") for image in ("ptx", "cubin")}
@@ -383,7 +393,7 @@ def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: py
 
 
 def run_module(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "trtfuse.bench.aot_driver", *args]
+    command = [sys.executable, "-m", "trtfuse.bench.aot", *args]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=timeout)
     print(done.stdout[-6000:])
     print(done.stderr[-6000:], file=sys.stderr)
@@ -420,7 +430,7 @@ def test_every_artifact_runs_correctly_from_the_bare_cuda_driver(tmp_path: Path)
     unloadable = set(report["ptx_not_loadable"])
     expected = {(stem, "cubin") for stem in stems} | {(stem, "ptx") for stem in stems - unloadable}
     assert ran == expected
-    assert len(manifest["entries"]) == len(aot_driver.matrix())
+    assert len(manifest["entries"]) == len(matrix())
 
 
 # --- CPU: the side-by-side benchmark's bookkeeping -------------------------------------------------------------------
@@ -428,20 +438,20 @@ def test_every_artifact_runs_correctly_from_the_bare_cuda_driver(tmp_path: Path)
 
 def test_the_benchmark_times_today_twice_around_every_tactic_and_keeps_the_faster() -> None:
     pytest.importorskip("cutlass", reason="the AOT benchmark compiles artifacts with nvidia-cutlass-dsl")
-    from trtfuse.bench import aot_bench
+    from trtfuse.bench.aot import benchmark
 
     timings = {"today": [10.0, 10.5], "prefill": [12.0], "decode": [9.0]}
     order: list[str] = []
 
-    def call(name: str) -> aot_bench.Call:
+    def call(name: str) -> benchmark.Call:
         return lambda i: order.append(name)
 
-    def time_one(c: aot_bench.Call) -> float:
+    def time_one(c: benchmark.Call) -> float:
         c(0)
         return timings[order[-1]].pop(0)
 
     events: list[str] = []
-    row = aot_bench.timed_side_by_side(
+    row = benchmark.timed_side_by_side(
         call("today"),
         {Tactic.PREFILL: call("prefill"), Tactic.DECODE: call("decode")},
         time_one,
@@ -451,16 +461,16 @@ def test_the_benchmark_times_today_twice_around_every_tactic_and_keeps_the_faste
     assert order == ["today", "prefill", "decode", "today"]
     assert events[:2] == ["poison", "verify today_us"] and len(events) == 8
     assert row["faster_tactic"] == "decode" and row["today_spread_pct"] == pytest.approx(5.0)
-    row = aot_bench.finish(row | {"timing": "graph", "shape": "8x4096"}, Tactic.DECODE)
+    row = benchmark.finish(row | {"timing": "graph", "shape": "8x4096"}, Tactic.DECODE)
     assert row["aot_over_today"] == pytest.approx(9.0 / 10.25) and row["expected_tactic"] == "decode"
-    aot_bench.add_pct_copy(row, nbytes=4_000_000, copy_gbs=4000.0)
+    benchmark.add_pct_copy(row, nbytes=4_000_000, copy_gbs=4000.0)
     assert row["aot_decode_pct_copy"] == pytest.approx(100 * 4_000_000 / 9.0 / 1e3 / 4000.0)
-    assert "aot decode     9.00*" in aot_bench._line("rms 8x4096", row)
+    assert "aot decode     9.00*" in benchmark._line("rms 8x4096", row)
 
 
 def test_the_benchmark_expects_decode_up_to_one_row_per_sm() -> None:
     pytest.importorskip("cutlass", reason="the AOT benchmark compiles artifacts with nvidia-cutlass-dsl")
-    from trtfuse.bench.aot_bench import expected_tactic
+    from trtfuse.bench.aot.benchmark import expected_tactic
 
     both = (Tactic.PREFILL, Tactic.DECODE)
     assert expected_tactic(1, 132, both) is Tactic.DECODE

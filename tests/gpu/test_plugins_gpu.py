@@ -1,4 +1,4 @@
-"""The trtfuse plugins on a GPU, driven through TensorRT's IPluginV3 call order by trtfuse.bench.plugin_lifecycle: real
+"""The trtfuse plugins on a GPU, driven through TensorRT's IPluginV3 call order by trtfuse.bench.lifecycle: real
 CuTeDSL kernels enqueued on raw device pointers and a side stream, checked against a float64 reference, host cost per
 enqueue, and a CUDA-graph capture of several enqueues replayed with fresh inputs.
 
@@ -29,7 +29,9 @@ try:
 except MissingDependencyError as missing:
     pytest.skip(f"no TensorRT plugin types: {missing}", allow_module_level=True)
 
-from trtfuse.bench import plugin_lifecycle as lifecycle  # noqa: E402  (needs the TensorRT types chosen above)
+from trtfuse.bench.lifecycle.cases import NormCase, default_cases, qk_case, rms_case  # noqa: E402
+from trtfuse.bench.lifecycle.drive import LifecycleReport, drive  # noqa: E402
+from trtfuse.bench.lifecycle.graph_replay import graph_replay  # noqa: E402
 
 # Python's own share of an enqueue, on top of the kernel launch under it: a few attribute reads and one call.
 PLUGIN_OVERHEAD_BUDGET_US = 2.0
@@ -37,10 +39,10 @@ PLUGIN_OVERHEAD_BUDGET_US = 2.0
 ENQUEUE_SANITY_BOUND_US = 200.0
 ENQUEUE_TARGET_US = 8.0
 
-CASES = lifecycle.default_cases()
+CASES = default_cases()
 
 
-def describe(report: lifecycle.LifecycleReport) -> str:
+def describe(report: LifecycleReport) -> str:
     lines = [f"{report.case.name}:"]
     for run in report.runs:
         for check in run.checks:
@@ -53,20 +55,20 @@ def describe(report: lifecycle.LifecycleReport) -> str:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_lifecycle_enqueues_match_the_float64_reference(case: lifecycle.NormCase) -> None:
+def test_lifecycle_enqueues_match_the_float64_reference(case: NormCase) -> None:
     """Build phase, runtime re-creation from the serialised fields, attach, clone, then for a prefill-sized and two
     decode-sized runs: on_shape_change and one enqueue on a side stream into NaN-poisoned outputs."""
-    report = lifecycle.drive(case)
+    report = drive(case)
     assert report.passed, describe(report)
 
 
 @pytest.mark.parametrize(
     "case",
-    [lifecycle.rms_case(4096, "bfloat16", "bfloat16"), lifecycle.qk_case(32, 8, 128, "bfloat16", "bfloat16")],
+    [rms_case(4096, "bfloat16", "bfloat16"), qk_case(32, 8, 128, "bfloat16", "bfloat16")],
     ids=["rms-bf16-4096", "qk-qwen3-bf16"],
 )
-def test_enqueue_host_cost(case: lifecycle.NormCase, record_property: pytest.RecordProperty) -> None:
-    report = lifecycle.drive(case)
+def test_enqueue_host_cost(case: NormCase, record_property: pytest.RecordProperty) -> None:
+    report = drive(case)
     cost = report.host
     summary = (
         f"{case.name}: enqueue {cost.enqueue_us:.2f} us median (target {ENQUEUE_TARGET_US} us), "
@@ -82,11 +84,11 @@ def test_cuda_graph_of_several_enqueues_replays_correctly() -> None:
     """RMSNorm -> RMSNorm (reading the first one's output) -> QK-norm, captured once on a side stream in torch's
     global capture mode (which fails on any allocation or synchronisation), then replayed twice with new inputs."""
     cases = [
-        lifecycle.rms_case(4096, "bfloat16", "float32", runs=((1, 8),)),
-        lifecycle.rms_case(4096, "bfloat16", None, WeightMode.NONE, runs=((1, 8),)),
-        lifecycle.qk_case(32, 8, 128, "bfloat16", "bfloat16", runs=(8,)),
+        rms_case(4096, "bfloat16", "float32", runs=((1, 8),)),
+        rms_case(4096, "bfloat16", None, WeightMode.NONE, runs=((1, 8),)),
+        qk_case(32, 8, 128, "bfloat16", "bfloat16", runs=(8,)),
     ]
-    replay = lifecycle.graph_replay(cases)
+    replay = graph_replay(cases)
     details = "\n".join(
         f"replay {index}: {check.name} max rel {check.max_rel:.3e} (rtol {check.rtol:g}), unwritten {check.unwritten}"
         for index, checks in enumerate(replay.checks)

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
 
-from trtfuse.bench import aot_driver
+from trtfuse.bench.aot.compile import compile_matrix
+from trtfuse.bench.aot.manifest import manifest_entries, read_artifact
 from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels import artifacts
 from trtfuse.kernels.api import rms_norm_tiling
@@ -72,17 +73,17 @@ def test_every_artifact_compiles_for_every_architecture(
     """The matrix the H200 check runs (every spec of the kernel GPU tests: dtype pairs, weight modes, hidden sizes,
     QK shapes; every tactic), compiled for each target and read back as the bare-driver check reads it."""
     monkeypatch.setenv("TRTFUSE_KERNEL_CACHE", str(tmp_path / "cache"))
-    manifest = aot_driver.compile_matrix(tmp_path / "artifacts", arch, jobs=2)
+    manifest = compile_matrix(tmp_path / "artifacts", arch, jobs=2)
     names = set()
-    for entry, stems in aot_driver.manifest_entries(manifest):
+    for entry, stems in manifest_entries(manifest):
         for tactic_name, stem in stems.items():
-            artifact = aot_driver.read_artifact(tmp_path / "artifacts", stem)
+            artifact = read_artifact(tmp_path / "artifacts", stem)
             check_artifact(artifact, arch)
             assert artifact.declaration.tactic is Tactic[tactic_name]
             expected = RMS_PARAMS if entry.heads is None else QK_PARAMS
             assert [p.name for p in artifact.declaration.params] == expected
             names.add(artifact.declaration.kernel_name)
-    assert len(names) == sum(len(stems) for _, stems in aot_driver.manifest_entries(manifest)), "shared entry names"
+    assert len(names) == sum(len(stems) for _, stems in manifest_entries(manifest)), "shared entry names"
     assert len(names) >= 150
 
 

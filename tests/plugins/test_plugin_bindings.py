@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import trtfuse
-from trtfuse.bench import plugin_lifecycle as lifecycle
+from trtfuse.bench.lifecycle.cases import rms_case
+from trtfuse.bench.lifecycle.phases import build_phase, runtime_phase
 from trtfuse.contract import RMS_NORM, NormParams, WeightMode
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
@@ -114,9 +115,9 @@ def test_lifecycle_driver_calls_set_tactic_in_both_phases(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(NormPlugin, "set_tactic", recording)
     monkeypatch.setattr(NormPlugin, "_prepare", lambda self, types, rows: None)
-    case = lifecycle.rms_case(64, "float16", "float16", WeightMode.AFTER_CAST)
+    case = rms_case(64, "float16", "float16", WeightMode.AFTER_CAST)
     creator = RmsNormPluginCreator()
-    lifecycle.runtime_phase(creator, lifecycle.build_phase(creator, case))
+    runtime_phase(creator, build_phase(creator, case))
     assert calls == [("BUILD", 0), ("RUNTIME", 0), ("RUNTIME", 0)]
 
 

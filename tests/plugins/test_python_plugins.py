@@ -20,7 +20,11 @@ import pytest
 
 from trtfuse import contract
 from trtfuse import kernels as kernels_module
-from trtfuse.bench import plugin_lifecycle as lifecycle
+from trtfuse.bench.lifecycle.cases import NormCase, qk_case, rms_case
+from trtfuse.bench.lifecycle.descriptors import dynamic_desc, run_descs
+from trtfuse.bench.lifecycle.outputs import check_outputs, reference_norm
+from trtfuse.bench.lifecycle.phases import CREATORS, build_phase, recreate, runtime_phase, shape_change
+from trtfuse.bench.lifecycle.tensors import device_tensors
 from trtfuse.contract import QK_NORM, QK_NORM_OP, RMS_NORM, RMS_NORM_OP, NormParams, WeightMode
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
@@ -36,16 +40,16 @@ FLOATS = ("float32", "float16", "bfloat16")
 
 
 CASES = [
-    lifecycle.rms_case(64, "bfloat16", "float32"),
-    lifecycle.rms_case(64, "float16", "float16", WeightMode.BEFORE_CAST, weight_offset=1.0),
-    lifecycle.rms_case(40, "float32", None, WeightMode.NONE),
-    lifecycle.qk_case(4, 2, 128, "bfloat16", "bfloat16"),
-    lifecycle.qk_case(2, 1, 64, "float16", None, WeightMode.NONE),
+    rms_case(64, "bfloat16", "float32"),
+    rms_case(64, "float16", "float16", WeightMode.BEFORE_CAST, weight_offset=1.0),
+    rms_case(40, "float32", None, WeightMode.NONE),
+    qk_case(4, 2, 128, "bfloat16", "bfloat16"),
+    qk_case(2, 1, 64, "float16", None, WeightMode.NONE),
 ]
 
 
 @pytest.fixture(params=CASES, ids=[case.name for case in CASES])
-def case(request: pytest.FixtureRequest) -> lifecycle.NormCase:
+def case(request: pytest.FixtureRequest) -> NormCase:
     return request.param
 
 
@@ -164,8 +168,8 @@ def test_tolerated_field_forms() -> None:
 # --- build phase -------------------------------------------------------------------------------------------------
 
 
-def test_build_phase_answers_types_shapes_and_formats(case: lifecycle.NormCase, kernels: list[RecordingKernel]) -> None:
-    build = lifecycle.build_phase(lifecycle.CREATORS[case.config.op.name](), case)
+def test_build_phase_answers_types_shapes_and_formats(case: NormCase, kernels: list[RecordingKernel]) -> None:
+    build = build_phase(CREATORS[case.config.op.name](), case)
     activations = len(case.config.hidden_sizes)
     assert build.plugin.num_outputs == activations
     assert build.output_dtypes == (case.dtype,) * activations
@@ -190,7 +194,7 @@ def test_build_phase_rejects_a_wrong_number_of_inputs() -> None:
         plugin.get_output_data_types([trt.DataType.HALF])
     with pytest.raises(TrtfuseError, match="expected 2 inputs"):
         plugin.get_output_shapes([trt.DimsExprs(2)], [], None)
-    in_out = [lifecycle.dynamic_desc((4, 64), (4, 64), (4, 64), "float16")] * 2
+    in_out = [dynamic_desc((4, 64), (4, 64), (4, 64), "float16")] * 2
     assert not plugin.supports_format_combination(0, in_out, 1)
 
 
@@ -200,11 +204,9 @@ def test_build_phase_rejects_non_float_activations() -> None:
         plugin.get_output_data_types([trt.DataType.INT32, trt.DataType.FLOAT])
 
 
-def test_configure_warms_the_kernel_up_for_the_profile(
-    case: lifecycle.NormCase, kernels: list[RecordingKernel]
-) -> None:
-    creator = lifecycle.CREATORS[case.config.op.name]()
-    lifecycle.build_phase(creator, case)
+def test_configure_warms_the_kernel_up_for_the_profile(case: NormCase, kernels: list[RecordingKernel]) -> None:
+    creator = CREATORS[case.config.op.name]()
+    build_phase(creator, case)
     (kernel,) = kernels
     spec = kernel.spec
     assert isinstance(
@@ -229,8 +231,8 @@ def test_configure_warms_the_kernel_up_for_the_profile(
 )
 def test_configure_rejects_shapes_that_contradict_the_fields(shapes: list[tuple[int, ...]], message: str) -> None:
     plugin = create(RmsNormPluginCreator(), rms_fields())
-    inputs = [lifecycle.dynamic_desc(shape, shape, shape, "float16") for shape in shapes]
-    output = [lifecycle.dynamic_desc(shapes[0], shapes[0], shapes[0], "float16")]
+    inputs = [dynamic_desc(shape, shape, shape, "float16") for shape in shapes]
+    output = [dynamic_desc(shapes[0], shapes[0], shapes[0], "float16")]
     with pytest.raises(TrtfuseError, match=message):
         plugin.configure_plugin(inputs, output)
 
@@ -245,15 +247,15 @@ EPSILONS = [1e-6, 1e-5, 1.0 / 3.0, float(np.nextafter(np.float32(1e-6), np.float
 def test_serialised_fields_recreate_the_plugin_bit_exactly(
     epsilon: float, weight_offset: float, kernels: list[RecordingKernel]
 ) -> None:
-    case = lifecycle.qk_case(4, 2, 64, "bfloat16", "float32", WeightMode.BEFORE_CAST, weight_offset, epsilon)
+    case = qk_case(4, 2, 64, "bfloat16", "float32", WeightMode.BEFORE_CAST, weight_offset, epsilon)
     creator = QkNormPluginCreator()
-    build = lifecycle.build_phase(creator, case)
+    build = build_phase(creator, case)
     stored = {f.name: f for f in build.serialized}
     assert list(stored) == list(QK_NORM.fields)
     assert stored["epsilon"].type == trt.PluginFieldType.FLOAT32
     assert stored["epsilon"].data.view(np.uint32)[0] == np.float32(epsilon).view(np.uint32)
     assert stored["weight_offset"].data.view(np.uint32)[0] == np.float32(weight_offset).view(np.uint32)
-    recreated = lifecycle.recreate(creator, build.serialized)
+    recreated = recreate(creator, build.serialized)
     assert recreated.config == build.plugin.config == case.config
     assert recreated.phase == trt.TensorRTPhase.RUNTIME
     again = [(f.name, f.type, np.array(f.data).tobytes()) for f in recreated.get_fields_to_serialize()]
@@ -263,14 +265,14 @@ def test_serialised_fields_recreate_the_plugin_bit_exactly(
 # --- runtime: attach, clone, shape changes, enqueue --------------------------------------------------------------
 
 
-def enqueue_args(plugin: Any, case: lifecycle.NormCase, shapes: tuple[tuple[int, ...], ...], stream: int) -> None:
-    inputs, outputs = lifecycle.run_descs(case, shapes)
+def enqueue_args(plugin: Any, case: NormCase, shapes: tuple[tuple[int, ...], ...], stream: int) -> None:
+    inputs, outputs = run_descs(case, shapes)
     plugin.enqueue(
         inputs, outputs, [0x1000 * (i + 1) for i in range(len(inputs))], [0xA000, 0xB000][: len(outputs)], 0, stream
     )
 
 
-def expected_launch(case: lifecycle.NormCase, shapes: tuple[tuple[int, ...], ...], stream: int) -> tuple[int, ...]:
+def expected_launch(case: NormCase, shapes: tuple[tuple[int, ...], ...], stream: int) -> tuple[int, ...]:
     activations = len(shapes)
     pointers = [0x1000 * (i + 1) for i in range(activations)]
     weights = (
@@ -280,13 +282,11 @@ def expected_launch(case: lifecycle.NormCase, shapes: tuple[tuple[int, ...], ...
     return (*pointers, *weights, *[0xA000, 0xB000][:activations], *rows, stream)
 
 
-def test_enqueue_launches_with_pointers_rows_and_stream(
-    case: lifecycle.NormCase, kernels: list[RecordingKernel]
-) -> None:
-    creator = lifecycle.CREATORS[case.config.op.name]()
-    attached, _clone = lifecycle.runtime_phase(creator, lifecycle.build_phase(creator, case))
+def test_enqueue_launches_with_pointers_rows_and_stream(case: NormCase, kernels: list[RecordingKernel]) -> None:
+    creator = CREATORS[case.config.op.name]()
+    attached, _clone = runtime_phase(creator, build_phase(creator, case))
     for index, shapes in enumerate(case.runs):
-        lifecycle.shape_change(attached, case, shapes)
+        shape_change(attached, case, shapes)
         enqueue_args(attached, case, shapes, stream=0x5000 + index)
     build_kernel, runtime_kernel = kernels
     assert build_kernel.launches == []
@@ -296,23 +296,23 @@ def test_enqueue_launches_with_pointers_rows_and_stream(
 
 
 def test_runtime_plugin_warms_up_as_rows_grow(kernels: list[RecordingKernel]) -> None:
-    case = lifecycle.rms_case(64, "float16", "float16", runs=((1, 1), (1, 3), (1, 2), (4, 16)))
+    case = rms_case(64, "float16", "float16", runs=((1, 1), (1, 3), (1, 2), (4, 16)))
     creator = RmsNormPluginCreator()
-    plugin = lifecycle.recreate(creator, lifecycle.build_phase(creator, case).serialized)
+    plugin = recreate(creator, build_phase(creator, case).serialized)
     for shapes in case.runs:
-        lifecycle.shape_change(plugin, case, shapes)
+        shape_change(plugin, case, shapes)
     assert kernels[-1].warm_ups == [1, 3, 64]
 
 
 def test_clone_and_attached_copies_keep_their_own_shapes(kernels: list[RecordingKernel]) -> None:
-    case = lifecycle.rms_case(64, "bfloat16", "bfloat16")
+    case = rms_case(64, "bfloat16", "bfloat16")
     creator = RmsNormPluginCreator()
-    build = lifecycle.build_phase(creator, case)
+    build = build_phase(creator, case)
     first = build.plugin.attach_to_context(None)
     second = build.plugin.attach_to_context(None)
     assert first is not second and first is not build.plugin
-    lifecycle.shape_change(first, case, ((2, 64, 64),))
-    lifecycle.shape_change(second, case, ((1, 1, 64),))
+    shape_change(first, case, ((2, 64, 64),))
+    shape_change(second, case, ((1, 1, 64),))
     twin = first.clone()
     enqueue_args(twin, case, ((2, 64, 64),), stream=1)
     enqueue_args(second, case, ((1, 1, 64),), stream=2)
@@ -326,12 +326,12 @@ def test_clone_and_attached_copies_keep_their_own_shapes(kernels: list[Recording
 
 
 def test_enqueue_before_preparation_or_after_destroy_raises(kernels: list[RecordingKernel]) -> None:
-    case = lifecycle.rms_case(64, "float32", "float32")
+    case = rms_case(64, "float32", "float32")
     creator = RmsNormPluginCreator()
     plugin = create(creator, rms_fields(), node="n", phase=trt.TensorRTPhase.RUNTIME)
     with pytest.raises(TrtfuseError, match="TrtfuseRmsNorm 'n': enqueue before on_shape_change gave the shapes"):
         enqueue_args(plugin, case, ((1, 1, 64),), stream=0)
-    lifecycle.shape_change(plugin, case, ((1, 1, 64),))
+    shape_change(plugin, case, ((1, 1, 64),))
     enqueue_args(plugin, case, ((1, 1, 64),), stream=0)
     plugin.destroy()
     with pytest.raises(TrtfuseError, match="enqueue before on_shape_change"):
@@ -339,13 +339,13 @@ def test_enqueue_before_preparation_or_after_destroy_raises(kernels: list[Record
 
 
 def test_configured_plugin_still_waits_for_shapes_and_skips_empty_tensors(kernels: list[RecordingKernel]) -> None:
-    case = lifecycle.rms_case(64, "float16", "float32")
-    build = lifecycle.build_phase(RmsNormPluginCreator(), case)
+    case = rms_case(64, "float16", "float32")
+    build = build_phase(RmsNormPluginCreator(), case)
     with pytest.raises(TrtfuseError, match="enqueue before on_shape_change"):
         enqueue_args(build.plugin.clone(), case, ((1, 1, 64),), stream=0)
-    lifecycle.shape_change(build.plugin, case, ((1, 0, 64),))
+    shape_change(build.plugin, case, ((1, 0, 64),))
     enqueue_args(build.plugin.clone(), case, ((1, 0, 64),), stream=0)
-    lifecycle.shape_change(build.plugin, case, ((1, 2, 64),))
+    shape_change(build.plugin, case, ((1, 2, 64),))
     enqueue_args(build.plugin, case, ((1, 2, 64),), stream=0)
     assert [launch[3] for launch in kernels[0].launches] == [2]
 
@@ -395,20 +395,20 @@ def test_without_tensorrt_the_package_imports_and_register_says_what_is_missing(
 def test_harness_checks_catch_wrong_unwritten_and_overrunning_outputs(dtype: str) -> None:
     import torch
 
-    case = lifecycle.qk_case(4, 2, 64, dtype, "float32", WeightMode.BEFORE_CAST, weight_offset=1.0, runs=(3,))
-    tensors = lifecycle.device_tensors(case, case.runs[0], seed=0, device="cpu")
+    case = qk_case(4, 2, 64, dtype, "float32", WeightMode.BEFORE_CAST, weight_offset=1.0, runs=(3,))
+    tensors = device_tensors(case, case.runs[0], seed=0, device="cpu")
     q, k, q_weight, k_weight = tensors.inputs
-    tensors.outputs[0].copy_(lifecycle.reference_norm(q, q_weight, case.config))
-    tensors.outputs[1].copy_(lifecycle.reference_norm(k, k_weight, case.config))
-    assert all(check.passed for check in lifecycle.check_outputs(case, tensors))
+    tensors.outputs[0].copy_(reference_norm(q, q_weight, case.config))
+    tensors.outputs[1].copy_(reference_norm(k, k_weight, case.config))
+    assert all(check.passed for check in check_outputs(case, tensors))
     assert tensors.guards_intact()
 
     without_offset = replace(case.config, params=replace(case.config.params, weight_offset=0.0))
-    tensors.outputs[1].copy_(lifecycle.reference_norm(k, k_weight, without_offset))
-    assert [check.passed for check in lifecycle.check_outputs(case, tensors)] == [True, False]
+    tensors.outputs[1].copy_(reference_norm(k, k_weight, without_offset))
+    assert [check.passed for check in check_outputs(case, tensors)] == [True, False]
 
     tensors.outputs[0].view(-1)[-1] = float("nan")
-    assert lifecycle.check_outputs(case, tensors)[0].unwritten == 1
+    assert check_outputs(case, tensors)[0].unwritten == 1
     tensors.output_buffers[1][tensors.outputs[1].numel()] = 0
     assert not tensors.guards_intact()
     tensors.refill(torch.Generator().manual_seed(1))
@@ -424,7 +424,7 @@ def test_reference_places_the_cast_where_the_weight_mode_says() -> None:
     modes = {}
     for mode in WeightMode:
         config = NodeFields(RMS_NORM, NormParams(1e-6, 0.0, mode), (4,), "bfloat16")
-        modes[mode] = lifecycle.reference_norm(x, weight, config).double()
+        modes[mode] = reference_norm(x, weight, config).double()
     normed = x.double() / x.double().pow(2).mean().add(1e-6).sqrt()
     assert torch.equal(modes[WeightMode.NONE], normed.to(torch.bfloat16).double())
     assert torch.equal(modes[WeightMode.BEFORE_CAST], (normed * weight.double()).to(torch.bfloat16).double())
@@ -436,28 +436,28 @@ def test_reference_places_the_cast_where_the_weight_mode_says() -> None:
 def test_configure_accepts_a_weight_with_leading_ones(kernels: list[RecordingKernel]) -> None:
     plugin = create(RmsNormPluginCreator(), rms_fields(output_dtype=i32(16)))
     shapes = [(3, 64), (1, 1, 64)]
-    inputs = [lifecycle.dynamic_desc(shape, shape, shape, "bfloat16") for shape in shapes]
-    plugin.configure_plugin(inputs, [lifecycle.dynamic_desc((3, 64), (3, 64), (3, 64), "bfloat16")])
+    inputs = [dynamic_desc(shape, shape, shape, "bfloat16") for shape in shapes]
+    plugin.configure_plugin(inputs, [dynamic_desc((3, 64), (3, 64), (3, 64), "bfloat16")])
     assert kernels[0].warm_ups == [3]
 
 
 @pytest.mark.parametrize(
     "case",
-    [lifecycle.rms_case(4096, "bfloat16", "float32"), lifecycle.qk_case(32, 8, 128, "bfloat16", "bfloat16")],
+    [rms_case(4096, "bfloat16", "float32"), qk_case(32, 8, 128, "bfloat16", "bfloat16")],
     ids=["rms", "qk"],
 )
-def test_the_real_kernels_compile_through_configure_plugin(case: lifecycle.NormCase) -> None:
+def test_the_real_kernels_compile_through_configure_plugin(case: NormCase) -> None:
     """Without a GPU trtfuse.kernels compiles for sm_90a: configure_plugin's warm-up builds every variant for real,
     and a plugin re-created at runtime gets the process's same kernel object."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
-    creator = lifecycle.CREATORS[case.config.op.name]()
-    build = lifecycle.build_phase(creator, case)
+    creator = CREATORS[case.config.op.name]()
+    build = build_phase(creator, case)
     is_rms = case.config.op.name == RMS_NORM_OP
     assert isinstance(build.plugin.kernel, kernels_module.RmsNormKernel if is_rms else kernels_module.QkNormKernel)
     assert (build.plugin.kernel.spec.dtype, build.plugin.kernel.spec.params.epsilon) == (
         case.dtype,
         case.config.params.epsilon,
     )
-    attached, _clone = lifecycle.runtime_phase(creator, build)
-    lifecycle.shape_change(attached, case, case.runs[-1])
+    attached, _clone = runtime_phase(creator, build)
+    shape_change(attached, case, case.runs[-1])
     assert attached.kernel is build.plugin.kernel

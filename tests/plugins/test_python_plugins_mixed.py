@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from trtfuse.bench import plugin_lifecycle as lifecycle
+from trtfuse.bench.lifecycle.cases import rms_case
+from trtfuse.bench.lifecycle.descriptors import dynamic_desc
+from trtfuse.bench.lifecycle.phases import build_phase, runtime_phase
 from trtfuse.errors import TrtfuseError
 from trtfuse.plugins.python.base import DTYPE_NAMES
 from trtfuse.plugins.python.fields import serialize_fields
@@ -70,7 +72,7 @@ def accepted(plugin: Any, pos: int, chosen: list[Any]) -> set[str]:
     """The dtypes supports_format_combination takes at `pos`, the other positions holding `chosen`."""
     names = set()
     for data_type in DTYPE_NAMES:
-        in_out = [lifecycle.dynamic_desc((2, 64), (2, 64), (2, 64), DTYPE_NAMES[t]) for t in chosen]
+        in_out = [dynamic_desc((2, 64), (2, 64), (2, 64), DTYPE_NAMES[t]) for t in chosen]
         in_out[pos].desc.type = data_type
         if plugin.supports_format_combination(pos, in_out, 2):
             names.add(DTYPE_NAMES[data_type])
@@ -87,10 +89,10 @@ def test_formats_accept_the_output_dtype_and_the_inputs_it_pairs_with() -> None:
 def test_kernel_spec_carries_the_output_dtype(kernels: list[RecordingKernel]) -> None:
     plugin = rms_plugin(10)
     descs = [
-        lifecycle.dynamic_desc((1, 64), (8, 64), (8, 64), "float32"),
-        lifecycle.dynamic_desc((64,), (64,), (64,), "float16"),
+        dynamic_desc((1, 64), (8, 64), (8, 64), "float32"),
+        dynamic_desc((64,), (64,), (64,), "float16"),
     ]
-    out = [lifecycle.dynamic_desc((1, 64), (8, 64), (8, 64), "float16")]
+    out = [dynamic_desc((1, 64), (8, 64), (8, 64), "float16")]
     plugin.configure_plugin(descs, out)
     [kernel] = kernels
     assert (kernel.spec.dtype, kernel.spec.weight_dtype, kernel.spec.out_dtype) == ("float32", "float16", "float16")
@@ -116,7 +118,7 @@ def accepted_qk_outputs(plugin: Any) -> tuple[set[str], set[str]]:
     for pos in (4, 5):
         names = set()
         for data_type in DTYPE_NAMES:
-            in_out = [lifecycle.dynamic_desc((2, 128), (2, 128), (2, 128), name) for name in chosen]
+            in_out = [dynamic_desc((2, 128), (2, 128), (2, 128), name) for name in chosen]
             in_out[pos].desc.type = data_type
             if plugin.supports_format_combination(pos, in_out, 4):
                 names.add(DTYPE_NAMES[data_type])
@@ -127,8 +129,8 @@ def accepted_qk_outputs(plugin: Any) -> tuple[set[str], set[str]]:
 @pytest.mark.parametrize(
     "case",
     [
-        lifecycle.rms_case(64, "float32", "bfloat16", output_dtype="bfloat16"),
-        lifecycle.rms_case(64, "bfloat16", "float32", output_dtype="float32"),
+        rms_case(64, "float32", "bfloat16", output_dtype="bfloat16"),
+        rms_case(64, "bfloat16", "float32", output_dtype="float32"),
     ],
     ids=lambda case: case.name,
 )
@@ -136,11 +138,11 @@ def test_mixed_precision_build_serialise_and_recreate(case: Any, kernels: list[R
     """The parser's fields to an engine's and back: the output dtype survives serialisation and drives the
     output types, the accepted formats and the kernel spec at build and at runtime."""
     creator = RmsNormPluginCreator()
-    build = lifecycle.build_phase(creator, case)
+    build = build_phase(creator, case)
     assert build.output_dtypes == (case.output_dtype,)
     assert build.accepted[2] == (case.output_dtype,)
     assert [f.name for f in build.serialized][-1] == "output_dtype"
-    attached, clone = lifecycle.runtime_phase(creator, build)
+    attached, clone = runtime_phase(creator, build)
     assert attached.config == clone.config == case.config
     assert {k.spec.out_dtype for k in kernels} == {case.output_dtype}
     assert {k.spec.dtype for k in kernels} == {case.dtype}

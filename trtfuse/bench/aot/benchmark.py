@@ -1,4 +1,4 @@
-"""Today's kernels and their AOT artifacts side by side on a GPU: `python -m trtfuse.bench.aot_bench [--json PATH]`.
+"""Today's kernels and their AOT artifacts side by side on a GPU: `python -m trtfuse.bench.aot.benchmark [--json PATH]`.
 
 Issue 9 asks that a kernel TensorRT launches from its embedded PTX take the device time today's kernel takes. In one
 run, with trtfuse/bench/kernels.py's method and helpers (copy-bandwidth ceiling, fresh random inputs rotated past the
@@ -7,7 +7,7 @@ replays for decode-sized calls), this times on the benchmark shapes (bf16, Llama
 - today's kernel (RmsNormKernel/QkNormKernel.launch, which picks its tiling and vector width per call), twice, so
   the spread of one version's two timings shows what counts as noise;
 - the AOT artifact of every tactic, loaded from its PTX (what TensorRT embeds) with cuModuleLoadData and launched with
-  cuLaunchKernel (trtfuse/bench/aot_driver.py), aligned pointers.
+  cuLaunchKernel (trtfuse/bench/aot/driver.py), aligned pointers.
 Each row names the tactic `regime_for` would pick for its row count and the one that measured faster (TensorRT times
 the tactics and keeps the faster).
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trtfuse.bench.aot_driver import DriverKernel, bind_torch_context
+from trtfuse.bench.aot.driver import DriverKernel, bind_torch_context
 from trtfuse.bench.kernels import (
     DECODE_HIDDEN,
     DECODE_ROWS,

@@ -1,0 +1,30 @@
+"""`python -m trtfuse.bench.lifecycle`: every default case driven on the GPU, one line each."""
+
+from __future__ import annotations
+
+import sys
+
+from trtfuse.bench.lifecycle.cases import default_cases
+from trtfuse.bench.lifecycle.drive import drive
+
+
+def main() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("trtfuse.bench.lifecycle: no CUDA device; run it on the GPU machine", file=sys.stderr)
+        return 2
+    failed = 0
+    for case in default_cases():
+        report = drive(case)
+        worst = max((c.max_rel for run in report.runs for c in run.checks), default=0.0)
+        status = "ok  " if report.passed else "FAIL"
+        failed += not report.passed
+        print(
+            f"{status} {case.name:58s} worst rel err {worst:.2e}  enqueue {report.host.enqueue_us:6.2f} us"
+            f"  (kernel launch {report.host.launch_us:6.2f} us)"
+        )
+    return 1 if failed else 0
+
+
+sys.exit(main())

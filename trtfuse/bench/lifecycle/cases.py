@@ -1,0 +1,134 @@
+"""The plugin instances the harness drives: fields, dtypes, optimisation profile and the runs that follow."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtfuse.contract import QK_NORM, RMS_NORM, NormParams, WeightMode
+from trtfuse.contract.codec import NodeFields
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NormCase:
+    """One plugin instance: its fields, its dtypes, the activation shapes of its optimisation profile, and the
+    activation shapes of the runs that follow (each run is one on_shape_change, then enqueues)."""
+
+    config: NodeFields
+    dtype: str
+    weight_dtype: str | None
+    min_shapes: tuple[Shape, ...]
+    opt_shapes: tuple[Shape, ...]
+    max_shapes: tuple[Shape, ...]
+    runs: tuple[tuple[Shape, ...], ...]
+
+    @property
+    def name(self) -> str:
+        weight = self.weight_dtype or "none"
+        out = f"-to-{self.config.output_dtype}" if self.config.output_dtype != self.dtype else ""
+        return (
+            f"{self.config.op.name}-{self.dtype}{out}-w{weight}-{self.config.params.weight_mode.name}-"
+            f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.params.weight_offset:g}"
+        )
+
+    @property
+    def output_dtype(self) -> str:
+        return self.config.output_dtype
+
+    @property
+    def input_dtypes(self) -> tuple[str, ...]:
+        activations = len(self.config.hidden_sizes)
+        weights = (self.weight_dtype,) * activations if self.config.has_weight else ()
+        return (self.dtype,) * activations + weights
+
+    @property
+    def output_dtypes(self) -> tuple[str, ...]:
+        return (self.output_dtype,) * len(self.config.hidden_sizes)
+
+    def input_shapes(self, activation_shapes: Sequence[Shape]) -> list[Shape]:
+        weights = [(hidden,) for hidden in self.config.hidden_sizes] if self.config.has_weight else []
+        return [*activation_shapes, *weights]
+
+
+def _float32_params(epsilon: float, weight_offset: float, weight_mode: WeightMode) -> NormParams:
+    """The constants as a node's float32 attributes hold them."""
+    return NormParams(float(np.float32(epsilon)), float(np.float32(weight_offset)), weight_mode)
+
+
+def rms_case(
+    hidden: int,
+    dtype: str,
+    weight_dtype: str | None,
+    weight_mode: WeightMode = WeightMode.AFTER_CAST,
+    weight_offset: float = 0.0,
+    epsilon: float = 1e-6,
+    max_leading: Shape = (4, 256),
+    runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
+    output_dtype: str | None = None,
+) -> NormCase:
+    """An RMSNorm over [*leading, hidden]; `runs` are the leading dims of successive runs. The defaults go from
+    prefill (1024 rows: more rows than an H200 has SMs, the prefill kernel) to decode (3 rows, then 1).
+    `output_dtype` is the node's attribute (None: the activation's dtype)."""
+    params = _float32_params(epsilon, weight_offset, weight_mode)
+    config = NodeFields(RMS_NORM, params, (hidden,), output_dtype or dtype)
+    return NormCase(
+        config=config,
+        dtype=dtype,
+        weight_dtype=weight_dtype if weight_mode is not WeightMode.NONE else None,
+        min_shapes=(((1,) * len(max_leading)) + (hidden,),),
+        opt_shapes=((*max_leading, hidden),),
+        max_shapes=((*max_leading, hidden),),
+        runs=tuple(((*leading, hidden),) for leading in runs),
+    )
+
+
+def qk_case(
+    q_heads: int,
+    k_heads: int,
+    head_dim: int,
+    dtype: str,
+    weight_dtype: str | None,
+    weight_mode: WeightMode = WeightMode.AFTER_CAST,
+    weight_offset: float = 0.0,
+    epsilon: float = 1e-6,
+    max_tokens: int = 64,
+    runs: Sequence[int] = (64, 5, 1),
+) -> NormCase:
+    """A QK-norm over q [1, tokens, q_heads, head_dim] and k [1, tokens, k_heads, head_dim] (Qwen3's layout)."""
+    params = _float32_params(epsilon, weight_offset, weight_mode)
+    config = NodeFields(QK_NORM, params, (head_dim, head_dim), dtype)
+
+    def shapes(tokens: int) -> tuple[Shape, ...]:
+        return ((1, tokens, q_heads, head_dim), (1, tokens, k_heads, head_dim))
+
+    return NormCase(
+        config=config,
+        dtype=dtype,
+        weight_dtype=weight_dtype if weight_mode is not WeightMode.NONE else None,
+        min_shapes=shapes(1),
+        opt_shapes=shapes(max_tokens),
+        max_shapes=shapes(max_tokens),
+        runs=tuple(shapes(tokens) for tokens in runs),
+    )
+
+
+def default_cases() -> list[NormCase]:
+    """Every activation dtype with an fp32 and a same-dtype weight, every weight mode, Gemma's offset, an odd hidden
+    size, Qwen3- and Gemma-like QK-norms, and fp32 -> bf16 and bf16 -> fp32 norms."""
+    cases = []
+    for dtype in ("float32", "float16", "bfloat16"):
+        for weight_dtype in sorted({dtype, "float32"}):
+            cases.append(rms_case(4096, dtype, weight_dtype, WeightMode.AFTER_CAST))
+        cases.append(rms_case(2048, dtype, "float32", WeightMode.BEFORE_CAST, weight_offset=1.0))
+        cases.append(rms_case(1000, dtype, None, WeightMode.NONE))
+    cases.append(qk_case(32, 8, 128, "bfloat16", "bfloat16"))
+    cases.append(qk_case(8, 4, 256, "float16", "float32", WeightMode.BEFORE_CAST, weight_offset=1.0))
+    cases.append(qk_case(16, 16, 64, "float32", None, WeightMode.NONE))
+    # Mixed precision (output_dtype): an optimum fp16/bf16 norm on an fp32 residual stream, and its reverse.
+    cases.append(rms_case(4096, "float32", "bfloat16", WeightMode.AFTER_CAST, output_dtype="bfloat16"))
+    cases.append(rms_case(4096, "bfloat16", "float32", WeightMode.AFTER_CAST, output_dtype="float32"))
+    return cases

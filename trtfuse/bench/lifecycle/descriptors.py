@@ -1,0 +1,73 @@
+"""What TensorRT hands a plugin, built from a case: the parser's plugin fields and the tensor descriptors of the
+build (min / opt / max of the profile) and of a run (concrete shapes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trtfuse.bench.lifecycle.cases import NormCase, Shape
+from trtfuse.contract import FLOAT_FIELDS
+from trtfuse.contract.codec import NodeFields
+from trtfuse.plugins.python.base import DTYPE_NAMES, trt
+
+DTYPE_BY_NAME = {name: data_type for data_type, name in DTYPE_NAMES.items()}
+
+
+def parser_fields(config: NodeFields) -> tuple[Any, list[np.ndarray]]:
+    """The fields TensorRT's ONNX parser builds from a fused node's attributes (float -> FLOAT32, int -> INT32),
+    from the numbers alone rather than the plugins' own serialiser; the arrays must outlive the collection."""
+    arrays, fields = [], []
+    for name, value in config.numbers().items():
+        is_float = name in FLOAT_FIELDS
+        array = np.array([value], dtype=np.float32 if is_float else np.int32)
+        kind = trt.PluginFieldType.FLOAT32 if is_float else trt.PluginFieldType.INT32
+        arrays.append(array)
+        fields.append(trt.PluginField(name, array, kind))
+    return trt.PluginFieldCollection(fields), arrays
+
+
+def tensor_desc(shape: Shape, dtype: str) -> Any:
+    desc = trt.PluginTensorDesc()
+    desc.dims = trt.Dims(list(shape))
+    desc.type = DTYPE_BY_NAME[dtype]
+    desc.format = trt.TensorFormat.LINEAR
+    return desc
+
+
+def dynamic_desc(min_shape: Shape, opt_shape: Shape, max_shape: Shape, dtype: str) -> Any:
+    """What the builder passes to configure_plugin: -1 where the profile lets a dim vary, and min / opt / max."""
+    desc_dims = tuple(lo if lo == hi else -1 for lo, hi in zip(min_shape, max_shape, strict=True))
+    desc = trt.DynamicPluginTensorDesc()
+    desc.desc = tensor_desc(desc_dims, dtype)
+    desc.min = trt.Dims(list(min_shape))
+    desc.opt = trt.Dims(list(opt_shape))
+    desc.max = trt.Dims(list(max_shape))
+    return desc
+
+
+def profile_descs(case: NormCase) -> tuple[list[Any], list[Any]]:
+    inputs = [
+        dynamic_desc(lo, opt, hi, dtype)
+        for lo, opt, hi, dtype in zip(
+            case.input_shapes(case.min_shapes),
+            case.input_shapes(case.opt_shapes),
+            case.input_shapes(case.max_shapes),
+            case.input_dtypes,
+            strict=True,
+        )
+    ]
+    profile = zip(case.min_shapes, case.opt_shapes, case.max_shapes, case.output_dtypes, strict=True)
+    outputs = [dynamic_desc(lo, opt, hi, dtype) for lo, opt, hi, dtype in profile]
+    return inputs, outputs
+
+
+def run_descs(case: NormCase, activation_shapes: Sequence[Shape]) -> tuple[list[Any], list[Any]]:
+    inputs = [
+        tensor_desc(shape, dtype)
+        for shape, dtype in zip(case.input_shapes(activation_shapes), case.input_dtypes, strict=True)
+    ]
+    outputs = [tensor_desc(shape, dtype) for shape, dtype in zip(activation_shapes, case.output_dtypes, strict=True)]
+    return inputs, outputs

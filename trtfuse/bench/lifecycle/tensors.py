@@ -1,0 +1,68 @@
+"""A run's tensors on the GPU: random activations and weights, NaN-filled outputs with a guard tail."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trtfuse.bench.lifecycle.cases import NormCase, Shape
+
+GUARD_ELEMENTS = 4096
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+@dataclass
+class DeviceTensors:
+    """A run's tensors on the GPU. Each output is the head of a NaN-filled buffer with a guard tail: a kernel that
+    writes too little leaves NaNs, one that writes too far spoils the tail."""
+
+    inputs: list[Any]
+    outputs: list[Any]
+    output_buffers: list[Any]
+
+    @property
+    def input_ptrs(self) -> list[int]:
+        return [t.data_ptr() for t in self.inputs]
+
+    @property
+    def output_ptrs(self) -> list[int]:
+        return [t.data_ptr() for t in self.outputs]
+
+    def refill(self, generator: Any) -> None:
+        """New random activations and weights in place (same addresses), outputs poisoned again."""
+        import torch
+
+        for tensor in self.inputs:
+            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=torch.float32).to(tensor.dtype))
+        for buffer in self.output_buffers:
+            buffer.fill_(float("nan"))
+
+    def guards_intact(self) -> bool:
+        pairs = zip(self.output_buffers, self.outputs, strict=True)
+        return all(bool(buffer[out.numel() :].isnan().all()) for buffer, out in pairs)
+
+
+def device_tensors(
+    case: NormCase, activation_shapes: Sequence[Shape], seed: int, device: str = "cuda"
+) -> DeviceTensors:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    inputs = []
+    for shape, dtype in zip(case.input_shapes(activation_shapes), case.input_dtypes, strict=True):
+        values = torch.randn(shape, generator=generator, dtype=torch.float32)
+        inputs.append(values.to(device=device, dtype=torch_dtype(dtype)))
+    buffers, outputs = [], []
+    for shape in activation_shapes:
+        size = math.prod(shape)
+        buffer = torch.full((size + GUARD_ELEMENTS,), float("nan"), device=device, dtype=torch_dtype(case.output_dtype))
+        buffers.append(buffer)
+        outputs.append(buffer[:size].view(shape))
+    return DeviceTensors(inputs, outputs, buffers)
