@@ -7,8 +7,9 @@ TrtfuseError / MissingDependencyError lines that name the file.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,13 +35,15 @@ def _silent(_message: str) -> None:
 
 @dataclass(frozen=True)
 class FusedFile:
-    """A fused model written to disk (`model` is what was written, handed on to the build), with its fusion report."""
+    """A fused model written to disk (`model` is what was written, handed on to the build), with its fusion report
+    and how long each phase took (`seconds`: load, fuse, write)."""
 
     input_path: Path
     output_path: Path
     report_path: Path | None
     report: dict
     model: onnx.ModelProto
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,27 +84,45 @@ def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path)
     plan.check()
 
 
-def _fuse(loaded: LoadedModel, source_path: Path) -> FuseResult:
+def _load(path: Path) -> tuple[LoadedModel, dict[str, float]]:
+    from trtfuse.model.onnx_file import load_model
+
+    started = time.perf_counter()
+    loaded = load_model(path)
+    return loaded, {"load": time.perf_counter() - started}
+
+
+def _fuse(loaded: LoadedModel, source_path: Path, seconds: dict[str, float]) -> FuseResult:
     from trtfuse.fusion.fuse import fuse_model
 
+    started = time.perf_counter()
     try:
-        return fuse_model(loaded.model)
+        result = fuse_model(loaded.model)
     except TrtfuseError as error:
         raise TrtfuseError(f"{source_path}: {error}") from None
+    seconds["fuse"] = time.perf_counter() - started
+    return result
 
 
 def write_fused(
-    result: FuseResult, loaded: LoadedModel, paths: tuple[Path, Path, Path | None], notify: Notify
+    result: FuseResult,
+    loaded: LoadedModel,
+    paths: tuple[Path, Path, Path | None],
+    notify: Notify,
+    seconds: dict[str, float] | None = None,
 ) -> FusedFile:
-    """Write the fused model (and the report, when asked for); the caller holds the Transaction."""
+    """Write the fused model (and the report, when asked for); the caller holds the Transaction. `seconds` are the
+    phases timed before (load, fuse); the write is added."""
     from trtfuse.model.onnx_file import save_model
 
     input_path, output_path, report_path = paths
+    started = time.perf_counter()
     save_model(result.model, output_path, source=loaded, notify=notify)
     report = result.report()
     if report_path is not None:
         write_json_atomic(report_path, report)
-    return FusedFile(input_path, output_path, report_path, report, result.model)
+    timed = {**(seconds or {}), "write": time.perf_counter() - started}
+    return FusedFile(input_path, output_path, report_path, report, result.model, timed)
 
 
 def build_fused(fused: FusedFile, engine_path: Path, options: BuildOptions, notify: Notify) -> BuildResult:
@@ -120,15 +141,13 @@ def fuse_file(
 ) -> FusedFile:
     """Rewrite every RMSNorm and QK-norm of the model at `input_path` into trtfuse plugin nodes; write the fused model
     (and the JSON fusion report). Every output is checked before any work, and none is left half written."""
-    from trtfuse.model.onnx_file import load_model
-
     plan = OutputPlan().read(input_path).write("fused model", output_path).write("report", report_path)
     plan.check()
-    loaded = load_model(input_path)
+    loaded, seconds = _load(input_path)
     plan_model_outputs(plan, loaded, output_path)
     with Transaction():
-        result = _fuse(loaded, input_path)
-        return write_fused(result, loaded, (input_path, output_path, report_path), notify)
+        result = _fuse(loaded, input_path, seconds)
+        return write_fused(result, loaded, (input_path, output_path, report_path), notify, seconds)
 
 
 def compile_model(
@@ -151,7 +170,6 @@ def compile_model(
     from trtfuse.engine.build_options import BuildOptions, check_plugin_kind
     from trtfuse.engine.profiles import derive_profiles
     from trtfuse.engine.sidecar import sidecar_path_for
-    from trtfuse.model.onnx_file import load_model
 
     fused_path, report_path = compile_outputs(engine_path)
     plan = OutputPlan().read(model_path)
@@ -159,12 +177,12 @@ def compile_model(
     plan.write("fused model", fused_path).write("fusion report", report_path).write("timing cache", timing_cache)
     plan.check()
     check_plugin_kind(plugins)
-    loaded = load_model(model_path)
+    loaded, seconds = _load(model_path)
     plan_model_outputs(plan, loaded, fused_path)
     built: BuildResult | None = None
     missing: MissingDependencyError | None = None
     with Transaction():
-        result = _fuse(loaded, model_path)
+        result = _fuse(loaded, model_path, seconds)
         options = BuildOptions(
             profiles=tuple(derive_profiles(result.model, request)),
             optimization_level=optimization_level,
@@ -173,7 +191,7 @@ def compile_model(
             allow_tf32=allow_tf32,
             plugins=plugins,
         )
-        fused = write_fused(result, loaded, (model_path, fused_path, report_path), notify)
+        fused = write_fused(result, loaded, (model_path, fused_path, report_path), notify, seconds)
         on_fused(fused)
         try:
             built = build_fused(fused, engine_path, options, notify)

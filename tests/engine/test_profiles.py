@@ -34,7 +34,7 @@ def _request(
         tokens=[RangeType(minimum=1).convert(text, None, None) for text in tokens],
         batch=RangeType(minimum=1).convert(batch, None, None) if batch is not None else None,
         past=RangeType().convert(past, None, None) if past is not None else None,
-        shapes=dict(ShapeRangeType().convert(text, None, None) for text in shapes),
+        shapes=dict(pair for text in shapes for pair in ShapeRangeType().convert(text, None, None)),
     )
 
 
@@ -145,7 +145,7 @@ def test_bad_tokens_ranges(text, message):
         ("1x1:1x2:1x3", r"is not NAME=MIN:OPT:MAX"),
         ("ids=1x1:1x2", r"is not NAME=MIN:OPT:MAX"),
         ("ids=1x1:1x2:1", r"ids: MIN, OPT and MAX have different ranks"),
-        ("ids=1x1:1xq:1x3", r"is not NAME=MIN:OPT:MAX, shapes like 1x16"),
+        ("ids=1x1:1xq:1x3", r"is not NAME=MIN:OPT:MAX or a comma-separated list of them, shapes like 1x16"),
         ("ids=1x4:1x2:1x8", r"ids: dim 1 needs MIN <= OPT <= MAX, got 4:2:8"),
     ],
 )

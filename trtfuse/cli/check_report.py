@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from trtfuse.cli.options import EXIT_MISMATCH, echo_json, printable, summary
+from trtfuse.cli.options import EXIT_MISMATCH, detail, echo_json, printable, summary
 from trtfuse.errors import TrtfuseError
 
 if TYPE_CHECKING:
@@ -143,6 +143,9 @@ def _echo_step(step: StepResult, origin: str) -> None:
         click.echo(f"  {name:<{width}}  {_row(output)}")
     for note in step.notes:
         click.echo(f"  note: {printable(note)}")
+    detail(
+        f"  step {step.name}: " + ", ".join(f"{what} {seconds * 1e3:.1f} ms" for what, seconds in step.seconds.items())
+    )
 
 
 def _row(output: OutputVerdict) -> str:

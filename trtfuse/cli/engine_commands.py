@@ -24,6 +24,7 @@ from trtfuse.cli.options import (
     common_options,
     echo_json,
     feed_options,
+    fusion_details,
     info,
     printable,
     summary,
@@ -122,7 +123,7 @@ def compile_command(
         allow_tf32=tf32,
         plugins=None if plugins is None else PluginKind(plugins),
         notify=info,
-        on_fused=lambda fused: summary(_fused_line(fused), as_json),
+        on_fused=lambda fused: _report_fused(fused, as_json),
     )
     if compiled.missing is not None:
         done = f"fused, but no engine built ({engine_path})"
@@ -136,6 +137,11 @@ def compile_command(
     summary(
         f"built {built.engine_path} ({kind} plugins) in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json
     )
+
+
+def _report_fused(fused: FusedFile, as_json: bool) -> None:
+    fusion_details(fused.report, fused.seconds)
+    summary(_fused_line(fused), as_json)
 
 
 def _fused_line(fused: FusedFile) -> str:

@@ -13,7 +13,16 @@ import click
 
 from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
-from trtfuse.cli.options import HELP_OPTIONS, common_options, echo_json, feed_options, info, printable, summary
+from trtfuse.cli.options import (
+    HELP_OPTIONS,
+    common_options,
+    echo_json,
+    feed_options,
+    fusion_details,
+    info,
+    printable,
+    summary,
+)
 from trtfuse.files import OutputPlan
 
 if TYPE_CHECKING:
@@ -83,7 +92,9 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
     """Rewrite every RMSNorm and QK-norm of IN.onnx into trtfuse plugin nodes and write OUT.onnx."""
     from trtfuse.pipeline import fuse_file
 
-    report = fuse_file(input_path, output_path, report_path, notify=info).report
+    fused = fuse_file(input_path, output_path, report_path, notify=info)
+    report = fused.report
+    fusion_details(report, fused.seconds)
     totals = report["totals"]
     if as_json:
         echo_json({"input": str(input_path), "output": str(output_path), **report})

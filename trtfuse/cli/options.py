@@ -268,6 +268,26 @@ def info(message: str) -> None:
         click.echo(printable(message), err=True)
 
 
+def detail(message: str) -> None:
+    """A line only -v shows, on stderr: what was matched, rejected and timed along the way."""
+    if VERBOSITY.level >= 1:
+        click.echo(printable(message), err=True)
+
+
+def fusion_details(report: dict, seconds: dict[str, float]) -> None:
+    """With -v: each fused node and each rejected candidate of a fusion report, then the time of each phase."""
+    for node in report["fused"]:
+        dtypes = node["dtype"] if node["output_dtype"] == node["dtype"] else f"{node['dtype']}->{node['output_dtype']}"
+        hidden = "x".join(str(size) for size in node["hidden_sizes"])
+        detail(
+            f"fused {node['kind']} {node['name']}: eps={node['epsilon']:g} hidden={hidden} {dtypes} "
+            f"weight={node['weight_mode']} offset={node['weight_offset']:g}, {len(node['replaced'])} nodes replaced"
+        )
+    for miss in report["near_misses"]:
+        detail(f"rejected {miss['node']}: {miss['reason']}")
+    detail(", ".join(f"{phase} {seconds[phase]:.2f} s" for phase in seconds))
+
+
 def summary(message: str, as_json: bool) -> None:
     """A command's one-line text result on stdout, unless -q or --json."""
     if VERBOSITY.level >= 0 and not as_json:

@@ -19,8 +19,9 @@ Per output of the original:
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -202,6 +203,8 @@ class StepResult:
     input_shapes: dict[str, tuple[int, ...]]
     outputs: list[OutputVerdict]
     notes: tuple[str, ...] = ()
+    # Seconds each run of the step took: the original (first run), the candidate, the float32 evaluation.
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def judged(self) -> list[OutputVerdict]:
@@ -241,6 +244,7 @@ class CheckResult:
                     "step": step.name,
                     "input_shapes": {name: list(shape) for name, shape in step.input_shapes.items()},
                     "notes": list(step.notes),
+                    "seconds": step.seconds,
                     "passed": step.passed,
                     "outputs": [output.to_json() for output in step.outputs],
                 }
@@ -291,15 +295,16 @@ def judge_steps(
     reference = float32_session(original) if judge.tolerance is None else None
     steps = []
     for step in feeds:
-        first = runner.run(step.feed)
+        seconds: dict[str, float] = {}
+        first = _timed(seconds, "original", runner.run, step.feed)
         _check_tensor_outputs(original, first)
         again = runner.run(step.feed)
-        candidate = run_candidate(step.feed)
+        candidate = _timed(seconds, "candidate", run_candidate, step.feed)
         notes = [note] if note else []
         expected = None
         if reference is not None:
             try:
-                expected = reference.run(widened_feed(step.feed))
+                expected = _timed(seconds, "float32 evaluation", reference.run, widened_feed(step.feed))
             except TrtfuseError as error:
                 notes.append(f"no float32 evaluation of the original ({error}): judged by tolerance")
         steps.append(
@@ -308,10 +313,23 @@ def judge_steps(
                 input_shapes={name: tuple(array.shape) for name, array in step.feed.items()},
                 outputs=judge.outputs(first, again, candidate, expected),
                 notes=tuple(notes),
+                seconds=seconds,
             )
         )
     judged_by = "float32 evaluation" if reference is not None else "tolerance"
     return CheckResult(steps=steps, seed=seed, inputs_file=inputs_file, judged_by=judged_by)
+
+
+def _timed(
+    seconds: dict[str, float],
+    what: str,
+    run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    feed: Mapping[str, np.ndarray],
+) -> Mapping[str, np.ndarray]:
+    started = time.perf_counter()
+    outputs = run(feed)
+    seconds[what] = time.perf_counter() - started
+    return outputs
 
 
 def computed_dtypes(model: onnx.ModelProto) -> dict[str, str]:
