@@ -29,14 +29,20 @@ _PROGRESS_STEPS = 10
 _HELD = (signal.SIGINT, signal.SIGTERM)
 
 
+def resolved(path: Path) -> Path:
+    """`path` with every symlink resolved, as far as they lead: a symlink loop stays as it is (Path.resolve raises on
+    one), and the checks that follow then see a path that is not a regular file."""
+    return Path(os.path.realpath(path))
+
+
 def _identity(path: Path) -> tuple[int, int] | Path:
     """What `path` names on disk: (device, inode) for an existing file, so hard links compare equal; else the path
     with every symlink resolved."""
-    resolved = path.resolve()
+    resolved_path = resolved(path)
     with contextlib.suppress(OSError):
-        status = resolved.stat()
+        status = resolved_path.stat()
         return status.st_dev, status.st_ino
-    return resolved
+    return resolved_path
 
 
 @dataclass
@@ -70,16 +76,33 @@ class OutputPlan:
             written[identity] = (what, path)
 
 
+def check_readable(path: Path, what: str = "file") -> None:
+    """A `TrtfuseError` unless `path` is a regular file: one line for a missing path, a symlink loop or to nothing, a
+    folder, a FIFO or a device (`what` names the kind of file the call expected)."""
+    expected = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
+    if os.path.islink(path) and not os.path.exists(path):
+        target = "a symlink loop" if resolved(path) == path.absolute() else f"a symlink to nothing ({resolved(path)})"
+        raise TrtfuseError(f"{path}: is {target}, not {expected}")
+    if not path.exists():
+        raise TrtfuseError(f"{path}: no such {what}")
+    if not path.is_file():
+        kind = "a folder" if path.is_dir() else "a device, FIFO or socket"
+        raise TrtfuseError(f"{path}: is {kind}, not {expected}")
+
+
 def check_writable(path: Path) -> Path:
     """The folder `path` goes into; a `TrtfuseError` unless the folder exists and `path` is absent or a regular file."""
     folder = path.absolute().parent
     if not folder.is_dir():
         raise TrtfuseError(f"{path}: output folder does not exist")
     # /dev/stdout and the like: whatever they point at, a rename onto them would replace the system's own entry.
-    if any(str(candidate).startswith(("/dev/", "/proc/")) for candidate in (path.absolute(), path.resolve())):
+    if any(str(candidate).startswith(("/dev/", "/proc/")) for candidate in (path.absolute(), resolved(path))):
         raise TrtfuseError(f"{path}: is not a regular file (a device or process file); choose a file name")
+    if os.path.islink(path) and not os.path.exists(path):
+        target = "a symlink loop" if resolved(path) == path.absolute() else "a symlink to nothing"
+        raise TrtfuseError(f"{path}: is {target}; choose a file name")
     try:
-        mode = path.resolve().stat().st_mode
+        mode = resolved(path).stat().st_mode
     except OSError:
         return folder
     if stat.S_ISDIR(mode):

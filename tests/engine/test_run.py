@@ -98,7 +98,7 @@ def test_run_of_missing_engine_is_bad_input(tmp_path):
     with pytest.raises(TrtfuseError, match=r"no such engine file"):
         run_engine(EngineFile.open(tmp_path / "none.engine"), _feed(1, 1))
     (tmp_path / "folder.engine").mkdir()
-    with pytest.raises(TrtfuseError, match=r"folder\.engine: not an engine file \(not a regular file\)"):
+    with pytest.raises(TrtfuseError, match=r"folder\.engine: is a folder, not an engine file"):
         EngineFile.open(tmp_path / "folder.engine")
 
 

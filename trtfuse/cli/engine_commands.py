@@ -282,6 +282,7 @@ def compare_command(
             inputs_file=load_inputs,
             save_inputs=save_inputs,
             loaded_original=original,
+            plan=OutputPlan().read(*([load_inputs] if load_inputs else [])).write("comparison report", report_path),
         )
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot compare against {candidate_path}", as_json)

@@ -28,7 +28,7 @@ from trtfuse.engine.progress import BuildProgress, progress_monitor
 from trtfuse.engine.sidecar import make_sidecar, write_sidecar
 from trtfuse.engine.tensorrt import import_tensorrt, plugin_creation_errors, register_plugins
 from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
-from trtfuse.files import write_bytes_atomic
+from trtfuse.files import resolved, write_bytes_atomic
 from trtfuse.fusion.aot_form import prepare_for_aot
 from trtfuse.fusion.fused_nodes import plugin_node_counts
 from trtfuse.model.onnx_file import LoadedModel
@@ -195,7 +195,7 @@ def build_engine(
     one kind of trtfuse plugins registered (`options.plugins`, else the default for the installed TensorRT), build one
     engine for all profiles, write it with a sidecar that records the kind."""
     for path in (engine_path, options.timing_cache):
-        if path is not None and not path.resolve().parent.is_dir():
+        if path is not None and not resolved(path).parent.is_dir():
             raise TrtfuseError(f"{path}: output folder does not exist")
     timing_cache_bytes = _read_timing_cache(options.timing_cache)
     trt = import_tensorrt()

@@ -13,7 +13,7 @@ from pathlib import Path
 from trtfuse.engine.engine_file import EngineFile
 from trtfuse.engine.session import ENGINE_RUNNER, EngineSession
 from trtfuse.engine.tensorrt import import_tensorrt
-from trtfuse.errors import TrtfuseError
+from trtfuse.files import OutputPlan, check_readable
 from trtfuse.model.feeds import StepFeed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused, step_feeds
@@ -61,16 +61,19 @@ def compare(
     inputs_file: Path | None = None,
     save_inputs: Path | None = None,
     loaded_original: LoadedModel | None = None,
+    plan: OutputPlan | None = None,
 ) -> ComparisonReport:
     """Judge the candidate (an engine, or a fused .onnx) against the original at each step of `feeds` (by default
     the original's `default_feeds`; for an engine without `shapes` or `dims`, at its first profile's OPT shapes), the
     feeds saved to `save_inputs` first when asked; an engine's file and sidecar are read once, and the original
-    once (`loaded_original`: the caller's, already loaded from `original_path`)."""
-    if not candidate_path.exists():
-        raise TrtfuseError(f"{candidate_path}: no such file")
+    once (`loaded_original`: the caller's, already loaded from `original_path`). `plan` holds the caller's outputs
+    (a report): every file read here joins its reads, and it is checked before any work."""
+    check_readable(candidate_path)
     original = loaded_original if loaded_original is not None else load_model(original_path)
+    plan = (plan or OutputPlan()).read(*original.files).write("saved inputs", save_inputs)
     if not is_engine(candidate_path):
         fused = load_model(candidate_path)
+        plan.read(*fused.files).check()
         result = check_fused(
             original,
             fused,
@@ -84,6 +87,7 @@ def compare(
         )
         return ComparisonReport(original_path, candidate_path, LOWERED_RUNNER, result)
     engine = EngineFile.open(candidate_path)
+    plan.read(*engine.files()).check()
     import_tensorrt()
     feeds = step_feeds(original, seed, engine.feed_shapes(shapes, dims), dims, feeds, save_inputs)
     judge = judge_for(original, tolerance)

@@ -16,17 +16,15 @@ import numpy as np
 from trtfuse.contract import PluginKind
 from trtfuse.engine.profiles import Profile
 from trtfuse.engine.sidecar import Sidecar, read_sidecar, sidecar_path_for
-from trtfuse.errors import Choice, OptionError, TrtfuseError
+from trtfuse.errors import Choice, OptionError
+from trtfuse.files import check_readable
 from trtfuse.model.feeds import make_feed
 from trtfuse.model.onnx_file import load_model
 
 
 def check_engine_path(path: Path) -> None:
     """An engine is a regular file: one line for a missing path, a folder, a FIFO or a device."""
-    if not path.exists():
-        raise TrtfuseError(f"{path}: no such engine file")
-    if not path.is_file():
-        raise TrtfuseError(f"{path}: not an engine file (not a regular file)")
+    check_readable(path, "engine file")
 
 
 @dataclass(frozen=True)
@@ -62,6 +60,15 @@ class EngineFile:
                 " FILE.npz",
             )
         return self.path.absolute().parent / self.sidecar.fused_model
+
+    def files(self) -> tuple[Path, ...]:
+        """Every file the engine is read from, for an output plan: the engine, its sidecar, and the fused model it
+        names with that model's external data files."""
+        if self.sidecar is None:
+            return (self.path,)
+        fused = self.fused_model_path
+        data = load_model(fused).data_files if fused.is_file() else ()
+        return (self.path, self.sidecar.path, fused, *data)
 
     def feed_shapes(
         self, shapes: Mapping[str, Sequence[int]] | None, dims: Mapping[str, int] | None

@@ -118,8 +118,7 @@ def run_engine_file(
     plan = OutputPlan().read(engine_path, sidecar_path_for(engine_path), *([inputs_path] if inputs_path else []))
     plan.write("outputs file", save_outputs).check()
     engine = EngineFile.open(engine_path)
-    if engine.sidecar is not None:
-        plan.read(engine.fused_model_path).check()
+    plan.read(*engine.files()).check()
     import_tensorrt()
     feed = read_arrays(inputs_path) if inputs_path else engine.generated_feed(seed, shapes=shapes, dims=dims)
     result = run_engine(engine, feed, iterations=iterations, warmup=warmup)

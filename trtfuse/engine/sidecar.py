@@ -19,7 +19,7 @@ from typing import Any
 from trtfuse.contract import PluginKind
 from trtfuse.engine.profiles import Profile, ShapeRange
 from trtfuse.errors import TrtfuseError
-from trtfuse.files import write_json_atomic
+from trtfuse.files import resolved, write_json_atomic
 
 SIDECAR_FORMAT = "trtfuse-engine/1"
 
@@ -53,8 +53,8 @@ def make_sidecar(
     build: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The sidecar's content; the fused model path is relative to the engine's folder, which must hold it."""
-    folder = engine_path.resolve().parent
-    fused = Path(os.path.relpath(fused_model_path.resolve(), folder))
+    folder = resolved(engine_path).parent
+    fused = Path(os.path.relpath(resolved(fused_model_path), folder))
     if fused.parts[:1] == ("..",):
         raise TrtfuseError(f"{fused_model_path}: the fused model must be in the engine's folder {folder}")
     return {

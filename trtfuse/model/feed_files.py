@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from trtfuse.errors import TrtfuseError
-from trtfuse.files import write_bytes_atomic
+from trtfuse.files import check_readable, write_bytes_atomic
 from trtfuse.model.feeds import StepFeed
 from trtfuse.model.interface import fed_inputs
 
@@ -36,10 +36,7 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of the .npz at `path`, by name."""
-    if not path.exists():
-        raise TrtfuseError(f"{path}: no such file")
-    if not path.is_file():
-        raise TrtfuseError(f"{path}: not a regular file")
+    check_readable(path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
@@ -63,6 +60,8 @@ def load_feeds(path: Path, model: onnx.ModelProto) -> list[StepFeed]:
         feeds = [StepFeed(step=LOADED, dims={}, feed=arrays)]
     else:
         steps = [str(step) for step in arrays.pop(STEPS_KEY).ravel()]
+        if not steps:
+            raise TrtfuseError(f"{path}: holds no steps to run (its {STEPS_KEY} list is empty)")
         feeds = [
             StepFeed(
                 step=step,

@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from trtfuse.errors import Choice, OptionError, TrtfuseError
-from trtfuse.model.dims import DEFAULT_BATCH, DimExpressionError, DimRole, ModelDims, model_dims
+from trtfuse.model.dims import DEFAULT_BATCH, DimExpressionError, DimRole, ModelDims, dim_role, model_dims
 
 __all__ = [
     "DECODE",
@@ -120,8 +120,11 @@ def _step_feed(
     for symbol, value in dims.items():
         if not isinstance(value, int | np.integer) or value < 0:
             raise OptionError("dim", Choice("dim"), f" {symbol}={value}: a dim is a non-negative integer")
+        if value == 0 and dim_role(symbol) in _NEVER_EMPTY:
+            raise OptionError("dim", Choice("dim"), f" {symbol}=0: {_EMPTY_CALL[dim_role(symbol)]}")
     values = _symbol_values(reading, shapes, dims, step)
     input_shapes = {value.name: _input_shape(value, reading, shapes, values) for value in reading.inputs}
+    _check_not_empty(shapes, reading)
     _check_size(input_shapes, reading)
     tokens = _role_value(reading, values, DimRole.TOKENS)
     past = _past(reading, values, step.past if reading.has_kv_cache else 0)
@@ -257,6 +260,29 @@ def _input_shape(
             )
         shape.append(size)
     return tuple(shape)
+
+
+# A batch, a token count or a total length of 0 is an empty call, which no runtime takes; a past of 0 is a prefill.
+_EMPTY_CALL = {
+    DimRole.BATCH: "a batch of 0 sequences is an empty call",
+    DimRole.TOKENS: "a step of 0 new tokens is an empty call",
+    DimRole.TOTAL: "a total length of 0 leaves no token to run",
+}
+_NEVER_EMPTY = frozenset(_EMPTY_CALL)
+
+
+def _check_not_empty(shapes: Mapping[str, Sequence[int]], reading: ModelDims) -> None:
+    """A given shape must not set a batch, tokens or total dim to 0 (the runtime's own refusal is a page long)."""
+    for name, shape in shapes.items():
+        for axis, (size, expression) in enumerate(zip(shape, reading.expressions[name], strict=False)):
+            role = dim_role(expression.symbol) if expression is not None and expression.symbol else None
+            if size == 0 and role in _NEVER_EMPTY:
+                text = "x".join(map(str, shape))
+                raise OptionError(
+                    "shape",
+                    Choice("shape"),
+                    f" {name}={text}: dim {axis} ({expression.symbol}) is 0: {_EMPTY_CALL[role]}",
+                )
 
 
 def _check_size(input_shapes: Mapping[str, tuple[int, ...]], reading: ModelDims) -> None:

@@ -20,7 +20,16 @@ from google.protobuf.message import DecodeError
 from onnx import external_data_helper, helper
 
 from trtfuse.errors import TrtfuseError, first_line
-from trtfuse.files import Transaction, atomic_file, check_writable, copy_sparse, make_folders, same_content
+from trtfuse.files import (
+    Transaction,
+    atomic_file,
+    check_readable,
+    check_writable,
+    copy_sparse,
+    make_folders,
+    resolved,
+    same_content,
+)
 
 MIN_OPSET = 13
 MAX_OPSET = 23
@@ -46,6 +55,11 @@ class LoadedModel:
     model: onnx.ModelProto
     path: Path
     data_files: tuple[Path, ...] = ()
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file the model is read from: the .onnx and its external data files (what no output may replace)."""
+        return (self.path, *self.data_files)
 
 
 @dataclass(frozen=True)
@@ -88,10 +102,7 @@ def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
 def load_model(path: str | os.PathLike) -> LoadedModel:
     """Read and validate an ONNX model; every problem is a one-line `TrtfuseError` naming the file or tensor."""
     path = Path(path)
-    if not path.exists():
-        raise TrtfuseError(f"{path}: no such file")
-    if not path.is_file():
-        raise TrtfuseError(f"{path}: not a file")
+    check_readable(path)
     model = _parse(path)
     _check_opset(model, path)
     _check_names(path, model)
@@ -163,8 +174,8 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
     sizes: dict[Path, int] = {}
     for tensor in external_tensors(model):
         ref = _external_ref(tensor, path)
-        data_path = (folder / ref.location).resolve()
-        if Path(ref.location).is_absolute() or not data_path.is_relative_to(folder.resolve()):
+        data_path = resolved(folder / ref.location)
+        if Path(ref.location).is_absolute() or not data_path.is_relative_to(resolved(folder)):
             raise TrtfuseError(
                 f"{path}: tensor '{tensor.name}' points outside the model's folder to external data '{ref.location}'"
             )
@@ -288,7 +299,7 @@ def data_copies(model: onnx.ModelProto, path: Path, source: LoadedModel | None) 
     """The external data files `save_model(model, path, source)` will write: none when `path` is in the source's
     folder, else one copy per data file the model still references."""
     folder = Path(path).absolute().parent
-    if source is None or source.path.absolute().parent.resolve() == folder.resolve():
+    if source is None or resolved(source.path.absolute().parent) == resolved(folder):
         return []
     return [folder / location for location in _locations(model, Path(path))]
 
