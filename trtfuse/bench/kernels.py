@@ -1,6 +1,6 @@
 """Kernel benchmark on a GPU: `python -m trtfuse.bench.kernels [--json PATH]` (or `trtfuse bench kernels`).
 
-Method (/work/.library/device/METHOD.md): the same run first measures device-to-device copy bandwidth (bytes read +
+Method (docs/performance.md, "How it was measured"): the same run first measures device-to-device copy bandwidth (bytes read +
 written) as the ceiling; every timing is the median of CUDA-event-timed calls after warm-up, on fresh random inputs,
 with outputs poisoned (NaN) beforehand and checked afterwards; bandwidth-bound shapes rotate through enough input sets
 to exceed the L2; decode-sized calls are timed as CUDA-graph replays of many captured calls.
