@@ -129,6 +129,22 @@ def test_onnxruntime_shape_failure_points_at_dim_and_shape(tmp_path: Path) -> No
         CpuSession(loaded).run({"input_ids": np.zeros((2, 3, 4), np.int64)})
 
 
+def test_a_position_table_shorter_than_the_tokens_fed_points_at_dim_and_shape(tmp_path: Path) -> None:
+    # GPT-2's learned positions: a Gather from a table of 4 rows, fed 6 positions.
+    table = numpy_helper.from_array(np.zeros((4, 8), np.float32), "wpe")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["wpe", "position_ids"], ["y"], name="/wpe/Gather")],
+        "positions",
+        [helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "sequence"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "sequence", 8])],
+        [table],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    loaded = _loaded(model, tmp_path / "positions.onnx")
+    with pytest.raises(OptionError, match=r"/wpe/Gather.*out of data bounds.*dim SYMBOL=N or shape NAME=D0xD1"):
+        CpuSession(loaded).run({"position_ids": np.arange(6, dtype=np.int64)[None]})
+
+
 def test_feed_keeps_token_ids_inside_the_vocabulary() -> None:
     feed = make_feed(embedding_norm_model(fused=False), seed=0, dims={"sequence_length": 4000})
     ids = feed["input_ids"]

@@ -20,8 +20,9 @@ from trtfuse.verify.widening import NARROW_FLOATS, is_reduced_precision, widen_t
 # onnxruntime resolves external data of a model given as bytes against this folder.
 _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
-# onnxruntime's messages about a feed the graph cannot take; the sizes are what the user can change.
-_SHAPE_ERROR = re.compile(r"shape|dimension|rank|broadcast|reshape|size", re.IGNORECASE)
+# onnxruntime's messages about a feed the graph cannot take; the sizes are what the user can change. A Gather out of
+# bounds is a position table (GPT-2's wpe) shorter than the tokens fed.
+_SHAPE_ERROR = re.compile(r"shape|dimension|rank|broadcast|reshape|size|out of data bounds", re.IGNORECASE)
 
 _SIZE_HINT = ("; set the input sizes with ", Choice("dim"), " SYMBOL=N or ", Choice("shape"), " NAME=D0xD1")
 
