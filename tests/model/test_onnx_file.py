@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 from onnx import helper
 
@@ -15,7 +16,8 @@ from trtfuse.errors import TrtfuseError
 from trtfuse.files import write_json_atomic
 from trtfuse.model.onnx_file import external_tensors, load_model, save_model
 
-from support.models import projection_model, save_external
+from support.cli import run_cli
+from support.models import projection_model, save_external, tiny_lm
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:
@@ -301,3 +303,37 @@ def test_more_raw_bytes_than_the_shape_needs(write_model) -> None:
     scale.raw_data = scale.raw_data + bytes(4)
     with pytest.raises(TrtfuseError, match="tensor 'scale' holds 4100 bytes; its shape and type need 4096"):
         load_model(write_model(model))
+
+
+def _undeclared(case: str) -> onnx.ModelProto:
+    model = tiny_lm(np.float32, fused=False)
+    if case == "output without a shape":
+        model.graph.output[0].type.tensor_type.ClearField("shape")
+    elif case == "output without a type":
+        model.graph.output[0].ClearField("type")
+    elif case == "input without a shape":
+        model.graph.input[0].type.tensor_type.ClearField("shape")
+    return model
+
+
+@pytest.mark.parametrize("case", ["output without a shape", "output without a type", "input without a shape"])
+def test_what_onnxruntime_infers_may_be_undeclared_and_stays_so(tmp_path: Path, case: str) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(_undeclared(case), path)
+    onnxruntime.InferenceSession(str(path))
+    load_model(path)
+    fused = tmp_path / "fused.onnx"
+    assert run_cli("fuse", path, "-o", fused).exit_code == 0
+    declared = {value.name: value.type for value in (*onnx.load(path).graph.input, *onnx.load(path).graph.output)}
+    written = {value.name: value.type for value in (*onnx.load(fused).graph.input, *onnx.load(fused).graph.output)}
+    assert written == declared
+    checked = run_cli("check", path, fused)
+    assert checked.exit_code == 0, checked.output
+
+
+def test_an_input_without_a_type_is_refused_as_onnxruntime_refuses_it(tmp_path: Path) -> None:
+    model = tiny_lm(np.float32, fused=False)
+    model.graph.input[0].ClearField("type")
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(TrtfuseError, match=r"m\.onnx: fails the ONNX checker: Field 'type' of 'value_info'"):
+        load_model(tmp_path / "m.onnx")

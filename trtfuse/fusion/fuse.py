@@ -108,10 +108,14 @@ def fuse_model(model: onnx.ModelProto) -> FuseResult:
 def _keep_declared_types(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:
     """Graph inputs and outputs keep the types the model declares: shape inference may have replaced a named dim
     (`batch`) by one of its own (`unk__108`) or a number, which would change the model's interface. The fused nodes
-    have their inputs' dtypes and shapes, so a declaration that still has the same element type and rank holds."""
+    have their inputs' dtypes and shapes, so a declaration that still has the same element type and rank holds. One
+    that declares no type (onnxruntime infers it) stays without one."""
     declared = {value.name: value.type for value in (*model.graph.input, *model.graph.output)}
     for value in (*exported.graph.input, *exported.graph.output):
         original = declared.get(value.name)
+        if original is not None and original.WhichOneof("value") is None:
+            value.ClearField("type")
+            continue
         if original is None or not original.HasField("tensor_type") or not value.type.HasField("tensor_type"):
             continue
         same_dtype = original.tensor_type.elem_type == value.type.tensor_type.elem_type

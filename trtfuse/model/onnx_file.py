@@ -253,28 +253,43 @@ def _check_data_types(path: Path, model: onnx.ModelProto) -> None:
 def check_model_file(path: Path, model: onnx.ModelProto) -> None:
     """`onnx.checker` on the file at `path` (which holds `model`); raises its ValidationError.
 
-    The path-based checker works for models of any size and resolves external data against the model's folder. A
-    model with onnxruntime contrib ops in the default domain is checked in memory instead, those ops moved to
-    onnxruntime's domain (where the checker skips them) and external tensors emptied (`_check_external_data` has
-    checked their files), so nothing is written beside it: its folder may be read-only.
+    The path-based checker works for models of any size and resolves external data against the model's folder. Two
+    things onnxruntime reads and the checker refuses make it check in memory instead, as onnxruntime reads the model:
+    onnxruntime contrib ops in the default domain (moved to onnxruntime's domain, where the checker skips them) and
+    graph inputs or outputs that declare no type or no shape (onnxruntime infers them; the check sees a placeholder
+    type). External tensors are emptied for it (`_check_external_data` has checked their files), so nothing is
+    written beside the model: its folder may be read-only.
     """
     try:
         onnx.checker.check_model(str(path))
     except UnicodeDecodeError:
         raise onnx.checker.ValidationError("a name or string of the model is not valid UTF-8") from None
     except onnx.checker.ValidationError:
-        if not any(_is_default_domain_contrib_op(node) for node in model.graph.node):
+        if not any(_is_default_domain_contrib_op(node) for node in model.graph.node) and not _undeclared(model):
             raise
-        _check_with_contrib_domain(model, path.absolute().parent)
+        _check_as_onnxruntime_reads_it(model, path.absolute().parent)
 
 
 def _is_default_domain_contrib_op(node: onnx.NodeProto) -> bool:
     return node.domain in DEFAULT_DOMAINS and node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS
 
 
-def _check_with_contrib_domain(model: onnx.ModelProto, folder: Path) -> None:
+def _undeclared(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """What onnxruntime infers and the checker wants declared: the shape of a tensor graph input, the type or shape
+    of a graph output (an input without a type onnxruntime refuses too)."""
+    inputs = [value for value in model.graph.input if value.type.HasField("tensor_type")]
+    outputs = [value for value in model.graph.output if value.type.WhichOneof("value") in (None, "tensor_type")]
+    return [value for value in (*inputs, *outputs) if not value.type.tensor_type.HasField("shape")]
+
+
+def _check_as_onnxruntime_reads_it(model: onnx.ModelProto, folder: Path) -> None:
     remapped = onnx.ModelProto()
     remapped.CopyFrom(model)
+    for value in _undeclared(remapped):
+        # A placeholder for the structural check alone: it compares no types or shapes between nodes.
+        if not value.type.tensor_type.elem_type:
+            value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        value.type.tensor_type.shape.SetInParent()
     for node in remapped.graph.node:
         if _is_default_domain_contrib_op(node):
             node.domain = ONNXRUNTIME_DOMAIN
