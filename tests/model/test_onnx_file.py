@@ -337,3 +337,24 @@ def test_an_input_without_a_type_is_refused_as_onnxruntime_refuses_it(tmp_path: 
     onnx.save(model, tmp_path / "m.onnx")
     with pytest.raises(TrtfuseError, match=r"m\.onnx: fails the ONNX checker: Field 'type' of 'value_info'"):
         load_model(tmp_path / "m.onnx")
+
+
+@pytest.mark.parametrize("output", ["fused.onnx", "out/fused.onnx"])
+def test_external_data_without_a_length_is_read_as_onnxruntime_reads_it(tmp_path: Path, output: str) -> None:
+    # No length: onnx would read each tensor to the end of the shared file, onnxruntime what the shape needs.
+    path = save_external(tiny_lm(np.float32, fused=False), tmp_path / "m.onnx", "m.data")
+    model = onnx.load(path, load_external_data=False)
+    for tensor in external_tensors(model):
+        kept = [entry for entry in tensor.external_data if entry.key != "length"]
+        del tensor.external_data[:]
+        tensor.external_data.extend(kept)
+    onnx.save(model, path)
+    with (tmp_path / "m.data").open("ab") as data:
+        data.write(b"\0" * 100)
+    onnxruntime.InferenceSession(str(path))
+    (tmp_path / "out").mkdir()
+    fused = tmp_path / output
+    result = run_cli("fuse", path, "-o", fused)
+    assert result.exit_code == 0 and "1 TrtfuseRmsNorm" in result.output, result.output
+    checked = run_cli("check", path, fused)
+    assert checked.exit_code == 0, checked.output

@@ -1,9 +1,9 @@
 """Kernel benchmark on a GPU: `python -m trtfuse.bench.kernels [--json PATH]` (or `trtfuse bench kernels`).
 
-Method (docs/performance.md, "How it was measured"): the same run first measures device-to-device copy bandwidth (bytes read +
-written) as the ceiling; every timing is the median of CUDA-event-timed calls after warm-up, on fresh random inputs,
-with outputs poisoned (NaN) beforehand and checked afterwards; bandwidth-bound shapes rotate through enough input sets
-to exceed the L2; decode-sized calls are timed as CUDA-graph replays of many captured calls.
+Method (docs/performance.md, "How it was measured"): the same run first measures device-to-device copy bandwidth (bytes
+read + written) as the ceiling; every timing is the median of CUDA-event-timed calls after warm-up, on fresh random
+inputs, with outputs poisoned (NaN) beforehand and checked afterwards; bandwidth-bound shapes rotate through enough
+input sets to exceed the L2; decode-sized calls are timed as CUDA-graph replays of many captured calls.
 
 `--sections` picks parts of it (default: all): `norm` (RMSNorm, mixed precision, QK-norm, compile and host cost),
 `add_norm` (the fused residual add+RMSNorm against today's separate add, torch.compile, QuACK and Liger) and

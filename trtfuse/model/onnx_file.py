@@ -174,6 +174,10 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
     sizes: dict[Path, int] = {}
     for tensor in external_tensors(model):
         ref = _external_ref(tensor, path)
+        # onnx reads a tensor without a length to the end of its file, onnxruntime only what its shape needs: say
+        # so, and every reader (and the fused model) reads what onnxruntime reads.
+        if all(entry.key != "length" for entry in tensor.external_data):
+            tensor.external_data.add(key="length", value=str(ref.length))
         data_path = resolved(folder / ref.location)
         if Path(ref.location).is_absolute() or not data_path.is_relative_to(resolved(folder)):
             raise TrtfuseError(
