@@ -2,9 +2,9 @@
 
 A plugin's tensors are its op's (`contract.FusedOp`): the activations, then (unless weight_mode is NONE) one weight
 per part; the activations of one part (the add-norm's x and residual) share one shape, and each output has the shape
-of its part's first activation. Every activation shares one dtype (fp32, fp16 or
-bf16), every weight one dtype of its own; normalised outputs are in the node's `output_dtype`, the others in the
-activations' dtype; all tensors are LINEAR. Leading dims are flattened into rows of the part's hidden size.
+of its part's first activation. Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its
+own; normalised outputs are in the node's `output_dtype`, the others in the activations' dtype; all tensors are
+LINEAR. Leading dims are flattened into rows of the part's hidden size.
 
 Work is done where TensorRT allows time for it: `configure_plugin` (build) and `on_shape_change` (build and run)
 pick the kernel and warm it up for every row count up to the largest seen, so `enqueue` is one call of a bound
