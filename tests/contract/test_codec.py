@@ -64,6 +64,24 @@ def test_each_op_lists_its_fields_in_serialisation_order() -> None:
         "k_hidden_size",
         "output_dtype",
     )
+    assert contract.ADD_RMS_NORM.fields == contract.RMS_NORM.fields
+
+
+def test_the_add_norm_is_one_part_of_two_activations_with_a_normalised_and_a_residual_output() -> None:
+    op = contract.OPS[contract.ADD_RMS_NORM_OP]
+    assert (op.activations, op.activation_parts, op.weights) == (("x", "residual"), (0, 0), ("weight",))
+    assert (op.outputs, op.output_parts, op.normalised_outputs) == (("y", "h"), (0, 0), (True, False))
+    assert op.inputs(True) == ("x", "residual", "weight") and op.inputs(False) == ("x", "residual")
+
+
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+@pytest.mark.parametrize("mode", list(WeightMode), ids=[mode.name for mode in WeightMode])
+def test_each_op_round_trips_through_every_transport(op: str, mode: WeightMode) -> None:
+    """The property test samples the ops; this names each one, so a new op's round trip is never left to chance."""
+    fields = NodeFields(OPS[op], NormParams(EPSILON, 1.0, mode), (64,) * len(OPS[op].hidden_fields), "bfloat16")
+    assert from_node(_node(fields), "m.onnx: node 'n'") == fields
+    assert from_plugin_fields(fields.op, _raw_fields(fields), "op 'n'") == fields
+    assert from_qdp(fields.op, [array.tobytes() for array in fields.plugin_arrays().values()]) == fields
 
 
 EPSILON = float(np.float32(1e-6))

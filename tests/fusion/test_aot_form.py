@@ -182,3 +182,48 @@ def test_a_bad_node_is_one_line_naming_it(case: str) -> None:
         prepare_for_aot(model, source="model.onnx")
     text = str(raised.value)
     assert "\n" not in text and text.startswith("model.onnx: node 'norm'") and message in text, text
+
+
+def _add_norm_model(mode: WeightMode, residual_shape: list | None = None) -> onnx.ModelProto:
+    """One TrtfuseAddRmsNorm as the pass writes it: fp16 x and residual, y in fp16 and h in fp16."""
+    weighted = mode is not WeightMode.NONE
+    inputs = ["x", "residual", "w"] if weighted else ["x", "residual"]
+    node = fused_node(contract.ADD_RMS_NORM_OP, inputs, ["y", "h"], mode, (HIDDEN,), name="add_norm")
+    fp16, shape = TensorProto.FLOAT16, ["tokens", HIDDEN]
+    weights = [numpy_helper.from_array(np.ones(HIDDEN, np.float16), "w")] if weighted else []
+    return fused_model(
+        [node],
+        {"x": (fp16, shape), "residual": (fp16, residual_shape or shape)},
+        {"y": (fp16, shape), "h": (fp16, shape)},
+        weights,
+    )
+
+
+def test_a_no_weight_add_norm_gets_one_placeholder_after_both_activations() -> None:
+    """x and residual are one part, so a NONE node gets one placeholder of [hidden_size], the QDP's `weight`."""
+    prepared = prepare_for_aot(_add_norm_model(WeightMode.NONE))
+    onnx.checker.check_model(prepared)
+    (node,) = trtfuse_nodes(prepared)
+    placeholder = f"{PLACEHOLDER_PREFIX}_{HIDDEN}"
+    assert list(node.input) == ["x", "residual", placeholder] and list(node.output) == ["y", "h"]
+    assert [attribute.name for attribute in node.attribute] == aot_attribute_names(contract.ADD_RMS_NORM_OP)
+    (tensor,) = prepared.graph.initializer
+    array = numpy_helper.to_array(tensor)
+    assert tensor.name == placeholder and array.dtype == np.float32 and array.shape == (HIDDEN,) and not array.any()
+
+
+def test_a_weighted_add_norm_keeps_its_inputs() -> None:
+    (node,) = trtfuse_nodes(prepare_for_aot(_add_norm_model(WeightMode.AFTER_CAST)))
+    assert list(node.input) == ["x", "residual", "w"]
+    assert attributes_of(node)[contract.ATTR_AOT] == 1
+
+
+def test_an_add_norm_whose_residual_broadcasts_is_one_line_naming_it() -> None:
+    """A rank that differs is refused; a symbolic dim against a static one is not (its value may match)."""
+    with pytest.raises(TrtfuseError) as raised:
+        prepare_for_aot(_add_norm_model(WeightMode.AFTER_CAST, ["batch", "tokens", HIDDEN]), source="model.onnx")
+    assert str(raised.value) == (
+        "model.onnx: node 'add_norm': inputs 'x' [tokens, 64] and 'residual' [batch, tokens, 64] must have one shape "
+        "(no broadcasting)"
+    )
+    prepare_for_aot(_add_norm_model(WeightMode.AFTER_CAST, [1, HIDDEN]))

@@ -270,3 +270,194 @@ def test_bad_output_dtype_is_reported(code: int, out_dtype: str, message: str) -
     with pytest.raises(TrtfuseError) as error:
         lower_fused_nodes(model)
     assert str(error.value).startswith("the fused model: node 'fused': ") and message in str(error.value)
+
+
+# --- TrtfuseAddRmsNorm: h = D(x + residual), y = the norm of the rounded h ------------------------------------------
+
+SAME_PAIRS = [("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16")]
+
+
+def contract_add_rms_norm(
+    x: np.ndarray,
+    residual: np.ndarray,
+    weight: np.ndarray | None,
+    offset: float,
+    mode: WeightMode,
+    out_dtype: str,
+    round_h: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(y, h) by the contract in float64: h is the sum rounded once to D (a float64 sum of two D values rounded to D
+    is the correctly rounded sum, which is what fp32-then-D gives too); y is the norm of the rounded h, cast to R
+    before an AFTER_CAST weight and to T at the end. `round_h=False` normalises the unrounded sum instead: the
+    mistake the lowering must not make."""
+    dtype, out = x.dtype, NUMPY_DTYPES[out_dtype]
+    rounding = NUMPY_DTYPES[contract.rounding_dtype(_name(dtype), out_dtype)]
+    exact = x.astype(np.float64) + residual.astype(np.float64)
+    h = exact.astype(dtype)
+    h64 = h.astype(np.float64) if round_h else exact
+    normalised = h64 / np.sqrt(np.mean(h64 * h64, axis=-1, keepdims=True) + np.float64(np.float32(EPSILON)))
+    if mode == WeightMode.NONE:
+        return normalised.astype(out), h
+    scale = weight.astype(np.float64) + offset
+    if mode == WeightMode.AFTER_CAST:
+        return (normalised.astype(rounding).astype(np.float64) * scale).astype(out), h
+    return (normalised * scale).astype(out), h
+
+
+def _name(dtype: np.dtype) -> str:
+    return next(name for name, numpy_dtype in NUMPY_DTYPES.items() if np.dtype(numpy_dtype) == dtype)
+
+
+def _add_norm_model(
+    x: np.ndarray,
+    residual: np.ndarray,
+    weight: np.ndarray | None,
+    mode: WeightMode,
+    offset: float,
+    out_dtype: str,
+    opset: int = 18,
+    h_dtype: str | None = None,
+) -> onnx.ModelProto:
+    """One TrtfuseAddRmsNorm between fp32 graph inputs and outputs (casts inside, so bf16 runs in onnxruntime): y
+    declared in `out_dtype`, h in D (or `h_dtype`, to declare it wrongly)."""
+    elem_type = DTYPES[_name(x.dtype)]
+    nodes = [
+        helper.make_node("Cast", [f"{name}_fp32"], [name], to=elem_type, name=f"cast_{name}") for name in ("x", "r")
+    ]
+    inputs = ["x", "r"] + (["w"] if weight is not None else [])
+    attributes = _attributes(
+        mode, offset, **{contract.ATTR_HIDDEN: x.shape[-1], contract.ATTR_OUTPUT_DTYPE: DTYPES[out_dtype]}
+    )
+    nodes.append(
+        helper.make_node(
+            contract.ADD_RMS_NORM_OP, inputs, ["y", "h"], name="fused", domain=contract.ONNX_DOMAIN, **attributes
+        )
+    )
+    nodes += [helper.make_node("Cast", [name], [f"{name}_fp32"], to=TensorProto.FLOAT) for name in ("y", "h")]
+    shapes = {"x": x.shape, "r": residual.shape}
+    graph = helper.make_graph(
+        nodes,
+        "fused",
+        [helper.make_tensor_value_info(f"{name}_fp32", TensorProto.FLOAT, shape) for name, shape in shapes.items()],
+        [helper.make_tensor_value_info(f"{name}_fp32", TensorProto.FLOAT, x.shape) for name in ("y", "h")],
+        [] if weight is None else [numpy_helper.from_array(weight, "w")],
+        value_info=[
+            helper.make_tensor_value_info("y", DTYPES[out_dtype], x.shape),
+            helper.make_tensor_value_info("h", DTYPES[h_dtype or _name(x.dtype)], x.shape),
+        ],
+    )
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(contract.ONNX_DOMAIN, contract.ONNX_DOMAIN_VERSION)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _add_norm_inputs(dtype: str, weight_dtype: str | None, seed: int) -> tuple[np.ndarray, ...]:
+    """x and a residual of a larger scale (as a residual stream is), so the sum rounds in most elements."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((3, 7, HIDDEN)) * 3).astype(NUMPY_DTYPES[dtype])
+    residual = (rng.standard_normal((3, 7, HIDDEN)) * 7).astype(NUMPY_DTYPES[dtype])
+    weight = None if weight_dtype is None else rng.normal(1.0, 0.7, HIDDEN).astype(NUMPY_DTYPES[weight_dtype])
+    return x, residual, weight
+
+
+# (mode, offset, weight dtype: fp32, or the pair's 16-bit side, or none)
+ADD_NORM_MODES = [
+    (WeightMode.NONE, 0.0, None),
+    (WeightMode.AFTER_CAST, 0.0, "float32"),
+    (WeightMode.AFTER_CAST, 0.0, "sixteen-bit side"),
+    (WeightMode.BEFORE_CAST, 1.0, "float32"),
+    (WeightMode.BEFORE_CAST, 1.0, "sixteen-bit side"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "out_dtype"), SAME_PAIRS + MIXED_PAIRS)
+@pytest.mark.parametrize(
+    ("mode", "offset", "weight_dtype"), ADD_NORM_MODES, ids=[f"{m.name}-{w}" for m, _, w in ADD_NORM_MODES]
+)
+def test_add_rms_norm_lowering_matches_the_contract(
+    dtype: str, out_dtype: str, mode: WeightMode, offset: float, weight_dtype: str | None
+) -> None:
+    if weight_dtype == "sixteen-bit side":
+        weight_dtype = dtype if dtype != "float32" else out_dtype
+    x, residual, weight = _add_norm_inputs(dtype, weight_dtype, seed=7)
+    model = _add_norm_model(x, residual, weight, mode, offset, out_dtype)
+    lowered = lower_fused_nodes(model)
+    onnx.checker.check_model(lowered, full_check=True)
+    assert all(node.domain != contract.ONNX_DOMAIN for node in lowered.graph.node)
+    actual_y, actual_h = _run(lowered, {"x": x, "r": residual})
+    expected_y, expected_h = contract_add_rms_norm(x, residual, weight, offset, mode, out_dtype)
+    # h is one rounding of an exact sum: bit for bit.
+    np.testing.assert_array_equal(actual_h, expected_h.astype(np.float32))
+    expected_y = expected_y.astype(np.float32)
+    sixteen_bit_rounding = contract.rounding_dtype(dtype, out_dtype) != "float32" and mode == WeightMode.AFTER_CAST
+    if out_dtype == "float32" and not sixteen_bit_rounding:
+        np.testing.assert_allclose(actual_y, expected_y, rtol=1e-5, atol=1e-6)
+    else:
+        # fp32 arithmetic against float64 flips a rare rounding to a 16-bit dtype.
+        assert _mismatch_fraction(actual_y, expected_y) < 0.01
+        np.testing.assert_allclose(actual_y, expected_y, rtol=1e-2)
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_add_rms_norm_lowering_in_both_reduce_mean_forms(opset: int) -> None:
+    x, residual, weight = _add_norm_inputs("float16", "float16", seed=8)
+    model = _add_norm_model(x, residual, weight, WeightMode.AFTER_CAST, 0.0, "float16", opset)
+    actual_y, actual_h = _run(lower_fused_nodes(model), {"x": x, "r": residual})
+    expected_y, expected_h = contract_add_rms_norm(x, residual, weight, 0.0, WeightMode.AFTER_CAST, "float16")
+    np.testing.assert_array_equal(actual_h, expected_h.astype(np.float32))
+    assert _mismatch_fraction(actual_y, expected_y) < 0.01
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_add_rms_norm_normalises_the_rounded_sum(dtype: str) -> None:
+    """r and the normalised value come from h as rounded to D, not from the fp32 sum: the lowering matches the
+    contract far better than the unrounded variant, so normalising the wrong value is caught."""
+    x, residual, _ = _add_norm_inputs(dtype, None, seed=9)
+    model = _add_norm_model(x, residual, None, WeightMode.NONE, 0.0, "float32")
+    actual_y, _ = _run(lower_fused_nodes(model), {"x": x, "r": residual})
+    rounded, _ = contract_add_rms_norm(x, residual, None, 0.0, WeightMode.NONE, "float32")
+    unrounded, _ = contract_add_rms_norm(x, residual, None, 0.0, WeightMode.NONE, "float32", round_h=False)
+    np.testing.assert_allclose(actual_y, rounded, rtol=1e-5, atol=1e-6)
+    assert _mismatch_fraction(actual_y, unrounded) > 0.5
+
+
+def test_add_rms_norm_h_is_the_correctly_rounded_sum_where_fp32_is_not_exact() -> None:
+    """bf16 values far apart in magnitude: their fp32 sum is rounded, and the second rounding to bf16 still gives the
+    correctly rounded sum (fp32 holds more than twice bf16's precision)."""
+    x = np.array([[1.0, 256.0, 3.0e4, -7.5, 1e-3, 65504.0, 1.0, -1.0]], dtype=ml_dtypes.bfloat16)
+    residual = np.array([[2.0**-9, 0.75, 0.5, 2.0**-30, 5.0, 3.0, -(2.0**-8), 2.0**-8 + 2.0**-16]])
+    residual = residual.astype(ml_dtypes.bfloat16)
+    in_fp32 = x.astype(np.float32) + residual.astype(np.float32)
+    assert (in_fp32.astype(np.float64) != x.astype(np.float64) + residual.astype(np.float64)).any()
+    model = _add_norm_model(x, residual, None, WeightMode.NONE, 0.0, "bfloat16")
+    _, actual_h = _run(lower_fused_nodes(model), {"x": x, "r": residual})
+    _, expected_h = contract_add_rms_norm(x, residual, None, 0.0, WeightMode.NONE, "bfloat16")
+    np.testing.assert_array_equal(actual_h, expected_h.astype(np.float32))
+
+
+ADD_NORM_BAD = {
+    "residual of another shape": (
+        {"residual_shape": (3, 1, HIDDEN)},
+        "inputs 'x' [3, 7, 64] and 'r' [3, 1, 64] must have one shape (no broadcasting)",
+    ),
+    "residual of another rank": (
+        {"residual_shape": (7, HIDDEN)},
+        "inputs 'x' [3, 7, 64] and 'r' [7, 64] must have one shape (no broadcasting)",
+    ),
+    "h declared in output_dtype": ({"h_dtype": "float16"}, "output 'h' is declared float16, but its activations'"),
+    "residual of another dtype": ({"residual_dtype": "float16"}, "its activations must share one dtype, got 'x'"),
+}
+
+
+@pytest.mark.parametrize("case", ADD_NORM_BAD, ids=list(ADD_NORM_BAD))
+def test_a_bad_add_norm_node_is_one_line_naming_it(case: str) -> None:
+    changes, message = ADD_NORM_BAD[case]
+    x, residual, weight = _add_norm_inputs("float32", "float32", seed=10)
+    residual = np.zeros(changes.get("residual_shape", residual.shape), np.float32)
+    model = _add_norm_model(x, residual, weight, WeightMode.AFTER_CAST, 0.0, "float16", h_dtype=changes.get("h_dtype"))
+    if "residual_dtype" in changes:
+        cast_r = next(node for node in model.graph.node if node.name == "cast_r")
+        cast_r.attribute[0].i = DTYPES[changes["residual_dtype"]]
+    with pytest.raises(TrtfuseError) as error:
+        lower_fused_nodes(model)
+    text = str(error.value)
+    assert text.startswith("the fused model: node 'fused': ") and message in text and "\n" not in text, text

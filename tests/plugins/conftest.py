@@ -22,4 +22,5 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> list[RecordingKernel]:
 
     monkeypatch.setattr(trtfuse.kernels, "get_rms_norm", make)
     monkeypatch.setattr(trtfuse.kernels, "get_qk_norm", make)
+    monkeypatch.setattr(trtfuse.kernels, "get_add_rms_norm", make)
     return made

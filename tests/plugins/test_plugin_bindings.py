@@ -22,6 +22,7 @@ from trtfuse.contract import RMS_NORM, NormParams, WeightMode
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
 from trtfuse.plugins import creation_errors, registry
+from trtfuse.plugins.python.add_rms_norm import AddRmsNormPlugin, AddRmsNormPluginCreator
 from trtfuse.plugins.python.base import DEFAULT_TACTIC, NormPlugin, NormPluginCreator, timing_cache_id
 from trtfuse.plugins.python.qk_norm import QkNormPlugin, QkNormPluginCreator
 from trtfuse.plugins.python.rms_norm import RmsNormPlugin, RmsNormPluginCreator
@@ -54,13 +55,13 @@ def python_methods(cls: type) -> set[str]:
     return {name for klass in cls.__mro__ if klass.__module__.startswith("trtfuse") for name in vars(klass)}
 
 
-@pytest.mark.parametrize("plugin_class", [RmsNormPlugin, QkNormPlugin])
+@pytest.mark.parametrize("plugin_class", [RmsNormPlugin, QkNormPlugin, AddRmsNormPlugin])
 def test_every_method_the_bindings_require_is_written_in_python(plugin_class: type[NormPlugin]) -> None:
     missing = [name for name in REQUIRED_PLUGIN_METHODS if name not in python_methods(plugin_class)]
     assert not missing, f"{plugin_class.__name__} lacks {missing}: TensorRT would stop the build there"
 
 
-@pytest.mark.parametrize("creator_class", [RmsNormPluginCreator, QkNormPluginCreator])
+@pytest.mark.parametrize("creator_class", [RmsNormPluginCreator, QkNormPluginCreator, AddRmsNormPluginCreator])
 def test_creators_have_what_the_bindings_read(creator_class: type[NormPluginCreator]) -> None:
     assert set(REQUIRED_CREATOR_METHODS) <= python_methods(creator_class)
     creator = creator_class()

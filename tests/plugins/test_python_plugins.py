@@ -70,12 +70,12 @@ def registry() -> Iterator[Any]:
 def test_register_adds_one_creator_per_node_kind_once(registry: Any) -> None:
     first = plugin_registry.register_python()
     second = plugin_registry.register_python()
-    assert set(first) == {RMS_NORM_OP, QK_NORM_OP}
+    assert set(first) == set(contract.FUSED_OPS)
     assert first == second
-    for op in (RMS_NORM_OP, QK_NORM_OP):
+    for op in contract.FUSED_OPS:
         assert registry.get_creator(op, "1", "trtfuse") is first[op]
     trtfuse_creators = [c for c in registry.all_creators if getattr(c, "plugin_namespace", None) == "trtfuse"]
-    assert len(trtfuse_creators) == 2
+    assert len(trtfuse_creators) == len(contract.FUSED_OPS)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from trtfuse.fusion.aot_form import prepare_for_aot
 from trtfuse.fusion.fuse import fuse_model
 from trtfuse.plugins import qdp as aot
 
-from support.fused_models import FUSED_MODELS, attributes_of, rms_model, trtfuse_nodes
+from support.fused_models import FUSED_MODELS, attributes_of, fused_model, fused_node, rms_model, trtfuse_nodes
 from support.graphs import AttentionSpec, Builder, NormSpec, attention_block, rms_norm, single_norm
 from support.markers import needs_aot_tensorrt
 from support.paths import REPO_ROOT
@@ -72,14 +72,37 @@ STAND_INS = SimpleNamespace(
 DEFINITIONS = {definition.op: definition for definition in aot.qdp_definitions(STAND_INS)}
 # tensorrt.plugin's _validate.py: names an attribute may not take.
 DISALLOWED_ATTR_NAMES = {"outputs", "stream", "tactic"}
-OUTPUT_COUNTS = {contract.RMS_NORM_OP: 1, contract.QK_NORM_OP: 2}
+OUTPUT_COUNTS = {op: len(contract.OPS[op].outputs) for op in contract.FUSED_OPS}
+
+
+def test_there_is_one_qdp_per_op() -> None:
+    assert [definition.op for definition in aot.qdp_definitions(STAND_INS)] == list(contract.FUSED_OPS)
+
+
+def _kernel_params(op: str) -> tuple:
+    from trtfuse.kernels.declaration import add_rms_norm_params, qk_norm_params, rms_norm_params
+
+    return {
+        contract.RMS_NORM_OP: rms_norm_params,
+        contract.QK_NORM_OP: qk_norm_params,
+        contract.ADD_RMS_NORM_OP: add_rms_norm_params,
+    }[op]()
 
 
 def _kernel_inputs(op: str) -> list[str]:
-    from trtfuse.kernels.declaration import ParamRole, qk_norm_params, rms_norm_params
+    from trtfuse.kernels.declaration import ParamRole
 
-    params = rms_norm_params() if op == contract.RMS_NORM_OP else qk_norm_params()
-    return [param.name for param in params if param.role is ParamRole.INPUT]
+    return [param.name for param in _kernel_params(op) if param.role is ParamRole.INPUT]
+
+
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+def test_the_kernel_s_outputs_are_the_op_s_in_order(op: str) -> None:
+    """TensorRT hands aot_impl's kernel the output pointers in the register function's order: the op's."""
+    from trtfuse.kernels.declaration import ParamRole
+
+    outputs = [param.name for param in _kernel_params(op) if param.role is ParamRole.OUTPUT]
+    expected = {contract.QK_NORM_OP: ["q_out", "k_out"]}.get(op, list(contract.OPS[op].outputs))
+    assert outputs == expected
 
 
 def _split(function: typing.Callable) -> tuple[list[str], list[str], dict[str, object]]:
@@ -218,6 +241,30 @@ def test_the_positional_call_gives_each_parameter_its_field(case: str) -> None:
         assert [bound.arguments[name] for name in tensors] == list(node.input)
 
 
+@pytest.mark.parametrize("mode", [WeightMode.NONE, WeightMode.AFTER_CAST], ids=["NONE", "AFTER_CAST"])
+def test_a_prepared_add_norm_binds_x_residual_weight_and_every_field(mode: WeightMode) -> None:
+    """The positional call on a prepared TrtfuseAddRmsNorm (the pass writes none yet, so it is built by hand): its
+    inputs land in x, residual, weight (a NONE node's placeholder included) and each field in its own slot."""
+    weighted = mode is not WeightMode.NONE
+    inputs = ["x", "residual", "w"] if weighted else ["x", "residual"]
+    fp16, shape = onnx.TensorProto.FLOAT16, ["tokens", HIDDEN]
+    model = fused_model(
+        [fused_node(contract.ADD_RMS_NORM_OP, inputs, ["y", "h"], mode, (HIDDEN,))],
+        {"x": (fp16, shape), "residual": (fp16, shape)},
+        {"y": (fp16, shape), "h": (fp16, shape)},
+        [onnx.numpy_helper.from_array(np.ones(HIDDEN, np.float16), "w")] if weighted else [],
+    )
+    (node,) = trtfuse_nodes(prepare_for_aot(model))
+    definition = DEFINITIONS[contract.ADD_RMS_NORM_OP]
+    tensors, creator_fields, _ = _split(definition.register)
+    given = attributes_of(node)
+    copied = [given[name] for name in creator_fields if name in given]
+    bound = inspect.signature(definition.aot_impl).bind(*node.input, *copied, "outputs", 1)
+    assert [bound.arguments[name] for name in tensors] == list(node.input)
+    assert tensors == ["x", "residual", "weight"] and len(node.input) == 3
+    assert {name: bound.arguments[name] for name in creator_fields} == {name: given[name] for name in creator_fields}
+
+
 def test_without_prepare_an_old_node_shifts_outputs_into_a_field() -> None:
     """Why prepare_for_aot fills output_dtype: with one field fewer, `outputs` lands in output_dtype's slot."""
     (node,) = trtfuse_nodes(rms_model(output_dtype=None))
@@ -232,38 +279,48 @@ def test_without_prepare_an_old_node_shifts_outputs_into_a_field() -> None:
 TYPE_NAMES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
 
 
+def _offered_tactics(op: str, dtype: str, weight: str | None, params: object, output_dtype: str) -> tuple:
+    """The kernels' own tactics for the spec of an autotune combination."""
+    from trtfuse.kernels.artifacts import add_rms_norm_tactics, qk_norm_tactics, rms_norm_tactics
+    from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
+
+    if op == contract.RMS_NORM_OP:
+        return rms_norm_tactics(RmsNormSpec(HIDDEN, dtype, weight, params, output_dtype))
+    if op == contract.ADD_RMS_NORM_OP:
+        return add_rms_norm_tactics(AddRmsNormSpec(HIDDEN, dtype, weight, params, output_dtype))
+    return qk_norm_tactics(QkNormSpec(16, 32, dtype, weight, params, output_dtype))
+
+
 @pytest.mark.parametrize("mode", list(WeightMode), ids=[mode.name for mode in WeightMode])
 @pytest.mark.parametrize("output_dtype", sorted(contract.OUTPUT_DTYPE_CODES))
 @pytest.mark.parametrize("op", contract.FUSED_OPS)
 def test_autotune_offers_exactly_the_contract_s_dtype_pairs(op: str, output_dtype: str, mode: WeightMode) -> None:
     """One combination per (activation, weight) dtype pair the contract allows, LINEAR, with the kernels' tactics;
-    in type strings _autotune.py's _str_to_data_type reads (FP32, FP16, or a trt.DataType name: BF16)."""
-    from trtfuse.kernels.artifacts import qk_norm_tactics, rms_norm_tactics
-    from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
-
-    hidden = (HIDDEN,) if op == contract.RMS_NORM_OP else (16, 32)
+    in type strings _autotune.py's _str_to_data_type reads (FP32, FP16, or a trt.DataType name: BF16). Normalised
+    outputs are in output_dtype, the others (the add-norm's h) in the activations' dtype."""
+    fused_op = contract.OPS[op]
+    hidden = (16, 32) if op == contract.QK_NORM_OP else (HIDDEN,)
     code = contract.OUTPUT_DTYPE_CODES[output_dtype]
-    inputs = [None] * (2 * len(hidden))
+    inputs = [None] * (len(fused_op.activations) + len(fused_op.weights))
     fields = (np.float32(1e-6), np.float32(0.0), np.int32(mode), *(np.int32(h) for h in hidden), np.int32(code))
-    combinations = DEFINITIONS[op].autotune(*inputs, *(f.tobytes() for f in fields), (None,) * len(hidden))
+    combinations = DEFINITIONS[op].autotune(*inputs, *(f.tobytes() for f in fields), (None,) * OUTPUT_COUNTS[op])
     seen = set()
     params = contract.NormParams(1e-6, 0.0, mode)
     for combination in combinations:
         assert combination.layouts == "LINEAR"
         names = [TYPE_NAMES[part.strip()] for part in combination.io_types.split(",")]
+        activation_count, input_count = len(fused_op.activations), len(inputs)
         activations, weights, outputs = (
-            names[: len(hidden)],
-            names[len(hidden) : 2 * len(hidden)],
-            names[2 * len(hidden) :],
+            names[:activation_count],
+            names[activation_count:input_count],
+            names[input_count:],
         )
-        assert len(set(activations)) == len(set(weights)) == 1 and outputs == [output_dtype] * len(hidden)
+        assert len(set(activations)) == len(set(weights)) == 1
         dtype, weight = activations[0], weights[0]
+        assert outputs == [output_dtype if normalised else dtype for normalised in fused_op.normalised_outputs]
         assert contract.dtype_pair_problem(dtype, output_dtype) is None
         spec_weight = None if mode is WeightMode.NONE else weight
-        if op == contract.RMS_NORM_OP:
-            tactics = rms_norm_tactics(RmsNormSpec(HIDDEN, dtype, spec_weight, params, output_dtype))
-        else:
-            tactics = qk_norm_tactics(QkNormSpec(16, 32, dtype, spec_weight, params, output_dtype))
+        tactics = _offered_tactics(op, dtype, spec_weight, params, output_dtype)
         assert combination.tactics == [int(tactic) for tactic in tactics] and all(t > 0 for t in combination.tactics)
         seen.add((dtype, weight))
     weights = (contract.AOT_PLACEHOLDER_WEIGHT_DTYPE,) if mode is WeightMode.NONE else contract.WEIGHT_DTYPES
@@ -306,18 +363,23 @@ INT_EXPRESSIONS = SimpleNamespace(
         (contract.RMS_NORM_OP, [(1, 1, HIDDEN)]),
         (contract.QK_NORM_OP, [(3, 5, 4, 16), (3, 5, 2, 32)]),
         (contract.QK_NORM_OP, [(0, 4, 16), (0, 2, 32)]),
+        (contract.ADD_RMS_NORM_OP, [(4, 29, HIDDEN)]),
+        (contract.ADD_RMS_NORM_OP, [(0, HIDDEN)]),
     ],
 )
 def test_aot_impl_s_launch_is_the_declaration_s_for_the_activations_rows(op: str, shapes: list) -> None:
     """The artifact's entry and PTX, block and shared memory, and the grid and scalars of the declaration's formula
-    for rows = element count // hidden of each activation, in order (q, then k)."""
-    from trtfuse.kernels.artifacts import qk_norm_artifact, rms_norm_artifact
+    for rows = element count // hidden of each part's activation, in order (q, then k; the add-norm's x)."""
+    from trtfuse.kernels.artifacts import add_rms_norm_artifact, qk_norm_artifact, rms_norm_artifact
     from trtfuse.kernels.declaration import Tactic
-    from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+    from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
 
     params = contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
     if op == contract.RMS_NORM_OP:
         artifact = rms_norm_artifact(RmsNormSpec(HIDDEN, "float16", "float16", params), Tactic.PREFILL, "sm_90a")
+    elif op == contract.ADD_RMS_NORM_OP:
+        spec = AddRmsNormSpec(HIDDEN, "float16", "float16", params)
+        artifact = add_rms_norm_artifact(spec, Tactic.PREFILL, "sm_90a")
     else:
         artifact = qk_norm_artifact(QkNormSpec(16, 32, "float16", "float16", params), Tactic.PREFILL, "sm_90a")
     activations = [SimpleNamespace(shape_expr=IntShape(shape)) for shape in shapes]
@@ -333,6 +395,77 @@ def test_aot_impl_s_launch_is_the_declaration_s_for_the_activations_rows(op: str
     assert extra == declaration.scalars(rows)
 
 
+class Desc:
+    """A TensorDesc stand-in with what register and aot_impl read: a dtype (the stand-in names below), a shape
+    expression, and `like()`, which copies both, as TensorDesc.like does."""
+
+    def __init__(self, dtype: str, dims: tuple[int, ...] = (4, 29, HIDDEN)) -> None:
+        self.dtype, self.shape_expr = dtype, IntShape(dims)
+
+    def like(self) -> Desc:
+        return Desc(self.dtype, self.shape_expr.dims)
+
+
+@pytest.fixture
+def dtype_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorRT's DataTypes as their contract names, so register and aot_impl run without TensorRT."""
+    monkeypatch.setattr(aot, "_data_types", lambda: {name: name for name in contract.ACTIVATION_DTYPES})
+
+
+def _add_norm_fields(mode: WeightMode, output_dtype: str) -> list[bytes]:
+    code = contract.OUTPUT_DTYPE_CODES[output_dtype]
+    numbers = (np.float32(1e-6), np.float32(1.0), np.int32(mode), np.int32(HIDDEN), np.int32(code))
+    return [number.tobytes() for number in numbers]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "output_dtype"), [("float32", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")]
+)
+def test_the_add_norm_registers_y_in_output_dtype_and_h_in_x_s_dtype(
+    dtype: str, output_dtype: str, dtype_names: None
+) -> None:
+    x = Desc(dtype)
+    y, h = DEFINITIONS[contract.ADD_RMS_NORM_OP].register(
+        x, Desc(dtype), Desc("float32"), *_add_norm_fields(WeightMode.AFTER_CAST, output_dtype)
+    )
+    assert (y.dtype, h.dtype) == (output_dtype, dtype)
+    assert y.shape_expr.dims == h.shape_expr.dims == x.shape_expr.dims
+
+
+@pytest.mark.parametrize("mode", [WeightMode.NONE, WeightMode.BEFORE_CAST], ids=["NONE", "BEFORE_CAST"])
+def test_the_add_norm_aot_impl_compiles_its_spec_and_launches_over_x_s_rows(
+    mode: WeightMode, dtype_names: None
+) -> None:
+    """aot_impl end to end on the CPU (sm_90a without a GPU): the spec from the chosen types and the node's fields
+    (no weight dtype for NONE, whose placeholder the kernel never reads), the declaration's grid for x's rows."""
+    from trtfuse.kernels.artifacts import add_rms_norm_artifact, add_rms_norm_tactics
+    from trtfuse.kernels.device import ptx_isa
+    from trtfuse.kernels.specs import AddRmsNormSpec
+
+    x, residual, weight = Desc("bfloat16", (3, 7, HIDDEN)), Desc("bfloat16", (3, 7, HIDDEN)), Desc("float32", (HIDDEN,))
+    outputs = (Desc("float32", (3, 7, HIDDEN)), Desc("bfloat16", (3, 7, HIDDEN)))
+    raw = _add_norm_fields(mode, "float32")
+    params = from_qdp(contract.ADD_RMS_NORM, raw).params
+    spec = AddRmsNormSpec(HIDDEN, "bfloat16", None if mode is WeightMode.NONE else "float32", params, "float32")
+    tactic = add_rms_norm_tactics(spec)[-1]
+    # aot_impl's launch arithmetic on ints: the definitions built with INT_EXPRESSIONS in trtp's expression roles.
+    trtp = SimpleNamespace(**{**vars(STAND_INS), **vars(INT_EXPRESSIONS)})
+    (definition,) = [d for d in aot.qdp_definitions(trtp) if d.op == contract.ADD_RMS_NORM_OP]
+    aot.take_embedded_ptx_isas()
+    name, ptx, launch, extra = definition.aot_impl(x, residual, weight, *raw, outputs, int(tactic))
+    assert aot.take_embedded_ptx_isas() == [ptx_isa(ptx)]
+    artifact = add_rms_norm_artifact(spec, tactic, "sm_90a")
+    declaration = artifact.declaration
+    assert (name, ptx) == (declaration.kernel_name, artifact.ptx)
+    assert [param.name for param in declaration.params] == ["x", "residual", "weight", "rows", "y", "h"]
+    assert (launch.grid_x, launch.block_x, launch.shared_mem) == (
+        declaration.grid_x([21]),
+        declaration.block_threads,
+        declaration.shared_mem,
+    )
+    assert extra == declaration.scalars([21]) == (21,)
+
+
 # --- real TensorRT: register, build, and run where trtfuse is not ---------------------------------------------------
 
 REGISTER_SCRIPT = """
@@ -342,7 +475,7 @@ from trtfuse.plugins.registry import register_aot, register_python
 register_aot()
 register_aot()
 names = {c.name for c in trt.get_plugin_registry().all_creators if getattr(c, "plugin_namespace", None) == "trtfuse"}
-assert {"TrtfuseRmsNorm", "TrtfuseQkNorm"} <= names, names
+assert {"TrtfuseRmsNorm", "TrtfuseQkNorm", "TrtfuseAddRmsNorm"} <= names, names
 try:
     register_python()
 except TrtfuseError as error:

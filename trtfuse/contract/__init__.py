@@ -7,6 +7,8 @@ PluginFields, QDP bytes). This face re-exports `nodes`; importing it loads neith
 
 from trtfuse.contract.nodes import (
     ACTIVATION_DTYPES,
+    ADD_RMS_NORM,
+    ADD_RMS_NORM_OP,
     AOT_PLACEHOLDER_WEIGHT_DTYPE,
     ATTR_AOT,
     ATTR_EPSILON,
@@ -43,6 +45,8 @@ from trtfuse.contract.nodes import (
 
 __all__ = [
     "ACTIVATION_DTYPES",
+    "ADD_RMS_NORM",
+    "ADD_RMS_NORM_OP",
     "AOT_PLACEHOLDER_WEIGHT_DTYPE",
     "ATTR_AOT",
     "ATTR_EPSILON",

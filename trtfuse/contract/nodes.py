@@ -104,7 +104,9 @@ class FusedOp:
     A node normalises one or more parts, each over rows of its own hidden size (`hidden_fields[i]`); every activation
     and output belongs to a part, and each part has one weight input (none when weight_mode is NONE). Every
     activation shares one dtype, every weight one dtype of its own; normalised outputs are in `output_dtype`, the
-    others (a residual sum) in the activations' dtype."""
+    others (a residual sum) in the activations' dtype. A part of one activation normalises it; a part of several
+    (the add-norm's x and residual, of one shape) normalises their sum, computed in fp32 and rounded once to the
+    activations' dtype, which is also the part's output that is not normalised."""
 
     name: str
     activations: tuple[str, ...]
@@ -146,9 +148,23 @@ QK_NORM = FusedOp(
     normalised_outputs=(True, True),
     hidden_fields=(ATTR_Q_HIDDEN, ATTR_K_HIDDEN),
 )
-OPS = {op.name: op for op in (RMS_NORM, QK_NORM)}
+# The residual Add in front of a decoder layer's norm, and that norm: x and residual are summed into h (the residual
+# stream's next value, an output of its own), and y is the RMSNorm of h. x and residual are one part: rows of the same
+# shape, normalised over the one hidden size.
+ADD_RMS_NORM = FusedOp(
+    name="TrtfuseAddRmsNorm",
+    activations=("x", "residual"),
+    activation_parts=(0, 0),
+    weights=("weight",),
+    outputs=("y", "h"),
+    output_parts=(0, 0),
+    normalised_outputs=(True, False),
+    hidden_fields=(ATTR_HIDDEN,),
+)
+OPS = {op.name: op for op in (RMS_NORM, QK_NORM, ADD_RMS_NORM)}
 RMS_NORM_OP = RMS_NORM.name
 QK_NORM_OP = QK_NORM.name
+ADD_RMS_NORM_OP = ADD_RMS_NORM.name
 FUSED_OPS = tuple(OPS)
 
 

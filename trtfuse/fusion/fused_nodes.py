@@ -1,8 +1,8 @@
 """The plugin nodes of a fused model, read once: each node's fields decoded by the contract's codec, and its tensors
 checked against the op (input count for its weight mode, one activation dtype inside the contract's pairs, declared
-output dtypes, hidden sizes against the activations' static last dims). A foreign or hand-edited file may hold
-anything; each problem is one line naming the file and the node. The lowering, the AOT form, `check` and the node
-counts of every report read the nodes through here.
+output dtypes, hidden sizes against the activations' static last dims, one shape for the activations of one part). A
+foreign or hand-edited file may hold anything; each problem is one line naming the file and the node. The lowering,
+the AOT form, `check` and the node counts of every report read the nodes through here.
 """
 
 from __future__ import annotations
@@ -106,11 +106,36 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
         if last is not None and last != hidden:
             what = "last dim" if position < len(op.activations) else "length"
             raise TrtfuseError(f"{where}: {op.hidden_fields[part]} is {hidden}, but input '{name}' has {what} {last}")
+    _check_part_shapes(op, given[: len(op.activations)], where, types)
     return plugin
 
 
+def _check_part_shapes(op: contract.FusedOp, activations: list[str], where: str, types: TensorTypes) -> None:
+    """The activations of one part (the add-norm's x and residual) are summed element by element, with no
+    broadcasting: their ranks, and their dims where both are static, must agree."""
+    for part in range(len(op.hidden_fields)):
+        members = [name for name, owner in zip(activations, op.activation_parts, strict=True) if owner == part]
+        first = types.dims(members[0])
+        for other in members[1:]:
+            dims = types.dims(other)
+            if first is None or dims is None:
+                continue
+            static_clash = any(
+                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(first, dims, strict=False)
+            )
+            if len(first) != len(dims) or static_clash:
+                raise TrtfuseError(
+                    f"{where}: inputs '{members[0]}' {_shape_text(first)} and '{other}' {_shape_text(dims)} must have "
+                    "one shape (no broadcasting)"
+                )
+
+
+def _shape_text(dims: tuple[int | str | None, ...]) -> str:
+    return "[" + ", ".join("?" if dim is None else str(dim) for dim in dims) + "]"
+
+
 class TensorTypes:
-    """Element types and static last dims of a graph's tensors: those declared, then (once, only if asked for one
+    """Element types and dims of a graph's tensors: those declared, then (once, only if asked for one
     that is not) those ONNX shape inference finds; shape inference skips the trtfuse ops, whose outputs the pass
     declares."""
 
@@ -132,6 +157,14 @@ class TensorTypes:
     def dtype(self, tensor: str) -> str | None:
         value = self._value(tensor)
         return elem_type_name(value.elem_type) if value is not None and value.elem_type else None
+
+    def dims(self, tensor: str) -> tuple[int | str | None, ...] | None:
+        """Each dim of the tensor: its value where static, its symbol where named, None where neither; None where
+        the rank is unknown."""
+        value = self._value(tensor)
+        if value is None or not value.HasField("shape"):
+            return None
+        return tuple(dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None) for dim in value.shape.dim)
 
     def last_dim(self, tensor: str) -> int | None:
         value = self._value(tensor)

@@ -2,7 +2,8 @@
 
 The lowering is the contract's definition written as a graph (see `contract.WeightMode`): the square, mean, epsilon
 and root in fp32, the weight plus its offset in fp32, and the casts exactly where the weight mode puts them: to the
-node's 16-bit dtype R before an AFTER_CAST weight multiply, to the output dtype T at the end.
+node's 16-bit dtype R before an AFTER_CAST weight multiply, to the output dtype T at the end. The add-norm's h is
+Cast(Add(Cast(x, fp32), Cast(residual, fp32)), D), written to its own output, and its y is the norm of that rounded h.
 """
 
 from __future__ import annotations
@@ -74,15 +75,37 @@ class _Lowering:
 
     def lower(self) -> list[onnx.NodeProto]:
         plugin = self.plugin
+        op = plugin.op
         if plugin.dtype is None:
             raise TrtfuseError(f"{plugin.where}: dtype of its input '{plugin.activations[0]}' is unknown")
         out_type = contract.OUTPUT_DTYPE_CODES[plugin.fields.output_dtype]
-        weights = plugin.weights or (None,) * len(plugin.op.hidden_fields)
-        for role, x, weight, y in zip(
-            plugin.op.activations, plugin.activations, weights, plugin.node.output, strict=True
-        ):
-            self._norm(role, x, weight, y, out_type)
+        weights = plugin.weights or (None,) * len(op.hidden_fields)
+        for part, weight in enumerate(weights):
+            activations = [
+                name for name, owner in zip(plugin.activations, op.activation_parts, strict=True) if owner == part
+            ]
+            # Per part: one normalised output, and (for a part of several activations) the sum's output.
+            outputs = {
+                normalised: name
+                for name, owner, normalised in zip(
+                    plugin.node.output, op.output_parts, op.normalised_outputs, strict=True
+                )
+                if owner == part
+            }
+            role = op.activations[op.activation_parts.index(part)]
+            x = activations[0] if len(activations) == 1 else self._sum(role, activations, outputs[False])
+            self._norm(role, x, weight, outputs[True], out_type)
         return self.nodes
+
+    def _sum(self, role: str, activations: list[str], h: str) -> str:
+        """The part's activations added in fp32 and rounded once to their dtype D (for 16-bit D the correctly rounded
+        sum) into output `h`: the value the norm then reads, so r comes from the rounded sum."""
+        name = f"{self.prefix}/{role}/sum"
+        total = self._cast(activations[0], _FLOAT, f"{name}/input0_fp32")
+        for index, activation in enumerate(activations[1:], start=1):
+            addend = self._cast(activation, _FLOAT, f"{name}/input{index}_fp32")
+            total = self._op("Add", [total, addend], f"{name}/add{index}")
+        return self._cast(total, contract.OUTPUT_DTYPE_CODES[self.plugin.dtype], f"{name}/h", output=h)
 
     def _norm(self, role: str, x: str, weight: str | None, y: str, out_type: int) -> None:
         params = self.plugin.fields.params

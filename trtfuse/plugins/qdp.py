@@ -73,10 +73,11 @@ def register_definitions(trt: ModuleType) -> None:
         trtp.aot_impl(definition.plugin_id)(definition.aot_impl)
 
 
-def qdp_definitions(trtp: Any) -> tuple[QdpDefinition, QdpDefinition]:
-    """Both QDPs, their signatures annotated with `trtp`'s TensorDesc, AutoTuneCombination, KernelLaunchParams and
-    SymIntExprs (tensorrt.plugin's, or stand-ins to read the signatures without TensorRT)."""
-    return _rms_norm(trtp), _qk_norm(trtp)
+def qdp_definitions(trtp: Any) -> tuple[QdpDefinition, ...]:
+    """Every op's QDP, in `contract.FUSED_OPS` order, their signatures annotated with `trtp`'s TensorDesc,
+    AutoTuneCombination, KernelLaunchParams and SymIntExprs (tensorrt.plugin's, or stand-ins to read the signatures
+    without TensorRT)."""
+    return _rms_norm(trtp), _qk_norm(trtp), _add_rms_norm(trtp)
 
 
 def _rms_norm(trtp: Any) -> QdpDefinition:
@@ -225,7 +226,78 @@ def _qk_norm(trtp: Any) -> QdpDefinition:
     return QdpDefinition(contract.QK_NORM_OP, register, autotune, aot_impl)
 
 
-# --- what both QDPs share -----------------------------------------------------------------------------------------
+def _add_rms_norm(trtp: Any) -> QdpDefinition:
+    TensorDesc = trtp.TensorDesc
+    Kernel = tuple[str, str, trtp.KernelLaunchParams, trtp.SymIntExprs]
+
+    def register(
+        x: TensorDesc,
+        residual: TensorDesc,
+        weight: TensorDesc,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        hidden_size: Int32Field,
+        output_dtype: Int32Field,
+    ) -> tuple[TensorDesc, TensorDesc]:
+        fields = from_qdp(contract.ADD_RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
+        # y in output_dtype; h, the residual stream's next value, keeps x's shape and dtype.
+        return _output_like(x, fields), x.like()
+
+    def autotune(
+        x: TensorDesc,
+        residual: TensorDesc,
+        weight: TensorDesc,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        hidden_size: Int32Field,
+        output_dtype: Int32Field,
+        outputs: tuple[TensorDesc, TensorDesc],
+    ) -> list[trtp.AutoTuneCombination]:
+        from trtfuse.kernels.artifacts import add_rms_norm_tactics
+        from trtfuse.kernels.specs import AddRmsNormSpec
+
+        fields = from_qdp(contract.ADD_RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
+        params, out_dtype, (hidden,) = fields.params, fields.output_dtype, fields.hidden_sizes
+        combinations = []
+        for dtype, weight_dtype in _dtype_choices(fields):
+            spec = AddRmsNormSpec(hidden, dtype, _spec_weight_dtype(fields, weight_dtype), params, out_dtype)
+            types = (dtype, dtype, weight_dtype, out_dtype, dtype)
+            combinations.append(_combination(trtp, types, add_rms_norm_tactics(spec)))
+        return combinations
+
+    def aot_impl(
+        x: TensorDesc,
+        residual: TensorDesc,
+        weight: TensorDesc,
+        epsilon: Float32Field,
+        weight_offset: Float32Field,
+        weight_mode: Int32Field,
+        hidden_size: Int32Field,
+        output_dtype: Int32Field,
+        outputs: tuple[TensorDesc, TensorDesc],
+        tactic: int,
+    ) -> Kernel:
+        from trtfuse.kernels.artifacts import add_rms_norm_artifact
+        from trtfuse.kernels.declaration import Tactic
+        from trtfuse.kernels.specs import AddRmsNormSpec
+
+        fields = from_qdp(contract.ADD_RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
+        spec = AddRmsNormSpec(
+            hidden=fields.hidden_sizes[0],
+            dtype=_dtype_name(x.dtype),
+            weight_dtype=_spec_weight_dtype(fields, _dtype_name(weight.dtype)),
+            params=fields.params,
+            out_dtype=_dtype_name(outputs[0].dtype),
+        )
+        # One part: the grid and the row count are x's (the residual has x's shape).
+        return _kernel(trtp, add_rms_norm_artifact(spec, Tactic(tactic), _build_arch()), (x,))
+
+    return QdpDefinition(contract.ADD_RMS_NORM_OP, register, autotune, aot_impl)
+
+
+# --- what every QDP shares -----------------------------------------------------------------------------------------
 
 
 def _dtype_choices(fields: NodeFields) -> list[tuple[str, str]]:

@@ -1,9 +1,10 @@
 """What the plugins share: TensorRT's IPluginV3 lifecycle around one cached norm kernel, for any op of the contract.
 
 A plugin's tensors are its op's (`contract.FusedOp`): the activations, then (unless weight_mode is NONE) one weight
-per part; each output has the shape of its part's first activation. Every activation shares one dtype (fp32, fp16 or
-bf16), every weight one dtype of its own; normalised outputs are in the node's `output_dtype`, the others in the
-activations' dtype; all tensors are LINEAR. Leading dims are flattened into rows of the part's hidden size.
+per part; the activations of one part (the add-norm's x and residual) share one shape, and each output has the shape
+of its part's first activation. Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its
+own; normalised outputs are in the node's `output_dtype`, the others in the activations' dtype; all tensors are
+LINEAR. Leading dims are flattened into rows of the part's hidden size.
 
 Work is done where TensorRT allows time for it: `configure_plugin` (build) and `on_shape_change` (build and run)
 pick the kernel and warm it up for every row count up to the largest seen, so `enqueue` is one call of a bound
@@ -226,9 +227,11 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
 
     def _check_inputs(self, shapes: Sequence[Any]) -> tuple[int, ...]:
         """Row counts of the activations (product of leading dims) after checking every input's shape: each
-        activation ends in its part's hidden size, each weight holds exactly one row of its part's."""
+        activation ends in its part's hidden size, the activations of one part (x and residual) share one shape,
+        each weight holds exactly one row of its part's."""
         activations = len(self.OP.activations)
         rows = []
+        part_shapes: dict[int, tuple[str, list[int]]] = {}
         for position, dims in enumerate(shapes):
             part = self.OP.activation_parts[position] if position < activations else position - activations
             hidden = self.config.hidden_sizes[part]
@@ -244,6 +247,12 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
                 raise TrtfuseError(f"{self._label}: input '{name}' has shape {shape}; its last dim must be {hidden}")
             if any(size < 0 for size in shape):
                 raise TrtfuseError(f"{self._label}: input '{name}' has an unresolved dim in {shape}")
+            first_name, first_shape = part_shapes.setdefault(part, (name, shape))
+            # The kernel adds them element by element over the first one's rows: no broadcasting.
+            if shape != first_shape:
+                raise TrtfuseError(
+                    f"{self._label}: inputs '{first_name}' {first_shape} and '{name}' {shape} must have one shape"
+                )
             rows.append(math.prod(shape[:-1]))
         return tuple(rows)
 
