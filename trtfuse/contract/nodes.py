@@ -122,6 +122,11 @@ class FusedOp:
         """Every field, in the order the plugins serialise them and tensorrt.plugin hands them to a QDP."""
         return (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, *self.hidden_fields, ATTR_OUTPUT_DTYPE)
 
+    @property
+    def norm_calls(self) -> int:
+        """How many norms of the source model one node replaces: one per normalised output."""
+        return sum(self.normalised_outputs)
+
     def inputs(self, weighted: bool) -> tuple[str, ...]:
         """The input names by position: activations, then (unless weight_mode is NONE) the weights."""
         return self.activations + (self.weights if weighted else ())

@@ -28,7 +28,7 @@ class FuseResult:
         totals = {op: sum(node.kind == op for node in self.fused) for op in contract.FUSED_OPS}
         return {
             "fused": [node.as_dict() for node in self.fused],
-            "totals": {**totals, "norms": totals[contract.RMS_NORM_OP] + 2 * totals[contract.QK_NORM_OP]},
+            "totals": {**totals, "norms": sum(contract.OPS[op].norm_calls * count for op, count in totals.items())},
             "near_misses": [{"node": miss.node, "reason": miss.reason} for miss in self.search.near_misses],
         }
 
