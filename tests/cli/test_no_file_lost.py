@@ -4,6 +4,7 @@ external data, an engine's sidecar and fused model), and whatever a failed or in
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -149,3 +150,21 @@ def test_a_symlink_that_leads_nowhere_is_refused_as_output(tmp_path: Path, link:
     target = "a symlink loop" if link == "loop" else "a symlink to nothing"
     assert result.stderr == f"trtfuse: error: {path}: is {target}; choose a file name\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([link, "m.onnx"])
+
+
+@pytest.mark.parametrize("place", ["model", "output", "report"])
+def test_a_file_name_that_is_not_utf8_is_one_line(tmp_path: Path, place: str) -> None:
+    model = save_model_file(tiny_lm(np.float32, fused=False), tmp_path / "m.onnx")
+    odd = Path(os.fsdecode(bytes(tmp_path / "m") + b"\xe9.onnx"))
+    if place == "model":
+        odd.write_bytes(model.read_bytes())
+    argv = {
+        "model": ("fuse", odd, "-o", tmp_path / "out.onnx"),
+        "output": ("fuse", model, "-o", odd),
+        "report": ("fuse", model, "-o", tmp_path / "out.onnx", "--report", odd),
+    }[place]
+    before = sorted(os.listdir(tmp_path))
+    result = run_cli(*argv)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "m\\xe9.onnx': the file name is not valid UTF-8" in result.stderr and result.stderr.count("\n") == 1
+    assert sorted(os.listdir(tmp_path)) == before

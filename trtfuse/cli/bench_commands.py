@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from trtfuse.cli.options import HELP_OPTIONS, common_options, echo_json
+from trtfuse.cli.options import HELP_OPTIONS, FilePath, common_options, echo_json
 from trtfuse.errors import MissingDependencyError
 from trtfuse.files import OutputPlan, write_json_atomic
 
@@ -17,7 +17,7 @@ def bench() -> None:
 
 
 @bench.command("kernels", context_settings=HELP_OPTIONS)
-@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Also write the full results here.")
+@click.option("--report", "report_path", type=FilePath(), help="Also write the full results here.")
 @click.option("--no-torch-compile", is_flag=True, help="Skip the torch.compile baselines (saves their compile time).")
 @common_options
 def kernels(report_path: Path | None, no_torch_compile: bool, as_json: bool) -> None:

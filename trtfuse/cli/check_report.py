@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from trtfuse.cli.options import EXIT_MISMATCH, detail, echo_json, printable, summary
+from trtfuse.cli.options import EXIT_MISMATCH, FilePath, detail, echo_json, printable, summary
 from trtfuse.errors import TrtfuseError
 
 if TYPE_CHECKING:
@@ -46,13 +46,13 @@ def verdict_options(command: F) -> F:
         ),
         click.option(
             "--save-inputs",
-            type=click.Path(path_type=Path),
+            type=FilePath(),
             metavar="FILE.npz",
             help="Write the inputs of every step to FILE.npz.",
         ),
         click.option(
             "--load-inputs",
-            type=click.Path(path_type=Path),
+            type=FilePath(),
             metavar="FILE.npz",
             help="Run on the inputs in FILE.npz (from --save-inputs, or one array per input) instead of random ones.",
         ),

@@ -18,6 +18,7 @@ from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
+    FilePath,
     RangeType,
     ShapeRangeType,
     SizeType,
@@ -54,8 +55,8 @@ def _no_tensorrt(error: MissingDependencyError, done: str, as_json: bool) -> NoR
 
 
 @click.command("compile", context_settings=HELP_OPTIONS)
-@click.argument("model_path", metavar="MODEL.onnx", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "engine_path", type=click.Path(path_type=Path), help="Engine [default: MODEL.engine].")
+@click.argument("model_path", metavar="MODEL.onnx", type=FilePath())
+@click.option("-o", "--output", "engine_path", type=FilePath(), help="Engine [default: MODEL.engine].")
 @click.option(
     "--profile",
     "presets",
@@ -80,9 +81,7 @@ def _no_tensorrt(error: MissingDependencyError, done: str, as_json: bool) -> NoR
     "--opt-level", default=3, show_default=True, type=click.IntRange(0, 5), help="TensorRT builder optimisation level."
 )
 @click.option("--workspace", type=SizeType(), help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
-@click.option(
-    "--timing-cache", type=click.Path(path_type=Path), help="Timing cache file, read if present, then updated."
-)
+@click.option("--timing-cache", type=FilePath(), help="Timing cache file, read if present, then updated.")
 @click.option("--tf32", is_flag=True, help="Let TensorRT use TF32 for fp32 matmuls (faster, fp16-level error).")
 @click.option(
     "--plugins",
@@ -151,12 +150,12 @@ def _fused_line(fused: FusedFile) -> str:
 
 
 @click.command("run", context_settings=HELP_OPTIONS)
-@click.argument("engine_path", metavar="MODEL.engine", type=click.Path(path_type=Path))
-@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path), help="Inputs as .npz (else random ones).")
+@click.argument("engine_path", metavar="MODEL.engine", type=FilePath())
+@click.option("--inputs", "inputs_path", type=FilePath(), help="Inputs as .npz (else random ones).")
 @feed_options
 @click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Timed runs.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed runs first.")
-@click.option("--save-outputs", type=click.Path(path_type=Path), help="Write the outputs of the last run as .npz.")
+@click.option("--save-outputs", type=FilePath(), help="Write the outputs of the last run as .npz.")
 @click.option(
     "--leak-check",
     "leak_changes",
@@ -237,11 +236,11 @@ def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> No
 
 
 @click.command("compare", context_settings=HELP_OPTIONS)
-@click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
-@click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=click.Path(path_type=Path))
+@click.argument("original_path", metavar="ORIGINAL.onnx", type=FilePath())
+@click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=FilePath())
 @feed_options
 @verdict_options
-@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the comparison as JSON.")
+@click.option("--report", "report_path", type=FilePath(), help="Write the comparison as JSON.")
 @common_options
 def compare_command(
     original_path: Path,

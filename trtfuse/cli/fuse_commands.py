@@ -15,6 +15,7 @@ from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
 from trtfuse.cli.options import (
     HELP_OPTIONS,
+    FilePath,
     common_options,
     echo_json,
     feed_options,
@@ -60,7 +61,7 @@ def _search_json(search: NormSearch) -> dict:
 
 
 @click.command(context_settings=HELP_OPTIONS)
-@click.argument("model_path", metavar="MODEL.onnx", type=click.Path(path_type=Path))
+@click.argument("model_path", metavar="MODEL.onnx", type=FilePath())
 @common_options
 def inspect(model_path: Path, as_json: bool) -> None:
     """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected."""
@@ -84,9 +85,9 @@ def inspect(model_path: Path, as_json: bool) -> None:
 
 
 @click.command(context_settings=HELP_OPTIONS)
-@click.argument("input_path", metavar="IN.onnx", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "output_path", required=True, type=click.Path(path_type=Path), help="Fused model.")
-@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the JSON fusion report here.")
+@click.argument("input_path", metavar="IN.onnx", type=FilePath())
+@click.option("-o", "--output", "output_path", required=True, type=FilePath(), help="Fused model.")
+@click.option("--report", "report_path", type=FilePath(), help="Write the JSON fusion report here.")
 @common_options
 def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json: bool) -> None:
     """Rewrite every RMSNorm and QK-norm of IN.onnx into trtfuse plugin nodes and write OUT.onnx."""
@@ -107,8 +108,8 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
 
 
 @click.command(context_settings=HELP_OPTIONS)
-@click.argument("original_path", metavar="ORIGINAL.onnx", type=click.Path(path_type=Path))
-@click.argument("fused_path", metavar="FUSED.onnx", type=click.Path(path_type=Path))
+@click.argument("original_path", metavar="ORIGINAL.onnx", type=FilePath())
+@click.argument("fused_path", metavar="FUSED.onnx", type=FilePath())
 @feed_options
 @verdict_options
 @common_options

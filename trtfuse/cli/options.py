@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import click
@@ -163,6 +165,23 @@ class DimType(click.ParamType):
         if split is None:
             self.fail(f"'{value}' is not SYMBOL=N (for example batch=2)")
         return split[0], int(split[1])
+
+
+class FilePath(click.Path):
+    """A file name as a `Path`; one that is not valid UTF-8 is refused here, since onnx's and onnxruntime's C++
+    bindings take only UTF-8 paths."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path)
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        path = super().convert(value, param, ctx)
+        try:
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+            self.fail(f"'{shown}': the file name is not valid UTF-8, which onnx and onnxruntime need; rename it")
+        return path
 
 
 def unique(kind: str) -> Callable[[click.Context, click.Parameter, Sequence[tuple]], dict]:
