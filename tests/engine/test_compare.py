@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from trtfuse.cli.engine_commands import compare_command
 from trtfuse.cli.options import EXIT_MISMATCH
 from trtfuse.engine.compare import LOWERED_RUNNER, compare
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.model.onnx_file import load_model
 from trtfuse.verify.check import check_fused
 from trtfuse.verify.tolerances import tolerance_for
@@ -200,3 +200,20 @@ def test_engine_comparison_saving_its_inputs_reads_the_engine_file_once(model_pa
     assert report.passed
     saved_steps = [feed.step for feed in load_feeds(saved, load_model(original).model)]
     assert saved_steps and saved_steps == [step.name for step in report.result.steps]
+
+
+def test_opt_shapes_the_original_cannot_take_blame_the_engines_sidecar(model_pair, tmp_path, monkeypatch):
+    from trtfuse.engine import compare as compare_module
+    from trtfuse.engine.profiles import Profile, ShapeRange
+
+    from support.engines import engine_with_sidecar
+
+    original, _, _, _ = model_pair
+    bad = Profile("p", {"input_ids": ShapeRange((1, 1, 1), (1, 2, 1), (1, 4, 1))})
+    engine = engine_with_sidecar(tmp_path, profiles=(bad,))
+    monkeypatch.setattr(compare_module, "import_tensorrt", lambda: object())
+    with pytest.raises(
+        TrtfuseError, match=r"m\.engine\.json: profile 'p' does not fit .*\(OPT shape input_ids: "
+    ) as error:
+        compare(original, engine, seed=0)
+    assert not isinstance(error.value, OptionError)

@@ -3,6 +3,7 @@ engine where TensorRT is."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from trtfuse.contract import PluginKind
 from trtfuse.engine import session as session_module
 from trtfuse.engine import tensorrt as tensorrt_module
 from trtfuse.engine.engine_file import EngineFile
-from trtfuse.engine.profiles import profile_for_feed, profile_holds
+from trtfuse.engine.profiles import Profile, ShapeRange, profile_for_feed, profile_holds
 from trtfuse.engine.run import TimingSummary, run_engine
 from trtfuse.engine.session import EngineSession
 from trtfuse.engine.sidecar import sidecar_path_for
@@ -82,6 +83,25 @@ def test_generated_feed_uses_the_first_profile_opt_shapes_and_vocabulary(tmp_pat
     assert feed["input_ids"].min() >= 0
     assert feed["input_ids"].max() < 32
     assert EngineFile.open(engine).generated_feed(seed=1, dims={"batch": 1, "sequence": 3})["input_ids"].shape == (1, 3)
+
+
+_UNFIT_PROFILES = {
+    "rank": (Profile("p", {"input_ids": ShapeRange((1, 1, 1), (1, 2, 1), (1, 4, 1))}), r"OPT shape input_ids: .*rank"),
+    "empty": (Profile("p", {"input_ids": ShapeRange((0, 1), (0, 2), (1, 4))}), r"OPT shape input_ids=0x2: dim 0"),
+    "other input": (Profile("p", {"tokens": ShapeRange((1, 1), (1, 2), (1, 4))}), r"OPT shape names no graph input"),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNFIT_PROFILES))
+def test_opt_shapes_the_fused_model_cannot_take_blame_the_sidecar(tmp_path, case):
+    profile, problem = _UNFIT_PROFILES[case]
+    engine = EngineFile.open(engine_with_sidecar(tmp_path, profiles=(profile,)))
+    with pytest.raises(
+        TrtfuseError, match=r"m\.engine\.json: profile 'p' does not fit the fused model m\.fused\.onnx"
+    ) as error:
+        engine.generated_feed(seed=0)
+    assert not isinstance(error.value, OptionError)
+    assert re.search(problem, str(error.value))
 
 
 def test_generated_feed_needs_a_sidecar(tmp_path):

@@ -57,7 +57,12 @@ def test_llama_norms_become_plugin_nodes(opset: int, dtype: int, tmp_path: Path)
 def test_report_lists_every_fused_node() -> None:
     result = fuse_model(llama_norm_model(layers=3))
     report = result.report()
-    assert report["totals"] == {contract.RMS_NORM_OP: 3, contract.QK_NORM_OP: 0, contract.ADD_RMS_NORM_OP: 0, "norms": 3}
+    assert report["totals"] == {
+        contract.RMS_NORM_OP: 3,
+        contract.QK_NORM_OP: 0,
+        contract.ADD_RMS_NORM_OP: 0,
+        "norms": 3,
+    }
     assert [entry["kind"] for entry in report["fused"]] == [contract.RMS_NORM_OP] * 3
     first = report["fused"][0]
     assert first["replaced"][0] == "layers.0.norm/Cast"
@@ -76,7 +81,12 @@ def test_model_without_norms_is_unchanged() -> None:
     assert result.fused == []
     assert _ops(result.model) == _ops(original)
     assert all(opset_id.domain != contract.ONNX_DOMAIN for opset_id in result.model.opset_import)
-    assert result.report()["totals"] == {contract.RMS_NORM_OP: 0, contract.QK_NORM_OP: 0, contract.ADD_RMS_NORM_OP: 0, "norms": 0}
+    assert result.report()["totals"] == {
+        contract.RMS_NORM_OP: 0,
+        contract.QK_NORM_OP: 0,
+        contract.ADD_RMS_NORM_OP: 0,
+        "norms": 0,
+    }
 
 
 def test_layer_norm_is_left_alone_and_explained() -> None:

@@ -89,7 +89,9 @@ def compare(
     engine = EngineFile.open(candidate_path)
     plan.read(*engine.files()).check()
     import_tensorrt()
-    feeds = step_feeds(original, seed, engine.feed_shapes(shapes, dims), dims, feeds, save_inputs)
+    feeds = engine.at_sidecar_shapes(
+        shapes, dims, lambda chosen: step_feeds(original, seed, chosen, dims, feeds, save_inputs)
+    )
     judge = judge_for(original, tolerance)
     runner, note = original_session(original)
     with _polygraphy_quiet(), EngineSession(engine) as session:

@@ -7,19 +7,22 @@ kind. An engine without a sidecar runs as a Python-plugin engine on inputs the u
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from trtfuse.contract import PluginKind
 from trtfuse.engine.profiles import Profile
 from trtfuse.engine.sidecar import Sidecar, read_sidecar, sidecar_path_for
-from trtfuse.errors import Choice, OptionError
+from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.files import check_readable
 from trtfuse.model.feeds import make_feed
 from trtfuse.model.onnx_file import load_model
+
+T = TypeVar("T")
 
 
 def check_engine_path(path: Path) -> None:
@@ -70,7 +73,7 @@ class EngineFile:
         data = load_model(fused).data_files if fused.is_file() else ()
         return (self.path, self.sidecar.path, fused, *data)
 
-    def feed_shapes(
+    def _feed_shapes(
         self, shapes: Mapping[str, Sequence[int]] | None, dims: Mapping[str, int] | None
     ) -> Mapping[str, Sequence[int]] | None:
         """The shapes to feed the engine: `shapes` as given; without shapes or dims, the first profile's OPT shapes."""
@@ -78,12 +81,32 @@ class EngineFile:
             return self.profiles[0].opt_shapes()
         return shapes
 
+    def at_sidecar_shapes(
+        self,
+        shapes: Mapping[str, Sequence[int]] | None,
+        dims: Mapping[str, int] | None,
+        make: Callable[[Mapping[str, Sequence[int]] | None], T],
+    ) -> T:
+        """`make(_feed_shapes(...))`. Shapes taken from the sidecar are the sidecar's fault, not a choice of the user's:
+        those the fused model cannot take are one line naming the sidecar and its profile."""
+        chosen = self._feed_shapes(shapes, dims)
+        if chosen is shapes:
+            return make(shapes)
+        try:
+            return make(chosen)
+        except OptionError as error:
+            raise TrtfuseError(
+                f"{sidecar_path_for(self.path)}: profile '{self.profiles[0].name}' does not fit the fused model "
+                f"{self.fused_model_path.name} ({error.spelled(lambda choice: f'OPT {choice}')}); rebuild the engine "
+                "with trtfuse compile, or give the inputs' shapes"
+            ) from None
+
     def generated_feed(
         self,
         seed: int,
         shapes: Mapping[str, Sequence[int]] | None = None,
         dims: Mapping[str, int] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Random inputs for the engine's fused model, at `feed_shapes`."""
+        """Random inputs for the engine's fused model, at `_feed_shapes`."""
         model = load_model(self.fused_model_path).model
-        return make_feed(model, seed, shapes=self.feed_shapes(shapes, dims), dims=dims)
+        return self.at_sidecar_shapes(shapes, dims, lambda chosen: make_feed(model, seed, shapes=chosen, dims=dims))
