@@ -1,5 +1,5 @@
 """TensorRT's plugin types for the plugin tests: `tensorrt`, or TensorRT-RTX's module standing in for them where
-`tensorrt` is absent (TRTFUSE_TRT_MODULE); a test module importing this skips when neither is there. Fields as the
+`tensorrt` is absent; a test module importing this skips when neither is there. Fields as the
 ONNX parser makes them, and a recorder standing in for the kernels the plugins ask trtfuse.kernels for."""
 
 from __future__ import annotations
@@ -14,11 +14,20 @@ import pytest
 from trtfuse.errors import MissingDependencyError
 from trtfuse.plugins.trt_module import RTX_MODULE, TRT_MODULE_ENV, load_trt
 
+_ASKED = TRT_MODULE_ENV in os.environ
 os.environ.setdefault(TRT_MODULE_ENV, RTX_MODULE)
 try:
     trt = load_trt()
 except MissingDependencyError as missing:
-    pytest.skip(f"no TensorRT plugin types: {missing}", allow_module_level=True)
+    # Name the variable only to a user who set it; otherwise say what to install.
+    reason = (
+        str(missing)
+        if _ASKED
+        else (
+            "neither `tensorrt` nor TensorRT-RTX's `tensorrt_rtx` imports (pip install tensorrt-rtx-cu13 gives the types)"
+        )
+    )
+    pytest.skip(f"no TensorRT plugin types: {reason}", allow_module_level=True)
 
 
 @dataclass
