@@ -23,9 +23,7 @@ except MissingDependencyError as missing:
     reason = (
         str(missing)
         if _ASKED
-        else (
-            "neither `tensorrt` nor TensorRT-RTX's `tensorrt_rtx` imports (pip install tensorrt-rtx-cu13 gives the types)"
-        )
+        else ("neither `tensorrt` nor TensorRT-RTX's `tensorrt_rtx` imports (pip install tensorrt-rtx-cu13)")
     )
     pytest.skip(f"no TensorRT plugin types: {reason}", allow_module_level=True)
 
