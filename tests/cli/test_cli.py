@@ -327,8 +327,8 @@ def test_every_command_takes_json(llama_path: Path, tmp_path: Path) -> None:
     assert compiled_json["profiles"][0]["name"] == "default"
     assert compiled_json["plugins"] is None, "no engine built, so no plugin kind"
     assert compiled_json["exit"] == 3 and "fused, but no engine built" in compiled_json["error"], "and why not"
-    for command in ("run", "compare", "bench"):
-        assert "--json" in _invoke(*command.split(), *(["kernels"] if command == "bench" else []), "-h").output
+    for command in ("run", "compare", "bench", "bench kernels"):
+        assert all(flag in _invoke(*command.split(), "-h").output for flag in ("--json", "--verbose", "--quiet"))
 
 
 def test_compare_without_polygraphy_says_how_to_install_it(llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 
@@ -423,7 +424,15 @@ def test_bench_command_without_gpu_says_so_in_one_line() -> None:
 
     result = CliRunner().invoke(cli, ["bench", "kernels", "--no-torch-compile"])
     assert result.exit_code == EXIT_MISSING_DEPENDENCY
-    assert result.output == "trtfuse: the kernel benchmark needs a CUDA GPU, and torch sees none\n"
+    no_gpu = "the kernel benchmark needs a CUDA GPU, and torch sees none"
+    assert result.output == f"trtfuse: {no_gpu}\n"
+    # The group's --json holds for the benchmark that follows.
+    grouped = CliRunner().invoke(cli, ["bench", "--json", "kernels", "--no-torch-compile"])
+    assert grouped.exit_code == EXIT_MISSING_DEPENDENCY
+    assert json.loads(grouped.stdout) == {
+        "error": "the kernel benchmark needs a CUDA GPU, and torch sees none",
+        "exit": 3,
+    }
 
 
 def test_cache_folder_changes_with_the_kernel_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -10,18 +10,25 @@ from trtfuse.cli.options import HELP_OPTIONS, FilePath, common_options, echo_jso
 from trtfuse.errors import MissingDependencyError
 from trtfuse.files import OutputPlan, write_json_atomic
 
+_GROUP_JSON = "trtfuse.bench.json"
+
 
 @click.group("bench", context_settings=HELP_OPTIONS)
-def bench() -> None:
-    """Benchmarks that need a GPU."""
+@common_options
+@click.pass_context
+def bench(ctx: click.Context, as_json: bool) -> None:
+    """Benchmarks that need a GPU (-v, -q and --json here hold for the benchmark that follows)."""
+    ctx.meta[_GROUP_JSON] = as_json
 
 
 @bench.command("kernels", context_settings=HELP_OPTIONS)
 @click.option("--report", "report_path", type=FilePath(), help="Also write the full results here.")
 @click.option("--no-torch-compile", is_flag=True, help="Skip the torch.compile baselines (saves their compile time).")
 @common_options
-def kernels(report_path: Path | None, no_torch_compile: bool, as_json: bool) -> None:
+@click.pass_context
+def kernels(ctx: click.Context, report_path: Path | None, no_torch_compile: bool, as_json: bool) -> None:
     """RMSNorm / QK-norm kernels against the copy ceiling, torch and torch.compile (docs/performance.md)."""
+    as_json = as_json or ctx.meta.get(_GROUP_JSON, False)
     OutputPlan().write("benchmark report", report_path).check()
     try:
         import torch
