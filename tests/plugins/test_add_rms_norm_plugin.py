@@ -17,7 +17,8 @@ import pytest
 
 from trtfuse import contract
 from trtfuse import kernels as kernels_module
-from trtfuse.bench import plugin_lifecycle as lifecycle
+from trtfuse.bench.lifecycle.descriptors import DTYPE_BY_NAME, dynamic_desc, parser_fields, tensor_desc
+from trtfuse.bench.lifecycle.phases import SerializedField, recreate
 from trtfuse.contract import ADD_RMS_NORM, ADD_RMS_NORM_OP, NormParams, WeightMode
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
@@ -89,7 +90,7 @@ def case(request: pytest.FixtureRequest) -> AddCase:
 
 
 def build_plugin(case: AddCase, phase: Any = None) -> AddRmsNormPlugin:
-    collection, _arrays = lifecycle.parser_fields(case.config)
+    collection, _arrays = parser_fields(case.config)
     return AddRmsNormPluginCreator().create_plugin(NODE, collection, phase or trt.TensorRTPhase.BUILD)
 
 
@@ -97,7 +98,7 @@ def profile(case: AddCase, residual: tuple[Shape, Shape] | None = None) -> tuple
     """configure_plugin's descriptors: min and max of x (and of the residual, `residual` where it differs)."""
     low, high = residual or (case.min_shape, case.max_shape)
     inputs = [
-        lifecycle.dynamic_desc(lo, hi, hi, dtype)
+        dynamic_desc(lo, hi, hi, dtype)
         for lo, hi, dtype in zip(
             case.input_shapes(case.min_shape, low),
             case.input_shapes(case.max_shape, high),
@@ -105,16 +106,16 @@ def profile(case: AddCase, residual: tuple[Shape, Shape] | None = None) -> tuple
             strict=True,
         )
     ]
-    outputs = [lifecycle.dynamic_desc(case.min_shape, case.max_shape, case.max_shape, d) for d in case.output_dtypes]
+    outputs = [dynamic_desc(case.min_shape, case.max_shape, case.max_shape, d) for d in case.output_dtypes]
     return inputs, outputs
 
 
 def run_descs(case: AddCase, x: Shape, residual: Shape | None = None) -> tuple[list[Any], list[Any]]:
     inputs = [
-        lifecycle.tensor_desc(shape, dtype)
+        tensor_desc(shape, dtype)
         for shape, dtype in zip(case.input_shapes(x, residual), case.input_dtypes, strict=True)
     ]
-    return inputs, [lifecycle.tensor_desc(x, dtype) for dtype in case.output_dtypes]
+    return inputs, [tensor_desc(x, dtype) for dtype in case.output_dtypes]
 
 
 def configured(case: AddCase) -> AddRmsNormPlugin:
@@ -127,10 +128,8 @@ def runtime_plugin(case: AddCase) -> AddRmsNormPlugin:
     """Build, serialise, re-create at runtime and attach to a context, as deserialising an engine does."""
     plugin = configured(case)
     plugin.set_tactic(DEFAULT_TACTIC)
-    stored = [
-        lifecycle.SerializedField(f.name, f.type, np.array(f.data, copy=True)) for f in plugin.get_fields_to_serialize()
-    ]
-    recreated = lifecycle.recreate(AddRmsNormPluginCreator(), stored, NODE)
+    stored = [SerializedField(f.name, f.type, np.array(f.data, copy=True)) for f in plugin.get_fields_to_serialize()]
+    recreated = recreate(AddRmsNormPluginCreator(), stored, NODE)
     return recreated.attach_to_context(None)
 
 
@@ -196,7 +195,7 @@ def test_bad_fields_are_one_line_naming_the_plugin_and_the_node(overrides: dict[
 
 
 def test_output_types_are_the_output_dtype_for_y_and_the_activations_for_h(case: AddCase) -> None:
-    types = [lifecycle.DTYPE_BY_NAME[dtype] for dtype in case.input_dtypes]
+    types = [DTYPE_BY_NAME[dtype] for dtype in case.input_dtypes]
     answered = build_plugin(case).get_output_data_types(types)
     assert [DTYPE_NAMES[data_type] for data_type in answered] == list(case.output_dtypes)
 
@@ -205,7 +204,7 @@ def test_output_types_are_the_output_dtype_for_y_and_the_activations_for_h(case:
 def test_every_pair_the_contract_allows_and_no_other(dtype: str, output_dtype: str) -> None:
     case = add_case(dtype, "float32", output_dtype=output_dtype)
     plugin = build_plugin(case)
-    types = [lifecycle.DTYPE_BY_NAME[name] for name in case.input_dtypes]
+    types = [DTYPE_BY_NAME[name] for name in case.input_dtypes]
     problem = contract.dtype_pair_problem(dtype, output_dtype)
     if problem is None:
         assert [DTYPE_NAMES[t] for t in plugin.get_output_data_types(types)] == [output_dtype, dtype]
@@ -245,14 +244,14 @@ def probe_formats(plugin: AddRmsNormPlugin, case: AddCase) -> tuple[dict[int, tu
     accepted: dict[int, tuple[str, ...]] = {}
     non_linear: list[tuple[int, str]] = []
     for pos in range(len(chosen)):
-        in_out = [lifecycle.dynamic_desc(s, s, s, dtype) for s, dtype in zip(shapes, chosen, strict=True)]
+        in_out = [dynamic_desc(s, s, s, dtype) for s, dtype in zip(shapes, chosen, strict=True)]
         names = []
         for type_name, data_type in trt.DataType.__members__.items():
             in_out[pos].desc.type = data_type
             if plugin.supports_format_combination(pos, in_out, num_inputs):
                 names.append(DTYPE_NAMES.get(data_type, type_name))
         accepted[pos] = tuple(names)
-        in_out[pos].desc.type = lifecycle.DTYPE_BY_NAME[chosen[pos]]
+        in_out[pos].desc.type = DTYPE_BY_NAME[chosen[pos]]
         for format_name in formats:
             in_out[pos].desc.format = getattr(trt.TensorFormat, format_name)
             if plugin.supports_format_combination(pos, in_out, num_inputs):
@@ -307,8 +306,8 @@ SHAPE_PROBLEMS = [
 def test_configure_refuses_shapes_that_do_not_fit(shapes: list[Shape], message: str) -> None:
     case = CASES[0]
     plugin = build_plugin(case)
-    inputs = [lifecycle.dynamic_desc(s, s, s, d) for s, d in zip([*shapes, (HIDDEN,)], case.input_dtypes, strict=True)]
-    outputs = [lifecycle.dynamic_desc(shapes[0], shapes[0], shapes[0], d) for d in case.output_dtypes]
+    inputs = [dynamic_desc(s, s, s, d) for s, d in zip([*shapes, (HIDDEN,)], case.input_dtypes, strict=True)]
+    outputs = [dynamic_desc(shapes[0], shapes[0], shapes[0], d) for d in case.output_dtypes]
     with pytest.raises(TrtfuseError, match=f"^TrtfuseAddRmsNorm '{NODE}': {message}") as raised:
         plugin.configure_plugin(inputs, outputs)
     assert "\n" not in str(raised.value)
@@ -325,7 +324,7 @@ def test_configure_checks_the_profile_s_min_and_max_alike() -> None:
 def test_configure_refuses_a_weight_of_two_rows() -> None:
     case = CASES[0]
     shapes = [case.max_shape, case.max_shape, (2, HIDDEN)]
-    inputs = [lifecycle.dynamic_desc(s, s, s, d) for s, d in zip(shapes, case.input_dtypes, strict=True)]
+    inputs = [dynamic_desc(s, s, s, d) for s, d in zip(shapes, case.input_dtypes, strict=True)]
     with pytest.raises(TrtfuseError, match=r"input 'weight' has shape \[2, 64\], expected \[64\] or \[1, ..., 1, 64\]"):
         build_plugin(case).configure_plugin(inputs, [])
 
@@ -337,13 +336,11 @@ def test_configure_refuses_a_weight_of_two_rows() -> None:
 def test_serialised_fields_recreate_the_plugin_bit_exactly(epsilon: float, kernels: list[RecordingKernel]) -> None:
     case = add_case("bfloat16", "float32", WeightMode.BEFORE_CAST, "float32", offset=1.0, epsilon=epsilon)
     plugin = configured(case)
-    stored = [
-        lifecycle.SerializedField(f.name, f.type, np.array(f.data, copy=True)) for f in plugin.get_fields_to_serialize()
-    ]
+    stored = [SerializedField(f.name, f.type, np.array(f.data, copy=True)) for f in plugin.get_fields_to_serialize()]
     assert [field.name for field in stored] == list(ADD_RMS_NORM.fields)
     by_name = {field.name: field for field in stored}
     assert by_name["epsilon"].data.view(np.uint32)[0] == np.float32(epsilon).view(np.uint32)
-    recreated = lifecycle.recreate(AddRmsNormPluginCreator(), stored, NODE)
+    recreated = recreate(AddRmsNormPluginCreator(), stored, NODE)
     assert recreated.config == plugin.config == case.config
     assert recreated.phase == trt.TensorRTPhase.RUNTIME
     again = [(f.name, f.type, np.array(f.data).tobytes()) for f in recreated.get_fields_to_serialize()]
