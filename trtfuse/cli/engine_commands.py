@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 
 from trtfuse import contract
-from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
+from trtfuse.cli.check_report import echo_result, feeds_for, generation_options, tolerance_from, verdict_options
 from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
@@ -35,6 +35,8 @@ from trtfuse.files import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
     from trtfuse.engine.profiles import DimRange, ShapeRange
+    from trtfuse.generate.agreement import GenerationVerdict
+    from trtfuse.model.onnx_file import LoadedModel
     from trtfuse.pipeline import FusedFile
 
 PLUGIN_KINDS = tuple(kind.value for kind in PluginKind)
@@ -228,6 +230,7 @@ def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> No
 @click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=click.Path(path_type=Path))
 @feed_options
 @verdict_options
+@generation_options
 @click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the comparison as JSON.")
 @common_options
 def compare_command(
@@ -240,11 +243,14 @@ def compare_command(
     atol: float | None,
     save_inputs: Path | None,
     load_inputs: Path | None,
+    generate_steps: int | None,
+    prompt_ids: tuple[int, ...] | None,
     report_path: Path | None,
     as_json: bool,
 ) -> None:
     """Judge the engine MODEL.engine (or FUSED.onnx, run exactly as `trtfuse check` runs it) against onnxruntime on
-    ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails."""
+    ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails. With --generate N, also generate N
+    tokens greedily on both from one prompt, as `check --generate` does."""
     try:
         import polygraphy  # noqa: F401
     except ImportError:
@@ -270,11 +276,30 @@ def compare_command(
             save_inputs=save_inputs,
             loaded_original=original,
         )
+        generation = (
+            None if generate_steps is None else _generation(original, candidate_path, generate_steps, prompt_ids, seed)
+        )
     except MissingDependencyError as error:
         _no_tensorrt(error, f"cannot compare against {candidate_path}")
+    report_json = report.to_json()
+    if generation is not None:
+        report_json.update(passed=report.passed and generation.passed, generation=generation.to_json())
     if report_path is not None:
         with Transaction():
-            write_json_atomic(report_path, report.to_json())
+            write_json_atomic(report_path, report_json)
     if not as_json:
         click.echo(printable(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}"))
-    echo_result(report.result, as_json, extra_json=report.to_json())
+    echo_result(report.result, as_json, extra_json=report.to_json(), generation=generation)
+
+
+def _generation(
+    original: LoadedModel, candidate_path: Path, steps: int, prompt_ids: tuple[int, ...] | None, seed: int
+) -> GenerationVerdict:
+    """`compare --generate`: against the engine in TensorRT, or the fused model lowered on the CPU as `check`."""
+    from trtfuse.engine.compare import is_engine
+    from trtfuse.generate.agreement import check_generation, compare_generation
+    from trtfuse.model.onnx_file import load_model
+
+    if is_engine(candidate_path):
+        return compare_generation(original, candidate_path, steps, prompt_ids, seed)
+    return check_generation(original, load_model(candidate_path), steps, prompt_ids, seed)

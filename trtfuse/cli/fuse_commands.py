@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from trtfuse import contract
-from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
+from trtfuse.cli.check_report import echo_result, feeds_for, generation_options, tolerance_from, verdict_options
 from trtfuse.cli.options import HELP_OPTIONS, common_options, echo_json, feed_options, info, printable, summary
 from trtfuse.files import OutputPlan
 
@@ -100,6 +100,7 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
 @click.argument("fused_path", metavar="FUSED.onnx", type=click.Path(path_type=Path))
 @feed_options
 @verdict_options
+@generation_options
 @common_options
 def check(
     original_path: Path,
@@ -111,12 +112,15 @@ def check(
     atol: float | None,
     save_inputs: Path | None,
     load_inputs: Path | None,
+    generate_steps: int | None,
+    prompt_ids: tuple[int, ...] | None,
     as_json: bool,
 ) -> None:
     """Run ORIGINAL.onnx twice and FUSED.onnx (plugin nodes lowered to standard ops) in onnxruntime on the same
     inputs, at a prefill and a decode step on KV-cache models; exit 1 if an output fails. Float32 graphs pass within
     the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
-    the original is no worse than the original's own (docs/cli.md)."""
+    the original is no worse than the original's own (docs/cli.md). With --generate N, also generate N tokens
+    greedily on both from one prompt; they must be the same, but for a divergence at a near tie."""
     from trtfuse.model.onnx_file import load_model
     from trtfuse.verify.check import check_fused
 
@@ -137,4 +141,9 @@ def check(
         inputs_file=load_inputs,
         save_inputs=save_inputs,
     )
-    echo_result(result, as_json)
+    generation = None
+    if generate_steps is not None:
+        from trtfuse.generate.agreement import check_generation
+
+        generation = check_generation(original, fused, generate_steps, prompt_ids, seed)
+    echo_result(result, as_json, generation=generation)
