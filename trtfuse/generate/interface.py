@@ -280,18 +280,12 @@ def _cast_notes(model: onnx.ModelProto, caches: Sequence[CachePair], dtypes: Map
 
 
 def _logits_output(model: onnx.ModelProto) -> str | None:
-    """The output named logits; else the one float output of rank 2 or 3 that is not a cache."""
-    outputs = list(model.graph.output)
-    if any(output.name == LOGITS for output in outputs):
+    """The output named logits, else the one output whose name holds it (`lm_logits`); a model's other float
+    outputs (hidden states, presents) are not guessed at."""
+    names = [output.name for output in model.graph.output]
+    if LOGITS in names:
         return LOGITS
-    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-    candidates = [
-        output.name
-        for output in outputs
-        if output.type.tensor_type.elem_type in floats
-        and len(output.type.tensor_type.shape.dim) in (2, 3)
-        and not _CACHE_PREFIX.match(output.name)
-    ]
+    candidates = [name for name in names if LOGITS in name.lower()]
     return candidates[0] if len(candidates) == 1 else None
 
 

@@ -172,10 +172,11 @@ def check_engine_holds(
             f"{profile.name}: " + ", ".join(f"{name} {shape}" for name, shape in profile.shapes.items())
             for profile in profiles
         )
+        fed = f"{tokens} token{'s' if tokens != 1 else ''} after {past}"
         raise OptionError(
             "prompt-ids",
-            f"{engine.path}: step {index + 1} ({tokens} tokens after {past}) fits none of the engine's optimisation "
-            f"profiles ({ranges}); build the engine with token and past ranges that hold a prompt of "
+            f"{engine.path}: step {index + 1} ({fed}) fits none of the engine's optimisation profiles ({ranges}); "
+            "build the engine with token and past ranges that hold a prompt of "
             f"{prompt_length} ids and {steps} steps, or shorten ",
             Choice("prompt-ids"),
             " or ask for fewer steps",
