@@ -332,3 +332,34 @@ def test_fixtures_without_cache_have_token_profiles_and_refuse_past(name):
     assert profile.shapes == {"input_ids": ShapeRange((1, 1), (B, 256), (B, 4096))}
     with pytest.raises(OptionError, match=r"past: the model has no KV cache"):
         derive_profiles(model, _request(past="0:1:2"))
+
+
+def test_a_decode_profile_of_a_model_without_cache_is_one_warning_and_still_derived():
+    from trtfuse.engine.profiles import profile_warnings
+
+    logits_only = onnx.load(TOOL_FIXTURES / "olmo2-dynamo23-bf16.onnx")
+    request = _request(presets=["decode", "prefill"])
+    (warning,) = profile_warnings(logits_only, request)
+    assert warning.startswith("profile 'decode': the model has no KV cache (no past_key_values inputs)")
+    assert "models/export.py --cache" in warning and "text-generation-with-past" in warning
+    assert "\n" not in warning
+    assert [p.name for p in derive_profiles(logits_only, request)] == ["decode", "prefill"]
+    assert profile_warnings(onnx.load(TOOL_FIXTURES / "qwen3-optimum-fp16.onnx"), request) == []
+    assert profile_warnings(logits_only, _request(presets=["prefill"])) == []
+
+
+def test_compile_warns_of_a_decode_profile_without_cache_and_goes_on(tmp_path):
+    from support.cli import run_cli
+
+    result = run_cli(
+        "compile", TOOL_FIXTURES / "olmo2-dynamo23-bf16.onnx", "-o", tmp_path / "m.engine", "--profile", "decode"
+    )
+    # Fused and written, then no TensorRT here: exit 3, after the warning.
+    assert result.exit_code == 3, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("trtfuse: warning:")]
+    assert len(warnings) == 1 and "profile 'decode': the model has no KV cache" in warnings[0]
+    assert (tmp_path / "m.fused.onnx").exists()
+    quiet = run_cli(
+        "compile", TOOL_FIXTURES / "olmo2-dynamo23-bf16.onnx", "-o", tmp_path / "q.engine", "--profile", "decode", "-q"
+    )
+    assert quiet.exit_code == 3 and "warning" not in quiet.stderr

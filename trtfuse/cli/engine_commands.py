@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, generation_options, tolerance_from, verdict_options
 from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
+    VERBOSITY,
     RangeType,
     ShapeRangeType,
     SizeType,
@@ -121,6 +121,7 @@ def compile_command(
         plugins=None if plugins is None else PluginKind(plugins),
         notify=info,
         on_fused=lambda fused: summary(_fused_line(fused), as_json),
+        warn=_warning,
     )
     if as_json:
         echo_json(compiled.to_json())
@@ -133,10 +134,14 @@ def compile_command(
     )
 
 
+def _warning(message: str) -> None:
+    """A warning line on stderr, unless -q."""
+    if VERBOSITY.level >= 0:
+        click.secho(printable(f"trtfuse: warning: {message}"), fg="yellow", err=True)
+
+
 def _fused_line(fused: FusedFile) -> str:
-    totals = fused.report["totals"]
-    used = ", ".join(f"{totals[op]} {op}" for op in contract.FUSED_OPS if totals[op])
-    return f"{fused.input_path}: {used or 'no plugin nodes'} -> {fused.output_path} (report {fused.report_path})"
+    return f"{fused.input_path}: {fused.counts.line()} -> {fused.output_path} (report {fused.report_path})"
 
 
 @click.command("run", context_settings=HELP_OPTIONS)

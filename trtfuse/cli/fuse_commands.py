@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from trtfuse import contract
 from trtfuse.cli.check_report import echo_result, feeds_for, generation_options, tolerance_from, verdict_options
 from trtfuse.cli.options import HELP_OPTIONS, common_options, echo_json, feed_options, info, printable, summary
 from trtfuse.files import OutputPlan
@@ -54,18 +53,18 @@ def _search_json(search: NormSearch) -> dict:
 @click.argument("model_path", metavar="MODEL.onnx", type=click.Path(path_type=Path))
 @common_options
 def inspect(model_path: Path, as_json: bool) -> None:
-    """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected."""
-    from trtfuse.fusion.fuse import search_model
+    """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected. The first line counts the
+    plugin nodes the fused model would hold, as `fuse` and `compile` say."""
+    from trtfuse.fusion.fuse import fuse_model
     from trtfuse.model.onnx_file import load_model
 
-    search = search_model(load_model(model_path).model)
+    # The whole fusion, so that the counts are those of the model `fuse` writes (plugin nodes the input held count).
+    result = fuse_model(load_model(model_path).model)
+    search = result.search
     if as_json:
-        echo_json(_search_json(search))
+        echo_json({**_search_json(search), **result.counts().to_json()})
         return
-    lines = [
-        f"{model_path}: {len(search.matches)} RMSNorm, {len(search.qk_norm_pairs)} QK-norm pairs, "
-        f"{len(search.near_misses)} rejected"
-    ]
+    lines = [f"{model_path}: {result.counts().line(reasons=0)}"]
     lines += [f"  rms_norm  {_match_line(match)}" for match in search.matches]
     for pair in search.qk_norm_pairs:
         lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
@@ -83,16 +82,10 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
     """Rewrite every RMSNorm and QK-norm of IN.onnx into trtfuse plugin nodes and write OUT.onnx."""
     from trtfuse.pipeline import fuse_file
 
-    report = fuse_file(input_path, output_path, report_path, notify=info).report
-    totals = report["totals"]
+    fused = fuse_file(input_path, output_path, report_path, notify=info)
     if as_json:
-        echo_json({"input": str(input_path), "output": str(output_path), **report})
-    rejected = len(report["near_misses"])
-    summary(
-        f"{input_path}: {totals[contract.RMS_NORM_OP]} {contract.RMS_NORM_OP} and {totals[contract.QK_NORM_OP]} "
-        f"{contract.QK_NORM_OP} nodes ({totals['norms']} norms), {rejected} rejected -> {output_path}",
-        as_json,
-    )
+        echo_json({"input": str(input_path), "output": str(output_path), **fused.report})
+    summary(f"{input_path}: {fused.counts.line()} -> {output_path}", as_json)
 
 
 @click.command(context_settings=HELP_OPTIONS)

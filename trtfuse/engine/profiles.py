@@ -143,6 +143,26 @@ def request_from_options(
     )
 
 
+NO_CACHE_DECODE = (
+    "profile {name!r}: the model has no KV cache (no past_key_values inputs), so a 1-token profile is no decode step: "
+    "without a cache each new token needs the whole sequence run again, which this profile cannot hold; export the "
+    "model with a cache for decoding (models/export.py --cache, or optimum-cli export onnx --task "
+    "text-generation-with-past); the engine is built as asked"
+)
+
+
+def profile_warnings(model: onnx.ModelProto, request: ProfileRequest) -> list[str]:
+    """One line per requested profile that cannot do what its name says: a decode profile on a model without a KV
+    cache. The build still goes on; the caller shows the lines."""
+    if model_dims(model).has_kv_cache:
+        return []
+    return [
+        NO_CACHE_DECODE.format(name=ranges.name)
+        for ranges in request.profiles
+        if ranges.name == "decode" or ranges.tokens == DimRange(1, 1, 1)
+    ]
+
+
 def _check_override(value: onnx.ValueInfoProto, shape_range: ShapeRange) -> None:
     dims = value.type.tensor_type.shape.dim
     if len(dims) != len(shape_range.min):
