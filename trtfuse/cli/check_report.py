@@ -110,10 +110,11 @@ def generation_lines(verdict: GenerationVerdict) -> list[str]:
     original, candidate = verdict.original, verdict.candidate
     prompt = " ".join(map(str, original.prompt))
     mode = "KV cache" if original.cache else "recompute"
+    width = max(len(verdict.original_runner), len(verdict.candidate_runner))
     lines = [
         f"generation ({len(original.steps)} steps, {mode}, logits in {verdict.dtype}) from prompt {prompt}:",
-        f"  {verdict.original_runner:<26} {' '.join(map(str, original.tokens))}",
-        f"  {verdict.candidate_runner:<26} {' '.join(map(str, candidate.tokens))}",
+        f"  {verdict.original_runner:<{width}}  {' '.join(map(str, original.tokens))}",
+        f"  {verdict.candidate_runner:<{width}}  {' '.join(map(str, candidate.tokens))}",
         f"  {verdict.verdict_line()}",
     ]
     lines += [f"  note: {note}" for note in verdict.notes]
@@ -180,7 +181,7 @@ def echo_result(
     judged = sum(len(step.judged) for step in result.steps)
     left_out = sum(len(step.outputs) for step in result.steps) - judged
     unjudged = f", {left_out} left out (they differ between runs of the original)" if left_out else ""
-    generated = f"; {len(generation.original.steps)} generated tokens agree" if generation is not None else ""
+    generated = f"; {generation.agreement()}" if generation is not None else ""
     summary(f"all {judged} outputs pass ({_judged_by_text(result)}){unjudged}{generated}", as_json)
 
 

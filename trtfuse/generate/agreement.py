@@ -28,6 +28,7 @@ from trtfuse.generate.runners import (
     check_engine_holds,
     engine_step,
     run_notes,
+    runner_name,
 )
 from trtfuse.model.interface import elem_type_name
 from trtfuse.model.onnx_file import LoadedModel
@@ -112,6 +113,12 @@ class GenerationVerdict:
             "notes": list(self.notes),
         }
 
+    def agreement(self) -> str:
+        """How the tokens agree, for a summary line: all of them, or up to a near tie."""
+        if self.divergence is None:
+            return f"the {len(self.original.steps)} generated tokens agree"
+        return f"the generated tokens agree up to a near tie at step {self.divergence.step}"
+
     def verdict_line(self) -> str:
         steps = len(self.original.steps)
         if self.non_finite_steps:
@@ -195,7 +202,8 @@ def check_generation(
     expected = greedy_generate(runner.run, interface, chosen, steps, use_cache=use_cache)
     actual = greedy_generate(lowered.run, interface, chosen, steps, use_cache=use_cache)
     notes = [note, *notes] if note else notes
-    return judge_generations(expected, actual, logits_dtype(original, interface), notes=notes)
+    runners = (runner_name(runner, lowered=False), runner_name(lowered, lowered=True))
+    return judge_generations(expected, actual, logits_dtype(original, interface), runners, notes)
 
 
 def compare_generation(
@@ -213,4 +221,4 @@ def compare_generation(
         actual = greedy_generate(run, interface, chosen, steps, use_cache=use_cache)
     notes = [note, *notes] if note else notes
     dtype = logits_dtype(original, interface)
-    return judge_generations(expected, actual, dtype, runners=(ORIGINAL_RUNNER, ENGINE_RUNNER), notes=notes)
+    return judge_generations(expected, actual, dtype, (runner_name(runner, lowered=False), ENGINE_RUNNER), notes)

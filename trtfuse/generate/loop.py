@@ -88,16 +88,21 @@ def greedy_generate(
     steps: int,
     *,
     use_cache: bool = True,
+    warm_up: bool = False,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Generation:
     """`steps` greedy tokens after `prompt`, each step timed around `run`; the request is checked first (one line
-    for an empty prompt, an id outside the vocabulary, too many positions, a model it cannot drive)."""
+    for an empty prompt, an id outside the vocabulary, too many positions, a model it cannot drive). `warm_up` runs
+    the first step once untimed before: a runtime's first run allocates and initialises, which is no latency of the
+    model's."""
     prompt = [int(token) for token in prompt]
     interface.check_drivable(use_cache)
     interface.check_prompt(prompt, steps)
     records = []
     sequence = list(prompt)
     cache: dict[str, np.ndarray] | None = None
+    if warm_up:
+        run(interface.feed(prompt, 0))
     for index in range(steps):
         if use_cache:
             fed = prompt if index == 0 else sequence[-1:]

@@ -28,7 +28,9 @@ from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.onnxrt import CpuSession, lowered_session, original_session
 
 ORIGINAL_RUNNER = "onnxruntime"
-LOWERED_RUNNER = "onnxruntime-fused-lowered"
+EVALUATOR_RUNNER = "onnx-reference-evaluator"
+LOWERED_SUFFIX = "-fused-lowered"
+LOWERED_RUNNER = ORIGINAL_RUNNER + LOWERED_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -49,24 +51,27 @@ def is_fused(model: LoadedModel) -> bool:
     return any(plugin_node_counts(model.model).values())
 
 
-def cpu_session(model: LoadedModel, evaluator: bool | None = None) -> tuple[CpuSession, str, str]:
+def runner_name(session: CpuSession, lowered: bool) -> str:
+    """What runs a model on the CPU, as reports name it: onnxruntime, or onnx's reference evaluator."""
+    base = EVALUATOR_RUNNER if session.evaluator else ORIGINAL_RUNNER
+    return f"{base}{LOWERED_SUFFIX}" if lowered else base
+
+
+def cpu_session(model: LoadedModel) -> tuple[CpuSession, str, str]:
     """The model on the CPU as `check` runs it, its runner's name, and a note where onnx's reference evaluator runs
-    it. `evaluator` None: onnxruntime where it loads the model; True/False: as the caller's other model runs."""
+    it because onnxruntime cannot load it."""
     if not is_fused(model):
-        if evaluator is None:
-            session, note = original_session(model)
-            return session, ORIGINAL_RUNNER, note
-        return CpuSession(model, evaluator=evaluator).load(), ORIGINAL_RUNNER, ""
-    lowered = lowered_session(model, evaluator=bool(evaluator))
-    if evaluator is not None:
-        return lowered.load(), LOWERED_RUNNER, ""
+        session, note = original_session(model)
+        return session, runner_name(session, lowered=False), note
+    lowered, note = lowered_session(model, evaluator=False), ""
     try:
-        return lowered.load(), LOWERED_RUNNER, ""
+        lowered.load()
     except TrtfuseError as error:
         if lowered.evaluator:
             raise
         note = f"{error}; it runs in onnx's reference evaluator instead"
-        return CpuSession(lowered.model, evaluator=True).load(), LOWERED_RUNNER, note
+        lowered = CpuSession(lowered.model, evaluator=True).load()
+    return lowered, runner_name(lowered, lowered=True), note
 
 
 def is_engine(path: Path) -> bool:
@@ -95,7 +100,9 @@ def generate_file(
     interface.check_drivable(use_cache)
     interface.check_prompt(chosen, steps)
     session, runner, note = cpu_session(loaded)
-    generation = repeated(lambda: greedy_generate(session.run, interface, chosen, steps, use_cache=use_cache), runs)
+    generation = repeated(
+        lambda: greedy_generate(session.run, interface, chosen, steps, use_cache=use_cache, warm_up=True), runs
+    )
     notes = filter(None, [note, *run_notes(interface, use_cache)])
     return GenerationRun(model_path, runner, generation, tuple(notes))
 
@@ -124,7 +131,9 @@ def _generate_engine(
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     import_tensorrt()
     with engine_step(engine) as run:
-        generation = repeated(lambda: greedy_generate(run, interface, chosen, steps, use_cache=use_cache), runs)
+        generation = repeated(
+            lambda: greedy_generate(run, interface, chosen, steps, use_cache=use_cache, warm_up=True), runs
+        )
     return GenerationRun(engine_path, ENGINE_RUNNER, generation, tuple(run_notes(interface, use_cache)))
 
 
