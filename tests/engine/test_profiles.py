@@ -363,3 +363,18 @@ def test_compile_warns_of_a_decode_profile_without_cache_and_goes_on(tmp_path):
         "compile", TOOL_FIXTURES / "olmo2-dynamo23-bf16.onnx", "-o", tmp_path / "q.engine", "--profile", "decode", "-q"
     )
     assert quiet.exit_code == 3 and "warning" not in quiet.stderr
+
+
+def test_a_given_range_is_kept_and_the_default_one_beside_it_cut_to_the_positions():
+    model = onnx.load(TOOL_FIXTURES / "qwen3-genai-cpu-int4.onnx")
+    cache = _caches(model)[0]
+    # --past given: the prefill preset's default 4096 tokens are cut to the 128 positions, the decode past kept.
+    prefill, decode = derive_profiles(model, _request(presets=["prefill", "decode"], past="0:64:120"))
+    assert prefill.shapes["input_ids"] == ShapeRange((1, 1), (B, 128), (B, 128))
+    assert decode.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 64, 64), (B, 1, 120, 64))
+    # --tokens given: its past (the default 0:256:4096) is cut to what the tokens leave.
+    (tokens,) = derive_profiles(model, _request(tokens=["1:16:100"]))
+    assert tokens.shapes["input_ids"] == ShapeRange((1, 1), (B, 16), (B, 100))
+    assert tokens.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 28, 64), (B, 1, 28, 64))
+    with pytest.raises(OptionError, match=r"profile 'tokens 1:16:100': 64 past \+ 100 new tokens at MAX exceed"):
+        derive_profiles(model, _request(tokens=["1:16:100"], past="0:8:64"))
