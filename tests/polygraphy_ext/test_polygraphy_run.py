@@ -403,3 +403,13 @@ def test_an_engine_session_without_tensorrt_says_what_is_missing(tmp_path):
     engine.write_bytes(b"engine")
     with pytest.raises(MissingDependencyError, match="`tensorrt` is not installed"):
         EngineSession(EngineFile.open(engine)).__enter__()
+
+
+def test_trtfuse_profiles_warn_of_a_decode_profile_without_a_cache(capsys):
+    from polygraphy.logger import G_LOGGER
+
+    model = onnx.load(str(FIXTURES / "llama-torchscript-fp16.onnx"))
+    with G_LOGGER.verbosity(G_LOGGER.WARNING):
+        profiles = engine_profiles_for(model, ["decode"], [])
+    assert [profile.name for profile in profiles] == ["decode"]
+    assert "trtfuse: profile 'decode': the model has no KV cache" in capsys.readouterr().out
