@@ -26,8 +26,8 @@ HARNESS_PACKAGES = ("trtfuse.bench", "trtfuse.cli")
 FORBIDDEN_AT_TOP = "torch"
 # The pipeline in import order, one entry per folder (or top-level module) of trtfuse/: a module may import from its
 # own stage and earlier ones. The kernels and plugins stand beside the ONNX stages (they import none of them); the
-# engine stage builds, holds and runs engines; the pipeline, the Polygraphy extension, the harnesses and the CLI are
-# the faces over all of it.
+# engine stage builds, holds and runs engines; generation drives a model or an engine token by token; the pipeline,
+# the Polygraphy extension, the harnesses and the CLI are the faces over all of it.
 STAGES: tuple[str, ...] = (
     "errors",
     "files",
@@ -38,6 +38,7 @@ STAGES: tuple[str, ...] = (
     "kernels",
     "plugins",
     "engine",
+    "generate",
     "pipeline",
     "polygraphy_ext",
     "bench",

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from trtfuse.engine.build import BuildResult
     from trtfuse.engine.build_options import BuildOptions
     from trtfuse.engine.profiles import Profile, ProfileRequest
-    from trtfuse.fusion.fuse import FuseResult
+    from trtfuse.fusion.fuse import FuseResult, FusionCounts
     from trtfuse.model.onnx_file import LoadedModel
 
 Notify = Callable[[str], None]
@@ -36,13 +36,15 @@ def _silent(_message: str) -> None:
 @dataclass(frozen=True)
 class FusedFile:
     """A fused model written to disk (`model` is what was written, handed on to the build), with its fusion report
-    and how long each phase took (`seconds`: load, fuse, write)."""
+    and its counts (`counts.line()`: the summary every command prints) and how long each phase took (`seconds`: load,
+    fuse, write)."""
 
     input_path: Path
     output_path: Path
     report_path: Path | None
     report: dict
     model: onnx.ModelProto
+    counts: FusionCounts
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -122,7 +124,7 @@ def write_fused(
     if report_path is not None:
         write_json_atomic(report_path, report)
     timed = {**(seconds or {}), "write": time.perf_counter() - started}
-    return FusedFile(input_path, output_path, report_path, report, result.model, timed)
+    return FusedFile(input_path, output_path, report_path, report, result.model, result.counts(), timed)
 
 
 def build_fused(fused: FusedFile, engine_path: Path, options: BuildOptions, notify: Notify) -> BuildResult:
@@ -162,13 +164,15 @@ def compile_model(
     plugins: PluginKind | None = None,
     notify: Notify = _silent,
     on_fused: Callable[[FusedFile], None] = lambda _fused: None,
+    warn: Notify = _silent,
 ) -> CompiledModel:
     """Fuse the model, write the fused model and its report beside the engine (`compile_outputs`), derive the
     profiles from `request` and build the TensorRT engine with the `plugins` kind (None: the installed TensorRT's
-    default, `build_options.plugin_kind_for`). `on_fused` hears of the fused model before the build starts. Without
+    default, `build_options.plugin_kind_for`). `on_fused` hears of the fused model before the build starts, `warn` of
+    each profile that cannot do what its name says (`profiles.profile_warnings`; the build goes on). Without
     TensorRT or a GPU, what was fused stays written and `missing` says why no engine was built."""
     from trtfuse.engine.build_options import BuildOptions, check_plugin_kind
-    from trtfuse.engine.profiles import derive_profiles
+    from trtfuse.engine.profiles import derive_profiles, profile_warnings
     from trtfuse.engine.sidecar import sidecar_path_for
 
     fused_path, report_path = compile_outputs(engine_path)
@@ -191,6 +195,8 @@ def compile_model(
             allow_tf32=allow_tf32,
             plugins=plugins,
         )
+        for warning in profile_warnings(result.model, request):
+            warn(warning)
         fused = write_fused(result, loaded, (model_path, fused_path, report_path), notify, seconds)
         on_fused(fused)
         try:

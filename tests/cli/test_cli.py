@@ -39,7 +39,7 @@ def test_inspect_lists_matches(llama_path: Path) -> None:
     result = _invoke("inspect", llama_path)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0] == f"{llama_path}: 2 RMSNorm, 0 QK-norm pairs, 0 rejected"
+    assert lines[0] == f"{llama_path}: 2 TrtfuseRmsNorm and 0 TrtfuseQkNorm nodes (2 norms), 0 rejected"
     assert len(lines) == 3
     assert lines[1].startswith("  rms_norm  ")
     assert "eps=1e-06 hidden=64 float16 weight=AFTER_CAST offset=0 tags=" in lines[1]
@@ -48,7 +48,7 @@ def test_inspect_lists_matches(llama_path: Path) -> None:
 def test_inspect_explains_rejections(write_model) -> None:
     result = _invoke("inspect", write_model(layer_norm_model()))
     assert result.exit_code == 0, result.output
-    assert "0 RMSNorm" in result.output
+    assert "0 TrtfuseRmsNorm and 0 TrtfuseQkNorm nodes (0 norms), 2 rejected" in result.output.splitlines()[0]
     assert "  rejected  ln/mean: LayerNorm" in result.output
 
 
@@ -362,7 +362,7 @@ def test_an_internal_error_is_one_line(llama_path: Path, monkeypatch: pytest.Mon
     def crash(_model: object) -> None:
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr("trtfuse.fusion.fuse.search_model", crash)
+    monkeypatch.setattr("trtfuse.fusion.fuse.fuse_model", crash)
     result = _invoke("inspect", llama_path)
     assert result.exit_code == 4
     assert result.stderr.splitlines() == [

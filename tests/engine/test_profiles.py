@@ -332,3 +332,49 @@ def test_fixtures_without_cache_have_token_profiles_and_refuse_past(name):
     assert profile.shapes == {"input_ids": ShapeRange((1, 1), (B, 256), (B, 4096))}
     with pytest.raises(OptionError, match=r"past: the model has no KV cache"):
         derive_profiles(model, _request(past="0:1:2"))
+
+
+def test_a_decode_profile_of_a_model_without_cache_is_one_warning_and_still_derived():
+    from trtfuse.engine.profiles import profile_warnings
+
+    logits_only = onnx.load(TOOL_FIXTURES / "olmo2-dynamo23-bf16.onnx")
+    request = _request(presets=["decode", "prefill"])
+    (warning,) = profile_warnings(logits_only, request)
+    assert warning.startswith("profile 'decode': the model has no KV cache (no past_key_values inputs)")
+    assert "models/export.py --cache" in warning and "text-generation-with-past" in warning
+    assert "\n" not in warning
+    assert [p.name for p in derive_profiles(logits_only, request)] == ["decode", "prefill"]
+    assert profile_warnings(onnx.load(TOOL_FIXTURES / "qwen3-optimum-fp16.onnx"), request) == []
+    assert profile_warnings(logits_only, _request(presets=["prefill"])) == []
+
+
+def test_compile_warns_of_a_decode_profile_without_cache_and_goes_on(tmp_path):
+    from support.cli import run_cli
+
+    result = run_cli(
+        "compile", TOOL_FIXTURES / "olmo2-dynamo23-bf16.onnx", "-o", tmp_path / "m.engine", "--profile", "decode"
+    )
+    # Fused and written, then no TensorRT here: exit 3, after the warning.
+    assert result.exit_code == 3, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("trtfuse: warning:")]
+    assert len(warnings) == 1 and "profile 'decode': the model has no KV cache" in warnings[0]
+    assert (tmp_path / "m.fused.onnx").exists()
+    quiet = run_cli(
+        "compile", TOOL_FIXTURES / "olmo2-dynamo23-bf16.onnx", "-o", tmp_path / "q.engine", "--profile", "decode", "-q"
+    )
+    assert quiet.exit_code == 3 and "warning" not in quiet.stderr
+
+
+def test_a_given_range_is_kept_and_the_default_one_beside_it_cut_to_the_positions():
+    model = onnx.load(TOOL_FIXTURES / "qwen3-genai-cpu-int4.onnx")
+    cache = _caches(model)[0]
+    # --past given: the prefill preset's default 4096 tokens are cut to the 128 positions, the decode past kept.
+    prefill, decode = derive_profiles(model, _request(presets=["prefill", "decode"], past="0:64:120"))
+    assert prefill.shapes["input_ids"] == ShapeRange((1, 1), (B, 128), (B, 128))
+    assert decode.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 64, 64), (B, 1, 120, 64))
+    # --tokens given: its past (the default 0:256:4096) is cut to what the tokens leave.
+    (tokens,) = derive_profiles(model, _request(tokens=["1:16:100"]))
+    assert tokens.shapes["input_ids"] == ShapeRange((1, 1), (B, 16), (B, 100))
+    assert tokens.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 28, 64), (B, 1, 28, 64))
+    with pytest.raises(OptionError, match=r"profile 'tokens 1:16:100': 64 past \+ 100 new tokens at MAX exceed"):
+        derive_profiles(model, _request(tokens=["1:16:100"], past="0:8:64"))

@@ -51,10 +51,14 @@ ALL_MATCHED = "PASSED | simple | All outputs matched"
 FP16_TOLERANCE = ("--atol", "2e-3", "--rtol", "2e-3")
 # (fixture, the fused counts the runner's log line must show, tolerance options)
 FIXTURE_CASES = [
-    ("qwen3-dynamo-fp32.onnx", "5 TrtfuseRmsNorm, 2 TrtfuseQkNorm", ()),
-    ("deepseek_v3-dynamo-fp32.onnx", "5 TrtfuseRmsNorm, 2 TrtfuseQkNorm", ()),
-    ("llama-torchscript-fp16.onnx", "5 TrtfuseRmsNorm, 0 TrtfuseQkNorm", FP16_TOLERANCE),
-    ("gemma3-torchscript-fp16.onnx", "9 TrtfuseRmsNorm, 2 TrtfuseQkNorm", FP16_TOLERANCE),
+    ("qwen3-dynamo-fp32.onnx", "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected", ()),
+    ("deepseek_v3-dynamo-fp32.onnx", "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 3 rejected", ()),
+    ("llama-torchscript-fp16.onnx", "5 TrtfuseRmsNorm and 0 TrtfuseQkNorm nodes (5 norms), 0 rejected", FP16_TOLERANCE),
+    (
+        "gemma3-torchscript-fp16.onnx",
+        "9 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (13 norms), 0 rejected",
+        FP16_TOLERANCE,
+    ),
 ]
 
 
@@ -93,7 +97,7 @@ def test_fused_model_matches_the_original(fixture, fused, tolerance):
     )
     output = output_of(result)
     assert result.returncode == 0, output
-    assert f": {fused} (" in output
+    assert f": {fused}" in output
     assert re.search(r"Accuracy Comparison \| onnxrt-runner-\S+ vs\. trtfuse-onnxrt-runner-", output), output
     assert ALL_MATCHED in output
 
@@ -120,7 +124,7 @@ def test_kv_cache_model_matches_with_polygraphy_shapes_and_data_loader():
     )
     output = output_of(result)
     assert result.returncode == 0, output
-    assert ": 5 TrtfuseRmsNorm, 2 TrtfuseQkNorm (" in output
+    assert ": 5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected" in output
     for name in ("logits", "present.0.key", "present.1.value"):
         assert f"PASSED | Output: '{name}'" in output
     assert ALL_MATCHED in output
@@ -399,3 +403,13 @@ def test_an_engine_session_without_tensorrt_says_what_is_missing(tmp_path):
     engine.write_bytes(b"engine")
     with pytest.raises(MissingDependencyError, match="`tensorrt` is not installed"):
         EngineSession(EngineFile.open(engine)).__enter__()
+
+
+def test_trtfuse_profiles_warn_of_a_decode_profile_without_a_cache(capsys):
+    from polygraphy.logger import G_LOGGER
+
+    model = onnx.load(str(FIXTURES / "llama-torchscript-fp16.onnx"))
+    with G_LOGGER.verbosity(G_LOGGER.WARNING):
+        profiles = engine_profiles_for(model, ["decode"], [])
+    assert [profile.name for profile in profiles] == ["decode"]
+    assert "trtfuse: profile 'decode': the model has no KV cache" in capsys.readouterr().out

@@ -1,8 +1,10 @@
-"""What `trtfuse check` and `trtfuse compare` share: the verdict options, the feeds they run, and how they print."""
+"""What `trtfuse check` and `trtfuse compare` share: the verdict and generation options, the feeds they run, and how
+they print."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -15,6 +17,7 @@ from trtfuse.errors import TrtfuseError
 if TYPE_CHECKING:
     import onnx
 
+    from trtfuse.generate.agreement import GenerationVerdict
     from trtfuse.model.feeds import StepFeed
     from trtfuse.verify.tolerances import Tolerance
     from trtfuse.verify.verdict import CheckResult, OutputVerdict, StepResult
@@ -62,6 +65,62 @@ def verdict_options(command: F) -> F:
     return command
 
 
+class PromptIdsType(click.ParamType):
+    """`1,2,3` (or `1 2 3`) -> (1, 2, 3); an empty string is an empty prompt, which the core refuses in its words."""
+
+    name = "ID,ID,..."
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if isinstance(value, tuple):
+            return value
+        parts = [part for part in re.split(r"[,\s]+", str(value).strip()) if part]
+        if not all(re.fullmatch(r"-?\d+", part) for part in parts):
+            self.fail(f"expected token ids separated by commas (e.g. 1,2,3), got {value!r}")
+        return tuple(int(part) for part in parts)
+
+
+PROMPT_IDS = click.option(
+    "--prompt-ids",
+    "prompt_ids",
+    type=PromptIdsType(),
+    help="The prompt's token ids, e.g. 1,2,3 [default: 5 ids inside the vocabulary, drawn from --seed].",
+)
+
+
+def generation_options(command: F) -> F:
+    """--generate N and --prompt-ids; the command receives `generate_steps` and `prompt_ids`."""
+    options = (
+        click.option(
+            "--generate",
+            "generate_steps",
+            type=click.IntRange(min=1),
+            metavar="N",
+            help="Also generate N tokens greedily on both from the same prompt; fail if the tokens differ, except "
+            "where they diverge at a near tie of the original's logits (docs/cli.md).",
+        ),
+        PROMPT_IDS,
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def generation_lines(verdict: GenerationVerdict) -> list[str]:
+    """The text `check --generate` and `compare --generate` print after their tables."""
+    original, candidate = verdict.original, verdict.candidate
+    prompt = " ".join(map(str, original.prompt))
+    mode = "KV cache" if original.cache else "recompute"
+    width = max(len(verdict.original_runner), len(verdict.candidate_runner))
+    lines = [
+        f"generation ({len(original.steps)} steps, {mode}, logits in {verdict.dtype}) from prompt {prompt}:",
+        f"  {verdict.original_runner:<{width}}  {' '.join(map(str, original.tokens))}",
+        f"  {verdict.candidate_runner:<{width}}  {' '.join(map(str, candidate.tokens))}",
+        f"  {verdict.verdict_line()}",
+    ]
+    lines += [f"  note: {note}" for note in verdict.notes]
+    return [printable(line) for line in lines]
+
+
 def tolerance_from(rtol: float | None, atol: float | None) -> Tolerance | None:
     """The user's tolerance (an option not given is 0), or None for the default verdict."""
     from trtfuse.verify.tolerances import Tolerance
@@ -96,22 +155,34 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) or "scalar"
 
 
-def echo_result(result: CheckResult, as_json: bool, extra_json: Mapping[str, object] | None = None) -> None:
-    """A table per step (or, with --json, one JSON object); exit 1 unless every step passed."""
+def echo_result(
+    result: CheckResult,
+    as_json: bool,
+    extra_json: Mapping[str, object] | None = None,
+    generation: GenerationVerdict | None = None,
+) -> None:
+    """A table per step, then the generation's tokens and verdict where `--generate` asked for one (or, with --json,
+    one JSON object, `passed` covering both); exit 1 unless every step and the generation passed."""
+    passed = result.passed and (generation is None or generation.passed)
     if as_json:
-        echo_json({**(extra_json or {}), **result.to_json()})
+        both = {"passed": passed, "generation": generation.to_json()} if generation is not None else {}
+        echo_json({**(extra_json or {}), **result.to_json(), **both})
     else:
         origin = f"inputs from {result.inputs_file}" if result.inputs_file else f"seed {result.seed}"
         for step in result.steps:
             _echo_step(step, origin)
-    if not result.passed:
+        for line in generation_lines(generation) if generation is not None else ():
+            click.echo(line)
+    if not passed:
         if not as_json:
-            click.secho(_failure_line(result), fg="red", err=True)
+            failure = _failure_line(result) if not result.passed else generation.verdict_line()
+            click.secho(failure, fg="red", err=True)
         raise SystemExit(EXIT_MISMATCH)
     judged = sum(len(step.judged) for step in result.steps)
     left_out = sum(len(step.outputs) for step in result.steps) - judged
     unjudged = f", {left_out} left out (they differ between runs of the original)" if left_out else ""
-    summary(f"all {judged} outputs pass ({_judged_by_text(result)}){unjudged}", as_json)
+    generated = f"; {generation.agreement()}" if generation is not None else ""
+    summary(f"all {judged} outputs pass ({_judged_by_text(result)}){unjudged}{generated}", as_json)
 
 
 def _judged_by_text(result: CheckResult) -> str:

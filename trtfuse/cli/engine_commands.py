@@ -8,22 +8,23 @@ fused and written the fused model and report).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import click
 
-from trtfuse import contract
-from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
+from trtfuse.cli.check_report import echo_result, feeds_for, generation_options, tolerance_from, verdict_options
 from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
+    VERBOSITY,
     FilePath,
     RangeType,
     ShapeRangeType,
     SizeType,
     common_options,
     echo_json,
+    exit_missing,
     feed_options,
     fusion_details,
     info,
@@ -37,21 +38,14 @@ from trtfuse.files import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
     from trtfuse.engine.profiles import DimRange, ShapeRange
+    from trtfuse.generate.agreement import GenerationVerdict
+    from trtfuse.model.onnx_file import LoadedModel
     from trtfuse.pipeline import FusedFile
 
 PLUGIN_KINDS = tuple(kind.value for kind in PluginKind)
 COMPARE_INSTALL_HINT = (
     "install it with `pip install -e '.[compare]'` in a trtfuse checkout, or `pip install polygraphy`"
 )
-
-
-def _no_tensorrt(error: MissingDependencyError, done: str, as_json: bool) -> NoReturn:
-    """Exit 3 with one line saying what was done and what is missing (under --json, also as the call's JSON)."""
-    message = f"{done}: {error}"
-    click.secho(printable(f"trtfuse: {message}"), fg="yellow", err=True)
-    if as_json:
-        echo_json({"error": message, "exit": EXIT_MISSING_DEPENDENCY})
-    raise SystemExit(EXIT_MISSING_DEPENDENCY)
 
 
 @click.command("compile", context_settings=HELP_OPTIONS)
@@ -123,12 +117,13 @@ def compile_command(
         plugins=None if plugins is None else PluginKind(plugins),
         notify=info,
         on_fused=lambda fused: _report_fused(fused, as_json),
+        warn=_warning,
     )
     if compiled.missing is not None:
         done = f"fused, but no engine built ({engine_path})"
         if as_json:
             echo_json({**compiled.to_json(), "error": f"{done}: {compiled.missing}", "exit": EXIT_MISSING_DEPENDENCY})
-        _no_tensorrt(compiled.missing, done, as_json=False)
+        exit_missing(compiled.missing, done, as_json=False)
     if as_json:
         echo_json(compiled.to_json())
     built = compiled.engine
@@ -143,10 +138,14 @@ def _report_fused(fused: FusedFile, as_json: bool) -> None:
     summary(_fused_line(fused), as_json)
 
 
+def _warning(message: str) -> None:
+    """A warning line on stderr, unless -q."""
+    if VERBOSITY.level >= 0:
+        click.secho(printable(f"trtfuse: warning: {message}"), fg="yellow", err=True)
+
+
 def _fused_line(fused: FusedFile) -> str:
-    totals = fused.report["totals"]
-    used = ", ".join(f"{totals[op]} {op}" for op in contract.FUSED_OPS if totals[op])
-    return f"{fused.input_path}: {used or 'no plugin nodes'} -> {fused.output_path} (report {fused.report_path})"
+    return f"{fused.input_path}: {fused.counts.line()} -> {fused.output_path} (report {fused.report_path})"
 
 
 @click.command("run", context_settings=HELP_OPTIONS)
@@ -198,7 +197,7 @@ def run_command(
             save_outputs=save_outputs,
         )
     except MissingDependencyError as error:
-        _no_tensorrt(error, f"cannot run {engine_path}", as_json)
+        exit_missing(error, f"cannot run {engine_path}", as_json)
     if as_json:
         echo_json(run.to_json())
         return
@@ -225,7 +224,7 @@ def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> No
     try:
         report = leak_check_engine_file(engine_path, changes, seed)
     except MissingDependencyError as error:
-        _no_tensorrt(error, f"cannot check {engine_path} for a leak", as_json)
+        exit_missing(error, f"cannot check {engine_path} for a leak", as_json)
     if as_json:
         echo_json(report.to_json())
     else:
@@ -240,6 +239,7 @@ def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> No
 @click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=FilePath())
 @feed_options
 @verdict_options
+@generation_options
 @click.option("--report", "report_path", type=FilePath(), help="Write the comparison as JSON.")
 @common_options
 def compare_command(
@@ -252,11 +252,14 @@ def compare_command(
     atol: float | None,
     save_inputs: Path | None,
     load_inputs: Path | None,
+    generate_steps: int | None,
+    prompt_ids: tuple[int, ...] | None,
     report_path: Path | None,
     as_json: bool,
 ) -> None:
     """Judge the engine MODEL.engine (or FUSED.onnx, run exactly as `trtfuse check` runs it) against onnxruntime on
-    ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails."""
+    ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails. With --generate N, also generate N
+    tokens greedily on both from one prompt, as `check --generate` does."""
     try:
         import polygraphy  # noqa: F401
     except ImportError:
@@ -283,11 +286,30 @@ def compare_command(
             loaded_original=original,
             plan=OutputPlan().read(*([load_inputs] if load_inputs else [])).write("comparison report", report_path),
         )
+        generation = (
+            None if generate_steps is None else _generation(original, candidate_path, generate_steps, prompt_ids, seed)
+        )
     except MissingDependencyError as error:
-        _no_tensorrt(error, f"cannot compare against {candidate_path}", as_json)
+        exit_missing(error, f"cannot compare against {candidate_path}", as_json)
+    report_json = report.to_json()
+    if generation is not None:
+        report_json.update(passed=report.passed and generation.passed, generation=generation.to_json())
     if report_path is not None:
         with Transaction():
-            write_json_atomic(report_path, report.to_json())
+            write_json_atomic(report_path, report_json)
     if not as_json:
         click.echo(printable(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}"))
-    echo_result(report.result, as_json, extra_json=report.to_json())
+    echo_result(report.result, as_json, extra_json=report.to_json(), generation=generation)
+
+
+def _generation(
+    original: LoadedModel, candidate_path: Path, steps: int, prompt_ids: tuple[int, ...] | None, seed: int
+) -> GenerationVerdict:
+    """`compare --generate`: against the engine in TensorRT, or the fused model lowered on the CPU as `check`."""
+    from trtfuse.engine.compare import is_engine
+    from trtfuse.generate.agreement import check_generation, compare_generation
+    from trtfuse.model.onnx_file import load_model
+
+    if is_engine(candidate_path):
+        return compare_generation(original, candidate_path, steps, prompt_ids, seed)
+    return check_generation(original, load_model(candidate_path), steps, prompt_ids, seed)

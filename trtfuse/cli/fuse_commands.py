@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from trtfuse import contract
-from trtfuse.cli.check_report import echo_result, feeds_for, tolerance_from, verdict_options
+from trtfuse.cli.check_report import echo_result, feeds_for, generation_options, tolerance_from, verdict_options
 from trtfuse.cli.options import (
     HELP_OPTIONS,
     FilePath,
@@ -64,18 +63,18 @@ def _search_json(search: NormSearch) -> dict:
 @click.argument("model_path", metavar="MODEL.onnx", type=FilePath())
 @common_options
 def inspect(model_path: Path, as_json: bool) -> None:
-    """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected."""
-    from trtfuse.fusion.fuse import search_model
+    """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected. The first line counts the
+    plugin nodes the fused model would hold, as `fuse` and `compile` say."""
+    from trtfuse.fusion.fuse import fuse_model
     from trtfuse.model.onnx_file import load_model
 
-    search = search_model(load_model(model_path).model)
+    # The whole fusion, so that the counts are those of the model `fuse` writes (plugin nodes the input held count).
+    result = fuse_model(load_model(model_path).model)
+    search = result.search
     if as_json:
-        echo_json(_search_json(search))
+        echo_json({**_search_json(search), **result.counts().to_json()})
         return
-    lines = [
-        f"{model_path}: {len(search.matches)} RMSNorm, {len(search.qk_norm_pairs)} QK-norm pairs, "
-        f"{len(search.near_misses)} rejected"
-    ]
+    lines = [f"{model_path}: {result.counts().line(reasons=0)}"]
     lines += [f"  rms_norm  {_match_line(match)}" for match in search.matches]
     for pair in search.qk_norm_pairs:
         lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
@@ -94,17 +93,10 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
     from trtfuse.pipeline import fuse_file
 
     fused = fuse_file(input_path, output_path, report_path, notify=info)
-    report = fused.report
-    fusion_details(report, fused.seconds)
-    totals = report["totals"]
+    fusion_details(fused.report, fused.seconds)
     if as_json:
-        echo_json({"input": str(input_path), "output": str(output_path), **report})
-    rejected = len(report["near_misses"])
-    summary(
-        f"{input_path}: {totals[contract.RMS_NORM_OP]} {contract.RMS_NORM_OP} and {totals[contract.QK_NORM_OP]} "
-        f"{contract.QK_NORM_OP} nodes ({totals['norms']} norms), {rejected} rejected -> {output_path}",
-        as_json,
-    )
+        echo_json({"input": str(input_path), "output": str(output_path), **fused.report})
+    summary(f"{input_path}: {fused.counts.line()} -> {output_path}", as_json)
 
 
 @click.command(context_settings=HELP_OPTIONS)
@@ -112,6 +104,7 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json:
 @click.argument("fused_path", metavar="FUSED.onnx", type=FilePath())
 @feed_options
 @verdict_options
+@generation_options
 @common_options
 def check(
     original_path: Path,
@@ -123,12 +116,15 @@ def check(
     atol: float | None,
     save_inputs: Path | None,
     load_inputs: Path | None,
+    generate_steps: int | None,
+    prompt_ids: tuple[int, ...] | None,
     as_json: bool,
 ) -> None:
     """Run ORIGINAL.onnx twice and FUSED.onnx (plugin nodes lowered to standard ops) in onnxruntime on the same
     inputs, at a prefill and a decode step on KV-cache models; exit 1 if an output fails. Float32 graphs pass within
     the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
-    the original is no worse than the original's own (docs/cli.md)."""
+    the original is no worse than the original's own (docs/cli.md). With --generate N, also generate N tokens
+    greedily on both from one prompt; they must be the same, but for a divergence at a near tie."""
     from trtfuse.model.onnx_file import load_model
     from trtfuse.verify.check import check_fused
 
@@ -149,4 +145,9 @@ def check(
         inputs_file=load_inputs,
         save_inputs=save_inputs,
     )
-    echo_result(result, as_json)
+    generation = None
+    if generate_steps is not None:
+        from trtfuse.generate.agreement import check_generation
+
+        generation = check_generation(original, fused, generate_steps, prompt_ids, seed)
+    echo_result(result, as_json, generation=generation)

@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import click
 
@@ -311,6 +311,15 @@ def summary(message: str, as_json: bool) -> None:
     """A command's one-line text result on stdout, unless -q or --json."""
     if VERBOSITY.level >= 0 and not as_json:
         click.echo(printable(message))
+
+
+def exit_missing(error: Exception, done: str, as_json: bool) -> NoReturn:
+    """Exit 3 with one line saying what was done and what is missing (under --json, also as the call's JSON)."""
+    message = f"{done}: {error}"
+    click.secho(printable(f"trtfuse: {message}"), fg="yellow", err=True)
+    if as_json:
+        echo_json({"error": message, "exit": EXIT_MISSING_DEPENDENCY})
+    raise SystemExit(EXIT_MISSING_DEPENDENCY)
 
 
 def echo_json(value: object) -> None:

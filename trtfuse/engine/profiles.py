@@ -45,11 +45,14 @@ class ShapeRange:
 
 @dataclass(frozen=True)
 class RoleRanges:
-    """What varies between the profiles of one engine: the token and past-length ranges."""
+    """What varies between the profiles of one engine: the token and past-length ranges, and whether the user gave
+    each (a given range is never cut to the model's positions; a preset's or default one may be)."""
 
     name: str
     tokens: DimRange
     past: DimRange
+    tokens_given: bool = False
+    past_given: bool = False
 
 
 DEFAULT_PAST = DimRange(0, 256, 4096)
@@ -121,15 +124,18 @@ def request_from_options(
     """
     past_range = past if past is not None else DEFAULT_PAST
     profiles = []
+    past_given = past is not None
     for preset in presets:
         if preset not in PRESETS:
             raise TrtfuseError(f"unknown profile {preset!r}; choose from {', '.join(PRESETS)}")
         ranges = PRESETS[preset]
-        profiles.append(ranges if ranges.past == NO_PAST else RoleRanges(ranges.name, ranges.tokens, past_range))
+        if ranges.past != NO_PAST:
+            ranges = RoleRanges(ranges.name, ranges.tokens, past_range, past_given=past_given)
+        profiles.append(ranges)
     for token_range in tokens:
-        profiles.append(RoleRanges(f"tokens {token_range}", token_range, past_range))
+        profiles.append(RoleRanges(f"tokens {token_range}", token_range, past_range, True, past_given))
     if not profiles:
-        profiles.append(RoleRanges("default", DEFAULT_TOKENS, past_range))
+        profiles.append(RoleRanges("default", DEFAULT_TOKENS, past_range, past_given=past_given))
     names = [p.name for p in profiles]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -141,6 +147,26 @@ def request_from_options(
         past_given=past is not None,
         tokens_given=bool(tokens),
     )
+
+
+NO_CACHE_DECODE = (
+    "profile {name!r}: the model has no KV cache (no past_key_values inputs), so a 1-token profile is no decode step: "
+    "without a cache each new token needs the whole sequence run again, which this profile cannot hold; export the "
+    "model with a cache for decoding (models/export.py --cache, or optimum-cli export onnx --task "
+    "text-generation-with-past); the engine is built as asked"
+)
+
+
+def profile_warnings(model: onnx.ModelProto, request: ProfileRequest) -> list[str]:
+    """One line per requested profile that cannot do what its name says: a decode profile on a model without a KV
+    cache. The build still goes on; the caller shows the lines."""
+    if model_dims(model).has_kv_cache:
+        return []
+    return [
+        NO_CACHE_DECODE.format(name=ranges.name)
+        for ranges in request.profiles
+        if ranges.name == "decode" or ranges.tokens == DimRange(1, 1, 1)
+    ]
 
 
 def _check_override(value: onnx.ValueInfoProto, shape_range: ShapeRange) -> None:
@@ -246,11 +272,12 @@ def _dim_range(
     return DimRange(low, opt, high)
 
 
-def _within_positions(role_ranges: RoleRanges, reading: ModelDims, request: ProfileRequest) -> RoleRanges:
+def _within_positions(role_ranges: RoleRanges, reading: ModelDims) -> RoleRanges:
     """Ranges whose every shape fits the positions the model holds (rotary cos cache, position table).
 
-    Default ranges are cut to fit: MAX tokens to half the positions when there is a past (all of them otherwise),
-    MAX past to the rest, OPT to at most MAX. Ranges the user gave that do not fit are an error.
+    What the user left at its default is cut to fit: with neither range given, MAX tokens to half the positions when
+    there is a past (all of them otherwise) and MAX past to the rest; with one given, the other to what it leaves;
+    OPT to at most MAX. Given ranges that do not fit are an error.
     """
     bound = reading.max_total
     past = role_ranges.past if reading.has_kv_cache else NO_PAST
@@ -258,7 +285,17 @@ def _within_positions(role_ranges: RoleRanges, reading: ModelDims, request: Prof
     if bound is None or tokens.max + past.max <= bound.value:
         return role_ranges
     n = bound.value
-    if request.tokens_given or request.past_given or tokens.min + past.min > n:
+    past_given = role_ranges.past_given and past != NO_PAST
+    if role_ranges.tokens_given and not past_given:
+        tokens_max, past_max = tokens.max, n - tokens.max
+    elif past_given and not role_ranges.tokens_given:
+        tokens_max, past_max = n - past.max, past.max
+    elif not past_given:
+        tokens_max = min(tokens.max, max(tokens.min, n // 2 if past.max else n))
+        past_max = min(past.max, n - tokens_max)
+    else:
+        tokens_max, past_max = -1, -1
+    if tokens_max < tokens.min or past_max < past.min:
         raise OptionError(
             "tokens",
             f"profile {role_ranges.name!r}: {past.max} past + {tokens.max} new tokens at MAX exceed what the model "
@@ -268,12 +305,12 @@ def _within_positions(role_ranges: RoleRanges, reading: ModelDims, request: Prof
             Choice("past"),
             f" whose MAX add up to at most {n}",
         )
-    tokens_max = min(tokens.max, max(tokens.min, n // 2 if past.max else n))
-    past_max = min(past.max, n - tokens_max)
     return RoleRanges(
         role_ranges.name,
         DimRange(tokens.min, min(tokens.opt, tokens_max), tokens_max),
         DimRange(past.min, min(past.opt, past_max), past_max),
+        role_ranges.tokens_given,
+        role_ranges.past_given,
     )
 
 
@@ -297,7 +334,7 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
     batch = _batch_range(reading, request)
     profiles = []
     for requested in request.profiles:
-        role_ranges = _within_positions(requested, reading, request)
+        role_ranges = _within_positions(requested, reading)
         ranges = {
             DimRole.BATCH: batch,
             DimRole.TOKENS: role_ranges.tokens,

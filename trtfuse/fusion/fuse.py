@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -11,24 +12,76 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
-from trtfuse.fusion.patterns import NormSearch, find_norms
+from trtfuse.fusion.fused_nodes import plugin_node_counts
+from trtfuse.fusion.patterns import NearMiss, NormSearch, find_norms
 from trtfuse.fusion.rewrite import FusedNode, rewrite
+
+# How many rejected candidates a summary line names (`trtfuse inspect` lists them all).
+SUMMARY_REASONS = 2
+
+
+def norm_calls(nodes: Mapping[str, int]) -> int:
+    """How many norms of the source model plugin nodes counted per op replace."""
+    return sum(contract.OPS[op].norm_calls * count for op, count in nodes.items())
+
+
+@dataclass(frozen=True)
+class FusionCounts:
+    """What a fusion leaves: the plugin nodes of the model that comes out, per op (those the input already held
+    included, so a model fused twice reports the same), how many of them the input held, and the rejected
+    candidates. `line` is the one summary every command and the Polygraphy loader print."""
+
+    nodes: Mapping[str, int]
+    already: Mapping[str, int]
+    near_misses: tuple[NearMiss, ...]
+
+    @property
+    def norms(self) -> int:
+        return norm_calls(self.nodes)
+
+    def line(self, reasons: int = SUMMARY_REASONS) -> str:
+        """`5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 1 rejected (first: NODE: REASON)`; the ops after
+        the first two only where the model has them."""
+        shown = [op for index, op in enumerate(contract.FUSED_OPS) if index < 2 or self.nodes[op]]
+        counts = [f"{self.nodes[op]} {op}" for op in shown]
+        text = f"{', '.join(counts[:-1])} and {counts[-1]} nodes ({self.norms} norms)"
+        held = sum(self.already.values())
+        if held:
+            text += f", {'all' if held == sum(self.nodes.values()) else held} already in the input"
+        text += f", {len(self.near_misses)} rejected"
+        if reasons and self.near_misses:
+            first = "; ".join(f"{miss.node}: {miss.reason}" for miss in self.near_misses[:reasons])
+            more = f"; {len(self.near_misses) - reasons} more" if len(self.near_misses) > reasons else ""
+            text += f" (first: {first}{more})"
+        return text
+
+    def to_json(self) -> dict:
+        return {"plugin_nodes": dict(self.nodes), "already_in_input": dict(self.already)}
 
 
 @dataclass
 class FuseResult:
-    """The fused model, one record per fused node, and everything the matcher found or rejected."""
+    """The fused model, one record per fused node, and everything the matcher found or rejected; `input_nodes` counts
+    the plugin nodes the input held already."""
 
     model: onnx.ModelProto
     fused: list[FusedNode]
     search: NormSearch
+    input_nodes: Mapping[str, int] = field(default_factory=dict)
+
+    def counts(self) -> FusionCounts:
+        """The plugin nodes of the fused model (`fused_nodes.plugin_node_counts`) and the rejected candidates."""
+        already = {op: self.input_nodes.get(op, 0) for op in contract.FUSED_OPS}
+        return FusionCounts(plugin_node_counts(self.model), already, tuple(self.search.near_misses))
 
     def report(self) -> dict:
-        """The JSON report: one entry per fused node, totals per node kind, and the rejected candidates."""
+        """The JSON report: one entry per node fused now, their totals per node kind, the plugin nodes of the model
+        that comes out, and the rejected candidates."""
         totals = {op: sum(node.kind == op for node in self.fused) for op in contract.FUSED_OPS}
         return {
             "fused": [node.as_dict() for node in self.fused],
-            "totals": {**totals, "norms": sum(contract.OPS[op].norm_calls * count for op, count in totals.items())},
+            "totals": {**totals, "norms": norm_calls(totals)},
+            **self.counts().to_json(),
             "near_misses": [{"node": miss.node, "reason": miss.reason} for miss in self.search.near_misses],
         }
 
@@ -99,10 +152,10 @@ def fuse_model(model: onnx.ModelProto) -> FuseResult:
     exported.graph.initializer.extend(tensor for tensor in _overridable(model) if tensor.name in inputs)
     _restore_sparse_attributes(model, exported)
     _keep_declared_types(model, exported)
-    for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
-        setattr(exported, field, getattr(model, field))
+    for attribute in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(exported, attribute, getattr(model, attribute))
     exported.metadata_props.extend(model.metadata_props)
-    return FuseResult(model=exported, fused=fused, search=search)
+    return FuseResult(model=exported, fused=fused, search=search, input_nodes=plugin_node_counts(model))
 
 
 def _keep_declared_types(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:

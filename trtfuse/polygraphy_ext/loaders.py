@@ -19,11 +19,10 @@ from polygraphy.backend.base import BaseLoader
 from polygraphy.logger import G_LOGGER
 
 import trtfuse
-from trtfuse import contract
 from trtfuse.contract import PluginKind
 from trtfuse.engine.build import gpu_name
 from trtfuse.engine.build_options import BuildOptions
-from trtfuse.engine.profiles import Profile, ShapeRange, derive_profiles, request_from_options
+from trtfuse.engine.profiles import Profile, ShapeRange, derive_profiles, profile_warnings, request_from_options
 from trtfuse.engine.sidecar import read_sidecar
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.errors import TrtfuseError
@@ -74,12 +73,7 @@ class FuseModel(BaseLoader):
                 result = fuse_model(original.model)
             except TrtfuseError as error:
                 raise TrtfuseError(f"{self.model_path}: {error}") from None
-        report = result.report()
-        counts = ", ".join(f"{count} {op}" for op, count in report["totals"].items() if op in contract.FUSED_OPS)
-        G_LOGGER.info(
-            f"trtfuse: fused {self.model_path}: {counts} ({len(report['near_misses'])} near misses; "
-            "`trtfuse inspect` lists them)"
-        )
+        G_LOGGER.info(f"trtfuse: fused {self.model_path}: {result.counts().line()}")
         return FusedModel(original=original, result=result)
 
 
@@ -104,7 +98,10 @@ def engine_profiles_for(
     """trtfuse's profiles for `model`: one per Polygraphy profile where given (inputs a profile leaves out take the
     first preset's derived ranges), else one per preset, derived from the model's dims as `trtfuse compile` does."""
     if not polygraphy_profiles:
-        return derive_profiles(model, request_from_options(presets=presets))
+        request = request_from_options(presets=presets)
+        for warning in profile_warnings(model, request):
+            G_LOGGER.warning(f"trtfuse: {warning}")
+        return derive_profiles(model, request)
     base = request_from_options(presets=list(presets[:1]))
     profiles = []
     for index, shapes in enumerate(polygraphy_profiles):

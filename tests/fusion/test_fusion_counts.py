@@ -1,0 +1,74 @@
+"""The one fusion summary line (`FusionCounts.line`): `inspect`, `fuse`, `compile` and the Polygraphy loader's log
+count the plugin nodes of the model that comes out, so an already-fused model reports its nodes, not 0."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from trtfuse import contract
+from trtfuse.fusion.fuse import fuse_model
+from trtfuse.fusion.patterns import NearMiss
+from trtfuse.model.onnx_file import load_model
+from trtfuse.pipeline import fuse_file
+
+from support.cli import run_cli
+from support.models import layer_norm_model
+from support.paths import FIXTURES
+
+KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
+COUNTS = "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms)"
+
+
+def _polygraphy_log(path: Path) -> str:
+    pytest.importorskip("polygraphy", reason="Polygraphy is not installed (pip install -e '.[compare]')")
+    from polygraphy.logger import G_LOGGER
+
+    from trtfuse.polygraphy_ext.loaders import FuseModel
+
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured), G_LOGGER.verbosity(G_LOGGER.INFO):
+        FuseModel(str(path))()
+    return captured.getvalue()
+
+
+@pytest.mark.parametrize("already_fused", [False, True], ids=["original", "fused"])
+def test_inspect_fuse_compile_and_polygraphy_report_the_same_counts(already_fused, tmp_path):
+    model = fuse_file(KV_FIXTURE, tmp_path / "fused.onnx").output_path if already_fused else KV_FIXTURE
+    expected = COUNTS + (", all already in the input" if already_fused else "") + ", 0 rejected"
+    inspected = run_cli("inspect", model)
+    assert inspected.stdout.splitlines()[0] == f"{model}: {expected}"
+    fused = run_cli("fuse", model, "-o", tmp_path / "again.onnx")
+    assert fused.stdout.strip() == f"{model}: {expected} -> {tmp_path / 'again.onnx'}"
+    compiled = run_cli("compile", model, "-o", tmp_path / "m.engine")
+    assert compiled.exit_code == 3, compiled.output
+    assert compiled.stdout.startswith(f"{model}: {expected} -> {tmp_path / 'm.fused.onnx'}")
+    assert f"trtfuse: fused {model}: {expected}\n" in _polygraphy_log(model)
+
+
+def test_the_counts_are_the_plugin_nodes_of_the_output_and_the_report_holds_them():
+    fused = fuse_model(load_model(KV_FIXTURE).model)
+    again = fuse_model(fused.model)
+    assert again.fused == [] and again.report()["totals"][contract.RMS_NORM_OP] == 0
+    assert (
+        again.report()["plugin_nodes"]
+        == fused.report()["plugin_nodes"]
+        == {
+            contract.RMS_NORM_OP: 5,
+            contract.QK_NORM_OP: 2,
+        }
+    )
+    assert again.report()["already_in_input"] == {contract.RMS_NORM_OP: 5, contract.QK_NORM_OP: 2}
+
+
+def test_the_line_names_the_first_rejected_candidates(write_model):
+    line = fuse_model(load_model(write_model(layer_norm_model())).model).counts().line()
+    assert line.startswith("0 TrtfuseRmsNorm and 0 TrtfuseQkNorm nodes (0 norms), 2 rejected (first: ")
+    assert "ln/mean: LayerNorm: the squared tensor is x - mean(x)" in line
+    counts = fuse_model(load_model(write_model(layer_norm_model())).model).counts()
+    many = type(counts)(counts.nodes, counts.already, tuple(NearMiss(f"n{i}", "why") for i in range(5)))
+    assert many.line().endswith("5 rejected (first: n0: why; n1: why; 3 more)")
+    assert many.line(reasons=0).endswith("5 rejected")

@@ -1,0 +1,192 @@
+"""The step functions generation runs, and `trtfuse generate`'s whole job but parsing and printing.
+
+A model file runs on the CPU as `check` runs it (`verify.onnxrt`): an original as written, a fused model (one that
+holds trtfuse nodes) with its plugin nodes lowered; onnx's reference evaluator where onnxruntime cannot load it. An
+engine runs through `EngineSession`, which puts each feed in the optimisation profile that holds it: the prompt in
+the prefill (or default) profile, each next token in the decode one. Its inputs and outputs are read off the fused
+model its sidecar names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trtfuse.engine.engine_file import EngineFile
+from trtfuse.engine.profiles import profile_holds
+from trtfuse.engine.session import ENGINE_RUNNER, EngineSession
+from trtfuse.engine.tensorrt import import_tensorrt
+from trtfuse.errors import Choice, OptionError, TrtfuseError
+from trtfuse.fusion.fused_nodes import plugin_node_counts
+from trtfuse.generate.interface import GenerationInterface, generation_interface
+from trtfuse.generate.loop import Generation, StepFunction, default_prompt, greedy_generate, repeated
+from trtfuse.model.onnx_file import LoadedModel, load_model
+from trtfuse.verify.onnxrt import CpuSession, lowered_session, original_session
+
+ORIGINAL_RUNNER = "onnxruntime"
+EVALUATOR_RUNNER = "onnx-reference-evaluator"
+LOWERED_SUFFIX = "-fused-lowered"
+LOWERED_RUNNER = ORIGINAL_RUNNER + LOWERED_SUFFIX
+
+
+@dataclass(frozen=True)
+class GenerationRun:
+    """What `trtfuse generate` ran and what came out; `notes` say where the run differs from the plain one."""
+
+    model: Path
+    runner: str
+    generation: Generation
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict:
+        return {"model": str(self.model), "runner": self.runner, **self.generation.to_json(), "notes": list(self.notes)}
+
+
+def is_fused(model: LoadedModel) -> bool:
+    """Whether the model holds trtfuse plugin nodes (they run lowered on the CPU)."""
+    return any(plugin_node_counts(model.model).values())
+
+
+def runner_name(session: CpuSession, lowered: bool) -> str:
+    """What runs a model on the CPU, as reports name it: onnxruntime, or onnx's reference evaluator."""
+    base = EVALUATOR_RUNNER if session.evaluator else ORIGINAL_RUNNER
+    return f"{base}{LOWERED_SUFFIX}" if lowered else base
+
+
+def cpu_session(model: LoadedModel) -> tuple[CpuSession, str, str]:
+    """The model on the CPU as `check` runs it, its runner's name, and a note where onnx's reference evaluator runs
+    it because onnxruntime cannot load it."""
+    if not is_fused(model):
+        session, note = original_session(model)
+        return session, runner_name(session, lowered=False), note
+    lowered, note = lowered_session(model, evaluator=False), ""
+    try:
+        lowered.load()
+    except TrtfuseError as error:
+        if lowered.evaluator:
+            raise
+        note = f"{error}; it runs in onnx's reference evaluator instead"
+        lowered = CpuSession(lowered.model, evaluator=True).load()
+    return lowered, runner_name(lowered, lowered=True), note
+
+
+def is_engine(path: Path) -> bool:
+    return path.suffix.lower() != ".onnx"
+
+
+def generate_file(
+    model_path: Path,
+    steps: int,
+    prompt: Sequence[int] | None = None,
+    *,
+    seed: int = 0,
+    use_cache: bool = True,
+    runs: int = 1,
+) -> GenerationRun:
+    """Greedy generation on an ONNX file (original or fused) or an engine: `prompt` (None: `default_prompt` from
+    `seed`), then `steps` tokens; `runs` times, the latencies the medians over all runs."""
+    if runs < 1:
+        raise OptionError("repeat", f"{runs} runs: generation runs at least once")
+    if is_engine(model_path):
+        return _generate_engine(model_path, steps, prompt, seed, use_cache, runs)
+    loaded = load_model(model_path)
+    interface = generation_interface(loaded.model, str(model_path))
+    chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
+    # The request is checked before the (slow) session is made.
+    interface.check_drivable(use_cache)
+    interface.check_prompt(chosen, steps)
+    session, runner, note = cpu_session(loaded)
+    generation = repeated(
+        lambda: greedy_generate(session.run, interface, chosen, steps, use_cache=use_cache, warm_up=True), runs
+    )
+    notes = filter(None, [note, *run_notes(interface, use_cache)])
+    return GenerationRun(model_path, runner, generation, tuple(notes))
+
+
+def run_notes(interface: GenerationInterface, use_cache: bool) -> list[str]:
+    """What a reader of the result should know about how the steps were fed."""
+    if not use_cache:
+        return ["recompute mode: every step runs the whole sequence, no cache fed back"]
+    return list(interface.cast_notes)
+
+
+def _generate_engine(
+    engine_path: Path, steps: int, prompt: Sequence[int] | None, seed: int, use_cache: bool, runs: int
+) -> GenerationRun:
+    engine = EngineFile.open(engine_path)
+    if engine.sidecar is None:
+        raise TrtfuseError(
+            f"{engine_path}: no sidecar beside the engine (written by trtfuse compile): generation reads the "
+            "engine's inputs and profiles from it"
+        )
+    fused = load_model(engine.fused_model_path)
+    interface = generation_interface(fused.model, str(engine_path))
+    chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
+    interface.check_drivable(use_cache)
+    interface.check_prompt(chosen, steps)
+    check_engine_holds(engine, interface, len(chosen), steps, use_cache)
+    import_tensorrt()
+    with engine_step(engine) as run:
+        generation = repeated(
+            lambda: greedy_generate(run, interface, chosen, steps, use_cache=use_cache, warm_up=True), runs
+        )
+    return GenerationRun(engine_path, ENGINE_RUNNER, generation, tuple(run_notes(interface, use_cache)))
+
+
+@contextlib.contextmanager
+def engine_step(engine: EngineFile) -> Iterator[StepFunction]:
+    """The engine's step function, each feed in the first profile that holds it; Polygraphy's log kept quiet (the
+    errors come back as trtfuse's one line)."""
+    with _polygraphy_quiet(), EngineSession(engine) as session:
+        yield session.infer
+
+
+@contextlib.contextmanager
+def _polygraphy_quiet() -> Iterator[None]:
+    try:
+        from polygraphy.logger import G_LOGGER
+    except ImportError:
+        yield
+        return
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
+        yield
+
+
+def step_shapes(prompt_length: int, steps: int, use_cache: bool) -> list[tuple[int, int]]:
+    """(tokens, past) of every step the loop feeds."""
+    if not use_cache:
+        return [(prompt_length + index, 0) for index in range(steps)]
+    return [(prompt_length, 0)] + [(1, prompt_length + index) for index in range(steps - 1)]
+
+
+def check_engine_holds(
+    engine: EngineFile, interface: GenerationInterface, prompt_length: int, steps: int, use_cache: bool
+) -> None:
+    """Every step's shapes inside one of the engine's profiles, checked before it runs: one line naming the first
+    step that fits none, with the profiles' ranges."""
+    profiles = engine.profiles
+    if not profiles:
+        return
+    for index, (tokens, past) in enumerate(step_shapes(prompt_length, steps, use_cache)):
+        shapes = interface.feed_shapes(tokens, past)
+        # Zero-stride arrays: the shapes without the memory.
+        feed = {name: np.broadcast_to(np.zeros((), np.int8), shape) for name, shape in shapes.items()}
+        if any(profile_holds(profile, feed) for profile in profiles):
+            continue
+        ranges = "; ".join(
+            f"{profile.name}: " + ", ".join(f"{name} {shape}" for name, shape in profile.shapes.items())
+            for profile in profiles
+        )
+        fed = f"{tokens} token{'s' if tokens != 1 else ''} after {past}"
+        raise OptionError(
+            "prompt-ids",
+            f"{engine.path}: step {index + 1} ({fed}) fits none of the engine's optimisation profiles ({ranges}); "
+            "build the engine with token and past ranges that hold a prompt of "
+            f"{prompt_length} ids and {steps} steps, or shorten ",
+            Choice("prompt-ids"),
+            " or ask for fewer steps",
+        )
