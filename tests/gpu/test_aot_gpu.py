@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,17 +26,27 @@ from trtfuse.bench.aot.isolation import ImportBlocker  # noqa: E402
 from trtfuse.bench.aot.manifest import (  # noqa: E402
     MANIFEST,
     MANIFEST_FORMAT,
+    BadArtifactFolder,
+    manifest_item,
     read_artifact,
+    read_manifest,
     spec_from_json,
     spec_to_json,
     write_artifact,
 )
-from trtfuse.bench.aot.matrix import MatrixEntry, entry_name, matrix, part_rows  # noqa: E402
+from trtfuse.bench.aot.matrix import MatrixEntry, entry_name, matrix, part_pointers, part_rows  # noqa: E402
 from trtfuse.bench.aot.params import PackedParams, argument_values, pack_params, pointer_names  # noqa: E402
-from trtfuse.bench.aot.tensors import PART_TENSORS, CaseTensors  # noqa: E402
-from trtfuse.bench.reference import norm_reference  # noqa: E402
+from trtfuse.bench.aot.tensors import CaseTensors  # noqa: E402
+from trtfuse.bench.reference import add_norm_reference, norm_reference  # noqa: E402
 from trtfuse.contract import NormParams, WeightMode  # noqa: E402
-from trtfuse.kernels.declaration import LaunchDeclaration, RowPart, Tactic, qk_norm_params, rms_norm_params  # noqa: E402
+from trtfuse.kernels.declaration import (  # noqa: E402
+    LaunchDeclaration,
+    RowPart,
+    Tactic,
+    add_rms_norm_params,
+    qk_norm_params,
+    rms_norm_params,
+)
 
 from support.paths import REPO_ROOT  # noqa: E402
 
@@ -58,6 +69,11 @@ def qk_declaration(rows_per_block: int = 8) -> LaunchDeclaration:
     return LaunchDeclaration("trtfuse_qk_0", "sm_90a", Tactic.PREFILL, 128, 64, qk_norm_params(), parts)
 
 
+def add_declaration(hidden: int = 64, rows_per_block: int = 1) -> LaunchDeclaration:
+    parts = (RowPart("x", hidden, rows_per_block),)
+    return LaunchDeclaration("trtfuse_add_0", "sm_90a", Tactic.PREFILL, 256, 32, add_rms_norm_params(), parts)
+
+
 def rms_entry(dtype: str = "bfloat16", weight_dtype: str | None = "float32", out: str | None = None) -> MatrixEntry:
     from trtfuse.kernels.specs import RmsNormSpec
 
@@ -70,6 +86,20 @@ def qk_entry() -> MatrixEntry:
 
     spec = QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, WeightMode.AFTER_CAST))
     return MatrixEntry(spec, (4, 2))
+
+
+def add_entry(dtype: str = "bfloat16", weight_dtype: str | None = "float32", out: str | None = None) -> MatrixEntry:
+    from trtfuse.kernels.specs import AddRmsNormSpec
+
+    mode = WeightMode.AFTER_CAST if weight_dtype else WeightMode.NONE
+    return MatrixEntry(AddRmsNormSpec(64, dtype, weight_dtype, NormParams(1e-6, 0.0, mode), out))
+
+
+def declaration_for(entry: MatrixEntry) -> LaunchDeclaration:
+    """The stand-in declaration of an entry of `rms_entry`, `add_entry` or `qk_entry`."""
+    return {"rms_norm": rms_declaration(64), "add_rms_norm": add_declaration(64), "qk_norm": qk_declaration()}[
+        entry.kind.name
+    ]
 
 
 # --- CPU: kernel arguments -----------------------------------------------------------------------------------------
@@ -104,6 +134,23 @@ def test_qk_norm_arguments_carry_both_row_counts_and_the_q_block_count() -> None
     assert declaration.grid_x((132, 66)) == q_blocks + -(-66 // 8)
 
 
+def test_add_rms_norm_arguments_put_the_row_count_between_the_inputs_and_both_outputs() -> None:
+    """Six parameters: x, residual, weight as inputs, the row count, then y and h (TensorRT's order)."""
+    declaration = add_declaration()
+    names = ("x", "residual", "weight", "y", "h")
+    pointers = {name: 0x7F00_0000_1000 * (i + 1) + 2 * i + 1 for i, name in enumerate(names)}  # odd addresses
+    values = argument_values(declaration, pointers, (4097,))
+    assert values == [pointers["x"], pointers["residual"], pointers["weight"], 4097, pointers["y"], pointers["h"]]
+    packed = pack_params(declaration, values)
+    assert values_the_driver_reads(packed) == values
+    assert [ctypes.sizeof(v) for v in packed.values] == [8, 8, 8, 4, 8, 8]
+    assert [p.ptx_type for p in declaration.params] == [".u64", ".u64", ".u64", ".u32", ".u64", ".u64"]
+    assert declaration.grid_x((4097,)) == 4097 and declaration.grid_x((0,)) == 1
+    # RMSNorm's pointers alone are not enough: the residual and h are parameters too.
+    with pytest.raises(ValueError, match="takes pointers"):
+        argument_values(declaration, {"x": 1, "weight": 2, "y": 3}, (1,))
+
+
 def test_arguments_reject_missing_or_unknown_pointers_and_values_out_of_range() -> None:
     declaration = rms_declaration()
     with pytest.raises(ValueError, match="takes pointers"):
@@ -131,7 +178,35 @@ def test_artifacts_round_trip_through_their_files(tmp_path: Path) -> None:
         read_artifact(tmp_path, "b")
 
 
+def test_a_manifest_of_the_old_format_or_an_unknown_kind_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Format 1 kept the kind inside the spec and had no add+norm entries: a check of such a folder would pass
+    without launching any, so the reader names both formats and the command that writes a new folder."""
+    old_item = {"spec": spec_to_json(rms_entry().spec) | {"kind": "rms_norm"}, "heads": None, "stems": {}}
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": 1, "arch": "sm_90a", "entries": [old_item]}))
+    with pytest.raises(BadArtifactFolder) as refused:
+        read_manifest(tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message and "manifest format 1, this check reads format 2" in message
+    assert f"python -m trtfuse.bench.aot compile --out {tmp_path}" in message and MANIFEST_FORMAT == 2
+    unknown = manifest_item(rms_entry(), {"PREFILL": "e0"}) | {"kind": "layer_norm"}
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": 2, "arch": "sm_90a", "entries": [unknown]}))
+    with pytest.raises(BadArtifactFolder, match="kernel kind 'layer_norm' is not one of"):
+        read_manifest(tmp_path)
+
+
 # --- CPU: the matrix and the cases -----------------------------------------------------------------------------------
+
+
+def parametrized_arguments(module: object) -> Iterator[dict[str, object]]:
+    """Every combination of arguments the parametrize marks of `module`'s test functions run."""
+    for _, function in inspect.getmembers(module, inspect.isfunction):
+        marks = [m for m in getattr(function, "pytestmark", []) if m.name == "parametrize"]
+        grids = []
+        for mark in marks:
+            names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else mark.args[0]
+            grids.append([dict(zip(names, v if len(names) > 1 else (v,), strict=True)) for v in mark.args[1]])
+        for combination in itertools.product(*grids):
+            yield {k: v for part in combination for k, v in part.items()}
 
 
 def kernel_test_specs() -> tuple[set[object], set[tuple[object, tuple[int, int]]]]:
@@ -145,29 +220,22 @@ def kernel_test_specs() -> tuple[set[object], set[tuple[object, tuple[int, int]]
 
     rms: set[object] = set(kernel_tests.DTYPE_PAIR_SPECS) | set(kernel_tests.MIXED_SPECS)
     qk = {(spec, (q, k)) for _, spec, q, k in kernel_tests.QK_CASES}
-    for _, function in inspect.getmembers(kernel_tests, inspect.isfunction):
-        marks = [m for m in getattr(function, "pytestmark", []) if m.name == "parametrize"]
-        grids = []
-        for mark in marks:
-            names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else mark.args[0]
-            grids.append([dict(zip(names, v if len(names) > 1 else (v,), strict=True)) for v in mark.args[1]])
-        for combination in itertools.product(*grids):
-            args = {k: v for part in combination for k, v in part.items()}
-            if isinstance(args.get("spec"), RmsNormSpec):
-                rms.add(args["spec"])
-            elif isinstance(args.get("spec"), QkNormSpec) and "q_heads" in args:
-                qk.add((args["spec"], (args["q_heads"], args["k_heads"])))
-            elif isinstance(args.get("spec"), QkNormSpec):  # test_mixed_precision_qk_norm's heads
-                spec = args["spec"]
-                qk.add((spec, (32, 8) if spec.q_hidden <= 256 else (1, 1)))
-            elif "hidden" in args and "mode" in args:
-                params = NormParams(1e-6, args["offset"], args["mode"])
-                rms.add(RmsNormSpec(args["hidden"], args["dtype"], args["weight_dtype"], params))
-            elif "hidden" in args and "out_dtype" in args:
-                dtype, out = args["dtype"], args["out_dtype"]
-                weight = dtype if dtype != "float32" else out
-                params = NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
-                rms.add(RmsNormSpec(args["hidden"], dtype, weight, params, out))
+    for args in parametrized_arguments(kernel_tests):
+        if isinstance(args.get("spec"), RmsNormSpec):
+            rms.add(args["spec"])
+        elif isinstance(args.get("spec"), QkNormSpec) and "q_heads" in args:
+            qk.add((args["spec"], (args["q_heads"], args["k_heads"])))
+        elif isinstance(args.get("spec"), QkNormSpec):  # test_mixed_precision_qk_norm's heads
+            spec = args["spec"]
+            qk.add((spec, (32, 8) if spec.q_hidden <= 256 else (1, 1)))
+        elif "hidden" in args and "mode" in args:
+            params = NormParams(1e-6, args["offset"], args["mode"])
+            rms.add(RmsNormSpec(args["hidden"], args["dtype"], args["weight_dtype"], params))
+        elif "hidden" in args and "out_dtype" in args:
+            dtype, out = args["dtype"], args["out_dtype"]
+            weight = dtype if dtype != "float32" else out
+            params = NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
+            rms.add(RmsNormSpec(args["hidden"], dtype, weight, params, out))
     return rms, qk
 
 
@@ -175,18 +243,68 @@ def test_the_matrix_covers_every_spec_of_the_kernel_gpu_tests() -> None:
     rms, qk = kernel_test_specs()
     entries = matrix()
     assert len(entries) == len(set(entries))
-    covered_rms = {e.spec for e in entries if e.heads is None}
-    covered_qk = {(e.spec, e.heads) for e in entries if e.heads is not None}
+    covered_rms = {e.spec for e in entries if e.kind.name == "rms_norm"}
+    covered_qk = {(e.spec, e.heads) for e in entries if e.kind.name == "qk_norm"}
     assert rms - covered_rms == set()
     assert qk - covered_qk == set()
     modes = {e.spec.params.weight_mode for e in entries}
     assert modes == set(WeightMode)
 
 
+def add_norm_test_specs() -> set[object]:
+    """Every add+norm spec tests/gpu/test_add_norm_gpu.py runs with its own list or its parametrize marks."""
+    pytest.importorskip("cutlass", reason="tests/gpu/test_add_norm_gpu.py needs nvidia-cutlass-dsl to import")
+    import test_add_norm_gpu as add_tests
+
+    from trtfuse.kernels.specs import AddRmsNormSpec
+
+    specs: set[object] = set(add_tests.EVERY_PAIR_AND_WEIGHT)
+    for args in parametrized_arguments(add_tests):
+        if isinstance(args.get("spec"), AddRmsNormSpec):
+            specs.add(args["spec"])
+        elif "hidden" in args:
+            params = NormParams(1e-6, args["offset"], args["mode"])
+            specs.add(AddRmsNormSpec(args["hidden"], args["dtype"], args["weight_dtype"], params, args["out_dtype"]))
+    return specs
+
+
+def test_the_matrix_covers_every_add_norm_dtype_pair_and_weight_mode() -> None:
+    """Each add+norm entry is a spec the add+norm GPU tests run (a failure replays there); together they cover
+    every (D, T) pair in both weight modes with a weight, weight mode NONE for every D, every weight dtype in each
+    mode that has one, a ragged row, a row no vector divides, rows packed several to a block, and both tactics."""
+    from trtfuse.kernels.api import rms_norm_tiling
+    from trtfuse.kernels.artifacts import add_rms_norm_tactics
+    from trtfuse.kernels.tiling import Regime
+
+    specs = add_norm_test_specs()
+    entries = [e for e in matrix() if e.kind.name == "add_rms_norm"]
+    assert entries and all(e.heads is None for e in entries)
+    assert {e.spec for e in entries} <= specs
+
+    def pair_and_mode(spec: object) -> tuple[str, str, WeightMode]:
+        return spec.dtype, spec.out_dtype, spec.params.weight_mode
+
+    weighted = {pair_and_mode(s) for s in specs if s.hidden == 4096 and s.weight_dtype is not None}
+    assert len(weighted) == 7 * 2 and weighted <= {pair_and_mode(e.spec) for e in entries}
+    none = {e.spec.dtype for e in entries if e.spec.params.weight_mode is WeightMode.NONE}
+    assert none == {"float32", "float16", "bfloat16"}
+    for mode in (WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST):
+        weights = {e.spec.weight_dtype for e in entries if e.spec.params.weight_mode is mode}
+        assert weights == {"float32", "float16", "bfloat16"}
+    tilings = [(e.spec.hidden, rms_norm_tiling(e.spec, Regime.PREFILL, aligned=True)) for e in entries]
+    assert any(t.vector == 1 for _, t in tilings), "a row no vector divides"
+    assert any(h % (t.threads_per_row * t.vectors_per_thread * t.vector) for h, t in tilings), "a ragged row"
+    assert any(t.rows_per_block > 1 for _, t in tilings) and len({h for h, _ in tilings}) >= 4
+    assert {len(add_rms_norm_tactics(e.spec)) for e in entries} == {1, 2}
+
+
 def test_the_matrix_specs_survive_the_manifest() -> None:
     for entry in matrix():
-        assert spec_from_json(json.loads(json.dumps(spec_to_json(entry.spec)))) == entry.spec
-    assert len({entry_name(e) for e in matrix()}) > 0
+        item = json.loads(json.dumps(manifest_item(entry, {})))
+        assert item["kind"] == entry.kind.name and "kind" not in item["spec"]
+        assert spec_from_json(item["kind"], item["spec"]) == entry.spec
+    names = [entry_name(e) for e in matrix()]
+    assert {name.split("-")[0] for name in names} == {"rms", "addrms", "qk"}
 
 
 def test_launch_cases_cover_the_row_counts_alignment_and_graphs() -> None:
@@ -204,6 +322,19 @@ def test_launch_cases_cover_the_row_counts_alignment_and_graphs() -> None:
     assert part_rows(qk_entry(), 5) == (20, 10)
 
 
+def test_add_norm_cases_shift_the_residual_and_h_too() -> None:
+    """The shifted pointers are the declaration's: add+norm's residual and h each alone one element (an odd
+    offset) off alignment, and with all five; 0 rows, the graph aligned and shifted."""
+    declaration = add_declaration()
+    cases = launch_cases(declaration, sm_count=132)
+    pointers = pointer_names(declaration)
+    assert pointers == ("x", "residual", "weight", "y", "h")
+    assert {c.shifted for c in cases if len(c.shifted) == 1} == {(name,) for name in pointers}
+    assert [c.tokens for c in cases if c.shifted == pointers and not c.graph] == [1, 133, 4097]
+    assert 0 in {c.tokens for c in cases if not c.shifted} and {c.shifted for c in cases if c.graph} == {(), pointers}
+    assert part_rows(add_entry(), 5) == (5,)
+
+
 def test_shifted_pointers_are_one_element_past_an_aligned_allocation() -> None:
     entry = rms_entry("float16", "float32", "float32")
     case = LaunchCase(3, ("x", "weight", "y"))
@@ -218,36 +349,102 @@ def test_shifted_pointers_are_one_element_past_an_aligned_allocation() -> None:
     assert bool(torch.isnan(part.out).all())
 
 
+def test_add_norm_buffers_follow_the_declaration_with_h_in_the_activation_dtype() -> None:
+    """fp32 x and residual (h fp32 too) with an fp16 y: the residual and h one fp32 element off, x and y aligned;
+    inputs random, both outputs poisoned, every pointer of the declaration given."""
+    entry = add_entry("float32", "float16", "float16")
+    tensors = CaseTensors(entry, add_declaration(64), LaunchCase(3, ("residual", "h")), device="cpu")
+    pointers = tensors.pointers()
+    part = tensors.parts["x"]
+    assert set(pointers) == set(pointer_names(add_declaration()))
+    assert pointers["residual"] % 16 == 4 and pointers["h"] % 16 == 4
+    assert pointers["x"] % 16 == 0 and pointers["y"] % 16 == 0 and pointers["weight"] % 16 == 0
+    assert part.residual.untyped_storage().data_ptr() + 4 == pointers["residual"]
+    assert part.h.dtype == part.x.dtype == part.residual.dtype == torch.float32 and part.out.dtype == torch.float16
+    assert bool(torch.isfinite(part.residual).all()) and not torch.equal(part.residual, part.x)
+    assert bool(torch.isnan(part.h).all()) and bool(torch.isnan(part.out).all())
+    residual = part.residual.clone()
+    part.h.zero_()
+    tensors.refresh()
+    assert not torch.equal(part.residual, residual) and bool(torch.isnan(part.h).all())
+    bf16 = CaseTensors(add_entry("bfloat16"), add_declaration(64), LaunchCase(1, ("h",)), device="cpu").pointers()
+    assert bf16["h"] % 16 == 2 and bf16["residual"] % 16 == 0
+    # A table that misses a declared pointer is an error, not a 0 launched in its place.
+    with pytest.raises(ValueError, match="declares pointers"):
+        CaseTensors(rms_entry(), add_declaration(64), LaunchCase(3), device="cpu")
+
+
 def test_weight_mode_none_gets_a_nan_placeholder_weight() -> None:
     tensors = CaseTensors(rms_entry("bfloat16", None), rms_declaration(64), LaunchCase(3), device="cpu")
     weight = tensors.parts["x"].weight
     assert weight.numel() == 64 and weight.dtype == torch.float32 and bool(torch.isnan(weight).all())
 
 
-def write_reference(entry: MatrixEntry, tensors: CaseTensors) -> None:
+def write_references(entry: MatrixEntry, tensors: CaseTensors) -> None:
+    """The float64 reference's outputs (y, and add+norm's h) written into every part's output buffers."""
+    spec = entry.spec
     for part in tensors.parts.values():
-        x = part.x.view(part.rows, part.hidden)
-        weight = None if entry.spec.weight_dtype is None else part.weight
-        part.out.view(part.rows, part.hidden).copy_(norm_reference(x, weight, entry.spec.params, entry.spec.out_dtype))
+        x, shape = part.x.view(part.rows, part.hidden), (part.rows, part.hidden)
+        weight = None if spec.weight_dtype is None else part.weight
+        if part.residual is None:
+            y = norm_reference(x, weight, spec.params, spec.out_dtype)
+        else:
+            y, h = add_norm_reference(x, part.residual.view(shape), weight, spec.params, spec.out_dtype)
+            part.h.view(shape).copy_(h)
+        part.out.view(shape).copy_(y)
 
 
 @pytest.mark.parametrize(
-    "entry", [rms_entry(), rms_entry("float32", "float32"), rms_entry("bfloat16", None), qk_entry()], ids=repr
+    "entry",
+    [
+        rms_entry(),
+        rms_entry("float32", "float32"),
+        rms_entry("bfloat16", None),
+        qk_entry(),
+        add_entry(),
+        add_entry("float32", "float16", "float16"),
+        add_entry("float16", None, "float32"),
+    ],
+    ids=repr,
 )
 def test_outputs_pass_only_when_written_and_close(entry: MatrixEntry) -> None:
-    declaration = rms_declaration(64) if entry.heads is None else qk_declaration()
+    declaration = declaration_for(entry)
     tensors = CaseTensors(entry, declaration, LaunchCase(3, pointer_names(declaration)), device="cpu")
     parts = list(tensors.parts.values())
     assert all(not compare_part(entry.spec, part)[0] for part in parts)  # poisoned: nothing written yet
-    write_reference(entry, tensors)
+    write_references(entry, tensors)
     assert all(compare_part(entry.spec, part)[0] for part in parts)
     parts[0].out.view(-1)[5] = float("nan")
-    assert "1 NaN" in compare_part(entry.spec, parts[0])[1]
-    write_reference(entry, tensors)
+    assert compare_part(entry.spec, parts[0])[1].startswith(f"{parts[0].names.out}: 1 NaN")
+    write_references(entry, tensors)
     # An absolute step: a relative one can land within the absolute floor when the element is near zero.
     parts[-1].out.view(-1)[7] += 1.0
     passed, detail, _, worst = compare_part(entry.spec, parts[-1])
     assert not passed and "outside" in detail and worst > 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_add_norm_h_must_be_the_rounded_sum_bit_for_bit(dtype: str) -> None:
+    """h passes only as D(x + residual) exactly: one unit in the last place off fails, and so does -0 for the +0
+    of an exact cancellation (equal as values), and an unwritten element."""
+    entry = add_entry(dtype, "float32", "float32" if dtype != "float32" else None)
+    tensors = CaseTensors(entry, add_declaration(64), LaunchCase(3), device="cpu")
+    part = tensors.parts["x"]
+    x, residual = part.x.view(3, 64), part.residual.view(3, 64)
+    x[1, 2], residual[1, 2] = 1.5, -1.5
+    write_references(entry, tensors)
+    assert compare_part(entry.spec, part)[0]
+    as_int = {2: torch.int16, 4: torch.int32}[part.h.element_size()]
+    h_bits = part.h.view(as_int)
+    h_bits[70] += 1
+    assert compare_part(entry.spec, part)[:2] == (False, "h: 1 elements not bit-exact D(x + residual)")
+    h_bits[70] -= 1
+    assert part.h.view(3, 64)[1, 2].item() == 0.0 and not torch.signbit(part.h.view(3, 64)[1, 2])
+    part.h.view(3, 64)[1, 2] = -0.0
+    assert not compare_part(entry.spec, part)[0]
+    write_references(entry, tensors)
+    part.h.view(-1)[0] = float("nan")
+    assert compare_part(entry.spec, part)[1] == "h: 1 NaN elements (unwritten or computed)"
 
 
 def test_a_zero_row_launch_must_leave_the_poisoned_output_untouched() -> None:
@@ -257,7 +454,11 @@ def test_a_zero_row_launch_must_leave_the_poisoned_output_untouched() -> None:
     assert part.rows == 0 and part.out.numel() == 64
     assert compare_part(entry.spec, part)[0]
     part.out[0] = 1.0
-    assert compare_part(entry.spec, part)[:2] == (False, "1 elements written by a 0-row launch")
+    assert compare_part(entry.spec, part)[:2] == (False, "y: 1 elements written by a 0-row launch")
+    add = CaseTensors(add_entry(), add_declaration(64), LaunchCase(0), device="cpu").parts["x"]
+    assert add.h.numel() == 64 and compare_part(add_entry().spec, add)[0]
+    add.h[3] = 0.0
+    assert compare_part(add_entry().spec, add)[:2] == (False, "h: 1 elements written by a 0-row launch")
 
 
 def test_the_bare_process_guard_blocks_cutlass_and_tvm_ffi() -> None:
@@ -300,10 +501,11 @@ def test_the_check_summary_names_every_failure(capsys: pytest.CaptureFixture[str
 class CpuLaunches:
     """The driver and CUDA replaced on the CPU: every buffer a case allocates is registered by its pointer, and a
     launch packs its arguments as the real one does, then writes the float64 reference through the pointers
-    the driver would read (`faulty`: and leaves the last row of each output NaN)."""
+    the driver would read. `fault`: "unwritten" leaves the last row of every output NaN; "sum" puts add+norm's h one
+    unit in the last place off in one element of the last row (y stays right)."""
 
-    def __init__(self, faulty: bool) -> None:
-        self.faulty = faulty
+    def __init__(self, fault: str) -> None:
+        self.fault = fault
         self.tensors: dict[int, torch.Tensor] = {}
         self.spec: object = None
         launches = self
@@ -312,7 +514,7 @@ class CpuLaunches:
             def __init__(self, entry: MatrixEntry, declaration: LaunchDeclaration, case: LaunchCase) -> None:
                 super().__init__(entry, declaration, case, device="cpu")
                 for part in self.parts.values():
-                    launches.tensors |= {t.data_ptr(): t for t in (part.x, part.weight, part.out)}
+                    launches.tensors |= {t.data_ptr(): t for t in part.by_name().values()}
                 launches.spec = entry.spec
 
         class Kernel:
@@ -339,31 +541,45 @@ class CpuLaunches:
         packed = pack_params(declaration, argument_values(declaration, pointers, rows))
         values = dict(zip([p.name for p in declaration.params], values_the_driver_reads(packed), strict=True))
         spec = self.spec
-        for part, n in zip(declaration.parts, rows, strict=True):
-            x_name, w_name, out_name = PART_TENSORS[part.name]
+        for (_, names), part, n in zip(part_pointers(spec, declaration), declaration.parts, rows, strict=True):
             if n == 0:
                 continue
-            weight = None if spec.weight_dtype is None else self.tensors[values[w_name]]
-            out = self.view(values[out_name], n, part.hidden)
-            out.copy_(norm_reference(self.view(values[x_name], n, part.hidden), weight, spec.params, spec.out_dtype))
-            if self.faulty:
-                out[-1] = float("nan")
+
+            def at(name: str, n: int = n, hidden: int = part.hidden) -> torch.Tensor:
+                return self.view(values[name], n, hidden)
+
+            weight = None if spec.weight_dtype is None else self.tensors[values[names.weight]]
+            outputs = [at(names.out)]
+            if names.residual is None:
+                outputs[0].copy_(norm_reference(at(names.x), weight, spec.params, spec.out_dtype))
+            else:
+                y, h = add_norm_reference(at(names.x), at(names.residual), weight, spec.params, spec.out_dtype)
+                outputs[0].copy_(y)
+                outputs.append(at(names.h).copy_(h))
+                if self.fault == "sum":
+                    bits = outputs[1].view({2: torch.int16, 4: torch.int32}[h.element_size()])
+                    bits[-1, 0] += 1
+            if self.fault == "unwritten":
+                for output in outputs:
+                    output[-1] = float("nan")
 
 
-@pytest.mark.parametrize("faulty", [False, True])
-def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faulty: bool) -> None:
+@pytest.mark.parametrize("fault", ["none", "unwritten", "sum"])
+def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
     """`check_artifacts` end to end on the CPU (CpuLaunches): manifest, both images, every case, the report."""
     from trtfuse.kernels.declaration import KernelArtifact
 
-    entries = [(rms_entry("bfloat16", None), rms_declaration(64)), (qk_entry(), qk_declaration())]
+    entries = [
+        (rms_entry("bfloat16", None), rms_declaration(64)),
+        (qk_entry(), qk_declaration()),
+        (add_entry("float32", "bfloat16", "bfloat16"), add_declaration(64)),
+    ]
     manifest = {"format": MANIFEST_FORMAT, "arch": "sm_90a", "entries": []}
     for i, (entry, declaration) in enumerate(entries):
         write_artifact(tmp_path, f"e{i}", KernelArtifact(declaration, ".entry k()\n", b"\x7fELF"))
-        heads = None if entry.heads is None else list(entry.heads)
-        spec = spec_to_json(entry.spec)
-        manifest["entries"].append({"spec": spec, "heads": heads, "stems": {"PREFILL": f"e{i}"}})
+        manifest["entries"].append(manifest_item(entry, {"PREFILL": f"e{i}"}))
     (tmp_path / MANIFEST).write_text(json.dumps(manifest))
-    fakes = CpuLaunches(faulty)
+    fakes = CpuLaunches(fault)
     monkeypatch.setattr("trtfuse.bench.aot.check.DriverKernel", fakes.kernel_class)
     monkeypatch.setattr("trtfuse.bench.aot.check.CaseTensors", fakes.tensors_class)
     monkeypatch.setattr("trtfuse.bench.aot.check.captured_launch", fakes.replay_class)
@@ -376,17 +592,30 @@ def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
 
     report = check_artifacts(tmp_path)
-    per_image = len(launch_cases(rms_declaration(64), 4)) + len(launch_cases(qk_declaration(), 4))
-    per_image += 2 * len(NULL_POINTER_CASES)
-    assert report["cases"] == 2 * per_image and report["artifacts"] == 2
+    cases_of = {
+        f"e{i}": len(launch_cases(declaration, 4)) + len(NULL_POINTER_CASES)
+        for i, (_, declaration) in enumerate(entries)
+    }
+    assert report["cases"] == 2 * sum(cases_of.values()) and report["artifacts"] == 3
     ran = {(r["artifact"], r["image"]) for r in report["results"]}
-    assert ran == {(stem, image) for stem in ("e0", "e1") for image in ("ptx", "cubin")}
-    failed = {r["case"] for r in report["results"] if not r["passed"]}
-    if faulty:
-        assert "tokens=0" not in failed and "tokens=3" in failed and "tokens=3 shifted=x,weight,y graph" in failed
-        assert report["failed"] == 2 * per_image - 8  # all but the 0-row launches (2 per image, 4 images)
+    assert ran == {(stem, image) for stem in cases_of for image in ("ptx", "cubin")}
+    failed = [r for r in report["results"] if not r["passed"]]
+    # Every case but the 0-row launches (2 per image) launches rows, and the fault shows in each of those.
+    zero_rows = 2
+    if fault == "unwritten":
+        cases = {r["case"] for r in failed}
+        assert "tokens=0" not in cases and "tokens=3" in cases and "tokens=3 shifted=x,weight,y graph" in cases
+        assert report["failed"] == 2 * sum(n - zero_rows for n in cases_of.values())
+        add_details = {r["detail"] for r in failed if r["artifact"] == "e2"}
+        assert all(d.startswith(("h: 64 NaN", "replay 0: h: 64 NaN")) for d in add_details), add_details
+        assert "tokens=3 shifted=residual" in {r["case"] for r in failed if r["artifact"] == "e2"}
+    elif fault == "sum":
+        assert {r["artifact"] for r in failed} == {"e2"} and len(failed) == 2 * (cases_of["e2"] - zero_rows)
+        assert {r["detail"].removeprefix("replay 0: ") for r in failed} == {
+            "h: 1 elements not bit-exact D(x + residual)"
+        }
     else:
-        assert failed == set() and report["failed"] == 0
+        assert failed == [] and report["failed"] == 0
 
 
 # --- GPU: compile, then check in a bare-driver process ---------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,12 @@ from trtfuse.kernels.tiling import Regime
 
 AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
 QWEN3_QK = QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
-RMS_PARAMS = ["x", "weight", "rows", "y"]
-QK_PARAMS = ["q", "k", "q_weight", "k_weight", "q_rows", "k_rows", "q_blocks", "q_out", "k_out"]
+# Each kernel kind's parameters, in TensorRT's order (inputs, scalars, outputs), as the PTX entry must take them.
+KIND_PARAMS = {
+    "rms_norm": ["x", "weight", "rows", "y"],
+    "add_rms_norm": ["x", "residual", "weight", "rows", "y", "h"],
+    "qk_norm": ["q", "k", "q_weight", "k_weight", "q_rows", "k_rows", "q_blocks", "q_out", "k_out"],
+}
 ENTRY = re.compile(r"\.visible \.entry (\w+)\((.*?)\)", re.S)
 
 
@@ -71,20 +76,24 @@ def test_every_artifact_compiles_for_every_architecture(
     arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The matrix the H200 check runs (every spec of the kernel GPU tests: dtype pairs, weight modes, hidden sizes,
-    QK shapes; every tactic), compiled for each target and read back as the bare-driver check reads it."""
+    QK shapes; add+norm's dtype pairs, weight modes and hidden sizes; every tactic), compiled for each target and
+    read back as the bare-driver check reads it."""
     monkeypatch.setenv("TRTFUSE_KERNEL_CACHE", str(tmp_path / "cache"))
     manifest = compile_matrix(tmp_path / "artifacts", arch, jobs=2)
     names = set()
+    per_kind: Counter[str] = Counter()
     for entry, stems in manifest_entries(manifest):
         for tactic_name, stem in stems.items():
             artifact = read_artifact(tmp_path / "artifacts", stem)
             check_artifact(artifact, arch)
             assert artifact.declaration.tactic is Tactic[tactic_name]
-            expected = RMS_PARAMS if entry.heads is None else QK_PARAMS
-            assert [p.name for p in artifact.declaration.params] == expected
+            assert [p.name for p in artifact.declaration.params] == KIND_PARAMS[entry.kind.name]
             names.add(artifact.declaration.kernel_name)
+            per_kind[entry.kind.name] += 1
     assert len(names) == sum(len(stems) for _, stems in manifest_entries(manifest)), "shared entry names"
-    assert len(names) >= 150
+    # A floor per kind, so a matrix that lost its entries of one kind fails here too.
+    assert set(per_kind) == set(KIND_PARAMS)
+    assert per_kind["rms_norm"] + per_kind["qk_norm"] >= 150 and per_kind["add_rms_norm"] >= 30
 
 
 def test_vector_kernels_keep_an_in_kernel_scalar_path(cache_root: Path) -> None:

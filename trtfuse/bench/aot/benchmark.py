@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from trtfuse.bench.aot.driver import DriverKernel, bind_torch_context
+from trtfuse.bench.aot.matrix import Spec, kind_of
 from trtfuse.bench.kernels import (
     DECODE_HIDDEN,
     DECODE_ROWS,
@@ -59,14 +60,12 @@ def expected_tactic(rows: int, sm_count: int, offered: tuple[Tactic, ...]) -> Ta
     return tactic if tactic in offered else Tactic.PREFILL
 
 
-def aot_kernels(spec: RmsNormSpec | QkNormSpec) -> dict[Tactic, DriverKernel]:
+def aot_kernels(spec: Spec) -> dict[Tactic, DriverKernel]:
     """Every tactic's artifact for this GPU, loaded from its PTX."""
     arch = current_device().arch
-    if isinstance(spec, RmsNormSpec):
-        return {
-            t: DriverKernel(artifacts.rms_norm_artifact(spec, t, arch), "ptx") for t in artifacts.rms_norm_tactics(spec)
-        }
-    return {t: DriverKernel(artifacts.qk_norm_artifact(spec, t, arch), "ptx") for t in artifacts.qk_norm_tactics(spec)}
+    kind = kind_of(spec)
+    build, tactics = getattr(artifacts, kind.build), getattr(artifacts, kind.tactics)
+    return {t: DriverKernel(build(spec, t, arch), "ptx") for t in tactics(spec)}
 
 
 def timed_side_by_side(

@@ -14,8 +14,9 @@ GRAPH_ROWS = 32
 
 @dataclass(frozen=True)
 class LaunchCase:
-    """One launch to check: `tokens` rows (RMSNorm) or tokens of `heads` rows each (QK-norm), the pointers in
-    `shifted` one element off the allocation's alignment, or launched from replays of a captured CUDA graph;
+    """One launch to check: `tokens` rows (RMSNorm, add+norm) or tokens of `heads` rows each (QK-norm), the pointers
+    in `shifted` one element (an odd offset) off the allocation's alignment, or launched from replays of a captured
+    CUDA graph;
     `null`: every pointer 0 (what a runtime may pass for empty tensors; 0 tokens only)."""
 
     tokens: int
@@ -35,8 +36,9 @@ class LaunchCase:
 
 
 def launch_cases(declaration: LaunchDeclaration, sm_count: int) -> list[LaunchCase]:
-    """0 rows (a no-op), 1, 3, one per SM, a ragged and a large count; each pointer alone and all of them one
-    element off alignment; a graph capture, aligned and shifted."""
+    """0 rows (a no-op), 1, 3, one per SM, a ragged and a large count; each pointer the declaration names (inputs
+    and outputs: add+norm's residual and h too) alone and all of them one element off alignment; a graph capture,
+    aligned and shifted."""
     pointers = pointer_names(declaration)
     cases = [LaunchCase(tokens) for tokens in (0, 1, 3, sm_count, RAGGED_ROWS, LARGE_ROWS)]
     cases += [LaunchCase(3, (name,)) for name in pointers]

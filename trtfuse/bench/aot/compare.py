@@ -1,41 +1,78 @@
-"""One row part's output against the float64 reference, within the kernels' elementwise tolerance."""
+"""One row part's outputs against the float64 reference: y within the kernels' elementwise tolerance and, for
+add+norm, h bit for bit."""
 
 from __future__ import annotations
 
 import torch
 
+from trtfuse.bench.aot.matrix import Spec
 from trtfuse.bench.aot.tensors import PartTensors
-from trtfuse.bench.reference import norm_reference
+from trtfuse.bench.reference import add_norm_reference, norm_reference
 from trtfuse.contract import WeightMode
-from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 from trtfuse.verify.tolerances import KERNEL_ELEMENTWISE
 
+# Integer views of the same width, to compare h's bits: a value comparison would let -0 pass for +0.
+SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32}
+Comparison = tuple[bool, str, float, float]
 
-def rounded_to(spec: RmsNormSpec | QkNormSpec) -> str | None:
+
+def rounded_to(spec: Spec) -> str | None:
     """AFTER_CAST's 16-bit intermediate R, whose last-place units then set the tolerance; None otherwise."""
     if spec.params.weight_mode is not WeightMode.AFTER_CAST:
         return None
     return spec.dtype if spec.dtype != "float32" else spec.out_dtype
 
 
-def compare_part(spec: RmsNormSpec | QkNormSpec, part: PartTensors) -> tuple[bool, str, float, float]:
-    """(passed, detail, max abs error, worst |error| / allowed) of one part's output against the reference."""
-    out = part.out.view(max(part.rows, 1), part.hidden)
+def untouched(part: PartTensors) -> Comparison:
+    """A 0-row launch: every output still all NaN."""
+    for name, output in ((part.names.out, part.out), (part.names.h, part.h)):
+        written = 0 if output is None else int((~torch.isnan(output)).sum())
+        if written:
+            return False, f"{name}: {written} elements written by a 0-row launch", 0.0, 0.0
+    return True, "", 0.0, 0.0
+
+
+def compare_sum(part: PartTensors, reference: torch.Tensor) -> str:
+    """Why h is not exactly the reference's rounded sum D(x + residual) ("" when it is)."""
+    h = part.h.view(part.rows, part.hidden)
+    nan = int(torch.isnan(h).sum())
+    if nan:
+        return f"{part.names.h}: {nan} NaN elements (unwritten or computed)"
+    as_int = SAME_WIDTH_INT[h.element_size()]
+    differing = int((h.view(as_int) != reference.view(as_int)).sum())
+    if differing:
+        return f"{part.names.h}: {differing} elements not bit-exact D({part.names.x} + {part.names.residual})"
+    return ""
+
+
+def compare_part(spec: Spec, part: PartTensors) -> Comparison:
+    """(passed, detail, max abs error of y, worst |error| / allowed of y) of one part's outputs against the
+    reference; the detail names the failing output's parameter."""
     if part.rows == 0:
-        written = int((~torch.isnan(out)).sum())
-        return written == 0, f"{written} elements written by a 0-row launch" if written else "", 0.0, 0.0
+        return untouched(part)
     x = part.x.view(part.rows, part.hidden)
     weight = None if spec.weight_dtype is None else part.weight
-    reference = norm_reference(x, weight, spec.params, spec.out_dtype).double()
+    if part.residual is None:
+        reference = norm_reference(x, weight, spec.params, spec.out_dtype)
+    else:
+        residual = part.residual.view(part.rows, part.hidden)
+        # y's reference is the RMSNorm of the reference's rounded h, so a wrong h cannot hide in y's tolerance.
+        reference, h_reference = add_norm_reference(x, residual, weight, spec.params, spec.out_dtype)
+        wrong_sum = compare_sum(part, h_reference)
+        if wrong_sum:
+            return False, wrong_sum, 0.0, 0.0
+    reference = reference.double()
+    out = part.out.view(part.rows, part.hidden)
     rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
     error = (out.double() - reference).abs()
     ratio = error / (atol + rtol * reference.abs())
     nan = int(torch.isnan(out).sum())
     worst = float(ratio.nan_to_num(nan=float("inf")).max())
     max_abs = float(error.nan_to_num(nan=float("inf")).max())
+    name = part.names.out
     if nan:
-        return False, f"{nan} NaN elements (unwritten or computed)", max_abs, worst
+        return False, f"{name}: {nan} NaN elements (unwritten or computed)", max_abs, worst
     failing = int((ratio > 1).sum())
     if failing:
-        return False, f"{failing} elements outside rtol {rtol:g} atol {atol:g}", max_abs, worst
+        return False, f"{name}: {failing} elements outside rtol {rtol:g} atol {atol:g}", max_abs, worst
     return True, "", max_abs, worst

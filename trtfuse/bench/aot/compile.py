@@ -7,23 +7,22 @@ from pathlib import Path
 from typing import Any
 
 from trtfuse.bench.aot.manifest import manifest_item, spec_from_json, spec_to_json, write_artifact, write_manifest
-from trtfuse.bench.aot.matrix import MatrixEntry, entry_name, matrix
+from trtfuse.bench.aot.matrix import MatrixEntry, entry_name, kind_named, matrix
 from trtfuse.kernels.declaration import Tactic
 
 
 def tactics_of(entry: MatrixEntry) -> tuple[Tactic, ...]:
     from trtfuse.kernels import artifacts
 
-    return artifacts.rms_norm_tactics(entry.spec) if entry.heads is None else artifacts.qk_norm_tactics(entry.spec)
+    return getattr(artifacts, entry.kind.tactics)(entry.spec)
 
 
-def compile_one(spec_json: dict[str, Any], qk: bool, tactic: int, stem: str, arch: str, folder: str) -> str:
+def compile_one(kind: str, spec_json: dict[str, Any], tactic: int, stem: str, arch: str, folder: str) -> str:
     """Compile one artifact (through the kernel cache) and write its files; runs in a worker process."""
     from trtfuse.kernels import artifacts
 
-    spec = spec_from_json(spec_json)
-    build = artifacts.qk_norm_artifact if qk else artifacts.rms_norm_artifact
-    write_artifact(Path(folder), stem, build(spec, Tactic(tactic), arch))
+    build = getattr(artifacts, kind_named(kind).build)
+    write_artifact(Path(folder), stem, build(spec_from_json(kind, spec_json), Tactic(tactic), arch))
     return stem
 
 
@@ -41,7 +40,7 @@ def compile_matrix(folder: Path, arch: str, jobs: int) -> dict[str, Any]:
         stems = {}
         for tactic in tactics_of(entry):
             stems[tactic.name] = f"{name}-{tactic.name.lower()}"
-            tasks.append((spec, entry.heads is not None, int(tactic), stems[tactic.name]))
+            tasks.append((entry.kind.name, spec, int(tactic), stems[tactic.name]))
         items.append(manifest_item(entry, stems))
     # Separate processes, not threads: CuTeDSL compiles under a process-wide lock.
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:

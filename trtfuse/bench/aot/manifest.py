@@ -1,5 +1,5 @@
 """A folder of compiled artifacts: `<stem>.ptx`, `<stem>.cubin`, `<stem>.json` (the launch declaration) per artifact,
-and `manifest.json`, which lists each matrix entry's spec, heads and artifact stem per tactic."""
+and `manifest.json`, which lists each matrix entry's kernel kind, spec, heads and artifact stem per tactic."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from trtfuse.bench.aot.matrix import MatrixEntry
+from trtfuse.bench.aot.matrix import KIND_NAMES, MatrixEntry, Spec, kind_named
 from trtfuse.contract import NormParams
 from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration
-from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
 
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
+# 2: an entry's kind is its own field ("rms_norm", "add_rms_norm", "qk_norm"), no longer a key of its spec. Format 1
+# held no add+norm entries: checking such a folder would pass without launching one, so it is refused.
+MANIFEST_FORMAT = 2
 
 
 class BadArtifactFolder(Exception):
@@ -41,26 +42,23 @@ def read_artifact(folder: Path, stem: str) -> KernelArtifact:
     return KernelArtifact(declaration, paths[1].read_text(), paths[2].read_bytes())
 
 
-def spec_to_json(spec: RmsNormSpec | QkNormSpec) -> dict[str, Any]:
+def spec_to_json(spec: Spec) -> dict[str, Any]:
+    """The spec's fields (the weight mode as its int); its kind is the manifest entry's."""
     data = dataclasses.asdict(spec)
     data["params"]["weight_mode"] = int(spec.params.weight_mode)
-    data["kind"] = "rms_norm" if hasattr(spec, "hidden") else "qk_norm"
     return data
 
 
-def spec_from_json(data: Mapping[str, Any]) -> RmsNormSpec | QkNormSpec:
-    fields = {key: value for key, value in data.items() if key != "kind"}
+def spec_from_json(kind: str, data: Mapping[str, Any]) -> Spec:
+    fields = dict(data)
     fields["params"] = NormParams(**fields["params"])
-    kinds = {"rms_norm": RmsNormSpec, "qk_norm": QkNormSpec}
-    if data.get("kind") not in kinds:
-        raise ValueError(f"spec kind {data.get('kind')!r} is not one of {sorted(kinds)}")
-    return kinds[data["kind"]](**fields)
+    return kind_named(kind).spec_type(**fields)
 
 
 def manifest_item(entry: MatrixEntry, stems: Mapping[str, str]) -> dict[str, Any]:
-    """One entry's line of the manifest: its spec, its heads and its artifact stem per tactic name."""
+    """One entry's line of the manifest: its kind, its spec, its heads and its artifact stem per tactic name."""
     heads = None if entry.heads is None else list(entry.heads)
-    return {"spec": spec_to_json(entry.spec), "heads": heads, "stems": dict(stems)}
+    return {"kind": entry.kind.name, "spec": spec_to_json(entry.spec), "heads": heads, "stems": dict(stems)}
 
 
 def write_manifest(folder: Path, arch: str, items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -74,12 +72,19 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise BadArtifactFolder(f"{path}: no manifest ({compile_hint(folder)})")
     manifest = json.loads(path.read_text())
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise BadArtifactFolder(f"{path}: manifest format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}")
+    found = manifest.get("format")
+    if found != MANIFEST_FORMAT:
+        raise BadArtifactFolder(
+            f"{path}: manifest format {found!r}, this check reads format {MANIFEST_FORMAT} ({compile_hint(folder)})"
+        )
+    # Every kind before any launch: an unknown one would otherwise stop the run half-way with a traceback.
+    unknown = sorted({item.get("kind") for item in manifest["entries"]} - set(KIND_NAMES), key=repr)
+    if unknown:
+        raise BadArtifactFolder(f"{path}: kernel kind {unknown[0]!r} is not one of {list(KIND_NAMES)}")
     return manifest
 
 
 def manifest_entries(manifest: Mapping[str, Any]) -> Iterator[tuple[MatrixEntry, dict[str, str]]]:
     for item in manifest["entries"]:
         heads = None if item["heads"] is None else tuple(item["heads"])
-        yield MatrixEntry(spec_from_json(item["spec"]), heads), item["stems"]
+        yield MatrixEntry(spec_from_json(item["kind"], item["spec"]), heads), item["stems"]

@@ -1,25 +1,149 @@
-"""The spec x tactic matrix: what the CPU compile test compiles and the GPU check launches."""
+"""The spec x tactic matrix: what the CPU compile test compiles and the GPU check launches; the kernel kinds it
+holds and, per kind, which buffer each pointer parameter of a row part is."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trtfuse.contract import NormParams, WeightMode
-from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+from trtfuse.bench.aot.params import pointer_names
+from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, NormParams, WeightMode, dtype_pair_problem
+from trtfuse.kernels.declaration import LaunchDeclaration
+from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
+
+Spec = RmsNormSpec | AddRmsNormSpec | QkNormSpec
+
+
+@dataclass(frozen=True)
+class PartPointers:
+    """The pointer parameters of one row part by what they hold: what the check allocates, fills and compares."""
+
+    x: str  # the activation
+    weight: str
+    out: str  # y
+    residual: str | None = None  # add+norm: the second addend (x's shape and dtype)
+    h: str | None = None  # add+norm: the rounded sum D(x + residual), an output of x's dtype
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.x, self.residual, self.weight, self.out, self.h) if n is not None)
+
+
+@dataclass(frozen=True, eq=False)
+class Kind:
+    """One kernel kind of the matrix: its name in the manifest and in file names, its spec class, the pointers of
+    each row part (by the declaration's part names), and the `trtfuse.kernels.artifacts` functions that build its
+    artifacts, named rather than imported because that module imports CuTeDSL, which the check process may not."""
+
+    name: str
+    short: str
+    spec_type: type
+    parts: Mapping[str, PartPointers]
+    build: str  # (spec, tactic, arch) -> KernelArtifact
+    tactics: str  # (spec) -> tuple[Tactic, ...]
+
+
+KINDS = (
+    Kind(
+        "rms_norm",
+        "rms",
+        RmsNormSpec,
+        {"x": PartPointers("x", "weight", "y")},
+        "rms_norm_artifact",
+        "rms_norm_tactics",
+    ),
+    Kind(
+        "add_rms_norm",
+        "addrms",
+        AddRmsNormSpec,
+        {"x": PartPointers("x", "weight", "y", residual="residual", h="h")},
+        "add_rms_norm_artifact",
+        "add_rms_norm_tactics",
+    ),
+    Kind(
+        "qk_norm",
+        "qk",
+        QkNormSpec,
+        {"q": PartPointers("q", "q_weight", "q_out"), "k": PartPointers("k", "k_weight", "k_out")},
+        "qk_norm_artifact",
+        "qk_norm_tactics",
+    ),
+)
+KIND_NAMES = tuple(kind.name for kind in KINDS)
+
+
+def kind_of(spec: Spec) -> Kind:
+    # By exact class: an add+norm spec has every field an RMSNorm spec has.
+    (kind,) = (k for k in KINDS if type(spec) is k.spec_type)
+    return kind
+
+
+def kind_named(name: str) -> Kind:
+    for kind in KINDS:
+        if kind.name == name:
+            return kind
+    raise ValueError(f"kernel kind {name!r} is not one of {list(KIND_NAMES)}")
+
+
+def part_pointers(spec: Spec, declaration: LaunchDeclaration) -> list[tuple[str, PartPointers]]:
+    """Each declared row part's pointers, in the declaration's part order; raises when the kind's pointers are not
+    exactly the declaration's, so a pointer the table misses is never launched as an unallocated 0."""
+    kind = kind_of(spec)
+    missing = [part.name for part in declaration.parts if part.name not in kind.parts]
+    if missing:
+        raise ValueError(f"{declaration.kernel_name}: no pointers known for part {missing[0]!r} of a {kind.name}")
+    parts = [(part.name, kind.parts[part.name]) for part in declaration.parts]
+    known = sorted(name for _, pointers in parts for name in pointers.names())
+    declared = sorted(pointer_names(declaration))
+    if known != declared:
+        raise ValueError(f"{declaration.kernel_name} declares pointers {declared}, a {kind.name} has {known}")
+    return parts
 
 
 @dataclass(frozen=True)
 class MatrixEntry:
-    """One spec to compile and check; `heads` (q, k) per token for QK-norm, None for RMSNorm."""
+    """One spec to compile and check; `heads` (q, k) per token for QK-norm, None for the one-part kinds."""
 
-    spec: RmsNormSpec | QkNormSpec
+    spec: Spec
     heads: tuple[int, int] | None = None
+
+    @property
+    def kind(self) -> Kind:
+        return kind_of(self.spec)
+
+
+def add_norm_specs() -> list[AddRmsNormSpec]:
+    """Add+norm specs of tests/gpu/test_add_norm_gpu.py: at H=4096 every (D, T) pair with a weight in both weight
+    modes (the weight dtype rotating, so each mode meets each weight dtype) and without one for one pair per D; of
+    its hidden-size grid 128 (rows packed 8 to a block, one tactic), 1000 (ragged: a row's last vectors fall short
+    of its threads' slots) and 1001 (no vector divides the row: the element path alone).
+
+    Fewer than the GPU tests run (their full product is 91 artifacts at H=4096 alone): every artifact is compiled
+    for five architectures by the CPU test as well, and an add+norm artifact costs it about 1.5 RMSNorm ones. What
+    the AOT launch adds to the JIT kernels the GPU tests cover is in every spec here: the five pointers' order and
+    alignment test, the element path, the grid. NONE differs from BEFORE_CAST only in never reading the weight,
+    which the NaN placeholder weight shows in any pair."""
+    after, before, none = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
+    pairs = [(d, t) for d, t in itertools.product(ACTIVATION_DTYPES, repeat=2) if dtype_pair_problem(d, t) is None]
+    specs = [
+        AddRmsNormSpec(4096, d, WEIGHT_DTYPES[(i + m) % len(WEIGHT_DTYPES)], NormParams(1e-6, offset, mode), t)
+        for i, (d, t) in enumerate(pairs)
+        for m, (mode, offset) in enumerate(((after, 0.0), (before, 1.0)))
+    ]
+    # One pair per D: two mixed (a narrower y, a wider y) and one plain.
+    no_weight = (("float32", "bfloat16"), ("float16", "float32"), ("bfloat16", "bfloat16"))
+    specs += [AddRmsNormSpec(4096, d, None, NormParams(1e-5, 0.0, none), t) for d, t in no_weight]
+    bf16 = ("bfloat16", "bfloat16", "bfloat16")
+    fp32_stream = ("float32", "float16", "float16")  # an fp32 residual stream with an fp16 y
+    for hidden, (d, w, t) in ((128, bf16), (1000, fp32_stream), (1001, bf16)):
+        specs.append(AddRmsNormSpec(hidden, d, w, NormParams(1e-6, 0.0, after), t))
+    return specs
 
 
 def matrix() -> list[MatrixEntry]:
     """Every spec of tests/gpu/test_kernels_gpu.py (dtype pairs and modes, hidden sizes, prefill re-reads, unaligned
-    pointers, mixed precision, the CUDA-graph specs; QK-norm with its head counts), each once."""
+    pointers, mixed precision, the CUDA-graph specs; QK-norm with its head counts), each once; then the add+norm
+    specs of `add_norm_specs`."""
     after, before, none = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
     dtypes = ("float32", "float16", "bfloat16")
     hiddens = (64, 128, 1000, 2048, 4096, 5120, 8192)
@@ -82,6 +206,7 @@ def matrix() -> list[MatrixEntry]:
         (QkNormSpec(4096, 1024, "float16", "float32", NormParams(1e-6, 0.0, after), "float32"), (1, 1)),
     ]
     entries = [MatrixEntry(spec) for spec in rms] + [MatrixEntry(spec, heads) for spec, heads in qk]
+    entries += [MatrixEntry(spec) for spec in add_norm_specs()]
     return list(dict.fromkeys(entries))
 
 
@@ -90,7 +215,7 @@ def entry_name(entry: MatrixEntry) -> str:
     spec = entry.spec
     params = spec.params
     size = f"h{spec.hidden}" if entry.heads is None else f"q{spec.q_hidden}k{spec.k_hidden}"
-    kind = "rms" if entry.heads is None else "qk"
+    kind = entry.kind.short
     weight = spec.weight_dtype or "noweight"
     mode = params.weight_mode.name.lower()
     return (
@@ -99,7 +224,8 @@ def entry_name(entry: MatrixEntry) -> str:
 
 
 def part_rows(entry: MatrixEntry, tokens: int) -> tuple[int, ...]:
-    """Each row part's row count for `tokens` tokens: the rows themselves, or tokens x (q heads, k heads)."""
+    """Each row part's row count for `tokens` tokens: the rows themselves (RMSNorm, add+norm), or tokens x (q heads,
+    k heads)."""
     if entry.heads is None:
         return (tokens,)
     return tuple(tokens * heads for heads in entry.heads)

@@ -1,5 +1,5 @@
-"""The buffers of one launch case: random activations and weights, NaN-poisoned outputs, pointers shifted where the
-case says."""
+"""The buffers of one launch case: random activations (and residuals) and weights, NaN-poisoned outputs, pointers
+shifted where the case says."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from trtfuse.bench.aot.cases import LaunchCase
-from trtfuse.bench.aot.matrix import MatrixEntry, part_hidden, part_rows
+from trtfuse.bench.aot.matrix import MatrixEntry, PartPointers, part_hidden, part_pointers, part_rows
 from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE
 from trtfuse.kernels.declaration import LaunchDeclaration
-
-# Each row part's tensors, by parameter name: (activation, weight, output).
-PART_TENSORS = {"x": ("x", "weight", "y"), "q": ("q", "q_weight", "q_out"), "k": ("k", "k_weight", "k_out")}
 
 
 def offset_view(numel: int, dtype: torch.dtype, offset: int, device: str) -> torch.Tensor:
@@ -31,56 +28,96 @@ def random_rows(rows: int, hidden: int, out: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PartTensors:
-    """One row part's buffers: activation, weight (a NaN placeholder in weight_mode NONE), output."""
+    """One row part's buffers: activation, weight (a NaN placeholder in weight_mode NONE), output and, for
+    add+norm, the residual and the sum output h; `names` are their pointer parameters."""
 
+    names: PartPointers
     x: torch.Tensor
     weight: torch.Tensor
     out: torch.Tensor
     rows: int
     hidden: int
+    residual: torch.Tensor | None = None
+    h: torch.Tensor | None = None
+
+    def inputs(self) -> list[torch.Tensor]:
+        """The buffers a launch reads that hold fresh random rows (not the weight)."""
+        return [t for t in (self.x, self.residual) if t is not None]
+
+    def outputs(self) -> list[torch.Tensor]:
+        return [t for t in (self.out, self.h) if t is not None]
+
+    def by_name(self) -> dict[str, torch.Tensor]:
+        names = self.names
+        pairs = [(names.x, self.x), (names.residual, self.residual), (names.weight, self.weight)]
+        pairs += [(names.out, self.out), (names.h, self.h)]
+        return {name: tensor for name, tensor in pairs if name is not None}
+
+
+def part_tensors(
+    names: PartPointers,
+    rows: int,
+    hidden: int,
+    dtypes: tuple[torch.dtype, torch.dtype, torch.dtype | None],
+    shifted: tuple[str, ...],
+    device: str,
+) -> PartTensors:
+    """One row part's buffers: `dtypes` are x's (and the residual's and h's), y's and the weight's (None: weight
+    mode NONE, a NaN placeholder); the pointers named in `shifted` one element past an aligned allocation."""
+    x_dtype, out_dtype, w_dtype = dtypes
+    # A 0-row launch still gets one row of every buffer: it must leave the poisoned outputs untouched.
+    allocated = max(rows, 1)
+
+    def buffer(name: str | None, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
+        return None if name is None else offset_view(numel, dtype, 1 if name in shifted else 0, device)
+
+    inputs = [buffer(name, allocated * hidden, x_dtype) for name in (names.x, names.residual)]
+    for tensor in inputs:
+        if tensor is not None:
+            random_rows(allocated, hidden, tensor)
+    weight = buffer(names.weight, hidden, w_dtype or getattr(torch, AOT_PLACEHOLDER_WEIGHT_DTYPE))
+    if w_dtype is None:
+        # The plugins' placeholder ([H] of AOT_PLACEHOLDER_WEIGHT_DTYPE), NaN: a read would poison y.
+        weight.fill_(float("nan"))
+    else:
+        random_rows(1, hidden, weight)
+    out = buffer(names.out, allocated * hidden, out_dtype)
+    h = buffer(names.h, allocated * hidden, x_dtype)  # h is D, x's dtype, whatever y's is
+    part = PartTensors(names, inputs[0], weight, out, rows, hidden, inputs[1], h)
+    for output in part.outputs():
+        output.fill_(float("nan"))
+    return part
 
 
 class CaseTensors:
-    """The buffers of one launch case, each pointer shifted where the case says; outputs NaN-poisoned."""
+    """The buffers of one launch case, each pointer shifted where the case says; outputs NaN-poisoned. Which
+    parameter is which buffer comes from the entry's kind (`matrix.KINDS`), checked against the declaration."""
 
     def __init__(
         self, entry: MatrixEntry, declaration: LaunchDeclaration, case: LaunchCase, device: str = "cuda"
     ) -> None:
         spec = entry.spec
-        x_dtype, out_dtype = getattr(torch, spec.dtype), getattr(torch, spec.out_dtype)
-        no_weight = spec.weight_dtype is None
-        w_dtype = getattr(torch, AOT_PLACEHOLDER_WEIGHT_DTYPE if no_weight else spec.weight_dtype)
+        weight = None if spec.weight_dtype is None else getattr(torch, spec.weight_dtype)
+        dtypes = (getattr(torch, spec.dtype), getattr(torch, spec.out_dtype), weight)
         self.entry = entry
         self.null = case.null
         self.rows = part_rows(entry, case.tokens)
-        self.parts: dict[str, PartTensors] = {}
-        for part, rows, hidden in zip(declaration.parts, self.rows, part_hidden(entry), strict=True):
-            x_name, w_name, out_name = PART_TENSORS[part.name]
-
-            def offset(name: str) -> int:
-                return 1 if name in case.shifted else 0
-
-            # A 0-row launch still gets one row of every buffer: it must leave the poisoned output untouched.
-            allocated = max(rows, 1)
-            x = random_rows(allocated, hidden, offset_view(allocated * hidden, x_dtype, offset(x_name), device))
-            weight = offset_view(hidden, w_dtype, offset(w_name), device)
-            if no_weight:
-                # The plugins' placeholder ([H] of AOT_PLACEHOLDER_WEIGHT_DTYPE), NaN: a read would poison y.
-                weight.fill_(float("nan"))
-            else:
-                random_rows(1, hidden, weight)
-            out = offset_view(allocated * hidden, out_dtype, offset(out_name), device).fill_(float("nan"))
-            self.parts[part.name] = PartTensors(x, weight, out, rows, hidden)
+        pointers = part_pointers(spec, declaration)
+        self.parts: dict[str, PartTensors] = {
+            part_name: part_tensors(names, rows, hidden, dtypes, case.shifted, device)
+            for (part_name, names), rows, hidden in zip(pointers, self.rows, part_hidden(entry), strict=True)
+        }
 
     def pointers(self) -> dict[str, int]:
         result = {}
-        for part_name, part in self.parts.items():
-            x_name, w_name, out_name = PART_TENSORS[part_name]
-            result |= {x_name: part.x.data_ptr(), w_name: part.weight.data_ptr(), out_name: part.out.data_ptr()}
+        for part in self.parts.values():
+            result |= {name: tensor.data_ptr() for name, tensor in part.by_name().items()}
         return dict.fromkeys(result, 0) if self.null else result
 
     def refresh(self) -> None:
         """Fresh random activations and re-poisoned outputs in the same buffers (for another graph replay)."""
         for part in self.parts.values():
-            random_rows(max(part.rows, 1), part.hidden, part.x)
-            part.out.fill_(float("nan"))
+            for tensor in part.inputs():
+                random_rows(max(part.rows, 1), part.hidden, tensor)
+            for output in part.outputs():
+                output.fill_(float("nan"))
