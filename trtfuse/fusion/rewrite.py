@@ -152,13 +152,18 @@ def _import_trtfuse_domain(graph: gs.Graph) -> None:
 def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
     """Put one contract node in place of each match and pair; remove what became dead; toposort. In place.
 
-    Returns the fused nodes the graph keeps: a norm whose result reaches no graph output was dead in the original
-    too, and goes with the rest of the dead code, so the report describes the file written."""
+    Only live matches are rewritten: a norm whose result reaches no graph output (`search.dead`, each also a near
+    miss) stays as the original wrote it, and the cleanup removes it with the rest of the dead code (a skip norm whose
+    sum output is live keeps its original node, which computes that sum). So every fused node is in the file written,
+    and fuse reports what inspect found."""
     fused = [_rms_norm_node(graph, match) for match in search.matches]
     fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
     graph.cleanup().toposort()
     kept = {node.name for node in graph.nodes}
-    fused = [node for node in fused if node.name in kept]
+    lost = [node.name for node in fused if node.name not in kept]
+    if lost:
+        # find_norms keeps only norms whose result reaches a graph output: a fused node removed here is a bug.
+        raise RuntimeError(f"fused node(s) {', '.join(lost)} reach no graph output after the rewrite")
     if fused:
         _import_trtfuse_domain(graph)
     return fused

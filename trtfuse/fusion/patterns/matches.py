@@ -70,6 +70,9 @@ class NormSearch:
     matches: list[RmsNormMatch] = field(default_factory=list)
     qk_norm_pairs: list[QkNormPair] = field(default_factory=list)
     near_misses: list[NearMiss] = field(default_factory=list)
+    # Matched norms whose result reaches no graph output (dead code in the original). They are never rewritten, and
+    # each is also a near miss, so inspect and fuse name them and report the same counts.
+    dead: list[RmsNormMatch] = field(default_factory=list)
 
 
 class Rejected(Exception):
