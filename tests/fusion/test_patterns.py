@@ -17,15 +17,18 @@ from trtfuse.contract import WeightMode
 from trtfuse.fusion.fuse import fuse_model
 from trtfuse.fusion.lowering import lower_fused_nodes
 from trtfuse.fusion.patterns import NormSearch, find_norms
-from trtfuse.fusion.patterns.queries import dtype_name
+from trtfuse.fusion.patterns.queries import dtype_name, qdq_mismatch
 
 from support.graphs import (
     ACCEPTED,
     ACCEPTED_TAGS,
+    BATCH,
     HIDDEN,
     NUMPY_TYPES,
     REJECTED,
+    SEQUENCE,
     AttentionSpec,
+    Builder,
     NormSpec,
     attention_block,
     autocast_norm,
@@ -42,6 +45,7 @@ from support.graphs import (
     partial_weight,
     qdq_norm,
     rewidened_weight,
+    rms_norm,
     rms_normalization_cast_back,
     shared_normalized,
     single_norm,
@@ -555,3 +559,125 @@ def test_integer_reductions_are_not_norm_candidates() -> None:
     graph = gs.Graph(nodes=[node], inputs=[mask], outputs=[lengths], opset=18)
     search = find_norms(graph)
     assert search.matches == [] and search.near_misses == []
+
+
+FUSED_KINDS = ["RMSNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"]
+
+
+def _with_attributes(model: onnx.ModelProto, kind: str, **attrs: object) -> onnx.ModelProto:
+    """`model` with the `kind` node's attributes set as given (onnx's checker refuses some of them; the matcher must
+    not rely on it having run)."""
+    (node,) = [node for node in model.graph.node if node.op_type == kind]
+    kept = [attribute for attribute in node.attribute if attribute.name not in attrs]
+    del node.attribute[:]
+    node.attribute.extend([*kept, *(onnx.helper.make_attribute(name, value) for name, value in attrs.items())])
+    return model
+
+
+@pytest.mark.parametrize("epsilon", [-1e-5, float("nan"), float("inf")])
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_a_fused_norm_op_with_an_epsilon_outside_the_contract_is_refused(kind: str, epsilon: float) -> None:
+    # onnxruntime runs a negative epsilon (the root of whatever results); the contract refuses it, so fuse must not
+    # write a node that check then refuses.
+    model = _with_attributes(fused_op_norm(kind, "float16"), kind, epsilon=epsilon)
+    found = search(model)
+    assert not found.matches
+    [miss] = found.near_misses
+    node = next(node.name for node in model.graph.node if node.op_type == kind)
+    assert miss.node == node and miss.reason == f"epsilon {np.float32(epsilon):g} is negative or not finite"
+    assert fuse_model(model).fused == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "attrs", "reason"),
+    [
+        ("RMSNormalization", {"scale_output": 1}, "attribute 'scale_output' is not one of RMSNormalization's"),
+        ("SimplifiedLayerNormalization", {"axis": 0}, "not over the last axis"),
+        ("SkipSimplifiedLayerNormalization", {"axis": 0}, "attribute 'axis' is not one of"),
+        ("SkipSimplifiedLayerNormalization", {"stash_type": 1}, "attribute 'stash_type' is not one of"),
+        ("SimplifiedLayerNormalization", {"stash_type": 7}, "stash_type 7 is not float32"),
+        ("SimplifiedLayerNormalization", {"epsilon": 1}, "attribute 'epsilon' is 1, not a float"),
+        ("RMSNormalization", {"axis": 1.0}, "attribute 'axis' is 1.0, not a int"),
+    ],
+)
+def test_a_fused_norm_op_attribute_outside_the_contract_is_refused(kind: str, attrs: dict, reason: str) -> None:
+    model = _with_attributes(fused_op_norm(kind, "float32"), kind, **attrs)
+    found = search(model)
+    assert not found.matches and reason in found.near_misses[0].reason, found.near_misses
+
+
+def test_a_decomposed_epsilon_beyond_float32_is_refused() -> None:
+    # A float64 constant of 1e300 is finite, but the fused node's float32 attribute would hold inf.
+    found = search(single_norm(NormSpec(epsilon=1e300, epsilon_dtype="float64")))
+    assert not found.matches and any("negative or not finite" in miss.reason for miss in found.near_misses)
+
+
+def _sparse_weight_norm(kind: str) -> onnx.ModelProto:
+    """A norm whose weight is a sparse tensor: a `Constant` with `sparse_value`, or a sparse initializer."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+    normalized = rms_norm(b, x, NormSpec(weight="none"))
+    weight = np.linspace(0.5, 1.5, HIDDEN, dtype=np.float32)
+    weight[::3] = 0
+    kept = np.nonzero(weight)[0]
+    sparse = onnx.helper.make_sparse_tensor(
+        onnx.numpy_helper.from_array(weight[kept], "sparse_weight"),
+        onnx.numpy_helper.from_array(kept.astype(np.int64), "sparse_weight_indices"),
+        [HIDDEN],
+    )
+    if kind == "constant":
+        b.nodes.append(onnx.helper.make_node("Constant", [], ["sparse_weight"], name="weight", sparse_value=sparse))
+    b.output(b.op("Mul", normalized, "sparse_weight"), [BATCH, SEQUENCE, HIDDEN])
+    graph = onnx.helper.make_graph(
+        b.nodes,
+        "sparse",
+        b.inputs,
+        b.outputs,
+        b.initializers,
+        sparse_initializer=[sparse] if kind != "constant" else [],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=10)
+    # onnx's full check does not type a sparse initializer's readers; onnxruntime runs the model.
+    onnx.checker.check_model(model)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize("kind", ["constant", "initializer"])
+def test_a_sparse_weight_stays_outside_the_fused_node(kind: str, tmp_path) -> None:
+    # graphsurgeon imports a sparse_value Constant without any attribute: reading its shape crashed inspect and fuse.
+    # A sparse initializer was taken as the weight, and the fused model then had a weight no lowering could type.
+    model = _sparse_weight_norm(kind)
+    match, found = only_match(model)
+    assert match.weight is None and match.params.weight_mode is WeightMode.NONE
+    assert any("sparse_weight is a sparse tensor" in miss.reason for miss in found.near_misses)
+    fused = fuse_model(model).model
+    feed = {"x": np.random.default_rng(0).standard_normal((BATCH, SEQUENCE, HIDDEN)).astype(np.float32)}
+    np.testing.assert_allclose(run_model(lower_fused_nodes(fused), feed), run_model(model, feed), rtol=1e-5, atol=1e-6)
+    path = tmp_path / "sparse.onnx"
+    onnx.save_model(model, str(path))
+    for command in (["inspect", str(path)], ["fuse", str(path), "-o", str(tmp_path / "fused.onnx")]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exit_code == 0, result.output
+
+
+def test_a_pair_is_one_only_when_the_dequantize_undoes_the_quantize() -> None:
+    x = gs.Variable("x", dtype=np.float32, shape=[4, 8])
+    scale = gs.Constant("scale", np.full(8, 0.1, np.float32))
+    zero = gs.Constant("zero", np.zeros(8, np.int8))
+    other_zero = gs.Constant("other_zero", np.zeros(8, np.int8))
+
+    def pair(dq_inputs: list, q_axis: int = 1, dq_axis: int = 1, q_inputs: list | None = None) -> tuple:
+        q_out = gs.Variable("q", dtype=np.int8, shape=[4, 8])
+        y = gs.Variable("y", dtype=np.float32, shape=[4, 8])
+        quantize = gs.Node("QuantizeLinear", "Q", {"axis": q_axis}, [x, *(q_inputs or [scale, zero])], [q_out])
+        dequantize = gs.Node("DequantizeLinear", "DQ", {"axis": dq_axis}, [q_out, *dq_inputs], [y])
+        return quantize, dequantize
+
+    assert qdq_mismatch(*pair([scale, zero])) is None
+    # Equal constants, not one tensor: still the same values.
+    assert qdq_mismatch(*pair([scale, other_zero])) is None
+    assert "scale" in qdq_mismatch(*pair([gs.Constant("s2", np.full(8, 0.2, np.float32)), zero]))
+    assert "zero point" in qdq_mismatch(*pair([scale, gs.Constant("z2", np.full(8, 3, np.int8))]))
+    assert "axis" in qdq_mismatch(*pair([scale, zero], q_axis=1, dq_axis=0))
+    # No zero point on either side, or an explicit 0: both mean 0.
+    assert qdq_mismatch(*pair([scale], q_inputs=[scale])) is None

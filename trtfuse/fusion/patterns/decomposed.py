@@ -229,7 +229,8 @@ def _add_epsilon(walk: _Walk, mean: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]
     epsilon = walk.scalar(add, other_input(add, mean), mean)
     if epsilon is None:
         raise walk.reject(f"{describe(add)} does not add a one-element constant epsilon")
-    if not math.isfinite(epsilon) or epsilon < 0:
+    # The fused node holds epsilon as float32: a float64 constant beyond its range would become inf there.
+    if not math.isfinite(epsilon_float32(epsilon)) or epsilon < 0:
         raise walk.reject(f"epsilon {epsilon} is negative or not finite")
     return add.outputs[0], [add], epsilon
 
@@ -430,4 +431,5 @@ def _upcasts_below(x: gs.Tensor, chain: list[tuple[gs.Tensor, gs.Node | None]]) 
 
 def epsilon_float32(value: float) -> float:
     """The epsilon as the float32 attribute stores it; exact for float16, bfloat16 and float32 constants."""
-    return float(np.float32(value))
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))

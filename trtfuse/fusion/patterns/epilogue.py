@@ -20,6 +20,7 @@ from trtfuse.fusion.patterns.queries import (
     describe,
     dtype_name,
     is_constant,
+    is_sparse_constant,
     only_consumer,
     onnx_op,
     other_input,
@@ -99,6 +100,9 @@ def trace_weight(
         else:
             return f"its operand {operand.name} is not a constant"
         path.append(node)
+    if is_sparse_constant(tensor):
+        # Its dense values are not in the graph for the fused node to take: the multiply stays, reading it.
+        return f"the weight {tensor.name} is a sparse tensor, which the fused node cannot take"
     for node in path:
         if node.op == "Cast" and not _is_lossless_cast(node):
             return f"the weight goes through the narrowing Cast {describe(node)}"

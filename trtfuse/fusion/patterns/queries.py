@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues
+from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
 # A constant larger than this is never loaded: scalars and axes lists are all the matcher reads.
 MAX_READ_ELEMENTS = 64
@@ -84,6 +84,15 @@ def is_constant(tensor: gs.Tensor) -> bool:
     return isinstance(tensor, gs.Constant) or producer_op(tensor) == "Constant"
 
 
+def is_sparse_constant(tensor: gs.Tensor) -> bool:
+    """A sparse initializer, or the output of a `Constant` holding `sparse_value`: graphsurgeon imports the latter
+    with no attribute at all (it skips sparse ones), so its values cannot be read here."""
+    if isinstance(tensor, gs.Constant):
+        return isinstance(tensor._values, SparseValues)
+    node = producer(tensor)
+    return onnx_op(node) == "Constant" and not node.attrs
+
+
 def constant_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
     """Shape of a constant without loading its values (initializer or Constant-node output), else None."""
     if isinstance(tensor, gs.Constant):
@@ -106,6 +115,8 @@ def _array_of(constant: gs.Constant) -> np.ndarray | None:
     # Never touch `.values` of a lazily loaded constant: it would replace the stored tensor with a NumPy copy,
     # which for bfloat16 changes the exported dtype. Read the TensorProto instead.
     stored = constant._values
+    if isinstance(stored, SparseValues):
+        return None
     if isinstance(stored, LazyValues):
         try:
             return onnx.numpy_helper.to_array(stored.tensor)
@@ -143,7 +154,8 @@ def scalar_constant(tensor: gs.Tensor) -> float | None:
         value = scalar_constant(cast.inputs[0])
         if value is None:
             return None
-        return float(np.asarray(value).astype(NUMPY_DTYPES.get(cast_target(cast), np.float64)))
+        with np.errstate(over="ignore"):  # a cast beyond the target's range gives inf, as the Cast computes it
+            return float(np.asarray(value).astype(NUMPY_DTYPES.get(cast_target(cast), np.float64)))
     values = small_constant(tensor)
     if values is None or values.size != 1:
         return None
