@@ -199,4 +199,7 @@ def match_fused(node: gs.Node, graph_outputs: set[str], shapes: Shapes) -> RmsNo
         name=describe(node),
         skip_inputs=skip_inputs,
         skip_sum=skip_sum,
+        # onnxruntime's kernel widens input, skip and bias to float32 and adds there, whatever T is (measured on the
+        # CPU provider: the norm reads the unrounded sum, the sum output is it rounded once to T).
+        skip_dtype="float32" if skip else None,
     )
