@@ -26,6 +26,7 @@ from tool_exports import (
     save_checkpoint,
     tiny_model,
 )
+from torch import nn
 
 # (file tag) -> (dtype of the activations, builder precision, execution provider)
 VARIANTS = {
@@ -38,7 +39,7 @@ VARIANTS = {
 
 # The builder takes the first Linear whose output width is the vocabulary for the LM head: with export.py's 128
 # tokens that is layer 0's q_proj (2 heads x 64), and the graph's logits come from layer 0 (measured: 0.67 max rel
-# error against torch). 160 is no projection's width.
+# error against torch). 160 is no projection's width of export.py's configs; model_for_builder moves off it for others.
 VOCABULARY = 160
 # GroupQueryAttention's optional inputs 14 and 15: the q and k norm weights, where the builder put the norms inside.
 GQA_NORM_WEIGHT_INPUTS = (14, 15)
@@ -55,11 +56,31 @@ def absorbed_qk_norms(graph: onnx.ModelProto) -> int:
     )
 
 
+def model_for_builder(arch: str) -> tuple[nn.Module, int]:
+    """The tiny model with a vocabulary no other Linear is as wide as, and that vocabulary.
+
+    The builder takes every Linear of the vocabulary's width for the LM head (`has_lm_head`) and the first one wins,
+    so the logits would come from that layer and the layers after it would be dead code (Phi-3 with intermediate 80:
+    gate_up_proj is 160 wide; with hidden 80, qkv_proj is). VOCABULARY fits export.py's default widths only.
+    """
+    vocabulary = VOCABULARY
+    while True:
+        model = tiny_model(arch, "float32", vocabulary=vocabulary)
+        widths = {
+            module.out_features
+            for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] != "lm_head"
+        }
+        if vocabulary not in widths:
+            return model, vocabulary
+        vocabulary += 32
+
+
 def export(arch: str, variant: str, path: Path) -> dict[str, object]:
     dtype, precision, provider = VARIANTS[variant]
-    model = tiny_model(arch, "float32", vocabulary=VOCABULARY)
+    model, vocabulary = model_for_builder(arch)
     entry = norm_entry(model, arch, dtype, variant=variant, precision=precision, execution_provider=provider)
-    entry["vocabulary"] = VOCABULARY
+    entry["vocabulary"] = vocabulary
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(scratch) / "checkpoint"
         if hasattr(model.config, "original_max_position_embeddings"):

@@ -4,7 +4,8 @@ For each file listed in `EXPORTS/<tool>/expected.json`: `trtfuse inspect --json`
 ORIGINAL FUSED` with no options, and `trtfuse compile` (which stops with exit 3 where TensorRT is absent). Writes
 OUT (a JSON list: everything, messages verbatim) and prints Markdown tables (also into --markdown): one row per tool
 and family, one per export (fused / expected norms, QK pairs found / expected, rejected candidates, the check
-verdict, compile's exit status, the first message of whatever went wrong), and the combinations a tool failed.
+verdict, compile's exit status, the first message of whatever went wrong, among them `inspect` and `fuse` counting
+other norms or near misses), and the combinations a tool failed.
 
 \b
     python models/survey.py /work/exports --out /work/exports/survey.json --markdown /work/exports/survey.md --jobs 2
@@ -44,6 +45,8 @@ class Outcome:
     # Fused nodes without a weight in a family whose every norm has one: the weight multiply was left in the graph.
     weightless_nodes: int | None = None
     rejected: list[dict[str, str]] = field(default_factory=list)
+    # What `inspect` found (norms in matches and pairs): `fuse` must report the same norms and near misses.
+    inspected_norms: int | None = None
     inspect_exit: int | None = None
     fuse_exit: int | None = None
     check_exit: int | None = None
@@ -79,7 +82,9 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
     inspected = run(trtfuse, ["inspect", str(path), "--json"], cwd)
     outcome.inspect_exit = inspected.returncode
     if inspected.returncode == 0:
-        outcome.rejected = json.loads(inspected.stdout).get("near_misses", [])
+        found = json.loads(inspected.stdout)
+        outcome.rejected = found.get("near_misses", [])
+        outcome.inspected_norms = len(found.get("rms_norms", [])) + 2 * len(found.get("qk_norm_pairs", []))
     else:
         outcome.messages.append(f"inspect: {last_lines(inspected)}")
     fused = scratch / f"{path.stem}.fused.onnx"
@@ -96,6 +101,13 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
     outcome.fused_norms = totals.get("norms", 0)
     outcome.rms_norm_nodes = totals.get("TrtfuseRmsNorm", 0)
     outcome.qk_norm_nodes = totals.get("TrtfuseQkNorm", 0)
+    if outcome.inspected_norms is not None and (
+        outcome.inspected_norms != outcome.fused_norms or len(outcome.rejected) != len(fusion["near_misses"])
+    ):
+        outcome.messages.append(
+            f"inspect/fuse disagree: inspect {outcome.inspected_norms} norms, {len(outcome.rejected)} rejected; "
+            f"fuse {outcome.fused_norms} norms, {len(fusion['near_misses'])} rejected"
+        )
     checking = run(trtfuse, ["check", str(path), str(fused)], cwd)
     outcome.check_exit = checking.returncode
     outcome.check_output = (checking.stdout + checking.stderr).strip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -16,6 +17,8 @@ from trtfuse.fusion.fuse import fuse_model, search_model
 from trtfuse.model.onnx_file import external_tensors, load_model
 from trtfuse.verify.check import check_fused
 
+from support.cli import run_cli
+from support.graphs import BATCH, HIDDEN, SEQUENCE, Builder, NormSpec, rms_norm
 from support.models import layer_norm_model, llama_norm_model, projection_model, save_external
 
 
@@ -152,3 +155,73 @@ def test_graph_outputs_keep_their_declared_dims_over_a_stale_value_info() -> Non
     (fused_output,) = [value for value in fused.graph.output if value.name == output.name]
     assert [dim.dim_param or dim.dim_value for dim in fused_output.type.tensor_type.shape.dim] == declared
     assert [value.name for value in fused.graph.input] == [value.name for value in original.graph.input]
+
+
+def _with_dead_norm(kind: str) -> onnx.ModelProto:
+    """One live norm and one whose result reaches no graph output (genai's Phi-3 when a layer's projection was taken
+    for the LM head). kind: "decomposed", "dead-reader" (the dead norm feeds a MatMul that is dead too), "skip-sum"
+    (a SkipSimplifiedLayerNormalization whose normalised output is dead but whose residual sum is a graph output)."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+    b.output(rms_norm(b, x, NormSpec()))
+    if kind == "skip-sum":
+        skip = b.input("skip", [BATCH, SEQUENCE, HIDDEN])
+        outputs = b.op(
+            "SkipSimplifiedLayerNormalization",
+            x,
+            skip,
+            b.weight(HIDDEN, "float32"),
+            domain="com.microsoft",
+            outputs=4,
+            epsilon=1e-6,
+        )
+        b.nodes[-1].output[1] = b.nodes[-1].output[2] = ""
+        b.output(outputs[3], [BATCH, SEQUENCE, HIDDEN])
+        return b.model(standard=False)
+    dead = rms_norm(b, x, NormSpec(epsilon=1e-5))
+    if kind == "dead-reader":
+        b.op("MatMul", dead, b.constant(np.ones((HIDDEN, 4)), base="proj"))
+    return b.model()
+
+
+@pytest.mark.parametrize("kind", ["decomposed", "dead-reader", "skip-sum"])
+def test_a_dead_norm_is_a_near_miss_in_inspect_and_fuse_alike(kind: str, tmp_path: Path) -> None:
+    model = _with_dead_norm(kind)
+    search = search_model(model)
+    assert len(search.matches) == 1 and len(search.dead) == 1 and not search.qk_norm_pairs
+    [miss] = [miss for miss in search.near_misses if "reaches no graph output" in miss.reason]
+    assert miss.node == search.dead[0].name
+    result = fuse_model(model)
+    assert result.report()["totals"]["norms"] == 1 and result.search.near_misses == search.near_misses
+    path, fused_path = tmp_path / "model.onnx", tmp_path / "fused.onnx"
+    onnx.save_model(model, str(path))
+    inspected = run_cli("inspect", path)
+    assert inspected.exit_code == 0 and f": 1 RMSNorm, 0 QK-norm pairs, {len(search.near_misses)} rejected" in (
+        inspected.output
+    ), inspected.output
+    fused = run_cli("fuse", path, "-o", fused_path)
+    assert fused.exit_code == 0 and f"(1 norms), {len(search.near_misses)} rejected" in fused.output, fused.output
+    check = check_fused(load_model(path), load_model(fused_path))
+    assert check.passed, check.errors
+
+
+def test_the_dead_norm_of_a_live_skip_sum_keeps_its_original_node() -> None:
+    # Nothing of a dead match is rewritten: the original node still computes the live sum, exactly as before.
+    result = fuse_model(_with_dead_norm("skip-sum"))
+    skips = [node for node in result.model.graph.node if node.op_type == "SkipSimplifiedLayerNormalization"]
+    read = {name for node in result.model.graph.node for name in node.input}
+    assert len(skips) == 1 and skips[0].output[3] in read
+
+
+def test_a_norm_read_only_inside_an_if_body_is_live() -> None:
+    # A body names outer tensors without listing them as its node's inputs: the norm feeding it still counts.
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
+    y = rms_norm(b, x, NormSpec())
+    branch_out = helper.make_tensor_value_info("branch", TensorProto.FLOAT, [BATCH, SEQUENCE, HIDDEN])
+    body = helper.make_graph([helper.make_node("Identity", [y], ["branch"])], "body", [], [branch_out])
+    condition = b.constant(True, "bool", base="condition")
+    b.nodes.append(helper.make_node("If", [condition], ["chosen"], name="if", then_branch=body, else_branch=body))
+    b.outputs.append(helper.make_tensor_value_info("chosen", TensorProto.FLOAT, [BATCH, SEQUENCE, HIDDEN]))
+    search = search_model(b.model())
+    assert len(search.matches) == 1 and not search.dead

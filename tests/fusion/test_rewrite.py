@@ -406,12 +406,68 @@ def test_opset_23_rms_normalization_with_fp16_x_and_fp32_scale_rounds_to_fp16_be
     assert np.mean(lowered != unrounded) > 0.5
 
 
-def test_a_norm_whose_result_is_dead_is_neither_written_nor_reported() -> None:
-    """A norm feeding nothing that reaches a graph output (a dead tail of the exported graph) is cleaned away with
-    the rest of the dead code; the records describe the nodes the file holds."""
+def test_a_dead_match_handed_to_the_rewrite_is_a_bug_not_a_silent_drop() -> None:
+    """find_norms keeps dead norms out of the matches (they are near misses): a match whose fused node the cleanup
+    removes would make fuse report fewer norms than inspect, so the rewrite refuses it instead of hiding it."""
     graph, match = _cast_match(np.float32, np.float16)
     live = gs.Variable("live", dtype=np.float32, shape=[2, 8])
     graph.nodes.append(gs.Node("Identity", "keep", inputs=[graph.inputs[0]], outputs=[live]))
     graph.outputs = [live]
-    assert rewrite(graph, NormSearch(matches=[match])) == []
-    assert [node.op for node in graph.nodes] == ["Identity"]
+    with pytest.raises(RuntimeError, match="reach no graph output"):
+        rewrite(graph, NormSearch(matches=[match]))
+
+
+def _skip_session(model: onnx.ModelProto) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def test_an_fp16_skip_norm_adds_in_float32_and_reads_the_unrounded_sum() -> None:
+    # onnxruntime's SkipSimplifiedLayerNormalization widens input, skip and bias to float32, adds there, normalises
+    # that float32 sum and rounds its sum output once. fp16 Adds (what the rewrite wrote before) round after each
+    # addition and feed the norm the rounded sum: about a quarter of the fp16 outputs then differ.
+    original = fused_op_norm("SkipSimplifiedLayerNormalization", "float16")
+    fused, [record] = fuse(original)
+    adds = [node for node in fused.graph.node if node.op_type == "Add"]
+    elem_types = {value.name: value.type.tensor_type.elem_type for value in fused.graph.value_info}
+    assert [elem_types[add.output[0]] for add in adds] == [onnx.TensorProto.FLOAT] * 2
+    [node] = fused_nodes(fused)
+    assert node.input[0] == adds[-1].output[0] and (record.dtype, record.output_dtype) == ("float32", "float16")
+    expected, actual = _skip_session(original), _skip_session(lower_fused_nodes(fused))
+    differing = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        feed = {name: rng.normal(0.0, 30.0, (2, 3, 64)).astype(np.float32) for name in ("x", "skip")}
+        (want_y, want_sum), (got_y, got_sum) = expected.run(None, feed), actual.run(None, feed)
+        np.testing.assert_array_equal(got_sum, want_sum)
+        # float32 x·(1/rms) against onnxruntime's x / rms: at most one fp16 step, rarely.
+        step = np.spacing(np.abs(want_y).astype(np.float16)).astype(np.float32)
+        assert np.all(np.abs(got_y - want_y) <= step)
+        differing += int(np.count_nonzero(got_y != want_y))
+    assert differing <= 0.002 * 40 * got_y.size, differing
+
+
+def test_an_fp16_skip_norm_passes_check_on_every_seed(tmp_path) -> None:
+    from trtfuse.model.onnx_file import load_model
+    from trtfuse.verify.check import check_fused
+
+    original = fused_op_norm("SkipSimplifiedLayerNormalization", "float16")
+    paths = tmp_path / "original.onnx", tmp_path / "fused.onnx"
+    onnx.save_model(original, str(paths[0]))
+    onnx.save_model(fuse(original)[0], str(paths[1]))
+    # Seeds 0 and 2 failed with the fp16 Adds (fused error 4.1e-4 against the float32 evaluation, limit 3.6e-4).
+    for seed in range(12):
+        result = check_fused(load_model(paths[0]), load_model(paths[1]), seed=seed)
+        assert result.passed, (seed, result.to_json())
+
+
+def test_a_bfloat16_skip_norm_adds_in_float32_too() -> None:
+    fused, [record] = fuse(fused_op_norm("SkipSimplifiedLayerNormalization", "bfloat16"))
+    casts = {node.output[0]: node for node in fused.graph.node if node.op_type == "Cast"}
+    adds = [node for node in fused.graph.node if node.op_type == "Add"]
+    assert all(casts[operand].attribute[0].i == onnx.TensorProto.FLOAT for operand in adds[0].input)
+    # The sum output: the float32 sum rounded once to bfloat16.
+    rounded = next(node for node in casts.values() if node.input[0] == adds[-1].output[0])
+    assert rounded.attribute[0].i == onnx.TensorProto.BFLOAT16 and record.dtype == "float32"

@@ -18,7 +18,7 @@ from trtfuse.model.dims import DEFAULT_BATCH, DimRole, model_dims
 from trtfuse.model.feeds import DECODE, DEFAULT_DIM, PREFILL, SINGLE, Step, default_feeds, make_feed
 
 from support.cli import run_cli
-from support.kv_models import HEAD_SIZE, KV_HEADS, POSITIONS, genai_model, optimum_model
+from support.kv_models import HEAD_SIZE, KV_HEADS, POSITIONS, genai_model, optimum_model, windowed_genai_model
 from support.paths import TOOL_FIXTURES
 
 
@@ -306,3 +306,33 @@ def test_fixture_exports_run_in_onnxruntime_at_every_default_step(name, steps):
     for feed in feeds:
         outputs = _run(model, feed.feed)
         assert all(np.isfinite(array).all() for array in outputs.values() if array.dtype.kind == "f")
+
+
+@pytest.mark.parametrize("window", [4, 8])
+def test_a_window_cache_holds_its_window_at_every_step(window: int) -> None:
+    # onnxruntime refuses a windowed cache below local_window_size ("KV cache capacity (0) must be at least
+    # local_window_size"): the name says past, but the dim is a capacity the op requires, at prefill too.
+    model = windowed_genai_model(window)
+    dims = model_dims(model)
+    assert "past_sliding_length" not in dims.roles and dims.fixed["past_sliding_length"].value == window
+    assert "sliding_window_cache=1" in dims.fixed["past_sliding_length"].reason
+    # Every layer sliding: no past role is left, and the model still gets a prefill and a decode step.
+    assert dims.has_kv_cache
+    steps = default_feeds(model, seed=0)
+    assert [step.step for step in steps] == ["prefill", "decode"]
+    for step, total in zip(steps, (PREFILL.tokens, DECODE.past + DECODE.tokens), strict=True):
+        assert step.feed["past_key_values.0.key"].shape[2] == window
+        assert step.feed["attention_mask"].shape[1] == total and dims.total_length(step.dims) == total
+        _run(model, step.feed)
+
+
+def test_full_caches_beside_a_window_cache_still_follow_the_step() -> None:
+    model = windowed_genai_model(4)
+    full = helper.make_tensor_value_info(
+        "past_key_values.1.key", TensorProto.FLOAT, ["batch_size", KV_HEADS, "past_sequence_length", "kv_cache_dim"]
+    )
+    model.graph.input.append(full)
+    model.graph.output.append(helper.make_tensor_value_info("past_key_values.1.key", TensorProto.FLOAT, None))
+    prefill, decode = default_feeds(model, seed=0)
+    assert prefill.feed["past_key_values.1.key"].shape[2] == 0 and decode.feed["past_key_values.1.key"].shape[2] == 5
+    assert prefill.feed["past_key_values.0.key"].shape[2] == decode.feed["past_key_values.0.key"].shape[2] == 4

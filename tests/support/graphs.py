@@ -743,13 +743,15 @@ def overridable_constant(which: str) -> onnx.ModelProto:
     return model
 
 
-def qdq_norm(place: str, quantized: bool = True) -> onnx.ModelProto:
+def qdq_norm(place: str, quantized: bool = True, dequantize: str = "exact") -> onnx.ModelProto:
     """An fp32 Llama norm with an int8 QuantizeLinear → DequantizeLinear pair at `place` (ModelOpt's spelling).
 
     place: "rsqrt" (on the inverse root before Mul(x, r)), "normalized" (before the weight multiply), "output" (on
     the norm's output, feeding the next MatMul), "x" (on the x the normalising Mul reads), "shared-x" (on x, read by
     the square and the normalising Mul alike: ModelOpt int8/fp8). `quantized=False` builds the same graph without
-    the pair: the float evaluation of its arithmetic.
+    the pair: the float evaluation of its arithmetic. `dequantize`: "exact" (the DequantizeLinear undoes the
+    QuantizeLinear), "scale" (its scale is 1.25 times the QuantizeLinear's) or "zero-point" (its zero point is 3,
+    the QuantizeLinear's 0): such a pair is arithmetic, not a rounding.
     """
     b = Builder()
     x = b.input("x", [BATCH, SEQUENCE, HIDDEN])
@@ -758,7 +760,9 @@ def qdq_norm(place: str, quantized: bool = True) -> onnx.ModelProto:
         if not quantized:
             return tensor
         scale_name, zero = b.constant(scale, base="scale"), b.constant(0, "int8", base="zero_point")
-        return b.op("DequantizeLinear", b.op("QuantizeLinear", tensor, scale_name, zero), scale_name, zero)
+        dq_scale = b.constant(scale * 1.25, base="scale") if dequantize == "scale" else scale_name
+        dq_zero = b.constant(3, "int8", base="zero_point") if dequantize == "zero-point" else zero
+        return b.op("DequantizeLinear", b.op("QuantizeLinear", tensor, scale_name, zero), dq_scale, dq_zero)
 
     if place == "shared-x":
         x = qdq(x, 4.0 / 127)

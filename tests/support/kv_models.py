@@ -131,3 +131,19 @@ def optimum_model(cache_head_size: int | str = HEAD_SIZE, positions: int = POSIT
         helper.make_node("ReduceSum", ["attention_mask", "axis_1"], ["mask_sum"], keepdims=0),
     ]
     return helper.make_model(helper.make_graph(nodes, "optimum", inputs, outputs, initializers))
+
+
+def windowed_genai_model(window: int = 4, packed: bool = True) -> onnx.ModelProto:
+    """onnxruntime-genai's sliding layer (Gemma3): genai_model with a window-sized cache. GroupQueryAttention has
+    sliding_window_cache=1 and local_window_size=`window`, the cache's sequence dim is `past_sliding_length` and the
+    present's `total_sliding_length` (both hold the window, whatever the step)."""
+    model = genai_model(packed=packed)
+    for value in (*model.graph.input, *model.graph.output):
+        if value.name.startswith(("past_key_values.", "present.")):
+            dim = value.type.tensor_type.shape.dim[2]
+            dim.dim_param = "past_sliding_length" if value.name.startswith("past") else "total_sliding_length"
+    attention = next(node for node in model.graph.node if node.op_type == "GroupQueryAttention")
+    attention.attribute.extend(
+        [helper.make_attribute("local_window_size", window), helper.make_attribute("sliding_window_cache", 1)]
+    )
+    return model

@@ -15,12 +15,14 @@ from onnx import TensorProto, helper, numpy_helper
 from trtfuse import contract
 from trtfuse.contract import WeightMode
 from trtfuse.errors import OptionError, TrtfuseError
-from trtfuse.model.feeds import DEFAULT_BATCH, DEFAULT_DIM, make_feed
+from trtfuse.model.feeds import DEFAULT_BATCH, DEFAULT_DIM, default_feeds, make_feed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
 from trtfuse.verify.onnxrt import CpuSession
 from trtfuse.verify.tolerances import Tolerance, output_error, tolerance_for
-from trtfuse.verify.verdict import computed_dtypes
+from trtfuse.verify.verdict import CheckResult, computed_dtypes, judge_for, judge_steps
+
+from support.kv_models import windowed_genai_model
 
 VOCAB = 50
 HIDDEN = 32
@@ -709,3 +711,63 @@ def test_onnxruntime_rounds_every_16_bit_value_as_the_graph_says() -> None:
     assert not np.array_equal(per_op, in_float32)
     (y,) = CpuSession(model).run({"x": x}).values()
     np.testing.assert_array_equal(y, per_op)
+
+
+class _UninitialisedRows(CpuSession):
+    """The original on the CPU, with every row of a window cache past the resident ones overwritten by fresh garbage
+    on each run: what onnxruntime leaves there is unspecified (uninitialised memory)."""
+
+    def __init__(self, model: LoadedModel, window: int) -> None:
+        super().__init__(model)
+        self.window = window
+        self.rng = np.random.default_rng(7)
+
+    def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = dict(super().run(feed))
+        total = feed["attention_mask"].shape[1]
+        for name in ("present.0.key", "present.0.value"):
+            garbled = outputs[name].copy()
+            garbled[:, :, min(total, self.window) :] = self.rng.standard_normal(garbled[:, :, total:].shape)
+            outputs[name] = garbled
+        return outputs
+
+
+def _window_verdict(tmp_path: Path, perturb_resident: bool = False) -> CheckResult:
+    window = 16
+    original = _loaded(windowed_genai_model(window), tmp_path / "windowed.onnx")
+    runner = _UninitialisedRows(original, window)
+    candidate = _UninitialisedRows(original, window)
+
+    def run_candidate(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = candidate.run(feed)
+        if perturb_resident:
+            outputs["present.0.key"][:, :, 0] += 0.5
+        return outputs
+
+    feeds = default_feeds(original.model, seed=0)
+    return judge_steps(runner, run_candidate, feeds, judge_for(original, None), seed=0)
+
+
+def test_window_caches_are_judged_on_their_resident_rows_only(tmp_path: Path) -> None:
+    result = _window_verdict(tmp_path)
+    assert result.passed and [step.name for step in result.steps] == ["prefill", "decode"]
+    for step, total in zip(result.steps, (5, 6), strict=True):
+        verdicts = {output.name: output for output in step.outputs}
+        # Judged, not "left out: two runs of the original differ".
+        assert verdicts["present.0.key"].passed is True and verdicts["present.0.value"].passed is True
+        assert any(f"present.0.key [0, {total})" in note for note in step.notes), step.notes
+
+
+def test_a_window_cache_wrong_in_a_resident_row_fails(tmp_path: Path) -> None:
+    result = _window_verdict(tmp_path, perturb_resident=True)
+    assert not result.passed
+    assert all(
+        output.passed is False for step in result.steps for output in step.outputs if output.name == "present.0.key"
+    )
+
+
+def test_check_runs_a_windowed_genai_model_with_no_options(tmp_path: Path) -> None:
+    # Before the window rule the prefill fed the window cache 0 rows and onnxruntime refused the original.
+    original = _loaded(windowed_genai_model(16), tmp_path / "windowed.onnx")
+    result = check_fused(original, original)
+    assert result.passed and [step.name for step in result.steps] == ["prefill", "decode"]

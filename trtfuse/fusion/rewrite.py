@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -44,7 +45,7 @@ class FusedNode:
 
 def output_dtype(match: RmsNormMatch) -> str:
     """The dtype of the match's final tensor; a `y` the graph leaves untyped is a norm ending in x's dtype."""
-    return dtype_name(match.y) or match.dtype
+    return match.output_dtype
 
 
 def _fields(op: contract.FusedOp, match: RmsNormMatch, hidden_sizes: tuple[int, ...]) -> NodeFields:
@@ -55,20 +56,49 @@ def _fields(op: contract.FusedOp, match: RmsNormMatch, hidden_sizes: tuple[int, 
     return NodeFields(op=op, params=match.params, hidden_sizes=hidden_sizes, output_dtype=out)
 
 
+def _onnx_type(dtype: object) -> int:
+    """An onnx-graphsurgeon dtype (a NumPy dtype, or an ONNX enum where NumPy has none: bfloat16) as an ONNX enum."""
+    return dtype if isinstance(dtype, int) else onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _convert(graph: gs.Graph, tensor: gs.Tensor, dtype: str, name: str, out: gs.Variable | None = None) -> gs.Tensor:
+    """`tensor` in `dtype` (as a float ONNX Cast converts it), into `out` when given; itself when already so."""
+    if out is None and dtype_name(tensor) == dtype:
+        return tensor
+    target = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype != "bfloat16" else onnx.TensorProto.BFLOAT16
+    if out is None:
+        out = gs.Variable(name, dtype=np.dtype(dtype) if dtype != "bfloat16" else target, shape=tensor.shape)
+    graph.nodes.append(gs.Node("Cast", f"{name}/Cast", attrs={"to": target}, inputs=[tensor], outputs=[out]))
+    return out
+
+
 def _normalised_input(graph: gs.Graph, match: RmsNormMatch) -> gs.Tensor:
-    """x itself, or for a residual norm the Add nodes computing x + skip (+ bias) that the fused node reads."""
-    total = match.x
+    """x itself, or for a residual norm the sum x + skip (+ bias) that the fused node reads.
+
+    The sum is computed as onnxruntime's SkipSimplifiedLayerNormalization computes it: every operand widened to
+    `match.skip_dtype` (float32), added there in the op's order, the norm reading that sum unrounded. The op's sum
+    output is the same sum rounded once to x's dtype: Adds in float16 would round after each addition and feed the
+    norm a rounded sum (3.4e-4 off in fp16 where check allows 2.8e-4)."""
+    if not match.skip_inputs:
+        return match.x
+    activation = dtype_name(match.x) or match.dtype
+    total: gs.Tensor = _convert(graph, match.x, match.dtype, f"{match.y.name}/skip_x_{match.dtype}")
     for index, addend in enumerate(match.skip_inputs):
+        addend = _convert(graph, addend, match.dtype, f"{match.y.name}/skip_addend_{index}_{match.dtype}")
         last = index == len(match.skip_inputs) - 1
-        if last and match.skip_sum is not None:
+        if last and match.skip_sum is not None and activation == match.dtype:
             out = match.skip_sum
             out.inputs.clear()
         else:
-            out = gs.Variable(f"{match.y.name}/skip_sum_{index}", dtype=match.x.dtype, shape=match.x.shape)
+            out = gs.Variable(f"{match.y.name}/skip_sum_{index}", dtype=np.dtype(match.dtype), shape=match.x.shape)
         graph.nodes.append(gs.Node("Add", f"{match.name}/skip_add_{index}", inputs=[total, addend], outputs=[out]))
         total = out
-    if match.skip_sum is not None and match.skip_sum.dtype is None:
-        match.skip_sum.dtype, match.skip_sum.shape = match.x.dtype, match.x.shape
+    if match.skip_sum is not None:
+        if match.skip_sum.dtype is None:
+            match.skip_sum.dtype, match.skip_sum.shape = match.x.dtype, match.x.shape
+        if total is not match.skip_sum:
+            match.skip_sum.inputs.clear()
+            _convert(graph, total, activation, f"{match.y.name}/skip_sum_rounded", out=match.skip_sum)
     return total
 
 
@@ -152,13 +182,18 @@ def _import_trtfuse_domain(graph: gs.Graph) -> None:
 def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
     """Put one contract node in place of each match and pair; remove what became dead; toposort. In place.
 
-    Returns the fused nodes the graph keeps: a norm whose result reaches no graph output was dead in the original
-    too, and goes with the rest of the dead code, so the report describes the file written."""
+    Only live matches are rewritten: a norm whose result reaches no graph output (`search.dead`, each also a near
+    miss) stays as the original wrote it, and the cleanup removes it with the rest of the dead code (a skip norm whose
+    sum output is live keeps its original node, which computes that sum). So every fused node is in the file written,
+    and fuse reports what inspect found."""
     fused = [_rms_norm_node(graph, match) for match in search.matches]
     fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
     graph.cleanup().toposort()
     kept = {node.name for node in graph.nodes}
-    fused = [node for node in fused if node.name in kept]
+    lost = [node.name for node in fused if node.name not in kept]
+    if lost:
+        # find_norms keeps only norms whose result reaches a graph output: a fused node removed here is a bug.
+        raise RuntimeError(f"fused node(s) {', '.join(lost)} reach no graph output after the rewrite")
     if fused:
         _import_trtfuse_domain(graph)
     return fused

@@ -133,11 +133,28 @@ class ModelDims:
     onnxruntime_batch: Bound | None = None
     max_total: Bound | None = None
     expressions: Mapping[str, tuple[DimExpression | None, ...]] = field(default_factory=dict)
+    # Sequence dims of window-sized caches (GroupQueryAttention with sliding_window_cache=1): named like a past
+    # (`past_sliding_length`) but a capacity the attention op requires at every step; also in `fixed`, in no role.
+    window_capacities: Mapping[str, Bound] = field(default_factory=dict)
 
     @property
     def has_kv_cache(self) -> bool:
-        """Whether the model reads a KV cache: an input dim or a length input with a past role."""
-        return DimRole.PAST in self.roles.values() or DimRole.PAST in self.length_inputs.values()
+        """Whether the model reads a KV cache: an input dim or a length input with a past role, or a window cache
+        (a model whose every layer is sliding still has a prefill and a decode step)."""
+        return (
+            DimRole.PAST in self.roles.values()
+            or DimRole.PAST in self.length_inputs.values()
+            or bool(self.window_capacities)
+        )
+
+    def total_length(self, values: Mapping[str, int]) -> int | None:
+        """Past plus new tokens at a step whose symbols took `values`: the total dim, else past + tokens."""
+        total = next((values[s] for s in self.symbols(DimRole.TOTAL) if s in values), None)
+        if total is not None:
+            return total
+        tokens = next((values[s] for s in self.symbols(DimRole.TOKENS) if s in values), None)
+        past = next((values[s] for s in self.symbols(DimRole.PAST) if s in values), 0)
+        return None if tokens is None else past + tokens
 
     def symbols(self, role: DimRole) -> list[str]:
         return sorted(symbol for symbol, symbol_role in self.roles.items() if symbol_role is role)
@@ -183,10 +200,17 @@ def model_dims(model: onnx.ModelProto) -> ModelDims:
     # Shape inference only where a cache dim needs it: it is the slow part on a real model.
     shapes = _static_shapes(model, infer=unread)
     fixed = _fixed_cache_dims(model, inputs, expressions, shapes, set(cache_inputs))
+    # The past role from the name would give a window cache 0 rows at prefill, which the attention op refuses: its
+    # sequence dim is the value the op requires, at every step.
+    windows = _window_capacities(model, inputs, expressions, set(cache_inputs))
+    for symbol in windows:
+        roles.pop(symbol, None)
+    fixed.update(windows)
     return ModelDims(
         inputs=tuple(inputs),
         roles=roles,
         fixed={symbol: bound for symbol, bound in fixed.items() if symbol not in roles},
+        window_capacities=windows,
         cache_inputs=cache_inputs,
         length_inputs=_length_inputs(inputs),
         batch=_static_cache_batch(model, cache_inputs, expressions),
@@ -342,6 +366,60 @@ def _fixed_cache_dims(
                 what = {1: "head count", 3: "head size"}.get(axis, f"dim {axis}")
                 fixed.setdefault(expression.symbol, Bound(required, f"the {what} {node.op_type} {node.name!r} reads"))
     return fixed
+
+
+def _sliding_window(node: onnx.NodeProto) -> int | None:
+    """The window W of a GroupQueryAttention that keeps a window-sized cache (sliding_window_cache=1,
+    local_window_size=W > 0), else None."""
+    if node.domain != "com.microsoft" or node.op_type != "GroupQueryAttention":
+        return None
+    attributes = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+    window = attributes.get("local_window_size", -1)
+    return window if attributes.get("sliding_window_cache", 0) == 1 and window > 0 else None
+
+
+def _window_capacities(
+    model: onnx.ModelProto,
+    inputs: list[onnx.ValueInfoProto],
+    expressions: Mapping[str, tuple[DimExpression | None, ...]],
+    cache_inputs: set[str],
+) -> dict[str, Bound]:
+    """Sequence-dim symbols of the caches a windowed GroupQueryAttention reads (past_key, past_value: inputs 3 and 4,
+    BNSH), each with its window. onnxruntime requires that dim, the capacity C, to be at least local_window_size at
+    every step, the prefill included (CUDA: equal to it), and takes the past length from seqlens_k and
+    total_sequence_length, never from C; onnxruntime-genai sizes C to the window (`sliding_window.window_size`,
+    `cache_slack` 0)."""
+    capacities: dict[str, Bound] = {}
+    for value in inputs:
+        parsed = expressions.get(value.name, ())
+        if value.name not in cache_inputs or len(parsed) != 4 or parsed[2] is None or parsed[2].symbol is None:
+            continue
+        for node, index in _consumers(model, value.name):
+            window = _sliding_window(node)
+            if window is None or index not in (3, 4):
+                continue
+            reason = (
+                f"the window cache capacity of {node.op_type} {node.name!r} (sliding_window_cache=1: at least "
+                f"local_window_size={window} at every step)"
+            )
+            known = capacities.get(parsed[2].symbol)
+            if known is None or window > known.value:
+                capacities[parsed[2].symbol] = Bound(window, reason)
+    return capacities
+
+
+def window_cache_outputs(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph outputs that are the present key/value (outputs 1 and 2) of a windowed GroupQueryAttention, and the
+    window of each. After a step of T tokens in all, rows [0, min(T, C)) of such a buffer of capacity C (the window)
+    hold the most recent positions; rows past them are unspecified (uninitialised memory on the CPU)."""
+    graph_outputs = {value.name for value in model.graph.output}
+    windows = {}
+    for node in model.graph.node:
+        window = _sliding_window(node)
+        for name in node.output[1:3] if window is not None else ():
+            if name in graph_outputs:
+                windows[name] = window
+    return windows
 
 
 def _static_cache_batch(

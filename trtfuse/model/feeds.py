@@ -1,7 +1,8 @@
 """Random inputs for a model: the same feed goes to every runtime that is compared.
 
 Sizes come from `trtfuse.model.dims`: a dim with a role gets the step's value (batch, tokens, past, total = past +
-tokens), a dim the graph requires (a cache's head count or head size) gets that value, any other `DEFAULT_DIM`.
+tokens), a dim the graph requires (a cache's head count or head size, a window cache's capacity: the window at every
+step, prefill included) gets that value, any other `DEFAULT_DIM`.
 A KV-cache model is checked at two steps, a prefill (past 0) and a decode (one token after `DEFAULT_DIM` past ones).
 """
 

@@ -6,6 +6,8 @@ output; `judge_lowered` does so with the lowered fused model as the candidate.
 Per output of the original:
 - an output that differs between two runs of the original on the same inputs (uninitialised cache slots, say) says
   nothing about the candidate: it is left out, and the verdict says so;
+- a window cache (the present of a GroupQueryAttention with sliding_window_cache=1) is compared on its resident
+  rows only, [0, min(total length, window)): the rest of its buffer is unspecified, and a step's note says so;
 - a missing output, a changed declared dtype, rank or static dim, a changed runtime shape or a NaN/inf mismatch
   fails (a renamed symbolic dim is only reported);
 - integer and bool outputs must equal the original's;
@@ -28,6 +30,7 @@ import numpy as np
 import onnx
 
 from trtfuse.errors import TrtfuseError
+from trtfuse.model.dims import model_dims, window_cache_outputs
 from trtfuse.model.feeds import StepFeed
 from trtfuse.model.interface import elem_type_name
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
@@ -293,6 +296,8 @@ def judge_steps(
     of the original, at every step; judge each output. `note` goes with every step."""
     original = runner.model
     reference = float32_session(original) if judge.tolerance is None else None
+    windows = window_cache_outputs(original.model)
+    reading = model_dims(original.model) if windows else None
     steps = []
     for step in feeds:
         seconds: dict[str, float] = {}
@@ -307,6 +312,15 @@ def judge_steps(
                 expected = _timed(seconds, "float32 evaluation", reference.run, widened_feed(step.feed))
             except TrtfuseError as error:
                 notes.append(f"no float32 evaluation of the original ({error}): judged by tolerance")
+        total = reading.total_length(step.dims) if reading is not None else None
+        if windows and total is not None:
+            # Rows past the resident ones are whatever the buffer held: comparing them would leave every window
+            # cache out as "two runs of the original differ", judging nothing.
+            first, again, candidate, expected = (
+                _resident_rows(outputs, windows, total) for outputs in (first, again, candidate, expected)
+            )
+            rows = ", ".join(f"{name} [0, {min(total, window)})" for name, window in sorted(windows.items()))
+            notes.append(f"window caches: only the resident rows are compared ({rows}); the rest is unspecified")
         steps.append(
             StepResult(
                 name=step.step,
@@ -330,6 +344,21 @@ def _timed(
     outputs = run(feed)
     seconds[what] = time.perf_counter() - started
     return outputs
+
+
+def _resident_rows(
+    outputs: Mapping[str, np.ndarray] | None, windows: Mapping[str, int], total: int
+) -> Mapping[str, np.ndarray] | None:
+    """`outputs` with each window cache (BNSH, capacity C = its window) cut to the rows a step of `total` tokens in
+    all leaves resident: [0, min(total, C))."""
+    if outputs is None:
+        return None
+    cut = dict(outputs)
+    for name, window in windows.items():
+        array = cut.get(name)
+        if isinstance(array, np.ndarray) and array.ndim == 4 and array.shape[2] == window:
+            cut[name] = array[:, :, : min(total, window)]
+    return cut
 
 
 def computed_dtypes(model: onnx.ModelProto) -> dict[str, str]:

@@ -7,6 +7,8 @@ Canonical chain, every equivalent spelling accepted at each step:
     rsqrt     Sqrt then Div(1, .) | Sqrt then Reciprocal | Pow(., -0.5); or Div(a', Sqrt(.)) directly
     scale     Mul(a', r) in either order, r possibly cast down to the activation dtype first (T5)
 where a and a' are the same activation x seen through widening Casts. The epilogue (cast back, weight) follows.
+A QuantizeLinear -> DequantizeLinear pair on an intermediate (r, or the x only the scaling Mul reads) rounds and clips
+a value the fused node computes in float: the norm is left unfused, naming the pair (docs/patterns.md).
 Every op must be the ONNX op (default domain); every constant must broadcast to no higher rank than the tensor it
 meets, so the fused node's output has its input's shape. H is the last dim of a trusted shape (patterns/shapes.py).
 """
@@ -32,6 +34,7 @@ from trtfuse.fusion.patterns.queries import (
     onnx_op,
     other_input,
     producer,
+    qdq_mismatch,
     scalar_constant,
     small_constant,
     unique,
@@ -58,8 +61,6 @@ class _Core:
     epsilon: float
     hidden: int
     tags: list[str]
-    # A Q/DQ pair between x and the normalising Mul: dropped with the chain where nothing else reads it.
-    input_qdq: list[gs.Node]
 
 
 class _Walk:
@@ -84,16 +85,25 @@ class _Walk:
         self.require_onnx(consumer)
         return consumer
 
-    def through_qdq(self, quantize: gs.Node) -> list[gs.Node]:
-        """A QuantizeLinear → DequantizeLinear pair inside the chain, which the fused node drops (docs/patterns.md)."""
-        dequantize = self.next_node(quantize.outputs[0])
+    def reject_qdq(self, quantize: gs.Node, dequantize: gs.Node | None, where: str) -> Rejected:
+        """A QuantizeLinear (→ DequantizeLinear) on an intermediate of the chain: never one fused node.
+
+        An exact pair rounds and clips `where` to its calibrated range, which the fused node (computing in float)
+        cannot: dropping it is no "removal of a rounding" where the inputs leave that range (ModelOpt int8 OLMo2's
+        clipped inverse root, off by O(1)). A pair whose DequantizeLinear does not undo its QuantizeLinear rescales
+        or shifts the value: arithmetic, not a norm.
+        """
         if onnx_op(dequantize) != "DequantizeLinear":
-            raise self.reject(
-                f"{describe(quantize)} inside the chain goes to {describe(dequantize)}, not DequantizeLinear"
-            )
-        if dtype_name(dequantize.outputs[0]) != dtype_name(quantize.inputs[0]):
-            raise self.reject(f"{describe(dequantize)} inside the chain changes the dtype")
-        return [quantize, dequantize]
+            target = describe(dequantize) if dequantize is not None else "several readers"
+            return self.reject(f"{describe(quantize)} inside the chain goes to {target}, not DequantizeLinear")
+        pair = f"the pair {describe(quantize)} -> {describe(dequantize)}"
+        mismatch = qdq_mismatch(quantize, dequantize)
+        if mismatch is not None:
+            return self.reject(f"{pair} on {where} is arithmetic, not a rounding ({mismatch}): not a norm")
+        return self.reject(
+            f"{pair} rounds and clips {where} to its calibrated range inside the chain, which the fused node "
+            "cannot do: left unfused"
+        )
 
     def require_onnx(self, node: gs.Node) -> None:
         """A same-named op of another domain computes whatever that domain says: never part of a norm."""
@@ -219,7 +229,8 @@ def _add_epsilon(walk: _Walk, mean: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]
     epsilon = walk.scalar(add, other_input(add, mean), mean)
     if epsilon is None:
         raise walk.reject(f"{describe(add)} does not add a one-element constant epsilon")
-    if not math.isfinite(epsilon) or epsilon < 0:
+    # The fused node holds epsilon as float32: a float64 constant beyond its range would become inf there.
+    if not math.isfinite(epsilon_float32(epsilon)) or epsilon < 0:
         raise walk.reject(f"epsilon {epsilon} is negative or not finite")
     return add.outputs[0], [add], epsilon
 
@@ -256,15 +267,13 @@ def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.No
     else:
         raise walk.reject(f"variance + eps goes to {describe(root)}, not to Sqrt or Pow(-0.5)")
     product = walk.next_node(nodes[-1].outputs[0])
-    cast_seen = qdq_seen = False
-    while (onnx_op(product) == "Cast" and not cast_seen) or (onnx_op(product) == "QuantizeLinear" and not qdq_seen):
-        if onnx_op(product) == "Cast":
-            nodes.append(product)
-            tag, cast_seen = f"{tag}+rsqrt-cast", True
-        else:
-            nodes.extend(walk.through_qdq(product))
-            qdq_seen = True
-        product = walk.next_node(nodes[-1].outputs[0])
+    if onnx_op(product) == "Cast":
+        nodes.append(product)
+        tag = f"{tag}+rsqrt-cast"
+        product = walk.next_node(product.outputs[0])
+    if onnx_op(product) == "QuantizeLinear":
+        dequantize = only_consumer(product.outputs[0], walk.graph_outputs)
+        raise walk.reject_qdq(product, dequantize, f"the inverse root {product.inputs[0].name}")
     if onnx_op(product) != "Mul":
         raise walk.reject(f"the inverse root goes to {describe(product)}, not to Mul(x, r)")
     return product, nodes, tag
@@ -286,13 +295,13 @@ def _core(walk: _Walk) -> _Core:
     product, root_nodes, root_tag = _inverse_root(walk, variance)
     inverse = root_nodes[-1].outputs[0]
     scaled = product.inputs[0] if onnx_op(product) == "Div" else other_input(product, inverse)
-    input_qdq = []
     if look_through_lossless_casts(scaled) is not look_through_lossless_casts(base):
-        input_qdq = _quantize_dequantize(look_through_lossless_casts(scaled))
-        source = input_qdq[0].inputs[0] if input_qdq else scaled
+        pair = _quantize_dequantize(look_through_lossless_casts(scaled))
+        source = pair[0].inputs[0] if pair else scaled
         if look_through_lossless_casts(source) is not look_through_lossless_casts(base):
             raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
-        scaled = source
+        # The square reads x, the scaling Mul its quantized copy: no norm of either.
+        raise walk.reject_qdq(*pair, f"the x that {describe(product)} reads (the square reads it unquantized)")
     tags = [square_tag, mean_tag, root_tag] + (["no-epsilon"] if epsilon is None else [])
     return _Core(
         nodes=[*square_nodes, anchor, *mean_nodes, *add_nodes, *root_nodes, product],
@@ -302,17 +311,16 @@ def _core(walk: _Walk) -> _Core:
         epsilon=epsilon or 0.0,
         hidden=hidden,
         tags=tags,
-        input_qdq=input_qdq,
     )
 
 
 def _quantize_dequantize(tensor: gs.Tensor) -> list[gs.Node]:
-    """[QuantizeLinear, DequantizeLinear] when `tensor` is DQ(Q(a)) of a's own dtype, else nothing."""
+    """[QuantizeLinear, DequantizeLinear] when `tensor` is DQ(Q(a)), else nothing."""
     dequantize = producer(tensor)
     if onnx_op(dequantize) != "DequantizeLinear":
         return []
     quantize = producer(dequantize.inputs[0])
-    if onnx_op(quantize) != "QuantizeLinear" or dtype_name(quantize.inputs[0]) != dtype_name(tensor):
+    if onnx_op(quantize) != "QuantizeLinear":
         return []
     return [quantize, dequantize]
 
@@ -384,8 +392,6 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -
     if core_dtype == "float64":
         raise walk.reject("the chain computes in float64; the kernels reduce in float32, which would lose precision")
     tags = ["decomposed", *core.tags]
-    if any(onnx_op(node) == "QuantizeLinear" for node in (*core.nodes, *core.input_qdq, *end.nodes)):
-        tags.append("qdq-dropped")
     if core_dtype != "float32":
         tags.append(f"core-{core_dtype}")
     if dtype_name(core.normalized) == dtype and core_dtype != dtype:
@@ -399,7 +405,7 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -
     weight_nodes = list(end.weight.nodes) if end.weight else []
     required = [*core.nodes, *end.nodes]
     required_ids = {id(node) for node in required}
-    optional = exclusively_consumed(unique(upcasts + core.input_qdq + weight_nodes), required_ids, graph_outputs)
+    optional = exclusively_consumed(unique(upcasts + weight_nodes), required_ids, graph_outputs)
     match = RmsNormMatch(
         nodes=unique(optional + required),
         x=x,
@@ -425,4 +431,5 @@ def _upcasts_below(x: gs.Tensor, chain: list[tuple[gs.Tensor, gs.Node | None]]) 
 
 def epsilon_float32(value: float) -> float:
     """The epsilon as the float32 attribute stores it; exact for float16, bfloat16 and float32 constants."""
-    return float(np.float32(value))
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))

@@ -20,10 +20,12 @@ from trtfuse.fusion.patterns.queries import (
     describe,
     dtype_name,
     is_constant,
+    is_sparse_constant,
     only_consumer,
     onnx_op,
     other_input,
     producer,
+    qdq_mismatch,
     scalar_constant,
 )
 from trtfuse.fusion.patterns.shapes import Shapes
@@ -98,6 +100,9 @@ def trace_weight(
         else:
             return f"its operand {operand.name} is not a constant"
         path.append(node)
+    if is_sparse_constant(tensor):
+        # Its dense values are not in the graph for the fused node to take: the multiply stays, reading it.
+        return f"the weight {tensor.name} is a sparse tensor, which the fused node cannot take"
     for node in path:
         if node.op == "Cast" and not _is_lossless_cast(node):
             return f"the weight goes through the narrowing Cast {describe(node)}"
@@ -116,15 +121,17 @@ def trace_weight(
     return WeightPath(tensor, offset or 0.0, tuple(path), multiply_dtype)
 
 
-def _qdq_before_weight(
-    quantize: gs.Node, hidden: int, shapes: Shapes, graph_outputs: set[str]
-) -> tuple[gs.Node, gs.Node, gs.Node, WeightPath] | None:
-    """Q → DQ → Mul(weight) after the normalisation: the pair the fused node drops, the multiply and its weight.
+def _qdq_before_weight(quantize: gs.Node, hidden: int, shapes: Shapes, graph_outputs: set[str]) -> NearMiss | None:
+    """Why the chain ends at Q → DQ → Mul(weight) after the normalisation, or None when no weight multiply follows
+    the pair (it quantizes the norm's output, and stays after the fused node like any reader).
 
-    A pair not followed by a weight multiply quantizes the norm's output: it stays after the fused node.
+    The pair rounds and clips the normalised value to its calibrated range before the weight, which the fused node
+    cannot do; a pair whose DequantizeLinear does not undo its QuantizeLinear rescales it. Either way the norm ends
+    before the pair, without its weight, and the pair and the multiply stay in the graph reading what they read:
+    exact.
     """
     dequantize = only_consumer(quantize.outputs[0], graph_outputs)
-    if onnx_op(dequantize) != "DequantizeLinear" or dtype_name(dequantize.outputs[0]) != dtype_name(quantize.inputs[0]):
+    if onnx_op(dequantize) != "DequantizeLinear":
         return None
     dequantized = dequantize.outputs[0]
     multiply = only_consumer(dequantized, graph_outputs)
@@ -133,8 +140,13 @@ def _qdq_before_weight(
     weight = trace_weight(other_input(multiply, dequantized), hidden, shapes.rank(dequantized), None)
     if isinstance(weight, str):
         return None
-    multiply_dtype = dtype_name(multiply.outputs[0])
-    return quantize, dequantize, multiply, WeightPath(weight.weight, weight.offset, weight.nodes, multiply_dtype)
+    pair = f"the pair {describe(quantize)} -> {describe(dequantize)}"
+    mismatch = qdq_mismatch(quantize, dequantize)
+    if mismatch is not None:
+        what = f"{pair} is arithmetic, not a rounding ({mismatch})"
+    else:
+        what = f"{pair} rounds and clips the normalised value to its calibrated range before the weight"
+    return NearMiss(describe(multiply), f"weight multiply not fused: {what}; the norm ends before the pair")
 
 
 def _weight_follows(node: gs.Node, hidden: int, shapes: Shapes, graph_outputs: set[str]) -> bool:
@@ -188,12 +200,9 @@ def walk_epilogue(normalized: gs.Variable, hidden: int, graph_outputs: set[str],
         ):
             rounded_to = current_dtype
         elif op == "QuantizeLinear" and weight is None:
-            through = _qdq_before_weight(node, hidden, shapes, graph_outputs)
-            if through is None:
-                break
-            *qdq, multiply, weight = through
-            end_points.append(EndPoint(multiply.outputs[0], (*last.nodes, *qdq, multiply), weight, rounded_to))
-            continue
+            if (note := _qdq_before_weight(node, hidden, shapes, graph_outputs)) is not None:
+                notes.append(note)
+            break
         elif op == "Mul" and weight is None:
             weight = trace_weight(other_input(node, last.y), hidden, shapes.rank(last.y), dtype_name(node.outputs[0]))
             if isinstance(weight, str):

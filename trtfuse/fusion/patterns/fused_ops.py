@@ -45,6 +45,13 @@ DEFAULT_EPSILON = {
     "SimplifiedLayerNormalization": 1e-5,
     "SkipSimplifiedLayerNormalization": 1e-12,
 }
+# The attributes each op defines (ONNX's and onnxruntime's schemas): any other one means something the contract may not
+# compute, so the node is not fused.
+KNOWN_ATTRIBUTES = {
+    "RMSNormalization": ("axis", "epsilon", "stash_type"),
+    "SimplifiedLayerNormalization": ("axis", "epsilon", "stash_type"),
+    "SkipSimplifiedLayerNormalization": ("epsilon",),
+}
 FLOAT32_STASH = onnx.TensorProto.FLOAT
 # A 16-bit stash reduces in that dtype; the kernels reduce in float32, which is at least as precise (tagged).
 NARROW_STASHES = {onnx.TensorProto.FLOAT16: "stash-float16", onnx.TensorProto.BFLOAT16: "stash-bfloat16"}
@@ -58,6 +65,30 @@ def _key(node: gs.Node) -> tuple[str, str]:
 
 def is_fused_norm(node: gs.Node) -> bool:
     return _key(node) in FUSED_NORM_OPS
+
+
+def _check_attributes(node: gs.Node) -> None:
+    """Every attribute is one the op defines, of the type its schema gives it."""
+    known = KNOWN_ATTRIBUTES[node.op]
+    for name, value in node.attrs.items():
+        if name not in known:
+            raise Rejected(
+                node, f"attribute {name!r} is not one of {node.op}'s ({', '.join(known)}): its meaning is unknown"
+            )
+        wanted = float if name == "epsilon" else int
+        if isinstance(value, bool) or not isinstance(value, wanted):
+            raise Rejected(
+                node, f"attribute {name!r} is {value!r}, not a{'' if wanted is int else ' float'} {wanted.__name__}"
+            )
+
+
+def _epsilon(node: gs.Node) -> float:
+    """The epsilon as the fused node's float32 attribute holds it; NaN, infinite or negative is no norm the contract
+    computes (onnxruntime runs a negative one, taking the root of whatever results)."""
+    epsilon = epsilon_float32(node.attrs.get("epsilon", DEFAULT_EPSILON[node.op]))
+    if not math.isfinite(epsilon) or epsilon < 0:
+        raise Rejected(node, f"epsilon {epsilon:g} is negative or not finite")
+    return epsilon
 
 
 def _stash_tags(node: gs.Node) -> tuple[str, ...]:
@@ -105,6 +136,8 @@ def _used(tensor: gs.Tensor, graph_outputs: set[str]) -> bool:
 def match_fused(node: gs.Node, graph_outputs: set[str], shapes: Shapes) -> RmsNormMatch:
     """Turn an already-fused norm node into a match, or raise Rejected with the failed condition."""
     skip = node.op == "SkipSimplifiedLayerNormalization"
+    _check_attributes(node)
+    epsilon = _epsilon(node)
     x = node.inputs[0]
     scale_index = 2 if skip else 1
     if len(node.inputs) <= scale_index or not node.inputs[scale_index].name:
@@ -160,10 +193,13 @@ def match_fused(node: gs.Node, graph_outputs: set[str], shapes: Shapes) -> RmsNo
         x=x,
         y=y,
         weight=weight.weight,
-        params=NormParams(epsilon_float32(node.attrs.get("epsilon", DEFAULT_EPSILON[node.op])), weight.offset, mode),
+        params=NormParams(epsilon, weight.offset, mode),
         hidden_size=hidden,
         tags=(FUSED_NORM_OPS[_key(node)], *stash_tags),
         name=describe(node),
         skip_inputs=skip_inputs,
         skip_sum=skip_sum,
+        # onnxruntime's kernel widens input, skip and bias to float32 and adds there, whatever T is (measured on the
+        # CPU provider: the norm reads the unrounded sum, the sum output is it rounded once to T).
+        skip_dtype="float32" if skip else None,
     )

@@ -18,8 +18,9 @@ class RmsNormMatch:
     multiply); their dtypes may differ when one is float32 (contract.WeightMode says where the rounding happens).
 
     `skip_inputs` is empty except for a fused residual norm (SkipSimplifiedLayerNormalization): the tensors added to
-    `x` before normalising; the rewrite materialises that sum as an Add whose output is `skip_sum` when the original
-    node exposed it, a fresh tensor otherwise.
+    `x` before normalising, in `skip_dtype`. The rewrite writes that sum as Add nodes in front of the fused node, as
+    onnxruntime computes it: every operand widened to float32, added in float32, the norm reading the float32 sum;
+    `skip_sum`, when the original node exposed it, is that sum rounded once to x's dtype.
     """
 
     nodes: list[gs.Node]
@@ -32,6 +33,7 @@ class RmsNormMatch:
     name: str
     skip_inputs: tuple[gs.Tensor, ...] = ()
     skip_sum: gs.Variable | None = None
+    skip_dtype: str | None = None
 
     def __post_init__(self) -> None:
         # With float32 in and out the cast back is the identity and both weighted modes are one function; naming it
@@ -41,12 +43,13 @@ class RmsNormMatch:
 
     @property
     def dtype(self) -> str:
-        """The input's dtype."""
-        return dtype_name(self.x) or "unknown"
+        """The dtype the fused node reads: x's, or for a residual norm the dtype its sum is computed in."""
+        return self.skip_dtype or dtype_name(self.x) or "unknown"
 
     @property
     def output_dtype(self) -> str:
-        return dtype_name(self.y) or self.dtype
+        """y's dtype; a y the graph leaves untyped (onnx infers no contrib op) has x's, as every norm op gives it."""
+        return dtype_name(self.y) or dtype_name(self.x) or "unknown"
 
 
 @dataclass
@@ -70,6 +73,9 @@ class NormSearch:
     matches: list[RmsNormMatch] = field(default_factory=list)
     qk_norm_pairs: list[QkNormPair] = field(default_factory=list)
     near_misses: list[NearMiss] = field(default_factory=list)
+    # Matched norms whose result reaches no graph output (dead code in the original). They are never rewritten, and
+    # each is also a near miss, so inspect and fuse name them and report the same counts.
+    dead: list[RmsNormMatch] = field(default_factory=list)
 
 
 class Rejected(Exception):

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues
+from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
 # A constant larger than this is never loaded: scalars and axes lists are all the matcher reads.
 MAX_READ_ELEMENTS = 64
@@ -84,6 +84,15 @@ def is_constant(tensor: gs.Tensor) -> bool:
     return isinstance(tensor, gs.Constant) or producer_op(tensor) == "Constant"
 
 
+def is_sparse_constant(tensor: gs.Tensor) -> bool:
+    """A sparse initializer, or the output of a `Constant` holding `sparse_value`: graphsurgeon imports the latter
+    with no attribute at all (it skips sparse ones), so its values cannot be read here."""
+    if isinstance(tensor, gs.Constant):
+        return isinstance(tensor._values, SparseValues)
+    node = producer(tensor)
+    return onnx_op(node) == "Constant" and not node.attrs
+
+
 def constant_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
     """Shape of a constant without loading its values (initializer or Constant-node output), else None."""
     if isinstance(tensor, gs.Constant):
@@ -106,6 +115,8 @@ def _array_of(constant: gs.Constant) -> np.ndarray | None:
     # Never touch `.values` of a lazily loaded constant: it would replace the stored tensor with a NumPy copy,
     # which for bfloat16 changes the exported dtype. Read the TensorProto instead.
     stored = constant._values
+    if isinstance(stored, SparseValues):
+        return None
     if isinstance(stored, LazyValues):
         try:
             return onnx.numpy_helper.to_array(stored.tensor)
@@ -143,11 +154,62 @@ def scalar_constant(tensor: gs.Tensor) -> float | None:
         value = scalar_constant(cast.inputs[0])
         if value is None:
             return None
-        return float(np.asarray(value).astype(NUMPY_DTYPES.get(cast_target(cast), np.float64)))
+        with np.errstate(over="ignore"):  # a cast beyond the target's range gives inf, as the Cast computes it
+            return float(np.asarray(value).astype(NUMPY_DTYPES.get(cast_target(cast), np.float64)))
     values = small_constant(tensor)
     if values is None or values.size != 1:
         return None
     return float(values.reshape(()))
+
+
+def _operand(node: gs.Node, index: int) -> gs.Tensor | None:
+    """The node's input at `index`, None when absent or left empty (an optional input)."""
+    if index >= len(node.inputs) or not node.inputs[index].name:
+        return None
+    return node.inputs[index]
+
+
+def _same_constant(first: gs.Tensor | None, second: gs.Tensor | None, absent: float | None) -> bool:
+    """Whether two operands hold one value: one tensor, or constants of equal dtype, shape and values (an absent
+    operand counts as the scalar `absent`, or differs from everything when `absent` is None)."""
+    if first is second:
+        return True
+    values = []
+    for operand in (first, second):
+        if operand is None:
+            if absent is None:
+                return False
+            values.append((None, (), np.asarray(absent, dtype=np.float64)))
+            continue
+        array = small_constant(operand)
+        if array is None:
+            return False
+        values.append((dtype_name(operand), array.shape, array))
+    (first_dtype, first_shape, first_values), (second_dtype, second_shape, second_values) = values
+    if None not in (first_dtype, second_dtype) and first_dtype != second_dtype:
+        return False
+    if first_shape != second_shape and not (first_values.size == second_values.size == 1):
+        return False
+    return bool(np.array_equal(first_values.reshape(-1), second_values.reshape(-1)))
+
+
+def qdq_mismatch(quantize: gs.Node, dequantize: gs.Node) -> str | None:
+    """None when `dequantize` (reading `quantize`'s output) undoes its rounding exactly: one scale, one zero point
+    (absent meaning 0), one axis and block size where the scale has several elements, and `quantize`'s input dtype
+    out. Otherwise what differs: such a pair rescales or shifts the value, which is arithmetic, not a rounding."""
+    scale = _operand(quantize, 1), _operand(dequantize, 1)
+    if not _same_constant(*scale, absent=None):
+        return f"the scale of {describe(dequantize)} is not provably {describe(quantize)}'s"
+    if not _same_constant(_operand(quantize, 2), _operand(dequantize, 2), absent=0.0):
+        return f"the zero point of {describe(dequantize)} is not provably {describe(quantize)}'s"
+    shape = constant_shape(scale[0]) if scale[0] is not None else None
+    if shape is None or math.prod(shape) > 1:
+        for attribute, default in (("axis", 1), ("block_size", 0)):
+            if quantize.attrs.get(attribute, default) != dequantize.attrs.get(attribute, default):
+                return f"the {attribute} of {describe(dequantize)} is not {describe(quantize)}'s"
+    if dtype_name(dequantize.outputs[0]) != dtype_name(quantize.inputs[0]):
+        return f"{describe(dequantize)} changes the dtype"
+    return None
 
 
 def constant_rank(tensor: gs.Tensor) -> int | None:

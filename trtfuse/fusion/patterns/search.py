@@ -24,6 +24,30 @@ def _reduces_integers(node: gs.Node) -> bool:
     return dtype is not None and dtype.startswith(("int", "uint", "bool"))
 
 
+DEAD_REASON = (
+    "its result reaches no graph output (dead code in the original, e.g. an exporter that took another projection "
+    "for the LM head): nothing fused"
+)
+
+
+def live_tensors(graph: gs.Graph) -> set[int]:
+    """ids of the tensors some graph output is computed from. A node holding an If/Loop/Scan body reads whatever the
+    body reads (bodies name outer tensors without listing them as the node's inputs)."""
+    live: set[int] = set()
+    queue = list(graph.outputs)
+    while queue:
+        tensor = queue.pop()
+        if id(tensor) in live:
+            continue
+        live.add(id(tensor))
+        for node in tensor.inputs:
+            reads = list(node.inputs)
+            for body in node.subgraphs(recursive=True):
+                reads += [operand for inner in body.nodes for operand in inner.inputs]
+            queue.extend(operand for operand in reads if id(operand) not in live)
+    return live
+
+
 def find_norms(graph: gs.Graph) -> NormSearch:
     """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
@@ -49,6 +73,12 @@ def find_norms(graph: gs.Graph) -> NormSearch:
             search.near_misses.append(rejection.near_miss)
             continue
         matches.append(match)
+    # A dead norm would be matched here and then vanish with the rest of the dead code when fuse cleans the graph,
+    # so inspect and fuse would disagree: it is a near miss in both, and the rewrite leaves it as it is.
+    live = live_tensors(graph)
+    search.dead = [match for match in matches if id(match.y) not in live]
+    search.near_misses.extend(NearMiss(match.name, DEAD_REASON) for match in search.dead)
+    matches = [match for match in matches if id(match.y) in live]
     pairing = pair_qk_norms(matches, graph)
     search.qk_norm_pairs, search.matches = pairing.pairs, pairing.unpaired
     search.near_misses.extend([*pairing.notes, *absorbed_qk_norms(graph)])

@@ -34,7 +34,14 @@ def _skeleton(graph: gs.Graph) -> onnx.ModelProto:
         else:
             initializers.append(OnnxExporter.export_tensor_proto(tensor))
     outputs = [helper.make_tensor_value_info(tensor.name, 0, None) for tensor in graph.outputs]
-    nodes = [OnnxExporter.export_node(node) for node in graph.nodes]
+    nodes = []
+    for node in graph.nodes:
+        if node.op == "Constant" and not node.attrs and node.outputs:
+            # graphsurgeon drops a `sparse_value` attribute; a Constant without one would fail inference for the
+            # whole graph. Its output keeps the type ONNX inferred on import: a typed input in its place.
+            inputs.append(OnnxExporter.export_value_info_proto(node.outputs[0], do_type_check=False))
+            continue
+        nodes.append(OnnxExporter.export_node(node))
     model = helper.make_model(
         helper.make_graph(nodes, "skeleton", inputs, outputs, initializers),
         opset_imports=update_import_domains(graph),
