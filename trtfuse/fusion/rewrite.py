@@ -13,6 +13,7 @@ from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
 from trtfuse.fusion.patterns import NormSearch, RmsNormMatch
 from trtfuse.fusion.patterns.queries import describe, dtype_name
+from trtfuse.fusion.patterns.search import live_tensors
 
 
 @dataclass(frozen=True)
@@ -180,20 +181,19 @@ def _import_trtfuse_domain(graph: gs.Graph) -> None:
 
 
 def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
-    """Put one contract node in place of each match and pair; remove what became dead; toposort. In place.
+    """Put one contract node in place of each match and pair; remove what the rewrite made dead; toposort. In place.
 
     Only live matches are rewritten: a norm whose result reaches no graph output (`search.dead`, each also a near
-    miss) stays as the original wrote it, and the cleanup removes it with the rest of the dead code (a skip norm whose
-    sum output is live keeps its original node, which computes that sum). So every fused node is in the file written,
-    and fuse reports what inspect found."""
+    miss) stays as the original wrote it, as does all code that was dead already (with whatever it reads), so a model
+    with nothing to fuse comes out as it went in. So every fused node is in the file written, and fuse reports what
+    inspect found."""
+    live = live_tensors(graph)
+    dead = [node for node in graph.nodes if not any(id(tensor) in live for tensor in node.outputs)]
     fused = [_rms_norm_node(graph, match) for match in search.matches]
     fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
-    graph.cleanup().toposort()
-    kept = {node.name for node in graph.nodes}
-    lost = [node.name for node in fused if node.name not in kept]
-    if lost:
-        # find_norms keeps only norms whose result reaches a graph output: a fused node removed here is a bug.
-        raise RuntimeError(f"fused node(s) {', '.join(lost)} reach no graph output after the rewrite")
+    kept = live_tensors(graph, also=[tensor for node in dead for tensor in node.outputs])
+    graph.nodes = [node for node in graph.nodes if any(id(tensor) in kept for tensor in node.outputs)]
+    graph.toposort()
     if fused:
         _import_trtfuse_domain(graph)
     return fused

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_graphsurgeon as gs
 
 from trtfuse.fusion.patterns.decomposed import ANCHORS, match_decomposed
@@ -30,11 +32,11 @@ DEAD_REASON = (
 )
 
 
-def live_tensors(graph: gs.Graph) -> set[int]:
-    """ids of the tensors some graph output is computed from. A node holding an If/Loop/Scan body reads whatever the
-    body reads (bodies name outer tensors without listing them as the node's inputs)."""
+def live_tensors(graph: gs.Graph, also: Sequence[gs.Tensor] = ()) -> set[int]:
+    """ids of the tensors some graph output (or a tensor of `also`) is computed from. A node holding an If/Loop/Scan
+    body reads whatever the body reads (bodies name outer tensors without listing them as the node's inputs)."""
     live: set[int] = set()
-    queue = list(graph.outputs)
+    queue = [*graph.outputs, *also]
     while queue:
         tensor = queue.pop()
         if id(tensor) in live:
