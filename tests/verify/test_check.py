@@ -771,3 +771,26 @@ def test_check_runs_a_windowed_genai_model_with_no_options(tmp_path: Path) -> No
     original = _loaded(windowed_genai_model(16), tmp_path / "windowed.onnx")
     result = check_fused(original, original)
     assert result.passed and [step.name for step in result.steps] == ["prefill", "decode"]
+
+
+@pytest.mark.parametrize(
+    ("dequantize", "same_values", "kept"),
+    [("exact", True, False), ("scale", True, False), ("scale", False, True), ("zero-point", False, True)],
+)
+def test_the_float32_evaluation_drops_only_pairs_that_round(dequantize: str, same_values: bool, kept: bool) -> None:
+    # ModelOpt's fp16 exports give the DequantizeLinear a scale of its own name with the same value: still a rounding.
+    # A scale or zero point that differs rescales or shifts the value: arithmetic the evaluation must keep.
+    from trtfuse.verify.widening import widen_to_float32
+
+    from support.graphs import qdq_norm
+
+    model = qdq_norm("output", dequantize=dequantize)
+    if dequantize == "scale" and same_values:
+        quantize = next(node for node in model.graph.node if node.op_type == "QuantizeLinear")
+        dequantize_node = next(node for node in model.graph.node if node.op_type == "DequantizeLinear")
+        initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+        initializers[dequantize_node.input[1]].CopyFrom(
+            numpy_helper.from_array(numpy_helper.to_array(initializers[quantize.input[1]]), dequantize_node.input[1])
+        )
+    ops = [node.op_type for node in widen_to_float32(model).graph.node]
+    assert ("QuantizeLinear" in ops and "DequantizeLinear" in ops) is kept

@@ -8,15 +8,19 @@ float32 evaluation of the same ops on the same weights tells which of the two is
 
 `widen_to_float32` keeps every op and every weight value; it changes only where values are rounded: float16 and
 bfloat16 inputs, outputs, weights, casts and constants become float32 (weights in external data through a Cast), and
-an activation QuantizeLinear -> DequantizeLinear pair (a rounding of a computed value, not of a stored weight) becomes
-an identity. Quantized weights stay as stored, since
-their float values are all the model has.
+an activation QuantizeLinear -> DequantizeLinear pair that only rounds (a rounding of a computed value, not of a
+stored weight; `model.qdq`) becomes an identity, while one that rescales or shifts stays. Quantized weights stay as
+stored, since their float values are all the model has.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
+
+from trtfuse.model.qdq import QdqOperand, pair_difference
 
 NARROW_FLOATS = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 # Cast targets that round a computed value; float8 casts appear in fp8 exports outside Q/DQ.
@@ -60,7 +64,7 @@ def widen_to_float32(model: onnx.ModelProto) -> onnx.ModelProto:
     _widen_graph(widened.graph)
     for function in widened.functions:
         _widen_nodes(function.node)
-        _drop_activation_quantization(function.node, set(function.output))
+        _drop_activation_quantization(function.node, set(function.output), {})
     return widened
 
 
@@ -112,7 +116,9 @@ def _widen_graph(graph: onnx.GraphProto) -> None:
     del graph.value_info[:]
     _widen_nodes(graph.node)
     _widen_initializers(graph)
-    _drop_activation_quantization(graph.node, {value.name for value in graph.output})
+    _drop_activation_quantization(
+        graph.node, {value.name for value in graph.output}, {tensor.name: tensor for tensor in graph.initializer}
+    )
 
 
 def _widen_initializers(graph: onnx.GraphProto) -> None:
@@ -158,14 +164,46 @@ def _widen_nodes(nodes: list[onnx.NodeProto]) -> None:
                 _widen_graph(subgraph)
 
 
-def _drop_activation_quantization(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> None:
-    """DequantizeLinear(QuantizeLinear(x)) becomes Identity(x); a QuantizeLinear left without consumers goes."""
+def _qdq_operand(
+    node: onnx.NodeProto,
+    index: int,
+    producers: Mapping[str, onnx.NodeProto],
+    initializers: Mapping[str, onnx.TensorProto],
+) -> QdqOperand:
+    """A scale or zero point of `node` with its values where an inline initializer or Constant node holds them."""
+    name = node.input[index] if index < len(node.input) else ""
+    if not name:
+        return QdqOperand("")
+    tensor = initializers.get(name)
+    constant = producers.get(name)
+    if tensor is None and constant is not None and constant.op_type == "Constant":
+        tensor = next((entry.t for entry in constant.attribute if entry.name == "value"), None)
+    if tensor is None or external_data_helper.uses_external_data(tensor):
+        return QdqOperand(name)
+    return QdqOperand(name, helper.tensor_dtype_to_np_dtype(tensor.data_type).name, numpy_helper.to_array(tensor))
+
+
+def _drop_activation_quantization(
+    nodes: list[onnx.NodeProto], graph_outputs: set[str], initializers: Mapping[str, onnx.TensorProto]
+) -> None:
+    """DequantizeLinear(QuantizeLinear(x)) becomes Identity(x) where the pair is a rounding and nothing more
+    (`model.qdq`); a pair that rescales or shifts stays, as the arithmetic it is. A QuantizeLinear left without
+    consumers goes."""
     producers = {output: node for node in nodes for output in node.output}
     for node in nodes:
         if node.op_type != "DequantizeLinear" or not node.input:
             continue
         producer = producers.get(node.input[0])
         if producer is None or producer.op_type != "QuantizeLinear" or not producer.input:
+            continue
+        operands = [
+            [_qdq_operand(quantize, index, producers, initializers) for quantize in (producer, node)]
+            for index in (1, 2)
+        ]
+        attributes = tuple(
+            {entry.name: helper.get_attribute_value(entry) for entry in n.attribute} for n in (producer, node)
+        )
+        if pair_difference(tuple(operands[0]), tuple(operands[1]), attributes) is not None:
             continue
         replacement = helper.make_node("Identity", [producer.input[0]], [node.output[0]], name=node.name)
         node.CopyFrom(replacement)

@@ -11,6 +11,8 @@ import onnx.numpy_helper
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 
+from trtfuse.model.qdq import QdqOperand, pair_difference
+
 # A constant larger than this is never loaded: scalars and axes lists are all the matcher reads.
 MAX_READ_ELEMENTS = 64
 
@@ -169,44 +171,26 @@ def _operand(node: gs.Node, index: int) -> gs.Tensor | None:
     return node.inputs[index]
 
 
-def _same_constant(first: gs.Tensor | None, second: gs.Tensor | None, absent: float | None) -> bool:
-    """Whether two operands hold one value: one tensor, or constants of equal dtype, shape and values (an absent
-    operand counts as the scalar `absent`, or differs from everything when `absent` is None)."""
-    if first is second:
-        return True
-    values = []
-    for operand in (first, second):
-        if operand is None:
-            if absent is None:
-                return False
-            values.append((None, (), np.asarray(absent, dtype=np.float64)))
-            continue
-        array = small_constant(operand)
-        if array is None:
-            return False
-        values.append((dtype_name(operand), array.shape, array))
-    (first_dtype, first_shape, first_values), (second_dtype, second_shape, second_values) = values
-    if None not in (first_dtype, second_dtype) and first_dtype != second_dtype:
-        return False
-    if first_shape != second_shape and not (first_values.size == second_values.size == 1):
-        return False
-    return bool(np.array_equal(first_values.reshape(-1), second_values.reshape(-1)))
+def _qdq_operand(node: gs.Node, index: int) -> QdqOperand:
+    tensor = _operand(node, index)
+    if tensor is None:
+        return QdqOperand("")
+    return QdqOperand(tensor.name, dtype_name(tensor), small_constant(tensor))
 
 
 def qdq_mismatch(quantize: gs.Node, dequantize: gs.Node) -> str | None:
-    """None when `dequantize` (reading `quantize`'s output) undoes its rounding exactly: one scale, one zero point
-    (absent meaning 0), one axis and block size where the scale has several elements, and `quantize`'s input dtype
-    out. Otherwise what differs: such a pair rescales or shifts the value, which is arithmetic, not a rounding."""
-    scale = _operand(quantize, 1), _operand(dequantize, 1)
-    if not _same_constant(*scale, absent=None):
-        return f"the scale of {describe(dequantize)} is not provably {describe(quantize)}'s"
-    if not _same_constant(_operand(quantize, 2), _operand(dequantize, 2), absent=0.0):
-        return f"the zero point of {describe(dequantize)} is not provably {describe(quantize)}'s"
-    shape = constant_shape(scale[0]) if scale[0] is not None else None
-    if shape is None or math.prod(shape) > 1:
-        for attribute, default in (("axis", 1), ("block_size", 0)):
-            if quantize.attrs.get(attribute, default) != dequantize.attrs.get(attribute, default):
-                return f"the {attribute} of {describe(dequantize)} is not {describe(quantize)}'s"
+    """None when `dequantize` (reading `quantize`'s output) undoes its rounding exactly (`model.qdq`) and gives back
+    `quantize`'s input dtype. Otherwise what differs: such a pair rescales or shifts the value, which is arithmetic,
+    not a rounding."""
+    difference = pair_difference(
+        (_qdq_operand(quantize, 1), _qdq_operand(dequantize, 1)),
+        (_qdq_operand(quantize, 2), _qdq_operand(dequantize, 2)),
+        (quantize.attrs, dequantize.attrs),
+    )
+    if difference in ("scale", "zero point"):
+        return f"the {difference} of {describe(dequantize)} is not provably {describe(quantize)}'s"
+    if difference is not None:
+        return f"the {difference} of {describe(dequantize)} is not {describe(quantize)}'s"
     if dtype_name(dequantize.outputs[0]) != dtype_name(quantize.inputs[0]):
         return f"{describe(dequantize)} changes the dtype"
     return None
