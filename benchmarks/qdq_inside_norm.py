@@ -1,11 +1,13 @@
 """Is a QuantizeLinear/DequantizeLinear pair inside an RMSNorm within the model's own quantization noise?
 
-A fused node cannot quantize in the middle of its chain, so fusing through a Q/DQ pair drops it. This measures what
-that changes, the way ModelOpt calibrates (per-tensor int8 or float8 e4m3, scale from the calibration maximum):
-activations with per-row scales spread over two decades (the rows whose rms, and so rsqrt, differ most), a weight,
-and the Q/DQ on the norm's output that feeds the next MatMul (which stays after the fused node). For each place of
-the inner pair (on rsqrt, on the x the normalising Mul reads, on the normalised value before the weight) it reports,
-as rms and max of the error over the rms of the float output (max over elements at least 1% of the largest):
+A fused node cannot quantize in the middle of its chain, so fusing through a Q/DQ pair would drop it. trtfuse no longer
+does (such norms stay unfused, docs/patterns.md): this is the measurement of the rule it used to apply, kept because it
+shows what the rounding alone changes, not the clipping. It measures what dropping changes, the way ModelOpt calibrates
+(per-tensor int8 or float8 e4m3, scale from the calibration maximum): activations with per-row scales spread over two
+decades (the rows whose rms, and so rsqrt, differ most), a weight, and the Q/DQ on the norm's output that feeds the next
+MatMul (which stays after the fused node). For each place of the inner pair (on rsqrt, on the x the normalising Mul
+reads, on the normalised value before the weight) it reports, as rms and max of the error over the rms of the float
+output (max over elements at least 1% of the largest):
     original    the quantized graph against the float evaluation of the same arithmetic (the model's own noise)
     fused       the graph with the inner pair dropped (its output Q/DQ kept) against the same float evaluation
     difference  fused against original
