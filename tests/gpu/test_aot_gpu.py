@@ -706,3 +706,19 @@ def test_the_benchmark_expects_decode_up_to_one_row_per_sm() -> None:
     assert expected_tactic(132, 132, both) is Tactic.DECODE
     assert expected_tactic(133, 132, both) is Tactic.PREFILL
     assert expected_tactic(1, 132, (Tactic.PREFILL,)) is Tactic.PREFILL
+
+
+def test_the_benchmark_times_the_cubins_in_one_line_where_the_driver_refuses_the_ptx(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trtfuse.bench.aot import benchmark
+
+    monkeypatch.setattr(benchmark, "_NOTED", [])
+    monkeypatch.setattr(benchmark, "driver_version", lambda: 12080)
+    ptx = ".version 9.0\n.target sm_90a\n"
+    assert benchmark.loadable_image(ptx) == "cubin"
+    assert benchmark.loadable_image(ptx) == "cubin"
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("note: the kernels' PTX is ISA 9.0") and "cubins" in lines[0]
+    monkeypatch.setattr(benchmark, "driver_version", lambda: 13000)
+    assert benchmark.loadable_image(ptx) == "ptx"
