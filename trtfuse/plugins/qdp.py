@@ -106,17 +106,8 @@ def _rms_norm(trtp: Any) -> QdpDefinition:
         output_dtype: Int32Field,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
-        from trtfuse.kernels.artifacts import rms_norm_tactics
-        from trtfuse.kernels.specs import RmsNormSpec
-
         fields = from_qdp(contract.RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        params, out_dtype, (hidden,) = fields.params, fields.output_dtype, fields.hidden_sizes
-        combinations = []
-        for dtype, weight_dtype in _dtype_choices(fields):
-            spec = RmsNormSpec(hidden, dtype, _spec_weight_dtype(fields, weight_dtype), params, out_dtype)
-            types = (dtype, weight_dtype, out_dtype)
-            combinations.append(_combination(trtp, types, rms_norm_tactics(spec)))
-        return combinations
+        return _one_part_combinations(trtp, contract.RMS_NORM, fields)
 
     def aot_impl(
         x: TensorDesc,
@@ -129,19 +120,8 @@ def _rms_norm(trtp: Any) -> QdpDefinition:
         outputs: tuple[TensorDesc],
         tactic: int,
     ) -> Kernel:
-        from trtfuse.kernels.artifacts import rms_norm_artifact
-        from trtfuse.kernels.declaration import Tactic
-        from trtfuse.kernels.specs import RmsNormSpec
-
         fields = from_qdp(contract.RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        spec = RmsNormSpec(
-            hidden=fields.hidden_sizes[0],
-            dtype=_dtype_name(x.dtype),
-            weight_dtype=_spec_weight_dtype(fields, _dtype_name(weight.dtype)),
-            params=fields.params,
-            out_dtype=_dtype_name(outputs[0].dtype),
-        )
-        return _kernel(trtp, rms_norm_artifact(spec, Tactic(tactic), _build_arch()), (x,))
+        return _one_part_kernel(trtp, contract.RMS_NORM, fields, x, weight, outputs[0], tactic)
 
     return QdpDefinition(contract.RMS_NORM_OP, register, autotune, aot_impl)
 
@@ -255,17 +235,8 @@ def _add_rms_norm(trtp: Any) -> QdpDefinition:
         output_dtype: Int32Field,
         outputs: tuple[TensorDesc, TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
-        from trtfuse.kernels.artifacts import add_rms_norm_tactics
-        from trtfuse.kernels.specs import AddRmsNormSpec
-
         fields = from_qdp(contract.ADD_RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        params, out_dtype, (hidden,) = fields.params, fields.output_dtype, fields.hidden_sizes
-        combinations = []
-        for dtype, weight_dtype in _dtype_choices(fields):
-            spec = AddRmsNormSpec(hidden, dtype, _spec_weight_dtype(fields, weight_dtype), params, out_dtype)
-            types = (dtype, dtype, weight_dtype, out_dtype, dtype)
-            combinations.append(_combination(trtp, types, add_rms_norm_tactics(spec)))
-        return combinations
+        return _one_part_combinations(trtp, contract.ADD_RMS_NORM, fields)
 
     def aot_impl(
         x: TensorDesc,
@@ -279,25 +250,54 @@ def _add_rms_norm(trtp: Any) -> QdpDefinition:
         outputs: tuple[TensorDesc, TensorDesc],
         tactic: int,
     ) -> Kernel:
-        from trtfuse.kernels.artifacts import add_rms_norm_artifact
-        from trtfuse.kernels.declaration import Tactic
-        from trtfuse.kernels.specs import AddRmsNormSpec
-
         fields = from_qdp(contract.ADD_RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        spec = AddRmsNormSpec(
-            hidden=fields.hidden_sizes[0],
-            dtype=_dtype_name(x.dtype),
-            weight_dtype=_spec_weight_dtype(fields, _dtype_name(weight.dtype)),
-            params=fields.params,
-            out_dtype=_dtype_name(outputs[0].dtype),
-        )
         # One part: the grid and the row count are x's (the residual has x's shape).
-        return _kernel(trtp, add_rms_norm_artifact(spec, Tactic(tactic), _build_arch()), (x,))
+        return _one_part_kernel(trtp, contract.ADD_RMS_NORM, fields, x, weight, outputs[0], tactic)
 
     return QdpDefinition(contract.ADD_RMS_NORM_OP, register, autotune, aot_impl)
 
 
 # --- what every QDP shares -----------------------------------------------------------------------------------------
+
+
+def _one_part_kernels(op: contract.FusedOp) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
+    """The spec class, artifact builder and tactics of a one-part op's kernels."""
+    from trtfuse.kernels import artifacts, specs
+
+    if op is contract.RMS_NORM:
+        return specs.RmsNormSpec, artifacts.rms_norm_artifact, artifacts.rms_norm_tactics
+    return specs.AddRmsNormSpec, artifacts.add_rms_norm_artifact, artifacts.add_rms_norm_tactics
+
+
+def _one_part_combinations(trtp: Any, op: contract.FusedOp, fields: NodeFields) -> list[Any]:
+    """autotune of a one-part op: every (activation, weight) dtype pair for the output dtype, in the op's tensor
+    order (activations share D; normalised outputs are in output_dtype, the others in D), with the spec's tactics."""
+    spec_class, _artifact, tactics = _one_part_kernels(op)
+    params, out_dtype, (hidden,) = fields.params, fields.output_dtype, fields.hidden_sizes
+    combinations = []
+    for dtype, weight_dtype in _dtype_choices(fields):
+        spec = spec_class(hidden, dtype, _spec_weight_dtype(fields, weight_dtype), params, out_dtype)
+        outputs = tuple(out_dtype if normalised else dtype for normalised in op.normalised_outputs)
+        types = (*(dtype for _ in op.activations), weight_dtype, *outputs)
+        combinations.append(_combination(trtp, types, tactics(spec)))
+    return combinations
+
+
+def _one_part_kernel(
+    trtp: Any, op: contract.FusedOp, fields: NodeFields, x: Any, weight: Any, y: Any, tactic: int
+) -> tuple[str, str, Any, Any]:
+    """aot_impl of a one-part op: the artifact of the dtypes TensorRT chose, launched over x's rows."""
+    from trtfuse.kernels.declaration import Tactic
+
+    spec_class, artifact, _tactics = _one_part_kernels(op)
+    spec = spec_class(
+        hidden=fields.hidden_sizes[0],
+        dtype=_dtype_name(x.dtype),
+        weight_dtype=_spec_weight_dtype(fields, _dtype_name(weight.dtype)),
+        params=fields.params,
+        out_dtype=_dtype_name(y.dtype),
+    )
+    return _kernel(trtp, artifact(spec, Tactic(tactic), _build_arch()), (x,))
 
 
 def _dtype_choices(fields: NodeFields) -> list[tuple[str, str]]:
