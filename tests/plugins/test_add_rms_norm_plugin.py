@@ -2,14 +2,13 @@
 checks (x and residual of one shape), serialisation, runtime re-creation, and what enqueue hands the kernel.
 
 As in test_python_plugins.py, TensorRT-RTX's module stands in for TensorRT's plugin types and a recorder for the
-kernels. The lifecycle harness describes one activation per part, so the descriptors are built here from its
-generic pieces (fields as the parser makes them, tensor descriptors, re-creation from stored fields).
+kernels. Cases, descriptors and phases are the lifecycle harness's (trtfuse/bench/lifecycle/); only the shapes no
+case describes (a residual of another shape than x's) are built here from its descriptor functions.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,48 +16,29 @@ import pytest
 
 from trtfuse import contract
 from trtfuse import kernels as kernels_module
-from trtfuse.bench.lifecycle.descriptors import DTYPE_BY_NAME, dynamic_desc, parser_fields, tensor_desc
-from trtfuse.bench.lifecycle.phases import SerializedField, recreate
-from trtfuse.contract import ADD_RMS_NORM, ADD_RMS_NORM_OP, NormParams, WeightMode
-from trtfuse.contract.codec import NodeFields
+from trtfuse.bench.lifecycle.cases import NormCase, Shape
+from trtfuse.bench.lifecycle.cases import add_case as harness_add_case
+from trtfuse.bench.lifecycle.descriptors import (
+    DTYPE_BY_NAME,
+    dynamic_desc,
+    parser_fields,
+    profile_descs,
+    run_descs,
+    tensor_desc,
+)
+from trtfuse.bench.lifecycle.phases import build_phase, probe_formats, recreate, runtime_phase
+from trtfuse.contract import ADD_RMS_NORM, ADD_RMS_NORM_OP, WeightMode
 from trtfuse.errors import TrtfuseError
 from trtfuse.plugins.python.add_rms_norm import AddRmsNormPlugin, AddRmsNormPluginCreator
-from trtfuse.plugins.python.base import DEFAULT_TACTIC, DTYPE_NAMES
+from trtfuse.plugins.python.base import DTYPE_NAMES
 
 from support.plugin_fields import RecordingKernel, create, f32, i32, trt
 
 FLOATS = ("float32", "float16", "bfloat16")
 HIDDEN = 64
 NODE = "layers.1.post_attention_layernorm"
-Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class AddCase:
-    """One add-norm node: its fields, x's (and residual's) dtype, the weight's, and the shapes of x (the residual's
-    are the same) in its profile and in the runs that follow."""
-
-    config: NodeFields
-    dtype: str
-    weight_dtype: str | None
-    min_shape: Shape = (1, 1, HIDDEN)
-    max_shape: Shape = (4, 256, HIDDEN)
-    runs: tuple[Shape, ...] = ((4, 256, HIDDEN), (1, 3, HIDDEN), (1, 1, HIDDEN))
-
-    @property
-    def name(self) -> str:
-        return f"{self.dtype}-to-{self.config.output_dtype}-w{self.weight_dtype}-{self.config.params.weight_mode.name}"
-
-    @property
-    def input_dtypes(self) -> tuple[str, ...]:
-        return (self.dtype, self.dtype) + ((self.weight_dtype,) if self.config.has_weight else ())
-
-    @property
-    def output_dtypes(self) -> tuple[str, str]:
-        return self.config.output_dtype, self.dtype
-
-    def input_shapes(self, x: Shape, residual: Shape | None = None) -> list[Shape]:
-        return [x, residual or x] + ([(HIDDEN,)] if self.config.has_weight else [])
+MIN_SHAPE: Shape = (1, 1, HIDDEN)
+MAX_SHAPE: Shape = (4, 256, HIDDEN)
 
 
 def add_case(
@@ -68,10 +48,10 @@ def add_case(
     output_dtype: str | None = None,
     offset: float = 0.0,
     epsilon: float = 1e-6,
-) -> AddCase:
-    params = NormParams(float(np.float32(epsilon)), float(np.float32(offset)), mode)
-    config = NodeFields(ADD_RMS_NORM, params, (HIDDEN,), output_dtype or dtype)
-    return AddCase(config, dtype, weight_dtype if mode is not WeightMode.NONE else None)
+) -> NormCase:
+    """The harness's add-norm case over [*, *, HIDDEN]: profile (1, 1) to (4, 256) leading dims, runs of 1024, 3
+    and 1 rows."""
+    return harness_add_case(HIDDEN, dtype, weight_dtype, mode, offset, epsilon, output_dtype=output_dtype)
 
 
 CASES = [
@@ -85,60 +65,57 @@ CASES = [
 
 
 @pytest.fixture(params=CASES, ids=[case.name for case in CASES])
-def case(request: pytest.FixtureRequest) -> AddCase:
+def case(request: pytest.FixtureRequest) -> NormCase:
     return request.param
 
 
-def build_plugin(case: AddCase, phase: Any = None) -> AddRmsNormPlugin:
+def build_plugin(case: NormCase, phase: Any = None) -> AddRmsNormPlugin:
     collection, _arrays = parser_fields(case.config)
     return AddRmsNormPluginCreator().create_plugin(NODE, collection, phase or trt.TensorRTPhase.BUILD)
 
 
-def profile(case: AddCase, residual: tuple[Shape, Shape] | None = None) -> tuple[list[Any], list[Any]]:
-    """configure_plugin's descriptors: min and max of x (and of the residual, `residual` where it differs)."""
-    low, high = residual or (case.min_shape, case.max_shape)
-    inputs = [
-        dynamic_desc(lo, hi, hi, dtype)
-        for lo, hi, dtype in zip(
-            case.input_shapes(case.min_shape, low),
-            case.input_shapes(case.max_shape, high),
-            case.input_dtypes,
-            strict=True,
-        )
-    ]
-    outputs = [dynamic_desc(case.min_shape, case.max_shape, case.max_shape, d) for d in case.output_dtypes]
-    return inputs, outputs
+def x_runs(case: NormCase) -> list[Shape]:
+    """x's shape in each of the case's runs (the residual's is the same)."""
+    return [shapes[0] for shapes in case.runs]
 
 
-def run_descs(case: AddCase, x: Shape, residual: Shape | None = None) -> tuple[list[Any], list[Any]]:
-    inputs = [
-        tensor_desc(shape, dtype)
-        for shape, dtype in zip(case.input_shapes(x, residual), case.input_dtypes, strict=True)
-    ]
+def x_descs(case: NormCase, x: Shape) -> tuple[list[Any], list[Any]]:
+    """The harness's run descriptors for x of shape `x` (and the residual of the same)."""
+    return run_descs(case, (x,))
+
+
+def mismatched_descs(case: NormCase, x: Shape, residual: Shape) -> tuple[list[Any], list[Any]]:
+    """Run descriptors with a residual of another shape than x's: a shape no case describes."""
+    shapes = [x, residual] + ([(HIDDEN,)] if case.config.has_weight else [])
+    inputs = [tensor_desc(shape, dtype) for shape, dtype in zip(shapes, case.input_dtypes, strict=True)]
     return inputs, [tensor_desc(x, dtype) for dtype in case.output_dtypes]
 
 
-def configured(case: AddCase) -> AddRmsNormPlugin:
-    plugin = build_plugin(case)
-    plugin.configure_plugin(*profile(case))
-    return plugin
+def profile_with_residual(case: NormCase, low: Shape, high: Shape) -> tuple[list[Any], list[Any]]:
+    """configure_plugin's descriptors with the residual's min / max as given, the others the case's profile."""
+    inputs, outputs = profile_descs(case)
+    inputs[1] = dynamic_desc(low, high, high, case.dtype)
+    return inputs, outputs
 
 
-def runtime_plugin(case: AddCase) -> AddRmsNormPlugin:
+def configured(case: NormCase) -> AddRmsNormPlugin:
+    """The harness's build phase: the plugin configured with the case's profile."""
+    return build_phase(AddRmsNormPluginCreator(), case, NODE).plugin
+
+
+def runtime_plugin(case: NormCase) -> AddRmsNormPlugin:
     """Build, serialise, re-create at runtime and attach to a context, as deserialising an engine does."""
-    plugin = configured(case)
-    plugin.set_tactic(DEFAULT_TACTIC)
-    stored = [SerializedField(f.name, f.type, np.array(f.data, copy=True)) for f in plugin.get_fields_to_serialize()]
-    recreated = recreate(AddRmsNormPluginCreator(), stored, NODE)
-    return recreated.attach_to_context(None)
+    creator = AddRmsNormPluginCreator()
+    attached, _clone = runtime_phase(creator, build_phase(creator, case, NODE), NODE)
+    return attached
 
 
 INPUT_POINTERS = (0x1000, 0x2000, 0x3000)
 OUTPUT_POINTERS = (0xA000, 0xB000)
 
 
-def enqueue(plugin: AddRmsNormPlugin, case: AddCase, x: Shape, stream: int) -> None:
-    inputs, outputs = run_descs(case, x)
+def enqueue(plugin: AddRmsNormPlugin, case: NormCase, x: Shape, stream: int) -> None:
+    inputs, outputs = x_descs(case, x)
     plugin.enqueue(inputs, outputs, list(INPUT_POINTERS[: len(inputs)]), list(OUTPUT_POINTERS), 0, stream)
 
 
@@ -155,7 +132,7 @@ def test_the_creator_advertises_the_contract_s_fields() -> None:
     ]
 
 
-def test_a_plugin_is_created_from_the_parser_s_fields(case: AddCase) -> None:
+def test_a_plugin_is_created_from_the_parser_s_fields(case: NormCase) -> None:
     plugin = build_plugin(case)
     assert plugin.config == case.config
     assert (plugin.plugin_name, plugin.plugin_namespace, plugin.plugin_version) == (ADD_RMS_NORM_OP, "trtfuse", "1")
@@ -194,7 +171,7 @@ def test_bad_fields_are_one_line_naming_the_plugin_and_the_node(overrides: dict[
 # --- build phase -------------------------------------------------------------------------------------------------
 
 
-def test_output_types_are_the_output_dtype_for_y_and_the_activations_for_h(case: AddCase) -> None:
+def test_output_types_are_the_output_dtype_for_y_and_the_activations_for_h(case: NormCase) -> None:
     types = [DTYPE_BY_NAME[dtype] for dtype in case.input_dtypes]
     answered = build_plugin(case).get_output_data_types(types)
     assert [DTYPE_NAMES[data_type] for data_type in answered] == list(case.output_dtypes)
@@ -234,34 +211,9 @@ def test_a_wrong_input_count_or_a_non_float_residual_is_refused() -> None:
         no_weight.get_output_data_types([trt.DataType.HALF] * 3)
 
 
-def probe_formats(plugin: AddRmsNormPlugin, case: AddCase) -> tuple[dict[int, tuple[str, ...]], list[tuple[int, str]]]:
-    """supports_format_combination at every position for every DataType (the other positions holding the case's own
-    dtypes, LINEAR), and the non-LINEAR formats it wrongly accepts."""
-    chosen = [*case.input_dtypes, *case.output_dtypes]
-    shapes = [*case.input_shapes(case.max_shape), case.max_shape, case.max_shape]
-    num_inputs = len(case.input_dtypes)
-    formats = [name for name in ("CHW2", "HWC8", "CHW4", "CHW32") if hasattr(trt.TensorFormat, name)]
-    accepted: dict[int, tuple[str, ...]] = {}
-    non_linear: list[tuple[int, str]] = []
-    for pos in range(len(chosen)):
-        in_out = [dynamic_desc(s, s, s, dtype) for s, dtype in zip(shapes, chosen, strict=True)]
-        names = []
-        for type_name, data_type in trt.DataType.__members__.items():
-            in_out[pos].desc.type = data_type
-            if plugin.supports_format_combination(pos, in_out, num_inputs):
-                names.append(DTYPE_NAMES.get(data_type, type_name))
-        accepted[pos] = tuple(names)
-        in_out[pos].desc.type = DTYPE_BY_NAME[chosen[pos]]
-        for format_name in formats:
-            in_out[pos].desc.format = getattr(trt.TensorFormat, format_name)
-            if plugin.supports_format_combination(pos, in_out, num_inputs):
-                non_linear.append((pos, format_name))
-    return accepted, non_linear
-
-
-def test_formats_at_every_position(case: AddCase) -> None:
+def test_formats_at_every_position(case: NormCase) -> None:
     """x: every dtype pairing with output_dtype; residual: x's; weight: any float; y: output_dtype; h: x's."""
-    accepted, non_linear = probe_formats(build_plugin(case), case)
+    accepted, non_linear = probe_formats(build_plugin(case), case)  # the harness's probe
     pairs = tuple(d for d in FLOATS if contract.dtype_pair_problem(d, case.config.output_dtype) is None)
     expected: dict[int, tuple[str, ...]] = {0: pairs, 1: (case.dtype,)}
     position = 2
@@ -276,13 +228,13 @@ def test_formats_at_every_position(case: AddCase) -> None:
     assert not build_plugin(case).supports_format_combination(num_inputs + 2, [], num_inputs)
 
 
-def test_configure_makes_the_add_norm_kernel_and_warms_it_up(case: AddCase, kernels: list[RecordingKernel]) -> None:
+def test_configure_makes_the_add_norm_kernel_and_warms_it_up(case: NormCase, kernels: list[RecordingKernel]) -> None:
     configured(case)
     (kernel,) = kernels
     assert kernel.spec == kernels_module.AddRmsNormSpec(
         HIDDEN, case.dtype, case.weight_dtype, case.config.params, case.config.output_dtype
     )
-    assert kernel.warm_ups == [math.prod(case.max_shape[:-1])]
+    assert kernel.warm_ups == [math.prod(MAX_SHAPE[:-1])]
     assert kernel.launches == []
 
 
@@ -318,12 +270,12 @@ def test_configure_checks_the_profile_s_min_and_max_alike() -> None:
     case = CASES[0]
     plugin = build_plugin(case)
     with pytest.raises(TrtfuseError, match=r"inputs 'x' \[1, 1, 64\] and 'residual' \[2, 1, 64\] must have one"):
-        plugin.configure_plugin(*profile(case, residual=((2, 1, HIDDEN), case.max_shape)))
+        plugin.configure_plugin(*profile_with_residual(case, (2, 1, HIDDEN), MAX_SHAPE))
 
 
 def test_configure_refuses_a_weight_of_two_rows() -> None:
     case = CASES[0]
-    shapes = [case.max_shape, case.max_shape, (2, HIDDEN)]
+    shapes = [MAX_SHAPE, MAX_SHAPE, (2, HIDDEN)]
     inputs = [dynamic_desc(s, s, s, d) for s, d in zip(shapes, case.input_dtypes, strict=True)]
     with pytest.raises(TrtfuseError, match=r"input 'weight' has shape \[2, 64\], expected \[64\] or \[1, ..., 1, 64\]"):
         build_plugin(case).configure_plugin(inputs, [])
@@ -335,8 +287,8 @@ def test_configure_refuses_a_weight_of_two_rows() -> None:
 @pytest.mark.parametrize("epsilon", [1e-6, 1e-5, 1.0 / 3.0, 1e-45, 0.0])
 def test_serialised_fields_recreate_the_plugin_bit_exactly(epsilon: float, kernels: list[RecordingKernel]) -> None:
     case = add_case("bfloat16", "float32", WeightMode.BEFORE_CAST, "float32", offset=1.0, epsilon=epsilon)
-    plugin = configured(case)
-    stored = [SerializedField(f.name, f.type, np.array(f.data, copy=True)) for f in plugin.get_fields_to_serialize()]
+    build = build_phase(AddRmsNormPluginCreator(), case, NODE)
+    plugin, stored = build.plugin, build.serialized
     assert [field.name for field in stored] == list(ADD_RMS_NORM.fields)
     by_name = {field.name: field for field in stored}
     assert by_name["epsilon"].data.view(np.uint32)[0] == np.float32(epsilon).view(np.uint32)
@@ -347,41 +299,42 @@ def test_serialised_fields_recreate_the_plugin_bit_exactly(epsilon: float, kerne
     assert again == [(f.name, f.type, f.data.tobytes()) for f in stored]
 
 
-def expected_launch(case: AddCase, x: Shape, stream: int) -> tuple[int, ...]:
+def expected_launch(case: NormCase, x: Shape, stream: int) -> tuple[int, ...]:
     x_ptr, residual_ptr, weight_ptr = INPUT_POINTERS
     weight = weight_ptr if case.config.has_weight else 0
     return (x_ptr, residual_ptr, weight, *OUTPUT_POINTERS, math.prod(x[:-1]), stream)
 
 
 def test_enqueue_launches_with_five_pointers_the_rows_and_the_stream(
-    case: AddCase, kernels: list[RecordingKernel]
+    case: NormCase, kernels: list[RecordingKernel]
 ) -> None:
     attached = runtime_plugin(case)
-    for index, x in enumerate(case.runs):
-        attached.on_shape_change(*run_descs(case, x))
+    runs = x_runs(case)
+    for index, x in enumerate(runs):
+        attached.on_shape_change(*x_descs(case, x))
         enqueue(attached, case, x, stream=0x5000 + index)
     # A clone shares the kernel and starts from the shapes it was cloned with; its own shape changes stay its own.
     twin = attached.clone()
-    enqueue(twin, case, case.runs[-1], stream=0x6000)
-    twin.on_shape_change(*run_descs(case, case.runs[0]))
-    enqueue(twin, case, case.runs[0], stream=0x6001)
-    enqueue(attached, case, case.runs[-1], stream=0x6002)
+    enqueue(twin, case, runs[-1], stream=0x6000)
+    twin.on_shape_change(*x_descs(case, runs[0]))
+    enqueue(twin, case, runs[0], stream=0x6001)
+    enqueue(attached, case, runs[-1], stream=0x6002)
     build_kernel, runtime_kernel = kernels
     assert build_kernel.launches == []
     assert runtime_kernel.launches == [
-        *(expected_launch(case, x, 0x5000 + index) for index, x in enumerate(case.runs)),
-        expected_launch(case, case.runs[-1], 0x6000),
-        expected_launch(case, case.runs[0], 0x6001),
-        expected_launch(case, case.runs[-1], 0x6002),
+        *(expected_launch(case, x, 0x5000 + index) for index, x in enumerate(runs)),
+        expected_launch(case, runs[-1], 0x6000),
+        expected_launch(case, runs[0], 0x6001),
+        expected_launch(case, runs[-1], 0x6002),
     ]
-    assert runtime_kernel.warm_ups == [math.prod(case.runs[0][:-1])]
+    assert runtime_kernel.warm_ups == [math.prod(runs[0][:-1])]
 
 
 def test_on_shape_change_refuses_a_residual_of_another_shape(kernels: list[RecordingKernel]) -> None:
     case = CASES[0]
     plugin = runtime_plugin(case)
     with pytest.raises(TrtfuseError, match=r"inputs 'x' \[1, 3, 64\] and 'residual' \[1, 1, 64\] must have one shape"):
-        plugin.on_shape_change(*run_descs(case, (1, 3, HIDDEN), (1, 1, HIDDEN)))
+        plugin.on_shape_change(*mismatched_descs(case, (1, 3, HIDDEN), (1, 1, HIDDEN)))
     with pytest.raises(TrtfuseError, match="enqueue before on_shape_change"):
         enqueue(plugin, case, (1, 3, HIDDEN), stream=0)
 
@@ -391,9 +344,9 @@ def test_empty_tensors_launch_nothing_and_an_unprepared_plugin_raises(kernels: l
     plugin = build_plugin(case, trt.TensorRTPhase.RUNTIME)
     with pytest.raises(TrtfuseError, match=f"TrtfuseAddRmsNorm '{NODE}': enqueue before on_shape_change"):
         enqueue(plugin, case, (1, 1, HIDDEN), stream=0)
-    plugin.on_shape_change(*run_descs(case, (1, 0, HIDDEN)))
+    plugin.on_shape_change(*x_descs(case, (1, 0, HIDDEN)))
     enqueue(plugin, case, (1, 0, HIDDEN), stream=1)
-    plugin.on_shape_change(*run_descs(case, (2, 3, HIDDEN)))
+    plugin.on_shape_change(*x_descs(case, (2, 3, HIDDEN)))
     enqueue(plugin, case, (2, 3, HIDDEN), stream=2)
     assert kernels[0].launches == [expected_launch(case, (2, 3, HIDDEN), 2)]
     plugin.destroy()
@@ -405,13 +358,7 @@ def test_the_real_kernel_compiles_through_configure_plugin() -> None:
     """Without a GPU trtfuse.kernels compiles for sm_90a: configure_plugin's warm-up builds the add-norm variants for
     real, and a plugin re-created at runtime gets the process's same kernel object."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
-    case = AddCase(
-        add_case("bfloat16", "bfloat16").config,
-        "bfloat16",
-        "bfloat16",
-        max_shape=(2, 8, HIDDEN),
-        runs=((1, 1, HIDDEN),),
-    )
+    case = harness_add_case(HIDDEN, "bfloat16", "bfloat16", max_leading=(2, 8), runs=((1, 1),))
     plugin = configured(case)
     assert isinstance(plugin.kernel, kernels_module.AddRmsNormKernel)
     attached = runtime_plugin(case)

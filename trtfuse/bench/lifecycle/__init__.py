@@ -14,5 +14,9 @@ modules import inside their functions. What it cannot reproduce: TensorRT's own 
 outside a network build, so get_output_shapes sees expression-less DimsExprs) and an IPluginResourceContext
 (attach_to_context gets None; the plugins do not use it).
 
+Every op of the contract goes through the same steps: a case, its descriptors, the launch arguments and the output
+checks read the op's tables (`contract.FusedOp`), so the residual add + RMSNorm (two activations in one part, a
+normalised y and the sum h, which must match the reference's rounded sum bit for bit) needs no step of its own.
+
 Run `python -m trtfuse.bench.lifecycle` on a GPU machine for a report of every case.
 """

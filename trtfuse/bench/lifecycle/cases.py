@@ -1,13 +1,17 @@
-"""The plugin instances the harness drives: fields, dtypes, optimisation profile and the runs that follow."""
+"""The plugin instances the harness drives: fields, dtypes, optimisation profile and the runs that follow.
+
+A case describes its tensors through its op's tables (`contract.FusedOp`), so nothing here branches on the op: shapes
+are given per part (the activations of one part, the add-norm's x and residual, share one shape), and the
+op's tables say which activation, weight and output each part has, and which outputs are normalised."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from trtfuse.contract import QK_NORM, RMS_NORM, NormParams, WeightMode
+from trtfuse.contract import ADD_RMS_NORM, QK_NORM, RMS_NORM, FusedOp, NormParams, WeightMode
 from trtfuse.contract.codec import NodeFields
 
 Shape = tuple[int, ...]
@@ -15,8 +19,9 @@ Shape = tuple[int, ...]
 
 @dataclass(frozen=True)
 class NormCase:
-    """One plugin instance: its fields, its dtypes, the activation shapes of its optimisation profile, and the
-    activation shapes of the runs that follow (each run is one on_shape_change, then enqueues)."""
+    """One plugin instance: its fields, its dtypes, the part shapes of its optimisation profile, and the part shapes
+    of the runs that follow (each run is one on_shape_change, then enqueues). A part's shape is that of each of its
+    activations and of each of its outputs; for RMSNorm and QK-norm the parts are the activations."""
 
     config: NodeFields
     dtype: str
@@ -36,27 +41,66 @@ class NormCase:
         )
 
     @property
+    def op(self) -> FusedOp:
+        return self.config.op
+
+    @property
     def output_dtype(self) -> str:
+        """The normalised outputs' dtype (the node's `output_dtype`)."""
         return self.config.output_dtype
 
     @property
     def input_dtypes(self) -> tuple[str, ...]:
-        activations = len(self.config.hidden_sizes)
-        weights = (self.weight_dtype,) * activations if self.config.has_weight else ()
-        return (self.dtype,) * activations + weights
+        """By input position: every activation in the activations' dtype, then (unless NONE) every weight in the
+        weight dtype."""
+        weights = (self.weight_dtype,) * len(self.op.weights) if self.config.has_weight else ()
+        return (self.dtype,) * len(self.op.activations) + weights
 
     @property
     def output_dtypes(self) -> tuple[str, ...]:
-        return (self.output_dtype,) * len(self.config.hidden_sizes)
+        """By output position: `output_dtype` for a normalised output, the activations' dtype for the others (h)."""
+        return tuple(self.output_dtype if normalised else self.dtype for normalised in self.op.normalised_outputs)
 
-    def input_shapes(self, activation_shapes: Sequence[Shape]) -> list[Shape]:
+    def input_shapes(self, part_shapes: Sequence[Shape]) -> list[Shape]:
+        """By input position: each activation has its part's shape, each weight is [its part's hidden size]."""
+        activations = [tuple(part_shapes[part]) for part in self.op.activation_parts]
         weights = [(hidden,) for hidden in self.config.hidden_sizes] if self.config.has_weight else []
-        return [*activation_shapes, *weights]
+        return [*activations, *weights]
+
+    def output_shapes(self, part_shapes: Sequence[Shape]) -> list[Shape]:
+        """By output position: each output has its part's shape."""
+        return [tuple(part_shapes[part]) for part in self.op.output_parts]
 
 
 def _float32_params(epsilon: float, weight_offset: float, weight_mode: WeightMode) -> NormParams:
     """The constants as a node's float32 attributes hold them."""
     return NormParams(float(np.float32(epsilon)), float(np.float32(weight_offset)), weight_mode)
+
+
+def _row_case(
+    op: FusedOp,
+    hidden: int,
+    dtype: str,
+    weight_dtype: str | None,
+    weight_mode: WeightMode,
+    weight_offset: float,
+    epsilon: float,
+    max_leading: Shape,
+    runs: Sequence[Shape],
+    output_dtype: str | None,
+) -> NormCase:
+    """A case of a one-part op over rows [*leading, hidden]."""
+    params = _float32_params(epsilon, weight_offset, weight_mode)
+    config = NodeFields(op, params, (hidden,), output_dtype or dtype)
+    return NormCase(
+        config=config,
+        dtype=dtype,
+        weight_dtype=weight_dtype if weight_mode is not WeightMode.NONE else None,
+        min_shapes=(((1,) * len(max_leading)) + (hidden,),),
+        opt_shapes=((*max_leading, hidden),),
+        max_shapes=((*max_leading, hidden),),
+        runs=tuple(((*leading, hidden),) for leading in runs),
+    )
 
 
 def rms_case(
@@ -73,16 +117,26 @@ def rms_case(
     """An RMSNorm over [*leading, hidden]; `runs` are the leading dims of successive runs. The defaults go from
     prefill (1024 rows: more rows than an H200 has SMs, the prefill kernel) to decode (3 rows, then 1).
     `output_dtype` is the node's attribute (None: the activation's dtype)."""
-    params = _float32_params(epsilon, weight_offset, weight_mode)
-    config = NodeFields(RMS_NORM, params, (hidden,), output_dtype or dtype)
-    return NormCase(
-        config=config,
-        dtype=dtype,
-        weight_dtype=weight_dtype if weight_mode is not WeightMode.NONE else None,
-        min_shapes=(((1,) * len(max_leading)) + (hidden,),),
-        opt_shapes=((*max_leading, hidden),),
-        max_shapes=((*max_leading, hidden),),
-        runs=tuple(((*leading, hidden),) for leading in runs),
+    return _row_case(
+        RMS_NORM, hidden, dtype, weight_dtype, weight_mode, weight_offset, epsilon, max_leading, runs, output_dtype
+    )
+
+
+def add_case(
+    hidden: int,
+    dtype: str,
+    weight_dtype: str | None,
+    weight_mode: WeightMode = WeightMode.AFTER_CAST,
+    weight_offset: float = 0.0,
+    epsilon: float = 1e-6,
+    max_leading: Shape = (4, 256),
+    runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
+    output_dtype: str | None = None,
+) -> NormCase:
+    """A residual add + RMSNorm: x and residual both [*leading, hidden] in `dtype`, y in `output_dtype` (None: x's
+    dtype) and h = D(x + residual) in `dtype`. The same rows as `rms_case`'s: prefill, then decode."""
+    return _row_case(
+        ADD_RMS_NORM, hidden, dtype, weight_dtype, weight_mode, weight_offset, epsilon, max_leading, runs, output_dtype
     )
 
 
@@ -116,19 +170,31 @@ def qk_case(
     )
 
 
-def default_cases() -> list[NormCase]:
-    """Every activation dtype with an fp32 and a same-dtype weight, every weight mode, Gemma's offset, an odd hidden
-    size, Qwen3- and Gemma-like QK-norms, and fp32 -> bf16 and bf16 -> fp32 norms."""
+def _per_dtype_cases(factory: Callable[..., NormCase]) -> list[NormCase]:
+    """Every activation dtype with an fp32 and a same-dtype weight (AFTER_CAST, hidden 4096), Gemma's BEFORE_CAST
+    with offset 1 (hidden 2048), and NONE at an odd hidden size (1000), for a one-part row op's case factory."""
     cases = []
     for dtype in ("float32", "float16", "bfloat16"):
         for weight_dtype in sorted({dtype, "float32"}):
-            cases.append(rms_case(4096, dtype, weight_dtype, WeightMode.AFTER_CAST))
-        cases.append(rms_case(2048, dtype, "float32", WeightMode.BEFORE_CAST, weight_offset=1.0))
-        cases.append(rms_case(1000, dtype, None, WeightMode.NONE))
+            cases.append(factory(4096, dtype, weight_dtype, WeightMode.AFTER_CAST))
+        cases.append(factory(2048, dtype, "float32", WeightMode.BEFORE_CAST, weight_offset=1.0))
+        cases.append(factory(1000, dtype, None, WeightMode.NONE))
+    return cases
+
+
+def default_cases() -> list[NormCase]:
+    """Every activation dtype with an fp32 and a same-dtype weight, every weight mode, Gemma's offset, an odd hidden
+    size, Qwen3- and Gemma-like QK-norms, and fp32 -> bf16 and bf16 -> fp32 norms; then the same for the residual
+    add + RMSNorm (RMSNorm's and QK-norm's cases first, in their earlier order)."""
+    cases = _per_dtype_cases(rms_case)
     cases.append(qk_case(32, 8, 128, "bfloat16", "bfloat16"))
     cases.append(qk_case(8, 4, 256, "float16", "float32", WeightMode.BEFORE_CAST, weight_offset=1.0))
     cases.append(qk_case(16, 16, 64, "float32", None, WeightMode.NONE))
     # Mixed precision (output_dtype): an optimum fp16/bf16 norm on an fp32 residual stream, and its reverse.
     cases.append(rms_case(4096, "float32", "bfloat16", WeightMode.AFTER_CAST, output_dtype="bfloat16"))
     cases.append(rms_case(4096, "bfloat16", "float32", WeightMode.AFTER_CAST, output_dtype="float32"))
+    cases.extend(_per_dtype_cases(add_case))
+    # An fp32 residual stream (x, residual and h fp32) feeding a bf16 layer, and its reverse.
+    cases.append(add_case(4096, "float32", "bfloat16", WeightMode.AFTER_CAST, output_dtype="bfloat16"))
+    cases.append(add_case(4096, "bfloat16", "float32", WeightMode.AFTER_CAST, output_dtype="float32"))
     return cases

@@ -3,7 +3,7 @@ build (min / opt / max of the profile) and of a run (concrete shapes)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,25 +49,24 @@ def dynamic_desc(min_shape: Shape, opt_shape: Shape, max_shape: Shape, dtype: st
 
 
 def profile_descs(case: NormCase) -> tuple[list[Any], list[Any]]:
-    inputs = [
-        dynamic_desc(lo, opt, hi, dtype)
-        for lo, opt, hi, dtype in zip(
-            case.input_shapes(case.min_shapes),
-            case.input_shapes(case.opt_shapes),
-            case.input_shapes(case.max_shapes),
-            case.input_dtypes,
-            strict=True,
-        )
-    ]
-    profile = zip(case.min_shapes, case.opt_shapes, case.max_shapes, case.output_dtypes, strict=True)
-    outputs = [dynamic_desc(lo, opt, hi, dtype) for lo, opt, hi, dtype in profile]
-    return inputs, outputs
+    """configure_plugin's descriptors: every input and output with the min / opt / max of its part."""
+
+    def descs(shapes_of: Callable[[Sequence[Shape]], list[Shape]], dtypes: Sequence[str]) -> list[Any]:
+        lows, opts, highs = shapes_of(case.min_shapes), shapes_of(case.opt_shapes), shapes_of(case.max_shapes)
+        profile = zip(lows, opts, highs, dtypes, strict=True)
+        return [dynamic_desc(lo, opt, hi, dtype) for lo, opt, hi, dtype in profile]
+
+    return descs(case.input_shapes, case.input_dtypes), descs(case.output_shapes, case.output_dtypes)
 
 
-def run_descs(case: NormCase, activation_shapes: Sequence[Shape]) -> tuple[list[Any], list[Any]]:
+def run_descs(case: NormCase, part_shapes: Sequence[Shape]) -> tuple[list[Any], list[Any]]:
+    """on_shape_change's and enqueue's descriptors for one run's part shapes."""
     inputs = [
         tensor_desc(shape, dtype)
-        for shape, dtype in zip(case.input_shapes(activation_shapes), case.input_dtypes, strict=True)
+        for shape, dtype in zip(case.input_shapes(part_shapes), case.input_dtypes, strict=True)
     ]
-    outputs = [tensor_desc(shape, dtype) for shape, dtype in zip(activation_shapes, case.output_dtypes, strict=True)]
+    outputs = [
+        tensor_desc(shape, dtype)
+        for shape, dtype in zip(case.output_shapes(part_shapes), case.output_dtypes, strict=True)
+    ]
     return inputs, outputs

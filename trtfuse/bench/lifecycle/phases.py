@@ -11,7 +11,7 @@ import numpy as np
 
 from trtfuse.bench.lifecycle.cases import NormCase, Shape
 from trtfuse.bench.lifecycle.descriptors import DTYPE_BY_NAME, dynamic_desc, parser_fields, profile_descs, run_descs
-from trtfuse.contract import QK_NORM_OP, RMS_NORM_OP
+from trtfuse.plugins.python.add_rms_norm import AddRmsNormPluginCreator
 from trtfuse.plugins.python.base import DEFAULT_TACTIC, DTYPE_NAMES, NormPlugin, NormPluginCreator, trt
 from trtfuse.plugins.python.qk_norm import QkNormPluginCreator
 from trtfuse.plugins.python.rms_norm import RmsNormPluginCreator
@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     from trtfuse.bench.lifecycle.tensors import DeviceTensors
 
 CAPABILITIES = ("CORE", "BUILD", "RUNTIME")
-CREATORS: dict[str, type[NormPluginCreator]] = {RMS_NORM_OP: RmsNormPluginCreator, QK_NORM_OP: QkNormPluginCreator}
+# The creator of every op of the contract (contract.OPS), by op name.
+CREATORS: dict[str, type[NormPluginCreator]] = {
+    creator.PLUGIN.OP.name: creator for creator in (RmsNormPluginCreator, QkNormPluginCreator, AddRmsNormPluginCreator)
+}
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ def probe_formats(plugin: NormPlugin, case: NormCase) -> tuple[dict[int, tuple[s
     """supports_format_combination over every position, every DataType and a few formats, as the builder queries
     it: positions before `pos` hold the case's own dtypes, LINEAR."""
     chosen = [*case.input_dtypes, *case.output_dtypes]
-    shapes = [*case.input_shapes(case.max_shapes), *case.max_shapes]
+    shapes = [*case.input_shapes(case.max_shapes), *case.output_shapes(case.max_shapes)]
     num_inputs = len(case.input_dtypes)
     accepted: dict[int, tuple[str, ...]] = {}
     non_linear: list[tuple[int, str]] = []
@@ -116,9 +119,9 @@ def runtime_phase(creator: NormPluginCreator, build: BuildPhase, node: str = "no
     return attached, clone
 
 
-def shape_change(plugin: NormPlugin, case: NormCase, activation_shapes: Sequence[Shape]) -> tuple[list[Any], list[Any]]:
-    """on_shape_change for a run; returns the (input, output) descriptors its enqueues get."""
-    input_descs, output_descs = run_descs(case, activation_shapes)
+def shape_change(plugin: NormPlugin, case: NormCase, part_shapes: Sequence[Shape]) -> tuple[list[Any], list[Any]]:
+    """on_shape_change for a run (one shape per part); returns the (input, output) descriptors its enqueues get."""
+    input_descs, output_descs = run_descs(case, part_shapes)
     plugin.on_shape_change(input_descs, output_descs)
     return input_descs, output_descs
 

@@ -1,4 +1,5 @@
-"""A run's tensors on the GPU: random activations and weights, NaN-filled outputs with a guard tail."""
+"""A run's tensors on the GPU (or the CPU, for a stand-in kernel): random activations and weights, NaN-filled outputs
+with a guard tail."""
 
 from __future__ import annotations
 
@@ -49,20 +50,20 @@ class DeviceTensors:
         return all(bool(buffer[out.numel() :].isnan().all()) for buffer, out in pairs)
 
 
-def device_tensors(
-    case: NormCase, activation_shapes: Sequence[Shape], seed: int, device: str = "cuda"
-) -> DeviceTensors:
+def device_tensors(case: NormCase, part_shapes: Sequence[Shape], seed: int, device: str = "cuda") -> DeviceTensors:
+    """A run's tensors for one shape per part: N(0, 1) inputs in the case's input dtypes, and every output (each in
+    its own dtype: y in output_dtype, h in the activations') NaN-filled with a guard tail."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     inputs = []
-    for shape, dtype in zip(case.input_shapes(activation_shapes), case.input_dtypes, strict=True):
+    for shape, dtype in zip(case.input_shapes(part_shapes), case.input_dtypes, strict=True):
         values = torch.randn(shape, generator=generator, dtype=torch.float32)
         inputs.append(values.to(device=device, dtype=torch_dtype(dtype)))
     buffers, outputs = [], []
-    for shape in activation_shapes:
+    for shape, dtype in zip(case.output_shapes(part_shapes), case.output_dtypes, strict=True):
         size = math.prod(shape)
-        buffer = torch.full((size + GUARD_ELEMENTS,), float("nan"), device=device, dtype=torch_dtype(case.output_dtype))
+        buffer = torch.full((size + GUARD_ELEMENTS,), float("nan"), device=device, dtype=torch_dtype(dtype))
         buffers.append(buffer)
         outputs.append(buffer[:size].view(shape))
     return DeviceTensors(inputs, outputs, buffers)
