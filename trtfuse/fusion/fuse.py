@@ -13,9 +13,8 @@ from onnx_graphsurgeon.logger import G_LOGGER
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.fusion.fused_nodes import plugin_node_counts
-from trtfuse.fusion.options import FusionOptions
+from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns import NearMiss, NormSearch, find_norms
-from trtfuse.fusion.patterns.search import DEFAULT_OPTIONS
 from trtfuse.fusion.rewrite import FusedNode, rewrite
 
 # How many rejected candidates a summary line names (`trtfuse inspect` lists them all).
@@ -145,12 +144,12 @@ def _keep_overridable(model: onnx.ModelProto, graph: gs.Graph) -> None:
     graph.inputs = [tensor for tensor in kept if isinstance(tensor, gs.Variable)]
 
 
-def search_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_OPTIONS) -> NormSearch:
+def search_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
     """Every norm candidate of the model, matched or rejected, without changing it."""
     return find_norms(import_graph(model), options)
 
 
-def fuse_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_OPTIONS) -> FuseResult:
+def fuse_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION) -> FuseResult:
     """Replace every RMSNorm and QK-norm of `model` (and, unless `options` say not to, the residual Add in front of a
     norm with it) by a plugin node; `model` itself is left unchanged."""
     graph = import_graph(model)

@@ -13,3 +13,7 @@ class FusionOptions:
     where that is as fast or faster (docs/performance.md, "Layer tail")."""
 
     fuse_residual: bool = True
+
+
+# The options when a caller gives none: every residual Add fused.
+DEFAULT_FUSION = FusionOptions()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import onnx_graphsurgeon as gs
 
-from trtfuse.fusion.options import FusionOptions
+from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns.decomposed import ANCHORS, match_decomposed
 from trtfuse.fusion.patterns.fused_ops import is_fused_norm, match_fused
 from trtfuse.fusion.patterns.matches import NearMiss, NormSearch, Rejected, RmsNormMatch
@@ -53,10 +53,7 @@ def live_tensors(graph: gs.Graph, also: Sequence[gs.Tensor] = ()) -> set[int]:
     return live
 
 
-DEFAULT_OPTIONS = FusionOptions()
-
-
-def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_OPTIONS) -> NormSearch:
+def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
     """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified. With
     `options.fuse_residual`, a norm that reads a residual sum is matched with its Add (`NormSearch.add_norms`)."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
