@@ -55,12 +55,14 @@ SKIP_FUSED_ALONE = "fused as float32 Adds in front of a TrtfuseRmsNorm"
 
 
 class _KeptOutside(Exception):
-    """The Add in front of `norm` stays outside it; the norm is fused alone (as `norm`, which may carry a tag more)."""
+    """The Add in front of `norm` stays outside it; the norm is fused alone (as `norm`, which may carry a tag more).
+    A skip op is its own Add: its near miss says why it is no add-norm."""
 
     def __init__(self, add: gs.Node, norm: RmsNormMatch, reason: str, fused_as: str = FUSED_ALONE) -> None:
         super().__init__(reason)
         self.norm = norm
-        self.near_miss = NearMiss(describe(add), f"not fused into the norm {norm.name}: {reason}; {fused_as}")
+        subject = "no TrtfuseAddRmsNorm" if add.op == SKIP_OP else f"not fused into the norm {norm.name}"
+        self.near_miss = NearMiss(describe(add), f"{subject}: {reason}; {fused_as}")
 
 
 def pair_residual_adds(matches: list[RmsNormMatch], graph_outputs: set[str], shapes: Shapes) -> ResidualPairing:
@@ -158,7 +160,7 @@ class _Residuals:
             raise _KeptOutside(
                 skip_node,
                 replace(match, tags=(*match.tags, BIAS_TAG)),
-                f"it adds the bias {bias.name} too, for which TrtfuseAddRmsNorm has no input",
+                f"it adds the bias {bias.name} too, for which that op has no input",
                 fused_as="fused as float32 Adds ((input + skip) + bias, onnxruntime's order) in front of a "
                 "TrtfuseRmsNorm",
             )
