@@ -259,9 +259,8 @@ def _reject_rounded_sum(match: RmsNormMatch) -> None:
             raise _KeptOutside(add, match, f"the norm reads its sum {rounding}, not the sum itself")
     if onnx_op(node) == "DequantizeLinear" and node.inputs:
         quantize = producer(node.inputs[0])
-        add = (
-            producer(look_through_lossless_casts(quantize.inputs[0])) if onnx_op(quantize) == "QuantizeLinear" else None
-        )
+        quantized = onnx_op(quantize) == "QuantizeLinear" and bool(quantize.inputs)
+        add = producer(look_through_lossless_casts(quantize.inputs[0])) if quantized else None
         if onnx_op(add) == "Add":
             pair = f"{describe(quantize)} -> {describe(node)}"
             raise _KeptOutside(add, match, f"the norm reads its sum through the pair {pair}, which rounds it")
@@ -271,10 +270,8 @@ def _params_from_sum(match: RmsNormMatch, dtype: str) -> NormParams:
     """The norm's constants for the node that reads the sum in `dtype` (D). A norm that read the sum widened to
     float32, with a float32 y, multiplied by its weight unrounded (AFTER_CAST and BEFORE_CAST were one function
     there); from a 16-bit D, AFTER_CAST would round to D before the weight, so that norm is BEFORE_CAST."""
-    params = match.params
-    output = match.output_dtype
-    if params.weight_mode is WeightMode.AFTER_CAST and rounding_dtype(match.dtype, output) != rounding_dtype(
-        dtype, output
-    ):
+    params, output = match.params, match.output_dtype
+    rounds_elsewhere = rounding_dtype(match.dtype, output) != rounding_dtype(dtype, output)
+    if params.weight_mode is WeightMode.AFTER_CAST and rounds_elsewhere:
         return replace(params, weight_mode=WeightMode.BEFORE_CAST)
     return params
