@@ -72,9 +72,14 @@ def _onnx_type(dtype: str) -> int:
     return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype != "bfloat16" else onnx.TensorProto.BFLOAT16
 
 
+def _graphsurgeon_dtype(dtype: str) -> np.dtype | int:
+    """A contract dtype name as onnx-graphsurgeon holds a tensor's dtype: a NumPy dtype, or the ONNX enum of
+    bfloat16."""
+    return np.dtype(dtype) if dtype != "bfloat16" else _onnx_type(dtype)
+
+
 def _variable(name: str, dtype: str, shape: object) -> gs.Variable:
-    """A new tensor of a contract dtype, as onnx-graphsurgeon holds it (a NumPy dtype, or the ONNX enum of bfloat16)."""
-    return gs.Variable(name, dtype=np.dtype(dtype) if dtype != "bfloat16" else _onnx_type(dtype), shape=shape)
+    return gs.Variable(name, dtype=_graphsurgeon_dtype(dtype), shape=shape)
 
 
 def _convert(graph: gs.Graph, tensor: gs.Tensor, dtype: str, name: str, out: gs.Variable | None = None) -> gs.Tensor:
@@ -156,9 +161,8 @@ def _add_norm_node(graph: gs.Graph, add: AddNormMatch) -> FusedNode:
     norm = add.norm
     hidden = (norm.hidden_size,)
     fields = _fields(contract.ADD_RMS_NORM, norm, hidden, dtype=add.dtype, params=add.params)
-    operands = [
-        _operand(graph, add, role, operand) for role, operand in zip(("x", "residual"), add.operands, strict=True)
-    ]
+    roles = contract.ADD_RMS_NORM.activations
+    operands = [_operand(graph, add, role, operand) for role, operand in zip(roles, add.operands, strict=True)]
     h = _sum_output(graph, add, operands[0])
     y = _detach_output(norm)
     name = f"{contract.ADD_RMS_NORM_OP}/{y.name}"
@@ -189,7 +193,7 @@ def _operand(graph: gs.Graph, add: AddNormMatch, role: str, operand: gs.Tensor) 
     in the one dtype the Add gives all its operands, so every reader of the fused model (check, the lowering, the
     parser) knows it."""
     if operand.dtype is None:
-        operand.dtype = _variable(operand.name, add.operand_dtype, None).dtype
+        operand.dtype = _graphsurgeon_dtype(add.operand_dtype)
     return _convert(graph, operand, add.dtype, f"{add.norm.y.name}/{role}_{add.dtype}")
 
 
