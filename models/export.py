@@ -5,7 +5,8 @@ vocabulary, so one export is a few hundred kB. The norm weights get random non-t
 drops or misplaces the weight changes the numerics. Each model is exported with the TorchScript exporter at opset 17
 and the dynamo exporter at opset 18, in fp32 and fp16, with dynamic batch and sequence dims on `input_ids` and the
 logits as the only output. `expected.json` records, per file, how many RMSNorm module calls one forward pass makes:
-the number of norms the fusion pass must find.
+the number of norms the fusion pass must find; and how many of them read a residual sum, which it fuses with their
+Add.
 
 With --cache the exports take and return the KV cache, named as optimum names it: inputs input_ids,
 attention_mask, position_ids, past_key_values.N.key/value, outputs logits, present.N.key/value, each cache tensor
@@ -287,11 +288,44 @@ class NormCalls:
     total: int
     qk: int
     mla: int
+    # Calls whose input is a residual sum: what the fusion pass fuses with its Add into one TrtfuseAddRmsNorm.
+    residual: int
+
+
+class _ResidualSums(torch.overrides.TorchFunctionMode):
+    """Records each tensor that is the sum of two tensors of one shape (`residual + hidden_states`), kept alive so
+    that no other tensor takes its identity."""
+
+    ADDS = (torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__add__, torch.Tensor.__iadd__,
+            torch.Tensor.__radd__)  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sums: list[torch.Tensor] = []
+
+    def __torch_function__(
+        self, func: Callable[..., object], types: object, args: tuple = (), kwargs: dict | None = None
+    ) -> object:
+        result = func(*args, **(kwargs or {}))
+        operands = args[:2]
+        if (
+            func in self.ADDS
+            and len(operands) == 2
+            and all(isinstance(operand, torch.Tensor) for operand in operands)
+            and operands[0].shape == operands[1].shape
+        ):
+            self.sums.append(result)
+        return result
+
+    def holds(self, tensor: object) -> bool:
+        return any(tensor is total for total in self.sums)
 
 
 def count_norm_calls(model: nn.Module, input_ids: torch.Tensor) -> NormCalls:
-    """Counts the RMSNorm module calls of one forward pass, and among them the q/k and MLA latent norms."""
-    calls = {"total": 0, "qk": 0, "mla": 0}
+    """Counts the RMSNorm module calls of one forward pass, and among them the q/k and MLA latent norms and those that
+    read a residual sum."""
+    calls = {"total": 0, "qk": 0, "mla": 0, "residual": 0}
+    sums = _ResidualSums()
     handles = []
     for name, module in model.named_modules():
         if not type(module).__name__.endswith("RMSNorm"):
@@ -303,13 +337,15 @@ def count_norm_calls(model: nn.Module, input_ids: torch.Tensor) -> NormCalls:
         if leaf in MLA_NORM_NAMES:
             kinds.append("mla")
 
-        def hook(_module: nn.Module, _args: object, _output: object, kinds: list[str] = kinds) -> None:
+        def hook(_module: nn.Module, args: tuple, _output: object, kinds: list[str] = kinds) -> None:
             for kind in kinds:
                 calls[kind] += 1
+            if "qk" not in kinds and args and sums.holds(args[0]):
+                calls["residual"] += 1
 
         handles.append(module.register_forward_hook(hook))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), sums:
             model(input_ids)
     finally:
         for handle in handles:
@@ -398,6 +434,7 @@ def export_one(spec: ExportSpec, out_dir: Path) -> dict[str, object]:
         "norm_calls": calls.total,
         "qk_norm_calls": calls.qk,
         "mla_norm_calls": calls.mla,
+        "add_norm_calls": calls.residual,
         "uses_rms_norm": arch.uses_rms_norm,
         "bytes": path.stat().st_size,
         "max_rel_error_vs_torch": error,
@@ -741,6 +778,7 @@ def export_cache_one(spec: ExportSpec, out_dir: Path) -> dict[str, object]:
         "norm_calls": calls.total,
         "qk_norm_calls": calls.qk,
         "mla_norm_calls": calls.mla,
+        "add_norm_calls": calls.residual,
         "uses_rms_norm": uses_rms_norm,
         "bytes": sum(file.stat().st_size for file in (path, path.with_name(f"{path.name}.data")) if file.exists()),
         "cache": layout.to_json(),

@@ -29,8 +29,9 @@ def slim(source: Path, entry: dict[str, object], path: Path) -> dict[str, object
     # The library call behind the `onnxslim IN OUT` command line, without a process start per file.
     onnxslim.slim(str(source), str(path))
     graph = onnx.load(str(path))
-    kept = {key: entry[key] for key in ("architecture", "dtype", "epsilon", "norm_calls", "qk_norm_calls",
-                                        "uses_rms_norm")}  # fmt: skip
+    # add_norm_calls only where the source's manifest has it (exports made before the add-norm do not).
+    keys = ("architecture", "dtype", "epsilon", "norm_calls", "qk_norm_calls", "add_norm_calls", "uses_rms_norm")
+    kept = {key: entry[key] for key in keys if key in entry}
     return {
         **kept,
         "variant": f"{entry['tool']}-{entry['variant']}",

@@ -5,7 +5,9 @@ ORIGINAL FUSED` with no options, and `trtfuse compile` (which stops with exit 3 
 OUT (a JSON list: everything, messages verbatim) and prints Markdown tables (also into --markdown): one row per tool
 and family, one per export (fused / expected norms, QK pairs found / expected, rejected candidates, the check
 verdict, compile's exit status, the first message of whatever went wrong, among them `inspect` and `fuse` counting
-other norms or near misses), and the combinations a tool failed.
+other norms or near misses; the norms fused with their residual Add, TrtfuseAddRmsNorm, against the manifest's
+`add_norm_calls` where it has them, and the residual Adds kept out of a norm fused alone), and the combinations a tool
+failed.
 
 \b
     python models/survey.py /work/exports --out /work/exports/survey.json --markdown /work/exports/survey.md --jobs 2
@@ -42,9 +44,14 @@ class Outcome:
     fused_norms: int | None = None
     rms_norm_nodes: int | None = None
     qk_norm_nodes: int | None = None
+    add_norm_nodes: int | None = None
+    # The norm calls that read a residual sum, where the manifest says (exports made before the add-norm do not).
+    expected_add_norms: int | None = None
     # Fused nodes without a weight in a family whose every norm has one: the weight multiply was left in the graph.
     weightless_nodes: int | None = None
     rejected: list[dict[str, str]] = field(default_factory=list)
+    # Residual Adds kept out of the norm after them (the norm fused alone): no rejected norm.
+    kept_out: list[dict[str, str]] = field(default_factory=list)
     # What `inspect` found (norms in matches and pairs): `fuse` must report the same norms and near misses.
     inspected_norms: int | None = None
     inspect_exit: int | None = None
@@ -78,13 +85,19 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
         expected_norms=int(entry["norm_calls"]) - int(entry.get("absorbed_norm_calls", 0)),
         expected_qk_pairs=(int(entry["qk_norm_calls"]) - int(entry.get("absorbed_norm_calls", 0))) // 2,
         absorbed=int(entry.get("absorbed_norm_calls", 0)),
+        expected_add_norms=entry.get("add_norm_calls"),
     )
     inspected = run(trtfuse, ["inspect", str(path), "--json"], cwd)
     outcome.inspect_exit = inspected.returncode
     if inspected.returncode == 0:
         found = json.loads(inspected.stdout)
         outcome.rejected = found.get("near_misses", [])
-        outcome.inspected_norms = len(found.get("rms_norms", [])) + 2 * len(found.get("qk_norm_pairs", []))
+        outcome.kept_out = found.get("residual_near_misses", [])
+        outcome.inspected_norms = (
+            len(found.get("rms_norms", []))
+            + 2 * len(found.get("qk_norm_pairs", []))
+            + len(found.get("add_rms_norms", []))
+        )
     else:
         outcome.messages.append(f"inspect: {last_lines(inspected)}")
     fused = scratch / f"{path.stem}.fused.onnx"
@@ -101,12 +114,17 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
     outcome.fused_norms = totals.get("norms", 0)
     outcome.rms_norm_nodes = totals.get("TrtfuseRmsNorm", 0)
     outcome.qk_norm_nodes = totals.get("TrtfuseQkNorm", 0)
+    outcome.add_norm_nodes = totals.get("TrtfuseAddRmsNorm", 0)
+    kept_out = fusion.get("residual_near_misses", [])
     if outcome.inspected_norms is not None and (
-        outcome.inspected_norms != outcome.fused_norms or len(outcome.rejected) != len(fusion["near_misses"])
+        outcome.inspected_norms != outcome.fused_norms
+        or len(outcome.rejected) != len(fusion["near_misses"])
+        or len(outcome.kept_out) != len(kept_out)
     ):
         outcome.messages.append(
-            f"inspect/fuse disagree: inspect {outcome.inspected_norms} norms, {len(outcome.rejected)} rejected; "
-            f"fuse {outcome.fused_norms} norms, {len(fusion['near_misses'])} rejected"
+            f"inspect/fuse disagree: inspect {outcome.inspected_norms} norms, {len(outcome.rejected)} rejected, "
+            f"{len(outcome.kept_out)} Adds kept out; fuse {outcome.fused_norms} norms, {len(fusion['near_misses'])} "
+            f"rejected, {len(kept_out)} Adds kept out"
         )
     checking = run(trtfuse, ["check", str(path), str(fused)], cwd)
     outcome.check_exit = checking.returncode
@@ -130,18 +148,30 @@ def fused_text(outcome: Outcome) -> str:
     return f"{fused} / {outcome.expected_norms}"
 
 
+def add_norm_text(outcome: Outcome) -> str:
+    """Add-norm nodes, against the expected count where the manifest has one, and the Adds kept out."""
+    fused = "-" if outcome.add_norm_nodes is None else str(outcome.add_norm_nodes)
+    if outcome.expected_add_norms is not None:
+        fused += f" / {outcome.expected_add_norms}"
+    return fused + (f" ({len(outcome.kept_out)} Adds kept out)" if outcome.kept_out else "")
+
+
 def table(outcomes: list[Outcome]) -> str:
     rows = [
-        "| tool | export | fused / expected | QK pairs / expected | rejected | check | compile | what went wrong |",
-        "|---|---|---|---|---|---|---|---|",
+        "| tool | export | fused / expected | QK pairs / expected | add-norms | rejected | check | compile | "
+        "what went wrong |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for outcome in outcomes:
         fused = fused_text(outcome)
         pairs = "-" if outcome.qk_norm_nodes is None else str(outcome.qk_norm_nodes)
-        wrong = "; ".join(outcome.messages) or "; ".join(r["reason"] for r in outcome.rejected[:1])
+        wrong = "; ".join(outcome.messages) or "; ".join(
+            r["reason"] for r in [*outcome.rejected, *outcome.kept_out][:1]
+        )
         rows.append(
             f"| {outcome.tool} | {outcome.file} | {fused} | "
-            f"{pairs} / {outcome.expected_qk_pairs} | {len(outcome.rejected)} | {outcome.verdict} | "
+            f"{pairs} / {outcome.expected_qk_pairs} | {add_norm_text(outcome)} | {len(outcome.rejected)} | "
+            f"{outcome.verdict} | "
             f"{'-' if outcome.compile_exit is None else outcome.compile_exit} | "
             f"{wrong.replace('|', '/')[:300]} |"
         )
@@ -154,16 +184,17 @@ def summary(outcomes: list[Outcome]) -> str:
     for outcome in outcomes:
         groups.setdefault((outcome.tool, outcome.architecture), []).append(outcome)
     rows = [
-        "| tool | family | exports | fused / expected | QK pairs / expected | check |",
-        "|---|---|---|---|---|---|",
+        "| tool | family | exports | fused / expected | QK pairs / expected | add-norms | check |",
+        "|---|---|---|---|---|---|---|",
     ]
     for (tool, architecture), group in groups.items():
         fused = {fused_text(outcome) for outcome in group}
         pairs = {f"{outcome.qk_norm_nodes} / {outcome.expected_qk_pairs}" for outcome in group}
+        add_norms = {add_norm_text(outcome) for outcome in group}
         verdicts = Counter(outcome.verdict for outcome in group)
         rows.append(
             f"| {tool} | {architecture} | {', '.join(sorted(_form(outcome) for outcome in group))} | "
-            f"{'; '.join(sorted(fused))} | {'; '.join(sorted(pairs))} | "
+            f"{'; '.join(sorted(fused))} | {'; '.join(sorted(pairs))} | {'; '.join(sorted(add_norms))} | "
             f"{', '.join(f'{count} {verdict}' for verdict, count in verdicts.items())} |"
         )
     return "\n".join(rows)

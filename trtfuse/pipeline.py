@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.files import OutputPlan, Transaction, write_json_atomic
+from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 
 if TYPE_CHECKING:
     import onnx
@@ -94,12 +95,12 @@ def _load(path: Path) -> tuple[LoadedModel, dict[str, float]]:
     return loaded, {"load": time.perf_counter() - started}
 
 
-def _fuse(loaded: LoadedModel, source_path: Path, seconds: dict[str, float]) -> FuseResult:
+def _fuse(loaded: LoadedModel, source_path: Path, seconds: dict[str, float], fusion: FusionOptions) -> FuseResult:
     from trtfuse.fusion.fuse import fuse_model
 
     started = time.perf_counter()
     try:
-        result = fuse_model(loaded.model)
+        result = fuse_model(loaded.model, fusion)
     except TrtfuseError as error:
         raise TrtfuseError(f"{source_path}: {error}") from None
     seconds["fuse"] = time.perf_counter() - started
@@ -139,16 +140,21 @@ def build_fused(fused: FusedFile, engine_path: Path, options: BuildOptions, noti
 
 
 def fuse_file(
-    input_path: Path, output_path: Path, report_path: Path | None = None, notify: Notify = _silent
+    input_path: Path,
+    output_path: Path,
+    report_path: Path | None = None,
+    notify: Notify = _silent,
+    fusion: FusionOptions = DEFAULT_FUSION,
 ) -> FusedFile:
-    """Rewrite every RMSNorm and QK-norm of the model at `input_path` into trtfuse plugin nodes; write the fused model
-    (and the JSON fusion report). Every output is checked before any work, and none is left half written."""
+    """Rewrite every RMSNorm and QK-norm of the model at `input_path` (and the residual Adds in front of them, as
+    `fusion` says: by default they are fused) into trtfuse plugin nodes; write the fused model (and the JSON fusion
+    report). Every output is checked before any work, and none is left half written."""
     plan = OutputPlan().read(input_path).write("fused model", output_path).write("report", report_path)
     plan.check()
     loaded, seconds = _load(input_path)
     plan_model_outputs(plan, loaded, output_path)
     with Transaction():
-        result = _fuse(loaded, input_path, seconds)
+        result = _fuse(loaded, input_path, seconds, fusion)
         return write_fused(result, loaded, (input_path, output_path, report_path), notify, seconds)
 
 
@@ -162,15 +168,17 @@ def compile_model(
     timing_cache: Path | None = None,
     allow_tf32: bool = False,
     plugins: PluginKind | None = None,
+    fusion: FusionOptions = DEFAULT_FUSION,
     notify: Notify = _silent,
     on_fused: Callable[[FusedFile], None] = lambda _fused: None,
     warn: Notify = _silent,
 ) -> CompiledModel:
-    """Fuse the model, write the fused model and its report beside the engine (`compile_outputs`), derive the
-    profiles from `request` and build the TensorRT engine with the `plugins` kind (None: the installed TensorRT's
-    default, `build_options.plugin_kind_for`). `on_fused` hears of the fused model before the build starts, `warn` of
-    each profile that cannot do what its name says (`profiles.profile_warnings`; the build goes on). Without
-    TensorRT or a GPU, what was fused stays written and `missing` says why no engine was built."""
+    """Fuse the model (the residual Adds as `fusion` says), write the fused model and its report beside the engine
+    (`compile_outputs`), derive the profiles from `request` and build the TensorRT engine with the `plugins` kind
+    (None: the installed TensorRT's default, `build_options.plugin_kind_for`). `on_fused` hears of the fused model
+    before the build starts, `warn` of each profile that cannot do what its name says (`profiles.profile_warnings`;
+    the build goes on). Without TensorRT or a GPU, what was fused stays written and `missing` says why no engine was
+    built."""
     from trtfuse.engine.build_options import BuildOptions, check_plugin_kind
     from trtfuse.engine.profiles import derive_profiles, profile_warnings
     from trtfuse.engine.sidecar import sidecar_path_for
@@ -186,7 +194,7 @@ def compile_model(
     built: BuildResult | None = None
     missing: MissingDependencyError | None = None
     with Transaction():
-        result = _fuse(loaded, model_path, seconds)
+        result = _fuse(loaded, model_path, seconds, fusion)
         options = BuildOptions(
             profiles=tuple(derive_profiles(result.model, request)),
             optimization_level=optimization_level,

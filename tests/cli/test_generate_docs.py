@@ -36,10 +36,12 @@ def _examples() -> list[tuple[str, list[str]]]:
 
 
 def _bad_model(fused: Path, path: Path) -> None:
-    """The page's /tmp/qwen3-kv.bad.onnx: the last TrtfuseRmsNorm's weight times a ramp from 0.5 to 1.5."""
+    """The page's /tmp/qwen3-kv.bad.onnx: the final norm's weight (its last input; the norm is a TrtfuseAddRmsNorm)
+    times a ramp from 0.5 to 1.5."""
     model = onnx.load(str(fused))
-    norm = [node for node in model.graph.node if node.op_type == contract.RMS_NORM_OP][-1]
-    tensor = next(t for t in model.graph.initializer if t.name == norm.input[1])
+    norm = [node for node in model.graph.node if node.domain == contract.ONNX_DOMAIN][-1]
+    assert norm.op_type == contract.ADD_RMS_NORM_OP
+    tensor = next(t for t in model.graph.initializer if t.name == norm.input[-1])
     weight = numpy_helper.to_array(tensor)
     tensor.CopyFrom(
         numpy_helper.from_array(weight * np.linspace(0.5, 1.5, weight.size).astype(weight.dtype), tensor.name)

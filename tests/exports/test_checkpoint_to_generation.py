@@ -38,7 +38,7 @@ def test_export_compile_generate_and_check_generate(tmp_path: Path) -> None:
     engine = tmp_path / "qwen3.engine"
     compiled = _run(*TRTFUSE, "compile", model, "-o", engine, "--profile", "prefill", "--profile", "decode")
     fused = tmp_path / "qwen3.fused.onnx"
-    assert "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected" in compiled.stdout
+    assert "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected" in compiled.stdout
     assert fused.exists()
     if not HAS_TENSORRT:
         assert compiled.returncode == 3, compiled.stderr

@@ -95,7 +95,10 @@ def test_fusion_replaces_every_norm_call_and_nothing_else(name: str) -> None:
     plugin_nodes = [node for node in fused.graph.node if node.domain == contract.ONNX_DOMAIN]
     kinds = Counter(node.op_type for node in plugin_nodes)
     assert set(kinds) <= set(contract.FUSED_OPS)
-    assert kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_OP] == entry["norm_calls"]
+    norms = kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_OP] + kinds[contract.ADD_RMS_NORM_OP]
+    assert norms == entry["norm_calls"]
+    # Every norm that reads a residual sum takes its Add: these exports put nothing between the two.
+    assert kinds[contract.ADD_RMS_NORM_OP] == entry["add_norm_calls"]
     if not entry["uses_rms_norm"]:
         assert not plugin_nodes
     for node in plugin_nodes:
@@ -129,8 +132,8 @@ def test_export_script_regenerates_the_qwen3_fixtures(tmp_path: Path) -> None:
     same_versions = (manifest["torch"], manifest["transformers"]) == (MANIFEST["torch"], MANIFEST["transformers"])
     for name in names:
         entry = manifest["files"][name]
-        # Per layer: input, post-attention, q and k norms; then the final norm.
-        assert (entry["norm_calls"], entry["qk_norm_calls"]) == (4 * 2 + 1, 2 * 2)
+        # Per layer: input, post-attention, q and k norms; then the final norm. All but the first read a sum.
+        assert (entry["norm_calls"], entry["qk_norm_calls"], entry["add_norm_calls"]) == (4 * 2 + 1, 2 * 2, 2 * 2)
         assert entry["max_rel_error_vs_torch"] < 1e-2
         onnx.checker.check_model(str(tmp_path / name), full_check=True)
         if same_versions:

@@ -80,8 +80,9 @@ def test_export_script_writes_the_kv_cache_interface(tmp_path: Path) -> None:
     same_versions = (manifest["torch"], manifest["transformers"]) == (MANIFEST["torch"], MANIFEST["transformers"])
     for name in names:
         entry = manifest["files"][name]
-        # Per layer: input, post-attention, q and k norms; then the final norm.
+        # Per layer: input, post-attention, q and k norms; then the final norm. All but the first read a sum.
         assert (entry["norm_calls"], entry["qk_norm_calls"]) == (4 * LAYERS + 1, 2 * LAYERS)
+        assert entry["add_norm_calls"] == 2 * LAYERS
         assert entry["cache"]["layers"] == LAYERS
         assert (entry["cache"]["kv_heads"], entry["cache"]["key_head_dim"]) == (KV_HEADS, HEAD_DIM)
         assert max(entry["max_rel_error_vs_torch"].values()) < 1e-4
@@ -109,8 +110,10 @@ def test_kv_fixture_fuses_every_norm_and_passes_check_at_prefill_and_decode() ->
     original = load_model(FIXTURES / FIXTURE)
     result = fuse_model(original.model)
     kinds = Counter(node.kind for node in result.fused)
-    assert kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_OP] == entry["norm_calls"], result.report()
+    norms = kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_OP] + kinds[contract.ADD_RMS_NORM_OP]
+    assert norms == entry["norm_calls"], result.report()
     assert 2 * kinds[contract.QK_NORM_OP] == entry["qk_norm_calls"]
+    assert kinds[contract.ADD_RMS_NORM_OP] == entry["add_norm_calls"]
     verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
     assert verdict.passed, verdict.to_json()
     steps = {step.name: step for step in verdict.steps}

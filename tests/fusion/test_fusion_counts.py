@@ -1,5 +1,7 @@
 """The one fusion summary line (`FusionCounts.line`): `inspect`, `fuse`, `compile` and the Polygraphy loader's log
-count the plugin nodes of the model that comes out, so an already-fused model reports its nodes, not 0."""
+count the plugin nodes of the model that comes out, so an already-fused model reports its nodes, not 0; rejected
+candidates, and apart from them the residual Adds kept outside a norm fused alone (none of them is a rejected norm),
+with the same option (`--no-fuse-residual`) everywhere."""
 
 from __future__ import annotations
 
@@ -20,10 +22,16 @@ from support.models import layer_norm_model
 from support.paths import FIXTURES
 
 KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
-COUNTS = "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms)"
+COUNTS = "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms)"
+# ModelOpt's int8 Qwen3: the sum three norms read is quantized first, so those Adds stay out (no rejected norm).
+KEPT_OUT_FIXTURE = FIXTURES / "tools" / "qwen3-modelopt-int8-fp16.onnx"
+KEPT_OUT_COUNTS = (
+    "4 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 1 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected, 3 Adds kept out"
+)
+FIRST_KEPT_OUT = " (first: node_add_399: not fused into the norm node_mean_3: the norm reads its sum through the pair "
 
 
-def _polygraphy_log(path: Path) -> str:
+def _polygraphy_log(path: Path, fuse_residual: bool | None = None) -> str:
     pytest.importorskip("polygraphy", reason="Polygraphy is not installed (pip install -e '.[compare]')")
     from polygraphy.logger import G_LOGGER
 
@@ -31,7 +39,7 @@ def _polygraphy_log(path: Path) -> str:
 
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured), G_LOGGER.verbosity(G_LOGGER.INFO):
-        FuseModel(str(path))()
+        FuseModel(str(path), fuse_residual=fuse_residual)()
     return captured.getvalue()
 
 
@@ -56,13 +64,37 @@ def test_the_counts_are_the_plugin_nodes_of_the_output_and_the_report_holds_them
     assert (
         again.report()["plugin_nodes"]
         == fused.report()["plugin_nodes"]
-        == {contract.RMS_NORM_OP: 5, contract.QK_NORM_OP: 2, contract.ADD_RMS_NORM_OP: 0}
+        == {contract.RMS_NORM_OP: 1, contract.QK_NORM_OP: 2, contract.ADD_RMS_NORM_OP: 4}
     )
     assert again.report()["already_in_input"] == {
-        contract.RMS_NORM_OP: 5,
+        contract.RMS_NORM_OP: 1,
         contract.QK_NORM_OP: 2,
-        contract.ADD_RMS_NORM_OP: 0,
+        contract.ADD_RMS_NORM_OP: 4,
     }
+
+
+def test_adds_kept_out_are_counted_apart_from_rejected_norms_everywhere(tmp_path):
+    model = KEPT_OUT_FIXTURE
+    assert run_cli("inspect", model).stdout.splitlines()[0] == f"{model}: {KEPT_OUT_COUNTS}"
+    fused = run_cli("fuse", model, "-o", tmp_path / "fused.onnx").stdout.strip()
+    assert fused.startswith(f"{model}: {KEPT_OUT_COUNTS}{FIRST_KEPT_OUT}") and fused.endswith(
+        "; 1 more) -> " + str(tmp_path / "fused.onnx")
+    )
+    compiled = run_cli("compile", model, "-o", tmp_path / "m.engine")
+    assert compiled.exit_code == 3, compiled.output
+    assert compiled.stdout.startswith(f"{model}: {KEPT_OUT_COUNTS}{FIRST_KEPT_OUT}")
+    assert f"trtfuse: fused {model}: {KEPT_OUT_COUNTS}{FIRST_KEPT_OUT}" in _polygraphy_log(model)
+
+
+def test_without_the_residual_fusion_every_command_counts_the_norms_fused_alone(tmp_path):
+    expected = "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected"
+    flag = "--no-fuse-residual"
+    assert run_cli("inspect", KV_FIXTURE, flag).stdout.splitlines()[0] == f"{KV_FIXTURE}: {expected}"
+    fused = run_cli("fuse", KV_FIXTURE, "-o", tmp_path / "fused.onnx", flag)
+    assert fused.stdout.strip() == f"{KV_FIXTURE}: {expected} -> {tmp_path / 'fused.onnx'}"
+    compiled = run_cli("compile", KV_FIXTURE, "-o", tmp_path / "m.engine", flag)
+    assert compiled.exit_code == 3 and compiled.stdout.startswith(f"{KV_FIXTURE}: {expected} -> "), compiled.output
+    assert f"trtfuse: fused {KV_FIXTURE}: {expected}\n" in _polygraphy_log(KV_FIXTURE, fuse_residual=False)
 
 
 def test_the_line_names_the_first_rejected_candidates(write_model):
@@ -73,3 +105,5 @@ def test_the_line_names_the_first_rejected_candidates(write_model):
     many = type(counts)(counts.nodes, counts.already, tuple(NearMiss(f"n{i}", "why") for i in range(5)))
     assert many.line().endswith("5 rejected (first: n0: why; n1: why; 3 more)")
     assert many.line(reasons=0).endswith("5 rejected")
+    kept = type(counts)(counts.nodes, counts.already, (NearMiss("n0", "why"),), (NearMiss("add", "because"),))
+    assert kept.line().endswith("1 rejected, 1 Add kept out (first: n0: why; add: because)")

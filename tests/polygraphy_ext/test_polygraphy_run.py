@@ -51,12 +51,24 @@ ALL_MATCHED = "PASSED | simple | All outputs matched"
 FP16_TOLERANCE = ("--atol", "2e-3", "--rtol", "2e-3")
 # (fixture, the fused counts the runner's log line must show, tolerance options)
 FIXTURE_CASES = [
-    ("qwen3-dynamo-fp32.onnx", "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected", ()),
-    ("deepseek_v3-dynamo-fp32.onnx", "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 3 rejected", ()),
-    ("llama-torchscript-fp16.onnx", "5 TrtfuseRmsNorm and 0 TrtfuseQkNorm nodes (5 norms), 0 rejected", FP16_TOLERANCE),
+    (
+        "qwen3-dynamo-fp32.onnx",
+        "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected",
+        (),
+    ),
+    (
+        "deepseek_v3-dynamo-fp32.onnx",
+        "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 3 rejected",
+        (),
+    ),
+    (
+        "llama-torchscript-fp16.onnx",
+        "1 TrtfuseRmsNorm, 0 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (5 norms), 0 rejected",
+        FP16_TOLERANCE,
+    ),
     (
         "gemma3-torchscript-fp16.onnx",
-        "9 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (13 norms), 0 rejected",
+        "5 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (13 norms), 0 rejected",
         FP16_TOLERANCE,
     ),
 ]
@@ -124,7 +136,7 @@ def test_kv_cache_model_matches_with_polygraphy_shapes_and_data_loader():
     )
     output = output_of(result)
     assert result.returncode == 0, output
-    assert ": 5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected" in output
+    assert ": 1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected" in output
     for name in ("logits", "present.0.key", "present.1.value"):
         assert f"PASSED | Output: '{name}'" in output
     assert ALL_MATCHED in output
@@ -135,8 +147,8 @@ CORRUPT_FIRST_NORM = f"""
 import onnx.helper
 import trtfuse.polygraphy_ext.loaders as loaders
 fuse = loaders.fuse_model
-def corrupted(model):
-    result = fuse(model)
+def corrupted(model, *options):
+    result = fuse(model, *options)
     node = next(node for node in result.model.graph.node if node.domain == {contract.ONNX_DOMAIN!r})
     for attribute in node.attribute:
         if attribute.name == {contract.ATTR_WEIGHT_OFFSET!r}:
@@ -178,6 +190,26 @@ def test_generated_script_imports_trtfuse_and_reproduces_the_run(tmp_path):
     assert run.returncode == 0, output
     assert "trtfuse-onnxrt-runner" in output
     assert ALL_MATCHED in output
+
+
+def test_the_no_fuse_residual_flag_reaches_the_fuse_loader(tmp_path):
+    script = tmp_path / "compare_fused.py"
+    model = str(FIXTURES / "qwen3-dynamo-fp32.onnx")
+    result = polygraphy_run(
+        model,
+        "--trtfuse-onnxrt",
+        "--trtfuse-no-fuse-residual",
+        "--input-shapes",
+        "input_ids:[2,8]",
+        "--gen",
+        str(script),
+    )
+    assert result.returncode == 0, output_of(result)
+    assert f"FuseModel({model!r}, fuse_residual=False)" in script.read_text()
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert ": 5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected" in output
 
 
 def test_generated_script_passes_polygraphy_profiles_and_build_options_to_trtfuse(tmp_path):

@@ -817,3 +817,75 @@ def autocast_norm(dtype: str = "float16") -> onnx.ModelProto:
     normalized = b.cast(b.op("Mul", b.cast(x, "float32"), inverse), dtype)
     b.output(b.op("Mul", normalized, b.weight(HIDDEN, dtype)))
     return b.model()
+
+
+# Residual Adds in front of norms (patterns/residual.py): the stacks that become add-norms, and each Add that stays out.
+def residual_stack(dtype: str = "float32", layers: int = 2, sums_as_outputs: bool = False) -> onnx.ModelProto:
+    """A Llama-style decoder stack with a projection for each sublayer: per layer the stream h goes through two
+    residual steps h = h + proj(norm(h)) (attention's and the MLP's), then the final norm reads the last sum. So
+    2·layers residual Adds, each read by the next norm and the next Add, and 2·layers + 1 norms, the first reading the
+    input. `sums_as_outputs` also makes every residual sum a graph output (through an exact Cast to float32)."""
+    b = Builder()
+    stream = b.input("x", [BATCH, SEQUENCE, HIDDEN], dtype)
+    spec = NormSpec(dtype=dtype)
+    for _ in range(2 * layers):
+        projection = b.constant(b.rng.normal(0.0, HIDDEN**-0.5, (HIDDEN, HIDDEN)), dtype, base="proj")
+        stream = b.op("Add", stream, b.op("MatMul", rms_norm(b, stream, spec), projection))
+        if sums_as_outputs:
+            b.output(stream, [BATCH, SEQUENCE, HIDDEN])
+    b.output(rms_norm(b, stream, spec), [BATCH, SEQUENCE, HIDDEN])
+    return b.model()
+
+
+def residual_near_miss(case: str, dtype: str = "float16") -> onnx.ModelProto:
+    """One Add in front of a norm that must stay out of it (the norm fused alone); `case` names why:
+    "bias" (a constant operand), "broadcast" (a [1, S, H] operand), "chain" (the last Add of x + a + b), "widened"
+    (the widened sum the norm reads is read elsewhere too), "rounded" (a float32 sum cast down to the norm's dtype),
+    "qdq" (the norm reads a QuantizeLinear -> DequantizeLinear of the sum), "shared" (two norms read one sum: the
+    first takes the Add), "dtypes" (operands of two dtypes: no checker passes it, the matcher must not fuse it)."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], dtype)
+    other = b.input("r", [1, SEQUENCE, HIDDEN] if case == "broadcast" else [BATCH, SEQUENCE, HIDDEN], dtype)
+    spec = NormSpec(dtype=dtype)
+    if case == "bias":
+        total = b.op("Add", x, b.weight(HIDDEN, dtype, base="bias"))
+    elif case == "chain":
+        total = b.op("Add", b.op("Add", x, other), b.input("s", [BATCH, SEQUENCE, HIDDEN], dtype))
+    elif case == "rounded":
+        wide = b.op("Add", b.cast(x, "float32"), b.cast(other, "float32"))
+        total = b.cast(wide, dtype)
+        b.output(wide, [BATCH, SEQUENCE, HIDDEN])
+    elif case == "qdq":
+        scale, zero = b.constant(4.0 / 127, dtype, base="scale"), b.constant(0, "int8", base="zero_point")
+        summed = b.op("Add", x, other)
+        total = b.op("DequantizeLinear", b.op("QuantizeLinear", summed, scale, zero), scale, zero)
+    elif case == "dtypes":
+        total = b.op("Add", x, b.cast(other, "float32" if dtype != "float32" else "float16"))
+    else:
+        total = b.op("Add", x, other)
+    y = rms_norm(b, total, spec)
+    if case == "widened":
+        widened = next(node.output[0] for node in b.nodes if node.op_type == "Cast" and node.input[0] == total)
+        b.output(b.op("Relu", widened), [BATCH, SEQUENCE, HIDDEN])
+    if case == "shared":
+        b.output(rms_norm(b, total, replace(spec, epsilon=1e-5)), [BATCH, SEQUENCE, HIDDEN])
+    b.output(y, [BATCH, SEQUENCE, HIDDEN])
+    return b.model(standard=case != "dtypes")
+
+
+def skip_norm(dtype: str = "float32", bias: bool = False, sum_output: bool = True) -> onnx.ModelProto:
+    """onnxruntime's SkipSimplifiedLayerNormalization of x and skip, with a bias input or not, its sum output
+    (index 3) a graph output or absent."""
+    b = Builder()
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], dtype)
+    skip = b.input("skip", [BATCH, SEQUENCE, HIDDEN], dtype)
+    inputs = [x, skip, b.weight(HIDDEN, dtype)] + ([b.weight(HIDDEN, dtype, base="bias")] if bias else [])
+    kind = "SkipSimplifiedLayerNormalization"
+    outputs = b.op(kind, *inputs, domain="com.microsoft", outputs=4 if sum_output else 1, epsilon=1e-6)
+    if sum_output:
+        b.nodes[-1].output[1] = b.nodes[-1].output[2] = ""
+        b.output(outputs[0], [BATCH, SEQUENCE, HIDDEN])
+        b.output(outputs[3], [BATCH, SEQUENCE, HIDDEN])
+    else:
+        b.output(outputs, [BATCH, SEQUENCE, HIDDEN])
+    return b.model(standard=False)

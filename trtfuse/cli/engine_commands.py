@@ -27,6 +27,7 @@ from trtfuse.cli.options import (
     exit_missing,
     feed_options,
     fusion_details,
+    fusion_options,
     info,
     printable,
     summary,
@@ -38,6 +39,7 @@ from trtfuse.files import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
     from trtfuse.engine.profiles import DimRange, ShapeRange
+    from trtfuse.fusion.options import FusionOptions
     from trtfuse.generate.agreement import GenerationVerdict
     from trtfuse.model.onnx_file import LoadedModel
     from trtfuse.pipeline import FusedFile
@@ -84,6 +86,7 @@ COMPARE_INSTALL_HINT = (
     "(TensorRT >= 10.14); python: IPluginV3 plugins that call back into a Python process with trtfuse "
     "(TensorRT >= 10.8). [default: aot with TensorRT >= 10.14, else python]",
 )
+@fusion_options
 @common_options
 def compile_command(
     model_path: Path,
@@ -98,9 +101,11 @@ def compile_command(
     timing_cache: Path | None,
     tf32: bool,
     plugins: str | None,
+    fusion: FusionOptions,
     as_json: bool,
 ) -> None:
-    """Fuse MODEL.onnx, write the fused model and its report beside the engine, then build the TensorRT engine."""
+    """Fuse MODEL.onnx (as `trtfuse fuse` does), write the fused model and its report beside the engine, then build
+    the TensorRT engine."""
     from trtfuse.engine.profiles import request_from_options
     from trtfuse.pipeline import compile_model
 
@@ -115,6 +120,7 @@ def compile_command(
         timing_cache=timing_cache,
         allow_tf32=tf32,
         plugins=None if plugins is None else PluginKind(plugins),
+        fusion=fusion,
         notify=info,
         on_fused=lambda fused: _report_fused(fused, as_json),
         warn=_warning,

@@ -19,6 +19,7 @@ from trtfuse.cli.options import (
     echo_json,
     feed_options,
     fusion_details,
+    fusion_options,
     info,
     printable,
     summary,
@@ -26,14 +27,25 @@ from trtfuse.cli.options import (
 from trtfuse.files import OutputPlan
 
 if TYPE_CHECKING:
-    from trtfuse.fusion.patterns import NormSearch, RmsNormMatch
+    from trtfuse.contract import NormParams
+    from trtfuse.fusion.options import FusionOptions
+    from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch
 
 
 def _match_line(match: RmsNormMatch) -> str:
-    dtypes = match.dtype if match.output_dtype == match.dtype else f"{match.dtype}->{match.output_dtype}"
+    return _norm_line(match, match.dtype, match.params, match.tags)
+
+
+def _add_norm_line(add: AddNormMatch) -> str:
+    return f"{_norm_line(add.norm, add.dtype, add.params, add.tags)} add={add.add}"
+
+
+def _norm_line(match: RmsNormMatch, dtype: str, params: NormParams, tags: tuple[str, ...]) -> str:
+    """A norm as inspect prints it, read in `dtype` with `params` (an add-norm's are those of the sum it reads)."""
+    dtypes = dtype if match.output_dtype == dtype else f"{dtype}->{match.output_dtype}"
     return (
-        f"{match.name}  eps={match.params.epsilon:g} hidden={match.hidden_size} {dtypes} "
-        f"weight={match.params.weight_mode.name} offset={match.params.weight_offset:g} tags={','.join(match.tags)}"
+        f"{match.name}  eps={params.epsilon:g} hidden={match.hidden_size} {dtypes} "
+        f"weight={params.weight_mode.name} offset={params.weight_offset:g} tags={','.join(tags)}"
     )
 
 
@@ -51,34 +63,53 @@ def _match_json(match: RmsNormMatch) -> dict:
     }
 
 
+def _add_norm_json(add: AddNormMatch) -> dict:
+    return {
+        **_match_json(add.norm),
+        "dtype": add.dtype,
+        "weight_mode": add.params.weight_mode.name,
+        "tags": list(add.tags),
+        "add": add.add,
+        "replaces": [node.name for node in [*add.nodes, *add.norm.nodes]],
+    }
+
+
 def _search_json(search: NormSearch) -> dict:
+    from trtfuse.fusion.fuse import near_miss_json
+
     return {
         "rms_norms": [_match_json(match) for match in search.matches],
+        "add_rms_norms": [_add_norm_json(add) for add in search.add_norms],
         "qk_norm_pairs": [{"q": _match_json(pair.q), "k": _match_json(pair.k)} for pair in search.qk_norm_pairs],
-        "near_misses": [{"node": miss.node, "reason": miss.reason} for miss in search.near_misses],
+        "near_misses": near_miss_json(search.near_misses),
+        "residual_near_misses": near_miss_json(search.residual_near_misses),
     }
 
 
 @click.command(context_settings=HELP_OPTIONS)
 @click.argument("model_path", metavar="MODEL.onnx", type=FilePath())
+@fusion_options
 @common_options
-def inspect(model_path: Path, as_json: bool) -> None:
-    """List every norm candidate of MODEL.onnx: what it matched as, or why it was rejected. The first line counts the
-    plugin nodes the fused model would hold, as `fuse` and `compile` say."""
+def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
+    """List every norm candidate of MODEL.onnx: what it matched as (with the residual Add it takes, for an add-norm),
+    or why it was rejected, and each Add kept out of the norm after it. The first line counts the plugin nodes the
+    fused model would hold, as `fuse` and `compile` say."""
     from trtfuse.fusion.fuse import fuse_model
     from trtfuse.model.onnx_file import load_model
 
     # The whole fusion, so that the counts are those of the model `fuse` writes (plugin nodes the input held count).
-    result = fuse_model(load_model(model_path).model)
+    result = fuse_model(load_model(model_path).model, fusion)
     search = result.search
     if as_json:
         echo_json({**_search_json(search), **result.counts().to_json()})
         return
     lines = [f"{model_path}: {result.counts().line(reasons=0)}"]
     lines += [f"  rms_norm  {_match_line(match)}" for match in search.matches]
+    lines += [f"  add_norm  {_add_norm_line(add)}" for add in search.add_norms]
     for pair in search.qk_norm_pairs:
         lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
     lines += [f"  rejected  {miss.node}: {miss.reason}" for miss in search.near_misses]
+    lines += [f"  add kept  {miss.node}: {miss.reason}" for miss in search.residual_near_misses]
     for line in lines:
         click.echo(printable(line))
 
@@ -87,12 +118,14 @@ def inspect(model_path: Path, as_json: bool) -> None:
 @click.argument("input_path", metavar="IN.onnx", type=FilePath())
 @click.option("-o", "--output", "output_path", required=True, type=FilePath(), help="Fused model.")
 @click.option("--report", "report_path", type=FilePath(), help="Write the JSON fusion report here.")
+@fusion_options
 @common_options
-def fuse(input_path: Path, output_path: Path, report_path: Path | None, as_json: bool) -> None:
-    """Rewrite every RMSNorm and QK-norm of IN.onnx into trtfuse plugin nodes and write OUT.onnx."""
+def fuse(input_path: Path, output_path: Path, report_path: Path | None, fusion: FusionOptions, as_json: bool) -> None:
+    """Rewrite every RMSNorm and QK-norm of IN.onnx (with the residual Add in front of it, unless --no-fuse-residual)
+    into trtfuse plugin nodes and write OUT.onnx."""
     from trtfuse.pipeline import fuse_file
 
-    fused = fuse_file(input_path, output_path, report_path, notify=info)
+    fused = fuse_file(input_path, output_path, report_path, notify=info, fusion=fusion)
     fusion_details(fused.report, fused.seconds)
     if as_json:
         echo_json({"input": str(input_path), "output": str(output_path), **fused.report})

@@ -14,6 +14,7 @@ from typing import NoReturn, TypeVar
 import click
 
 from trtfuse.files import json_text
+from trtfuse.fusion.options import FusionOptions
 
 # -h as well as --help on every command. Set on each command, not only inherited from the group: click keeps a
 # command's help option once made, so a command first invoked on its own would lose -h under the group.
@@ -227,6 +228,24 @@ def feed_options(command: F) -> F:
     return command
 
 
+def _fusion_options(_ctx: click.Context, _param: click.Parameter, keep_adds_out: bool) -> FusionOptions:
+    return FusionOptions(fuse_residual=not keep_adds_out)
+
+
+def fusion_options(command: F) -> F:
+    """--no-fuse-residual, on every command that fuses (and `inspect`, which shows what they would); the command
+    receives `fusion`, a FusionOptions."""
+    return click.option(
+        "--no-fuse-residual",
+        "fusion",
+        is_flag=True,
+        callback=_fusion_options,
+        help="Keep each residual Add outside the norm after it: fuse the norm alone as TrtfuseRmsNorm, as trtfuse did "
+        "before TrtfuseAddRmsNorm. For a TensorRT build that folds the Add into the preceding GEMM's epilogue "
+        "(check with `trtexec --dumpLayerInfo`), where that is as fast or faster (docs/performance.md).",
+    )(command)
+
+
 @dataclass
 class Verbosity:
     """-1 with -q (errors and results only), 0 by default, 1 with -v (library logs and details too)."""
@@ -294,7 +313,8 @@ def detail(message: str) -> None:
 
 
 def fusion_details(report: dict, seconds: dict[str, float]) -> None:
-    """With -v: each fused node and each rejected candidate of a fusion report, then the time of each phase."""
+    """With -v: each fused node, each rejected candidate and each Add kept out of a fusion report, then the time of
+    each phase."""
     for node in report["fused"]:
         dtypes = node["dtype"] if node["output_dtype"] == node["dtype"] else f"{node['dtype']}->{node['output_dtype']}"
         hidden = "x".join(str(size) for size in node["hidden_sizes"])
@@ -304,6 +324,8 @@ def fusion_details(report: dict, seconds: dict[str, float]) -> None:
         )
     for miss in report["near_misses"]:
         detail(f"rejected {miss['node']}: {miss['reason']}")
+    for miss in report["residual_near_misses"]:
+        detail(f"add kept {miss['node']}: {miss['reason']}")
     detail(", ".join(f"{phase} {seconds[phase]:.2f} s" for phase in seconds))
 
 

@@ -13,6 +13,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.fusion.fused_nodes import plugin_node_counts
+from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns import NearMiss, NormSearch, find_norms
 from trtfuse.fusion.rewrite import FusedNode, rewrite
 
@@ -28,20 +29,23 @@ def norm_calls(nodes: Mapping[str, int]) -> int:
 @dataclass(frozen=True)
 class FusionCounts:
     """What a fusion leaves: the plugin nodes of the model that comes out, per op (those the input already held
-    included, so a model fused twice reports the same), how many of them the input held, and the rejected
-    candidates. `line` is the one summary every command and the Polygraphy loader print."""
+    included, so a model fused twice reports the same), how many of them the input held, the rejected candidates,
+    and the residual Adds left outside a norm that was fused alone (no rejected norm: they are counted apart). `line`
+    is the one summary every command and the Polygraphy loader print."""
 
     nodes: Mapping[str, int]
     already: Mapping[str, int]
     near_misses: tuple[NearMiss, ...]
+    residual_near_misses: tuple[NearMiss, ...] = ()
 
     @property
     def norms(self) -> int:
         return norm_calls(self.nodes)
 
     def line(self, reasons: int = SUMMARY_REASONS) -> str:
-        """`5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 1 rejected (first: NODE: REASON)`; the ops after
-        the first two only where the model has them."""
+        """`1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 1 rejected, 1 Add kept out
+        (first: NODE: REASON; NODE: REASON)`; the ops after the first two only where the model has them, the Adds
+        kept out only where there are any; the reasons are the rejected candidates' first, then the Adds'."""
         shown = [op for index, op in enumerate(contract.FUSED_OPS) if index < 2 or self.nodes[op]]
         counts = [f"{self.nodes[op]} {op}" for op in shown]
         text = f"{', '.join(counts[:-1])} and {counts[-1]} nodes ({self.norms} norms)"
@@ -49,9 +53,14 @@ class FusionCounts:
         if held:
             text += f", {'all' if held == sum(self.nodes.values()) else held} already in the input"
         text += f", {len(self.near_misses)} rejected"
-        if reasons and self.near_misses:
-            first = "; ".join(f"{miss.node}: {miss.reason}" for miss in self.near_misses[:reasons])
-            more = f"; {len(self.near_misses) - reasons} more" if len(self.near_misses) > reasons else ""
+        if self.residual_near_misses:
+            text += (
+                f", {len(self.residual_near_misses)} Add{'s' if len(self.residual_near_misses) > 1 else ''} kept out"
+            )
+        misses = [*self.near_misses, *self.residual_near_misses]
+        if reasons and misses:
+            first = "; ".join(f"{miss.node}: {miss.reason}" for miss in misses[:reasons])
+            more = f"; {len(misses) - reasons} more" if len(misses) > reasons else ""
             text += f" (first: {first}{more})"
         return text
 
@@ -72,18 +81,26 @@ class FuseResult:
     def counts(self) -> FusionCounts:
         """The plugin nodes of the fused model (`fused_nodes.plugin_node_counts`) and the rejected candidates."""
         already = {op: self.input_nodes.get(op, 0) for op in contract.FUSED_OPS}
-        return FusionCounts(plugin_node_counts(self.model), already, tuple(self.search.near_misses))
+        search = self.search
+        return FusionCounts(
+            plugin_node_counts(self.model), already, tuple(search.near_misses), tuple(search.residual_near_misses)
+        )
 
     def report(self) -> dict:
         """The JSON report: one entry per node fused now, their totals per node kind, the plugin nodes of the model
-        that comes out, and the rejected candidates."""
+        that comes out, the rejected candidates, and the residual Adds kept out of a norm fused alone."""
         totals = {op: sum(node.kind == op for node in self.fused) for op in contract.FUSED_OPS}
         return {
             "fused": [node.as_dict() for node in self.fused],
             "totals": {**totals, "norms": norm_calls(totals)},
             **self.counts().to_json(),
-            "near_misses": [{"node": miss.node, "reason": miss.reason} for miss in self.search.near_misses],
+            "near_misses": near_miss_json(self.search.near_misses),
+            "residual_near_misses": near_miss_json(self.search.residual_near_misses),
         }
+
+
+def near_miss_json(misses: list[NearMiss]) -> list[dict[str, str]]:
+    return [{"node": miss.node, "reason": miss.reason} for miss in misses]
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
@@ -127,15 +144,16 @@ def _keep_overridable(model: onnx.ModelProto, graph: gs.Graph) -> None:
     graph.inputs = [tensor for tensor in kept if isinstance(tensor, gs.Variable)]
 
 
-def search_model(model: onnx.ModelProto) -> NormSearch:
+def search_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
     """Every norm candidate of the model, matched or rejected, without changing it."""
-    return find_norms(import_graph(model))
+    return find_norms(import_graph(model), options)
 
 
-def fuse_model(model: onnx.ModelProto) -> FuseResult:
-    """Replace every RMSNorm and QK-norm of `model` by a plugin node; `model` itself is left unchanged."""
+def fuse_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION) -> FuseResult:
+    """Replace every RMSNorm and QK-norm of `model` (and, unless `options` say not to, the residual Add in front of a
+    norm with it) by a plugin node; `model` itself is left unchanged."""
     graph = import_graph(model)
-    search = find_norms(graph)
+    search = find_norms(graph, options)
     fused = rewrite(graph, search)
     with G_LOGGER.suppress(G_LOGGER.ERROR):
         exported = gs.export_onnx(graph, opset_imports=graph.import_domains)

@@ -1,4 +1,5 @@
-"""Replace each matched norm with one plugin node of the contract (trtfuse/contract.py, docs/plugin-nodes.md)."""
+"""Replace each matched norm, QK pair and add-norm with one plugin node of the contract (trtfuse/contract/nodes.py,
+docs/plugin-nodes.md)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import onnx_graphsurgeon as gs
 from trtfuse import contract
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
-from trtfuse.fusion.patterns import NormSearch, RmsNormMatch
+from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch
 from trtfuse.fusion.patterns.queries import describe, dtype_name
 from trtfuse.fusion.patterns.search import live_tensors
 
 
 @dataclass(frozen=True)
 class FusedNode:
-    """One fused node, as the JSON report lists it; `kind` is its op type (contract.RMS_NORM_OP or QK_NORM_OP)."""
+    """One fused node, as the JSON report lists it; `kind` is its op type (contract.RMS_NORM_OP, QK_NORM_OP or
+    ADD_RMS_NORM_OP), `dtype` its activations' (for an add-norm D, the dtype it sums in)."""
 
     kind: str
     name: str
@@ -49,27 +51,44 @@ def output_dtype(match: RmsNormMatch) -> str:
     return match.output_dtype
 
 
-def _fields(op: contract.FusedOp, match: RmsNormMatch, hidden_sizes: tuple[int, ...]) -> NodeFields:
+def _fields(
+    op: contract.FusedOp,
+    match: RmsNormMatch,
+    hidden_sizes: tuple[int, ...],
+    dtype: str | None = None,
+    params: contract.NormParams | None = None,
+) -> NodeFields:
+    """The node's fields for `match`, read in `dtype` with `params` (the match's own unless given: an add-norm reads
+    the sum in D)."""
     out = output_dtype(match)
-    problem = contract.dtype_pair_problem(match.dtype, out)
+    problem = contract.dtype_pair_problem(dtype or match.dtype, out)
     if problem is not None:
         raise TrtfuseError(f"norm '{match.name}' cannot be one fused node: {problem}")
-    return NodeFields(op=op, params=match.params, hidden_sizes=hidden_sizes, output_dtype=out)
+    return NodeFields(op=op, params=params or match.params, hidden_sizes=hidden_sizes, output_dtype=out)
 
 
-def _onnx_type(dtype: object) -> int:
-    """An onnx-graphsurgeon dtype (a NumPy dtype, or an ONNX enum where NumPy has none: bfloat16) as an ONNX enum."""
-    return dtype if isinstance(dtype, int) else onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+def _onnx_type(dtype: str) -> int:
+    """A contract dtype name as an ONNX element type (NumPy has no bfloat16)."""
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype != "bfloat16" else onnx.TensorProto.BFLOAT16
+
+
+def _graphsurgeon_dtype(dtype: str) -> np.dtype | int:
+    """A contract dtype name as onnx-graphsurgeon holds a tensor's dtype: a NumPy dtype, or the ONNX enum of
+    bfloat16."""
+    return np.dtype(dtype) if dtype != "bfloat16" else _onnx_type(dtype)
+
+
+def _variable(name: str, dtype: str, shape: object) -> gs.Variable:
+    return gs.Variable(name, dtype=_graphsurgeon_dtype(dtype), shape=shape)
 
 
 def _convert(graph: gs.Graph, tensor: gs.Tensor, dtype: str, name: str, out: gs.Variable | None = None) -> gs.Tensor:
     """`tensor` in `dtype` (as a float ONNX Cast converts it), into `out` when given; itself when already so."""
     if out is None and dtype_name(tensor) == dtype:
         return tensor
-    target = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype != "bfloat16" else onnx.TensorProto.BFLOAT16
     if out is None:
-        out = gs.Variable(name, dtype=np.dtype(dtype) if dtype != "bfloat16" else target, shape=tensor.shape)
-    graph.nodes.append(gs.Node("Cast", f"{name}/Cast", attrs={"to": target}, inputs=[tensor], outputs=[out]))
+        out = _variable(name, dtype, tensor.shape)
+    graph.nodes.append(gs.Node("Cast", f"{name}/Cast", attrs={"to": _onnx_type(dtype)}, inputs=[tensor], outputs=[out]))
     return out
 
 
@@ -136,6 +155,65 @@ def _rms_norm_node(graph: gs.Graph, match: RmsNormMatch) -> FusedNode:
     return _record(contract.RMS_NORM_OP, name, (match,), (match.hidden_size,))
 
 
+def _add_norm_node(graph: gs.Graph, add: AddNormMatch) -> FusedNode:
+    """The residual Add (or a skip op's sum) and its norm as one TrtfuseAddRmsNorm: x and residual are the Add's
+    operands in D, h keeps the sum's name (the next residual Add reads it), y the norm's."""
+    norm = add.norm
+    hidden = (norm.hidden_size,)
+    fields = _fields(contract.ADD_RMS_NORM, norm, hidden, dtype=add.dtype, params=add.params)
+    roles = contract.ADD_RMS_NORM.activations
+    operands = [_operand(graph, add, role, operand) for role, operand in zip(roles, add.operands, strict=True)]
+    h = _sum_output(graph, add, operands[0])
+    y = _detach_output(norm)
+    name = f"{contract.ADD_RMS_NORM_OP}/{y.name}"
+    graph.nodes.append(
+        gs.Node(
+            contract.ADD_RMS_NORM_OP,
+            name,
+            attrs=fields.onnx_attributes(),
+            inputs=[*operands, *_weights(norm)],
+            outputs=[y, h],
+            domain=contract.ONNX_DOMAIN,
+        )
+    )
+    return FusedNode(
+        kind=contract.ADD_RMS_NORM_OP,
+        name=name,
+        replaced=tuple(describe(node) for node in [*add.nodes, *norm.nodes]),
+        params=add.params,
+        hidden_sizes=hidden,
+        dtype=add.dtype,
+        output_dtype=fields.output_dtype,
+        tags=add.tags,
+    )
+
+
+def _operand(graph: gs.Graph, add: AddNormMatch, role: str, operand: gs.Tensor) -> gs.Tensor:
+    """An Add operand as the node reads it, in D. One without an inferred dtype (a contrib op's output) is declared
+    in the one dtype the Add gives all its operands, so every reader of the fused model (check, the lowering, the
+    parser) knows it."""
+    if operand.dtype is None:
+        operand.dtype = _graphsurgeon_dtype(add.operand_dtype)
+    return _convert(graph, operand, add.dtype, f"{add.norm.y.name}/{role}_{add.dtype}")
+
+
+def _sum_output(graph: gs.Graph, add: AddNormMatch, x: gs.Tensor) -> gs.Variable:
+    """The node's h: the original sum's tensor, cut from its producer, when it is in D. A skip op's 16-bit sum output
+    is h rounded once (a Cast), as onnxruntime rounds its float32 sum; a sum nobody read is a new tensor."""
+    total = add.total
+    if total is not None:
+        total.inputs.clear()
+        if total.dtype is None:
+            # A contrib op's outputs have no inferred type: the skip op's sum has its input's dtype and shape.
+            total.dtype, total.shape = add.operands[0].dtype, add.operands[0].shape
+        if dtype_name(total) == add.dtype:
+            return total
+    h = _variable(f"{add.norm.y.name}/residual_sum", add.dtype, x.shape)
+    if total is not None:
+        _convert(graph, h, dtype_name(total), f"{add.norm.y.name}/residual_sum_rounded", out=total)
+    return h
+
+
 def _qk_norm_node(graph: gs.Graph, q: RmsNormMatch, k: RmsNormMatch) -> FusedNode:
     if (q.dtype, output_dtype(q)) != (k.dtype, output_dtype(k)):
         raise TrtfuseError(
@@ -181,7 +259,8 @@ def _import_trtfuse_domain(graph: gs.Graph) -> None:
 
 
 def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
-    """Put one contract node in place of each match and pair; remove what the rewrite made dead; toposort. In place.
+    """Put one contract node in place of each match, pair and add-norm; remove what the rewrite made dead; toposort.
+    In place.
 
     Only live matches are rewritten: a norm whose result reaches no graph output (`search.dead`, each also a near
     miss) stays as the original wrote it, as does all code that was dead already (with whatever it reads), so a model
@@ -190,6 +269,7 @@ def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
     live = live_tensors(graph)
     dead = [node for node in graph.nodes if not any(id(tensor) in live for tensor in node.outputs)]
     fused = [_rms_norm_node(graph, match) for match in search.matches]
+    fused += [_add_norm_node(graph, add) for add in search.add_norms]
     fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
     kept = live_tensors(graph, also=[tensor for node in dead for tensor in node.outputs])
     graph.nodes = [node for node in graph.nodes if any(id(tensor) in kept for tensor in node.outputs)]

@@ -52,6 +52,14 @@ class TrtfuseArgs(BaseArgs):
             ">= 10.14, else python]",
         )
         self.group.add_argument(
+            "--trtfuse-no-fuse-residual",
+            dest="trtfuse_no_fuse_residual",
+            action="store_true",
+            default=None,
+            help="Keep each residual Add outside the norm after it (fuse the norm alone as TrtfuseRmsNorm), as "
+            "`trtfuse fuse --no-fuse-residual`: for a TensorRT build that folds the Add into the preceding GEMM.",
+        )
+        self.group.add_argument(
             "--trtfuse-cache",
             dest="trtfuse_cache",
             metavar="DIR",
@@ -69,6 +77,8 @@ class TrtfuseArgs(BaseArgs):
             presets (List[str]): The trtfuse profile presets.
             plugins (str): The plugin kind of the engine ("aot" or "python"), or None for the default.
             cache_dir (str): The folder for fused models and engines, or None for the default.
+            fuse_residual (bool): Whether residual Adds are fused into the norms after them (False with
+                    --trtfuse-no-fuse-residual), or None for the default (they are).
             polygraphy_profiles (List[Dict[str, List[List[int]]]]):
                     Per profile given with --trt-min/opt/max-shapes, each input's [MIN, OPT, MAX] shapes; empty when
                     none was given (Polygraphy's profile from --input-shapes alone is not one).
@@ -77,6 +87,7 @@ class TrtfuseArgs(BaseArgs):
         self.presets = args_util.get(args, "trtfuse_profiles") or []
         self.plugins = args_util.get(args, "trtfuse_plugins")
         self.cache_dir = args_util.get(args, "trtfuse_cache")
+        self.fuse_residual = False if args_util.get(args, "trtfuse_no_fuse_residual") else None
         given = any(args_util.get(args, f"trt_{bound}_shapes") for bound in ("min", "opt", "max"))
         config = self.arg_groups[TrtConfigArgs]
         self.polygraphy_profiles = []
@@ -90,7 +101,8 @@ class TrtfuseArgs(BaseArgs):
     def add_to_script_impl(self, script: Script) -> str:
         """Adds the loader that fuses the model; returns its name."""
         script.add_import(imports=["FuseModel"], frm=_MODULE)
-        return script.add_loader(make_invocable("FuseModel", self.arg_groups[ModelArgs].path), "fuse_with_trtfuse")
+        loader = make_invocable("FuseModel", self.arg_groups[ModelArgs].path, fuse_residual=self.fuse_residual)
+        return script.add_loader(loader, "fuse_with_trtfuse")
 
     def add_engine_to_script(self, script: Script) -> str:
         """Adds the loaders that fuse the model and build its engine; returns the name of the engine loader."""

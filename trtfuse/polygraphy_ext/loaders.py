@@ -29,6 +29,7 @@ from trtfuse.errors import TrtfuseError
 from trtfuse.files import make_folders
 from trtfuse.fusion.fuse import FuseResult, fuse_model
 from trtfuse.fusion.lowering import lower_fused_nodes
+from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.pipeline import build_fused, write_fused
 from trtfuse.polygraphy_ext.errors import as_polygraphy_error
@@ -60,17 +61,19 @@ class FusedModel:
 
 class FuseModel(BaseLoader):
     """Functor that loads an ONNX model with `trtfuse.model.onnx_file.load_model` and fuses its norms with
-    `trtfuse.fusion.fuse.fuse_model`, returning a `FusedModel`."""
+    `trtfuse.fusion.fuse.fuse_model`, returning a `FusedModel`. `fuse_residual=False` keeps each residual Add outside
+    the norm after it (`trtfuse fuse --no-fuse-residual`); by default it is fused."""
 
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, fuse_residual: bool | None = None) -> None:
         self.model_path = model_path
+        self.fusion = FusionOptions(fuse_residual=util.default(fuse_residual, DEFAULT_FUSION.fuse_residual))
 
     @util.check_called_by("__call__")
     def call_impl(self) -> FusedModel:
         with as_polygraphy_error("trtfuse"):
             original = load_model(self.model_path)
             try:
-                result = fuse_model(original.model)
+                result = fuse_model(original.model, self.fusion)
             except TrtfuseError as error:
                 raise TrtfuseError(f"{self.model_path}: {error}") from None
         G_LOGGER.info(f"trtfuse: fused {self.model_path}: {result.counts().line()}")

@@ -60,6 +60,34 @@ class QkNormPair:
     k: RmsNormMatch
 
 
+@dataclass
+class AddNormMatch:
+    """A residual Add and the norm that reads its sum: one TrtfuseAddRmsNorm (docs/patterns.md, "Residual Add").
+
+    `operands` are the two tensors added, in the Add's order (the sum is symmetric), both of `operand_dtype`; the
+    node reads them in `dtype` (D: the Add's dtype; float32 for onnxruntime's SkipSimplifiedLayerNormalization, whose
+    16-bit operands the rewrite widens first, exactly). `total` is the tensor that holds the sum in the original
+    graph, whose name the node's h keeps: the Add's output, or the skip op's sum output when the graph reads it (None
+    when nothing does: h is then a new tensor nobody reads). `params` are the norm's as the contract computes them
+    from the rounded sum in D; `nodes` are the ones replaced besides the norm's (the Add, the widening Casts between
+    it and the norm); `add` names the Add (or the skip op) in reports.
+    """
+
+    norm: RmsNormMatch
+    operands: tuple[gs.Tensor, gs.Tensor]
+    operand_dtype: str
+    dtype: str
+    total: gs.Variable | None
+    params: NormParams
+    nodes: list[gs.Node]
+    add: str
+    tags: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.norm.name
+
+
 @dataclass(frozen=True)
 class NearMiss:
     """A candidate that did not match (or was fused only in part): the node and the failed condition."""
@@ -76,6 +104,11 @@ class NormSearch:
     # Matched norms whose result reaches no graph output (dead code in the original). They are never rewritten, and
     # each is also a near miss, so inspect and fuse name them and report the same counts.
     dead: list[RmsNormMatch] = field(default_factory=list)
+    # Norms fused with the residual Add in front of them (none of them is also in `matches`).
+    add_norms: list[AddNormMatch] = field(default_factory=list)
+    # Adds in front of a norm that stay outside it, with the reason: the norm itself is fused (in `matches`), so these
+    # are no rejected norms and no summary counts them as such.
+    residual_near_misses: list[NearMiss] = field(default_factory=list)
 
 
 class Rejected(Exception):

@@ -30,6 +30,14 @@ WEIGHT_OPS = ("Transpose", "Cast", "Identity", *QUANTIZE_OPS)
 # Between the attention's input and each projection's activation input: casts and Q/DQ.
 INPUT_OPS = ("Cast", "Identity", *QUANTIZE_OPS)
 MAX_LAYOUT_STEPS = 8
+# The layout tags of a projection norm: such a norm is never a residual norm (patterns/residual.py), whatever its x.
+MLA_LATENT, HEAD_DIM, HEAD_DIM_TRANSPOSED, FULL_WIDTH = (
+    "mla-latent",
+    "qk-head-dim",
+    "qk-head-dim-transposed",
+    "qk-full-width",
+)
+PROJECTION_TAGS = frozenset({MLA_LATENT, HEAD_DIM, HEAD_DIM_TRANSPOSED, FULL_WIDTH})
 # Attention ops that take the q/k norm weights as inputs and normalise inside: (op, domain) -> input indices.
 ABSORBING_ATTENTION = {("GroupQueryAttention", MS_DOMAIN): (14, 15)}
 
@@ -118,10 +126,10 @@ def _feeds_projection(y: gs.Tensor) -> bool:
 
 def _layout_tag(match: RmsNormMatch, ops: list[str]) -> str:
     if _feeds_projection(match.y):
-        return "mla-latent"
+        return MLA_LATENT
     if "Reshape" in ops:
-        return "qk-head-dim-transposed" if "Transpose" in ops else "qk-head-dim"
-    return "qk-full-width"
+        return HEAD_DIM_TRANSPOSED if "Transpose" in ops else HEAD_DIM
+    return FULL_WIDTH
 
 
 def _enclosing_nodes(graph: gs.Graph) -> dict[int, gs.Node]:

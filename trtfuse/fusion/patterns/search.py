@@ -1,4 +1,5 @@
-"""find_norms: every norm candidate in a graph, matched, paired into QK-norms, or rejected with a reason."""
+"""find_norms: every norm candidate in a graph, matched, paired into QK-norms or with its residual Add, or rejected
+with a reason."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ from collections.abc import Sequence
 
 import onnx_graphsurgeon as gs
 
+from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns.decomposed import ANCHORS, match_decomposed
 from trtfuse.fusion.patterns.fused_ops import is_fused_norm, match_fused
 from trtfuse.fusion.patterns.matches import NearMiss, NormSearch, Rejected, RmsNormMatch
 from trtfuse.fusion.patterns.qk import absorbed_qk_norms, pair_qk_norms
 from trtfuse.fusion.patterns.queries import ONNX_DOMAINS, describe, dtype_name
+from trtfuse.fusion.patterns.residual import pair_residual_adds
 from trtfuse.fusion.patterns.shapes import Shapes
 
 
@@ -50,8 +53,9 @@ def live_tensors(graph: gs.Graph, also: Sequence[gs.Tensor] = ()) -> set[int]:
     return live
 
 
-def find_norms(graph: gs.Graph) -> NormSearch:
-    """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified."""
+def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
+    """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified. With
+    `options.fuse_residual`, a norm that reads a residual sum is matched with its Add (`NormSearch.add_norms`)."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
     search = NormSearch()
     matches: list[RmsNormMatch] = []
@@ -84,4 +88,8 @@ def find_norms(graph: gs.Graph) -> NormSearch:
     pairing = pair_qk_norms(matches, graph)
     search.qk_norm_pairs, search.matches = pairing.pairs, pairing.unpaired
     search.near_misses.extend([*pairing.notes, *absorbed_qk_norms(graph)])
+    if options.fuse_residual:
+        residual = pair_residual_adds(search.matches, graph_outputs, shapes)
+        search.matches, search.add_norms = residual.norms, residual.add_norms
+        search.residual_near_misses = residual.near_misses
     return search

@@ -20,6 +20,17 @@ from onnx_graphsurgeon.logger import G_LOGGER
 from trtfuse.fusion.patterns.queries import MAX_READ_ELEMENTS, constant_shape
 
 Shape = tuple[int | str | None, ...]
+# The prefix of the symbols ONNX shape inference makes up for a dim it cannot name (`unk__84`): a fresh one each time,
+# so two of them say nothing about whether the dims are equal.
+INVENTED_SYMBOL = "unk__"
+
+
+def provable_dim(dim: int | str | None) -> int | str | None:
+    """The dim as far as it says anything: a static length, or a symbol the model named; None for an unknown dim or
+    one inference made up."""
+    if isinstance(dim, str) and dim.startswith(INVENTED_SYMBOL):
+        return None
+    return dim
 
 
 def _skeleton(graph: gs.Graph) -> onnx.ModelProto:

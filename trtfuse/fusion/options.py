@@ -1,0 +1,19 @@
+"""What a caller chooses about the fusion, in model terms; the CLI and the Polygraphy loader spell it as flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FusionOptions:
+    """`fuse_residual`: the residual Add in front of a norm and that norm become one TrtfuseAddRmsNorm (the default).
+    False leaves every Add outside and fuses the norm alone as TrtfuseRmsNorm, the output exactly what the pass wrote
+    before the add-norm existed: for a TensorRT build that folds the residual Add into the preceding GEMM's epilogue,
+    where that is as fast or faster (docs/performance.md, "Layer tail")."""
+
+    fuse_residual: bool = True
+
+
+# The options when a caller gives none: every residual Add fused.
+DEFAULT_FUSION = FusionOptions()
