@@ -200,8 +200,10 @@ def _drop_activation_quantization(
             [_qdq_operand(quantize, index, producers, initializers) for quantize in (producer, node)]
             for index in (1, 2)
         ]
+        # axis and block_size, the only attributes the rule reads, are ints.
         attributes = tuple(
-            {entry.name: helper.get_attribute_value(entry) for entry in n.attribute} for n in (producer, node)
+            {entry.name: entry.i for entry in pair.attribute if entry.type == onnx.AttributeProto.INT}
+            for pair in (producer, node)
         )
         if pair_difference(tuple(operands[0]), tuple(operands[1]), attributes) is not None:
             continue
