@@ -76,13 +76,21 @@ class OutputPlan:
             written[identity] = (what, path)
 
 
+def _broken_link(path: Path) -> str | None:
+    """What a symlink that leads to no file is ("a symlink loop", "a symlink to nothing"); None otherwise."""
+    if not os.path.islink(path) or os.path.exists(path):
+        return None
+    return "a symlink loop" if resolved(path) == path.absolute() else "a symlink to nothing"
+
+
 def check_readable(path: Path, what: str = "file") -> None:
     """A `TrtfuseError` unless `path` is a regular file: one line for a missing path, a symlink loop or to nothing, a
     folder, a FIFO or a device (`what` names the kind of file the call expected)."""
     expected = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
-    if os.path.islink(path) and not os.path.exists(path):
-        target = "a symlink loop" if resolved(path) == path.absolute() else f"a symlink to nothing ({resolved(path)})"
-        raise TrtfuseError(f"{path}: is {target}, not {expected}")
+    broken = _broken_link(path)
+    if broken:
+        target = f" ({resolved(path)})" if broken == "a symlink to nothing" else ""
+        raise TrtfuseError(f"{path}: is {broken}{target}, not {expected}")
     if not path.exists():
         raise TrtfuseError(f"{path}: no such {what}")
     if not path.is_file():
@@ -98,9 +106,9 @@ def check_writable(path: Path) -> Path:
     # /dev/stdout and the like: whatever they point at, a rename onto them would replace the system's own entry.
     if any(str(candidate).startswith(("/dev/", "/proc/")) for candidate in (path.absolute(), resolved(path))):
         raise TrtfuseError(f"{path}: is not a regular file (a device or process file); choose a file name")
-    if os.path.islink(path) and not os.path.exists(path):
-        target = "a symlink loop" if resolved(path) == path.absolute() else "a symlink to nothing"
-        raise TrtfuseError(f"{path}: is {target}; choose a file name")
+    broken = _broken_link(path)
+    if broken:
+        raise TrtfuseError(f"{path}: is {broken}; choose a file name")
     try:
         mode = resolved(path).stat().st_mode
     except OSError:
