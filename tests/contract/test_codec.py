@@ -21,13 +21,28 @@ float32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
 
 
 @st.composite
+def quantizers(draw: st.DrawFn, stage: contract.QuantStage) -> contract.Quantizer:
+    dtype = draw(st.sampled_from(sorted(contract.QUANT_DTYPE_CODES)))
+    saturate = True if dtype == "int8" else draw(st.booleans())
+    dequant = draw(st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES))) if stage.fake else None
+    return contract.Quantizer(dtype, draw(float32s.filter(lambda value: value > 0.0)), saturate, dequant)
+
+
+@st.composite
+def quant_params(draw: st.DrawFn) -> contract.QuantParams:
+    stages = draw(st.sets(st.sampled_from(contract.QUANT_STAGES), min_size=1))
+    return contract.QuantParams(**{stage.value: draw(quantizers(stage)) for stage in stages})
+
+
+@st.composite
 def node_fields(draw: st.DrawFn) -> NodeFields:
     op = OPS[draw(st.sampled_from(contract.FUSED_OPS))]
     params = NormParams(
         draw(float32s.filter(lambda value: value >= 0.0)), draw(float32s), draw(st.sampled_from(WeightMode))
     )
     hidden = tuple(draw(st.integers(1, 2**31 - 1)) for _ in op.hidden_fields)
-    return NodeFields(op, params, hidden, draw(st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES))))
+    quant = draw(quant_params()) if op.quantized else None
+    return NodeFields(op, params, hidden, draw(st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES))), quant)
 
 
 def _node(fields: NodeFields, **changes: object) -> object:
@@ -78,7 +93,8 @@ def test_the_add_norm_is_one_part_of_two_activations_with_a_normalised_and_a_res
 @pytest.mark.parametrize("mode", list(WeightMode), ids=[mode.name for mode in WeightMode])
 def test_each_op_round_trips_through_every_transport(op: str, mode: WeightMode) -> None:
     """The property test samples the ops; this names each one, so a new op's round trip is never left to chance."""
-    fields = NodeFields(OPS[op], NormParams(EPSILON, 1.0, mode), (64,) * len(OPS[op].hidden_fields), "bfloat16")
+    quant = contract.QuantParams(output=contract.Quantizer("float8e4m3fn", 0.5)) if OPS[op].quantized else None
+    fields = NodeFields(OPS[op], NormParams(EPSILON, 1.0, mode), (64,) * len(OPS[op].hidden_fields), "bfloat16", quant)
     assert from_node(_node(fields), "m.onnx: node 'n'") == fields
     assert from_plugin_fields(fields.op, _raw_fields(fields), "op 'n'") == fields
     assert from_qdp(fields.op, [array.tobytes() for array in fields.plugin_arrays().values()]) == fields
@@ -167,3 +183,82 @@ def test_qdp_bytes_of_4_or_8_bytes_per_number() -> None:
         from_qdp(GOOD.op, raw)
     with pytest.raises(TrtfuseError, match=r"5 fields, expected 6"):
         from_qdp(contract.QK_NORM, raw)
+
+
+def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() -> None:
+    for base, quantized in contract.QUANTIZED_OPS.items():
+        plain = OPS[base]
+        assert quantized.name == f"{base}Quant" and quantized.base == base
+        assert quantized.fields[: len(plain.fields)] == plain.fields
+        assert quantized.fields[len(plain.fields) :] == tuple(
+            name for stage in contract.QUANT_STAGES for name in stage.fields
+        )
+        assert (quantized.inputs(True), quantized.outputs) == (plain.inputs(True), plain.outputs)
+    assert contract.RMS_NORM_QUANT.fields[5:9] == (
+        "input_quant_dtype",
+        "input_quant_scale",
+        "input_quant_saturate",
+        "input_dequant_dtype",
+    )
+    assert contract.RMS_NORM_QUANT.fields[-3:] == ("output_quant_dtype", "output_quant_scale", "output_quant_saturate")
+    assert contract.QK_NORM_OP not in contract.QUANTIZED_OPS
+
+
+def test_an_off_stage_is_written_as_code_0_and_the_output_dtype_follows_the_output_stage() -> None:
+    quant = contract.QuantParams(rsqrt=contract.Quantizer("int8", 0.25, True, "float16"))
+    fields = NodeFields(contract.RMS_NORM_QUANT, GOOD.params, (64,), "float16", quant)
+    numbers = fields.numbers()
+    assert (numbers["input_quant_dtype"], numbers["input_quant_scale"], numbers["input_dequant_dtype"]) == (0, 1.0, 1)
+    assert (numbers["rsqrt_quant_dtype"], numbers["rsqrt_dequant_dtype"]) == (3, 10)
+    assert fields.normalised_dtype == "float16" and fields.output_quantizer is None
+    fp8 = NodeFields(
+        contract.RMS_NORM_QUANT,
+        GOOD.params,
+        (64,),
+        "float16",
+        contract.QuantParams(output=contract.Quantizer("float8e4m3fn", 0.25, False)),
+    )
+    assert fp8.normalised_dtype == "float8e4m3fn" and fp8.numbers()["output_quant_saturate"] == 0
+
+
+QUANT_GOOD = NodeFields(
+    contract.RMS_NORM_QUANT,
+    GOOD.params,
+    (64,),
+    "float16",
+    contract.QuantParams(output=contract.Quantizer("float8e4m3fn", 0.25)),
+)
+QUANT_BAD_VALUES = [
+    ("output_quant_dtype", 2, "output_quant_dtype is 2, none of 0 (off), 17 (float8e4m3fn), 3 (int8)"),
+    ("output_quant_scale", 0.0, "output_quant_scale is 0.0, not a finite positive number"),
+    ("input_quant_scale", -1.0, "input_quant_scale is -1.0, not a finite positive number"),
+    ("output_quant_scale", math.inf, "output_quant_scale is inf, not a finite positive number"),
+    ("output_quant_saturate", 2, "output_quant_saturate is 2, not 0 or 1"),
+    ("input_dequant_dtype", 17, "input_dequant_dtype is 17, none of 1 (float32), 10 (float16), 16 (bfloat16)"),
+    ("output_quant_dtype", 0, "input_quant_dtype and every other stage is off: a plain TrtfuseRmsNorm node"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "problem"), QUANT_BAD_VALUES)
+def test_a_bad_quantizer_field_is_one_line_in_every_transport(name: str, value: float, problem: str) -> None:
+    numbers = {**QUANT_GOOD.numbers(), name: value}
+    escaped = problem.replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(TrtfuseError, match="^" + escaped):
+        decode(QUANT_GOOD.op, numbers)
+    with pytest.raises(TrtfuseError, match=f"^m.onnx: node 'n': attribute {escaped}$"):
+        from_node(_node(QUANT_GOOD, **{name: value}), "m.onnx: node 'n'")
+    with pytest.raises(TrtfuseError, match=f"^TrtfuseRmsNormQuant: field {escaped}$"):
+        from_qdp(QUANT_GOOD.op, [_array(n, v).tobytes() for n, v in numbers.items()])
+
+
+def test_int8_never_runs_unsaturated() -> None:
+    numbers = {**QUANT_GOOD.numbers(), "output_quant_dtype": 3, "output_quant_saturate": 0}
+    with pytest.raises(TrtfuseError, match="output_quant_saturate is 0, but INT8 always saturates"):
+        decode(QUANT_GOOD.op, numbers)
+
+
+def test_quant_must_be_given_exactly_for_a_quantized_op() -> None:
+    with pytest.raises(ValueError, match="quant must be given exactly for a quantized op"):
+        NodeFields(contract.RMS_NORM_QUANT, GOOD.params, (64,), "float16")
+    with pytest.raises(ValueError, match="quant must be given exactly for a quantized op"):
+        NodeFields(contract.RMS_NORM, GOOD.params, (64,), "float16", QUANT_GOOD.quant)

@@ -24,16 +24,25 @@ from trtfuse.contract.nodes import (
     LOOKUP_ATTRIBUTES,
     OPS,
     OUTPUT_DTYPE_CODES,
+    QUANT_DTYPE_CODES,
+    QUANT_OFF,
     FusedOp,
     NormParams,
+    Quantizer,
+    QuantParams,
+    QuantStage,
     WeightMode,
     dtype_of_code,
+    quant_dtype_of_code,
 )
 from trtfuse.errors import TrtfuseError
 
 INT32_MAX = 2**31 - 1
 _MODES = ", ".join(f"{mode.value} ({mode.name})" for mode in WeightMode)
 _CODES = ", ".join(f"{code} ({name})" for name, code in OUTPUT_DTYPE_CODES.items())
+_QUANT_CODES = ", ".join([f"{QUANT_OFF} (off)", *(f"{code} ({name})" for name, code in QUANT_DTYPE_CODES.items())])
+# The numbers an off stage is written with: scale 1, saturating, dequantized to float32.
+_OFF_NUMBERS = (QUANT_OFF, 1.0, 1, OUTPUT_DTYPE_CODES["float32"])
 
 
 class FieldError(TrtfuseError):
@@ -48,16 +57,32 @@ class FieldError(TrtfuseError):
 @dataclass(frozen=True)
 class NodeFields:
     """A fused node's fields, validated: `hidden_sizes` follows the op's parts, `output_dtype` is the normalised
-    outputs' dtype (a contract dtype name)."""
+    value's dtype T (a contract dtype name), `quant` the quantizers of a quantized op (None for a plain op). The
+    normalised outputs are in `normalised_dtype`: T, or the output quantizer's dtype."""
 
     op: FusedOp
     params: NormParams
     hidden_sizes: tuple[int, ...]
     output_dtype: str
+    quant: QuantParams | None = None
+
+    def __post_init__(self) -> None:
+        if self.op.quantized != (self.quant is not None):
+            raise ValueError(f"{self.op.name}: quant must be given exactly for a quantized op")
 
     @property
     def has_weight(self) -> bool:
         return self.params.weight_mode is not WeightMode.NONE
+
+    @property
+    def output_quantizer(self) -> Quantizer | None:
+        return None if self.quant is None else self.quant.output
+
+    @property
+    def normalised_dtype(self) -> str:
+        """The normalised outputs' dtype: the output quantizer's where the node quantizes its output, else T."""
+        quantizer = self.output_quantizer
+        return self.output_dtype if quantizer is None else quantizer.dtype
 
     def numbers(self) -> dict[str, float | int]:
         """Every field's number, in the op's field order (`output_dtype` as its ONNX code)."""
@@ -68,6 +93,7 @@ class NodeFields:
             int(params.weight_mode),
             *self.hidden_sizes,
             OUTPUT_DTYPE_CODES[self.output_dtype],
+            *(number for stage in self.op.quant_stages for number in _stage_numbers(stage, self.quant)),
         )
         return dict(zip(self.op.fields, values, strict=True))
 
@@ -81,6 +107,16 @@ class NodeFields:
             name: np.array([value], dtype=np.float32 if name in FLOAT_FIELDS else np.int32)
             for name, value in self.numbers().items()
         }
+
+
+def _stage_numbers(stage: QuantStage, quant: QuantParams | None) -> tuple[float | int, ...]:
+    quantizer = None if quant is None else quant.at(stage)
+    if quantizer is None:
+        numbers = _OFF_NUMBERS
+    else:
+        dequant = OUTPUT_DTYPE_CODES[quantizer.dequant_dtype or "float32"]
+        numbers = (QUANT_DTYPE_CODES[quantizer.dtype], quantizer.scale, int(quantizer.saturate), dequant)
+    return numbers[: len(stage.fields)]
 
 
 def op_named(name: str) -> FusedOp:
@@ -101,7 +137,7 @@ def decode(op: FusedOp, values: Mapping[str, float | int]) -> NodeFields:
         raise FieldError(op.fields[0], f"is {epsilon!r}, not a finite non-negative number")
     if not math.isfinite(offset):
         raise FieldError(op.fields[1], f"is {offset!r}, not a finite number")
-    for name in FLOAT_FIELDS:
+    for name in FLOAT_FIELDS.intersection(op.fields):
         if float(np.float32(values[name])) != float(values[name]):
             raise FieldError(name, f"is {float(values[name])!r}, not a float32 value")
     mode = int(values[ATTR_WEIGHT_MODE])
@@ -118,7 +154,38 @@ def decode(op: FusedOp, values: Mapping[str, float | int]) -> NodeFields:
         params=NormParams(epsilon, offset, WeightMode(mode)),
         hidden_sizes=tuple(int(values[name]) for name in op.hidden_fields),
         output_dtype=output_dtype,
+        quant=_decode_quant(op, values) if op.quantized else None,
     )
+
+
+def _decode_quant(op: FusedOp, values: Mapping[str, float | int]) -> QuantParams:
+    """Every stage's quantizer; an off stage's other fields must still be well-formed numbers."""
+    quantizers: dict[str, Quantizer | None] = {}
+    for stage in op.quant_stages:
+        dtype_field, scale_field, saturate_field, *dequant_field = stage.fields
+        code = int(values[dtype_field])
+        dtype = quant_dtype_of_code(code)
+        if dtype is None and code != QUANT_OFF:
+            raise FieldError(dtype_field, f"is {code}, none of {_QUANT_CODES}")
+        scale = float(values[scale_field])
+        if not (math.isfinite(scale) and scale > 0.0):
+            raise FieldError(scale_field, f"is {scale!r}, not a finite positive number")
+        saturate = int(values[saturate_field])
+        if saturate not in (0, 1):
+            raise FieldError(saturate_field, f"is {saturate}, not 0 or 1")
+        if dtype == "int8" and saturate == 0:
+            raise FieldError(saturate_field, "is 0, but INT8 always saturates (ONNX's saturate is float8's)")
+        dequant_dtype = None
+        if dequant_field:
+            dequant_dtype = dtype_of_code(int(values[dequant_field[0]]))
+            if dequant_dtype is None:
+                raise FieldError(dequant_field[0], f"is {values[dequant_field[0]]}, none of {_CODES}")
+        on = dtype is not None
+        quantizers[stage.value] = Quantizer(dtype, scale, bool(saturate), dequant_dtype) if on else None
+    quant = QuantParams(**quantizers)
+    if not quant.stages:
+        raise FieldError(op.quant_stages[0].fields[0], f"and every other stage is off: a plain {op.base} node")
+    return quant
 
 
 # --- ONNX attributes -------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ TensorRT plugin name, so TensorRT's ONNX parser maps it onto the creator registe
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -62,7 +63,7 @@ ATTR_HIDDEN = "hidden_size"  # int: length of the normalised (last) axis
 ATTR_Q_HIDDEN = "q_hidden_size"
 ATTR_K_HIDDEN = "k_hidden_size"
 ATTR_OUTPUT_DTYPE = "output_dtype"  # int, an ONNX TensorProto code (OUTPUT_DTYPE_CODES): the normalised outputs' dtype
-FLOAT_FIELDS = frozenset({ATTR_EPSILON, ATTR_WEIGHT_OFFSET})
+FLOAT_FIELDS = frozenset({ATTR_EPSILON, ATTR_WEIGHT_OFFSET})  # with every quantizer's scale (below)
 # `aot` (INT, 1) is the ONNX parser's node attribute that asks for a QDP's AOT implementation (fusion/aot_form.py);
 # weight_mode NONE nodes built as AOT get a never-read weight of [H] zeros in this dtype, as a QDP's input count is
 # fixed.
@@ -74,6 +75,89 @@ WEIGHT_DTYPES = ("float32", "float16", "bfloat16")
 # ONNX TensorProto element types of the output dtypes (onnx.TensorProto.FLOAT, FLOAT16, BFLOAT16).
 OUTPUT_DTYPE_CODES = {"float32": 1, "float16": 10, "bfloat16": 16}
 _DTYPES_BY_CODE = {code: name for name, code in OUTPUT_DTYPE_CODES.items()}
+
+
+class QuantStage(str, enum.Enum):
+    """Where a quantizer of a quantized op (`quantized`) acts in the formula. Each stage has its own fields, named
+    `<stage>_quant_dtype`, `<stage>_quant_scale`, `<stage>_quant_saturate` and, for the two fake-quant stages,
+    `<stage>_dequant_dtype` (`QuantStage.fields`)."""
+
+    INPUT = "input"  # the normalised tensor (x; the add-norm's rounded h) becomes DQ(Q(·)) before the norm reads it
+    RSQRT = "rsqrt"  # each row's inverse root r becomes DQ(Q(r)) before it scales the row
+    OUTPUT = "output"  # the normalised output becomes Q(·): the node outputs the quantized dtype
+
+    @property
+    def fake(self) -> bool:
+        """A fake-quant stage quantizes and dequantizes again, so the formula goes on in a float dtype."""
+        return self is not QuantStage.OUTPUT
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        prefix = f"{self.value}_"
+        names = (f"{prefix}quant_dtype", f"{prefix}quant_scale", f"{prefix}quant_saturate")
+        return (*names, f"{prefix}dequant_dtype") if self.fake else names
+
+    @property
+    def scale_field(self) -> str:
+        return f"{self.value}_quant_scale"
+
+
+QUANT_STAGES = tuple(QuantStage)
+# The quantized dtypes and their ONNX TensorProto element types (FLOAT8E4M3FN, INT8); a stage's dtype field is 0
+# when the stage is off.
+QUANT_DTYPE_CODES = {"float8e4m3fn": 17, "int8": 3}
+QUANT_OFF = 0
+# What a quantized value saturates to: E4M3FN's largest finite magnitude, INT8's range. E4M3FN has no infinity: a
+# value past the range is NaN unless the quantizer saturates; INT8 always saturates (ONNX's `saturate` is float8's).
+FLOAT8E4M3FN_MAX = 448.0
+INT8_RANGE = (-128, 127)
+FLOAT_FIELDS = FLOAT_FIELDS | {stage.scale_field for stage in QUANT_STAGES}
+_QUANT_DTYPES_BY_CODE = {code: name for name, code in QUANT_DTYPE_CODES.items()}
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """One ONNX QuantizeLinear (and, for a fake-quant stage, the DequantizeLinear after it) with a constant
+    per-tensor scale and zero point 0, as a fused node computes it (docs/plugin-nodes.md, "Quantization"):
+
+    Q(v)  = saturate_to_dtype(round_half_even(float32(v) / scale))     # the division in float32, IEEE
+    DQ(q) = dequant_dtype(float32(q) · scale)                          # the product in float32, rounded once
+
+    `scale` is a positive finite float32 value; `saturate` is ONNX's attribute (float8 only: past ±448 the value
+    is ±448 when set, NaN when not; INT8 always clamps to [-128, 127], so it is always True there);
+    `dequant_dtype` is the dtype the dequantized product is rounded to (the DequantizeLinear's scale dtype), None
+    for the output stage, which does not dequantize."""
+
+    dtype: str
+    scale: float
+    saturate: bool = True
+    dequant_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "saturate", bool(self.saturate))
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """The quantizers of one quantized node, by stage (None: the stage is off; at least one is on)."""
+
+    input: Quantizer | None = None
+    rsqrt: Quantizer | None = None
+    output: Quantizer | None = None
+
+    def at(self, stage: QuantStage) -> Quantizer | None:
+        return getattr(self, stage.value)
+
+    @property
+    def stages(self) -> tuple[QuantStage, ...]:
+        """The stages that are on, in formula order."""
+        return tuple(stage for stage in QUANT_STAGES if self.at(stage) is not None)
+
+
+def quant_dtype_of_code(code: int) -> str | None:
+    """The quantized dtype of an ONNX element type code, or None for a code outside QUANT_DTYPE_CODES."""
+    return _QUANT_DTYPES_BY_CODE.get(code)
 
 
 def dtype_of_code(code: int) -> str | None:
@@ -116,11 +200,19 @@ class FusedOp:
     output_parts: tuple[int, ...]
     normalised_outputs: tuple[bool, ...]
     hidden_fields: tuple[str, ...]
+    # A quantized op (`quantized`) is its base op plus every quantizer stage's fields; a plain op has none.
+    quant_stages: tuple[QuantStage, ...] = ()
+    base: str | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
         """Every field, in the order the plugins serialise them and tensorrt.plugin hands them to a QDP."""
-        return (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, *self.hidden_fields, ATTR_OUTPUT_DTYPE)
+        quant = tuple(name for stage in self.quant_stages for name in stage.fields)
+        return (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, *self.hidden_fields, ATTR_OUTPUT_DTYPE, *quant)
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.quant_stages)
 
     @property
     def norm_calls(self) -> int:
@@ -166,11 +258,29 @@ ADD_RMS_NORM = FusedOp(
     normalised_outputs=(True, False),
     hidden_fields=(ATTR_HIDDEN,),
 )
-OPS = {op.name: op for op in (RMS_NORM, QK_NORM, ADD_RMS_NORM)}
+
+
+def quantized(op: FusedOp) -> FusedOp:
+    """`op` with the Q/DQ pairs around its norm taken in (docs/plugin-nodes.md, "Quantization"): the same tensors
+    and fields, then every stage's quantizer fields; the normalised output is in the output stage's dtype when that
+    stage is on. Its own op name, so each plugin's field list stays fixed and a model with nothing quantized is
+    written exactly as without quantization."""
+    return dataclasses.replace(op, name=f"{op.name}Quant", quant_stages=QUANT_STAGES, base=op.name)
+
+
+# The norms whose Q/DQ pairs ModelOpt's exports put around them. A QK-norm's output goes to the rotary embedding,
+# not to a quantizer, so it has no quantized op.
+RMS_NORM_QUANT = quantized(RMS_NORM)
+ADD_RMS_NORM_QUANT = quantized(ADD_RMS_NORM)
+OPS = {op.name: op for op in (RMS_NORM, QK_NORM, ADD_RMS_NORM, RMS_NORM_QUANT, ADD_RMS_NORM_QUANT)}
 RMS_NORM_OP = RMS_NORM.name
 QK_NORM_OP = QK_NORM.name
 ADD_RMS_NORM_OP = ADD_RMS_NORM.name
+RMS_NORM_QUANT_OP = RMS_NORM_QUANT.name
+ADD_RMS_NORM_QUANT_OP = ADD_RMS_NORM_QUANT.name
 FUSED_OPS = tuple(OPS)
+# Each plain op and its quantized op, for what treats them alike (counts per norm, kernels, plugin classes).
+QUANTIZED_OPS = {op.base: op for op in OPS.values() if op.base is not None}
 
 
 class PluginKind(str, enum.Enum):
