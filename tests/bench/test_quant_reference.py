@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 from trtfuse.bench.reference import dequantize_reference, fake_quant_reference, norm_reference, quantize_reference
 from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
 
-QUANT_TYPES = {"float8e4m3fn": TensorProto.FLOAT8E4M3FN, "int8": TensorProto.INT8}
+QUANT_TYPES = {"float8_e4m3fn": TensorProto.FLOAT8E4M3FN, "int8": TensorProto.INT8}
 FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 SCALES = (1.0, 0.02882, 0.000955, 3.7)
 
@@ -63,7 +63,7 @@ def _bits(values: torch.Tensor) -> np.ndarray:
 
 
 # `saturate` is float8's attribute: INT8 always saturates.
-QUANTIZE_CASES = [("float8e4m3fn", None), ("float8e4m3fn", 1), ("float8e4m3fn", 0), ("int8", None), ("int8", 1)]
+QUANTIZE_CASES = [("float8_e4m3fn", None), ("float8_e4m3fn", 1), ("float8_e4m3fn", 0), ("int8", None), ("int8", 1)]
 
 
 @pytest.mark.parametrize("in_dtype", sorted(FLOAT_TYPES))
@@ -79,9 +79,9 @@ def test_quantize_equals_onnxruntime_bit_for_bit(in_dtype: str, quant_dtype: str
         quantizer = Quantizer(quant_dtype, scale, saturate != 0)
         got = _ort(_quantize_model(in_dtype, quant_dtype, scale, saturate), values)
         want = _bits(quantize_reference(torch.from_numpy(values), quantizer))
-        got = got.view(np.uint8) if quant_dtype == "float8e4m3fn" else got
+        got = got.view(np.uint8) if quant_dtype == "float8_e4m3fn" else got
         differ = got != want
-        if quant_dtype == "float8e4m3fn" and saturate == 0:
+        if quant_dtype == "float8_e4m3fn" and saturate == 0:
             # onnxruntime 1.32 gives ±448 for |v/s| in [480, 496) without saturation; ONNX defines NaN there.
             with np.errstate(over="ignore"):
                 scaled = np.abs(values.astype(np.float32) / np.float32(scale))
@@ -104,7 +104,7 @@ def test_float8_without_saturation_is_onnx_s_definition() -> None:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     want = np.asarray(ReferenceEvaluator(model).run(None, {"x": values})[0]).view(np.uint8)
-    got = _bits(quantize_reference(torch.from_numpy(values), Quantizer("float8e4m3fn", 1.0, saturate=False)))
+    got = _bits(quantize_reference(torch.from_numpy(values), Quantizer("float8_e4m3fn", 1.0, saturate=False)))
     assert got.tolist() == want.tolist() == [0x7E, 0x7E, 0x7F, 0x7F, 0x7F, 0x7F, 0x7F, 0xFF, 0xFF, 0x7F]
 
 
@@ -157,7 +157,7 @@ def test_the_norm_reference_applies_each_stage_where_the_contract_puts_it() -> N
     weight = torch.randn(64, dtype=torch.float16)
     params = NormParams(float(np.float32(1e-6)), 0.0, WeightMode.AFTER_CAST)
     plain = norm_reference(x, weight, params)
-    out = Quantizer("float8e4m3fn", 0.0625)
+    out = Quantizer("float8_e4m3fn", 0.0625)
     quantized = norm_reference(x, weight, params, quant=QuantParams(output=out))
     assert quantized.dtype == torch.float8_e4m3fn
     assert torch.equal(quantized.view(torch.uint8), quantize_reference(plain, out).view(torch.uint8))

@@ -17,7 +17,7 @@ from trtfuse.contract import (
 )
 
 # The torch dtype each quantized dtype is stored in.
-QUANT_TORCH_DTYPES = {"float8e4m3fn": torch.float8_e4m3fn, "int8": torch.int8}
+QUANT_TORCH_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "int8": torch.int8}
 # Past this magnitude a float32 value rounds (ties to even) beyond E4M3FN's largest finite value: the midpoint of 448
 # and the 480 the format would have next, which rounds down to 448's even mantissa.
 _FLOAT8E4M3FN_ROUNDS_PAST = 464.0
