@@ -464,6 +464,23 @@ def test_a_python_build_registers_only_the_python_plugins_and_parses_the_model_i
     assert result.sidecar["build"]["plugins"] == "python"
 
 
+def test_the_sidecar_records_the_inputs_the_network_takes_as_shape_tensors(tmp_path, monkeypatch):
+    """Both length inputs have value ranges in the profile; only the one the parsed network reports as a shape tensor
+    is recorded (and given its values): what Triton's `is_shape_tensor` must say."""
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    network_inputs = ("input_ids", "past_sequence_length", "total_sequence_length")
+    trt = fakes_trt.fake_tensorrt("10.14.1", calls, network_inputs, frozenset({"past_sequence_length"}))
+    _use_tensorrt(monkeypatch, trt)
+    lengths = ShapeRange((0,), (255,), (4095,))
+    profile = Profile("default", PROFILE.shapes, {"past_sequence_length": lengths, "total_sequence_length": lengths})
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    options = BuildOptions(profiles=(profile,), plugins=PluginKind.PYTHON)
+    result = build.build_engine(load_model(fused), tmp_path / "m.engine", options)
+    assert result.sidecar["shape_tensor_inputs"] == ["past_sequence_length"]
+    assert read_sidecar(result.engine_path).shape_tensor_inputs == {"past_sequence_length"}
+
+
 def test_compile_plugins_aot_on_a_tensorrt_without_aot_is_one_line_exit_2(tmp_path, monkeypatch):
     calls: dict = {}
     _aot_modules(monkeypatch, calls, has_aot=False)

@@ -68,6 +68,7 @@ def test_python_plugin_engines_are_refused_in_one_line(tmp_path):
         plugins=[{"name": "TrtfuseRmsNorm", "namespace": "trtfuse", "version": "1", "nodes": 5}],
         profiles=profiles,
         build=BuildOptions(profiles=profiles, plugins=PluginKind.PYTHON).to_json(),
+        shape_tensor_inputs=(),
     )
     write_engine_files(engine, b"not an engine", sidecar)
     result = run_cli("triton-config", engine)

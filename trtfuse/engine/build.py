@@ -108,7 +108,9 @@ def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> i
 
 def shape_tensor_inputs(network: object) -> set[str]:
     """Names of the network inputs TensorRT reads as shape tensors (their values, not only their shapes, shape the
-    network): a profile gives them value ranges."""
+    network): a profile gives them value ranges, and the sidecar records them. Read once the network is complete (after
+    parsing), when `ITensor.is_shape_tensor` is reliable; such an input is one the engine reports as a shape-inference
+    I/O (NvInfer.h, `ITensor::isShapeTensor`), the flag Triton's TensorRT backend checks."""
     inputs = (network.get_input(index) for index in range(network.num_inputs))
     return {tensor.name for tensor in inputs if tensor.is_shape_tensor}
 
@@ -216,7 +218,10 @@ def build_engine(
         raise TrtfuseError(parser_error_line(fused.path, issues, model_to_parse, plugin_creation_errors()))
 
     config = builder.create_builder_config()
-    add_profiles(builder, config, options.profiles, shape_tensor_inputs(network))
+    # Recorded in the sidecar: Triton's TensorRT backend refuses a config whose is_shape_tensor flags differ from
+    # the engine's, and these are the inputs the engine takes as shape tensors.
+    shape_inputs = shape_tensor_inputs(network)
+    add_profiles(builder, config, options.profiles, shape_inputs)
     config.builder_optimization_level = options.optimization_level
     if not options.allow_tf32:
         config.clear_flag(trt.BuilderFlag.TF32)
@@ -256,6 +261,7 @@ def build_engine(
         plugins=plugins_used(fused.model),
         profiles=options.profiles,
         build=build,
+        shape_tensor_inputs=shape_inputs,
     )
     write_bytes_atomic(engine_path, memoryview(serialized))
     sidecar_path = write_sidecar(engine_path, sidecar)
