@@ -150,6 +150,17 @@ def test_compile_bad_profile_spec_is_exit_2_and_writes_nothing(tmp_path):
         assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
 
 
+@pytest.mark.parametrize("name", ["x.onnx", "X.ONNX", "x.onnxtxt"])
+def test_compile_refuses_an_onnx_name_for_the_engine_before_writing_anything(tmp_path, name):
+    """An engine named like an ONNX model would pass for one (run, compare and generate tell them apart by name)."""
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    result = CliRunner().invoke(cli, ["compile", str(original), "-o", str(tmp_path / name)])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / name}: an engine is not an ONNX model; give it another name, such as " in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+
+
 def test_compile_never_overwrites_its_input(tmp_path):
     original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "m.fused.onnx")
     result = CliRunner().invoke(cli, ["compile", str(original), "-o", str(tmp_path / "m.engine")])

@@ -39,6 +39,10 @@ def check_engine_path(path: Path) -> None:
     check_readable(path, "engine file")
     if is_onnx_model_path(path):
         raise TrtfuseError(f"{path}: this is an ONNX model, not an engine; build one with trtfuse compile")
+    if path.suffix.lower() == ".json":
+        engine = path.with_suffix("")
+        hint = f"; give the engine it describes, {engine}" if engine.suffix == ".engine" else ""
+        raise TrtfuseError(f"{path}: this is a JSON file (a sidecar or a report), not an engine{hint}")
 
 
 def check_engine_output_path(path: Path) -> None:
