@@ -12,6 +12,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+import trtfuse
 from trtfuse import contract
 from trtfuse.cli.main import cli
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
@@ -458,6 +459,43 @@ def test_an_aot_build_parses_the_aot_form_from_bytes_and_leaves_the_fused_file_a
     # The PTX ISAs the plugins' aot_impl handed TensorRT (planted: the stand-in builder calls no plugin), in order.
     assert result.sidecar["build"]["ptx_isa"] == ["8.8", "9.4"]
     assert EngineFile.open(result.engine_path).plugin_kind is PluginKind.AOT
+
+
+def test_an_aot_build_reads_only_a_timing_cache_this_trtfuse_stamped(tmp_path, monkeypatch):
+    """The AOT plugins' timing-cache ID is tensorrt.plugin's empty default, so their cached tactics are keyed by
+    shapes and formats only: a cache from another trtfuse (or none's stamp) is set aside, and every build stamps it."""
+    from trtfuse.engine.timing_cache import stamp_path
+    from trtfuse.plugins import qdp
+
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    monkeypatch.setattr(qdp, "take_embedded_ptx_isas", lambda: ["8.8"])
+    _use_tensorrt(monkeypatch, fakes_trt.fake_tensorrt("10.14.1", calls))
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    cache = tmp_path / "timing.cache"
+    cache.write_bytes(b"trtexec's")
+    options = BuildOptions(profiles=(PROFILE,), timing_cache=cache, plugins=PluginKind.AOT)
+
+    def build_lines() -> list[str]:
+        lines: list[str] = []
+        build.build_engine(load_model(fused), tmp_path / "m.engine", options, emit=lines.append)
+        return [line for line in lines if line.startswith("timing cache")]
+
+    (line,) = build_lines()
+    assert line.startswith(f"timing cache {cache} was written without trtfuse's stamp; this is trtfuse ")
+    assert line.endswith("so starting a fresh one")
+    assert cache.read_bytes() == b"+timed"
+    stamp = json.loads(stamp_path(cache).read_text())
+    assert stamp == {"format": "trtfuse-timing-cache/1", "trtfuse": trtfuse.__version__}
+    assert build_lines() == [] and cache.read_bytes() == b"+timed+timed", "this trtfuse's own cache is read"
+    stamp_path(cache).write_text(json.dumps({**stamp, "trtfuse": "0.0.1"}))
+    (line,) = build_lines()
+    assert f"was written by trtfuse 0.0.1; this is trtfuse {trtfuse.__version__}" in line
+    assert cache.read_bytes() == b"+timed"
+    python = BuildOptions(profiles=(PROFILE,), timing_cache=cache, plugins=PluginKind.PYTHON)
+    stamp_path(cache).unlink()
+    build.build_engine(load_model(fused), tmp_path / "m.engine", python, emit=lambda line: None)
+    assert cache.read_bytes() == b"+timed+timed", "the Python plugins' timing-cache IDs name the trtfuse version"
 
 
 def test_a_python_build_registers_only_the_python_plugins_and_parses_the_model_it_is_given(tmp_path, monkeypatch):

@@ -84,14 +84,20 @@ class BuilderConfig:
     def set_memory_pool_limit(self, pool, size):
         pass
 
+    timing_cache = None
+
     def create_timing_cache(self, data):
-        return data
+        return bytes(data)
 
     def set_timing_cache(self, cache, ignore_mismatch):
+        self.timing_cache = cache
         return True
 
     def get_timing_cache(self):
-        return None
+        """The cache the build started from, with b"+timed" added for the timings this build made."""
+        if self.timing_cache is None:
+            return None
+        return types.SimpleNamespace(serialize=lambda: self.timing_cache + b"+timed")
 
     def add_optimization_profile(self, profile):
         return 0

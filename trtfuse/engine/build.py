@@ -27,6 +27,7 @@ from trtfuse.engine.profiles import Profile
 from trtfuse.engine.progress import BuildProgress, progress_monitor
 from trtfuse.engine.sidecar import make_sidecar, write_sidecar
 from trtfuse.engine.tensorrt import import_tensorrt, plugin_creation_errors, register_plugins
+from trtfuse.engine.timing_cache import read_timing_cache, write_timing_cache
 from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
 from trtfuse.files import resolved, write_bytes_atomic
 from trtfuse.fusion.aot_form import prepare_for_aot
@@ -165,15 +166,6 @@ def _parse_issue(error: object) -> ParserIssue:
     return ParserIssue(error.node(), error.node_name(), error.node_operator(), error.desc())
 
 
-def _read_timing_cache(path: Path | None) -> bytes:
-    if path is None or not path.exists():
-        return b""
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise TrtfuseError(f"{path}: cannot read the timing cache ({error.strerror})") from None
-
-
 def _stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -199,9 +191,11 @@ def build_engine(
     for path in (engine_path, options.timing_cache):
         if path is not None and not resolved(path).parent.is_dir():
             raise TrtfuseError(f"{path}: output folder does not exist")
-    timing_cache_bytes = _read_timing_cache(options.timing_cache)
     trt = import_tensorrt()
     options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
+    timing_cache_bytes, set_aside = read_timing_cache(options.timing_cache, options.plugins, trtfuse.__version__)
+    if set_aside is not None:
+        emit(set_aside)
     model_to_parse = _model_to_parse(options.plugins, fused)
     register_plugins(options.plugins)
     logger = trt.Logger(trt.Logger.WARNING)
@@ -246,7 +240,7 @@ def build_engine(
         raise TrtfuseError(f"{fused.path}: TensorRT could not build an engine; its messages above say why")
     timing_cache = config.get_timing_cache()
     if options.timing_cache is not None and timing_cache is not None:
-        write_bytes_atomic(options.timing_cache, memoryview(timing_cache.serialize()))
+        write_timing_cache(options.timing_cache, memoryview(timing_cache.serialize()), trtfuse.__version__)
     build = options.to_json()
     if options.plugins is PluginKind.AOT:
         from trtfuse.plugins.qdp import take_embedded_ptx_isas
