@@ -121,10 +121,11 @@ INJECTION = (
 
 @needs_tritonclient
 def test_quotes_and_newlines_in_names_stay_inside_their_strings(tmp_path):
-    """A tensor name (from the model) and the model name hold a quote; the tensor names a newline and config text
-    too. Each stays one string: one input, one instance group, every name as it was."""
-    input_name, output_name = f"ids{INJECTION}", f"out{INJECTION}\\"
-    profile = Profile("default", {input_name: ShapeRange((1, 1), (1, 4), (2, 8))})
+    """A tensor name (from the model) and the model name hold a quote; the tensor and profile names a newline and
+    config text too, and non-ASCII letters. Each stays one string (the profile's inside its comment line): one input,
+    one instance group, every name as it was."""
+    input_name, output_name = f"ids é{INJECTION}", f"out{INJECTION}\\"
+    profile = Profile(f"default{INJECTION}\u2028", {input_name: ShapeRange((1, 1), (1, 4), (2, 8))})
     engine = _engine(tmp_path / "e", _identity_model(input_name, output_name), [profile])
     model_name = 'my "model"'
     text = triton_config(EngineFile.open(engine), model_name)
