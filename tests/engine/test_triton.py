@@ -248,6 +248,28 @@ def test_a_sidecar_whose_profile_leaves_out_an_input_is_one_line(aot_engine):
 
 
 @needs_tritonclient
+def test_a_sidecar_at_odds_with_the_fused_model_is_one_line(aot_engine):
+    """The engine was built from the fused model: a profile giving a head size or a rank the model does not have is
+    a damaged sidecar, not a config to write."""
+
+    def head_size(data):
+        shape = data["profiles"][0]["shapes"]["past_key_values.0.key"]
+        for bound in ("min", "opt", "max"):
+            shape[bound][3] = 32
+
+    _edit_sidecar(aot_engine, head_size)
+    result = run_cli("triton-config", aot_engine)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "where the fused model m.fused.onnx fixes dim 3 at 64; rebuild the engine" in result.output
+    _edit_sidecar(
+        aot_engine, lambda data: data["profiles"][0]["shapes"].update(input_ids={"min": [1], "opt": [1], "max": [1]})
+    )
+    result = run_cli("triton-config", aot_engine)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "input 'input_ids' has ranks [1, 2] across the fused model m.fused.onnx and the profiles" in result.output
+
+
+@needs_tritonclient
 def test_a_format_1_sidecar_is_refused_only_where_its_shape_tensors_are_unknown(tmp_path, aot_engine):
     def format_1(data):
         data["format"] = "trtfuse-engine/1"

@@ -105,23 +105,32 @@ def _input_ranges(engine: EngineFile, value: onnx.ValueInfoProto) -> list[ShapeR
     """The input's shape range in each profile; a fully static input left out of a profile has its one shape."""
     model_dims = _model_dims(value)
     static = model_dims is not None and all(size is not None for size in model_dims)
+    rebuild = "rebuild the engine with trtfuse compile"
     ranges = []
     for profile in engine.profiles:
         shape = profile.shapes.get(value.name)
         if shape is None and not static:
             raise TrtfuseError(
-                f"{engine.sidecar.path}: profile '{profile.name}' gives no shape for input {value.name!r} of the "
-                f"fused model {engine.fused_model_path.name}; rebuild the engine with trtfuse compile"
+                f"{engine.sidecar.path}: profile {profile.name!r} gives no shape for input {value.name!r} of the "
+                f"fused model {engine.fused_model_path.name}; {rebuild}"
             )
-        fixed = tuple(model_dims) if shape is None else ()
-        ranges.append(shape if shape is not None else ShapeRange(fixed, fixed, fixed))
+        if shape is None:
+            fixed = tuple(model_dims)
+            shape = ShapeRange(fixed, fixed, fixed)
+        ranges.append(shape)
     ranks = {len(shape.min) for shape in ranges} | ({len(model_dims)} if model_dims is not None else set())
     if len(ranks) > 1:
         raise TrtfuseError(
             f"{engine.sidecar.path}: input {value.name!r} has ranks {sorted(ranks)} across the fused model "
-            f"{engine.fused_model_path.name} and the profiles, where the engine has one; rebuild the engine with "
-            "trtfuse compile"
+            f"{engine.fused_model_path.name} and the profiles, where the engine has one; {rebuild}"
         )
+    for axis, size in enumerate(model_dims or ()):
+        outside = next((str(shape) for shape in ranges if {shape.min[axis], shape.max[axis]} - {size}), None)
+        if size is not None and outside is not None:
+            raise TrtfuseError(
+                f"{engine.sidecar.path}: a profile gives input {value.name!r} the shapes {outside}, where the fused "
+                f"model {engine.fused_model_path.name} fixes dim {axis} at {size}; {rebuild}"
+            )
     return ranges
 
 
