@@ -35,6 +35,12 @@ def resolved(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def is_inside(path: Path, folder: Path) -> bool:
+    """Whether `path`, every symlink followed, lies in `folder` (itself resolved): what a file named relative to a
+    folder must do to be held to it (external data to its model's folder, the fused model to its engine's)."""
+    return resolved(path).is_relative_to(resolved(folder))
+
+
 def _identity(path: Path) -> tuple[int, int] | Path:
     """What `path` names on disk: (device, inode) for an existing file, so hard links compare equal; else the path
     with every symlink resolved."""

@@ -180,13 +180,17 @@ def compile_model(
     the build goes on). Without TensorRT or a GPU, what was fused stays written and `missing` says why no engine was
     built."""
     from trtfuse.engine.build_options import BuildOptions, check_plugin_kind
+    from trtfuse.engine.engine_file import check_engine_output_path
     from trtfuse.engine.profiles import derive_profiles, profile_warnings
     from trtfuse.engine.sidecar import sidecar_path_for
+    from trtfuse.engine.timing_cache import stamp_path
 
+    check_engine_output_path(engine_path)
     fused_path, report_path = compile_outputs(engine_path)
     plan = OutputPlan().read(model_path)
     plan.write("engine", engine_path).write("engine sidecar", sidecar_path_for(engine_path))
     plan.write("fused model", fused_path).write("fusion report", report_path).write("timing cache", timing_cache)
+    plan.write("timing cache stamp", None if timing_cache is None else stamp_path(timing_cache))
     plan.check()
     check_plugin_kind(plugins)
     loaded, seconds = _load(model_path)

@@ -12,6 +12,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+import trtfuse
 from trtfuse import contract
 from trtfuse.cli.main import cli
 from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
@@ -148,6 +149,17 @@ def test_compile_bad_profile_spec_is_exit_2_and_writes_nothing(tmp_path):
         assert result.exit_code == 2, result.output
         assert result.output.startswith("trtfuse: error: ")
         assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
+
+
+@pytest.mark.parametrize("name", ["x.onnx", "X.ONNX", "x.onnxtxt"])
+def test_compile_refuses_an_onnx_name_for_the_engine_before_writing_anything(tmp_path, name):
+    """An engine named like an ONNX model would pass for one (run, compare and generate tell them apart by name)."""
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    result = CliRunner().invoke(cli, ["compile", str(original), "-o", str(tmp_path / name)])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / name}: an engine is not an ONNX model; give it another name, such as " in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx"]
 
 
 def test_compile_never_overwrites_its_input(tmp_path):
@@ -449,6 +461,43 @@ def test_an_aot_build_parses_the_aot_form_from_bytes_and_leaves_the_fused_file_a
     assert EngineFile.open(result.engine_path).plugin_kind is PluginKind.AOT
 
 
+def test_an_aot_build_reads_only_a_timing_cache_this_trtfuse_stamped(tmp_path, monkeypatch):
+    """The AOT plugins' timing-cache ID is tensorrt.plugin's empty default, so their cached tactics are keyed by
+    shapes and formats only: a cache from another trtfuse (or none's stamp) is set aside, and every build stamps it."""
+    from trtfuse.engine.timing_cache import stamp_path
+    from trtfuse.plugins import qdp
+
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    monkeypatch.setattr(qdp, "take_embedded_ptx_isas", lambda: ["8.8"])
+    _use_tensorrt(monkeypatch, fakes_trt.fake_tensorrt("10.14.1", calls))
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    cache = tmp_path / "timing.cache"
+    cache.write_bytes(b"trtexec's")
+    options = BuildOptions(profiles=(PROFILE,), timing_cache=cache, plugins=PluginKind.AOT)
+
+    def build_lines() -> list[str]:
+        lines: list[str] = []
+        build.build_engine(load_model(fused), tmp_path / "m.engine", options, emit=lines.append)
+        return [line for line in lines if line.startswith("timing cache")]
+
+    (line,) = build_lines()
+    assert line.startswith(f"timing cache {cache} was written without trtfuse's stamp; this is trtfuse ")
+    assert line.endswith("so starting a fresh one")
+    assert cache.read_bytes() == b"+timed"
+    stamp = json.loads(stamp_path(cache).read_text())
+    assert stamp == {"format": "trtfuse-timing-cache/1", "trtfuse": trtfuse.__version__}
+    assert build_lines() == [] and cache.read_bytes() == b"+timed+timed", "this trtfuse's own cache is read"
+    stamp_path(cache).write_text(json.dumps({**stamp, "trtfuse": "0.0.1"}))
+    (line,) = build_lines()
+    assert f"was written by trtfuse 0.0.1; this is trtfuse {trtfuse.__version__}" in line
+    assert cache.read_bytes() == b"+timed"
+    python = BuildOptions(profiles=(PROFILE,), timing_cache=cache, plugins=PluginKind.PYTHON)
+    stamp_path(cache).unlink()
+    build.build_engine(load_model(fused), tmp_path / "m.engine", python, emit=lambda line: None)
+    assert cache.read_bytes() == b"+timed+timed", "the Python plugins' timing-cache IDs name the trtfuse version"
+
+
 def test_a_python_build_registers_only_the_python_plugins_and_parses_the_model_it_is_given(tmp_path, monkeypatch):
     calls: dict = {}
     _aot_modules(monkeypatch, calls, has_aot=True)
@@ -462,6 +511,23 @@ def test_a_python_build_registers_only_the_python_plugins_and_parses_the_model_i
     assert path == str(fused.absolute()) and onnx.load_from_string(model_bytes) == load_model(fused).model
     assert calls["flags"] == 1 << 1
     assert result.sidecar["build"]["plugins"] == "python"
+
+
+def test_the_sidecar_records_the_inputs_the_network_takes_as_shape_tensors(tmp_path, monkeypatch):
+    """Both length inputs have value ranges in the profile; only the one the parsed network reports as a shape tensor
+    is recorded (and given its values): what Triton's `is_shape_tensor` must say."""
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    network_inputs = ("input_ids", "past_sequence_length", "total_sequence_length")
+    trt = fakes_trt.fake_tensorrt("10.14.1", calls, network_inputs, frozenset({"past_sequence_length"}))
+    _use_tensorrt(monkeypatch, trt)
+    lengths = ShapeRange((0,), (255,), (4095,))
+    profile = Profile("default", PROFILE.shapes, {"past_sequence_length": lengths, "total_sequence_length": lengths})
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    options = BuildOptions(profiles=(profile,), plugins=PluginKind.PYTHON)
+    result = build.build_engine(load_model(fused), tmp_path / "m.engine", options)
+    assert result.sidecar["shape_tensor_inputs"] == ["past_sequence_length"]
+    assert read_sidecar(result.engine_path).shape_tensor_inputs == {"past_sequence_length"}
 
 
 def test_compile_plugins_aot_on_a_tensorrt_without_aot_is_one_line_exit_2(tmp_path, monkeypatch):

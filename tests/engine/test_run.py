@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtfuse.cli.main import cli
-from trtfuse.cli.options import EXIT_MISSING_DEPENDENCY
+from trtfuse.cli.options import EXIT_BAD_INPUT, EXIT_MISSING_DEPENDENCY
 from trtfuse.contract import PluginKind
 from trtfuse.engine import session as session_module
 from trtfuse.engine import tensorrt as tensorrt_module
@@ -120,6 +120,28 @@ def test_run_of_missing_engine_is_bad_input(tmp_path):
     (tmp_path / "folder.engine").mkdir()
     with pytest.raises(TrtfuseError, match=r"folder\.engine: is a folder, not an engine file"):
         EngineFile.open(tmp_path / "folder.engine")
+
+
+@pytest.mark.parametrize("args", [[], ["--leak-check", "2"]])
+def test_an_onnx_model_given_as_the_engine_is_named_so_before_tensorrt_is_looked_for(tmp_path, args):
+    """`run model.fused.onnx` (the file compile writes beside the engine): the mistake is the file, whether or not
+    TensorRT is installed."""
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "model.fused.onnx")
+    result = CliRunner().invoke(cli, ["run", str(fused), *args])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"{fused}: this is an ONNX model, not an engine; build one with trtfuse compile" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    with pytest.raises(TrtfuseError, match=r"this is an ONNX model, not an engine"):
+        EngineFile.open(fused)
+
+
+def test_the_sidecar_given_as_the_engine_points_at_the_engine(tmp_path):
+    engine = engine_with_sidecar(tmp_path)
+    result = CliRunner().invoke(cli, ["run", str(sidecar_path_for(engine))])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"this is a JSON file (a sidecar or a report), not an engine; give the engine it describes, {engine}" in (
+        result.output
+    )
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trtfuse.cli.options import EXIT_BAD_INPUT
 from trtfuse.contract import PluginKind
 from trtfuse.engine import build
 from trtfuse.engine.build import plugins_used
@@ -17,6 +18,7 @@ from trtfuse.engine.profiles import Profile, ShapeRange
 from trtfuse.engine.sidecar import make_sidecar, read_sidecar, sidecar_path_for
 from trtfuse.errors import TrtfuseError
 
+from support.cli import run_cli
 from support.engines import engine_with_sidecar, write_engine_files
 from support.models import save_model_file, tiny_lm
 
@@ -35,6 +37,7 @@ def test_sidecar_round_trip(tmp_path):
         plugins=plugins_used(tiny_lm(np.float16, fused=True)),
         profiles=options.profiles,
         build={**options.to_json(), "ptx_isa": ["8.8"]},
+        shape_tensor_inputs=(),
     )
     sidecar_path = write_engine_files(engine, b"engine bytes", sidecar)
     assert engine.read_bytes() == b"engine bytes"
@@ -72,6 +75,7 @@ def test_a_fused_model_outside_the_engine_folder_is_refused_when_writing(tmp_pat
             plugins=[],
             profiles=(PROFILE,),
             build=BuildOptions(profiles=(PROFILE,)).to_json(),
+            shape_tensor_inputs=(),
         )
 
 
@@ -152,6 +156,13 @@ def _profile(edit):
         (_profile(lambda p: p["shapes"]["input_ids"].update(opt=[9, 9])), "not min <= opt <= max of one rank"),
         (_profile(lambda p: p["shapes"].update(input_ids=[1, 2])), "'profiles[0].shapes.input_ids' must hold min"),
         (_profile(lambda p: p.update(values=[1])), "'profiles[0].values' must map input names"),
+        (_drop("shape_tensor_inputs"), "'shape_tensor_inputs' must list the input names TensorRT takes as shape"),
+        (_set("shape_tensor_inputs", "input_ids"), "'shape_tensor_inputs' must list the input names"),
+        (_set("shape_tensor_inputs", [3]), "'shape_tensor_inputs' must list the input names"),
+        (
+            _set("shape_tensor_inputs", ["input_ids"]),
+            "'shape_tensor_inputs' names 'input_ids', whose values profile 'decode' gives no range for",
+        ),
     ],
 )
 def test_a_damaged_or_tampered_sidecar_is_one_line_naming_it_and_the_key(tmp_path, edit, message):
@@ -171,3 +182,47 @@ def test_an_aot_sidecar_must_say_which_ptx_it_embeds(tmp_path):
     _edit(engine, lambda data: data["build"].update(ptx_isa="8.8"))
     with pytest.raises(TrtfuseError, match=r"'build\.ptx_isa' must be a list of PTX ISA versions"):
         EngineFile.open(engine)
+
+
+def test_a_format_1_sidecar_is_read_with_its_shape_tensor_inputs_unknown(tmp_path):
+    """Sidecars written before format 2 recorded no shape-tensor inputs: still read (run, compare), with the field
+    None rather than a guess; a format 2 sidecar says which (here none)."""
+    engine = engine_with_sidecar(tmp_path)
+    assert EngineFile.open(engine).sidecar.shape_tensor_inputs == frozenset()
+
+    def format_1(data):
+        data["format"] = "trtfuse-engine/1"
+        data.pop("shape_tensor_inputs")
+
+    _edit(engine, format_1)
+    sidecar = EngineFile.open(engine).sidecar
+    assert sidecar.shape_tensor_inputs is None
+    assert sidecar.profiles[0].name == "decode"
+
+
+def test_a_fused_model_symlinked_out_of_the_engine_folder_is_refused(tmp_path):
+    """The sidecar's relative name stays in the folder, but a symlink there may lead anywhere: held to the engine's
+    folder as external data is to its model's, before the model is read."""
+    folder = tmp_path / "engine"
+    folder.mkdir()
+    engine = engine_with_sidecar(folder)
+    fused = folder / "m.fused.onnx"
+    elsewhere = tmp_path / "elsewhere.onnx"
+    fused.rename(elsewhere)
+    fused.symlink_to(elsewhere)
+    with pytest.raises(TrtfuseError) as raised:
+        EngineFile.open(engine)
+    message = str(raised.value)
+    assert message.startswith(f"{sidecar_path_for(engine)}: 'fused_model' is 'm.fused.onnx', a symlink that leads ")
+    assert f"outside the engine's folder to {elsewhere}" in message
+    result = run_cli("triton-config", engine)
+    assert result.exit_code == EXIT_BAD_INPUT and "outside the engine's folder" in result.output
+
+
+def test_a_fused_model_symlinked_inside_the_engine_folder_is_read(tmp_path):
+    engine = engine_with_sidecar(tmp_path)
+    (tmp_path / "models").mkdir()
+    fused = tmp_path / "m.fused.onnx"
+    fused.rename(tmp_path / "models" / "m.fused.onnx")
+    fused.symlink_to(Path("models") / "m.fused.onnx")
+    assert EngineFile.open(engine).fused_model_path == fused

@@ -1,59 +1,293 @@
 """`trtfuse triton-config`: the config.pbtxt of a Triton model repository, read off the engine's sidecar and fused
-model (the engine itself is a stand-in: nothing here deserialises it). Where tritonclient is installed, the text is
-parsed with Triton's own ModelConfig message."""
+model (the engine itself is a stand-in: nothing here deserialises it). Every config written is parsed back as
+Triton's ModelConfig and held to Triton's own load rules (`support.triton_rules`, from Triton's sources); what those
+rules refuse is refused in one line."""
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from pathlib import Path
 
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
-from trtfuse.cli.options import EXIT_BAD_INPUT
+from trtfuse.cli.options import EXIT_BAD_INPUT, EXIT_MISSING_DEPENDENCY
 from trtfuse.contract import PluginKind
 from trtfuse.engine.build import tool_versions
 from trtfuse.engine.build_options import BuildOptions
 from trtfuse.engine.engine_file import EngineFile
-from trtfuse.engine.profiles import derive_profiles, request_from_options
-from trtfuse.engine.sidecar import make_sidecar
+from trtfuse.engine.profiles import Profile, ShapeRange, derive_profiles, request_from_options
+from trtfuse.engine.sidecar import make_sidecar, sidecar_path_for
 from trtfuse.engine.triton import triton_config
 from trtfuse.model.onnx_file import load_model
 from trtfuse.pipeline import fuse_file
 
 from support.cli import run_cli
 from support.engines import engine_with_sidecar, write_engine_files
-from support.paths import FIXTURES
+from support.kv_models import genai_model
+from support.markers import needs_tritonclient
+from support.paths import FIXTURES, REPO_ROOT
+from support.triton_rules import engine_tensors, triton_errors
 
 KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
+DEPLOY_DOC = REPO_ROOT / "docs" / "deploy.md"
+
+
+@pytest.fixture(scope="module")
+def kv_fused(tmp_path_factory) -> onnx.ModelProto:
+    return load_model(fuse_file(KV_FIXTURE, tmp_path_factory.mktemp("fused") / "fused.onnx").output_path).model
+
+
+def _engine(folder: Path, model: onnx.ModelProto, profiles, shape_tensor_inputs=()) -> Path:
+    folder.mkdir()
+    return engine_with_sidecar(
+        folder, profiles=profiles, plugins=PluginKind.AOT, model=model, shape_tensor_inputs=shape_tensor_inputs
+    )
 
 
 @pytest.fixture
-def aot_engine(tmp_path: Path) -> Path:
-    fused = load_model(fuse_file(KV_FIXTURE, tmp_path / "fused.onnx").output_path).model
-    profiles = derive_profiles(fused, request_from_options(presets=["prefill", "decode"]))
-    folder = tmp_path / "engine"
-    folder.mkdir()
-    return engine_with_sidecar(folder, profiles=profiles, plugins=PluginKind.AOT, model=fused)
+def aot_engine(tmp_path, kv_fused) -> Path:
+    """The Qwen3 KV fixture's engine as docs/deploy.md builds it: prefill and decode, batch 1."""
+    profiles = derive_profiles(kv_fused, request_from_options(presets=["prefill", "decode"], batch=_batch_one()))
+    return _engine(tmp_path / "engine", kv_fused, profiles)
 
 
-def test_the_config_has_every_input_and_output_with_dynamic_dims_and_both_profiles(aot_engine):
+def _batch_one():
+    from trtfuse.engine.profiles import DimRange
+
+    return DimRange(1, 1, 1)
+
+
+def _parsed(text: str):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def _loads_in_triton(engine: Path, text: str, folder_name: str, shape_tensor_inputs=frozenset()) -> None:
+    """The text parses as Triton's ModelConfig, prints back the same, and breaks none of Triton's load rules."""
+    from google.protobuf import text_format
+
+    config = _parsed(text)
+    assert text.endswith(text_format.MessageToString(config, use_short_repeated_primitives=True))
+    assert triton_errors(config, engine_tensors(EngineFile.open(engine), shape_tensor_inputs), folder_name) == []
+
+
+@needs_tritonclient
+def test_the_config_is_tritons_message_and_loads_by_tritons_rules(aot_engine):
     text = triton_config(EngineFile.open(aot_engine), "qwen3")
-    assert text.startswith('name: "qwen3"\nplatform: "tensorrt_plan"\nmax_batch_size: 0\ninput [\n')
-    assert '    name: "past_key_values.0.key"\n    data_type: TYPE_FP32\n    dims: [ -1, 1, -1, 64 ]' in text
-    assert '    name: "logits"\n    data_type: TYPE_FP32\n    dims: [ -1, -1, 128 ]' in text
-    assert text.count("    name: ") == 7 + 5
-    assert '    profile: [ "0", "1" ]\n' in text and "(prefill, decode)" in text
-    assert "name:" not in triton_config(EngineFile.open(aot_engine)).splitlines()[0]
+    _loads_in_triton(aot_engine, text, "qwen3")
+    config = _parsed(text)
+    assert (config.name, config.platform, config.max_batch_size) == ("qwen3", "tensorrt_plan", 0)
+    inputs = {io.name: list(io.dims) for io in config.input}
+    assert inputs["input_ids"] == [1, -1] and inputs["past_key_values.0.key"] == [1, 1, -1, 64]
+    assert {io.name: list(io.dims) for io in config.output}["logits"] == [-1, -1, 128]
+    assert len(config.input) == 7 and len(config.output) == 5
+    assert not any(io.is_shape_tensor or io.HasField("reshape") for io in config.input)
+    (group,) = config.instance_group
+    assert list(group.profile) == ["0", "1"] and group.count == 1
+    assert '"0" = "prefill", "1" = "decode"' in text
+    assert _parsed(triton_config(EngineFile.open(aot_engine))).name == ""
 
 
-def test_the_config_parses_as_tritons_model_config(aot_engine):
-    text_format = pytest.importorskip("google.protobuf.text_format")
-    model_config = pytest.importorskip(
-        "tritonclient.grpc.model_config_pb2", reason="tritonclient[grpc] is not installed (Triton's ModelConfig)"
+@needs_tritonclient
+def test_the_docs_example_is_what_the_command_writes(aot_engine):
+    """docs/deploy.md pastes what `trtfuse triton-config model.engine --name qwen3` writes for the fixture's engine."""
+    blocks = re.findall(r"\n\n((?:    .*\n|\n)+?)\n(?=\S)", DEPLOY_DOC.read_text())
+    shown = next(block for block in blocks if block.lstrip().startswith("# Written by trtfuse triton-config"))
+    result = run_cli("triton-config", aot_engine, "--name", "qwen3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "".join(line[4:] + "\n" for line in shown.rstrip("\n").split("\n"))
+
+
+def _identity_model(input_name: str, output_name: str, dims=("batch", "tokens")) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [input_name], [output_name])],
+        "g",
+        [helper.make_tensor_value_info(input_name, TensorProto.INT64, list(dims))],
+        [helper.make_tensor_value_info(output_name, TensorProto.INT64, list(dims))],
     )
-    config = text_format.Parse(triton_config(EngineFile.open(aot_engine), "qwen3"), model_config.ModelConfig())
-    assert (config.platform, config.max_batch_size) == ("tensorrt_plan", 0)
-    assert list(config.instance_group[0].profile) == ["0", "1"]
-    assert list(config.input[0].dims) == [-1, -1]
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+INJECTION = (
+    '"\n  instance_group [ { kind: KIND_CPU } ]\n  input [ { name: "extra" data_type: TYPE_FP32 dims: [ 1 ] } ]\n#'
+)
+
+
+@needs_tritonclient
+def test_quotes_and_newlines_in_names_stay_inside_their_strings(tmp_path):
+    """A tensor name (from the model) and the model name hold a quote; the tensor and profile names a newline and
+    config text too, and non-ASCII letters. Each stays one string (the profile's inside its comment line): one input,
+    one instance group, every name as it was."""
+    input_name, output_name = f"ids é{INJECTION}", f"out{INJECTION}\\"
+    profile = Profile(f"default{INJECTION}\u2028", {input_name: ShapeRange((1, 1), (1, 4), (2, 8))})
+    engine = _engine(tmp_path / "e", _identity_model(input_name, output_name), [profile])
+    model_name = 'my "model"'
+    text = triton_config(EngineFile.open(engine), model_name)
+    _loads_in_triton(engine, text, model_name)
+    config = _parsed(text)
+    assert config.name == model_name
+    assert [io.name for io in config.input] == [input_name] and [io.name for io in config.output] == [output_name]
+    assert len(config.instance_group) == 1 and config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ".", "", "qwen3\ninstance_group [ { kind: KIND_CPU } ]", "x\ty", "a\\b"])
+def test_a_name_that_is_not_a_plain_folder_name_is_refused_in_one_line(aot_engine, name):
+    result = run_cli("triton-config", aot_engine, "--name", name)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"--name {name!r}: not a plain folder name" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not result.stdout
+
+
+def _with_inputs(model: onnx.ModelProto, *values: onnx.ValueInfoProto) -> onnx.ModelProto:
+    model.graph.input.extend(values)
+    return model
+
+
+@needs_tritonclient
+@pytest.mark.parametrize("where", ["input", "output"])
+def test_a_scalar_input_or_output_is_refused_with_tritons_reason(tmp_path, where):
+    """Triton's core refuses empty dims, and `dims: [1]` with an empty reshape when max_batch_size is 0; its
+    TensorRT backend wants the engine's rank (0): no config serves a scalar."""
+    model = _identity_model("x", "y", dims=("n",))
+    shapes = {"x": ShapeRange((1,), (2,), (4,))}
+    if where == "input":
+        model = _with_inputs(model, helper.make_tensor_value_info("past_sequence_length", TensorProto.INT32, []))
+        shapes["past_sequence_length"] = ShapeRange((), (), ())
+    else:
+        model.graph.node[0].CopyFrom(helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0))
+        model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.INT64, []))
+    engine = _engine(tmp_path / "e", model, [Profile("default", shapes)])
+    result = run_cli("triton-config", engine)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    name = "past_sequence_length" if where == "input" else "y"
+    assert f"{where} '{name}' is a scalar (0-d), which Triton cannot serve from a TensorRT engine" in result.output
+    assert "ValidateIOShape" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@needs_tritonclient
+def test_the_checker_refuses_what_the_old_writer_wrote(aot_engine):
+    """The three forms an earlier triton-config wrote break Triton's rules as its sources state them: a scalar's
+    empty reshape, a dim of 0, a length input flagged as a shape tensor the engine does not take as one."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    config = _parsed(triton_config(EngineFile.open(aot_engine), "qwen3"))
+    tensors = engine_tensors(EngineFile.open(aot_engine))
+    scalar = pb.ModelConfig()
+    scalar.CopyFrom(config)
+    scalar.input[0].dims[:] = [1]
+    scalar.input[0].reshape.SetInParent()
+    assert any("cannot have empty reshape for non-batching model" in e for e in triton_errors(scalar, tensors, "qwen3"))
+    zero = pb.ModelConfig()
+    zero.CopyFrom(config)
+    zero.input[3].dims[2] = 0
+    assert any("dimension must be integer >= 1, or -1" in e for e in triton_errors(zero, tensors, "qwen3"))
+    flagged = pb.ModelConfig()
+    flagged.CopyFrom(config)
+    flagged.input[0].is_shape_tensor = True
+    assert any("incorrectly marked as a shape tensor" in e for e in triton_errors(flagged, tensors, "qwen3"))
+    assert any("directory name must equal model name" in e for e in triton_errors(config, tensors, "other"))
+
+
+def _genai_with_lengths() -> onnx.ModelProto:
+    return _with_inputs(
+        genai_model(),
+        helper.make_tensor_value_info("past_sequence_length", TensorProto.INT32, [1]),
+        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [1]),
+    )
+
+
+@needs_tritonclient
+def test_is_shape_tensor_marks_exactly_the_inputs_the_build_recorded(tmp_path):
+    """Both length inputs have value ranges in the profile; the build recorded only one as a shape tensor (as the
+    network reported), and only that one is flagged."""
+    model = _genai_with_lengths()
+    profiles = derive_profiles(model, request_from_options(presets=["decode"], batch=_batch_one()))
+    assert set(profiles[0].values) == {"past_sequence_length", "total_sequence_length"}
+    engine = _engine(tmp_path / "e", model, profiles, shape_tensor_inputs=["total_sequence_length"])
+    text = triton_config(EngineFile.open(engine), "genai")
+    _loads_in_triton(engine, text, "genai", frozenset({"total_sequence_length"}))
+    flagged = {io.name: (io.is_shape_tensor, list(io.dims)) for io in _parsed(text).input}
+    assert flagged["total_sequence_length"] == (True, [1])
+    assert flagged["past_sequence_length"] == (False, [1])
+    assert not any(shape_tensor for name, (shape_tensor, _) in flagged.items() if name != "total_sequence_length")
+
+
+@needs_tritonclient
+def test_an_axis_fixed_at_zero_in_every_profile_is_written_as_variable(tmp_path, kv_fused):
+    """A prefill-only engine's past length is 0 in every profile; Triton takes no dim of 0, and -1 lets requests
+    send the empty cache."""
+    profiles = derive_profiles(kv_fused, request_from_options(presets=["prefill"], batch=_batch_one()))
+    assert profiles[0].shapes["past_key_values.0.key"].max[2] == 0
+    engine = _engine(tmp_path / "e", kv_fused, profiles)
+    text = triton_config(EngineFile.open(engine), "prefill")
+    _loads_in_triton(engine, text, "prefill")
+    dims = {io.name: list(io.dims) for io in _parsed(text).input}
+    assert dims["past_key_values.0.key"] == [1, 1, -1, 64]
+
+
+def _edit_sidecar(engine: Path, edit) -> None:
+    path = sidecar_path_for(engine)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+@needs_tritonclient
+def test_a_sidecar_whose_profile_leaves_out_an_input_is_one_line(aot_engine):
+    _edit_sidecar(aot_engine, lambda data: data["profiles"][1]["shapes"].pop("attention_mask"))
+    result = run_cli("triton-config", aot_engine)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "profile 'decode' gives no shape for input 'attention_mask' of the fused model m.fused.onnx" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@needs_tritonclient
+def test_a_sidecar_at_odds_with_the_fused_model_is_one_line(aot_engine):
+    """The engine was built from the fused model: a profile giving a head size or a rank the model does not have is
+    a damaged sidecar, not a config to write."""
+
+    def head_size(data):
+        shape = data["profiles"][0]["shapes"]["past_key_values.0.key"]
+        for bound in ("min", "opt", "max"):
+            shape[bound][3] = 32
+
+    _edit_sidecar(aot_engine, head_size)
+    result = run_cli("triton-config", aot_engine)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "where the fused model m.fused.onnx fixes dim 3 at 64; rebuild the engine" in result.output
+    _edit_sidecar(
+        aot_engine, lambda data: data["profiles"][0]["shapes"].update(input_ids={"min": [1], "opt": [1], "max": [1]})
+    )
+    result = run_cli("triton-config", aot_engine)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "input 'input_ids' has ranks [1, 2] across the fused model m.fused.onnx and the profiles" in result.output
+
+
+@needs_tritonclient
+def test_a_format_1_sidecar_is_refused_only_where_its_shape_tensors_are_unknown(tmp_path, aot_engine):
+    def format_1(data):
+        data["format"] = "trtfuse-engine/1"
+        data.pop("shape_tensor_inputs")
+
+    # No value ranges: TensorRT builds no profile without one for each shape-tensor input, so there were none.
+    _edit_sidecar(aot_engine, format_1)
+    result = run_cli("triton-config", aot_engine, "--name", "qwen3")
+    assert result.exit_code == 0, result.output
+    model = _genai_with_lengths()
+    engine = _engine(tmp_path / "genai", model, derive_profiles(model, request_from_options(presets=["decode"])))
+    _edit_sidecar(engine, format_1)
+    result = run_cli("triton-config", engine)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "written by an older trtfuse, it does not record which of past_sequence_length, total_sequence_length" in (
+        result.output
+    )
+    assert "rebuild the engine with trtfuse compile" in result.output
 
 
 def test_python_plugin_engines_are_refused_in_one_line(tmp_path):
@@ -68,6 +302,7 @@ def test_python_plugin_engines_are_refused_in_one_line(tmp_path):
         plugins=[{"name": "TrtfuseRmsNorm", "namespace": "trtfuse", "version": "1", "nodes": 5}],
         profiles=profiles,
         build=BuildOptions(profiles=profiles, plugins=PluginKind.PYTHON).to_json(),
+        shape_tensor_inputs=(),
     )
     write_engine_files(engine, b"not an engine", sidecar)
     result = run_cli("triton-config", engine)
@@ -76,8 +311,25 @@ def test_python_plugin_engines_are_refused_in_one_line(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_the_documented_command_writes_the_repository_config(aot_engine, tmp_path):
-    # docs/deploy.md: trtfuse triton-config qwen3.engine --name qwen3 > repository/qwen3/config.pbtxt
-    result = run_cli("triton-config", aot_engine, "--name", "qwen3")
+def test_without_tritonclient_it_says_what_to_install(aot_engine, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)
+    result = run_cli("triton-config", aot_engine)
+    assert result.exit_code == EXIT_MISSING_DEPENDENCY, result.output
+    assert "needs Triton's ModelConfig from tritonclient; install it with `pip install -e '.[triton]'`" in (
+        result.output
+    )
+
+
+def test_an_onnx_model_is_not_an_engine(tmp_path):
+    fused = fuse_file(KV_FIXTURE, tmp_path / "model.fused.onnx").output_path
+    result = run_cli("triton-config", fused)
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert f"{fused}: this is an ONNX model, not an engine" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@needs_tritonclient
+def test_json_carries_the_same_config(aot_engine):
+    result = run_cli("triton-config", aot_engine, "--name", "qwen3", "--json")
     assert result.exit_code == 0, result.output
-    assert result.stdout == triton_config(EngineFile.open(aot_engine), "qwen3")
+    assert json.loads(result.stdout)["config_pbtxt"] == triton_config(EngineFile.open(aot_engine), "qwen3")

@@ -84,26 +84,46 @@ class BuilderConfig:
     def set_memory_pool_limit(self, pool, size):
         pass
 
+    timing_cache = None
+
     def create_timing_cache(self, data):
-        return data
+        return bytes(data)
 
     def set_timing_cache(self, cache, ignore_mismatch):
+        self.timing_cache = cache
         return True
 
     def get_timing_cache(self):
-        return None
+        """The cache the build started from, with b"+timed" added for the timings this build made."""
+        if self.timing_cache is None:
+            return None
+        return types.SimpleNamespace(serialize=lambda: self.timing_cache + b"+timed")
 
     def add_optimization_profile(self, profile):
         return 0
 
 
 class Network:
-    num_inputs = 0
+    """The parsed network's inputs, as `INetworkDefinition.num_inputs` / `get_input(i)` give them: each with its
+    name and `is_shape_tensor` (`shape_inputs` says which)."""
+
+    def __init__(self, inputs: tuple[str, ...] = (), shape_inputs: frozenset[str] = frozenset()) -> None:
+        self.inputs = [types.SimpleNamespace(name=name, is_shape_tensor=name in shape_inputs) for name in inputs]
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    def get_input(self, index: int):
+        return self.inputs[index]
 
 
-def fake_tensorrt(version: str, calls: dict) -> types.ModuleType:
+def fake_tensorrt(
+    version: str, calls: dict, inputs: tuple[str, ...] = (), shape_inputs: frozenset[str] = frozenset()
+) -> types.ModuleType:
     """Just enough of `tensorrt` for `build_engine` to run its calls in order; it records the network flags and how
-    the model was parsed, and builds the bytes b"engine"."""
+    the model was parsed, and builds the bytes b"engine". Its network has `inputs`, of which `shape_inputs` are
+    shape tensors."""
 
     class Builder:
         def __init__(self, logger):
@@ -111,7 +131,7 @@ def fake_tensorrt(version: str, calls: dict) -> types.ModuleType:
 
         def create_network(self, flags):
             calls["flags"] = flags
-            return Network()
+            return Network(inputs, shape_inputs)
 
         def create_optimization_profile(self):
             return OptimizationProfile(refuse_shapes=False)

@@ -331,6 +331,7 @@ def _fake_build(calls: list):
             plugins=[],
             profiles=options.profiles,
             build={**options.to_json(), "plugins": (options.plugins or PluginKind.PYTHON).value},
+            shape_tensor_inputs=(),
         )
         write_engine_files(engine_path, b"engine", sidecar)
         return BuildResult(engine_path, sidecar_path_for(engine_path), sidecar, 0.0)

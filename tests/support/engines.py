@@ -35,9 +35,10 @@ def engine_with_sidecar(
     plugins: PluginKind = PluginKind.PYTHON,
     model: onnx.ModelProto | None = None,
     ptx_isa: Sequence[str] = ("8.8",),
+    shape_tensor_inputs: Sequence[str] = (),
 ) -> Path:
     """A fused model (`model`, default a tiny fp16 LM) and a sidecar as `compile` writes them beside a stand-in
-    engine."""
+    engine; `shape_tensor_inputs` are those the build found the network to take as shape tensors."""
     fused = save_model_file(model if model is not None else tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
     engine = tmp_path / "m.engine"
     build = BuildOptions(profiles=tuple(profiles), plugins=plugins).to_json()
@@ -51,6 +52,7 @@ def engine_with_sidecar(
         plugins=[],
         profiles=profiles,
         build=build,
+        shape_tensor_inputs=shape_tensor_inputs,
     )
     write_engine_files(engine, b"not an engine", sidecar)
     return engine

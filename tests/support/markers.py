@@ -1,5 +1,5 @@
-"""Skip markers for what this machine may lack: TensorRT (and a TensorRT trtfuse builds AOT plugins with), each
-with the reason a reader of the test log needs."""
+"""Skip markers for what this machine may lack: TensorRT (and a TensorRT trtfuse builds AOT plugins with), Triton's
+ModelConfig from tritonclient; each with the reason a reader of the test log needs."""
 
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ def why_no_aot_tensorrt() -> str | None:
 
 
 needs_aot_tensorrt = pytest.mark.skipif(why_no_aot_tensorrt() is not None, reason=str(why_no_aot_tensorrt()))
+
+
+def _why_no_tritonclient() -> str | None:
+    try:
+        from tritonclient.grpc import model_config_pb2  # noqa: F401
+    except (ImportError, RuntimeError):
+        # tritonclient without its grpc extra raises RuntimeError from tritonclient.grpc.
+        return "needs tritonclient[grpc] (Triton's ModelConfig): pip install -e '.[triton]'"
+    return None
+
+
+needs_tritonclient = pytest.mark.skipif(_why_no_tritonclient() is not None, reason=str(_why_no_tritonclient()))

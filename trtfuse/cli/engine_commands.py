@@ -77,7 +77,12 @@ COMPARE_INSTALL_HINT = (
     "--opt-level", default=3, show_default=True, type=click.IntRange(0, 5), help="TensorRT builder optimisation level."
 )
 @click.option("--workspace", type=SizeType(), help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
-@click.option("--timing-cache", type=FilePath(), help="Timing cache file, read if present, then updated.")
+@click.option(
+    "--timing-cache",
+    type=FilePath(),
+    help="Timing cache file, read if present (for AOT plugins, only if this trtfuse wrote it: FILE.trtfuse.json "
+    "says which did), then updated.",
+)
 @click.option("--tf32", is_flag=True, help="Let TensorRT use TF32 for fp32 matmuls (faster, fp16-level error).")
 @click.option(
     "--plugins",

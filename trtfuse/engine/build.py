@@ -27,6 +27,7 @@ from trtfuse.engine.profiles import Profile
 from trtfuse.engine.progress import BuildProgress, progress_monitor
 from trtfuse.engine.sidecar import make_sidecar, write_sidecar
 from trtfuse.engine.tensorrt import import_tensorrt, plugin_creation_errors, register_plugins
+from trtfuse.engine.timing_cache import read_timing_cache, write_timing_cache
 from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
 from trtfuse.files import resolved, write_bytes_atomic
 from trtfuse.fusion.aot_form import prepare_for_aot
@@ -108,7 +109,9 @@ def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> i
 
 def shape_tensor_inputs(network: object) -> set[str]:
     """Names of the network inputs TensorRT reads as shape tensors (their values, not only their shapes, shape the
-    network): a profile gives them value ranges."""
+    network): a profile gives them value ranges, and the sidecar records them. Read once the network is complete (after
+    parsing), when `ITensor.is_shape_tensor` is reliable; such an input is one the engine reports as a shape-inference
+    I/O (NvInfer.h, `ITensor::isShapeTensor`), the flag Triton's TensorRT backend checks."""
     inputs = (network.get_input(index) for index in range(network.num_inputs))
     return {tensor.name for tensor in inputs if tensor.is_shape_tensor}
 
@@ -163,15 +166,6 @@ def _parse_issue(error: object) -> ParserIssue:
     return ParserIssue(error.node(), error.node_name(), error.node_operator(), error.desc())
 
 
-def _read_timing_cache(path: Path | None) -> bytes:
-    if path is None or not path.exists():
-        return b""
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise TrtfuseError(f"{path}: cannot read the timing cache ({error.strerror})") from None
-
-
 def _stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -197,9 +191,11 @@ def build_engine(
     for path in (engine_path, options.timing_cache):
         if path is not None and not resolved(path).parent.is_dir():
             raise TrtfuseError(f"{path}: output folder does not exist")
-    timing_cache_bytes = _read_timing_cache(options.timing_cache)
     trt = import_tensorrt()
     options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
+    timing_cache_bytes, set_aside = read_timing_cache(options.timing_cache, options.plugins, trtfuse.__version__)
+    if set_aside is not None:
+        emit(set_aside)
     model_to_parse = _model_to_parse(options.plugins, fused)
     register_plugins(options.plugins)
     logger = trt.Logger(trt.Logger.WARNING)
@@ -216,7 +212,10 @@ def build_engine(
         raise TrtfuseError(parser_error_line(fused.path, issues, model_to_parse, plugin_creation_errors()))
 
     config = builder.create_builder_config()
-    add_profiles(builder, config, options.profiles, shape_tensor_inputs(network))
+    # Recorded in the sidecar: Triton's TensorRT backend refuses a config whose is_shape_tensor flags differ from
+    # the engine's, and these are the inputs the engine takes as shape tensors.
+    shape_inputs = shape_tensor_inputs(network)
+    add_profiles(builder, config, options.profiles, shape_inputs)
     config.builder_optimization_level = options.optimization_level
     if not options.allow_tf32:
         config.clear_flag(trt.BuilderFlag.TF32)
@@ -241,7 +240,7 @@ def build_engine(
         raise TrtfuseError(f"{fused.path}: TensorRT could not build an engine; its messages above say why")
     timing_cache = config.get_timing_cache()
     if options.timing_cache is not None and timing_cache is not None:
-        write_bytes_atomic(options.timing_cache, memoryview(timing_cache.serialize()))
+        write_timing_cache(options.timing_cache, memoryview(timing_cache.serialize()), trtfuse.__version__)
     build = options.to_json()
     if options.plugins is PluginKind.AOT:
         from trtfuse.plugins.qdp import take_embedded_ptx_isas
@@ -256,6 +255,7 @@ def build_engine(
         plugins=plugins_used(fused.model),
         profiles=options.profiles,
         build=build,
+        shape_tensor_inputs=shape_inputs,
     )
     write_bytes_atomic(engine_path, memoryview(serialized))
     sidecar_path = write_sidecar(engine_path, sidecar)

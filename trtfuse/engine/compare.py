@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtfuse.engine.engine_file import EngineFile
+from trtfuse.engine.engine_file import EngineFile, is_onnx_model_path
 from trtfuse.engine.session import ENGINE_RUNNER, EngineSession
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.files import OutputPlan, check_readable
@@ -46,7 +46,7 @@ class ComparisonReport:
 
 
 def is_engine(path: Path) -> bool:
-    return path.suffix.lower() != ".onnx"
+    return not is_onnx_model_path(path)
 
 
 def compare(

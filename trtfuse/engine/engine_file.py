@@ -25,9 +25,33 @@ from trtfuse.model.onnx_file import load_model
 T = TypeVar("T")
 
 
+# What names an ONNX model rather than an engine: onnx's own file suffixes for a model (binary and text).
+ONNX_SUFFIXES = (".onnx", ".onnxtxt")
+
+
+def is_onnx_model_path(path: Path) -> bool:
+    return path.suffix.lower() in ONNX_SUFFIXES
+
+
 def check_engine_path(path: Path) -> None:
-    """An engine is a regular file: one line for a missing path, a folder, a FIFO or a device."""
+    """An engine is a regular file and no ONNX model: one line for a missing path, a folder, a FIFO or a device, and
+    for an ONNX model given where an engine is expected (before anything looks for TensorRT)."""
     check_readable(path, "engine file")
+    if is_onnx_model_path(path):
+        raise TrtfuseError(f"{path}: this is an ONNX model, not an engine; build one with trtfuse compile")
+    if path.suffix.lower() == ".json":
+        engine = path.with_suffix("")
+        hint = f"; give the engine it describes, {engine}" if engine.suffix == ".engine" else ""
+        raise TrtfuseError(f"{path}: this is a JSON file (a sidecar or a report), not an engine{hint}")
+
+
+def check_engine_output_path(path: Path) -> None:
+    """An engine written under an ONNX model's name would pass for one: one line, before anything is written."""
+    if is_onnx_model_path(path):
+        raise TrtfuseError(
+            f"{path}: an engine is not an ONNX model; give it another name, such as "
+            f"{path.with_suffix('.engine').name} (the fused model is written beside it)"
+        )
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,21 @@
 """The JSON sidecar beside every trtfuse engine (`MODEL.engine.json`): what the engine was built from and with, the
 one writer and the one reader of its schema.
 
-The reader holds a sidecar to everything `run`, `compare` and the leak check rely on: a JSON object of the format
-below, a fused model inside the engine's folder (as external data is held to its model's folder), well-formed
-profiles, a known plugin kind, the PTX ISAs an AOT engine embeds. Any other content is one line naming the sidecar
-and the key at fault; a sidecar that is not a regular file (a FIFO, a folder) is refused before it is opened.
+The reader holds a sidecar to everything `run`, `compare`, the leak check and `triton-config` rely on: a JSON object
+of the format below, a fused model inside the engine's folder (as external data is held to its model's folder, symlinks
+followed), well-formed profiles, a known plugin kind, the PTX ISAs an AOT engine embeds, the inputs TensorRT takes as
+shape tensors. Any other content is one line naming the sidecar and the key at fault; a sidecar that is not a regular
+file (a FIFO, a folder) is refused before it is opened.
+
+Format 2 added `shape_tensor_inputs` (the network inputs TensorRT reported as shape tensors at build time). A format 1
+sidecar is still read, with `Sidecar.shape_tensor_inputs` None: it did not record them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +23,11 @@ from typing import Any
 from trtfuse.contract import PluginKind
 from trtfuse.engine.profiles import Profile, ShapeRange
 from trtfuse.errors import TrtfuseError
-from trtfuse.files import resolved, write_json_atomic
+from trtfuse.files import is_inside, resolved, write_json_atomic
 
-SIDECAR_FORMAT = "trtfuse-engine/1"
+SIDECAR_FORMAT = "trtfuse-engine/2"
+# Written before the sidecar recorded the engine's shape-tensor inputs; read with those unknown.
+FORMAT_WITHOUT_SHAPE_TENSORS = "trtfuse-engine/1"
 
 
 def sidecar_path_for(engine_path: Path) -> Path:
@@ -30,7 +36,8 @@ def sidecar_path_for(engine_path: Path) -> Path:
 
 @dataclass(frozen=True)
 class Sidecar:
-    """What a sidecar says, validated. `fused_model` is relative to the engine's folder and stays inside it."""
+    """What a sidecar says, validated. `fused_model` is relative to the engine's folder and stays inside it;
+    `shape_tensor_inputs` is None for a format 1 sidecar, which did not record them."""
 
     path: Path
     fused_model: Path
@@ -40,6 +47,7 @@ class Sidecar:
     versions: dict[str, str]
     gpu: str
     data: dict[str, Any]
+    shape_tensor_inputs: frozenset[str] | None = frozenset()
 
 
 def make_sidecar(
@@ -51,8 +59,10 @@ def make_sidecar(
     plugins: Sequence[Mapping[str, Any]],
     profiles: Sequence[Profile],
     build: Mapping[str, Any],
+    shape_tensor_inputs: Iterable[str],
 ) -> dict[str, Any]:
-    """The sidecar's content; the fused model path is relative to the engine's folder, which must hold it."""
+    """The sidecar's content; the fused model path is relative to the engine's folder, which must hold it.
+    `shape_tensor_inputs`: the network inputs TensorRT takes as shape tensors (`build.shape_tensor_inputs`)."""
     folder = resolved(engine_path).parent
     fused = Path(os.path.relpath(resolved(fused_model_path), folder))
     if fused.parts[:1] == ("..",):
@@ -65,6 +75,7 @@ def make_sidecar(
         "gpu": gpu,
         "plugins": [dict(plugin) for plugin in plugins],
         "profiles": [profile.to_json() for profile in profiles],
+        "shape_tensor_inputs": sorted(shape_tensor_inputs),
         "build": dict(build),
     }
 
@@ -86,7 +97,7 @@ def read_sidecar(engine_path: Path) -> Sidecar | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise TrtfuseError(f"{path}: unreadable engine sidecar ({error})") from None
-    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in (SIDECAR_FORMAT, FORMAT_WITHOUT_SHAPE_TENSORS):
         raise TrtfuseError(f"{path}: not a trtfuse engine sidecar (expected format {SIDECAR_FORMAT})")
     return _Reader(path, data).sidecar()
 
@@ -120,15 +131,17 @@ class _Reader:
         gpu = self.data.get("gpu")
         if not isinstance(gpu, str):
             raise self.fail("gpu", "must be the GPU's name")
+        profiles = self._profiles()
         return Sidecar(
             path=self.path,
             fused_model=self._fused_model(),
-            profiles=self._profiles(),
+            profiles=profiles,
             plugin_kind=kind,
             ptx_isa=tuple(isas),
             versions=dict(versions),
             gpu=gpu,
             data=self.data,
+            shape_tensor_inputs=self._shape_tensor_inputs(profiles),
         )
 
     def _mapping(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -144,7 +157,29 @@ class _Reader:
         relative = Path(value)
         if relative.is_absolute() or ".." in relative.parts:
             raise self.fail("fused_model", f"is {value!r}, outside the engine's folder")
+        folder = self.path.absolute().parent
+        if not is_inside(folder / relative, folder):
+            raise self.fail(
+                "fused_model",
+                f"is {value!r}, a symlink that leads outside the engine's folder to {resolved(folder / relative)}",
+            )
         return relative
+
+    def _shape_tensor_inputs(self, profiles: Sequence[Profile]) -> frozenset[str] | None:
+        """The recorded shape-tensor inputs (None in a format 1 sidecar). TensorRT builds no profile that leaves a
+        shape-tensor input without a value range, so each one named has values in every profile."""
+        if self.data["format"] == FORMAT_WITHOUT_SHAPE_TENSORS:
+            return None
+        names = self.data.get("shape_tensor_inputs")
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise self.fail("shape_tensor_inputs", "must list the input names TensorRT takes as shape tensors")
+        for name in names:
+            lacking = next((profile.name for profile in profiles if name not in profile.values), None)
+            if lacking is not None:
+                raise self.fail(
+                    "shape_tensor_inputs", f"names {name!r}, whose values profile {lacking!r} gives no range for"
+                )
+        return frozenset(names)
 
     def _profiles(self) -> tuple[Profile, ...]:
         profiles = self.data.get("profiles")

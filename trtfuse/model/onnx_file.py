@@ -26,6 +26,7 @@ from trtfuse.files import (
     check_readable,
     check_writable,
     copy_sparse,
+    is_inside,
     make_folders,
     resolved,
     same_content,
@@ -179,7 +180,7 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
         if all(entry.key != "length" for entry in tensor.external_data):
             tensor.external_data.add(key="length", value=str(ref.length))
         data_path = resolved(folder / ref.location)
-        if Path(ref.location).is_absolute() or not data_path.is_relative_to(resolved(folder)):
+        if Path(ref.location).is_absolute() or not is_inside(data_path, folder):
             raise TrtfuseError(
                 f"{path}: tensor '{tensor.name}' points outside the model's folder to external data '{ref.location}'"
             )
