@@ -17,7 +17,6 @@ from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
-    VERBOSITY,
     FilePath,
     RangeType,
     ShapeRangeType,
@@ -32,6 +31,7 @@ from trtfuse.cli.options import (
     printable,
     summary,
     unique,
+    warning,
 )
 from trtfuse.contract import PluginKind
 from trtfuse.errors import MissingDependencyError
@@ -123,7 +123,7 @@ def compile_command(
         fusion=fusion,
         notify=info,
         on_fused=lambda fused: _report_fused(fused, as_json),
-        warn=_warning,
+        warn=warning,
     )
     if compiled.missing is not None:
         done = f"fused, but no engine built ({engine_path})"
@@ -142,12 +142,6 @@ def compile_command(
 def _report_fused(fused: FusedFile, as_json: bool) -> None:
     fusion_details(fused.report, fused.seconds)
     summary(_fused_line(fused), as_json)
-
-
-def _warning(message: str) -> None:
-    """A warning line on stderr, unless -q."""
-    if VERBOSITY.level >= 0:
-        click.secho(printable(f"trtfuse: warning: {message}"), fg="yellow", err=True)
 
 
 def _fused_line(fused: FusedFile) -> str:

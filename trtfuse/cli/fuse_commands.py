@@ -23,6 +23,7 @@ from trtfuse.cli.options import (
     info,
     printable,
     summary,
+    warning,
 )
 from trtfuse.files import OutputPlan
 
@@ -160,8 +161,13 @@ def check(
     greedily on both from one prompt; they must be the same, but for a divergence at a near tie."""
     from trtfuse.model.onnx_file import load_model
     from trtfuse.verify.check import check_fused
+    from trtfuse.verify.interface import check_original_unfused, unfused_candidate_warning
 
     original, fused = load_model(original_path), load_model(fused_path)
+    check_original_unfused(original)
+    unfused = unfused_candidate_warning(fused)
+    if unfused:
+        warning(unfused)
     plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)
     plan.read(*([load_inputs] if load_inputs else []))
     plan.write("saved inputs", save_inputs).check()
