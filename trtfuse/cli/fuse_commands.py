@@ -165,9 +165,6 @@ def check(
 
     original, fused = load_model(original_path), load_model(fused_path)
     check_original_unfused(original)
-    unfused = unfused_candidate_warning(fused)
-    if unfused:
-        warning(unfused)
     plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)
     plan.read(*([load_inputs] if load_inputs else []))
     plan.write("saved inputs", save_inputs).check()
@@ -189,4 +186,8 @@ def check(
         from trtfuse.generate.agreement import check_generation
 
         generation = check_generation(original, fused, generate_steps, prompt_ids, seed)
+    # After the run, so that bad input stays one line; before the verdict, which it qualifies.
+    unfused = unfused_candidate_warning(fused)
+    if unfused:
+        warning(unfused)
     echo_result(result, as_json, generation=generation)
