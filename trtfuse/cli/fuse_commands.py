@@ -104,8 +104,8 @@ def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
     if as_json:
         echo_json({**_search_json(search), **result.counts().to_json()})
         return
-    lines = [f"{model_path}: {result.counts().line(reasons=0)}"]
-    lines += [f"  rms_norm  {_match_line(match)}" for match in search.matches]
+    summary(f"{model_path}: {result.counts().line(reasons=0)}", as_json)
+    lines = [f"  rms_norm  {_match_line(match)}" for match in search.matches]
     lines += [f"  add_norm  {_add_norm_line(add)}" for add in search.add_norms]
     for pair in search.qk_norm_pairs:
         lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
