@@ -43,23 +43,28 @@ import click
 import numpy as np
 import onnx
 import onnxruntime
-import torch
-import transformers
-from torch import nn
-from transformers import (
-    AutoModelForCausalLM,
-    CohereConfig,
-    DeepseekV3Config,
-    DynamicCache,
-    Gemma3TextConfig,
-    GPT2Config,
-    LlamaConfig,
-    MistralConfig,
-    Olmo2Config,
-    Phi3Config,
-    PretrainedConfig,
-    Qwen3Config,
-)
+from extras import exit_missing
+
+try:
+    import torch
+    import transformers
+    from torch import nn
+    from transformers import (
+        AutoModelForCausalLM,
+        CohereConfig,
+        DeepseekV3Config,
+        DynamicCache,
+        Gemma3TextConfig,
+        GPT2Config,
+        LlamaConfig,
+        MistralConfig,
+        Olmo2Config,
+        Phi3Config,
+        PretrainedConfig,
+        Qwen3Config,
+    )
+except ModuleNotFoundError as missing:
+    exit_missing(missing)
 
 VOCAB = 128
 HIDDEN = 64
