@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from trtfuse.errors import Choice, OptionError, TrtfuseError
-from trtfuse.model.dims import DimExpressionError, DimRole, ModelDims, model_dims
+from trtfuse.model.dims import DimExpressionError, DimRole, ModelDims, model_dims, position_warning
 
 
 @dataclass(frozen=True)
@@ -158,15 +158,36 @@ NO_CACHE_DECODE = (
 
 
 def profile_warnings(model: onnx.ModelProto, request: ProfileRequest) -> list[str]:
-    """One line per requested profile that cannot do what its name says: a decode profile on a model without a KV
-    cache. The build still goes on; the caller shows the lines."""
-    if model_dims(model).has_kv_cache:
-        return []
-    return [
-        NO_CACHE_DECODE.format(name=ranges.name)
-        for ranges in request.profiles
-        if ranges.name == "decode" or ranges.tokens == DimRange(1, 1, 1)
-    ]
+    """One line per requested profile that cannot do what its name says (a decode profile on a model without a KV
+    cache), and one for the profiles that reach past the positions the model was trained for. The build still goes
+    on; the caller shows the lines."""
+    reading = model_dims(model)
+    lines = []
+    if not reading.has_kv_cache:
+        lines = [
+            NO_CACHE_DECODE.format(name=ranges.name)
+            for ranges in request.profiles
+            if ranges.name == "decode" or ranges.tokens == DimRange(1, 1, 1)
+        ]
+    totals = {
+        ranges.name: ranges.tokens.max + (ranges.past.max if reading.has_kv_cache else 0)
+        for ranges in _role_ranges(reading, request)
+    }
+    declared = reading.declared_positions
+    past_it = [name for name, total in totals.items() if declared is not None and total > declared.value]
+    if past_it:
+        names = ", ".join(repr(name) for name in past_it)
+        what = f"profile{'s' if len(past_it) > 1 else ''} {names} reach{'' if len(past_it) > 1 else 'es'} up to"
+        line = position_warning(reading, max(totals[name] for name in past_it), what)
+        lines.append(f"{line}; give token and past ranges whose MAX add up to at most {declared.value}")
+    return lines
+
+
+def _role_ranges(reading: ModelDims, request: ProfileRequest) -> list[RoleRanges]:
+    """Each requested profile's token and past ranges as its shapes are derived: the sizes given shapes set, then cut
+    to the positions the graph holds."""
+    given = _ranges_from_shapes(reading, request.shapes)
+    return [_within_positions(_with_given(requested, given), reading) for requested in request.profiles]
 
 
 def _check_override(value: onnx.ValueInfoProto, shape_range: ShapeRange) -> None:
@@ -414,8 +435,7 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
     given = _ranges_from_shapes(reading, request.shapes)
     batch = given.get(DimRole.BATCH) or _batch_range(reading, request)
     profiles = []
-    for requested in request.profiles:
-        role_ranges = _within_positions(_with_given(requested, given), reading)
+    for role_ranges in _role_ranges(reading, request):
         ranges = {
             DimRole.BATCH: batch,
             DimRole.TOKENS: role_ranges.tokens,
