@@ -47,3 +47,9 @@ def test_inspect_quiet_drops_the_summary_line_and_keeps_the_listing(models: dict
     assert quiet.exit_code == 0
     assert quiet.stdout.splitlines() == loud[1:]
     assert quiet.stdout.splitlines()[0].startswith("  rms_norm  ")
+
+
+def test_compare_quiet_prints_the_verdict_alone(models: dict[str, Path]) -> None:
+    quiet = run_cli("compare", models["original"], models["wrong"], "-q")
+    assert quiet.exit_code == EXIT_MISMATCH, quiet.output
+    assert quiet.stdout.splitlines() == ["1 output(s) fail"]

@@ -297,8 +297,8 @@ def compare_command(
     if report_path is not None:
         with Transaction():
             write_json_atomic(report_path, report_json)
-    if not as_json:
-        click.echo(printable(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}"))
+    # The tables' header: -q drops it with them.
+    summary(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}", as_json)
     echo_result(report.result, as_json, extra_json=report.to_json(), generation=generation)
 
 
