@@ -92,7 +92,27 @@ def _dynamic_matmul_integer() -> tuple[list[onnx.NodeProto], list[onnx.TensorPro
     return nodes, initializers
 
 
-QUANTIZERS = {"MatMulNBits accuracy_level 4": _matmul_nbits, "DynamicQuantizeLinear": _dynamic_matmul_integer}
+def _dynamic_quantize_matmul() -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The same, as onnxruntime's optimizer fuses it: one DynamicQuantizeMatMul with per-column scales and a bias."""
+    rng = np.random.default_rng(1)
+    node = helper.make_node(
+        "DynamicQuantizeMatMul", ["normed", "head_int8", "head_scale", "head_zero", "head_bias"], ["logits"],
+        name="lm_head", domain="com.microsoft",
+    )  # fmt: skip
+    initializers = [
+        numpy_helper.from_array(rng.integers(-127, 128, (HIDDEN, OUTPUTS), dtype=np.int8), "head_int8"),
+        numpy_helper.from_array(rng.uniform(0.01, 0.03, OUTPUTS).astype(np.float32), "head_scale"),
+        numpy_helper.from_array(np.full(OUTPUTS, 2, np.int8), "head_zero"),
+        numpy_helper.from_array(rng.standard_normal(OUTPUTS).astype(np.float32), "head_bias"),
+    ]
+    return [node], initializers
+
+
+QUANTIZERS = {
+    "MatMulNBits accuracy_level 4": _matmul_nbits,
+    "DynamicQuantizeLinear": _dynamic_matmul_integer,
+    "DynamicQuantizeMatMul": _dynamic_quantize_matmul,
+}
 
 
 def _model(path: Path, quantizer: str, fused: bool, epsilon: float = EPSILON) -> Path:
@@ -143,6 +163,9 @@ def test_the_float32_evaluation_leaves_activations_unrounded(tmp_path: Path) -> 
     dynamic = widen_to_float32(onnx.load(str(_model(tmp_path / "dynamic.onnx", "DynamicQuantizeLinear", False))))
     ops = [node.op_type for node in dynamic.graph.node]
     assert "MatMulInteger" not in ops and "MatMul" in ops
+    fused = widen_to_float32(onnx.load(str(_model(tmp_path / "fused.onnx", "DynamicQuantizeMatMul", False))))
+    ops = [node.op_type for node in fused.graph.node]
+    assert "DynamicQuantizeMatMul" not in ops and "MatMul" in ops
 
 
 def test_the_genai_int4_cpu_fixture_passes_at_every_seed() -> None:

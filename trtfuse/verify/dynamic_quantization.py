@@ -1,7 +1,8 @@
 """Activations that ops quantize on the fly, computed unrounded in the float32 evaluation (`verify.widening`).
 
-`MatMulNBits` with an `accuracy_level` (4: int8) quantizes its float input block by block before the product, and
-`DynamicQuantizeLinear` -> `MatMulInteger` quantizes it to uint8 with a scale of its range. Both are roundings of a
+`MatMulNBits` with an `accuracy_level` (4: int8) quantizes its float input block by block before the product,
+`DynamicQuantizeLinear` -> `MatMulInteger` quantizes it to uint8 with a scale of its range, and onnxruntime's fused
+`DynamicQuantizeMatMul` does both in one op. All are roundings of a
 computed value, as an activation Q/DQ pair is: a last-bit change before them (a fused norm summing in another order)
 moves one quantization step. Kept in the float32 evaluation, the original would agree with it exactly and the
 candidate would be judged by float32's tolerance, passing or failing with the seed; computed unrounded, the evaluation
@@ -17,14 +18,45 @@ _MICROSOFT = "com.microsoft"
 
 
 def compute_activations_unrounded(graph: onnx.GraphProto) -> None:
-    """In place: every `MatMulNBits` computes with its float input as given (accuracy level unset), and every
-    `MatMulInteger` fed by a `DynamicQuantizeLinear` multiplies that quantizer's unrounded input, in float32."""
+    """In place: every `MatMulNBits` computes with its float input as given (accuracy level unset), every
+    `MatMulInteger` fed by a `DynamicQuantizeLinear` multiplies that quantizer's unrounded input, and every
+    `DynamicQuantizeMatMul` multiplies its float input by its dequantized weight, in float32."""
+    nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         if node.op_type == "MatMulNBits" and node.domain == _MICROSOFT:
             kept = [attribute for attribute in node.attribute if attribute.name != "accuracy_level"]
             del node.attribute[:]
             node.attribute.extend(kept)
+        nodes.extend(_dequantized_product(node) if node.op_type == "DynamicQuantizeMatMul" else [node])
+    del graph.node[:]
+    graph.node.extend(nodes)
     _unround_dynamic_quantization(graph)
+
+
+def _dequantized_product(product: onnx.NodeProto) -> list[onnx.NodeProto]:
+    """DynamicQuantizeMatMul(A, B, B_scale, B_zero, bias) as MatMul(A, (B - B_zero) * B_scale) + bias."""
+    if product.domain != _MICROSOFT or len(product.input) < 3:
+        return [product]
+    a, b, scale = product.input[:3]
+    zero = product.input[3] if len(product.input) > 3 else ""
+    bias = product.input[4] if len(product.input) > 4 else ""
+    prefix = f"{product.name or product.output[0]}/unrounded"
+    weight = f"{prefix}/b"
+    nodes = [helper.make_node("Cast", [b], [weight], to=TensorProto.FLOAT, name=weight)]
+    if zero:
+        nodes += [
+            helper.make_node("Cast", [zero], [f"{prefix}/b_zero"], to=TensorProto.FLOAT, name=f"{prefix}/b_zero"),
+            helper.make_node("Sub", [weight, f"{prefix}/b_zero"], [f"{prefix}/b_shifted"], name=f"{prefix}/b_shifted"),
+        ]
+        weight = f"{prefix}/b_shifted"
+    nodes.append(helper.make_node("Mul", [weight, scale], [f"{prefix}/b_float"], name=f"{prefix}/b_float"))
+    result = product.output[0]
+    if bias:
+        nodes.append(helper.make_node("MatMul", [a, f"{prefix}/b_float"], [f"{prefix}/ab"], name=f"{prefix}/ab"))
+        nodes.append(helper.make_node("Add", [f"{prefix}/ab", bias], [result], name=product.name))
+    else:
+        nodes.append(helper.make_node("MatMul", [a, f"{prefix}/b_float"], [result], name=product.name))
+    return nodes
 
 
 def _unround_dynamic_quantization(graph: onnx.GraphProto) -> None:

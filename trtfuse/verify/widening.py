@@ -37,6 +37,8 @@ QUANTIZATION_OPS = frozenset(
         "QuantizeLinear",
         "DequantizeLinear",
         "DynamicQuantizeLinear",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
         "MatMulNBits",
         "MatMulInteger",
         "QLinearMatMul",
