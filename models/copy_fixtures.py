@@ -3,7 +3,7 @@
 Each pick is the export of its tool that exercises the most of what issue 12 found there (see models/README.md):
 
 \b
-    python models/copy_fixtures.py /work/exports                  # -> models/fixtures/tools/ + expected.json
+    python models/copy_fixtures.py $EXPORTS                  # -> models/fixtures/tools/ + expected.json
 """
 
 from __future__ import annotations

@@ -43,23 +43,30 @@ import click
 import numpy as np
 import onnx
 import onnxruntime
-import torch
-import transformers
-from torch import nn
-from transformers import (
-    AutoModelForCausalLM,
-    CohereConfig,
-    DeepseekV3Config,
-    DynamicCache,
-    Gemma3TextConfig,
-    GPT2Config,
-    LlamaConfig,
-    MistralConfig,
-    Olmo2Config,
-    Phi3Config,
-    PretrainedConfig,
-    Qwen3Config,
-)
+from extras import exit_missing
+
+from trtfuse.model.dims import POSITIONS_METADATA_KEY
+
+try:
+    import torch
+    import transformers
+    from torch import nn
+    from transformers import (
+        AutoModelForCausalLM,
+        CohereConfig,
+        DeepseekV3Config,
+        DynamicCache,
+        Gemma3TextConfig,
+        GPT2Config,
+        LlamaConfig,
+        MistralConfig,
+        Olmo2Config,
+        Phi3Config,
+        PretrainedConfig,
+        Qwen3Config,
+    )
+except ModuleNotFoundError as missing:
+    exit_missing(missing)
 
 VOCAB = 128
 HIDDEN = 64
@@ -636,6 +643,7 @@ def export_cache_onnx(
             program.save(str(exported), external_data=large)
         graph = onnx.load(str(exported))
     _tidy(graph, {DYNAMO_TOTAL_DIM: TOTAL_DIM})
+    _record_positions(graph, wrapper.model.config)
     if large:
         location = path.name + ".data"
         (path.parent / location).unlink(missing_ok=True)
@@ -644,6 +652,14 @@ def export_cache_onnx(
         (path.parent / location).chmod(path.stat().st_mode & 0o777)
     else:
         onnx.save_model(graph, str(path))
+
+
+def _record_positions(graph: onnx.ModelProto, config: PretrainedConfig) -> None:
+    """The positions the model was trained for, in the model's metadata, where trtfuse reads them: a profile or a
+    generation that goes past them is warned about (the graph computes its rotary angles for any position)."""
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        graph.metadata_props.add(key=POSITIONS_METADATA_KEY, value=str(positions))
 
 
 def _tidy(graph: onnx.ModelProto, renames: dict[str, str]) -> None:

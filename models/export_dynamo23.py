@@ -4,7 +4,7 @@ Runs in the project's own environment (`pip install -e '.[export]'`): fp32, fp16
 the tiny models, into OUT/dynamo23/ with an expected.json of their norm-module calls.
 
 \b
-    python models/export_dynamo23.py --out /work/exports
+    python models/export_dynamo23.py --out $EXPORTS
     python models/export_dynamo23.py --out /tmp/e --arch gemma3 --dtype bfloat16
 """
 

@@ -1,12 +1,12 @@
 """onnxruntime-genai's model builder on the tiny models: contrib ops, packed QKV, int4 `MatMulNBits`, KV cache.
 
-Runs in /work/venvs/genai (models/README.md). Each model is saved with `save_pretrained` and built by
-`python -m onnxruntime_genai.models.builder`, as a user would, for the CPU in fp32, fp16 and int4 and for CUDA in
-fp16 (`-e cuda` builds without a GPU). The builder's own files (genai_config.json, external weights) are folded into
-one self-contained .onnx per export.
+Runs in the genai virtual environment ($VENVS/genai, models/README.md). Each model is saved with `save_pretrained`
+and built by `python -m onnxruntime_genai.models.builder`, as a user would, for the CPU in fp32, fp16 and int4 and
+for CUDA in fp16 (`-e cuda` builds without a GPU). The builder's own files (genai_config.json, external weights) are
+folded into one self-contained .onnx per export.
 
 \b
-    /work/venvs/genai/bin/python models/export_genai.py --out /work/exports
+    $VENVS/genai/bin/python models/export_genai.py --out $EXPORTS
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """TensorRT Model Optimizer (nvidia-modelopt) on fp32 exports of the tiny models: Q/DQ quantization and AutoCast.
 
-Runs in /work/venvs/modelopt (models/README.md; modelopt without its [onnx] extra). Each model is first exported as
-export.py does (dynamo, opset 18, fp32, logits only), then given, as a user would, to
-`python -m modelopt.onnx.quantization` (int8 with fp16 and with fp32 elsewhere, fp8, int4) and to
-`python -m modelopt.onnx.autocast` (fp16, bf16), calibrated on the CPU with token ids inside the vocabulary (its own
-random calibration data indexes past a small vocabulary).
+Runs in the modelopt virtual environment ($VENVS/modelopt, models/README.md; modelopt without its [onnx] extra).
+Each model is first exported as export.py does (dynamo, opset 18, fp32, logits only), then given, as a user would,
+to `python -m modelopt.onnx.quantization` (int8 with fp16 and with fp32 elsewhere, fp8, int4) and to `python -m
+modelopt.onnx.autocast` (fp16, bf16), calibrated on the CPU with token ids inside the vocabulary (its own random
+calibration data indexes past a small vocabulary).
 
 \b
-    /work/venvs/modelopt/bin/python models/export_modelopt.py --out /work/exports
+    $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """onnxslim on the other tools' exports: the same models after its constant folding and graph rewrites.
 
-Runs in /work/venvs/optimum (which has onnxslim), after export_optimum.py and export_dynamo23.py: every optimum
-fp32/fp16 export and every fp16/bf16 opset-23 dynamo export under OUT is passed through `onnxslim.slim(IN, OUT)`
-(what `onnxslim IN OUT` runs) into OUT/onnxslim/. The expected counts are the source's (onnxslim changes no
-module).
+Runs in the optimum virtual environment ($VENVS/optimum) (which has onnxslim), after export_optimum.py and
+export_dynamo23.py: every optimum fp32/fp16 export and every fp16/bf16 opset-23 dynamo export under OUT is passed
+through `onnxslim.slim(IN, OUT)` (what `onnxslim IN OUT` runs) into OUT/onnxslim/. The expected counts are the
+source's (onnxslim changes no module).
 
 \b
-    /work/venvs/optimum/bin/python models/export_onnxslim.py --out /work/exports
+    $VENVS/optimum/bin/python models/export_onnxslim.py --out $EXPORTS
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Hugging Face optimum-onnx exports with a KV cache (`text-generation-with-past`) of the tiny models.
 
-Runs in /work/venvs/optimum (models/README.md: optimum-onnx 0.1 needs transformers < 4.58). Each model is saved
-with `save_pretrained` and exported by `optimum-cli export onnx`, as a user would, in fp32 and fp16, and with
-`--optimize O2` (onnxruntime's transformer fusions) where optimum accepts the architecture. bf16 is tried too.
+Runs in the optimum virtual environment ($VENVS/optimum, models/README.md: optimum-onnx 0.1 needs transformers <
+4.58). Each model is saved with `save_pretrained` and exported by `optimum-cli export onnx`, as a user would, in
+fp32 and fp16, and with `--optimize O2` (onnxruntime's transformer fusions) where optimum accepts the architecture.
+bf16 is tried too.
 
 \b
-    /work/venvs/optimum/bin/python models/export_optimum.py --out /work/exports
+    $VENVS/optimum/bin/python models/export_optimum.py --out $EXPORTS
 """
 
 from __future__ import annotations

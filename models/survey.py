@@ -10,8 +10,8 @@ other norms or near misses; the norms fused with their residual Add, TrtfuseAddR
 failed.
 
 \b
-    python models/survey.py /work/exports --out /work/exports/survey.json --markdown /work/exports/survey.md --jobs 2
-    python models/survey.py /work/exports --out /tmp/o.json --tool optimum --trtfuse "python3 -m trtfuse.cli.main"
+    python models/survey.py $EXPORTS --out $EXPORTS/survey.json --markdown $EXPORTS/survey.md --jobs 2
+    python models/survey.py $EXPORTS --out /tmp/o.json --tool optimum --trtfuse "python3 -m trtfuse.cli.main"
 """
 
 from __future__ import annotations

@@ -21,9 +21,8 @@ import click
 import numpy as np
 import onnx
 import onnxruntime
-import torch
 
-# export.py sets HF_HUB_OFFLINE before it imports transformers.
+# export.py sets HF_HUB_OFFLINE before it imports transformers, and says which extra to install when torch is missing.
 from export import ARCHITECTURES as EXPORT_ARCHITECTURES
 from export import (
     HEADS,
@@ -36,8 +35,14 @@ from export import (
     count_norm_calls,
     random_input_ids,
 )
-from torch import nn
-from transformers import PhiConfig, PretrainedConfig
+from extras import exit_missing
+
+try:
+    import torch
+    from torch import nn
+    from transformers import PhiConfig, PretrainedConfig
+except ModuleNotFoundError as missing:
+    exit_missing(missing)
 
 
 def _phi() -> PretrainedConfig:

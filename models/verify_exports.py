@@ -5,7 +5,7 @@ Run it with the tool's own environment: the tiny models are rebuilt from their s
 version may draw other random weights.
 
 \b
-    /work/venvs/optimum/bin/python models/verify_exports.py /work/exports --tool optimum
+    $VENVS/optimum/bin/python models/verify_exports.py $EXPORTS --tool optimum
 """
 
 from __future__ import annotations

@@ -37,3 +37,13 @@ def write_model(tmp_path: Path) -> Callable[[onnx.ModelProto, str], Path]:
         return path
 
     return write
+
+
+@pytest.fixture(autouse=True)
+def _default_verbosity() -> None:
+    """Every test starts at the default verbosity: an earlier in-process call's -q or -v stays set in
+    `trtfuse.cli.options.VERBOSITY`, which the `trtfuse` group resets when it starts but a command invoked alone
+    does not."""
+    from trtfuse.cli.options import VERBOSITY
+
+    VERBOSITY.level = 0

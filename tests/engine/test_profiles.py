@@ -378,3 +378,65 @@ def test_a_given_range_is_kept_and_the_default_one_beside_it_cut_to_the_position
     assert tokens.shapes[cache] == ShapeRange((1, 1, 0, 64), (B, 1, 28, 64), (B, 1, 28, 64))
     with pytest.raises(OptionError, match=r"profile 'tokens 1:16:100': 64 past \+ 100 new tokens at MAX exceed"):
         derive_profiles(model, _request(tokens=["1:16:100"], past="0:8:64"))
+
+
+def _kv_fixture() -> onnx.ModelProto:
+    from support.paths import FIXTURES
+
+    return onnx.load(str(FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"))
+
+
+def test_a_given_shape_carries_its_sizes_to_the_related_inputs():
+    # compile's own help form: input_ids' batch and tokens hold for the mask, the positions and the cache too.
+    (profile,) = derive_profiles(_kv_fixture(), _request(shapes=["input_ids=1x1:1x64:1x512"]))
+    assert profile.shapes["input_ids"] == ShapeRange((1, 1), (1, 64), (1, 512))
+    assert profile.shapes["position_ids"] == ShapeRange((1, 1), (1, 64), (1, 512))
+    assert profile.shapes["attention_mask"] == ShapeRange((1, 1), (1, 64 + 256), (1, 512 + 4096))
+    assert profile.shapes["past_key_values.0.key"] == ShapeRange((1, 1, 0, 64), (1, 1, 256, 64), (1, 1, 4096, 64))
+    prefill, decode = derive_profiles(
+        _kv_fixture(), _request(presets=["prefill", "decode"], shapes=["input_ids=1x1:1x64:1x512"])
+    )
+    assert prefill.shapes["attention_mask"] == ShapeRange((1, 1), (1, 64), (1, 512))
+    assert {shape.opt[0] for profile in (prefill, decode) for shape in profile.shapes.values()} == {1}
+
+
+def test_a_total_length_with_the_tokens_sets_the_past():
+    model = _model(
+        {
+            "input_ids": ["batch_size", "sequence_length"],
+            "attention_mask": ["batch_size", "total_sequence_length"],
+            "past_key_values.0.key": ["batch_size", 4, "past_sequence_length", 16],
+        }
+    )
+    request = _request(shapes=["input_ids=1x1:1x8:1x64", "attention_mask=1x1:1x100:1x1000"])
+    (profile,) = derive_profiles(model, request)
+    assert profile.shapes["past_key_values.0.key"] == ShapeRange((1, 4, 0, 16), (1, 4, 92, 16), (1, 4, 936, 16))
+    with pytest.raises(OptionError, match=r"total length \(past \+ tokens\) 1:4:8.*tokens 1:8:64.*not a range"):
+        derive_profiles(model, _request(shapes=["input_ids=1x1:1x8:1x64", "attention_mask=1x1:1x4:1x8"]))
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        (
+            ["input_ids=1x1:1x64:1x512", "position_ids=1x1:1x32:1x512"],
+            r"shape gives position_ids dim 1 \('sequence_length'\) 1:32:512 and input_ids dim 1 "
+            r"\('sequence_length'\) 1:64:512: both are the tokens of one call",
+        ),
+        (
+            ["input_ids=1x1:1x64:1x512", "attention_mask=1x1:1x64:1x512"],
+            r"shape attention_mask gives dim 1 \('past_sequence_length \+ sequence_length'\) 1:64:512, but profile "
+            r"'default' has batch 1:1:1, tokens 1:64:512, past 0:256:4096, which make it 1:320:4608",
+        ),
+    ],
+)
+def test_given_shapes_that_contradict_each_other_are_one_line(shapes, message):
+    with pytest.raises(OptionError, match=message) as raised:
+        derive_profiles(_kv_fixture(), _request(shapes=shapes))
+    assert "\n" not in str(raised.value)
+
+
+def test_given_shapes_that_agree_are_kept():
+    shapes = ["input_ids=1x1:1x64:1x512", "attention_mask=1x1:1x320:1x4608"]
+    (profile,) = derive_profiles(_kv_fixture(), _request(shapes=shapes))
+    assert profile.shapes["attention_mask"] == ShapeRange((1, 1), (1, 320), (1, 4608))

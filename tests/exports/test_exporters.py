@@ -16,7 +16,7 @@ from trtfuse.fusion.fuse import FuseResult, fuse_model
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
 
-from support.paths import TOOL_FIXTURES
+from support.paths import TOOL_FIXTURES, fixture_models
 
 FIXTURES = TOOL_FIXTURES
 EXPECTED: dict[str, dict] = json.loads((FIXTURES / "expected.json").read_text())["files"]
@@ -34,7 +34,7 @@ def _fused(name: str) -> tuple[LoadedModel, FuseResult]:
 
 
 def test_manifest_lists_exactly_the_committed_tool_fixtures() -> None:
-    on_disk = {path.name: path.stat().st_size for path in FIXTURES.glob("*.onnx")}
+    on_disk = {path.name: path.stat().st_size for path in fixture_models(FIXTURES)}
     assert on_disk == {name: entry["bytes"] for name, entry in EXPECTED.items()}
     assert all(size < 2**20 for size in on_disk.values())
     assert {entry["tool"] for entry in EXPECTED.values()} == TOOLS

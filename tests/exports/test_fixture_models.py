@@ -19,7 +19,7 @@ import pytest
 
 from trtfuse import contract
 
-from support.paths import REPO_ROOT
+from support.paths import REPO_ROOT, fixture_models
 
 ROOT = REPO_ROOT
 FIXTURES = ROOT / "models" / "fixtures"
@@ -41,9 +41,23 @@ def _vocabulary(model: onnx.ModelProto) -> int:
 
 
 def test_manifest_lists_exactly_the_committed_files() -> None:
-    on_disk = {path.name: path.stat().st_size for path in FIXTURES.glob("*.onnx")}
+    on_disk = {path.name: path.stat().st_size for path in fixture_models(FIXTURES)}
     assert on_disk == {name: entry["bytes"] for name, entry in EXPECTED.items()}
     assert sum(on_disk.values()) < 8 * 2**20
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_what_compile_writes_beside_a_fixture_is_ignored_by_git() -> None:
+    # `trtfuse compile MODEL` without -o writes beside its input; left there, the files must not look like fixtures.
+    from trtfuse.engine.sidecar import sidecar_path_for
+    from trtfuse.pipeline import compile_outputs
+
+    engine = FIXTURES / "qwen3-torchscript-fp16.engine"
+    written = [engine, sidecar_path_for(engine), *compile_outputs(engine)]
+    relative = [str(path.relative_to(ROOT)) for path in written]
+    ignored = subprocess.run(["git", "check-ignore", *relative], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert sorted(ignored.stdout.split()) == sorted(relative)
+    assert fixture_models(FIXTURES) == sorted(FIXTURES / name for name in EXPECTED)
 
 
 def test_fixtures_cover_every_architecture_exporter_and_dtype() -> None:

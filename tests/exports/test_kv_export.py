@@ -20,7 +20,7 @@ from trtfuse.model.dims import DimRole, model_dims
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
 
-from support.paths import REPO_ROOT
+from support.paths import REPO_ROOT, fixture_models
 
 ROOT = REPO_ROOT
 FIXTURES = ROOT / "models" / "fixtures" / "kv"
@@ -96,7 +96,7 @@ def test_export_script_writes_the_kv_cache_interface(tmp_path: Path) -> None:
 
 
 def test_manifest_lists_exactly_the_committed_kv_fixture() -> None:
-    on_disk = {path.name: path.stat().st_size for path in FIXTURES.glob("*.onnx")}
+    on_disk = {path.name: path.stat().st_size for path in fixture_models(FIXTURES)}
     assert on_disk == {name: entry["bytes"] for name, entry in EXPECTED.items()}
     assert all(size < 2**20 for size in on_disk.values())
     entry = EXPECTED[FIXTURE]

@@ -24,7 +24,7 @@ import onnx
 import pytest
 
 from support.graphs import residual_near_miss, residual_stack, skip_norm
-from support.paths import FIXTURES, REPO_ROOT
+from support.paths import FIXTURES, REPO_ROOT, fixture_models
 
 DIGESTS = Path(__file__).with_name("test_no_fuse_residual_digests.json")
 PACKAGES = ("onnx", "onnx_graphsurgeon", "protobuf")
@@ -34,7 +34,7 @@ NEAR_MISSES = ("bias", "broadcast", "chain", "widened", "rounded", "shared")
 def _cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     cases: dict[str, Callable[[], onnx.ModelProto]] = {
         str(path.relative_to(REPO_ROOT)): lambda path=path: onnx.load(str(path))
-        for path in sorted(FIXTURES.glob("**/*.onnx"))
+        for path in fixture_models(FIXTURES, "**/*.onnx")
     }
     for dtype in ("float32", "float16", "bfloat16"):
         cases[f"residual-stack-{dtype}"] = lambda dtype=dtype: residual_stack(dtype, sums_as_outputs=True)

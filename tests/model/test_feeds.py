@@ -19,7 +19,7 @@ from trtfuse.model.feeds import DECODE, DEFAULT_DIM, PREFILL, SINGLE, Step, defa
 
 from support.cli import run_cli
 from support.kv_models import HEAD_SIZE, KV_HEADS, POSITIONS, genai_model, optimum_model, windowed_genai_model
-from support.paths import TOOL_FIXTURES
+from support.paths import FIXTURES, TOOL_FIXTURES
 
 
 def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -336,3 +336,25 @@ def test_full_caches_beside_a_window_cache_still_follow_the_step() -> None:
     prefill, decode = default_feeds(model, seed=0)
     assert prefill.feed["past_key_values.1.key"].shape[2] == 0 and decode.feed["past_key_values.1.key"].shape[2] == 5
     assert prefill.feed["past_key_values.0.key"].shape[2] == decode.feed["past_key_values.0.key"].shape[2] == 4
+
+
+def test_a_mask_that_is_not_past_plus_tokens_is_said_up_front(tmp_path):
+    # The KV fixture's mask is [batch_size, past_sequence_length + sequence_length]: onnxruntime's own failure is a
+    # GatherND index deep in the graph, with no word on the sizes.
+    kv = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
+    model = onnx.load(str(kv))
+    with pytest.raises(OptionError, match=r"attention_mask=1x9: dim 1 is 'past_sequence_length \+ sequence_length'"):
+        default_feeds(model, 0, shapes={"input_ids": (1, 7), "attention_mask": (1, 9)})
+    fused = tmp_path / "kv.fused.onnx"
+    assert run_cli("fuse", kv, "-o", fused).exit_code == 0
+    result = run_cli("check", kv, fused, "--shape", "input_ids=1x7", "--shape", "attention_mask=1x9")
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [
+        "trtfuse: error: --shape attention_mask=1x9: dim 1 is 'past_sequence_length + sequence_length', which the "
+        "prefill step's sizes make 7 (past_sequence_length=0, sequence_length=7), not 9; make the shapes agree, or "
+        "set the sizes with --dim past_sequence_length=N"
+    ]
+    (step,) = default_feeds(
+        model, 0, shapes={"input_ids": (1, 7), "attention_mask": (1, 9)}, dims={"past_sequence_length": 2}
+    )
+    assert step.feed["past_key_values.0.key"].shape == (1, 1, 2, 64)

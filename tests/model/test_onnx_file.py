@@ -42,6 +42,47 @@ def test_not_an_onnx_file(tmp_path: Path, content: bytes) -> None:
         load_model(path)
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("config.json", '{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}'),
+        ("m.fusion.json", '{"fused_norm_calls": 3}'),
+        ("m.textproto", "ir_version: 8\n"),
+        ("m.onnxtxt", "<ir_version: 8>\nagraph () => () {}\n"),
+    ],
+)
+@pytest.mark.parametrize("command", ["inspect", "fuse", "compile", "check-original", "check-fused", "compare"])
+def test_json_and_text_files_are_not_onnx_models_on_every_command(
+    tmp_path: Path, name: str, content: str, command: str
+) -> None:
+    # onnx picks a JSON or text parser by the extension; its ParseError ended in exit 4.
+    path = tmp_path / name
+    path.write_text(content)
+    fixture = tmp_path / "model.onnx"
+    onnx.save_model(tiny_lm(np.float32, fused=False), str(fixture))
+    arguments = {
+        "inspect": ["inspect", path],
+        "fuse": ["fuse", path, "-o", tmp_path / "out.onnx"],
+        "compile": ["compile", path],
+        "check-original": ["check", path, fixture],
+        "check-fused": ["check", fixture, path],
+        "compare": ["compare", path, tmp_path / "m.engine"],
+    }[command]
+    result = run_cli(*arguments)
+    assert result.exit_code == 2, result.output
+    assert f"{path}: not an ONNX model" in result.output
+    assert ("models/export.py --cache --checkpoint" in result.output) is (name == "config.json")
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted([name, "model.onnx"])
+
+
+def test_a_checkpoint_folder_points_at_the_export(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    result = run_cli("inspect", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path}: is a Hugging Face checkpoint folder, not an ONNX model" in result.output
+    assert f"python models/export.py --cache --checkpoint {tmp_path} --out OUT" in result.output
+
+
 @pytest.mark.parametrize("opset", [11, 24])
 def test_unsupported_opset(write_model, opset: int) -> None:
     path = write_model(projection_model(opset=opset))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from trtfuse.cli.options import EXIT_MISMATCH, FilePath, detail, echo_json, printable, summary
+from trtfuse.cli.options import EXIT_MISMATCH, VERBOSITY, FilePath, detail, echo_json, printable
 from trtfuse.errors import TrtfuseError
 
 if TYPE_CHECKING:
@@ -161,28 +161,35 @@ def echo_result(
     extra_json: Mapping[str, object] | None = None,
     generation: GenerationVerdict | None = None,
 ) -> None:
-    """A table per step, then the generation's tokens and verdict where `--generate` asked for one (or, with --json,
-    one JSON object, `passed` covering both); exit 1 unless every step and the generation passed."""
+    """A table per step, then the generation's tokens and verdict where `--generate` asked for one, then the verdict
+    line on stdout, pass or fail (-q drops the tables, never the verdict); with --json, one JSON object instead,
+    `passed` covering both. Exit 1 unless every step and the generation passed."""
     passed = result.passed and (generation is None or generation.passed)
     if as_json:
         both = {"passed": passed, "generation": generation.to_json()} if generation is not None else {}
         echo_json({**(extra_json or {}), **result.to_json(), **both})
-    else:
+    elif VERBOSITY.level >= 0:
         origin = f"inputs from {result.inputs_file}" if result.inputs_file else f"seed {result.seed}"
         for step in result.steps:
             _echo_step(step, origin)
         for line in generation_lines(generation) if generation is not None else ():
             click.echo(line)
+    if not as_json:
+        click.secho(_verdict_line(result, generation), fg=None if passed else "red")
     if not passed:
-        if not as_json:
-            failure = _failure_line(result) if not result.passed else generation.verdict_line()
-            click.secho(failure, fg="red", err=True)
         raise SystemExit(EXIT_MISMATCH)
+
+
+def _verdict_line(result: CheckResult, generation: GenerationVerdict | None) -> str:
+    if not result.passed:
+        return _failure_line(result)
+    if generation is not None and not generation.passed:
+        return generation.verdict_line()
     judged = sum(len(step.judged) for step in result.steps)
     left_out = sum(len(step.outputs) for step in result.steps) - judged
     unjudged = f", {left_out} left out (they differ between runs of the original)" if left_out else ""
     generated = f"; {generation.agreement()}" if generation is not None else ""
-    summary(f"all {judged} outputs pass ({_judged_by_text(result)}){unjudged}{generated}", as_json)
+    return f"all {judged} outputs pass ({_judged_by_text(result)}){unjudged}{generated}"
 
 
 def _judged_by_text(result: CheckResult) -> str:

@@ -17,7 +17,6 @@ from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
-    VERBOSITY,
     FilePath,
     RangeType,
     ShapeRangeType,
@@ -32,6 +31,7 @@ from trtfuse.cli.options import (
     printable,
     summary,
     unique,
+    warning,
 )
 from trtfuse.contract import PluginKind
 from trtfuse.errors import MissingDependencyError
@@ -128,7 +128,7 @@ def compile_command(
         fusion=fusion,
         notify=info,
         on_fused=lambda fused: _report_fused(fused, as_json),
-        warn=_warning,
+        warn=warning,
     )
     if compiled.missing is not None:
         done = f"fused, but no engine built ({engine_path})"
@@ -147,12 +147,6 @@ def compile_command(
 def _report_fused(fused: FusedFile, as_json: bool) -> None:
     fusion_details(fused.report, fused.seconds)
     summary(_fused_line(fused), as_json)
-
-
-def _warning(message: str) -> None:
-    """A warning line on stderr, unless -q."""
-    if VERBOSITY.level >= 0:
-        click.secho(printable(f"trtfuse: warning: {message}"), fg="yellow", err=True)
 
 
 def _fused_line(fused: FusedFile) -> str:
@@ -308,8 +302,8 @@ def compare_command(
     if report_path is not None:
         with Transaction():
             write_json_atomic(report_path, report_json)
-    if not as_json:
-        click.echo(printable(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}"))
+    # The tables' header: -q drops it with them.
+    summary(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}", as_json)
     echo_result(report.result, as_json, extra_json=report.to_json(), generation=generation)
 
 

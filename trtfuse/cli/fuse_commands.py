@@ -23,6 +23,7 @@ from trtfuse.cli.options import (
     info,
     printable,
     summary,
+    warning,
 )
 from trtfuse.files import OutputPlan
 
@@ -103,8 +104,8 @@ def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
     if as_json:
         echo_json({**_search_json(search), **result.counts().to_json()})
         return
-    lines = [f"{model_path}: {result.counts().line(reasons=0)}"]
-    lines += [f"  rms_norm  {_match_line(match)}" for match in search.matches]
+    summary(f"{model_path}: {result.counts().line(reasons=0)}", as_json)
+    lines = [f"  rms_norm  {_match_line(match)}" for match in search.matches]
     lines += [f"  add_norm  {_add_norm_line(add)}" for add in search.add_norms]
     for pair in search.qk_norm_pairs:
         lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
@@ -160,8 +161,10 @@ def check(
     greedily on both from one prompt; they must be the same, but for a divergence at a near tie."""
     from trtfuse.model.onnx_file import load_model
     from trtfuse.verify.check import check_fused
+    from trtfuse.verify.interface import check_original_unfused, unfused_candidate_warning
 
     original, fused = load_model(original_path), load_model(fused_path)
+    check_original_unfused(original)
     plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)
     plan.read(*([load_inputs] if load_inputs else []))
     plan.write("saved inputs", save_inputs).check()
@@ -183,4 +186,8 @@ def check(
         from trtfuse.generate.agreement import check_generation
 
         generation = check_generation(original, fused, generate_steps, prompt_ids, seed)
+    # After the run, so that bad input stays one line; before the verdict, which it qualifies.
+    unfused = unfused_candidate_warning(fused)
+    if unfused:
+        warning(unfused)
     echo_result(result, as_json, generation=generation)

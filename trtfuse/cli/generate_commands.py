@@ -16,6 +16,7 @@ from trtfuse.cli.options import (
     exit_missing,
     printable,
     summary,
+    warning,
 )
 from trtfuse.errors import MissingDependencyError
 
@@ -57,7 +58,7 @@ def generate_command(
     from trtfuse.generate.runners import generate_file
 
     try:
-        run = generate_file(model_path, steps, prompt_ids, seed=seed, use_cache=not no_cache, runs=repeat)
+        run = generate_file(model_path, steps, prompt_ids, seed=seed, use_cache=not no_cache, runs=repeat, warn=warning)
     except MissingDependencyError as error:
         exit_missing(error, f"cannot generate with {model_path}", as_json)
     if as_json:

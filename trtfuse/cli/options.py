@@ -306,6 +306,12 @@ def info(message: str) -> None:
         click.echo(printable(message), err=True)
 
 
+def warning(message: str) -> None:
+    """A warning line on stderr, unless -q."""
+    if VERBOSITY.level >= 0:
+        click.secho(printable(f"trtfuse: warning: {message}"), fg="yellow", err=True)
+
+
 def detail(message: str) -> None:
     """A line only -v shows, on stderr: what was matched, rejected and timed along the way."""
     if VERBOSITY.level >= 1:

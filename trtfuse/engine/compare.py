@@ -17,6 +17,7 @@ from trtfuse.files import OutputPlan, check_readable
 from trtfuse.model.feeds import StepFeed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused, step_feeds
+from trtfuse.verify.interface import check_original_unfused
 from trtfuse.verify.onnxrt import original_session
 from trtfuse.verify.tolerances import Tolerance
 from trtfuse.verify.verdict import CheckResult, judge_for, judge_steps
@@ -70,6 +71,7 @@ def compare(
     (a report): every file read here joins its reads, and it is checked before any work."""
     check_readable(candidate_path)
     original = loaded_original if loaded_original is not None else load_model(original_path)
+    check_original_unfused(original)
     plan = (plan or OutputPlan()).read(*original.files).write("saved inputs", save_inputs)
     if not is_engine(candidate_path):
         fused = load_model(candidate_path)

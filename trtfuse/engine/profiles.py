@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from trtfuse.errors import Choice, OptionError, TrtfuseError
-from trtfuse.model.dims import DimExpressionError, DimRole, ModelDims, model_dims
+from trtfuse.model.dims import DimExpressionError, DimRole, ModelDims, model_dims, position_warning
 
 
 @dataclass(frozen=True)
@@ -158,15 +158,36 @@ NO_CACHE_DECODE = (
 
 
 def profile_warnings(model: onnx.ModelProto, request: ProfileRequest) -> list[str]:
-    """One line per requested profile that cannot do what its name says: a decode profile on a model without a KV
-    cache. The build still goes on; the caller shows the lines."""
-    if model_dims(model).has_kv_cache:
-        return []
-    return [
-        NO_CACHE_DECODE.format(name=ranges.name)
-        for ranges in request.profiles
-        if ranges.name == "decode" or ranges.tokens == DimRange(1, 1, 1)
-    ]
+    """One line per requested profile that cannot do what its name says (a decode profile on a model without a KV
+    cache), and one for the profiles that reach past the positions the model was trained for. The build still goes
+    on; the caller shows the lines."""
+    reading = model_dims(model)
+    lines = []
+    if not reading.has_kv_cache:
+        lines = [
+            NO_CACHE_DECODE.format(name=ranges.name)
+            for ranges in request.profiles
+            if ranges.name == "decode" or ranges.tokens == DimRange(1, 1, 1)
+        ]
+    totals = {
+        ranges.name: ranges.tokens.max + (ranges.past.max if reading.has_kv_cache else 0)
+        for ranges in _role_ranges(reading, request)
+    }
+    declared = reading.declared_positions
+    past_it = [name for name, total in totals.items() if declared is not None and total > declared.value]
+    if past_it:
+        names = ", ".join(repr(name) for name in past_it)
+        what = f"profile{'s' if len(past_it) > 1 else ''} {names} reach{'' if len(past_it) > 1 else 'es'} up to"
+        line = position_warning(reading, max(totals[name] for name in past_it), what)
+        lines.append(f"{line}; give token and past ranges whose MAX add up to at most {declared.value}")
+    return lines
+
+
+def _role_ranges(reading: ModelDims, request: ProfileRequest) -> list[RoleRanges]:
+    """Each requested profile's token and past ranges as its shapes are derived: the sizes given shapes set, then cut
+    to the positions the graph holds."""
+    given = _ranges_from_shapes(reading, request.shapes)
+    return [_within_positions(_with_given(requested, given), reading) for requested in request.profiles]
 
 
 def _check_override(value: onnx.ValueInfoProto, shape_range: ShapeRange) -> None:
@@ -240,6 +261,10 @@ def _dim_range(
 ) -> DimRange:
     if dim.HasField("dim_value"):
         return DimRange(dim.dim_value, dim.dim_value, dim.dim_value)
+    return _symbolic_range(input_name, axis, reading, ranges)
+
+
+def _symbolic_range(input_name: str, axis: int, reading: ModelDims, ranges: Mapping[DimRole, DimRange]) -> DimRange:
     expression = reading.expressions[input_name][axis]
     hint = ("; give its shape with ", Choice("shape"), f" {input_name}=MIN:OPT:MAX")
     if expression is None:
@@ -314,6 +339,82 @@ def _within_positions(role_ranges: RoleRanges, reading: ModelDims) -> RoleRanges
     )
 
 
+def _ranges_from_shapes(reading: ModelDims, shapes: Mapping[str, ShapeRange]) -> dict[DimRole, DimRange]:
+    """The role ranges given shapes set: an axis that is one symbol of a role (`input_ids [batch_size,
+    sequence_length]`) gives that role its sizes in every profile, so the other inputs follow. Two shapes that give
+    one role different sizes are refused."""
+    found: dict[DimRole, tuple[DimRange, str]] = {}
+    for name, shape in shapes.items():
+        for axis, expression in enumerate(reading.expressions[name]):
+            symbol = expression.symbol if expression is not None else None
+            role = reading.roles.get(symbol) if symbol is not None else None
+            if role is None:
+                continue
+            given = DimRange(shape.min[axis], shape.opt[axis], shape.max[axis])
+            where = f"{name} dim {axis} ({symbol!r})"
+            if role in found and found[role][0] != given:
+                seen, seen_where = found[role]
+                raise OptionError(
+                    "shape",
+                    Choice("shape"),
+                    f" gives {where} {given} and {seen_where} {seen}: both are the {role.value} of one call; "
+                    "give sizes that agree",
+                )
+            found.setdefault(role, (given, where))
+    return {role: given for role, (given, _where) in found.items()}
+
+
+def _with_given(requested: RoleRanges, given: Mapping[DimRole, DimRange]) -> RoleRanges:
+    """`requested` with the tokens and past the given shapes set (a total with the tokens sets the past); a range
+    taken from a shape counts as given, so the position limit is not cut into it."""
+    tokens = given.get(DimRole.TOKENS, requested.tokens)
+    past = given.get(DimRole.PAST, requested.past)
+    total = given.get(DimRole.TOTAL)
+    if total is not None and DimRole.PAST not in given:
+        past = DimRange(total.min - tokens.min, total.opt - tokens.opt, total.max - tokens.max)
+        if not 0 <= past.min <= past.opt <= past.max:
+            raise OptionError(
+                "shape",
+                Choice("shape"),
+                f" gives the total length (past + tokens) {total}, and profile {requested.name!r} has tokens "
+                f"{tokens}: that leaves a past of {past}, not a range of sizes; give the tokens' input a shape too",
+            )
+    return RoleRanges(
+        requested.name,
+        tokens,
+        past,
+        requested.tokens_given or DimRole.TOKENS in given,
+        requested.past_given or DimRole.PAST in given or total is not None,
+    )
+
+
+def _check_given_shapes(
+    request: ProfileRequest,
+    reading: ModelDims,
+    ranges: Mapping[DimRole, DimRange],
+    profile: str,
+) -> None:
+    """Every given shape must be what its dims are at the profile's ranges, on each axis whose symbols the model
+    gives a role or a value (`attention_mask [batch, past + sequence]` against the tokens and past of the other
+    inputs): a profile TensorRT would refuse at build time is refused here, in one line."""
+    for name, given in request.shapes.items():
+        for axis, expression in enumerate(reading.expressions[name]):
+            if expression is None or not expression.symbols <= (reading.roles.keys() | reading.fixed.keys()):
+                continue
+            derived = _symbolic_range(name, axis, reading, ranges)
+            wanted = DimRange(given.min[axis], given.opt[axis], given.max[axis])
+            if derived != wanted:
+                others = ", ".join(
+                    f"{role.value} {ranges[role]}" for role in (DimRole.BATCH, DimRole.TOKENS, DimRole.PAST)
+                )
+                raise OptionError(
+                    "shape",
+                    Choice("shape"),
+                    f" {name} gives dim {axis} ({expression.text!r}) {wanted}, but profile {profile!r} has {others}, "
+                    f"which make it {derived}; give the related inputs' shapes too, or sizes that agree",
+                )
+
+
 def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Profile]:
     """One Profile per requested RoleRanges, covering every graph input; raises naming the input and dim at fault."""
     reading = model_dims(model)
@@ -331,10 +432,10 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
                 "shape", f"input {value.name!r} has no static rank; give its shape with ", Choice("shape")
             )
     _check_flags(reading, request)
-    batch = _batch_range(reading, request)
+    given = _ranges_from_shapes(reading, request.shapes)
+    batch = given.get(DimRole.BATCH) or _batch_range(reading, request)
     profiles = []
-    for requested in request.profiles:
-        role_ranges = _within_positions(requested, reading)
+    for role_ranges in _role_ranges(reading, request):
         ranges = {
             DimRole.BATCH: batch,
             DimRole.TOKENS: role_ranges.tokens,
@@ -353,6 +454,7 @@ def derive_profiles(model: onnx.ModelProto, request: ProfileRequest) -> list[Pro
             shapes[value.name] = ShapeRange(
                 tuple(d.min for d in dims), tuple(d.opt for d in dims), tuple(d.max for d in dims)
             )
+        _check_given_shapes(request, reading, ranges, role_ranges.name)
         profiles.append(Profile(role_ranges.name, shapes, _length_values(reading, shapes, ranges)))
     return profiles
 

@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from trtfuse.errors import Choice, OptionError, TrtfuseError
-from trtfuse.model.dims import Bound, DimExpressionError, DimRole, ModelDims, model_dims
+from trtfuse.model.dims import Bound, DimExpressionError, DimRole, ModelDims, model_dims, position_warning
 
 # Generation feeds one sequence.
 BATCH = 1
@@ -96,7 +96,7 @@ class GenerationInterface:
                 Choice("prompt-ids"),
             )
         bound = self.max_positions
-        positions = len(prompt) + steps - 1
+        positions = fed_positions(len(prompt), steps)
         if bound is not None and positions > bound.value:
             raise OptionError(
                 "prompt-ids",
@@ -105,6 +105,11 @@ class GenerationInterface:
                 Choice("prompt-ids"),
                 " or ask for fewer steps",
             )
+
+    def position_warning(self, prompt_length: int, steps: int) -> str:
+        """'' unless the steps feed more positions than the model was trained for (`model.dims.position_warning`)."""
+        what = f"{self.source}: a prompt of {_count(prompt_length, 'id')} and {_count(steps, 'step')} feed"
+        return position_warning(self.reading, fed_positions(prompt_length, steps), what)
 
     def feed(
         self, tokens: Sequence[int], past: int, cache: Mapping[str, np.ndarray] | None = None
@@ -173,6 +178,11 @@ class GenerationInterface:
         if name.lower().startswith("seqlens_k"):
             return past + tokens - 1
         return past if self.reading.length_inputs[name] is DimRole.PAST else past + tokens
+
+
+def fed_positions(prompt_length: int, steps: int) -> int:
+    """The positions a generation feeds: the prompt, then each generated token but the last (it is not fed back)."""
+    return prompt_length + steps - 1
 
 
 def _count(number: int, noun: str) -> str:

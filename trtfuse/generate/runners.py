@@ -10,7 +10,7 @@ model its sidecar names.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,19 +86,22 @@ def generate_file(
     seed: int = 0,
     use_cache: bool = True,
     runs: int = 1,
+    warn: Callable[[str], None] | None = None,
 ) -> GenerationRun:
     """Greedy generation on an ONNX file (original or fused) or an engine: `prompt` (None: `default_prompt` from
-    `seed`), then `steps` tokens; `runs` times, the latencies the medians over all runs."""
+    `seed`), then `steps` tokens; `runs` times, the latencies the medians over all runs. `warn` hears, before the
+    first step, that the steps go past the positions the model was trained for."""
     if runs < 1:
         raise OptionError("repeat", f"{runs} runs: generation runs at least once")
     if is_engine(model_path):
-        return _generate_engine(model_path, steps, prompt, seed, use_cache, runs)
+        return _generate_engine(model_path, steps, prompt, seed, use_cache, runs, warn)
     loaded = load_model(model_path)
     interface = generation_interface(loaded.model, str(model_path))
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
     # The request is checked before the (slow) session is made.
     interface.check_drivable(use_cache)
     interface.check_prompt(chosen, steps)
+    _warn_positions(interface, len(chosen), steps, warn)
     session, runner, note = cpu_session(loaded)
     generation = repeated(
         lambda: greedy_generate(session.run, interface, chosen, steps, use_cache=use_cache, warm_up=True), runs
@@ -114,8 +117,22 @@ def run_notes(interface: GenerationInterface, use_cache: bool) -> list[str]:
     return list(interface.cast_notes)
 
 
+def _warn_positions(
+    interface: GenerationInterface, prompt_length: int, steps: int, warn: Callable[[str], None] | None
+) -> None:
+    line = interface.position_warning(prompt_length, steps)
+    if line and warn is not None:
+        warn(line)
+
+
 def _generate_engine(
-    engine_path: Path, steps: int, prompt: Sequence[int] | None, seed: int, use_cache: bool, runs: int
+    engine_path: Path,
+    steps: int,
+    prompt: Sequence[int] | None,
+    seed: int,
+    use_cache: bool,
+    runs: int,
+    warn: Callable[[str], None] | None,
 ) -> GenerationRun:
     engine = EngineFile.open(engine_path)
     if engine.sidecar is None:
@@ -129,6 +146,7 @@ def _generate_engine(
     interface.check_drivable(use_cache)
     interface.check_prompt(chosen, steps)
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
+    _warn_positions(interface, len(chosen), steps, warn)
     import_tensorrt()
     with engine_step(engine) as run:
         generation = repeated(

@@ -22,6 +22,9 @@ from onnx import shape_inference
 from trtfuse.errors import TrtfuseError
 from trtfuse.model.interface import fed_inputs
 
+# The metadata key under which an export records the positions its model was trained for: Hugging Face's config
+# name, written by models/export.py --cache.
+POSITIONS_METADATA_KEY = "max_position_embeddings"
 # The batch of generated inputs and the OPT/MAX batch of derived profiles, unless the model allows only another:
 # 2 rather than 1, so that a batch-mixing bug shows.
 DEFAULT_BATCH = 2
@@ -132,6 +135,9 @@ class ModelDims:
     batch: Bound | None = None
     onnxruntime_batch: Bound | None = None
     max_total: Bound | None = None
+    # The positions the model was trained for, where its export records them (`POSITIONS_METADATA_KEY`): no limit
+    # of the graph, which computes its rotary angles for any position, so going past it is warned about, not refused.
+    declared_positions: Bound | None = None
     expressions: Mapping[str, tuple[DimExpression | None, ...]] = field(default_factory=dict)
     # Sequence dims of window-sized caches (GroupQueryAttention with sliding_window_cache=1): named like a past
     # (`past_sliding_length`) but a capacity the attention op requires at every step; also in `fixed`, in no role.
@@ -216,7 +222,27 @@ def model_dims(model: onnx.ModelProto) -> ModelDims:
         batch=_static_cache_batch(model, cache_inputs, expressions),
         onnxruntime_batch=_onnxruntime_batch(model),
         max_total=_max_total(model, shapes),
+        declared_positions=declared_positions(model),
         expressions=expressions,
+    )
+
+
+def declared_positions(model: onnx.ModelProto) -> Bound | None:
+    """The model's trained context length from its metadata (a positive integer), else None."""
+    value = next((entry.value for entry in model.metadata_props if entry.key == POSITIONS_METADATA_KEY), "")
+    if not value.isascii() or not value.isdigit() or int(value) == 0:
+        return None
+    return Bound(int(value), f"its metadata's {POSITIONS_METADATA_KEY} {int(value)}")
+
+
+def position_warning(reading: ModelDims, positions: int, what: str) -> str:
+    """'' while `positions` is within the model's declared positions; else one line saying `what` goes past them."""
+    declared = reading.declared_positions
+    if declared is None or positions <= declared.value:
+        return ""
+    return (
+        f"{what} {positions} positions, past the {declared.value} the model was trained for ({declared.reason}); "
+        "its outputs there are not what the checkpoint learned"
     )
 
 

@@ -125,6 +125,7 @@ def _step_feed(
             raise OptionError("dim", Choice("dim"), f" {symbol}=0: {_EMPTY_CALL[dim_role(symbol)]}")
     values = _symbol_values(reading, shapes, dims, step)
     input_shapes = {value.name: _input_shape(value, reading, shapes, values) for value in reading.inputs}
+    _check_relations(reading, shapes, dims, values, step)
     _check_not_empty(shapes, reading)
     _check_size(input_shapes, reading)
     tokens = _role_value(reading, values, DimRole.TOKENS)
@@ -193,6 +194,45 @@ def _symbol_values(
             for symbol in expression.symbols if expression is not None else ():
                 values.setdefault(symbol, DEFAULT_DIM)
     return values
+
+
+def _check_relations(
+    reading: ModelDims,
+    shapes: Mapping[str, Sequence[int]],
+    dims: Mapping[str, int],
+    values: Mapping[str, int],
+    step: Step,
+) -> None:
+    """Every given shape must be what its dims say at the step's sizes, on each axis whose symbols all have a role, a
+    required value or a `--dim` (`attention_mask [batch, past_sequence_length + sequence_length]` against the tokens
+    of `input_ids` and the step's past): said up front, not as the runtime's failure deep inside the graph."""
+    known = reading.roles.keys() | reading.fixed.keys() | dims.keys()
+    for name, shape in shapes.items():
+        for axis, (expression, size) in enumerate(zip(reading.expressions[name], shape, strict=False)):
+            if expression is None or not expression.symbols or not expression.symbols <= known:
+                continue
+            try:
+                expected = expression.evaluate(values)
+            except DimExpressionError:
+                continue
+            if expected == size:
+                continue
+            sizes = ", ".join(f"{symbol}={values[symbol]}" for symbol in sorted(expression.symbols))
+            given = "x".join(str(dim) for dim in shape)
+            # A past the step chose, not the user: fixing it leaves one step of exactly the sizes given.
+            past = [
+                symbol
+                for symbol in sorted(expression.symbols - dims.keys())
+                if reading.roles.get(symbol) is DimRole.PAST
+            ]
+            raise OptionError(
+                "shape",
+                Choice("shape"),
+                f" {name}={given}: dim {axis} is {expression.text!r}, which the {step.name} step's sizes make "
+                f"{expected} ({sizes}), not {size}; make the shapes agree, or set the sizes with ",
+                Choice("dim"),
+                f" {past[0] if past else 'SYMBOL'}=N",
+            )
 
 
 def _role_value(reading: ModelDims, values: Mapping[str, int], role: DimRole) -> int | None:

@@ -103,6 +103,8 @@ def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
 def load_model(path: str | os.PathLike) -> LoadedModel:
     """Read and validate an ONNX model; every problem is a one-line `TrtfuseError` naming the file or tensor."""
     path = Path(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        raise TrtfuseError(f"{path}: is a Hugging Face checkpoint folder, not an ONNX model{_export_hint(path)}")
     check_readable(path)
     model = _parse(path)
     _check_opset(model, path)
@@ -123,16 +125,23 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
 
 
 def _parse(path: Path) -> onnx.ModelProto:
+    # Always the binary format: onnx picks its JSON or text parser by the file's extension, whose errors about a
+    # checkpoint's config.json or a report would come out as a field ModelProto lacks.
+    hint = _export_hint(path.parent) if path.name == "config.json" else ""
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), format="protobuf", load_external_data=False)
     except OSError as error:
         raise TrtfuseError(f"{path}: cannot read: {error.strerror or error}") from None
     except (DecodeError, ValueError, RuntimeError) as error:
-        raise TrtfuseError(f"{path}: not an ONNX model ({first_line(error)})") from None
+        raise TrtfuseError(f"{path}: not an ONNX model ({first_line(error)}){hint}") from None
     # Protobuf parses many non-ONNX byte strings into a message with no fields set.
     if model.ir_version == 0 or not model.HasField("graph"):
-        raise TrtfuseError(f"{path}: not an ONNX model (no IR version or no graph)")
+        raise TrtfuseError(f"{path}: not an ONNX model (no IR version or no graph){hint}")
     return model
+
+
+def _export_hint(checkpoint: Path) -> str:
+    return f"; export it first: python models/export.py --cache --checkpoint {checkpoint} --out OUT"
 
 
 def _check_opset(model: onnx.ModelProto, path: Path) -> None:

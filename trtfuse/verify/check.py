@@ -15,6 +15,7 @@ from trtfuse.files import Transaction
 from trtfuse.model.feed_files import save_feeds
 from trtfuse.model.feeds import StepFeed, default_feeds
 from trtfuse.model.onnx_file import LoadedModel
+from trtfuse.verify.interface import check_original_unfused
 from trtfuse.verify.tolerances import Tolerance
 from trtfuse.verify.verdict import CheckResult, judge_lowered
 
@@ -50,6 +51,7 @@ def check_fused(
     save_inputs: Path | None = None,
 ) -> CheckResult:
     """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `step_feeds`
-    (`inputs_file` names where given feeds came from)."""
+    (`inputs_file` names where given feeds came from). A fused original is refused before any feed is saved."""
+    check_original_unfused(original)
     feeds = step_feeds(original, seed, shapes, dims, feeds, save_inputs)
     return judge_lowered(original, fused, feeds, None if inputs_file else seed, inputs_file, tolerance)

@@ -8,9 +8,33 @@ from collections.abc import Sequence
 
 import onnx
 
+from trtfuse import contract
 from trtfuse.errors import TrtfuseError
 from trtfuse.model.interface import elem_type_name, fed_inputs
 from trtfuse.model.onnx_file import LoadedModel
+
+
+def check_original_unfused(original: LoadedModel) -> None:
+    """The original must hold no trtfuse node: it runs as it is, and a fused model in its place (the arguments
+    swapped) would fail as a runtime's refusal of an unknown op."""
+    total = _plugin_node_count(original.model)
+    if total:
+        raise TrtfuseError(
+            f"{original.path}: holds {total} trtfuse plugin node(s), so it is a fused model where the original is "
+            "expected: the arguments look swapped (ORIGINAL.onnx first, then FUSED.onnx)"
+        )
+
+
+def unfused_candidate_warning(fused: LoadedModel) -> str:
+    """'' when `fused` holds a trtfuse node; else the warning that the check compares the original with a model
+    that was not fused (the same file given twice, say), which checks no fusion."""
+    if _plugin_node_count(fused.model):
+        return ""
+    return f"{fused.path} holds no trtfuse plugin node: nothing fused is checked (was it written by trtfuse fuse?)"
+
+
+def _plugin_node_count(model: onnx.ModelProto) -> int:
+    return sum(node.domain == contract.ONNX_DOMAIN for node in model.graph.node)
 
 
 def check_same_inputs(original: LoadedModel, fused: LoadedModel) -> None:

@@ -9,8 +9,9 @@ float32 evaluation of the same ops on the same weights tells which of the two is
 `widen_to_float32` keeps every op and every weight value; it changes only where values are rounded: float16 and
 bfloat16 inputs, outputs, weights, casts and constants become float32 (weights in external data through a Cast), and
 an activation QuantizeLinear -> DequantizeLinear pair that only rounds (a rounding of a computed value, not of a
-stored weight; `model.qdq`) becomes an identity, while one that rescales or shifts stays. Quantized weights stay as
-stored, since their float values are all the model has.
+stored weight; `model.qdq`) becomes an identity, while one that rescales or shifts stays, and an op that quantizes
+its activations on the fly computes them unrounded (`verify.dynamic_quantization`). Quantized weights stay as stored,
+since their float values are all the model has.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import onnx
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 from trtfuse.model.qdq import QdqOperand, pair_difference
+from trtfuse.verify.dynamic_quantization import compute_activations_unrounded
 
 NARROW_FLOATS = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 # Cast targets that round a computed value; float8 casts appear in fp8 exports outside Q/DQ.
@@ -35,6 +37,8 @@ QUANTIZATION_OPS = frozenset(
         "QuantizeLinear",
         "DequantizeLinear",
         "DynamicQuantizeLinear",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
         "MatMulNBits",
         "MatMulInteger",
         "QLinearMatMul",
@@ -58,10 +62,12 @@ def is_reduced_precision(model: onnx.ModelProto) -> bool:
 
 
 def widen_to_float32(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` computing the same ops on the same weights in float32, activation Q/DQ pairs removed."""
+    """A copy of `model` computing the same ops on the same weights in float32, activation Q/DQ pairs removed and
+    activations quantized on the fly left unrounded."""
     widened = onnx.ModelProto()
     widened.CopyFrom(model)
     _widen_graph(widened.graph)
+    compute_activations_unrounded(widened.graph)
     for function in widened.functions:
         _widen_nodes(function.node)
         _drop_activation_quantization(function.node, set(function.output), {})
