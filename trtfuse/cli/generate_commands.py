@@ -14,6 +14,7 @@ from trtfuse.cli.options import (
     common_options,
     echo_json,
     exit_missing,
+    info,
     printable,
     summary,
 )
@@ -57,7 +58,7 @@ def generate_command(
     from trtfuse.generate.runners import generate_file
 
     try:
-        run = generate_file(model_path, steps, prompt_ids, seed=seed, use_cache=not no_cache, runs=repeat)
+        run = generate_file(model_path, steps, prompt_ids, seed=seed, use_cache=not no_cache, runs=repeat, notify=info)
     except MissingDependencyError as error:
         exit_missing(error, f"cannot generate with {model_path}", as_json)
     if as_json:
