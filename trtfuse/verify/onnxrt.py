@@ -124,11 +124,17 @@ class CpuSession:
 
         def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             try:
-                return dict(zip(names, session.run(names, dict(feed)), strict=True))
+                outputs = session.run(names, dict(feed))
             except Exception as error:
                 # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
                 message = first_line(error)
                 raise _runtime_error(f"{self.model.path}: onnxruntime cannot run it: {message}", message) from None
+            # onnxruntime's arrays are views of its own buffers, each keeping the session's memory arena alive: the
+            # outputs outlive the session (a check holds every step's), so they are copied out of it.
+            return {
+                name: np.array(value) if isinstance(value, np.ndarray) else value
+                for name, value in zip(names, outputs, strict=True)
+            }
 
         return run
 
