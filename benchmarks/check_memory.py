@@ -4,12 +4,14 @@ Builds a Hugging Face Llama checkpoint from a config with random weights (no hub
 `models/export.py --cache --checkpoint DIR --exporter dynamo --dtype float16` does (KV cache, external data), fuses it,
 then runs each command in a subprocess and prints its wall time, its peak RSS and that RSS over the weights' bytes.
 Not a timed test: the numbers depend on the machine. The full size (the default) is a 0.85 B-parameter model, hidden
-2048, 16 layers, GQA 16/4, vocabulary 32000: 1.7 GB of weights, ~2-4 GB of disk and, for the export, ~8 GB of RAM.
+2048, 16 layers, GQA 16/4, vocabulary 32000: 1.7 GB of weights, ~4 GB of disk and, for the export, ~6 GB of RAM. CPU time (user + system) is printed beside
+the wall time: on a machine others share, it moves less.
 
 \b
     python3 benchmarks/check_memory.py                       # the 0.85 B model
     python3 benchmarks/check_memory.py --size small          # hidden 1024, 8 layers: 0.16 B, a quick run
     python3 benchmarks/check_memory.py --keep /tmp/cm        # keep (and on a later run reuse) the exported model
+    python3 benchmarks/check_memory.py --keep /tmp/cm --repo ../main --only check   # another checkout's trtfuse
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-EXPORT_STEPS = 16
+STEPS = "16"
+# What is measured after `fuse`, by name.
+COMMANDS = {
+    "check": ["check", "{original}", "{fused}"],
+    "check-generate": ["check", "{original}", "{fused}", "--generate", STEPS],
+    "generate": ["generate", "{fused}", "--steps", STEPS],
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ SIZES = {
 class Measured:
     command: str
     seconds: float
+    cpu_seconds: float
     peak_rss: int
     exit_code: int
 
@@ -84,33 +93,34 @@ def build_checkpoint(size: Size, folder: Path) -> None:
     model.save_pretrained(folder)
 
 
-def measure(label: str, command: list[str]) -> Measured:
-    """Wall seconds and peak RSS of `command` run in a subprocess from the repository root.
+def measure(label: str, command: list[str], repo: Path = REPO) -> Measured:
+    """Wall seconds and peak RSS of `command` run in a subprocess from the root of `repo`, whose trtfuse it imports.
 
     The command runs under a small Python of its own (`peak_rss_of`): Linux counts the RSS a process had before
     `exec` in its peak, so a command forked straight from this process (which built the model) would inherit its
     size."""
     print(f"running {label}: {' '.join(command)}", file=sys.stderr, flush=True)
-    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    environment = {**os.environ, "PYTHONPATH": str(repo)}
     wrapper = [sys.executable, __file__, "--peak-rss-of", *command]
     start = time.perf_counter()
-    done = subprocess.run(wrapper, cwd=REPO, env=environment, stdout=subprocess.PIPE, text=True, check=False)
+    done = subprocess.run(wrapper, cwd=repo, env=environment, stdout=subprocess.PIPE, text=True, check=False)
     seconds = time.perf_counter() - start
-    *printed, peak = done.stdout.rstrip("\n").split("\n")
+    *printed, usage = done.stdout.rstrip("\n").split("\n")
+    cpu_seconds, peak = usage.split()
     if done.returncode not in (0, 1):
         raise SystemExit(f"{label} failed with exit status {done.returncode}:\n" + "\n".join(printed))
     print("\n".join(printed), file=sys.stderr)
-    return Measured(label, seconds, int(peak), done.returncode)
+    return Measured(label, seconds, float(cpu_seconds), int(peak), done.returncode)
 
 
 def peak_rss_of(command: list[str]) -> None:
-    """Runs `command`, passes its output on, then prints its peak RSS in bytes as the last line; exits with its
-    status."""
+    """Runs `command`, passes its output on, then prints its CPU seconds (user + system) and its peak RSS in bytes as
+    the last line; exits with its status."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     sys.stdout.write(process.stdout.read())
     _, status, usage = os.wait4(process.pid, 0)
     # ru_maxrss is in KiB on Linux.
-    print(usage.ru_maxrss * 1024)
+    print(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
     sys.exit(os.waitstatus_to_exitcode(status))
 
 
@@ -118,7 +128,7 @@ def export(size: Size, folder: Path) -> tuple[Path, Measured]:
     """The checkpoint exported by models/export.py (reused when `folder` already holds it)."""
     onnx_path = folder / "export" / "checkpoint-dynamo-fp16-kv.onnx"
     if onnx_path.exists():
-        return onnx_path, Measured("export (reused)", 0.0, 0, 0)
+        return onnx_path, Measured("export (reused)", 0.0, 0.0, 0, 0)
     checkpoint = folder / "checkpoint"
     build_checkpoint(size, checkpoint)
     command = [sys.executable, "models/export.py", "--cache", "--checkpoint", str(checkpoint)]
@@ -144,34 +154,32 @@ def with_external_data(model: Path) -> None:
     )
 
 
-def run(size: Size, folder: Path) -> list[Measured]:
+def run(size: Size, folder: Path, repo: Path, commands: list[str]) -> list[Measured]:
+    """The export (or its reuse), then each of `commands` (names of `COMMANDS`) with the trtfuse of `repo`."""
     original, exported = export(size, folder)
     with_external_data(original)
     fused = original.with_name("model.fused.onnx")
+    fused.unlink(missing_ok=True)
     trtfuse = [sys.executable, "-m", "trtfuse.cli.main"]
-    results = [exported]
-    results.append(measure("fuse", [*trtfuse, "fuse", str(original), "-o", str(fused)]))
-    results.append(measure("check ORIG FUSED", [*trtfuse, "check", str(original), str(fused)]))
-    generate = ["--generate", str(EXPORT_STEPS)]
-    results.append(
-        measure(
-            f"check ORIG FUSED --generate {EXPORT_STEPS}", [*trtfuse, "check", str(original), str(fused), *generate]
+    results = [exported, measure("fuse", [*trtfuse, "fuse", str(original), "-o", str(fused)], repo)]
+    for name in commands:
+        arguments = [part.format(original=original, fused=fused) for part in COMMANDS[name]]
+        results.append(
+            measure(" ".join(COMMANDS[name]).format(original="ORIG", fused="FUSED"), [*trtfuse, *arguments], repo)
         )
-    )
-    steps = ["--steps", str(EXPORT_STEPS)]
-    results.append(measure(f"generate FUSED --steps {EXPORT_STEPS}", [*trtfuse, "generate", str(fused), *steps]))
     return results
 
 
 def table(results: list[Measured], weight_bytes: int) -> str:
-    lines = ["| command | wall | peak RSS | RSS / weight bytes |", "|---|---|---|---|"]
+    lines = ["| command | wall | CPU (user + sys) | peak RSS | RSS / weight bytes |", "|---|---|---|---|---|"]
     for result in results:
         if not result.peak_rss:
             continue
         ratio = result.peak_rss / weight_bytes
         failed = " (exit 1)" if result.exit_code else ""
         lines.append(
-            f"| `{result.command}`{failed} | {result.seconds:.1f} s | {result.peak_rss / 1e9:.2f} GB | {ratio:.2f} |"
+            f"| `{result.command}`{failed} | {result.seconds:.1f} s | {result.cpu_seconds:.1f} s | "
+            f"{result.peak_rss / 1e9:.2f} GB | {ratio:.2f} |"
         )
     return "\n".join(lines)
 
@@ -182,12 +190,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="full", help="full: 0.85 B parameters; small: 0.16 B")
     parser.add_argument("--keep", type=Path, help="Build in this folder and keep it (a later run reuses the export).")
+    parser.add_argument(
+        "--repo", type=Path, default=REPO, help="Run the trtfuse of this checkout (another version, to compare)."
+    )
+    parser.add_argument(
+        "--only", action="append", choices=sorted(COMMANDS), help="Measure only these after fuse (repeatable)."
+    )
     args = parser.parse_args()
     size = SIZES[args.size]
     with tempfile.TemporaryDirectory(prefix="trtfuse-check-memory-") as temp:
         folder = args.keep or Path(temp)
         folder.mkdir(parents=True, exist_ok=True)
-        results = run(size, folder)
+        results = run(size, folder, args.repo.resolve(), args.only or list(COMMANDS))
         weight_bytes = external_data_bytes(folder / "export" / "checkpoint-dynamo-fp16-kv.onnx")
     print(
         f"Llama hidden {size.hidden}, {size.layers} layers, GQA {size.heads}/{size.kv_heads}, vocabulary {size.vocab}: "
