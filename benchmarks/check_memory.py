@@ -4,8 +4,8 @@ Builds a Hugging Face Llama checkpoint from a config with random weights (no hub
 `models/export.py --cache --checkpoint DIR --exporter dynamo --dtype float16` does (KV cache, external data), fuses it,
 then runs each command in a subprocess and prints its wall time, its peak RSS and that RSS over the weights' bytes.
 Not a timed test: the numbers depend on the machine. The full size (the default) is a 0.85 B-parameter model, hidden
-2048, 16 layers, GQA 16/4, vocabulary 32000: 1.7 GB of weights, ~4 GB of disk and, for the export, ~6 GB of RAM. CPU time (user + system) is printed beside
-the wall time: on a machine others share, it moves less.
+2048, 16 layers, GQA 16/4, vocabulary 32000: 1.7 GB of weights, ~4 GB of disk and, for the export, ~6 GB of RAM.
+CPU time (user + system) is printed beside the wall time: on a machine others share, it moves less.
 
 \b
     python3 benchmarks/check_memory.py                       # the 0.85 B model
