@@ -533,12 +533,13 @@ def test_check_prints_seed_and_shapes_and_repeats_a_run_from_saved_inputs(tmp_pa
     assert "orig err" in first.output
     again = runner.invoke(cli, ["check", original, fused, "--load-inputs", str(saved), "--json"])
     assert again.exit_code == 0, again.output
-    report = json.loads(again.output)
+    # The JSON is stdout; the progress lines go to stderr.
+    report = json.loads(again.stdout)
     assert report["seed"] is None
     assert report["inputs_file"] == str(saved)
     assert report["steps"][0]["input_shapes"] == {"input_ids": [2, 7]}
     first_json = json.loads(
-        runner.invoke(cli, ["check", original, fused, "--seed", "5", "--dim", "sequence=7", "--json"]).output
+        runner.invoke(cli, ["check", original, fused, "--seed", "5", "--dim", "sequence=7", "--json"]).stdout
     )
     assert report["steps"][0]["outputs"] == first_json["steps"][0]["outputs"]
 

@@ -290,6 +290,7 @@ def compare_command(
             save_inputs=save_inputs,
             loaded_original=original,
             plan=OutputPlan().read(*([load_inputs] if load_inputs else [])).write("comparison report", report_path),
+            notify=info,
         )
         generation = (
             None if generate_steps is None else _generation(original, candidate_path, generate_steps, prompt_ids, seed)
@@ -316,5 +317,5 @@ def _generation(
     from trtfuse.model.onnx_file import load_model
 
     if is_engine(candidate_path):
-        return compare_generation(original, candidate_path, steps, prompt_ids, seed)
-    return check_generation(original, load_model(candidate_path), steps, prompt_ids, seed)
+        return compare_generation(original, candidate_path, steps, prompt_ids, seed, notify=info)
+    return check_generation(original, load_model(candidate_path), steps, prompt_ids, seed, notify=info)

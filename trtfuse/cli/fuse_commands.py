@@ -180,12 +180,13 @@ def check(
         feeds=feeds,
         inputs_file=load_inputs,
         save_inputs=save_inputs,
+        notify=info,
     )
     generation = None
     if generate_steps is not None:
         from trtfuse.generate.agreement import check_generation
 
-        generation = check_generation(original, fused, generate_steps, prompt_ids, seed)
+        generation = check_generation(original, fused, generate_steps, prompt_ids, seed, notify=info)
     # After the run, so that bad input stays one line; before the verdict, which it qualifies.
     unfused = unfused_candidate_warning(fused)
     if unfused:

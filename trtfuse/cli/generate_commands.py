@@ -14,6 +14,7 @@ from trtfuse.cli.options import (
     common_options,
     echo_json,
     exit_missing,
+    info,
     printable,
     summary,
     warning,
@@ -58,7 +59,9 @@ def generate_command(
     from trtfuse.generate.runners import generate_file
 
     try:
-        run = generate_file(model_path, steps, prompt_ids, seed=seed, use_cache=not no_cache, runs=repeat, warn=warning)
+        run = generate_file(
+            model_path, steps, prompt_ids, seed=seed, use_cache=not no_cache, runs=repeat, warn=warning, notify=info
+        )
     except MissingDependencyError as error:
         exit_missing(error, f"cannot generate with {model_path}", as_json)
     if as_json:

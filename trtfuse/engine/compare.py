@@ -18,7 +18,7 @@ from trtfuse.model.feeds import StepFeed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused, step_feeds
 from trtfuse.verify.interface import check_original_unfused
-from trtfuse.verify.onnxrt import original_session
+from trtfuse.verify.onnxrt import Notify, original_session, quiet
 from trtfuse.verify.tolerances import Tolerance
 from trtfuse.verify.verdict import CheckResult, judge_for, judge_steps
 
@@ -63,12 +63,14 @@ def compare(
     save_inputs: Path | None = None,
     loaded_original: LoadedModel | None = None,
     plan: OutputPlan | None = None,
+    notify: Notify = quiet,
 ) -> ComparisonReport:
     """Judge the candidate (an engine, or a fused .onnx) against the original at each step of `feeds` (by default
     the original's `default_feeds`; for an engine without `shapes` or `dims`, at its first profile's OPT shapes), the
     feeds saved to `save_inputs` first when asked; an engine's file and sidecar are read once, and the original
     once (`loaded_original`: the caller's, already loaded from `original_path`). `plan` holds the caller's outputs
-    (a report): every file read here joins its reads, and it is checked before any work."""
+    (a report): every file read here joins its reads, and it is checked before any work. `notify` hears which model
+    loads and which step runs."""
     check_readable(candidate_path)
     original = loaded_original if loaded_original is not None else load_model(original_path)
     check_original_unfused(original)
@@ -86,6 +88,7 @@ def compare(
             feeds=feeds,
             inputs_file=inputs_file,
             save_inputs=save_inputs,
+            notify=notify,
         )
         return ComparisonReport(original_path, candidate_path, LOWERED_RUNNER, result)
     engine = EngineFile.open(candidate_path)
@@ -95,9 +98,11 @@ def compare(
         shapes, dims, lambda chosen: step_feeds(original, seed, chosen, dims, feeds, save_inputs)
     )
     judge = judge_for(original, tolerance)
-    runner, note = original_session(original)
+    runner, note = original_session(original, notify)
+    notify(f"loading the engine in TensorRT: {candidate_path}")
     with _polygraphy_quiet(), EngineSession(engine) as session:
-        result = judge_steps(runner, session.infer, feeds, judge, None if inputs_file else seed, inputs_file, note)
+        step_seed = None if inputs_file else seed
+        result = judge_steps(runner, session.infer, feeds, judge, step_seed, inputs_file, note, notify, "the engine")
     return ComparisonReport(original_path, candidate_path, ENGINE_RUNNER, result)
 
 

@@ -33,9 +33,9 @@ from trtfuse.generate.runners import (
 from trtfuse.model.interface import elem_type_name
 from trtfuse.model.onnx_file import LoadedModel
 from trtfuse.verify.interface import check_same_inputs
-from trtfuse.verify.onnxrt import lowered_session, original_session
+from trtfuse.verify.onnxrt import Notify, StepFunction, loading_line, lowered_session, original_session, quiet
 from trtfuse.verify.tolerances import tolerance_for
-from trtfuse.verify.verdict import computed_dtypes
+from trtfuse.verify.verdict import LOWERED_NAME, computed_dtypes
 
 # Each of the two top logits may move by the tolerance, so their gap by twice it.
 NEAR_TIE_FACTOR = 2.0
@@ -191,34 +191,72 @@ def _request(
 
 
 def check_generation(
-    original: LoadedModel, fused: LoadedModel, steps: int, prompt: Sequence[int] | None = None, seed: int = 0
+    original: LoadedModel,
+    fused: LoadedModel,
+    steps: int,
+    prompt: Sequence[int] | None = None,
+    seed: int = 0,
+    notify: Notify = quiet,
 ) -> GenerationVerdict:
     """Greedy generation on the original and on the fused model (plugin nodes lowered), both on the CPU as `check`
-    runs them, from `prompt` (None: a few ids drawn from `seed`), judged by `judge_generations`."""
+    runs them, from `prompt` (None: a few ids drawn from `seed`), judged by `judge_generations`. The original
+    generates all its tokens and is released before the fused model loads; `notify` hears each load and token."""
     check_same_inputs(original, fused)
     interface, chosen, use_cache, notes = _request(original, steps, prompt, seed)
-    runner, note = original_session(original)
-    lowered = lowered_session(fused, evaluator=runner.evaluator).load()
-    expected = greedy_generate(runner.run, interface, chosen, steps, use_cache=use_cache)
-    actual = greedy_generate(lowered.run, interface, chosen, steps, use_cache=use_cache)
+    heard = _generation_lines(notify)
+    runner, note = original_session(original, heard)
+    with runner:
+        expected = _generated(runner.run, "the original", interface, chosen, steps, use_cache, heard)
+    lowered = lowered_session(fused, evaluator=runner.evaluator)
+    heard(loading_line(LOWERED_NAME, lowered))
+    with lowered:
+        actual = _generated(lowered.run, LOWERED_NAME, interface, chosen, steps, use_cache, heard)
     notes = [note, *notes] if note else notes
     runners = (runner_name(runner, lowered=False), runner_name(lowered, lowered=True))
     return judge_generations(expected, actual, logits_dtype(original, interface), runners, notes)
 
 
 def compare_generation(
-    original: LoadedModel, engine_path: Path, steps: int, prompt: Sequence[int] | None = None, seed: int = 0
+    original: LoadedModel,
+    engine_path: Path,
+    steps: int,
+    prompt: Sequence[int] | None = None,
+    seed: int = 0,
+    notify: Notify = quiet,
 ) -> GenerationVerdict:
     """Greedy generation on the original (CPU) and on the engine (TensorRT, each step in the profile that holds
-    it), judged by `judge_generations`; the engine's profiles are checked to hold every step first."""
+    it), judged by `judge_generations`; the engine's profiles are checked to hold every step first. The original is
+    released before the engine loads; `notify` hears each load and token."""
     engine = EngineFile.open(engine_path)
     interface, chosen, use_cache, notes = _request(original, steps, prompt, seed)
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     import_tensorrt()
-    runner, note = original_session(original)
-    expected = greedy_generate(runner.run, interface, chosen, steps, use_cache=use_cache)
+    heard = _generation_lines(notify)
+    runner, note = original_session(original, heard)
+    with runner:
+        expected = _generated(runner.run, "the original", interface, chosen, steps, use_cache, heard)
+    heard(f"loading the engine in TensorRT: {engine_path}")
     with engine_step(engine) as run:
-        actual = greedy_generate(run, interface, chosen, steps, use_cache=use_cache)
+        actual = _generated(run, "the engine", interface, chosen, steps, use_cache, heard)
     notes = [note, *notes] if note else notes
     dtype = logits_dtype(original, interface)
     return judge_generations(expected, actual, dtype, (runner_name(runner, lowered=False), ENGINE_RUNNER), notes)
+
+
+def _generation_lines(notify: Notify) -> Notify:
+    """`notify` with each line marked as the generation's (a check's steps say the same about the same models)."""
+    return lambda line: notify(f"generation: {line}")
+
+
+def _generated(
+    run: StepFunction,
+    name: str,
+    interface: GenerationInterface,
+    prompt: Sequence[int],
+    steps: int,
+    use_cache: bool,
+    notify: Notify,
+) -> Generation:
+    return greedy_generate(
+        run, interface, prompt, steps, use_cache=use_cache, notify=lambda line: notify(f"{name}: {line}")
+    )

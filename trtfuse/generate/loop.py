@@ -14,8 +14,8 @@ import numpy as np
 
 from trtfuse.errors import TrtfuseError
 from trtfuse.generate.interface import GenerationInterface
+from trtfuse.verify.onnxrt import Notify, StepFunction, quiet
 
-StepFunction = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 # The default prompt's length, when the caller gives none.
 DEFAULT_PROMPT_LENGTH = 5
 
@@ -90,11 +90,12 @@ def greedy_generate(
     use_cache: bool = True,
     warm_up: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    notify: Notify = quiet,
 ) -> Generation:
     """`steps` greedy tokens after `prompt`, each step timed around `run`; the request is checked first (one line
     for an empty prompt, an id outside the vocabulary, too many positions, a model it cannot drive). `warm_up` runs
     the first step once untimed before: a runtime's first run allocates and initialises, which is no latency of the
-    model's."""
+    model's. `notify` hears "token k of N" before each step."""
     prompt = [int(token) for token in prompt]
     interface.check_drivable(use_cache)
     interface.check_prompt(prompt, steps)
@@ -110,6 +111,7 @@ def greedy_generate(
         else:
             fed, past = sequence, 0
         feed = interface.feed(fed, past, cache)
+        notify(f"token {index + 1} of {steps}")
         start = clock()
         outputs = run(feed)
         seconds = clock() - start

@@ -25,7 +25,8 @@ from trtfuse.fusion.fused_nodes import plugin_node_counts
 from trtfuse.generate.interface import GenerationInterface, generation_interface
 from trtfuse.generate.loop import Generation, StepFunction, default_prompt, greedy_generate, repeated
 from trtfuse.model.onnx_file import LoadedModel, load_model
-from trtfuse.verify.onnxrt import CpuSession, lowered_session, original_session
+from trtfuse.verify.onnxrt import CpuSession, Notify, loading_line, lowered_session, original_session, quiet
+from trtfuse.verify.verdict import LOWERED_NAME
 
 ORIGINAL_RUNNER = "onnxruntime"
 EVALUATOR_RUNNER = "onnx-reference-evaluator"
@@ -57,20 +58,23 @@ def runner_name(session: CpuSession, lowered: bool) -> str:
     return f"{base}{LOWERED_SUFFIX}" if lowered else base
 
 
-def cpu_session(model: LoadedModel) -> tuple[CpuSession, str, str]:
-    """The model on the CPU as `check` runs it, its runner's name, and a note where onnx's reference evaluator runs
-    it because onnxruntime cannot load it."""
+def cpu_session(model: LoadedModel, notify: Notify = quiet) -> tuple[CpuSession, str, str]:
+    """The model on the CPU as `check` runs it, loaded, its runner's name, and a note where onnx's reference evaluator
+    runs it because onnxruntime cannot load it; `notify` hears of each load."""
     if not is_fused(model):
-        session, note = original_session(model)
+        session, note = original_session(model, notify)
         return session, runner_name(session, lowered=False), note
     lowered, note = lowered_session(model, evaluator=False), ""
+    notify(loading_line(LOWERED_NAME, lowered))
     try:
         lowered.load()
     except TrtfuseError as error:
         if lowered.evaluator:
             raise
         note = f"{error}; it runs in onnx's reference evaluator instead"
-        lowered = CpuSession(lowered.model, evaluator=True).load()
+        lowered = CpuSession(lowered.model, evaluator=True)
+        notify(loading_line(LOWERED_NAME, lowered))
+        lowered.load()
     return lowered, runner_name(lowered, lowered=True), note
 
 
@@ -87,14 +91,16 @@ def generate_file(
     use_cache: bool = True,
     runs: int = 1,
     warn: Callable[[str], None] | None = None,
+    notify: Notify = quiet,
 ) -> GenerationRun:
     """Greedy generation on an ONNX file (original or fused) or an engine: `prompt` (None: `default_prompt` from
     `seed`), then `steps` tokens; `runs` times, the latencies the medians over all runs. `warn` hears, before the
-    first step, that the steps go past the positions the model was trained for."""
+    first step, that the steps go past the positions the model was trained for; `notify` hears the load and each
+    token."""
     if runs < 1:
         raise OptionError("repeat", f"{runs} runs: generation runs at least once")
     if is_engine(model_path):
-        return _generate_engine(model_path, steps, prompt, seed, use_cache, runs, warn)
+        return _generate_engine(model_path, steps, prompt, seed, use_cache, runs, warn, notify)
     loaded = load_model(model_path)
     interface = generation_interface(loaded.model, str(model_path))
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
@@ -102,10 +108,14 @@ def generate_file(
     interface.check_drivable(use_cache)
     interface.check_prompt(chosen, steps)
     _warn_positions(interface, len(chosen), steps, warn)
-    session, runner, note = cpu_session(loaded)
-    generation = repeated(
-        lambda: greedy_generate(session.run, interface, chosen, steps, use_cache=use_cache, warm_up=True), runs
-    )
+    session, runner, note = cpu_session(loaded, notify)
+    with session:
+        generation = repeated(
+            lambda: greedy_generate(
+                session.run, interface, chosen, steps, use_cache=use_cache, warm_up=True, notify=notify
+            ),
+            runs,
+        )
     notes = filter(None, [note, *run_notes(interface, use_cache)])
     return GenerationRun(model_path, runner, generation, tuple(notes))
 
@@ -133,6 +143,7 @@ def _generate_engine(
     use_cache: bool,
     runs: int,
     warn: Callable[[str], None] | None,
+    notify: Notify,
 ) -> GenerationRun:
     engine = EngineFile.open(engine_path)
     if engine.sidecar is None:
@@ -148,9 +159,11 @@ def _generate_engine(
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     _warn_positions(interface, len(chosen), steps, warn)
     import_tensorrt()
+    notify(f"loading the engine in TensorRT: {engine_path}")
     with engine_step(engine) as run:
         generation = repeated(
-            lambda: greedy_generate(run, interface, chosen, steps, use_cache=use_cache, warm_up=True), runs
+            lambda: greedy_generate(run, interface, chosen, steps, use_cache=use_cache, warm_up=True, notify=notify),
+            runs,
         )
     return GenerationRun(engine_path, ENGINE_RUNNER, generation, tuple(run_notes(interface, use_cache)))
 

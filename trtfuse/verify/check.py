@@ -3,7 +3,8 @@
 
 Each step's feed (a prefill and a decode step on KV-cache models, `model.feeds.default_feeds`) goes to the original
 twice, to the lowered fused model once and, for 16-bit and quantized graphs, to a float32 evaluation of the original
-graph (`verify.widening`). `trtfuse compare` runs the same steps with a TensorRT engine as the candidate.
+graph (`verify.widening`): each model runs every step in turn, one onnxruntime session alive at a time. `trtfuse
+compare` runs the same steps with a TensorRT engine as the candidate.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from trtfuse.model.feed_files import save_feeds
 from trtfuse.model.feeds import StepFeed, default_feeds
 from trtfuse.model.onnx_file import LoadedModel
 from trtfuse.verify.interface import check_original_unfused
+from trtfuse.verify.onnxrt import Notify, quiet
 from trtfuse.verify.tolerances import Tolerance
 from trtfuse.verify.verdict import CheckResult, judge_lowered
 
@@ -49,9 +51,11 @@ def check_fused(
     feeds: Sequence[StepFeed] | None = None,
     inputs_file: Path | None = None,
     save_inputs: Path | None = None,
+    notify: Notify = quiet,
 ) -> CheckResult:
     """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `step_feeds`
-    (`inputs_file` names where given feeds came from). A fused original is refused before any feed is saved."""
+    (`inputs_file` names where given feeds came from); `notify` hears which model loads and which step runs. A fused
+    original is refused before any feed is saved."""
     check_original_unfused(original)
     feeds = step_feeds(original, seed, shapes, dims, feeds, save_inputs)
-    return judge_lowered(original, fused, feeds, None if inputs_file else seed, inputs_file, tolerance)
+    return judge_lowered(original, fused, feeds, None if inputs_file else seed, inputs_file, tolerance, notify)

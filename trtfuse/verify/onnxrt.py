@@ -1,6 +1,12 @@
 """Models run on the CPU, the one way `check` and `compare` run them: onnxruntime without graph optimisations, every
 16-bit value rounded where the graph says, and onnx's reference evaluator for bfloat16 graphs or where onnxruntime
 cannot load the original; the fused model with its plugin nodes lowered; the float32 evaluation of the original.
+
+Memory: a session reads the large weights from the external data files themselves (onnxruntime maps them; the proto
+it is given holds only the small tensors `model.onnx_file.load_model` read), and a caller that runs several models
+holds one session at a time (`CpuSession` as a context manager: loaded on entry, released on exit). A 16-bit model
+runs each weight's float32 copy (onnxruntime's CPU kernels compute most 16-bit ops in float32) just before the op
+that reads it, not all of them at once (`onnxruntime_session`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,15 @@ _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 # bounds is a position table (GPT-2's wpe) shorter than the tokens fed.
 _SHAPE_ERROR = re.compile(r"shape|dimension|rank|broadcast|reshape|size|out of data bounds", re.IGNORECASE)
 
+StepFunction = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+# Hears what a long call is doing (`trtfuse check`'s progress lines, which the CLI prints on stderr).
+Notify = Callable[[str], None]
+
+
+def quiet(_line: str) -> None:
+    return None
+
+
 _SIZE_HINT = ("; set the input sizes with ", Choice("dim"), " SYMBOL=N or ", Choice("shape"), " NAME=D0xD1")
 
 
@@ -37,6 +52,11 @@ def onnxruntime_session(model: LoadedModel) -> object:
         raise MissingDependencyError("onnxruntime is not installed: pip install onnxruntime") from None
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # The default order runs every node as soon as its inputs are ready: the Casts onnxruntime inserts before the
+    # float32 kernels of a 16-bit graph's MatMuls read initializers only, so all of them ran first and every weight's
+    # float32 copy was alive at once (3.6x the weights' bytes on a 0.16 B fp16 Llama). The priority-based order runs
+    # each just before its MatMul (1.8x). No value changes: each node computes the same outputs from the same inputs.
+    options.execution_order = onnxruntime.ExecutionOrder.PRIORITY_BASED
     # Errors come back as exceptions, each turned into one line; onnxruntime's own log would repeat them.
     options.log_severity_level = 4
     options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(model.path.absolute().parent))
@@ -63,22 +83,39 @@ def uses_bfloat16(model: onnx.ModelProto) -> bool:
 
 class CpuSession:
     """One model on the CPU, loaded once and run on any number of feeds: onnxruntime, or onnx's reference evaluator
-    (exact per-op rounding, slow) for bfloat16 models, which onnxruntime's CPU kernels mostly lack, and where asked."""
+    (exact per-op rounding, slow) for bfloat16 models, which onnxruntime's CPU kernels mostly lack, and where asked.
+
+    As a context manager it is loaded on entry and released on exit (`release`): a session holds the weights it
+    read and its buffers, so a caller running several models in turn keeps one alive at a time."""
 
     def __init__(self, model: LoadedModel, evaluator: bool = False) -> None:
         self.model = model
         self.evaluator = evaluator or uses_bfloat16(model.model)
-        self._run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+        self._run: StepFunction | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._run is not None
 
     def load(self) -> CpuSession:
         if self._run is None:
             self._run = self._evaluator() if self.evaluator else self._onnxruntime()
         return self
 
+    def release(self) -> None:
+        """Drop the loaded session and what it holds; a later `run` loads it again."""
+        self._run = None
+
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.load()._run(feed)
 
-    def _onnxruntime(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    def __enter__(self) -> CpuSession:
+        return self.load()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+    def _onnxruntime(self) -> StepFunction:
         session = onnxruntime_session(
             LoadedModel(model=_as_onnxruntime_runs_it(self.model.model), path=self.model.path)
         )
@@ -87,15 +124,21 @@ class CpuSession:
 
         def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             try:
-                return dict(zip(names, session.run(names, dict(feed)), strict=True))
+                outputs = session.run(names, dict(feed))
             except Exception as error:
                 # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
                 message = first_line(error)
                 raise _runtime_error(f"{self.model.path}: onnxruntime cannot run it: {message}", message) from None
+            # onnxruntime's arrays are views of its own buffers, each keeping the session's memory arena alive: the
+            # outputs outlive the session (a check holds every step's), so they are copied out of it.
+            return {
+                name: np.array(value) if isinstance(value, np.ndarray) else value
+                for name, value in zip(names, outputs, strict=True)
+            }
 
         return run
 
-    def _evaluator(self) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    def _evaluator(self) -> StepFunction:
         from onnx.reference import ReferenceEvaluator
 
         proto = onnx.ModelProto()
@@ -179,18 +222,27 @@ def _runtime_error(text: str, message: str) -> TrtfuseError:
     return TrtfuseError(text)
 
 
-def original_session(original: LoadedModel) -> tuple[CpuSession, str]:
-    """The original's runner, and a note when it is not onnxruntime: where onnxruntime cannot load a model (dynamo's
-    opset-23 fp16 Gemma3 mixes fp16 and fp32 in one Mul), onnx's reference evaluator runs it, and the fused model with
-    it."""
+def loading_line(what: str, session: CpuSession) -> str:
+    """The progress line of `session` loading: `what` it is, in which runtime, from which file."""
+    runtime = "onnx's reference evaluator" if session.evaluator else "onnxruntime"
+    return f"loading {what} in {runtime}: {session.model.path}"
+
+
+def original_session(original: LoadedModel, notify: Notify = quiet) -> tuple[CpuSession, str]:
+    """The original's runner, loaded, and a note when it is not onnxruntime: where onnxruntime cannot load a model
+    (dynamo's opset-23 fp16 Gemma3 mixes fp16 and fp32 in one Mul), onnx's reference evaluator runs it, and the fused
+    model with it. `notify` hears of each load."""
     runner = CpuSession(original)
+    notify(loading_line("the original", runner))
     try:
         return runner.load(), ""
     except TrtfuseError as error:
         if runner.evaluator:
             raise
         note = f"{error}; both models run in onnx's reference evaluator instead"
-        return CpuSession(original, evaluator=True).load(), note
+        runner = CpuSession(original, evaluator=True)
+        notify(loading_line("the original", runner))
+        return runner.load(), note
 
 
 def lowered_session(fused: LoadedModel, evaluator: bool) -> CpuSession:

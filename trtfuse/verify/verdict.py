@@ -1,7 +1,8 @@
 """The one judgment `check` and `compare` pass on a candidate's outputs: blame the fusion only when it is to blame.
 
-`judge_steps` runs the original (twice), the candidate and the float32 evaluation at every step and judges each
-output; `judge_lowered` does so with the lowered fused model as the candidate.
+`judge_steps` runs the original (twice), the candidate and the float32 evaluation at every step, one model after
+the other with one session alive at a time, and judges each output; `judge_lowered` does so with the lowered fused
+model as the candidate.
 
 Per output of the original:
 - an output that differs between two runs of the original on the same inputs (uninitialised cache slots, say) says
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,17 @@ from trtfuse.model.feeds import StepFeed
 from trtfuse.model.interface import elem_type_name
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
 from trtfuse.verify.interface import check_same_inputs, declared_output_differences
-from trtfuse.verify.onnxrt import CpuSession, float32_session, lowered_session, original_session, widened_feed
+from trtfuse.verify.onnxrt import (
+    CpuSession,
+    Notify,
+    StepFunction,
+    float32_session,
+    loading_line,
+    lowered_session,
+    original_session,
+    quiet,
+    widened_feed,
+)
 from trtfuse.verify.tolerances import OutputError, Tolerance, non_finite_mismatch, output_error, tolerance_for
 
 # Measured with every 16-bit value rounded as the graph says (`onnxrt.keep_16_bit_roundings`): on 70 outputs of real
@@ -196,6 +207,9 @@ def _shape(array: np.ndarray) -> str:
 
 
 _FLOAT_OUTPUTS = {"float16", "bfloat16", "float32", "float64"}
+# How progress lines name the models a check runs.
+LOWERED_NAME = "the fused model (plugin nodes lowered)"
+FLOAT32_NAME = "the float32 evaluation of the original"
 
 
 @dataclass(frozen=True)
@@ -263,14 +277,15 @@ def judge_lowered(
     seed: int | None,
     inputs_file: Path | None = None,
     tolerance: Tolerance | None = None,
+    notify: Notify = quiet,
 ) -> CheckResult:
     """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `feeds`: what `check`
     runs, and `compare` without an engine."""
     check_same_inputs(original, fused)
-    runner, note = original_session(original)
-    lowered = lowered_session(fused, evaluator=runner.evaluator)
     judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
-    return judge_steps(runner, lowered.run, feeds, judge, seed, inputs_file, note)
+    runner, note = original_session(original, notify)
+    lowered = lowered_session(fused, evaluator=runner.evaluator)
+    return judge_steps(runner, lowered, feeds, judge, seed, inputs_file, note, notify, LOWERED_NAME)
 
 
 def judge_for(
@@ -285,60 +300,109 @@ def judge_for(
 
 def judge_steps(
     runner: CpuSession,
-    run_candidate: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
+    candidate: CpuSession | StepFunction,
     feeds: Sequence[StepFeed],
     judge: Judge,
     seed: int | None,
     inputs_file: Path | None = None,
     note: str = "",
+    notify: Notify = quiet,
+    candidate_name: str = "the candidate",
 ) -> CheckResult:
     """Run the original (`runner`) twice, the candidate once and, where the verdict uses it, the float32 evaluation
-    of the original, at every step; judge each output. `note` goes with every step."""
+    of the original, at every step; judge each output. `note` goes with every step.
+
+    Each model runs all the steps before the next one loads, and each `CpuSession` (the runner, a candidate on the
+    CPU, the float32 evaluation) is released after its last step: one session is alive at a time. `notify` hears
+    which model loads and which step runs."""
     original = runner.model
+    seconds: list[dict[str, float]] = [{} for _ in feeds]
+    firsts, agains = [], []
+    with runner:
+        for index, step in enumerate(feeds):
+            notify(f"the original: {_step_text(index, feeds)}, twice")
+            first = _timed(seconds[index], "original", runner.run, step.feed)
+            _check_tensor_outputs(original, first)
+            firsts.append(first)
+            agains.append(runner.run(step.feed))
+    if isinstance(candidate, CpuSession):
+        notify(loading_line(candidate_name, candidate))
+        with candidate:
+            candidates = _steps_run(candidate_name, candidate.run, feeds, seconds, notify)
+    else:
+        candidates = _steps_run(candidate_name, candidate, feeds, seconds, notify)
+    notes = [[note] if note else [] for _ in feeds]
     reference = float32_session(original) if judge.tolerance is None else None
+    expected_outputs = _reference_outputs(reference, feeds, seconds, notes, notify)
     windows = window_cache_outputs(original.model)
     reading = model_dims(original.model) if windows else None
     steps = []
-    for step in feeds:
-        seconds: dict[str, float] = {}
-        first = _timed(seconds, "original", runner.run, step.feed)
-        _check_tensor_outputs(original, first)
-        again = runner.run(step.feed)
-        candidate = _timed(seconds, "candidate", run_candidate, step.feed)
-        notes = [note] if note else []
-        expected = None
-        if reference is not None:
-            try:
-                expected = _timed(seconds, "float32 evaluation", reference.run, widened_feed(step.feed))
-            except TrtfuseError as error:
-                notes.append(f"no float32 evaluation of the original ({error}): judged by tolerance")
+    for index, step in enumerate(feeds):
+        first, again, actual, expected = firsts[index], agains[index], candidates[index], expected_outputs[index]
         total = reading.total_length(step.dims) if reading is not None else None
         if windows and total is not None:
             # Rows past the resident ones are whatever the buffer held: comparing them would leave every window
             # cache out as "two runs of the original differ", judging nothing.
-            first, again, candidate, expected = (
-                _resident_rows(outputs, windows, total) for outputs in (first, again, candidate, expected)
+            first, again, actual, expected = (
+                _resident_rows(outputs, windows, total) for outputs in (first, again, actual, expected)
             )
             rows = ", ".join(f"{name} [0, {min(total, window)})" for name, window in sorted(windows.items()))
-            notes.append(f"window caches: only the resident rows are compared ({rows}); the rest is unspecified")
+            notes[index].append(f"window caches: only the resident rows are compared ({rows}); the rest is unspecified")
         steps.append(
             StepResult(
                 name=step.step,
                 input_shapes={name: tuple(array.shape) for name, array in step.feed.items()},
-                outputs=judge.outputs(first, again, candidate, expected),
-                notes=tuple(notes),
-                seconds=seconds,
+                outputs=judge.outputs(first, again, actual, expected),
+                notes=tuple(notes[index]),
+                seconds=seconds[index],
             )
         )
     judged_by = "float32 evaluation" if reference is not None else "tolerance"
     return CheckResult(steps=steps, seed=seed, inputs_file=inputs_file, judged_by=judged_by)
 
 
+def _steps_run(
+    name: str, run: StepFunction, feeds: Sequence[StepFeed], seconds: Sequence[dict[str, float]], notify: Notify
+) -> list[Mapping[str, np.ndarray]]:
+    """The candidate's outputs at every step."""
+    outputs = []
+    for index, step in enumerate(feeds):
+        notify(f"{name}: {_step_text(index, feeds)}")
+        outputs.append(_timed(seconds[index], "candidate", run, step.feed))
+    return outputs
+
+
+def _reference_outputs(
+    reference: CpuSession | None,
+    feeds: Sequence[StepFeed],
+    seconds: Sequence[dict[str, float]],
+    notes: Sequence[list[str]],
+    notify: Notify,
+) -> list[Mapping[str, np.ndarray] | None]:
+    """The float32 evaluation's outputs at every step (None where there is none: a step it cannot run says why in
+    its notes, and is judged by tolerance); the session is released after the last step."""
+    outputs: list[Mapping[str, np.ndarray] | None] = [None] * len(feeds)
+    if reference is None:
+        return outputs
+    notify(loading_line(FLOAT32_NAME, reference))
+    try:
+        for index, step in enumerate(feeds):
+            notify(f"{FLOAT32_NAME}: {_step_text(index, feeds)}")
+            try:
+                outputs[index] = _timed(seconds[index], "float32 evaluation", reference.run, widened_feed(step.feed))
+            except TrtfuseError as error:
+                notes[index].append(f"no float32 evaluation of the original ({error}): judged by tolerance")
+    finally:
+        reference.release()
+    return outputs
+
+
+def _step_text(index: int, feeds: Sequence[StepFeed]) -> str:
+    return f"step {index + 1} of {len(feeds)} ({feeds[index].step})"
+
+
 def _timed(
-    seconds: dict[str, float],
-    what: str,
-    run: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
-    feed: Mapping[str, np.ndarray],
+    seconds: dict[str, float], what: str, run: StepFunction, feed: Mapping[str, np.ndarray]
 ) -> Mapping[str, np.ndarray]:
     started = time.perf_counter()
     outputs = run(feed)

@@ -129,9 +129,13 @@ def _widen_graph(graph: onnx.GraphProto) -> None:
 
 def _widen_initializers(graph: onnx.GraphProto) -> None:
     """A 16-bit initializer held in the model becomes float32; one in external data (which the check never reads)
-    stays as stored under a new name, and a Cast to float32 gives its old name the same values."""
+    stays as stored under a new name, and a Cast to float32 gives its old name the same values.
+
+    Each Cast goes just before the first node that reads its tensor: onnxruntime's priority-based order
+    (`verify.onnxrt.onnxruntime_session`) then makes each float32 copy when it is needed, where Casts at the front of
+    the graph made every weight's copy at once (twice the 16-bit weights' bytes, alive together)."""
     inputs = {value.name for value in graph.input}
-    casts = []
+    casts: dict[str, onnx.NodeProto] = {}
     for tensor in graph.initializer:
         if tensor.data_type not in NARROW_FLOATS:
             continue
@@ -140,11 +144,27 @@ def _widen_initializers(graph: onnx.GraphProto) -> None:
             tensor.CopyFrom(_widen_tensor(tensor))
             continue
         stored = f"{tensor.name}/stored"
-        casts.append(helper.make_node("Cast", [stored], [tensor.name], to=TensorProto.FLOAT, name=f"{stored}/widen"))
+        casts[tensor.name] = helper.make_node(
+            "Cast", [stored], [tensor.name], to=TensorProto.FLOAT, name=f"{stored}/widen"
+        )
         tensor.name = stored
-    nodes = [*casts, *graph.node]
+    placed = []
+    for node in graph.node:
+        placed.extend(casts.pop(name) for name in sorted(_names_read(node)) if name in casts)
+        placed.append(node)
+    # A widened tensor no node reads (a graph output, say) is cast first, as before.
+    nodes = [*casts.values(), *placed]
     del graph.node[:]
     graph.node.extend(nodes)
+
+
+def _names_read(node: onnx.NodeProto) -> set[str]:
+    """The values `node` reads: its inputs and those of the nodes of its subgraphs."""
+    names = set(node.input)
+    for subgraph in _subgraphs(node):
+        for inner in subgraph.node:
+            names |= _names_read(inner)
+    return names
 
 
 def _widen_value(value: onnx.ValueInfoProto) -> None:
