@@ -144,7 +144,7 @@ class Transaction:
             self._outer._created += self._created
             self._outer._backups += self._backups
             return
-        with _signals_held():
+        with signals_held():
             if kind is None:
                 for _, backup in self._backups:
                     _unlink(backup)
@@ -180,7 +180,7 @@ class Transaction:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block is done, so a second Ctrl-C cannot stop a cleanup halfway.
 
     Their handlers are swapped for one that only remembers (a signal mask would not do: another thread of the
@@ -235,14 +235,14 @@ def atomic_file(path: Path) -> Iterator[Path]:
     folder = check_writable(path)
     temp: Path | None = None
     try:
-        with _signals_held():
+        with signals_held():
             handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
             os.close(handle)
             temp = Path(temp_name)
         yield temp
         _set_default_permissions(temp)
         transaction = Transaction.active()
-        with _signals_held():
+        with signals_held():
             existed = path.exists()
             if transaction is not None and existed:
                 transaction.replacing(path)
