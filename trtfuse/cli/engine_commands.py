@@ -19,6 +19,7 @@ from trtfuse.cli.options import (
     HELP_OPTIONS,
     VERBOSITY,
     FilePath,
+    IntegerType,
     RangeType,
     ShapeRangeType,
     SizeType,
@@ -74,7 +75,7 @@ COMPARE_INSTALL_HINT = (
     help="Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
 )
 @click.option(
-    "--opt-level", default=3, show_default=True, type=click.IntRange(0, 5), help="TensorRT builder optimisation level."
+    "--opt-level", default=3, show_default=True, type=IntegerType(0, 5), help="TensorRT builder optimisation level."
 )
 @click.option("--workspace", type=SizeType(), help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
 @click.option("--timing-cache", type=FilePath(), help="Timing cache file, read if present, then updated.")
@@ -158,14 +159,14 @@ def _fused_line(fused: FusedFile) -> str:
 @click.argument("engine_path", metavar="MODEL.engine", type=FilePath())
 @click.option("--inputs", "inputs_path", type=FilePath(), help="Inputs as .npz (else random ones).")
 @feed_options
-@click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Timed runs.")
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed runs first.")
+@click.option("--iterations", default=10, show_default=True, type=IntegerType(minimum=1), help="Timed runs.")
+@click.option("--warmup", default=2, show_default=True, type=IntegerType(minimum=0), help="Untimed runs first.")
 @click.option("--save-outputs", type=FilePath(), help="Write the outputs of the last run as .npz.")
 @click.option(
     "--leak-check",
     "leak_changes",
     metavar="N",
-    type=click.IntRange(min=1),
+    type=IntegerType(minimum=1),
     help="Instead of timing: GPU memory in use before TensorRT and after N token-count changes in one execution "
     "context, all torn down (NVIDIA/TensorRT#4849, AOT plugins); exit 1 if it leaked. Takes only --seed.",
 )

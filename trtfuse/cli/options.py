@@ -136,6 +136,33 @@ class RangeType(click.ParamType):
         return DimRange(low, opt, high)
 
 
+# An integer as every option spells it: ASCII digits, an optional sign.
+ASCII_INTEGER = r"[+-]?[0-9]+"
+
+
+class IntegerType(click.ParamType):
+    """An integer in ASCII digits, signed or not, from `minimum` to `maximum` where given: every integer option's one
+    parser (`int()` would also take `1_0` and other scripts' digits)."""
+
+    name = "INTEGER"
+
+    def __init__(self, minimum: int | None = None, maximum: int | None = None) -> None:
+        self.minimum, self.maximum = minimum, maximum
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif re.fullmatch(ASCII_INTEGER, str(value).strip()):
+            number = int(str(value))
+        else:
+            self.fail(f"{value!r} is not an integer in ASCII digits (for example 16)")
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"{number} is less than {self.minimum}")
+        if self.maximum is not None and number > self.maximum:
+            self.fail(f"{number} is more than {self.maximum}")
+        return number
+
+
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -206,7 +233,7 @@ def unique(kind: str) -> Callable[[click.Context, click.Parameter, Sequence[tupl
 def feed_options(command: F) -> F:
     """--seed, --shape and --dim; the command receives `seed`, `shapes` (name -> shape) and `dims` (symbol -> int)."""
     options = (
-        click.option("--seed", default=0, show_default=True, help="Seed of the random inputs."),
+        click.option("--seed", default=0, show_default=True, type=IntegerType(), help="Seed of the random inputs."),
         click.option(
             "--shape",
             "shapes",

@@ -183,7 +183,7 @@ def _request(
     use_cache = interface.has_cache
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
     interface.check_drivable(use_cache)
-    interface.check_prompt(chosen, steps)
+    interface.check_prompt(chosen, steps, use_cache)
     notes = run_notes(interface, use_cache)
     if not use_cache:
         notes = ["no KV cache: " + notes[0]]
