@@ -267,17 +267,23 @@ def compare_command(
     """Judge the engine MODEL.engine (or FUSED.onnx, run exactly as `trtfuse check` runs it) against onnxruntime on
     ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails. With --generate N, also generate N
     tokens greedily on both from one prompt, as `check --generate` does."""
-    try:
-        import polygraphy  # noqa: F401
-    except ImportError:
-        raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
-    from trtfuse.engine.compare import ORIGINAL_RUNNER, compare
     from trtfuse.model.onnx_file import load_model
 
     plan = OutputPlan().read(original_path, candidate_path, *([load_inputs] if load_inputs else []))
     plan.write("comparison report", report_path).write("saved inputs", save_inputs).check()
     original = load_model(original_path)
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
+    if generate_steps is not None:
+        from trtfuse.generate.agreement import generation_request
+
+        generation_request(original, generate_steps, prompt_ids, seed)
+    # Bad input is refused (exit 2) before a missing dependency is (exit 3): the user's first fix is their own.
+    try:
+        import polygraphy  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
+    from trtfuse.engine.compare import ORIGINAL_RUNNER, compare
+
     tolerance = tolerance_from(rtol, atol)
     try:
         report = compare(

@@ -166,6 +166,10 @@ def check(
     plan.read(*([load_inputs] if load_inputs else []))
     plan.write("saved inputs", save_inputs).check()
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
+    if generate_steps is not None:
+        from trtfuse.generate.agreement import generation_request
+
+        generation_request(original, generate_steps, prompt_ids, seed)
     tolerance = tolerance_from(rtol, atol)
     result = check_fused(
         original,

@@ -174,11 +174,12 @@ def logits_dtype(original: LoadedModel, interface: GenerationInterface) -> str:
     return elem_type_name(output.type.tensor_type.elem_type)
 
 
-def _request(
+def generation_request(
     original: LoadedModel, steps: int, prompt: Sequence[int] | None, seed: int
 ) -> tuple[GenerationInterface, list[int], bool, list[str]]:
-    """The original's interface, the prompt, whether the cache is fed back, and notes; checked before any run. A
-    model without a cache runs in recompute mode here: the comparison is about the tokens, not the speed."""
+    """The original's interface, the prompt, whether the cache is fed back, and notes; checked before any run (a
+    caller that runs other steps first, `check`'s, calls this before them too, so a refusal comes before any work).
+    A model without a cache runs in recompute mode here: the comparison is about the tokens, not the speed."""
     interface = generation_interface(original.model, str(original.path))
     use_cache = interface.has_cache
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
@@ -196,7 +197,7 @@ def check_generation(
     """Greedy generation on the original and on the fused model (plugin nodes lowered), both on the CPU as `check`
     runs them, from `prompt` (None: a few ids drawn from `seed`), judged by `judge_generations`."""
     check_same_inputs(original, fused)
-    interface, chosen, use_cache, notes = _request(original, steps, prompt, seed)
+    interface, chosen, use_cache, notes = generation_request(original, steps, prompt, seed)
     runner, note = original_session(original)
     lowered = lowered_session(fused, evaluator=runner.evaluator).load()
     expected = greedy_generate(runner.run, interface, chosen, steps, use_cache=use_cache)
@@ -212,7 +213,7 @@ def compare_generation(
     """Greedy generation on the original (CPU) and on the engine (TensorRT, each step in the profile that holds
     it), judged by `judge_generations`; the engine's profiles are checked to hold every step first."""
     engine = EngineFile.open(engine_path)
-    interface, chosen, use_cache, notes = _request(original, steps, prompt, seed)
+    interface, chosen, use_cache, notes = generation_request(original, steps, prompt, seed)
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     import_tensorrt()
     runner, note = original_session(original)
