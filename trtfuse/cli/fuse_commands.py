@@ -98,7 +98,7 @@ def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
     from trtfuse.model.onnx_file import load_model
 
     # The whole fusion, so that the counts are those of the model `fuse` writes (plugin nodes the input held count).
-    result = fuse_model(load_model(model_path).model, fusion)
+    result = fuse_model(load_model(model_path).model, fusion, model_path)
     search = result.search
     if as_json:
         echo_json({**_search_json(search), **result.counts().to_json()})
