@@ -71,3 +71,26 @@ def test_fuse_compile_and_inspect_refuse_a_broken_node_writing_nothing(tmp_path:
         assert result.stderr.startswith(f"trtfuse: error: {path}: node 'norm': "), result.stderr
         assert result.stderr.count("\n") == 1
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("version", [2, 0])
+def test_a_trtfuse_domain_of_another_version_is_refused(tmp_path: Path, version: int):
+    model = _model(contract.RMS_NORM_OP, "none")
+    next(opset for opset in model.opset_import if opset.domain == contract.ONNX_DOMAIN).version = version
+    path, original = tmp_path / "m.onnx", tmp_path / "original.onnx"
+    onnx.save(model, path)
+    unfused = onnx.ModelProto()
+    unfused.CopyFrom(model)
+    del unfused.graph.node[:]
+    unfused.graph.node.append(onnx.helper.make_node("Identity", ["q"], ["y"]))
+    del unfused.opset_import[1:]
+    onnx.save(unfused, original)
+    message = (
+        f"trtfuse: error: {path}: imports the trtfuse domain at version {version}; this trtfuse reads version "
+        f"{contract.ONNX_DOMAIN_VERSION} only\n"
+    )
+    for command in (("check", original, path), ("fuse", path, "-o", tmp_path / "out.onnx"), ("inspect", path)):
+        result = run_cli(*command)
+        assert result.exit_code == 2, (command, result.output)
+        assert result.stderr == message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "original.onnx"]

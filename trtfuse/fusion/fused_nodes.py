@@ -53,7 +53,15 @@ def node_label(node: onnx.NodeProto) -> str:
 
 
 def plugin_nodes(model: onnx.ModelProto, source: str | Path = "the fused model") -> list[PluginNode]:
-    """Every node of the main graph in the trtfuse domain, read and checked; `source` names the file in errors."""
+    """Every node of the main graph in the trtfuse domain, read and checked; `source` names the file in errors. A
+    model that imports the trtfuse domain at another version than this contract's is refused: its nodes may mean
+    something else."""
+    for opset in model.opset_import:
+        if opset.domain == contract.ONNX_DOMAIN and opset.version != contract.ONNX_DOMAIN_VERSION:
+            raise TrtfuseError(
+                f"{source}: imports the {contract.ONNX_DOMAIN} domain at version {opset.version}; this trtfuse reads "
+                f"version {contract.ONNX_DOMAIN_VERSION} only"
+            )
     types = TensorTypes(model)
     nodes = []
     for node in model.graph.node:
