@@ -83,7 +83,7 @@ def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path)
 
     plan.read(*loaded.data_files)
     for target in data_copies(loaded.model, output_path, loaded):
-        plan.write("external data copy", target)
+        plan.write("external data copy", target, folders_under=output_path.absolute().parent)
     plan.check()
 
 
