@@ -929,10 +929,8 @@ def main(
     failures: dict[str, str] = {}
     for spec in specs:
         try:
-            expected[spec.filename] = (export_cache_one if spec.cache else export_one)(spec, out_dir)
+            expected[spec.filename] = _export_into(spec, out_dir)
         except Exception as error:  # one failed combination must not stop the others; it is reported below
-            (out_dir / spec.filename).unlink(missing_ok=True)
-            (out_dir / f"{spec.filename}.data").unlink(missing_ok=True)
             failures[spec.filename] = f"{type(error).__name__}: {_first_line(error)}"
             if verbose:
                 traceback.print_exc()
@@ -946,9 +944,25 @@ def main(
             )
     for filename, reason in failures.items():
         click.echo(f"FAILED  {filename}: {reason}")
-    manifest = {"transformers": transformers.__version__, "torch": torch.__version__, "files": expected}
-    (out_dir / "expected.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    if expected:
+        # A run that exported nothing leaves the folder as it was, its manifest included.
+        manifest = {"transformers": transformers.__version__, "torch": torch.__version__, "files": expected}
+        (out_dir / "expected.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     sys.exit(1 if failures else 0)
+
+
+def _export_into(spec: ExportSpec, out_dir: Path) -> dict[str, object]:
+    """Export `spec` into a scratch folder inside `out_dir`, then move its files into place: an export that fails
+    leaves `out_dir` as it was (an earlier export of the same name included), and one that succeeds replaces it."""
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as scratch:
+        entry = (export_cache_one if spec.cache else export_one)(spec, Path(scratch))
+        for name in (spec.filename, f"{spec.filename}.data"):
+            if (Path(scratch) / name).exists():
+                os.replace(Path(scratch) / name, out_dir / name)
+            else:
+                # The new export keeps its weights inline: the earlier export's data file is no longer read.
+                (out_dir / name).unlink(missing_ok=True)
+    return entry
 
 
 if __name__ == "__main__":

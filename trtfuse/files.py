@@ -57,14 +57,20 @@ class OutputPlan:
 
     reads: list[Path] = field(default_factory=list)
     writes: list[tuple[str, Path]] = field(default_factory=list)
+    # Outputs whose missing folders the call makes (`make_folders`), each with the folder they must stay inside.
+    folders_under: dict[Path, Path] = field(default_factory=dict)
 
     def read(self, *paths: Path) -> OutputPlan:
         self.reads.extend(paths)
         return self
 
-    def write(self, what: str, path: Path | None) -> OutputPlan:
+    def write(self, what: str, path: Path | None, folders_under: Path | None = None) -> OutputPlan:
+        """Plan to write `path`; with `folders_under`, its folder may not exist yet if it would be made inside that
+        folder (an external data file `sub/dir/table.bin` copied beside a model written elsewhere)."""
         if path is not None:
             self.writes.append((what, path))
+            if folders_under is not None:
+                self.folders_under[path] = folders_under
         return self
 
     def check(self) -> None:
@@ -72,7 +78,7 @@ class OutputPlan:
         read_ids = {_identity(path): path for path in self.reads}
         written: dict[object, tuple[str, Path]] = {}
         for what, path in self.writes:
-            check_writable(path)
+            check_writable(path, self.folders_under.get(path))
             identity = _identity(path)
             if identity in read_ids:
                 raise TrtfuseError(f"{path}: the {what} would overwrite the input {read_ids[identity]}; choose another")
@@ -104,10 +110,11 @@ def check_readable(path: Path, what: str = "file") -> None:
         raise TrtfuseError(f"{path}: is {kind}, not {expected}")
 
 
-def check_writable(path: Path) -> Path:
-    """The folder `path` goes into; a `TrtfuseError` unless the folder exists and `path` is absent or a regular file."""
+def check_writable(path: Path, folders_under: Path | None = None) -> Path:
+    """The folder `path` goes into; a `TrtfuseError` unless the folder exists (or, with `folders_under`, can be made
+    inside that folder) and `path` is absent or a regular file."""
     folder = path.absolute().parent
-    if not folder.is_dir():
+    if not folder.is_dir() and not _can_make_inside(folder, folders_under):
         raise TrtfuseError(f"{path}: output folder does not exist")
     # /dev/stdout and the like: whatever they point at, a rename onto them would replace the system's own entry.
     if any(str(candidate).startswith(("/dev/", "/proc/")) for candidate in (path.absolute(), resolved(path))):
@@ -150,7 +157,7 @@ class Transaction:
             self._outer._created += self._created
             self._outer._backups += self._backups
             return
-        with _signals_held():
+        with signals_held():
             if kind is None:
                 for _, backup in self._backups:
                     _unlink(backup)
@@ -186,7 +193,7 @@ class Transaction:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM wait until the block is done, so a second Ctrl-C cannot stop a cleanup halfway.
 
     Their handlers are swapped for one that only remembers (a signal mask would not do: another thread of the
@@ -206,6 +213,20 @@ def _signals_held() -> Iterator[None]:
             signal.signal(number, handler)
         if arrived:
             signal.raise_signal(arrived[0])
+
+
+def _can_make_inside(folder: Path, base: Path | None) -> bool:
+    """Whether `make_folders(folder)` would make only folders inside `base`: the nearest part of `folder` that exists
+    is a folder, and it is `base` or lies inside it once symlinks are resolved."""
+    if base is None:
+        return False
+    existing = folder
+    while not existing.exists() and not existing.is_symlink():
+        existing = existing.parent
+    if not existing.is_dir():
+        return False
+    root, found = resolved(base.absolute()), resolved(existing)
+    return found == root or root in found.parents
 
 
 def _unlink(path: Path) -> None:
@@ -241,14 +262,14 @@ def atomic_file(path: Path) -> Iterator[Path]:
     folder = check_writable(path)
     temp: Path | None = None
     try:
-        with _signals_held():
+        with signals_held():
             handle, temp_name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
             os.close(handle)
             temp = Path(temp_name)
         yield temp
         _set_default_permissions(temp)
         transaction = Transaction.active()
-        with _signals_held():
+        with signals_held():
             existed = path.exists()
             if transaction is not None and existed:
                 transaction.replacing(path)

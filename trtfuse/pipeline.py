@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtfuse.errors import MissingDependencyError, TrtfuseError
+from trtfuse.errors import MissingDependencyError
 from trtfuse.files import OutputPlan, Transaction, write_json_atomic
 from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 
@@ -83,7 +83,7 @@ def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path)
 
     plan.read(*loaded.data_files)
     for target in data_copies(loaded.model, output_path, loaded):
-        plan.write("external data copy", target)
+        plan.write("external data copy", target, folders_under=output_path.absolute().parent)
     plan.check()
 
 
@@ -99,10 +99,7 @@ def _fuse(loaded: LoadedModel, source_path: Path, seconds: dict[str, float], fus
     from trtfuse.fusion.fuse import fuse_model
 
     started = time.perf_counter()
-    try:
-        result = fuse_model(loaded.model, fusion)
-    except TrtfuseError as error:
-        raise TrtfuseError(f"{source_path}: {error}") from None
+    result = fuse_model(loaded.model, fusion, source_path)
     seconds["fuse"] = time.perf_counter() - started
     return result
 

@@ -359,7 +359,7 @@ def test_node_names_are_escaped_on_the_terminal(write_model) -> None:
 
 
 def test_an_internal_error_is_one_line(llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def crash(_model: object, _options: object) -> None:
+    def crash(*_args: object) -> None:
         raise RuntimeError("boom\nsecond line")
 
     monkeypatch.setattr("trtfuse.fusion.fuse.fuse_model", crash)

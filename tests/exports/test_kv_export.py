@@ -143,3 +143,30 @@ def test_cli_fuse_and_check_pass_on_the_kv_fixture_without_options(tmp_path: Pat
     assert completed.returncode == 0, completed.stdout + completed.stderr
     report = json.loads(completed.stdout)
     assert [(step["step"], step["passed"]) for step in report["steps"]] == [("prefill", True), ("decode", True)]
+
+
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(name) is None for name in ("torch", "transformers")),
+    reason="the export script needs torch and transformers (pip install -e '.[export]')",
+)
+def test_a_failed_checkpoint_export_leaves_the_earlier_export_in_out(tmp_path: Path) -> None:
+    """A checkpoint without weights fails before anything is written: what --out held before is left as it was."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {
+        name: f"earlier {name}".encode() for name in ("ckpt-dynamo-fp32-kv.onnx", "ckpt-dynamo-fp32-kv.onnx.data")
+    }
+    earlier["expected.json"] = b"{}"
+    for name, data in earlier.items():
+        (out / name).write_bytes(data)
+    completed = subprocess.run(
+        [sys.executable, ROOT / "models" / "export.py", "--cache", "--checkpoint", checkpoint, "--out", out,
+         "--exporter", "dynamo", "--dtype", "float32"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    assert "FAILED  ckpt-dynamo-fp32-kv.onnx" in completed.stdout
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == earlier

@@ -297,3 +297,35 @@ def test_writing_into_a_symlinked_alias_of_the_input_folder_reuses_its_data(
     assert result.exit_code == 0, result.output
     assert "copying" not in result.stderr
     assert _listing(external_llama.parent) == ["fused.onnx", "llama.onnx", "weights.data"]
+
+
+def test_external_data_in_a_subfolder_is_copied_into_a_subfolder_made_inside_the_output_folder(tmp_path: Path) -> None:
+    """docs/cli.md: external data copied into another folder keeps its location there (`sub/dir/table.bin`); the
+    folders it needs are made inside the output folder, and removed again if the call fails."""
+    source = tmp_path / "model"
+    (source / "sub" / "dir").mkdir(parents=True)
+    model = save_external(projection_model(), source / "m.onnx", location="sub/dir/table.bin")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = _invoke("fuse", model, "-o", out / "fused.onnx")
+    assert result.exit_code == 0, result.output
+    assert _listing(out) == ["fused.onnx", "sub", "sub/dir", "sub/dir/table.bin"]
+    assert (out / "sub" / "dir" / "table.bin").read_bytes() == (source / "sub" / "dir" / "table.bin").read_bytes()
+    checked = _invoke("check", model, out / "fused.onnx")
+    assert checked.exit_code == 0, checked.output
+
+
+def test_a_subfolder_for_external_data_is_never_made_outside_the_output_folder(tmp_path: Path) -> None:
+    """A symlink in the output folder that leads elsewhere: the missing folders would be made there, so the plan
+    refuses before anything is written."""
+    source = tmp_path / "model"
+    (source / "sub" / "dir").mkdir(parents=True)
+    model = save_external(projection_model(), source / "m.onnx", location="sub/dir/table.bin")
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "sub").symlink_to(elsewhere)
+    result = _invoke("fuse", model, "-o", out / "fused.onnx")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert result.stderr == f"trtfuse: error: {out / 'sub' / 'dir' / 'table.bin'}: output folder does not exist\n"
+    assert _listing(out) == ["sub"] and _listing(elsewhere) == []

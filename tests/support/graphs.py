@@ -839,7 +839,8 @@ def residual_stack(dtype: str = "float32", layers: int = 2, sums_as_outputs: boo
 
 def residual_near_miss(case: str, dtype: str = "float16") -> onnx.ModelProto:
     """One Add in front of a norm that must stay out of it (the norm fused alone); `case` names why:
-    "bias" (a constant operand), "broadcast" (a [1, S, H] operand), "chain" (the last Add of x + a + b), "widened"
+    "bias" (a constant operand; "cast-bias", "identity-bias", "folded-bias": one reached through a Cast, an Identity,
+    or an Identity and a Reshape), "broadcast" (a [1, S, H] operand), "chain" (the last Add of x + a + b), "widened"
     (the widened sum the norm reads is read elsewhere too), "rounded" (a float32 sum cast down to the norm's dtype),
     "qdq" (the norm reads a QuantizeLinear -> DequantizeLinear of the sum), "shared" (two norms read one sum: the
     first takes the Add), "dtypes" (operands of two dtypes: no checker passes it, the matcher must not fuse it)."""
@@ -849,6 +850,13 @@ def residual_near_miss(case: str, dtype: str = "float16") -> onnx.ModelProto:
     spec = NormSpec(dtype=dtype)
     if case == "bias":
         total = b.op("Add", x, b.weight(HIDDEN, dtype, base="bias"))
+    elif case == "cast-bias":
+        total = b.op("Add", x, b.cast(b.weight(HIDDEN, "float32", base="bias"), dtype))
+    elif case == "identity-bias":
+        total = b.op("Add", x, b.op("Identity", b.weight(HIDDEN, dtype, base="bias")))
+    elif case == "folded-bias":
+        shape = b.constant(np.array([1, 1, HIDDEN], np.int64), "int64", base="shape")
+        total = b.op("Add", x, b.op("Reshape", b.op("Identity", b.weight(HIDDEN, dtype, base="bias")), shape))
     elif case == "chain":
         total = b.op("Add", b.op("Add", x, other), b.input("s", [BATCH, SEQUENCE, HIDDEN], dtype))
     elif case == "rounded":

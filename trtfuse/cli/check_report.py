@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from trtfuse.cli.options import EXIT_MISMATCH, VERBOSITY, FilePath, detail, echo_json, printable
+from trtfuse.cli.options import (
+    ASCII_INTEGER,
+    EXIT_MISMATCH,
+    VERBOSITY,
+    FilePath,
+    IntegerType,
+    detail,
+    echo_json,
+    printable,
+)
 from trtfuse.errors import TrtfuseError
 
 if TYPE_CHECKING:
@@ -74,7 +83,7 @@ class PromptIdsType(click.ParamType):
         if isinstance(value, tuple):
             return value
         parts = [part for part in re.split(r"[,\s]+", str(value).strip()) if part]
-        if not all(re.fullmatch(r"-?\d+", part) for part in parts):
+        if not all(re.fullmatch(ASCII_INTEGER, part) for part in parts):
             self.fail(f"expected token ids separated by commas (e.g. 1,2,3), got {value!r}")
         return tuple(int(part) for part in parts)
 
@@ -93,7 +102,7 @@ def generation_options(command: F) -> F:
         click.option(
             "--generate",
             "generate_steps",
-            type=click.IntRange(min=1),
+            type=IntegerType(minimum=1),
             metavar="N",
             help="Also generate N tokens greedily on both from the same prompt; fail if the tokens differ, except "
             "where they diverge at a near tie of the original's logits (docs/cli.md).",

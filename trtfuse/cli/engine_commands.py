@@ -18,6 +18,7 @@ from trtfuse.cli.options import (
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
     FilePath,
+    IntegerType,
     RangeType,
     ShapeRangeType,
     SizeType,
@@ -74,7 +75,7 @@ COMPARE_INSTALL_HINT = (
     help="Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
 )
 @click.option(
-    "--opt-level", default=3, show_default=True, type=click.IntRange(0, 5), help="TensorRT builder optimisation level."
+    "--opt-level", default=3, show_default=True, type=IntegerType(0, 5), help="TensorRT builder optimisation level."
 )
 @click.option("--workspace", type=SizeType(), help="Workspace memory limit, e.g. 4G [default: TensorRT's].")
 @click.option(
@@ -157,14 +158,14 @@ def _fused_line(fused: FusedFile) -> str:
 @click.argument("engine_path", metavar="MODEL.engine", type=FilePath())
 @click.option("--inputs", "inputs_path", type=FilePath(), help="Inputs as .npz (else random ones).")
 @feed_options
-@click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Timed runs.")
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed runs first.")
+@click.option("--iterations", default=10, show_default=True, type=IntegerType(minimum=1), help="Timed runs.")
+@click.option("--warmup", default=2, show_default=True, type=IntegerType(minimum=0), help="Untimed runs first.")
 @click.option("--save-outputs", type=FilePath(), help="Write the outputs of the last run as .npz.")
 @click.option(
     "--leak-check",
     "leak_changes",
     metavar="N",
-    type=click.IntRange(min=1),
+    type=IntegerType(minimum=1),
     help="Instead of timing: GPU memory in use before TensorRT and after N token-count changes in one execution "
     "context, all torn down (NVIDIA/TensorRT#4849, AOT plugins); exit 1 if it leaked. Takes only --seed.",
 )
@@ -265,17 +266,23 @@ def compare_command(
     """Judge the engine MODEL.engine (or FUSED.onnx, run exactly as `trtfuse check` runs it) against onnxruntime on
     ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails. With --generate N, also generate N
     tokens greedily on both from one prompt, as `check --generate` does."""
-    try:
-        import polygraphy  # noqa: F401
-    except ImportError:
-        raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
-    from trtfuse.engine.compare import ORIGINAL_RUNNER, compare
     from trtfuse.model.onnx_file import load_model
 
     plan = OutputPlan().read(original_path, candidate_path, *([load_inputs] if load_inputs else []))
     plan.write("comparison report", report_path).write("saved inputs", save_inputs).check()
     original = load_model(original_path)
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
+    if generate_steps is not None:
+        from trtfuse.generate.agreement import generation_request
+
+        generation_request(original, generate_steps, prompt_ids, seed)
+    # Bad input is refused (exit 2) before a missing dependency is (exit 3): the user's first fix is their own.
+    try:
+        import polygraphy  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
+    from trtfuse.engine.compare import ORIGINAL_RUNNER, compare
+
     tolerance = tolerance_from(rtol, atol)
     try:
         report = compare(

@@ -99,7 +99,7 @@ def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
     from trtfuse.model.onnx_file import load_model
 
     # The whole fusion, so that the counts are those of the model `fuse` writes (plugin nodes the input held count).
-    result = fuse_model(load_model(model_path).model, fusion)
+    result = fuse_model(load_model(model_path).model, fusion, model_path)
     search = result.search
     if as_json:
         echo_json({**_search_json(search), **result.counts().to_json()})
@@ -169,6 +169,10 @@ def check(
     plan.read(*([load_inputs] if load_inputs else []))
     plan.write("saved inputs", save_inputs).check()
     feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
+    if generate_steps is not None:
+        from trtfuse.generate.agreement import generation_request
+
+        generation_request(original, generate_steps, prompt_ids, seed)
     tolerance = tolerance_from(rtol, atol)
     result = check_fused(
         original,

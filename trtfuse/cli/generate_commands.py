@@ -11,6 +11,7 @@ from trtfuse.cli.check_report import PROMPT_IDS
 from trtfuse.cli.options import (
     HELP_OPTIONS,
     FilePath,
+    IntegerType,
     common_options,
     echo_json,
     exit_missing,
@@ -28,13 +29,13 @@ if TYPE_CHECKING:
 @click.command("generate", context_settings=HELP_OPTIONS)
 @click.argument("model_path", metavar="MODEL.onnx|MODEL.engine", type=FilePath())
 @PROMPT_IDS
-@click.option("--steps", default=16, show_default=True, type=click.IntRange(min=1), help="Tokens to generate.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the default prompt.")
+@click.option("--steps", default=16, show_default=True, type=IntegerType(minimum=1), help="Tokens to generate.")
+@click.option("--seed", default=0, show_default=True, type=IntegerType(), help="Seed of the default prompt.")
 @click.option(
     "--repeat",
     default=1,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=IntegerType(minimum=1),
     help="Run the whole generation this many times; the latencies are medians over every run.",
 )
 @click.option(

@@ -19,8 +19,11 @@ from trtfuse.cli.options import (
     EXIT_INTERNAL_ERROR,
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
+    JSON_OUTPUT,
     VERBOSITY,
+    StdoutLost,
     echo_json,
+    guarded_stdout,
     printable,
 )
 from trtfuse.errors import Interrupted, MissingDependencyError, OptionError, TrtfuseError, first_line
@@ -39,16 +42,17 @@ def _error_line(message: str, colour: str = "red") -> None:
 
 def _fail(message: str, status: int, as_json: bool, kind: str = "error: ", colour: str = "red") -> int:
     """`trtfuse: KIND MESSAGE`, one line on stderr; under --json also `{"error": MESSAGE, "exit": N}` on stdout, the
-    call's one JSON object."""
+    call's one JSON object (none where the command had written its own before it failed or was interrupted)."""
     _error_line(f"trtfuse: {kind}{message}", colour)
-    if as_json:
+    if as_json and not JSON_OUTPUT.written:
         echo_json({"error": " ".join(message.split("\n")), "exit": status})
     return status
 
 
 class TrtfuseGroup(click.Group):
     """Every way a command can end becomes an exit status and at most one line on stderr, never a traceback:
-    3 for a missing optional dependency, 2 for bad input or usage, 130/143 for SIGINT/SIGTERM, 4 for a bug."""
+    3 for a missing optional dependency, 2 for bad input or usage or a stdout that cannot be written (a full disk, a
+    closed pipe), 130/143 for SIGINT/SIGTERM, 4 for a bug."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         # -h as well as --help on the group; each command sets the same for itself (options.HELP_OPTIONS).
@@ -64,9 +68,24 @@ class TrtfuseGroup(click.Group):
         **extra: object,
     ) -> object:
         VERBOSITY.level = 0
+        JSON_OUTPUT.written = False
         arguments = list(sys.argv[1:] if args is None else args)
         # Read off the raw arguments: a usage error can come before click has seen the flag.
         as_json = "--json" in arguments[: arguments.index("--")] if "--" in arguments else "--json" in arguments
+        try:
+            with guarded_stdout():
+                status = self._status(arguments, prog_name, complete_var, as_json, **extra)
+        except StdoutLost as error:
+            # The result is lost, so the call failed: what it wrote was rolled back on the way out.
+            status = _fail(f"cannot write to stdout: {error}", EXIT_BAD_INPUT, as_json=False)
+        if not standalone_mode:
+            return status
+        sys.exit(status if isinstance(status, int) else 0)
+
+    def _status(
+        self, arguments: list[str], prog_name: str | None, complete_var: str | None, as_json: bool, **extra: object
+    ) -> object:
+        """Run the command; every way it ends as an exit status (a lost stdout is raised, `StdoutLost`)."""
         try:
             # One transaction around the whole call: whatever the command wrote is removed again if it fails or is
             # interrupted. A command's own exit status (1: a mismatch or a leak, 3: no engine built) is a result:
@@ -95,13 +114,13 @@ class TrtfuseGroup(click.Group):
             status = _fail("interrupted", EXIT_SIGINT, as_json, "")
         except Interrupted as error:
             status = _fail(f"stopped by {error}", 128 + error.signal_number, as_json, "")
+        except StdoutLost:
+            raise
         except Exception as error:
             bug = "a bug in trtfuse; please report it with the command line"
             message = f"{type(error).__name__}: {first_line(error)} ({bug})"
             status = _fail(message, EXIT_INTERNAL_ERROR, as_json, "internal error: ")
-        if not standalone_mode:
-            return status
-        sys.exit(status if isinstance(status, int) else 0)
+        return status
 
     def invoke(self, ctx: click.Context) -> object:
         try:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
+import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import click
 
-from trtfuse.files import json_text
+from trtfuse.files import json_text, signals_held
 from trtfuse.fusion.options import FusionOptions
 
 # -h as well as --help on every command. Set on each command, not only inherited from the group: click keeps a
@@ -134,6 +136,33 @@ class RangeType(click.ParamType):
         return DimRange(low, opt, high)
 
 
+# An integer as every option spells it: ASCII digits, an optional sign.
+ASCII_INTEGER = r"[+-]?[0-9]+"
+
+
+class IntegerType(click.ParamType):
+    """An integer in ASCII digits, signed or not, from `minimum` to `maximum` where given: every integer option's one
+    parser (`int()` would also take `1_0` and other scripts' digits)."""
+
+    name = "INTEGER"
+
+    def __init__(self, minimum: int | None = None, maximum: int | None = None) -> None:
+        self.minimum, self.maximum = minimum, maximum
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif re.fullmatch(ASCII_INTEGER, str(value).strip()):
+            number = int(str(value))
+        else:
+            self.fail(f"{value!r} is not an integer in ASCII digits (for example 16)")
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"{number} is less than {self.minimum}")
+        if self.maximum is not None and number > self.maximum:
+            self.fail(f"{number} is more than {self.maximum}")
+        return number
+
+
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -204,7 +233,7 @@ def unique(kind: str) -> Callable[[click.Context, click.Parameter, Sequence[tupl
 def feed_options(command: F) -> F:
     """--seed, --shape and --dim; the command receives `seed`, `shapes` (name -> shape) and `dims` (symbol -> int)."""
     options = (
-        click.option("--seed", default=0, show_default=True, help="Seed of the random inputs."),
+        click.option("--seed", default=0, show_default=True, type=IntegerType(), help="Seed of the random inputs."),
         click.option(
             "--shape",
             "shapes",
@@ -350,8 +379,65 @@ def exit_missing(error: Exception, done: str, as_json: bool) -> NoReturn:
     raise SystemExit(EXIT_MISSING_DEPENDENCY)
 
 
+@dataclass
+class JsonOutput:
+    """Whether this call has written its JSON object: --json prints one object, never a second after it."""
+
+    written: bool = False
+
+
+JSON_OUTPUT = JsonOutput()
+
+
 def echo_json(value: object) -> None:
-    click.echo(json_text(value))
+    """The call's JSON object on stdout, written whole: the text is made first, and SIGINT/SIGTERM wait until the
+    write is done, so an interruption never leaves half an object (the interruption is raised after it)."""
+    text = json_text(value)
+    with signals_held():
+        JSON_OUTPUT.written = True
+        click.echo(text)
+
+
+class StdoutLost(Exception):
+    """stdout cannot be written (a full disk, a closed pipe): the result is lost, which is no bug of trtfuse's."""
+
+
+class _GuardedStdout:
+    """sys.stdout whose write and flush failures are a `StdoutLost` (an OSError elsewhere is a bug)."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as error:
+            raise StdoutLost(error.strerror or str(error)) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as error:
+            raise StdoutLost(error.strerror or str(error)) from None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def guarded_stdout() -> Iterator[None]:
+    """While the block runs, a write to stdout that fails raises `StdoutLost`; afterwards stdout, if lost, leads to
+    /dev/null, so that the interpreter's last flush at exit does not print a traceback of its own."""
+    stream = sys.stdout
+    sys.stdout = _GuardedStdout(stream)
+    try:
+        yield
+    except StdoutLost:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        raise
+    finally:
+        sys.stdout = stream
 
 
 def printable(text: str) -> str:

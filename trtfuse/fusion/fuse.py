@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -12,7 +13,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
-from trtfuse.fusion.fused_nodes import plugin_node_counts
+from trtfuse.fusion.fused_nodes import op_counts, plugin_node_counts, plugin_nodes
 from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns import NearMiss, NormSearch, find_norms
 from trtfuse.fusion.rewrite import FusedNode, rewrite
@@ -149,12 +150,20 @@ def search_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION
     return find_norms(import_graph(model), options)
 
 
-def fuse_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION) -> FuseResult:
+def fuse_model(
+    model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION, source: str | Path = "the model"
+) -> FuseResult:
     """Replace every RMSNorm and QK-norm of `model` (and, unless `options` say not to, the residual Add in front of a
-    norm with it) by a plugin node; `model` itself is left unchanged."""
-    graph = import_graph(model)
-    search = find_norms(graph, options)
-    fused = rewrite(graph, search)
+    norm with it) by a plugin node; `model` itself is left unchanged. The plugin nodes the model already holds are
+    read as `check` reads them (`fused_nodes.plugin_nodes`), so a broken one (a bad epsilon, a missing input, a
+    hidden size its input does not have) is refused before anything is fused. Errors name `source`."""
+    already = plugin_nodes(model, source)
+    try:
+        graph = import_graph(model)
+        search = find_norms(graph, options)
+        fused = rewrite(graph, search)
+    except TrtfuseError as error:
+        raise TrtfuseError(f"{source}: {error}") from None
     with G_LOGGER.suppress(G_LOGGER.ERROR):
         exported = gs.export_onnx(graph, opset_imports=graph.import_domains)
     exported.ir_version = model.ir_version
@@ -173,7 +182,8 @@ def fuse_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION) 
     for attribute in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
         setattr(exported, attribute, getattr(model, attribute))
     exported.metadata_props.extend(model.metadata_props)
-    return FuseResult(model=exported, fused=fused, search=search, input_nodes=plugin_node_counts(model))
+    input_nodes = op_counts(plugin.op.name for plugin in already)
+    return FuseResult(model=exported, fused=fused, search=search, input_nodes=input_nodes)
 
 
 def _keep_declared_types(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:

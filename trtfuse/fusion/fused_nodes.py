@@ -8,6 +8,7 @@ the AOT form, `check` and the node counts of every report read the nodes through
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,15 @@ def node_label(node: onnx.NodeProto) -> str:
 
 
 def plugin_nodes(model: onnx.ModelProto, source: str | Path = "the fused model") -> list[PluginNode]:
-    """Every node of the main graph in the trtfuse domain, read and checked; `source` names the file in errors."""
+    """Every node of the main graph in the trtfuse domain, read and checked; `source` names the file in errors. A
+    model that imports the trtfuse domain at another version than this contract's is refused: its nodes may mean
+    something else."""
+    for opset in model.opset_import:
+        if opset.domain == contract.ONNX_DOMAIN and opset.version != contract.ONNX_DOMAIN_VERSION:
+            raise TrtfuseError(
+                f"{source}: imports the {contract.ONNX_DOMAIN} domain at version {opset.version}; this trtfuse reads "
+                f"version {contract.ONNX_DOMAIN_VERSION} only"
+            )
     types = TensorTypes(model)
     nodes = []
     for node in model.graph.node:
@@ -65,8 +74,14 @@ def plugin_nodes(model: onnx.ModelProto, source: str | Path = "the fused model")
 
 
 def plugin_node_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """How many nodes of each trtfuse op the main graph holds, every op listed (0 for absent ones)."""
-    counts = Counter(node.op_type for node in model.graph.node if node.domain == contract.ONNX_DOMAIN)
+    """How many nodes of each trtfuse op the main graph holds, every op listed (0 for absent ones); not read: for a
+    graph trtfuse wrote, or one `plugin_nodes` has read."""
+    return op_counts(node.op_type for node in model.graph.node if node.domain == contract.ONNX_DOMAIN)
+
+
+def op_counts(ops: Iterable[str]) -> dict[str, int]:
+    """How many of `ops` each trtfuse op is, every op listed (0 for absent ones)."""
+    counts = Counter(ops)
     return {op: counts.get(op, 0) for op in contract.FUSED_OPS}
 
 

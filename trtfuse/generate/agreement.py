@@ -174,16 +174,17 @@ def logits_dtype(original: LoadedModel, interface: GenerationInterface) -> str:
     return elem_type_name(output.type.tensor_type.elem_type)
 
 
-def _request(
+def generation_request(
     original: LoadedModel, steps: int, prompt: Sequence[int] | None, seed: int
 ) -> tuple[GenerationInterface, list[int], bool, list[str]]:
-    """The original's interface, the prompt, whether the cache is fed back, and notes; checked before any run. A
-    model without a cache runs in recompute mode here: the comparison is about the tokens, not the speed."""
+    """The original's interface, the prompt, whether the cache is fed back, and notes; checked before any run (a
+    caller that runs other steps first, `check`'s, calls this before them too, so a refusal comes before any work).
+    A model without a cache runs in recompute mode here: the comparison is about the tokens, not the speed."""
     interface = generation_interface(original.model, str(original.path))
     use_cache = interface.has_cache
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
     interface.check_drivable(use_cache)
-    interface.check_prompt(chosen, steps)
+    interface.check_prompt(chosen, steps, use_cache)
     notes = run_notes(interface, use_cache)
     if not use_cache:
         notes = ["no KV cache: " + notes[0]]
@@ -202,7 +203,7 @@ def check_generation(
     runs them, from `prompt` (None: a few ids drawn from `seed`), judged by `judge_generations`. The original
     generates all its tokens and is released before the fused model loads; `notify` hears each load and token."""
     check_same_inputs(original, fused)
-    interface, chosen, use_cache, notes = _request(original, steps, prompt, seed)
+    interface, chosen, use_cache, notes = generation_request(original, steps, prompt, seed)
     heard = _generation_lines(notify)
     runner, note = original_session(original, heard)
     with runner:
@@ -228,7 +229,7 @@ def compare_generation(
     it), judged by `judge_generations`; the engine's profiles are checked to hold every step first. The original is
     released before the engine loads; `notify` hears each load and token."""
     engine = EngineFile.open(engine_path)
-    interface, chosen, use_cache, notes = _request(original, steps, prompt, seed)
+    interface, chosen, use_cache, notes = generation_request(original, steps, prompt, seed)
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     import_tensorrt()
     heard = _generation_lines(notify)

@@ -9,6 +9,7 @@ inputs compute them from the mask's shape and sum, so the same feed drives them.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -77,14 +78,25 @@ class GenerationInterface:
                 f" (each step runs the whole sequence), or {NO_CACHE_HINT}",
             )
 
-    def check_prompt(self, prompt: Sequence[int], steps: int) -> None:
-        """The prompt and step count the model can take: ids inside the vocabulary, and every position the steps
-        feed (prompt + steps - 1: the last token is not fed back) inside the model's position limit."""
+    def check_prompt(self, prompt: Sequence[int], steps: int, use_cache: bool = True) -> None:
+        """The prompt and step count the model can take: ids inside the vocabulary (and the token input's integer
+        type), as many ids per step as the token input's shape takes, and every position the steps feed (prompt +
+        steps - 1: the last token is not fed back) inside the model's position limit. Nothing is built per step: a
+        huge step count costs no memory here."""
         if not prompt:
             raise OptionError("prompt-ids", "the prompt is empty; give token ids with ", Choice("prompt-ids"))
         if steps < 1:
             raise OptionError("steps", f"{steps} steps: generation takes at least 1 step")
         low, high = min(prompt), max(prompt)
+        limits = np.iinfo(self.dtypes[self.token_input])
+        if low < limits.min or high > limits.max:
+            bad = low if low < limits.min else high
+            raise OptionError(
+                "prompt-ids",
+                f"prompt id {bad} does not fit input {self.token_input!r} of {self.source}, which takes "
+                f"{self.dtypes[self.token_input].name} ids ({limits.min} to {limits.max}); give smaller ids with ",
+                Choice("prompt-ids"),
+            )
         vocabulary = self.vocabulary
         if low < 0 or (vocabulary is not None and high >= vocabulary.value):
             bad = low if low < 0 else high
@@ -104,6 +116,35 @@ class GenerationInterface:
                 f"more than {self.source} holds ({bound.reason}); shorten ",
                 Choice("prompt-ids"),
                 " or ask for fewer steps",
+            )
+        self._check_tokens_per_step(len(prompt), steps, use_cache)
+
+    def _check_tokens_per_step(self, prompt_length: int, steps: int, use_cache: bool) -> None:
+        """Each step's token count against the token input's shape (a static `[1, 8]` takes 8 ids, a decode-only
+        `[batch, 1]` one). Its dims are affine in the tokens and past fed, so the first, second and last steps
+        stand for all of them."""
+        fed = [(prompt_length, 0)]
+        if steps > 1 and use_cache:
+            fed += [(1, prompt_length), (1, prompt_length + steps - 2)]
+        elif steps > 1:
+            fed += [(prompt_length + 1, 0), (prompt_length + steps - 1, 0)]
+        for step, (tokens, past) in zip((1, 2, steps), fed, strict=False):
+            taken = math.prod(self._shape(self.token_input, self._symbol_values(tokens, past)))
+            if taken == tokens:
+                continue
+            value = next(v for v in self.reading.inputs if v.name == self.token_input)
+            dims = ", ".join(d.dim_param or str(d.dim_value) for d in value.type.tensor_type.shape.dim)
+            what = f"the prompt's {tokens}" if step == 1 else f"{tokens}"
+            remedy = (
+                ["give a prompt of ", _count(taken, "id"), " with ", Choice("prompt-ids")]
+                if step == 1
+                else ["ask for 1 step"]
+            )
+            raise OptionError(
+                "prompt-ids",
+                f"{self.source}: input {self.token_input!r} [{dims}] takes {_count(taken, 'token id')} per step, but "
+                f"step {step} feeds {what}; ",
+                *remedy,
             )
 
     def position_warning(self, prompt_length: int, steps: int) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 
 from trtfuse.errors import TrtfuseError
 from trtfuse.generate.interface import GenerationInterface
+from trtfuse.model.feeds import check_seed
 from trtfuse.verify.onnxrt import Notify, StepFunction, quiet
 
 # The default prompt's length, when the caller gives none.
@@ -77,6 +78,7 @@ class Generation:
 
 def default_prompt(interface: GenerationInterface, seed: int, length: int = DEFAULT_PROMPT_LENGTH) -> list[int]:
     """A few token ids inside the model's vocabulary, drawn from `seed` (ids below 2 where the size is unknown)."""
+    check_seed(seed)
     size = interface.vocabulary.value if interface.vocabulary is not None else 2
     return [int(token) for token in np.random.default_rng(seed).integers(0, max(size, 1), size=length)]
 
@@ -98,7 +100,7 @@ def greedy_generate(
     model's. `notify` hears "token k of N" before each step."""
     prompt = [int(token) for token in prompt]
     interface.check_drivable(use_cache)
-    interface.check_prompt(prompt, steps)
+    interface.check_prompt(prompt, steps, use_cache)
     records = []
     sequence = list(prompt)
     cache: dict[str, np.ndarray] | None = None

@@ -10,6 +10,7 @@ model its sidecar names.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from trtfuse.engine.engine_file import EngineFile
-from trtfuse.engine.profiles import profile_holds
+from trtfuse.engine.profiles import Profile
 from trtfuse.engine.session import ENGINE_RUNNER, EngineSession
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.fusion.fused_nodes import plugin_node_counts
 from trtfuse.generate.interface import GenerationInterface, generation_interface
 from trtfuse.generate.loop import Generation, StepFunction, default_prompt, greedy_generate, repeated
+from trtfuse.model.feeds import check_seed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.onnxrt import CpuSession, Notify, loading_line, lowered_session, original_session, quiet
 from trtfuse.verify.verdict import LOWERED_NAME
@@ -99,6 +101,7 @@ def generate_file(
     token."""
     if runs < 1:
         raise OptionError("repeat", f"{runs} runs: generation runs at least once")
+    check_seed(seed)
     if is_engine(model_path):
         return _generate_engine(model_path, steps, prompt, seed, use_cache, runs, warn, notify)
     loaded = load_model(model_path)
@@ -106,7 +109,7 @@ def generate_file(
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
     # The request is checked before the (slow) session is made.
     interface.check_drivable(use_cache)
-    interface.check_prompt(chosen, steps)
+    interface.check_prompt(chosen, steps, use_cache)
     _warn_positions(interface, len(chosen), steps, warn)
     session, runner, note = cpu_session(loaded, notify)
     with session:
@@ -155,7 +158,7 @@ def _generate_engine(
     interface = generation_interface(fused.model, str(engine_path))
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
     interface.check_drivable(use_cache)
-    interface.check_prompt(chosen, steps)
+    interface.check_prompt(chosen, steps, use_cache)
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     _warn_positions(interface, len(chosen), steps, warn)
     import_tensorrt()
@@ -187,27 +190,77 @@ def _polygraphy_quiet() -> Iterator[None]:
         yield
 
 
-def step_shapes(prompt_length: int, steps: int, use_cache: bool) -> list[tuple[int, int]]:
-    """(tokens, past) of every step the loop feeds."""
+@dataclass(frozen=True)
+class _StepRun:
+    """Steps `first` to `first + count - 1` of a generation, each `shift` more tokens and `grow` more past than the
+    one before: the prompt's step alone, then the decode steps (or, without a cache, every step)."""
+
+    first: int
+    count: int
+    tokens: int
+    past: int
+    shift: int = 0
+    grow: int = 0
+
+    def at(self, offset: int) -> tuple[int, int]:
+        return self.tokens + offset * self.shift, self.past + offset * self.grow
+
+
+def _step_runs(prompt_length: int, steps: int, use_cache: bool) -> list[_StepRun]:
     if not use_cache:
-        return [(prompt_length + index, 0) for index in range(steps)]
-    return [(prompt_length, 0)] + [(1, prompt_length + index) for index in range(steps - 1)]
+        return [_StepRun(1, steps, prompt_length, 0, shift=1)]
+    decode = [_StepRun(2, steps - 1, 1, prompt_length, grow=1)] if steps > 1 else []
+    return [_StepRun(1, 1, prompt_length, 0), *decode]
+
+
+def _held_offsets(profile: Profile, run: _StepRun, base: dict, slope: dict) -> tuple[int, int] | None:
+    """The offsets into `run` whose shapes `profile` holds: each dim is affine in the offset (base + offset *
+    slope), so each range bounds the offset on one side or both, and together they leave one interval or none."""
+    low, high = 0, run.count - 1
+    for name, ranges in profile.shapes.items():
+        if name not in base:
+            continue
+        if len(base[name]) != len(ranges.min):
+            return None
+        for start, step, least, most in zip(base[name], slope[name], ranges.min, ranges.max, strict=True):
+            if step == 0 and not least <= start <= most:
+                return None
+            if step != 0:
+                # least <= start + offset * step <= most, solved for the offset (rounding inward).
+                ends = sorted(((least - start) / step, (most - start) / step))
+                low, high = max(low, math.ceil(ends[0])), min(high, math.floor(ends[1]))
+    return (low, high) if low <= high else None
+
+
+def _first_refused(profiles: Sequence[Profile], interface: GenerationInterface, run: _StepRun) -> int | None:
+    """The first offset into `run` that no profile holds, or None: from one interval per profile, so the cost does
+    not grow with the step count."""
+    base = {name: np.array(shape) for name, shape in interface.feed_shapes(*run.at(0)).items()}
+    after = interface.feed_shapes(*run.at(1))
+    slope = {name: np.array(after[name]) - base[name] for name in base}
+    intervals = sorted(filter(None, (_held_offsets(profile, run, base, slope) for profile in profiles)))
+    offset = 0
+    for low, high in intervals:
+        if low > offset:
+            break
+        offset = max(offset, high + 1)
+    return offset if offset < run.count else None
 
 
 def check_engine_holds(
     engine: EngineFile, interface: GenerationInterface, prompt_length: int, steps: int, use_cache: bool
 ) -> None:
     """Every step's shapes inside one of the engine's profiles, checked before it runs: one line naming the first
-    step that fits none, with the profiles' ranges."""
+    step that fits none, with the profiles' ranges. The check solves for the steps each profile holds rather than
+    walking them (a billion steps cost as little as two)."""
     profiles = engine.profiles
     if not profiles:
         return
-    for index, (tokens, past) in enumerate(step_shapes(prompt_length, steps, use_cache)):
-        shapes = interface.feed_shapes(tokens, past)
-        # Zero-stride arrays: the shapes without the memory.
-        feed = {name: np.broadcast_to(np.zeros((), np.int8), shape) for name, shape in shapes.items()}
-        if any(profile_holds(profile, feed) for profile in profiles):
+    for run in _step_runs(prompt_length, steps, use_cache):
+        offset = _first_refused(profiles, interface, run)
+        if offset is None:
             continue
+        tokens, past = run.at(offset)
         ranges = "; ".join(
             f"{profile.name}: " + ", ".join(f"{name} {shape}" for name, shape in profile.shapes.items())
             for profile in profiles
@@ -215,9 +268,9 @@ def check_engine_holds(
         fed = f"{tokens} token{'s' if tokens != 1 else ''} after {past}"
         raise OptionError(
             "prompt-ids",
-            f"{engine.path}: step {index + 1} ({fed}) fits none of the engine's optimisation profiles ({ranges}); "
-            "build the engine with token and past ranges that hold a prompt of "
-            f"{prompt_length} ids and {steps} steps, or shorten ",
+            f"{engine.path}: step {run.first + offset} ({fed}) fits none of the engine's optimisation profiles "
+            f"({ranges}); build the engine with token and past ranges that hold a prompt of {prompt_length} ids and "
+            f"{steps} steps, or shorten ",
             Choice("prompt-ids"),
             " or ask for fewer steps",
         )

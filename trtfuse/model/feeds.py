@@ -96,6 +96,12 @@ def make_feed(
     return _step_feed(model, model_dims(model), seed, dict(shapes or {}), dict(dims or {}), step).feed
 
 
+def check_seed(seed: int) -> None:
+    """A seed numpy's generators take: an integer from 0 to 2**64 - 1; else one line naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < SEED_LIMIT:
+        raise OptionError("seed", Choice("seed"), f" {seed}: must be an integer from 0 to {SEED_LIMIT - 1}")
+
+
 def _step_feed(
     model: onnx.ModelProto,
     reading: ModelDims,
@@ -104,8 +110,7 @@ def _step_feed(
     dims: dict[str, int],
     step: Step,
 ) -> StepFeed:
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < SEED_LIMIT:
-        raise OptionError("seed", Choice("seed"), f" {seed}: must be an integer from 0 to {SEED_LIMIT - 1}")
+    check_seed(seed)
     names = {value.name for value in reading.inputs}
     unknown = sorted(set(shapes) - names)
     if unknown:

@@ -25,7 +25,6 @@ from trtfuse.engine.build_options import BuildOptions
 from trtfuse.engine.profiles import Profile, ShapeRange, derive_profiles, profile_warnings, request_from_options
 from trtfuse.engine.sidecar import read_sidecar
 from trtfuse.engine.tensorrt import import_tensorrt
-from trtfuse.errors import TrtfuseError
 from trtfuse.files import make_folders
 from trtfuse.fusion.fuse import FuseResult, fuse_model
 from trtfuse.fusion.lowering import lower_fused_nodes
@@ -72,10 +71,7 @@ class FuseModel(BaseLoader):
     def call_impl(self) -> FusedModel:
         with as_polygraphy_error("trtfuse"):
             original = load_model(self.model_path)
-            try:
-                result = fuse_model(original.model, self.fusion)
-            except TrtfuseError as error:
-                raise TrtfuseError(f"{self.model_path}: {error}") from None
+            result = fuse_model(original.model, self.fusion, self.model_path)
         G_LOGGER.info(f"trtfuse: fused {self.model_path}: {result.counts().line()}")
         return FusedModel(original=original, result=result)
 

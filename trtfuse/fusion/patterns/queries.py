@@ -83,7 +83,29 @@ def other_input(node: gs.Node, tensor: gs.Tensor) -> gs.Tensor | None:
 
 
 def is_constant(tensor: gs.Tensor) -> bool:
+    """A stored constant: an initializer or a `Constant` node's output (whose values `constant_shape` and the
+    readers below can read). Whether an operand is constant at all is `is_constant_value`'s question."""
     return isinstance(tensor, gs.Constant) or producer_op(tensor) == "Constant"
+
+
+# Ops that read no input yet are not constant: each run draws other values.
+_RANDOM_OPS = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli")
+# How far `is_constant_value` follows ops back from a tensor: a bias is a stored constant a few casts away.
+MAX_FOLD_DEPTH = 8
+
+
+def is_constant_value(tensor: gs.Tensor, depth: int = MAX_FOLD_DEPTH) -> bool:
+    """Whether `tensor` is fixed before the model runs: a stored constant (`is_constant`), or what an ONNX op that
+    draws no random values makes of constant values alone (`Cast(const)`, `Identity(const)`, `Reshape(const,
+    const)`: what constant folding would fold). The one rule for "this operand is a constant" (a bias, not an
+    activation), however the exporter spelled it."""
+    if is_constant(tensor):
+        return True
+    node = producer(tensor)
+    operands = [operand for operand in node.inputs if operand.name] if node is not None else []
+    if depth == 0 or onnx_op(node) in (None, *_RANDOM_OPS) or not operands:
+        return False
+    return all(is_constant_value(operand, depth - 1) for operand in operands)
 
 
 def is_sparse_constant(tensor: gs.Tensor) -> bool:

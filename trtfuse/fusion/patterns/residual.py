@@ -25,7 +25,7 @@ from trtfuse.fusion.patterns.queries import (
     cast_target,
     describe,
     dtype_name,
-    is_constant,
+    is_constant_value,
     look_through_lossless_casts,
     onnx_op,
     producer,
@@ -105,7 +105,7 @@ class _Residuals:
             return None
         first, second = add.inputs
         for operand in add.inputs:
-            if is_constant(operand):
+            if is_constant_value(operand):
                 raise _KeptOutside(add, match, f"it adds the constant {operand.name} (a bias), not two activations")
         dtype = _one_dtype(add, match, (first, second, total))
         broadcast = _broadcast(first, second, self.shapes)

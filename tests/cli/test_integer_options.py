@@ -1,0 +1,46 @@
+"""Counts take ASCII digits only (docs/cli.md, "Options every command has"): one parser for every integer option, so
+`1_0` and other scripts' digits are usage errors, caught before any file is read."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtfuse.cli.options import EXIT_BAD_INPUT
+
+from support.cli import run_cli
+
+SPELLINGS = ["1_0", "\u0661\u0660", "\uff11", "1.0", "0x10", ""]
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("generate", "missing.onnx", "--steps"),
+        ("generate", "missing.onnx", "--repeat"),
+        ("generate", "missing.onnx", "--seed"),
+        ("check", "missing.onnx", "missing.onnx", "--generate"),
+        ("check", "missing.onnx", "missing.onnx", "--seed"),
+        ("run", "missing.engine", "--iterations"),
+        ("compile", "missing.onnx", "--opt-level"),
+    ],
+    ids=lambda part: "-".join(part) if isinstance(part, tuple) else None,
+)
+def test_an_integer_not_in_ascii_digits_is_a_usage_error(command, spelling):
+    result = run_cli(*command, spelling)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "is not an integer in ASCII digits" in result.stderr
+    assert "no such file" not in result.stderr
+
+
+@pytest.mark.parametrize("ids", ["\u0661,2", "1_0", "\uff13"])
+def test_prompt_ids_take_ascii_digits_only(ids):
+    result = run_cli("generate", "missing.onnx", "--prompt-ids", ids)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "expected token ids separated by commas" in result.stderr
+
+
+def test_ascii_integers_still_parse():
+    result = run_cli("generate", "missing.onnx", "--steps", " 10 ", "--repeat", "+2", "--prompt-ids", "1,2")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "missing.onnx: no such file" in result.stderr

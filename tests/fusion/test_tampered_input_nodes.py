@@ -1,0 +1,96 @@
+"""A model that already holds trtfuse nodes is read as `check` reads it (docs/cli.md: bad input is one line, exit 2,
+nothing written): `fuse`, `compile` and `inspect` refuse a broken node of any of the three ops (a negative epsilon, a
+missing input, a hidden size its input does not have) before anything is written, as `check` and `generate` do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+
+from trtfuse import contract
+from trtfuse.contract import WeightMode
+from trtfuse.fusion.fuse import fuse_model
+
+from support.cli import run_cli
+from support.fused_models import HIDDEN, fused_model, fused_node
+
+F16 = TensorProto.FLOAT16
+HEAD = 16
+
+
+def _model(op: str, broken: str) -> onnx.ModelProto:
+    """One node of `op`, as the pass writes it, then broken as `broken` says."""
+    shape = ["tokens", HIDDEN]
+    weight = numpy_helper.from_array(np.ones(HIDDEN, np.float16), "w")
+    if op == contract.QK_NORM_OP:
+        shape = ["tokens", 2, HEAD]
+        weight = numpy_helper.from_array(np.ones(HEAD, np.float16), "w")
+        inputs, outputs, hidden = ["q", "k", "w", "w"], ["q_out", "k_out"], (HEAD, HEAD)
+    elif op == contract.ADD_RMS_NORM_OP:
+        inputs, outputs, hidden = ["q", "k", "w"], ["y", "h"], (HIDDEN,)
+    else:
+        inputs, outputs, hidden = ["q", "w"], ["y"], (HIDDEN,)
+    extra: dict[str, object] = {}
+    if broken == "epsilon":
+        extra[contract.ATTR_EPSILON] = -1e-6
+    elif broken == "missing-input":
+        inputs = inputs[:-1]
+    elif broken == "hidden":
+        hidden = tuple(size + 1 for size in hidden)
+    node = fused_node(op, inputs, outputs, WeightMode.AFTER_CAST, hidden, **extra)
+    activations = {name: (F16, shape) for name in ("q", "k") if name in inputs}
+    return fused_model([node], activations, {name: (F16, shape) for name in outputs}, [weight])
+
+
+CASES = [(op, broken) for op in contract.FUSED_OPS for broken in ("epsilon", "missing-input", "hidden")]
+
+
+def test_each_unbroken_node_is_read_and_counted_as_already_there():
+    for op in contract.FUSED_OPS:
+        counts = fuse_model(_model(op, "none")).counts()
+        assert counts.already[op] == counts.nodes[op] == 1
+
+
+@pytest.mark.parametrize(("op", "broken"), CASES, ids=[f"{op}-{broken}" for op, broken in CASES])
+def test_fuse_compile_and_inspect_refuse_a_broken_node_writing_nothing(tmp_path: Path, op: str, broken: str):
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(op, broken), path)
+    checked = run_cli("check", path, path)
+    assert checked.exit_code == 2, checked.output
+    for command in (
+        ("fuse", path, "-o", tmp_path / "out.onnx", "--report", tmp_path / "out.json"),
+        ("compile", path, "-o", tmp_path / "m2.engine"),
+        ("inspect", path),
+    ):
+        result = run_cli(*command)
+        assert result.exit_code == 2, (command, result.output)
+        assert result.stderr.startswith(f"trtfuse: error: {path}: node 'norm': "), result.stderr
+        assert result.stderr.count("\n") == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("version", [2, 0])
+def test_a_trtfuse_domain_of_another_version_is_refused(tmp_path: Path, version: int):
+    model = _model(contract.RMS_NORM_OP, "none")
+    next(opset for opset in model.opset_import if opset.domain == contract.ONNX_DOMAIN).version = version
+    path, original = tmp_path / "m.onnx", tmp_path / "original.onnx"
+    onnx.save(model, path)
+    unfused = onnx.ModelProto()
+    unfused.CopyFrom(model)
+    del unfused.graph.node[:]
+    unfused.graph.node.append(onnx.helper.make_node("Identity", ["q"], ["y"]))
+    del unfused.opset_import[1:]
+    onnx.save(unfused, original)
+    message = (
+        f"trtfuse: error: {path}: imports the trtfuse domain at version {version}; this trtfuse reads version "
+        f"{contract.ONNX_DOMAIN_VERSION} only\n"
+    )
+    for command in (("check", original, path), ("fuse", path, "-o", tmp_path / "out.onnx"), ("inspect", path)):
+        result = run_cli(*command)
+        assert result.exit_code == 2, (command, result.output)
+        assert result.stderr == message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "original.onnx"]
