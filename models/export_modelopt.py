@@ -94,6 +94,15 @@ def calibration_data(source: Path, layout: CacheLayout | None, folder: Path) -> 
     return path
 
 
+def one_batch(calibration: Path) -> str:
+    """`--calibration_shapes` that make the whole calibration set one batch. TorchScript's masked attention scores
+    hold float32's lowest value, and ModelOpt's histogram merge of a second batch (int8 and fp8 alike) computes
+    that range in float32, where it overflows (`ValueError: Too many bins for data range`); one batch is never
+    merged."""
+    with np.load(calibration) as arrays:
+        return ",".join(f"{name}:{'x'.join(map(str, arrays[name].shape))}" for name in arrays.files)
+
+
 def cache_facts(model: torch.nn.Module, layout: CacheLayout, graph: onnx.ModelProto, path: Path) -> dict[str, object]:
     """The KV interface of a quantized export, and onnxruntime's max rel error against the fp32 torch model at a
     prefill and a decode step (export.py's KV check; the quantization error, not a pass/fail)."""
@@ -124,6 +133,8 @@ def export(arch: str, variant: str, path: Path, sources: Path, exporter: str, ca
         command = [sys.executable, "-m", module, "--onnx_path", str(source), "--output_path", str(written), *options]
         if module == QUANTIZE:
             command += ["--calibration_data_path", str(calibration), "--calibration_eps", "cpu"]
+            if exporter == "torchscript":
+                command += ["--calibration_shapes", one_batch(calibration)]
         else:
             command += ["--calibration_data", str(calibration)]
         run_tool(command)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto, helper
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -99,20 +100,17 @@ def describe(graph: Graph, node: onnx.NodeProto) -> str:
 class Norm:
     """The description of one norm's surroundings; norms with equal descriptions are counted together."""
 
-    input_chain: str
     source: str
+    input_chain: str
     # Readers of the tensor the norm squares, where more than the norm's own Pow and Mul read it.
     input_readers: str
-    inverse_root: str
-    body_casts: str
+    # ReduceMean to the norm's output: every Cast and Q/DQ in place, the inverse root with its dtype, the weight.
+    body: str
     output_chain: str
 
     def line(self) -> str:
         shared = f" (norm input also read: {self.input_readers})" if self.input_readers else ""
-        return (
-            f"{self.source} -> {self.input_chain or '(direct)'}{shared} -> norm[{self.body_casts}; "
-            f"{self.inverse_root}] -> {self.output_chain}"
-        )
+        return f"{self.source} -> {self.input_chain or '(direct)'}{shared} -> norm[{self.body}] -> {self.output_chain}"
 
 
 def input_side(graph: Graph, tensor: str) -> tuple[str, str]:
@@ -149,39 +147,43 @@ def norm_at(graph: Graph, mean: onnx.NodeProto) -> Norm | None:
     if square.op_type == "Mul" and square.input[0] != square.input[1]:
         return None
     x = square.input[0]
-    body_casts = []
-    node = graph.single_reader(mean.output[0])  # Add(eps)
-    root = graph.single_reader(node.output[0]) if node is not None else None  # Sqrt
-    inverse = graph.single_reader(root.output[0]) if root is not None else None
-    if inverse is None or inverse.op_type not in ("Reciprocal", "Div"):
-        return None
-    inverse_root = f"Sqrt->{inverse.op_type}({graph.operand(inverse.output[0])})"
-    tensor = inverse.output[0]
-    pair = []
-    while (reader := graph.single_reader(tensor)) is not None and reader.op_type in QDQ:
-        pair.append(describe(graph, reader))
-        tensor = reader.output[0]
-    if pair:
-        inverse_root += " -> " + " -> ".join(pair)
-    # Mul(x, r), then the weight Mul and Casts, each the previous one's only reader.
-    node = graph.single_reader(tensor)
-    if node is None or node.op_type != "Mul":
-        return None
-    end = node.output[0]
-    while (reader := graph.single_reader(end)) is not None and (
-        reader.op_type == "Cast" or (reader.op_type == "Mul" and any(graph.constant(i) for i in reader.input))
-    ):
-        if reader.op_type == "Cast":
-            body_casts.append(describe(graph, reader))
-        else:
+    body = ["ReduceMean"]
+    tensor = mean.output[0]
+    expected = ["Add", "Sqrt", ("Reciprocal", "Div")]
+    scaled = None
+    # Add(eps), Sqrt, the inverse root and Mul(x, r), with Casts and Q/DQ anywhere between; then the weight Mul and
+    # Casts. A Q after Mul(x, r) is the output's: the output chain describes it.
+    while (reader := graph.single_reader(tensor)) is not None:
+        if reader.op_type == "Cast" or (reader.op_type in QDQ and scaled is None):
+            body.append(describe(graph, reader))
+        elif expected and reader.op_type in (expected[0] if isinstance(expected[0], tuple) else (expected[0],)):
+            expected.pop(0)
+            step = reader.op_type
+            if step == "Add":
+                step = f"Add(eps {graph.operand(next(i for i in reader.input if i != tensor))})"
+            elif step == "Div":
+                numerator = graph.constant(reader.input[0])
+                value = onnx.numpy_helper.to_array(numerator).tolist() if numerator is not None else "?"
+                step = f"Div({value} {graph.operand(reader.input[0])}, ·) -> {graph.operand(reader.output[0])}"
+            elif step == "Reciprocal":
+                step = f"Reciprocal -> {graph.operand(reader.output[0])}"
+            body.append(step)
+        elif not expected and scaled is None and reader.op_type == "Mul":
+            scaled = reader
+            body.append("Mul(x, r)")
+        elif scaled is not None and reader.op_type == "Mul" and any(graph.constant(i) for i in reader.input):
             weight = next(i for i in reader.input if graph.constant(i) is not None)
-            body_casts.append(f"Mul(w {graph.operand(weight)})")
-        end = reader.output[0]
+            body.append(f"Mul(w {graph.operand(weight)})")
+        else:
+            break
+        tensor = reader.output[0]
+    if scaled is None:
+        return None
     input_chain, source = input_side(graph, x)
-    own = {square.name, node.name}
+    own = {square.name, scaled.name}
     others = [reader for reader in graph.readers.get(x, []) if reader.name not in own]
     input_readers = "+".join(sorted(reader.op_type for reader in others))
-    return Norm(input_chain, source, input_readers, inverse_root, ", ".join(body_casts), output_side(graph, end))
+    return Norm(source, input_chain, input_readers, " -> ".join(body[1:]), output_side(graph, tensor))
 
 
 def catalogue(path: Path) -> Counter[Norm]:
