@@ -16,6 +16,7 @@ vocabulary (its own random calibration data indexes past a small vocabulary). Fi
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -137,7 +138,9 @@ def export(arch: str, variant: str, path: Path, sources: Path, exporter: str, ca
                 command += ["--calibration_shapes", one_batch(calibration)]
         else:
             command += ["--calibration_data", str(calibration)]
-        run_tool(command)
+        # ModelOpt iterates sets of tensor names in places (the order of the Casts it puts on the graph inputs):
+        # a fixed hash seed makes the file byte-reproducible.
+        run_tool(command, env={**os.environ, "PYTHONHASHSEED": "0"})
         graph = onnx.load(str(written))
         onnx.save(graph, str(path))
     entry["source"] = f"sources/{source.name}"
