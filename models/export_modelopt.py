@@ -1,17 +1,22 @@
 """TensorRT Model Optimizer (nvidia-modelopt) on fp32 exports of the tiny models: Q/DQ quantization and AutoCast.
 
-Runs in the modelopt virtual environment ($VENVS/modelopt, models/README.md; modelopt without its [onnx] extra).
-Each model is first exported as export.py does (dynamo, opset 18, fp32, logits only), then given, as a user would,
-to `python -m modelopt.onnx.quantization` (int8 with fp16 and with fp32 elsewhere, fp8, int4) and to `python -m
-modelopt.onnx.autocast` (fp16, bf16), calibrated on the CPU with token ids inside the vocabulary (its own random
-calibration data indexes past a small vocabulary).
+Runs in the modelopt virtual environment ($VENVS/modelopt, models/README.md; modelopt without its [onnx] extra). Each
+model is first exported as export.py does (fp32; dynamo at opset 18 by default, `--source torchscript` for the
+TorchScript exporter at opset 17, whose inverse root is `Sqrt -> Div(1, x)`; logits only, or with the KV cache as
+optimum names it with `--cache`), then given, as a user would, to `python -m modelopt.onnx.quantization` (int8 with
+fp16 and with fp32 elsewhere, fp8, int4) and to `python -m modelopt.onnx.autocast` (fp16, bf16), calibrated on the CPU
+with token ids inside the vocabulary (its own random calibration data indexes past a small vocabulary). Files are
+named `<arch>-modelopt-<variant>[-ts][-kv].onnx`.
 
 \b
     $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS
+    $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS --source torchscript
+    $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS --cache --arch qwen3 --variant fp8
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -19,7 +24,22 @@ from pathlib import Path
 import click
 import numpy as np
 import onnx
-from export import VOCAB, ExportSpec, LogitsOnly, export_onnx, random_input_ids
+import onnxruntime
+import torch
+from export import (
+    EXPORTERS,
+    VOCAB,
+    CacheLayout,
+    ExportSpec,
+    LogitsOnly,
+    WithCache,
+    _feed,
+    cache_layout,
+    check_cache_steps,
+    export_cache_onnx,
+    export_onnx,
+    random_input_ids,
+)
 from tool_exports import Manifest, export_facts, export_options, norm_entry, run_tool, tiny_model
 
 QUANTIZE = "modelopt.onnx.quantization"
@@ -33,53 +53,129 @@ VARIANTS = {
     "autocast-fp16": ("float16", AUTOCAST, ["--low_precision_type", "fp16"]),
     "autocast-bf16": ("bfloat16", AUTOCAST, ["--low_precision_type", "bf16"]),
 }
+# The exporter of the fp32 source -> what it adds to the file tag (the dynamo files predate the option).
+SOURCE_TAGS = {"dynamo": "", "torchscript": "-ts"}
+# batch x tokens of the calibration data; with --cache, CALIBRATION_SHAPE[1] new tokens after as many cached ones.
 CALIBRATION_SHAPE = (4, 16)
+# onnxruntime's type string of a cache input -> the dtype export.py's KV check feeds it in.
+CACHE_DTYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16}
 
 
-def source_export(arch: str, folder: Path) -> Path:
-    """export.py's dynamo fp32 export: the fp32 ONNX model a ModelOpt user starts from."""
-    path = folder / f"{arch}-dynamo-fp32.onnx"
-    if not path.exists():
-        export_onnx(LogitsOnly(tiny_model(arch, "float32")).eval(), random_input_ids(2, 7, seed=0),
-                    ExportSpec(arch, "dynamo", "float32"), path)  # fmt: skip
+def source_export(arch: str, exporter: str, cache: bool, folder: Path) -> Path:
+    """export.py's fp32 export by `exporter` (with the KV cache if `cache`): the fp32 ONNX model a ModelOpt user
+    starts from."""
+    spec = ExportSpec(arch, exporter, "float32", cache=cache)
+    path = folder / spec.filename
+    if path.exists():
+        return path
+    model = tiny_model(arch, "float32")
+    if cache:
+        layout = cache_layout(model)
+        export_cache_onnx(WithCache(model, len(layout.layers)).eval(), layout, spec, path, torch.float32)
+    else:
+        export_onnx(LogitsOnly(model).eval(), random_input_ids(2, 7, seed=0), spec, path)
     return path
 
 
-def calibration_data(folder: Path) -> Path:
+def calibration_data(source: Path, layout: CacheLayout | None, folder: Path) -> Path:
+    """Token ids inside the vocabulary; with a KV cache, a chunk of new tokens after a cached prefix, the prefix's
+    keys and values being what the fp32 source computes for it (so the cache reads are calibrated on real ranges)."""
     path = folder / "calibration.npz"
     rng = np.random.default_rng(0)
-    np.savez(path, input_ids=rng.integers(0, VOCAB, CALIBRATION_SHAPE, dtype=np.int64))
+    batch, tokens = CALIBRATION_SHAPE
+    input_ids = rng.integers(0, VOCAB, (batch, tokens), dtype=np.int64)
+    if layout is None:
+        np.savez(path, input_ids=input_ids)
+        return path
+    session = onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    empty = [tensor.numpy() for tensor in layout.past(batch, 0, torch.float32, seed=0)]
+    _, *prefix = session.run(None, _feed(layout, torch.from_numpy(input_ids), empty))
+    chunk = torch.from_numpy(rng.integers(0, VOCAB, (batch, tokens), dtype=np.int64))
+    np.savez(path, **_feed(layout, chunk, prefix))
     return path
 
 
-def export(arch: str, variant: str, path: Path, sources: Path) -> dict[str, object]:
+def one_batch(calibration: Path) -> str:
+    """`--calibration_shapes` that make the whole calibration set one batch. TorchScript's masked attention scores
+    hold float32's lowest value, and ModelOpt's histogram merge of a second batch (int8 and fp8 alike) computes
+    that range in float32, where it overflows (`ValueError: Too many bins for data range`); one batch is never
+    merged."""
+    with np.load(calibration) as arrays:
+        return ",".join(f"{name}:{'x'.join(map(str, arrays[name].shape))}" for name in arrays.files)
+
+
+def cache_facts(model: torch.nn.Module, layout: CacheLayout, graph: onnx.ModelProto, path: Path) -> dict[str, object]:
+    """The KV interface of a quantized export, and onnxruntime's max rel error against the fp32 torch model at a
+    prefill and a decode step (export.py's KV check; the quantization error, not a pass/fail)."""
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    types = {value.type for value in session.get_inputs() if value.name.startswith("past_key_values")}
+    if len(types) != 1 or not types <= CACHE_DTYPES.keys():
+        raise RuntimeError(f"{path.name}: past_key_values inputs of types {sorted(types)}, not one float type")
+    dtype = CACHE_DTYPES[types.pop()]
+    wrapper = WithCache(model, len(layout.layers)).eval()
+    errors = check_cache_steps(wrapper, layout, session, dtype)
+    return {
+        "cache": layout.to_json(),
+        "inputs": [value.name for value in graph.graph.input],
+        "outputs": [value.name for value in graph.graph.output],
+        "max_rel_error_vs_torch": {step: float(f"{error:.3g}") for step, error in errors.items()},
+    }
+
+
+def export(arch: str, variant: str, path: Path, sources: Path, exporter: str, cache: bool) -> dict[str, object]:
     dtype, module, options = VARIANTS[variant]
     model = tiny_model(arch, "float32")
     entry = norm_entry(model, arch, dtype, variant=variant)
-    source = source_export(arch, sources)
+    source = source_export(arch, exporter, cache, sources)
+    layout = cache_layout(model) if cache else None
     with tempfile.TemporaryDirectory() as scratch:
         written = Path(scratch) / "model.onnx"
+        calibration = calibration_data(source, layout, Path(scratch))
         command = [sys.executable, "-m", module, "--onnx_path", str(source), "--output_path", str(written), *options]
         if module == QUANTIZE:
-            command += ["--calibration_data_path", str(calibration_data(Path(scratch))), "--calibration_eps", "cpu"]
+            command += ["--calibration_data_path", str(calibration), "--calibration_eps", "cpu"]
+            if exporter == "torchscript":
+                command += ["--calibration_shapes", one_batch(calibration)]
         else:
-            command += ["--calibration_data", str(calibration_data(Path(scratch)))]
-        run_tool(command)
+            command += ["--calibration_data", str(calibration)]
+        # ModelOpt iterates sets of tensor names in places (the order of the Casts it puts on the graph inputs):
+        # a fixed hash seed makes the file byte-reproducible.
+        run_tool(command, env={**os.environ, "PYTHONHASHSEED": "0"})
         graph = onnx.load(str(written))
         onnx.save(graph, str(path))
     entry["source"] = f"sources/{source.name}"
+    if exporter != "dynamo":
+        entry["source_exporter"] = exporter
     entry["qdq_nodes"] = sum(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in graph.graph.node)
+    if layout is not None:
+        entry |= cache_facts(model, layout, graph, path)
     return entry | export_facts(model, graph, path)
 
 
 @click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @export_options(VARIANTS)
-def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool) -> None:
+@click.option(
+    "--source",
+    "exporter",
+    type=click.Choice(sorted(EXPORTERS)),
+    default="dynamo",
+    show_default=True,
+    help="The exporter of the fp32 source model; torchscript tags the files `-ts`.",
+)
+@click.option("--cache", is_flag=True, help="Start from export.py's --cache export (KV cache); tags the files `-kv`.")
+def main(
+    out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool, exporter: str, cache: bool
+) -> None:
     manifest = Manifest("modelopt", out_root / "modelopt")
     sources = manifest.out_dir / "sources"
     sources.mkdir(exist_ok=True)
+    suffix = SOURCE_TAGS[exporter] + ("-kv" if cache else "")
     manifest.attempt_all(
-        archs, variants or VARIANTS, lambda arch, variant, path: export(arch, variant, path, sources), verbose
+        archs,
+        variants or VARIANTS,
+        lambda arch, variant, path: export(arch, variant, path, sources, exporter, cache),
+        verbose,
+        tag=lambda variant: variant + suffix,
     )
 
 

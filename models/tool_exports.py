@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from importlib import metadata
@@ -253,9 +253,10 @@ def save_checkpoint(model: nn.Module, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def run_tool(command: list[str]) -> None:
-    """Runs one tool's command line; a failure raises with the tool's own last error line."""
-    result = subprocess.run(command, capture_output=True, text=True)
+def run_tool(command: list[str], env: Mapping[str, str] | None = None) -> None:
+    """Runs one tool's command line (in `env`, else this process's environment); a failure raises with the tool's
+    own last error line."""
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode == 0:
         return
     for text in (result.stderr, result.stdout):

@@ -1,7 +1,7 @@
 """The per-tool fixtures in models/fixtures/tools (optimum, onnxruntime-optimized optimum, onnxruntime-genai,
-ModelOpt, dynamo at opset 23, onnxslim): each fuses into exactly as many norms as its torch model calls, with every
-q/k pair paired, every residual Add in front of a norm fused with it (or kept out with the reason), and no norm left
-partly fused, and the fused model passes `check` against the original."""
+ModelOpt int8, and fp8 with a KV cache, dynamo at opset 23, onnxslim): each fuses into exactly as many norms as its
+torch model calls, with every q/k pair paired, every residual Add in front of a norm fused with it (or kept out with
+the reason), and no norm left partly fused, and the fused model passes `check` against the original."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ NAMES = sorted(EXPECTED)
 TOOLS = {"optimum", "genai", "modelopt", "dynamo23", "onnxslim"}
 # Residual Adds that stay outside the norm after them: ModelOpt quantizes the sum each layer's norm reads (a
 # QuantizeLinear -> DequantizeLinear pair between them), which rounds it; only the final norm reads the sum itself.
-KEPT_OUT = {"qwen3-modelopt-int8-fp16.onnx": 3}
+KEPT_OUT = {"qwen3-modelopt-int8-fp16.onnx": 3, "qwen3-modelopt-fp8-kv.onnx": 3}
 
 
 def _fused(name: str) -> tuple[LoadedModel, FuseResult]:
