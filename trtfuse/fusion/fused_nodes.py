@@ -1,9 +1,8 @@
 """The plugin nodes of a fused model, read once: each node's fields decoded by the contract's codec, and its tensors
 checked against the op (input count for its weight mode, one activation dtype inside the contract's pairs, declared
-output dtypes (a quantized node's y in its output quantizer's FP8 or INT8), hidden sizes against the activations'
-static last dims, one shape for the activations of one part). A foreign or hand-edited file may hold anything; each
-problem is one line naming the file and the node. The lowering, the AOT form, `check` and the node counts of every
-report read the nodes through here.
+output dtypes, hidden sizes against the activations' static last dims, one shape for the activations of one part). A
+foreign or hand-edited file may hold anything; each problem is one line naming the file and the node. The lowering,
+the AOT form, `check` and the node counts of every report read the nodes through here.
 """
 
 from __future__ import annotations
@@ -43,8 +42,8 @@ class PluginNode:
         return tuple(self.node.input[len(self.op.activations) :])
 
     def output_dtype(self, index: int) -> str | None:
-        """The dtype output `index` has by the contract: for a normalised output `output_dtype`, or the output
-        quantizer's dtype (float8e4m3fn, int8) where the node quantizes it; else the activations'."""
+        """The dtype output `index` has by the contract: the normalised dtype (`output_dtype`, or the output
+        quantizer's) for a normalised output, else the activations'."""
         return self.fields.normalised_dtype if self.op.normalised_outputs[index] else self.dtype
 
 
@@ -96,13 +95,10 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
             raise TrtfuseError(f"{where}: {problem}")
     plugin = PluginNode(node, fields, dtype, where)
     for index, output in enumerate(node.output):
-        declared, expected = types.elem_type(output), plugin.output_dtype(index)
-        if declared is not None and expected is not None and declared != _elem_type(expected):
-            rule = "its activations' dtype"
-            if op.normalised_outputs[index]:
-                rule = "output_quant_dtype" if fields.output_quantizer is not None else "output_dtype"
-            shown = elem_type_name(declared)
-            raise TrtfuseError(f"{where}: output '{output}' is declared {shown}, but {rule} is {expected}")
+        declared, expected = types.dtype(output), plugin.output_dtype(index)
+        if declared is not None and expected is not None and declared != expected:
+            rule = _output_rule(fields) if op.normalised_outputs[index] else "its activations' dtype"
+            raise TrtfuseError(f"{where}: output '{output}' is declared {declared}, but {rule} is {expected}")
     for position, name in enumerate(given):
         part = op.activation_parts[position] if position < len(op.activations) else position - len(op.activations)
         hidden = fields.hidden_sizes[part]
@@ -114,9 +110,8 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
     return plugin
 
 
-def _elem_type(dtype: str) -> int:
-    """The ONNX element type of a contract dtype name: an activation dtype or a quantized one."""
-    return contract.OUTPUT_DTYPE_CODES.get(dtype) or contract.QUANT_DTYPE_CODES[dtype]
+def _output_rule(fields: NodeFields) -> str:
+    return "output_dtype" if fields.output_quantizer is None else "output_quant_dtype"
 
 
 def _check_part_shapes(op: contract.FusedOp, activations: list[str], where: str, types: TensorTypes) -> None:
@@ -163,13 +158,9 @@ class TensorTypes:
             self._values = {**_declared(inferred.graph), **self._values}
         return self._values.get(tensor)
 
-    def elem_type(self, tensor: str) -> int | None:
-        value = self._value(tensor)
-        return value.elem_type if value is not None and value.elem_type else None
-
     def dtype(self, tensor: str) -> str | None:
-        elem_type = self.elem_type(tensor)
-        return elem_type_name(elem_type) if elem_type is not None else None
+        value = self._value(tensor)
+        return elem_type_name(value.elem_type) if value is not None and value.elem_type else None
 
     def dims(self, tensor: str) -> tuple[int | str | None, ...] | None:
         """Each dim of the tensor: its value where static, its symbol where named, None where neither; None where
