@@ -41,7 +41,7 @@ def _add_norm_line(add: AddNormMatch) -> str:
 
 
 def _quant_text(quantizers: tuple[TakenQuantizer, ...]) -> str:
-    """` quant=input:int8@0.0125,output:float8e4m3fn@0.05`: each stage's dtype and scale; nothing for a plain node."""
+    """` quant=input:int8@0.0125,output:float8_e4m3fn@0.05`: each stage's dtype and scale; nothing for a plain node."""
     if not quantizers:
         return ""
     stages = ",".join(f"{taken.stage.value}:{taken.quantizer.dtype}@{taken.quantizer.scale:g}" for taken in quantizers)
