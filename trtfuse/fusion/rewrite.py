@@ -106,8 +106,9 @@ def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor) -> gs.Variab
         quantized.dtype = contract.QUANT_DTYPE_CODES[taken.quantizer.dtype]
     if quantized.shape is None:
         quantized.shape = y.shape
+    taken_in = {id(node) for node in taken.nodes}
     for reader in list(y.outputs):
-        if reader is not taken.quantize:
+        if id(reader) not in taken_in:
             reader.inputs[:] = [x if operand is y else operand for operand in reader.inputs]
     return quantized
 

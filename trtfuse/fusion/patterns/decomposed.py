@@ -313,11 +313,12 @@ def _core(walk: _Walk) -> _Core:
     scaled = product.inputs[0] if onnx_op(product) == "Div" else other_input(product, inverse)
     if look_through_lossless_casts(scaled) is not look_through_lossless_casts(base):
         pair = qdq_pair(look_through_lossless_casts(scaled))
-        source = pair[0].inputs[0] if pair else scaled
+        source = pair.source if pair else scaled
         if look_through_lossless_casts(source) is not look_through_lossless_casts(base):
             raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
         # The square reads x, the scaling Mul its quantized copy: no norm of either.
-        raise walk.reject_qdq(*pair, f"the x that {describe(product)} reads (the square reads it unquantized)")
+        where = f"the x that {describe(product)} reads (the square reads it unquantized)"
+        raise walk.reject_qdq(pair.quantize, pair.dequantize, where)
     tags = [square_tag, mean_tag, root_tag] + (["no-epsilon"] if epsilon is None else [])
     return _Core(
         nodes=[*square_nodes, anchor, *mean_nodes, *add_nodes, *root_nodes, product],

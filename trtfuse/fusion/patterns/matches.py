@@ -23,7 +23,7 @@ class TakenQuantizer:
 
     @property
     def quantize(self) -> gs.Node:
-        return self.nodes[0]
+        return next(node for node in self.nodes if node.op == "QuantizeLinear")
 
 
 @dataclass

@@ -12,7 +12,7 @@ QuantizeLinear outside, with the reason (a quant near miss).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -21,8 +21,11 @@ from onnx import TensorProto, helper
 from trtfuse.contract import ACTIVATION_DTYPES, QUANT_STAGES, Quantizer, QuantStage, quant_dtype_of_code
 from trtfuse.fusion.patterns.matches import NearMiss, NormSearch, RmsNormMatch, TakenQuantizer
 from trtfuse.fusion.patterns.queries import (
+    cast_target,
     describe,
     dtype_name,
+    look_through_lossless_casts,
+    only_consumer,
     onnx_op,
     producer,
     qdq_mismatch,
@@ -41,15 +44,43 @@ NO_QK_QUANT = (
 )
 
 
-def qdq_pair(tensor: gs.Tensor) -> tuple[gs.Node, gs.Node] | None:
-    """(QuantizeLinear, DequantizeLinear) when `tensor` is DQ(Q(a)) of the ONNX ops, else None."""
+@dataclass(frozen=True)
+class QdqPair:
+    """A tensor computed as DQ(Q(a)): the QuantizeLinear (reading a, or a widened to float32: the contract quantizes
+    float32(a)), the DequantizeLinear and, where the graph rounds the dequantized float32 value to a 16-bit dtype
+    (a bfloat16 graph: onnxruntime quantizes no bfloat16), that Cast; the three are one DQ into the Cast's dtype."""
+
+    quantize: gs.Node
+    dequantize: gs.Node
+    rounding: gs.Node | None = None
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return (self.quantize, self.dequantize, *([self.rounding] if self.rounding is not None else []))
+
+    @property
+    def source(self) -> gs.Tensor:
+        """a: what the QuantizeLinear reads, seen through widening Casts."""
+        return look_through_lossless_casts(self.quantize.inputs[0])
+
+    @property
+    def text(self) -> str:
+        return pair_text(self.quantize, self.dequantize)
+
+
+def qdq_pair(tensor: gs.Tensor) -> QdqPair | None:
+    """The pair `tensor` comes out of (through a Cast of the dequantized value), or None."""
+    rounding = producer(tensor)
+    if onnx_op(rounding) == "Cast" and rounding.inputs and cast_target(rounding) in ACTIVATION_DTYPES:
+        pair = qdq_pair(rounding.inputs[0])
+        return None if pair is None or pair.rounding is not None else replace(pair, rounding=rounding)
     dequantize = producer(tensor)
     if onnx_op(dequantize) != "DequantizeLinear" or not dequantize.inputs:
         return None
     quantize = producer(dequantize.inputs[0])
     if onnx_op(quantize) != "QuantizeLinear" or not quantize.inputs:
         return None
-    return quantize, dequantize
+    return QdqPair(quantize, dequantize)
 
 
 def pair_text(quantize: gs.Node, dequantize: gs.Node) -> str:
@@ -122,6 +153,17 @@ def fake_quant(stage: QuantStage, quantize: gs.Node, dequantize: gs.Node | None)
     return TakenQuantizer(stage, quantizer, (quantize, dequantize))
 
 
+def fake_quant_pair(stage: QuantStage, pair: QdqPair) -> TakenQuantizer | str:
+    """`pair`, with the Cast of its dequantized value where there is one, as the quantizer of `stage`."""
+    taken = fake_quant(stage, pair.quantize, pair.dequantize)
+    if isinstance(taken, str) or pair.rounding is None:
+        return taken
+    if dtype_name(pair.dequantize.outputs[0]) != "float32":
+        return f"{describe(pair.rounding)} rounds its {dtype_name(pair.dequantize.outputs[0])} value again"
+    quantizer = replace(taken.quantizer, dequant_dtype=cast_target(pair.rounding))
+    return replace(taken, quantizer=quantizer, nodes=pair.nodes)
+
+
 def in_stage_order(quantizers: tuple[TakenQuantizer, ...]) -> tuple[TakenQuantizer, ...]:
     return tuple(sorted(quantizers, key=lambda taken: QUANT_STAGES.index(taken.stage)))
 
@@ -134,10 +176,11 @@ def _output_quantizer(match: RmsNormMatch, graph_outputs: set[str]) -> TakenQuan
     """The QuantizeLinear of the norm's output the node takes in; a near miss when one reads y but stays out; None
     when no QuantizeLinear reads y."""
     y = match.y
-    quantize = next((node for node in y.outputs if onnx_op(node) == "QuantizeLinear" and node.inputs[0] is y), None)
-    if quantize is None:
+    path = _widened_reader(y, graph_outputs)
+    if not path:
         return None
-    readers = [describe(node) for node in y.outputs if node is not quantize and onnx_op(node) != SHAPE_READER]
+    quantize = path[-1]
+    readers = [describe(node) for node in y.outputs if node is not path[0] and onnx_op(node) != SHAPE_READER]
     if y.name in graph_outputs:
         readers.append("a graph output")
     if readers:
@@ -145,25 +188,41 @@ def _output_quantizer(match: RmsNormMatch, graph_outputs: set[str]) -> TakenQuan
     quantizer = quantizer_of(quantize)
     if isinstance(quantizer, str):
         return _kept_out(quantize, match.name, quantizer)
-    return TakenQuantizer(QuantStage.OUTPUT, quantizer, (quantize,), quantize.outputs[0])
+    return TakenQuantizer(QuantStage.OUTPUT, quantizer, (quantize, *path[:-1]), quantize.outputs[0])
+
+
+def _widened_reader(y: gs.Tensor, graph_outputs: set[str]) -> list[gs.Node]:
+    """The first QuantizeLinear reading y, after the widening Casts between them that only it reads (the contract
+    quantizes float32(y): a bfloat16 y goes to float32 for onnxruntime's QuantizeLinear), with those Casts; [] when
+    none does."""
+    for reader in y.outputs:
+        path = [reader]
+        while onnx_op(path[-1]) == "Cast" and look_through_lossless_casts(path[-1].outputs[0]) is y:
+            following = only_consumer(path[-1].outputs[0], graph_outputs)
+            if following is None:
+                break
+            path.append(following)
+        quantized = path[-2].outputs[0] if len(path) > 1 else y
+        if onnx_op(path[-1]) == "QuantizeLinear" and path[-1].inputs[0] is quantized:
+            return path
+    return []
 
 
 def _input_pair(match: RmsNormMatch, graph_outputs: set[str]) -> TakenQuantizer | NearMiss | None:
     """The pair on a plain norm's x (x = DQ(Q(a)): the node then reads a), when the norm is its dequantized value's
     only reader; None when x is no such pair's output."""
     pair = qdq_pair(match.x)
-    if pair is None or match.skip_inputs:
+    if pair is None or match.skip_inputs or dtype_name(pair.source) != dtype_name(match.x):
         return None
-    quantize, dequantize = pair
     inside = {id(node) for node in match.nodes}
     readers = [describe(node) for node in match.x.outputs if id(node) not in inside]
     if match.x.name in graph_outputs:
         readers.append("a graph output")
     if readers:
         reason = f"{match.x.name} is also read by {', '.join(readers)}; the node reads the dequantized x"
-        return _kept_out(quantize, match.name, reason)
-    taken = fake_quant(QuantStage.INPUT, quantize, dequantize)
-    return _kept_out(quantize, match.name, taken) if isinstance(taken, str) else taken
+        return _kept_out(pair.quantize, match.name, reason)
+    taken = fake_quant_pair(QuantStage.INPUT, pair)
+    return _kept_out(pair.quantize, match.name, taken) if isinstance(taken, str) else taken
 
 
 def _with_quantizers(match: RmsNormMatch, graph_outputs: set[str], misses: list[NearMiss]) -> RmsNormMatch:
@@ -176,7 +235,7 @@ def _with_quantizers(match: RmsNormMatch, graph_outputs: set[str], misses: list[
         elif found is not None:
             taken.append(found)
             if found.stage is QuantStage.INPUT:
-                x = found.quantize.inputs[0]
+                x = look_through_lossless_casts(found.quantize.inputs[0])
     if len(taken) == len(match.quantizers):
         return match
     return replace(match, x=x, quantizers=in_stage_order(tuple(taken)))

@@ -32,7 +32,7 @@ from trtfuse.contract import (
 )
 from trtfuse.fusion.patterns.matches import AddNormMatch, NearMiss, RmsNormMatch, TakenQuantizer
 from trtfuse.fusion.patterns.qk import PROJECTION_TAGS
-from trtfuse.fusion.patterns.quant import fake_quant, pair_text, qdq_pair
+from trtfuse.fusion.patterns.quant import fake_quant_pair, qdq_pair
 from trtfuse.fusion.patterns.queries import (
     cast_target,
     describe,
@@ -157,15 +157,12 @@ class _Residuals:
         """The pair through which the norm reads an Add's sum, as the node's input quantizer (none when x is no such
         pair's output); an exact pair that is no quantizer of the contract keeps the Add out, saying why."""
         pair = qdq_pair(x)
-        if pair is None:
-            return ()
-        quantize, dequantize = pair
-        add = producer(look_through_lossless_casts(quantize.inputs[0]))
+        add = None if pair is None else producer(pair.source)
         if onnx_op(add) != "Add":
             return ()
-        taken = fake_quant(QuantStage.INPUT, quantize, dequantize)
+        taken = fake_quant_pair(QuantStage.INPUT, pair)
         if isinstance(taken, str):
-            through = f"the norm reads its sum through the pair {pair_text(*pair)}"
+            through = f"the norm reads its sum through the pair {pair.text}"
             raise _KeptOutside(add, match, f"{through}, which is no quantizer a fused node takes: {taken}")
         return (taken,)
 
