@@ -109,7 +109,9 @@ def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor) -> gs.Variab
     taken_in = {id(node) for node in taken.nodes}
     for reader in list(y.outputs):
         if id(reader) not in taken_in:
-            reader.inputs[:] = [x if operand is y else operand for operand in reader.inputs]
+            for index, operand in enumerate(reader.inputs):
+                if operand is y:
+                    reader.inputs[index] = x
     return quantized
 
 
