@@ -37,7 +37,7 @@ from trtfuse.polygraphy_ext.loaders import engine_profiles_for
 
 from support.engines import engine_in_memory, write_engine_files
 from support.markers import HAS_TENSORRT, NO_TENSORRT
-from support.paths import FIXTURES
+from support.paths import FIXTURES, TOOL_FIXTURES
 
 # The `polygraphy` script of this interpreter's environment; a virtual environment that sees the system's packages
 # has no script of its own, so fall back to the one on PATH.
@@ -210,6 +210,22 @@ def test_the_no_fuse_residual_flag_reaches_the_fuse_loader(tmp_path):
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     assert ": 5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected" in output
+
+
+def test_the_no_fuse_quant_flag_reaches_the_fuse_loader(tmp_path):
+    script = tmp_path / "compare_fused.py"
+    model = str(TOOL_FIXTURES / "qwen3-modelopt-int8-fp16.onnx")
+    result = polygraphy_run(
+        model, "--trtfuse-onnxrt", "--trtfuse-no-fuse-quant", "--input-shapes", "input_ids:[2,5]", "--gen", str(script)
+    )
+    assert result.returncode == 0, output_of(result)
+    assert f"FuseModel({model!r}, fuse_quant=False)" in script.read_text()
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    # What trtfuse wrote before the quantized ops: the three Adds whose sums are quantized stay out.
+    counts = "4 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 1 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected, 3 Adds kept out"
+    assert f": {counts}" in output
 
 
 def test_generated_script_passes_polygraphy_profiles_and_build_options_to_trtfuse(tmp_path):
