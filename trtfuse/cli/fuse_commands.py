@@ -62,7 +62,7 @@ def _match_json(match: RmsNormMatch) -> dict:
 
 
 def _with_quant(entry: dict, quantizers: tuple[TakenQuantizer, ...]) -> dict:
-    from trtfuse.fusion.rewrite import quantizers_json
+    from trtfuse.fusion.fuse import quantizers_json
 
     return {**entry, "quant": quantizers_json(quantizers)} if quantizers else entry
 
