@@ -33,7 +33,7 @@ DIGESTS = Path(__file__).with_name("test_no_fuse_quant_digests.json")
 PACKAGES = ("onnx", "onnx_graphsurgeon", "protobuf")
 # The residual setting of each recording: the pass's default, and --no-fuse-residual.
 SETTINGS = {"default": True, "no-fuse-residual": False}
-NORM_CASES = ("input-pair", "shape", "read", "per-channel", "zero-point", "uint8")
+NORM_CASES = ("input-pair", "shape", "output-dtype", "read", "per-channel", "zero-point", "uint8")
 QDQ_PLACES = ("rsqrt", "normalized", "output", "x", "shared-x")
 
 
@@ -49,8 +49,10 @@ def _cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     for dtype in ("float32", "float16"):
         spec = QuantSpec(dtype=dtype, rsqrt_pairs=True)
         cases[f"decoder-rsqrt-{dtype}"] = lambda spec=spec: quantized_decoder(spec)
+    cases["decoder-opset13-int8"] = lambda: quantized_decoder(QuantSpec(dtype="float32", opset=13))
     for case in NORM_CASES:
-        cases[f"norm-{case}"] = lambda case=case: quantized_norm(case, QuantSpec(dtype="float32"))
+        spec = QuantSpec(dtype="float32", opset=21 if case == "output-dtype" else 19)
+        cases[f"norm-{case}"] = lambda case=case, spec=spec: quantized_norm(case, spec)
     for place in QDQ_PLACES:
         cases[f"qdq-{place}"] = lambda place=place: qdq_norm(place)
     cases["residual-near-miss-qdq"] = lambda: residual_near_miss("qdq", "float32")

@@ -84,10 +84,16 @@ SPECS = [
     for dtype in DTYPES
     for quant in QUANTS
     for saturate in ((None, 0) if quant == "float8_e4m3fn" else (None,))
+] + [
+    # Opset 13's QuantizeLinear (INT8 and float32 only, no saturate), and opset 21's.
+    QuantSpec(dtype="float32", quant="int8", opset=13),
+    QuantSpec(dtype="float16", quant="float8_e4m3fn", saturate=1, opset=21),
 ]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda spec: f"{spec.dtype}-{spec.quant}-saturate{spec.saturate}")
+@pytest.mark.parametrize(
+    "spec", SPECS, ids=lambda spec: f"{spec.dtype}-{spec.quant}-saturate{spec.saturate}-opset{spec.opset}"
+)
 def test_every_pair_around_every_norm_is_taken_in_and_the_quantized_values_are_the_originals(spec: QuantSpec) -> None:
     original = quantized_decoder(spec)
     result = fuse_model(original)
@@ -177,6 +183,17 @@ def test_a_quantize_that_stays_out_says_why(case: str) -> None:
     assert result.report()["quant_near_misses"] == [{"node": miss.node, "reason": miss.reason}]
     assert result.report()["quantizers_taken"] == 0
     feed = _feed(2)
+    want, got = _run(original, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_a_quantize_without_zero_point_takes_its_dtype_from_output_dtype() -> None:
+    original = quantized_norm("output-dtype", QuantSpec(dtype="float32", opset=21))
+    result = fuse_model(original)
+    [plugin] = plugin_nodes(result.model)
+    assert plugin.fields.output_quantizer == contract.Quantizer("int8", float(np.float32(2.5 / 127)), True)
+    feed = _feed(5)
     want, got = _run(original, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)

@@ -113,7 +113,8 @@ def quantized_decoder(spec: QuantSpec) -> onnx.ModelProto:
 
 def quantized_norm(case: str, spec: QuantSpec = QuantSpec()) -> onnx.ModelProto:
     """One norm with a QuantizeLinear on its output. `case`: "input-pair" (and a pair on its x: both taken in),
-    "shape" (a Shape node reads y besides the Q: taken in, the Shape reading the node's input); or why the
+    "shape" (a Shape node reads y besides the Q: taken in, the Shape reading the node's input), "output-dtype" (a Q
+    without zero point whose `output_dtype` attribute, opset 21, says INT8: taken in); or why the
     QuantizeLinear must stay outside the fused node: "read" (the unquantized y is read by another node too),
     "per-channel" (a scale per hidden channel), "zero-point" (a zero point of 3), "uint8" (quantized to uint8)."""
     b = Builder(opset=spec.opset)
@@ -131,6 +132,9 @@ def quantized_norm(case: str, spec: QuantSpec = QuantSpec()) -> onnx.ModelProto:
         scale = b.constant(scale_value, spec.scale_dtype, base="scale")
         zero = b.constant(3, "int8", base="zero_point")
         quantized = b.op("QuantizeLinear", y, scale, zero)
+    elif case == "output-dtype":
+        scale = b.constant(scale_value, spec.scale_dtype, base="scale")
+        quantized = b.op("QuantizeLinear", y, scale, output_dtype=QUANT_TYPES[spec.quant])
     elif case == "uint8":
         scale = b.constant(scale_value, spec.scale_dtype, base="scale")
         quantized = b.op("QuantizeLinear", y, scale, b.constant(0, "uint8", base="zero_point"))
