@@ -24,7 +24,7 @@ from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
 
 from support.cli import run_cli
-from support.graphs import BATCH, HIDDEN, SEQUENCE
+from support.graphs import BATCH, HIDDEN, SEQUENCE, AttentionSpec, attention_block
 from support.paths import TOOL_FIXTURES
 from support.quant_graphs import QuantSpec, quantized_decoder, quantized_norm
 
@@ -197,6 +197,38 @@ def test_a_quantize_without_zero_point_takes_its_dtype_from_output_dtype() -> No
     want, got = _run(original, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_a_quantize_on_a_qk_norm_output_stays_after_the_qk_node() -> None:
+    # MLA's latent norms (DeepSeek-V3 in ModelOpt's FP8) pair into a TrtfuseQkNorm whose outputs ModelOpt quantizes.
+    original = attention_block(AttentionSpec(layout="mla-latent"))
+    [pair] = fuse_model(original).search.qk_norm_pairs
+    quantized = _quantize_readers_of(original, pair.q.y.name)
+    result = fuse_model(quantized)
+    assert _kinds(result)[contract.QK_NORM_OP] == 1
+    [miss] = result.search.quant_near_misses
+    assert miss.reason.startswith(f"not taken into the QK-norm of {pair.q.name}: the contract has no quantized")
+    assert [node.op_type for node in result.model.graph.node].count("QuantizeLinear") == 1
+
+
+def _quantize_readers_of(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
+    """`model` with an INT8 Q -> DQ pair between `tensor` and every node that read it."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    for node in graph.node:
+        node.input[:] = [f"{tensor}_dq" if name == tensor else name for name in node.input]
+    graph.initializer.extend(
+        [onnx.numpy_helper.from_array(np.float32(0.05), "q_scale"), onnx.numpy_helper.from_array(np.int8(0), "q_zero")]
+    )
+    pair = [
+        onnx.helper.make_node("QuantizeLinear", [tensor, "q_scale", "q_zero"], [f"{tensor}_q"], name="q_out_Q"),
+        onnx.helper.make_node("DequantizeLinear", [f"{tensor}_q", "q_scale", "q_zero"], [f"{tensor}_dq"], name="q_DQ"),
+    ]
+    producer = next(index for index, node in enumerate(graph.node) if tensor in node.output)
+    for offset, node in enumerate(pair, start=1):
+        graph.node.insert(producer + offset, node)
+    return onnx.shape_inference.infer_shapes(copy)
 
 
 def test_a_shape_reader_of_the_unquantized_output_reads_the_node_input() -> None:

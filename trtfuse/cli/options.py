@@ -325,19 +325,22 @@ def detail(message: str) -> None:
 
 
 def fusion_details(report: dict, seconds: dict[str, float]) -> None:
-    """With -v: each fused node, each rejected candidate and each Add kept out of a fusion report, then the time of
-    each phase."""
+    """With -v: each fused node, each rejected candidate, each Add and each QuantizeLinear kept out of a fusion
+    report, then the time of each phase."""
     for node in report["fused"]:
         dtypes = node["dtype"] if node["output_dtype"] == node["dtype"] else f"{node['dtype']}->{node['output_dtype']}"
         hidden = "x".join(str(size) for size in node["hidden_sizes"])
         detail(
             f"fused {node['kind']} {node['name']}: eps={node['epsilon']:g} hidden={hidden} {dtypes} "
             f"weight={node['weight_mode']} offset={node['weight_offset']:g}, {len(node['replaced'])} nodes replaced"
+            + "".join(f", {stage} {quantizer['dtype']}" for stage, quantizer in node.get("quant", {}).items())
         )
     for miss in report["near_misses"]:
         detail(f"rejected {miss['node']}: {miss['reason']}")
     for miss in report["residual_near_misses"]:
         detail(f"add kept {miss['node']}: {miss['reason']}")
+    for miss in report.get("quant_near_misses", []):
+        detail(f"q kept {miss['node']}: {miss['reason']}")
     detail(", ".join(f"{phase} {seconds[phase]:.2f} s" for phase in seconds))
 
 
