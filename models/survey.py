@@ -6,8 +6,9 @@ OUT (a JSON list: everything, messages verbatim) and prints Markdown tables (als
 and family, one per export (fused / expected norms, QK pairs found / expected, rejected candidates, the check
 verdict, compile's exit status, the first message of whatever went wrong, among them `inspect` and `fuse` counting
 other norms or near misses; the norms fused with their residual Add, TrtfuseAddRmsNorm, against the manifest's
-`add_norm_calls` where it has them, and the residual Adds kept out of a norm fused alone), and the combinations a tool
-failed.
+`add_norm_calls` where it has them, and the residual Adds kept out of a norm fused alone; the QuantizeLinear nodes
+taken into quantized nodes, TrtfuseRmsNormQuant and TrtfuseAddRmsNormQuant, and those kept out of a fused norm), and
+the combinations a tool failed.
 
 \b
     python models/survey.py $EXPORTS --out $EXPORTS/survey.json --markdown $EXPORTS/survey.md --jobs 2
@@ -52,6 +53,9 @@ class Outcome:
     rejected: list[dict[str, str]] = field(default_factory=list)
     # Residual Adds kept out of the norm after them (the norm fused alone): no rejected norm.
     kept_out: list[dict[str, str]] = field(default_factory=list)
+    # QuantizeLinear nodes the fused nodes took in, and those left outside a fused norm (with the reason).
+    quantizers_taken: int | None = None
+    quant_kept_out: list[dict[str, str]] = field(default_factory=list)
     # What `inspect` found (norms in matches and pairs): `fuse` must report the same norms and near misses.
     inspected_norms: int | None = None
     inspect_exit: int | None = None
@@ -93,6 +97,7 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
         found = json.loads(inspected.stdout)
         outcome.rejected = found.get("near_misses", [])
         outcome.kept_out = found.get("residual_near_misses", [])
+        outcome.quant_kept_out = found.get("quant_near_misses", [])
         outcome.inspected_norms = (
             len(found.get("rms_norms", []))
             + 2 * len(found.get("qk_norm_pairs", []))
@@ -112,19 +117,23 @@ def survey_one(trtfuse: list[str], cwd: Path | None, tool: str, path: Path, entr
     if entry["uses_rms_norm"]:
         outcome.weightless_nodes = sum(node["weight_mode"] == "NONE" for node in fusion["fused"])
     outcome.fused_norms = totals.get("norms", 0)
-    outcome.rms_norm_nodes = totals.get("TrtfuseRmsNorm", 0)
+    # A quantized node is its plain op's norm with the Q/DQ pairs taken in: counted with it.
+    outcome.rms_norm_nodes = totals.get("TrtfuseRmsNorm", 0) + totals.get("TrtfuseRmsNormQuant", 0)
     outcome.qk_norm_nodes = totals.get("TrtfuseQkNorm", 0)
-    outcome.add_norm_nodes = totals.get("TrtfuseAddRmsNorm", 0)
+    outcome.add_norm_nodes = totals.get("TrtfuseAddRmsNorm", 0) + totals.get("TrtfuseAddRmsNormQuant", 0)
+    outcome.quantizers_taken = fusion.get("quantizers_taken", 0)
     kept_out = fusion.get("residual_near_misses", [])
+    quant_kept_out = fusion.get("quant_near_misses", [])
     if outcome.inspected_norms is not None and (
         outcome.inspected_norms != outcome.fused_norms
         or len(outcome.rejected) != len(fusion["near_misses"])
         or len(outcome.kept_out) != len(kept_out)
+        or len(outcome.quant_kept_out) != len(quant_kept_out)
     ):
         outcome.messages.append(
             f"inspect/fuse disagree: inspect {outcome.inspected_norms} norms, {len(outcome.rejected)} rejected, "
-            f"{len(outcome.kept_out)} Adds kept out; fuse {outcome.fused_norms} norms, {len(fusion['near_misses'])} "
-            f"rejected, {len(kept_out)} Adds kept out"
+            f"{len(outcome.kept_out)} Adds and {len(outcome.quant_kept_out)} Qs kept out; fuse {outcome.fused_norms} "
+            f"norms, {len(fusion['near_misses'])} rejected, {len(kept_out)} Adds and {len(quant_kept_out)} Qs kept out"
         )
     checking = run(trtfuse, ["check", str(path), str(fused)], cwd)
     outcome.check_exit = checking.returncode
@@ -149,29 +158,35 @@ def fused_text(outcome: Outcome) -> str:
 
 
 def add_norm_text(outcome: Outcome) -> str:
-    """Add-norm nodes, against the expected count where the manifest has one, and the Adds kept out."""
+    """Add-norm nodes (quantized or not), against the expected count where the manifest has one."""
     fused = "-" if outcome.add_norm_nodes is None else str(outcome.add_norm_nodes)
     if outcome.expected_add_norms is not None:
         fused += f" / {outcome.expected_add_norms}"
-    return fused + (f" ({len(outcome.kept_out)} Adds kept out)" if outcome.kept_out else "")
+    return fused
+
+
+def quant_text(outcome: Outcome) -> str:
+    """The QuantizeLinear nodes taken into fused nodes, and those kept out of a fused norm."""
+    taken = "-" if outcome.quantizers_taken is None else str(outcome.quantizers_taken)
+    return taken + (f" ({len(outcome.quant_kept_out)} kept out)" if outcome.quant_kept_out else "")
 
 
 def table(outcomes: list[Outcome]) -> str:
     rows = [
-        "| tool | export | fused / expected | QK pairs / expected | add-norms | rejected | check | compile | "
-        "what went wrong |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| tool | export | fused / expected | QK pairs / expected | add-norms | Adds kept out | Qs taken in | rejected "
+        "| check | compile | what went wrong |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for outcome in outcomes:
         fused = fused_text(outcome)
         pairs = "-" if outcome.qk_norm_nodes is None else str(outcome.qk_norm_nodes)
         wrong = "; ".join(outcome.messages) or "; ".join(
-            r["reason"] for r in [*outcome.rejected, *outcome.kept_out][:1]
+            r["reason"] for r in [*outcome.rejected, *outcome.kept_out, *outcome.quant_kept_out][:1]
         )
         rows.append(
             f"| {outcome.tool} | {outcome.file} | {fused} | "
-            f"{pairs} / {outcome.expected_qk_pairs} | {add_norm_text(outcome)} | {len(outcome.rejected)} | "
-            f"{outcome.verdict} | "
+            f"{pairs} / {outcome.expected_qk_pairs} | {add_norm_text(outcome)} | {len(outcome.kept_out)} | "
+            f"{quant_text(outcome)} | {len(outcome.rejected)} | {outcome.verdict} | "
             f"{'-' if outcome.compile_exit is None else outcome.compile_exit} | "
             f"{wrong.replace('|', '/')[:300]} |"
         )
@@ -184,17 +199,21 @@ def summary(outcomes: list[Outcome]) -> str:
     for outcome in outcomes:
         groups.setdefault((outcome.tool, outcome.architecture), []).append(outcome)
     rows = [
-        "| tool | family | exports | fused / expected | QK pairs / expected | add-norms | check |",
-        "|---|---|---|---|---|---|---|",
+        "| tool | family | exports | fused / expected | QK pairs / expected | add-norms | Adds kept out | Qs taken in "
+        "| check |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (tool, architecture), group in groups.items():
         fused = {fused_text(outcome) for outcome in group}
         pairs = {f"{outcome.qk_norm_nodes} / {outcome.expected_qk_pairs}" for outcome in group}
         add_norms = {add_norm_text(outcome) for outcome in group}
+        kept_out = {str(len(outcome.kept_out)) for outcome in group}
+        quantizers = {quant_text(outcome) for outcome in group}
         verdicts = Counter(outcome.verdict for outcome in group)
         rows.append(
             f"| {tool} | {architecture} | {', '.join(sorted(_form(outcome) for outcome in group))} | "
             f"{'; '.join(sorted(fused))} | {'; '.join(sorted(pairs))} | {'; '.join(sorted(add_norms))} | "
+            f"{'; '.join(sorted(kept_out))} | {'; '.join(sorted(quantizers))} | "
             f"{', '.join(f'{count} {verdict}' for verdict, count in verdicts.items())} |"
         )
     return "\n".join(rows)

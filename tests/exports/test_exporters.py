@@ -13,6 +13,7 @@ import pytest
 
 from trtfuse import contract
 from trtfuse.fusion.fuse import FuseResult, fuse_model
+from trtfuse.fusion.options import FusionOptions
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
 
@@ -23,9 +24,10 @@ EXPECTED: dict[str, dict] = json.loads((FIXTURES / "expected.json").read_text())
 NAMES = sorted(EXPECTED)
 # Each tool's graphs differ in a way the others' do not: one fixture per tool, well under 1 MB each.
 TOOLS = {"optimum", "genai", "modelopt", "dynamo23", "onnxslim"}
-# Residual Adds that stay outside the norm after them: ModelOpt quantizes the sum each layer's norm reads (a
-# QuantizeLinear -> DequantizeLinear pair between them), which rounds it; only the final norm reads the sum itself.
-KEPT_OUT = {"qwen3-modelopt-int8-fp16.onnx": 3, "qwen3-modelopt-fp8-kv.onnx": 3}
+# Residual Adds that stay outside the norm after them without the quantizers taken in (--no-fuse-quant): ModelOpt
+# quantizes the sum each layer's norm reads (a QuantizeLinear -> DequantizeLinear pair between them); only the final
+# norm reads the sum itself. By default the pair is the add-norm's input quantizer and no Add stays out.
+KEPT_OUT_WITHOUT_QUANT = {"qwen3-modelopt-int8-fp16.onnx": 3, "qwen3-modelopt-fp8-kv.onnx": 3}
 
 
 def _fused(name: str) -> tuple[LoadedModel, FuseResult]:
@@ -46,12 +48,14 @@ def test_tool_fixture_fuses_every_norm_call_and_nothing_else(name: str) -> None:
     entry = EXPECTED[name]
     _, result = _fused(name)
     kinds = Counter(node.kind for node in result.fused)
-    norms = kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_OP] + kinds[contract.ADD_RMS_NORM_OP]
-    assert norms == entry["norm_calls"], result.report()
-    # Each norm that reads a residual sum takes its Add, or the Add stays out with the reason.
-    kept_out = result.search.residual_near_misses
-    assert len(kept_out) == KEPT_OUT.get(name, 0), result.report()["residual_near_misses"]
-    assert kinds[contract.ADD_RMS_NORM_OP] + len(kept_out) == entry["add_norm_calls"]
+    assert sum(contract.OPS[op].norm_calls * count for op, count in kinds.items()) == entry["norm_calls"]
+    # Each norm that reads a residual sum takes its Add (through the pair on the sum, for ModelOpt's exports).
+    assert result.search.residual_near_misses == [], result.report()["residual_near_misses"]
+    add_norms = kinds[contract.ADD_RMS_NORM_OP] + kinds[contract.ADD_RMS_NORM_QUANT_OP]
+    assert add_norms == entry["add_norm_calls"]
+    without_quant = fuse_model(load_model(FIXTURES / name).model, FusionOptions(fuse_quant=False))
+    kept_out = without_quant.search.residual_near_misses
+    assert len(kept_out) == KEPT_OUT_WITHOUT_QUANT.get(name, 0), without_quant.report()["residual_near_misses"]
     plugin_nodes = Counter(node.op_type for node in result.model.graph.node if node.domain == contract.ONNX_DOMAIN)
     assert plugin_nodes == kinds
 

@@ -23,15 +23,21 @@ from support.paths import FIXTURES
 
 KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
 COUNTS = "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms)"
-# ModelOpt's int8 Qwen3: the sum three norms read is quantized first, so those Adds stay out (no rejected norm).
+# ModelOpt's int8 Qwen3: the sum three norms read is quantized first; without the quantizers taken in
+# (--no-fuse-quant) those Adds stay out (no rejected norm).
 KEPT_OUT_FIXTURE = FIXTURES / "tools" / "qwen3-modelopt-int8-fp16.onnx"
 KEPT_OUT_COUNTS = (
     "4 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 1 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected, 3 Adds kept out"
 )
 FIRST_KEPT_OUT = " (first: node_add_399: not fused into the norm node_mean_3: the norm reads its sum through the pair "
+# With them taken in (the default): 5 output QuantizeLinears and 4 input pairs in the nodes, no Add out.
+QUANT_COUNTS = (
+    "0 TrtfuseRmsNorm, 2 TrtfuseQkNorm, 1 TrtfuseRmsNormQuant and 4 TrtfuseAddRmsNormQuant nodes (9 norms), "
+    "0 rejected, 9 Qs taken in"
+)
 
 
-def _polygraphy_log(path: Path, fuse_residual: bool | None = None) -> str:
+def _polygraphy_log(path: Path, fuse_residual: bool | None = None, fuse_quant: bool | None = None) -> str:
     pytest.importorskip("polygraphy", reason="Polygraphy is not installed (pip install -e '.[compare]')")
     from polygraphy.logger import G_LOGGER
 
@@ -39,7 +45,7 @@ def _polygraphy_log(path: Path, fuse_residual: bool | None = None) -> str:
 
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured), G_LOGGER.verbosity(G_LOGGER.INFO):
-        FuseModel(str(path), fuse_residual=fuse_residual)()
+        FuseModel(str(path), fuse_residual=fuse_residual, fuse_quant=fuse_quant)()
     return captured.getvalue()
 
 
@@ -74,16 +80,30 @@ def test_the_counts_are_the_plugin_nodes_of_the_output_and_the_report_holds_them
 
 
 def test_adds_kept_out_are_counted_apart_from_rejected_norms_everywhere(tmp_path):
-    model = KEPT_OUT_FIXTURE
-    assert run_cli("inspect", model).stdout.splitlines()[0] == f"{model}: {KEPT_OUT_COUNTS}"
-    fused = run_cli("fuse", model, "-o", tmp_path / "fused.onnx").stdout.strip()
+    model, flag = KEPT_OUT_FIXTURE, "--no-fuse-quant"
+    assert run_cli("inspect", model, flag).stdout.splitlines()[0] == f"{model}: {KEPT_OUT_COUNTS}"
+    fused = run_cli("fuse", model, "-o", tmp_path / "fused.onnx", flag).stdout.strip()
     assert fused.startswith(f"{model}: {KEPT_OUT_COUNTS}{FIRST_KEPT_OUT}") and fused.endswith(
         "; 1 more) -> " + str(tmp_path / "fused.onnx")
     )
-    compiled = run_cli("compile", model, "-o", tmp_path / "m.engine")
+    compiled = run_cli("compile", model, "-o", tmp_path / "m.engine", flag)
     assert compiled.exit_code == 3, compiled.output
     assert compiled.stdout.startswith(f"{model}: {KEPT_OUT_COUNTS}{FIRST_KEPT_OUT}")
-    assert f"trtfuse: fused {model}: {KEPT_OUT_COUNTS}{FIRST_KEPT_OUT}" in _polygraphy_log(model)
+    assert f"trtfuse: fused {model}: {KEPT_OUT_COUNTS}{FIRST_KEPT_OUT}" in _polygraphy_log(model, fuse_quant=False)
+
+
+def test_quantizers_taken_in_are_counted_everywhere(tmp_path):
+    model = KEPT_OUT_FIXTURE
+    assert run_cli("inspect", model).stdout.splitlines()[0] == f"{model}: {QUANT_COUNTS}"
+    fused = run_cli("fuse", model, "-o", tmp_path / "fused.onnx").stdout.strip()
+    assert fused == f"{model}: {QUANT_COUNTS} -> {tmp_path / 'fused.onnx'}"
+    compiled = run_cli("compile", model, "-o", tmp_path / "m.engine")
+    assert compiled.exit_code == 3, compiled.output
+    assert compiled.stdout.startswith(f"{model}: {QUANT_COUNTS} -> ")
+    assert f"trtfuse: fused {model}: {QUANT_COUNTS}\n" in _polygraphy_log(model)
+    # Fused again, the input's quantized nodes are counted as the output's, and nothing is taken in anew.
+    again = run_cli("inspect", tmp_path / "fused.onnx").stdout.splitlines()[0]
+    assert again.endswith("(9 norms), all already in the input, 0 rejected"), again
 
 
 def test_without_the_residual_fusion_every_command_counts_the_norms_fused_alone(tmp_path):
@@ -107,3 +127,5 @@ def test_the_line_names_the_first_rejected_candidates(write_model):
     assert many.line(reasons=0).endswith("5 rejected")
     kept = type(counts)(counts.nodes, counts.already, (NearMiss("n0", "why"),), (NearMiss("add", "because"),))
     assert kept.line().endswith("1 rejected, 1 Add kept out (first: n0: why; add: because)")
+    quant = type(counts)(counts.nodes, counts.already, (), (), 3, (NearMiss("q", "read"), NearMiss("r", "too")))
+    assert quant.line().endswith("0 rejected, 3 Qs taken in, 2 Qs kept out (first: q: read; r: too)")

@@ -16,6 +16,7 @@ from trtfuse.cli.main import cli
 from trtfuse.contract import WeightMode
 from trtfuse.fusion.fuse import fuse_model
 from trtfuse.fusion.lowering import lower_fused_nodes
+from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns import NormSearch, find_norms
 from trtfuse.fusion.patterns.queries import dtype_name, qdq_mismatch
 
@@ -54,13 +55,17 @@ from support.graphs import (
     unknown_shape_fused_norm,
 )
 
+# The pass as it was before the quantized ops: every Q/DQ pair stays in the graph (tests/fusion/test_quant.py has the
+# pairs taken in).
+NO_QUANT = FusionOptions(fuse_quant=False)
 
-def search(model: onnx.ModelProto) -> NormSearch:
-    return find_norms(gs.import_onnx(model))
+
+def search(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
+    return find_norms(gs.import_onnx(model), options)
 
 
-def only_match(model: onnx.ModelProto):
-    found = search(model)
+def only_match(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION):
+    found = search(model, options)
     assert not found.qk_norm_pairs
     assert len(found.matches) == 1, found
     return found.matches[0], found
@@ -413,7 +418,7 @@ def test_qdq_inside_the_chain_leaves_the_norm_unfused_naming_the_pair(place: str
     # computes them in float, so dropping the pair is not a rounding removed: ModelOpt int8 OLMo2 clips every r of
     # a k_norm at prefill and the fused model was off by O(1). A pair that does not undo itself is arithmetic.
     model = qdq_norm(place, dequantize=dequantize)
-    found = search(model)
+    found = search(model, NO_QUANT)
     assert not found.matches and not found.qk_norm_pairs
     [miss] = found.near_misses
     quantize = next(node.name for node in model.graph.node if node.op_type == "QuantizeLinear")
@@ -423,7 +428,7 @@ def test_qdq_inside_the_chain_leaves_the_norm_unfused_naming_the_pair(place: str
     else:
         assert "is arithmetic, not a rounding" in miss.reason and miss.reason.endswith("not a norm"), miss.reason
     assert ("inverse root" if place == "rsqrt" else "the x that") in miss.reason
-    result = fuse_model(model)
+    result = fuse_model(model, NO_QUANT)
     assert result.fused == [] and result.report()["near_misses"] == [{"node": miss.node, "reason": miss.reason}]
     np.testing.assert_array_equal(run_model(result.model, _qdq_feed()), run_model(model, _qdq_feed()))
 
@@ -433,7 +438,7 @@ def test_qdq_before_the_weight_ends_the_norm_before_the_pair(dequantize: str) ->
     # The pair and the weight multiply stay in the graph reading the normalised value, which the fused node computes
     # exactly: the fused model is the original up to float32 rounding of x·r, never the pair dropped.
     model = qdq_norm("normalized", dequantize=dequantize)
-    match, found = only_match(model)
+    match, found = only_match(model, NO_QUANT)
     assert match.weight is None and match.params.weight_mode is WeightMode.NONE
     assert [reader.op for reader in match.y.outputs] == ["QuantizeLinear"]
     [miss] = found.near_misses
@@ -443,7 +448,7 @@ def test_qdq_before_the_weight_ends_the_norm_before_the_pair(dequantize: str) ->
     assert ("rounds and clips" if dequantize == "exact" else "is arithmetic, not a rounding") in miss.reason
     feed = _qdq_feed()
     original = run_model(model, feed)
-    fused = run_model(lower_fused_nodes(fuse_model(model).model), feed)
+    fused = run_model(lower_fused_nodes(fuse_model(model, NO_QUANT).model), feed)
     # x·r computed in another order may land on the other side of a rounding boundary of the pair: one step.
     step = 4.0 / 127 * (1.25 if dequantize == "scale" else 1.0)
     differs = np.abs(fused - original) > 1e-5 * np.abs(original).max()
@@ -457,19 +462,22 @@ def test_a_pair_outside_the_chain_stays_outside_whatever_it_computes(place: str,
     # On x as it enters (the node reads the dequantized x) or on the output: the fused node computes exactly the
     # chain between them, so even a pair that rescales stays in the graph as written.
     model = qdq_norm(place, dequantize=dequantize)
-    match, found = only_match(model)
+    match, found = only_match(model, NO_QUANT)
     assert match.weight is not None and not found.near_misses
     feed = _qdq_feed()
     np.testing.assert_allclose(
-        run_model(lower_fused_nodes(fuse_model(model).model), feed), run_model(model, feed), rtol=1e-5, atol=1e-5
+        run_model(lower_fused_nodes(fuse_model(model, NO_QUANT).model), feed),
+        run_model(model, feed),
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
 def test_qdq_on_the_output_stays_after_the_fused_node() -> None:
-    match, found = only_match(qdq_norm("output"))
+    match, found = only_match(qdq_norm("output"), NO_QUANT)
     assert [consumer.op for consumer in match.y.outputs] == ["QuantizeLinear"]
     assert match.weight is not None and not found.near_misses
-    fused = fuse_model(qdq_norm("output")).model
+    fused = fuse_model(qdq_norm("output"), NO_QUANT).model
     quantize = next(node for node in fused.graph.node if node.op_type == "QuantizeLinear")
     assert next(node for node in fused.graph.node if quantize.input[0] in node.output).op_type == "TrtfuseRmsNorm"
 
@@ -530,7 +538,7 @@ def test_inspect_shows_both_dtypes_of_a_mixed_norm(tmp_path) -> None:
 
 def test_qdq_on_x_read_by_the_square_and_the_multiply_stays_before_the_fused_node() -> None:
     # ModelOpt's int8/fp8 spelling: the fused node reads the dequantized x, exactly what the chain read.
-    match, found = only_match(qdq_norm("shared-x"))
+    match, found = only_match(qdq_norm("shared-x"), NO_QUANT)
     assert match.x.inputs[0].op == "DequantizeLinear" and not found.near_misses
 
 

@@ -37,7 +37,7 @@ from trtfuse.polygraphy_ext.loaders import engine_profiles_for
 
 from support.engines import engine_in_memory, write_engine_files
 from support.markers import HAS_TENSORRT, NO_TENSORRT
-from support.paths import FIXTURES
+from support.paths import FIXTURES, TOOL_FIXTURES
 
 # The `polygraphy` script of this interpreter's environment; a virtual environment that sees the system's packages
 # has no script of its own, so fall back to the one on PATH.
@@ -192,24 +192,36 @@ def test_generated_script_imports_trtfuse_and_reproduces_the_run(tmp_path):
     assert ALL_MATCHED in output
 
 
-def test_the_no_fuse_residual_flag_reaches_the_fuse_loader(tmp_path):
-    script = tmp_path / "compare_fused.py"
-    model = str(FIXTURES / "qwen3-dynamo-fp32.onnx")
-    result = polygraphy_run(
-        model,
-        "--trtfuse-onnxrt",
-        "--trtfuse-no-fuse-residual",
-        "--input-shapes",
+# Each fusion flag, the model it shows on, its input shape, the FuseModel argument and the counts the script logs.
+FUSION_FLAGS = {
+    "--trtfuse-no-fuse-residual": (
+        FIXTURES / "qwen3-dynamo-fp32.onnx",
         "input_ids:[2,8]",
-        "--gen",
-        str(script),
-    )
+        "fuse_residual=False",
+        "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected",
+    ),
+    # What trtfuse wrote before the quantized ops: the three Adds whose sums are quantized stay out.
+    "--trtfuse-no-fuse-quant": (
+        TOOL_FIXTURES / "qwen3-modelopt-int8-fp16.onnx",
+        "input_ids:[2,5]",
+        "fuse_quant=False",
+        "4 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 1 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected, 3 Adds kept out",
+    ),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(FUSION_FLAGS))
+def test_a_fusion_flag_reaches_the_fuse_loader(flag, tmp_path):
+    path, shape, argument, counts = FUSION_FLAGS[flag]
+    script = tmp_path / "compare_fused.py"
+    model = str(path)
+    result = polygraphy_run(model, "--trtfuse-onnxrt", flag, "--input-shapes", shape, "--gen", str(script))
     assert result.returncode == 0, output_of(result)
-    assert f"FuseModel({model!r}, fuse_residual=False)" in script.read_text()
+    assert f"FuseModel({model!r}, {argument})" in script.read_text()
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
-    assert ": 5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected" in output
+    assert f": {counts}" in output
 
 
 def test_generated_script_passes_polygraphy_profiles_and_build_options_to_trtfuse(tmp_path):

@@ -30,15 +30,23 @@ from trtfuse.files import OutputPlan
 if TYPE_CHECKING:
     from trtfuse.contract import NormParams
     from trtfuse.fusion.options import FusionOptions
-    from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch
+    from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch, TakenQuantizer
 
 
 def _match_line(match: RmsNormMatch) -> str:
-    return _norm_line(match, match.dtype, match.params, match.tags)
+    return _norm_line(match, match.dtype, match.params, match.tags) + _quant_text(match.quantizers)
 
 
 def _add_norm_line(add: AddNormMatch) -> str:
-    return f"{_norm_line(add.norm, add.dtype, add.params, add.tags)} add={add.add}"
+    return f"{_norm_line(add.norm, add.dtype, add.params, add.tags)} add={add.add}{_quant_text(add.all_quantizers)}"
+
+
+def _quant_text(quantizers: tuple[TakenQuantizer, ...]) -> str:
+    """` quant=input:int8@0.0125,output:float8_e4m3fn@0.05`: each stage's dtype and scale; nothing for a plain node."""
+    if not quantizers:
+        return ""
+    stages = ",".join(f"{taken.stage.value}:{taken.quantizer.dtype}@{taken.quantizer.scale:g}" for taken in quantizers)
+    return f" quant={stages}"
 
 
 def _norm_line(match: RmsNormMatch, dtype: str, params: NormParams, tags: tuple[str, ...]) -> str:
@@ -51,6 +59,16 @@ def _norm_line(match: RmsNormMatch, dtype: str, params: NormParams, tags: tuple[
 
 
 def _match_json(match: RmsNormMatch) -> dict:
+    return _with_quant(_plain_match_json(match), match.quantizers)
+
+
+def _with_quant(entry: dict, quantizers: tuple[TakenQuantizer, ...]) -> dict:
+    from trtfuse.fusion.fuse import quantizers_json
+
+    return {**entry, "quant": quantizers_json(quantizers)} if quantizers else entry
+
+
+def _plain_match_json(match: RmsNormMatch) -> dict:
     return {
         "name": match.name,
         "epsilon": match.params.epsilon,
@@ -65,18 +83,19 @@ def _match_json(match: RmsNormMatch) -> dict:
 
 
 def _add_norm_json(add: AddNormMatch) -> dict:
-    return {
-        **_match_json(add.norm),
+    entry = {
+        **_plain_match_json(add.norm),
         "dtype": add.dtype,
         "weight_mode": add.params.weight_mode.name,
         "tags": list(add.tags),
         "add": add.add,
         "replaces": [node.name for node in [*add.nodes, *add.norm.nodes]],
     }
+    return _with_quant(entry, add.all_quantizers)
 
 
 def _search_json(search: NormSearch) -> dict:
-    from trtfuse.fusion.fuse import near_miss_json
+    from trtfuse.fusion.fuse import near_miss_json, quant_near_miss_json
 
     return {
         "rms_norms": [_match_json(match) for match in search.matches],
@@ -84,6 +103,7 @@ def _search_json(search: NormSearch) -> dict:
         "qk_norm_pairs": [{"q": _match_json(pair.q), "k": _match_json(pair.k)} for pair in search.qk_norm_pairs],
         "near_misses": near_miss_json(search.near_misses),
         "residual_near_misses": near_miss_json(search.residual_near_misses),
+        **quant_near_miss_json(search),
     }
 
 
@@ -111,6 +131,7 @@ def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
         lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
     lines += [f"  rejected  {miss.node}: {miss.reason}" for miss in search.near_misses]
     lines += [f"  add kept  {miss.node}: {miss.reason}" for miss in search.residual_near_misses]
+    lines += [f"  q kept    {miss.node}: {miss.reason}" for miss in search.quant_near_misses or ()]
     for line in lines:
         click.echo(printable(line))
 

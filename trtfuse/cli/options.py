@@ -257,22 +257,34 @@ def feed_options(command: F) -> F:
     return command
 
 
-def _fusion_options(_ctx: click.Context, _param: click.Parameter, keep_adds_out: bool) -> FusionOptions:
-    return FusionOptions(fuse_residual=not keep_adds_out)
-
-
 def fusion_options(command: F) -> F:
-    """--no-fuse-residual, on every command that fuses (and `inspect`, which shows what they would); the command
-    receives `fusion`, a FusionOptions."""
-    return click.option(
-        "--no-fuse-residual",
-        "fusion",
-        is_flag=True,
-        callback=_fusion_options,
-        help="Keep each residual Add outside the norm after it: fuse the norm alone as TrtfuseRmsNorm, as trtfuse did "
-        "before TrtfuseAddRmsNorm. For a TensorRT build that folds the Add into the preceding GEMM's epilogue "
-        "(check with `trtexec --dumpLayerInfo`), where that is as fast or faster (docs/performance.md).",
-    )(command)
+    """--no-fuse-residual and --no-fuse-quant, on every command that fuses (and `inspect`, which shows what they
+    would); the command receives `fusion`, a FusionOptions."""
+
+    @functools.wraps(command)
+    def with_fusion(*args: object, no_fuse_residual: bool, no_fuse_quant: bool, **kwargs: object) -> object:
+        fusion = FusionOptions(fuse_residual=not no_fuse_residual, fuse_quant=not no_fuse_quant)
+        return command(*args, fusion=fusion, **kwargs)
+
+    options = (
+        click.option(
+            "--no-fuse-residual",
+            is_flag=True,
+            help="Keep each residual Add outside the norm after it: fuse the norm alone as TrtfuseRmsNorm, as trtfuse "
+            "did before TrtfuseAddRmsNorm. For a TensorRT build that folds the Add into the preceding GEMM's "
+            "epilogue (check with `trtexec --dumpLayerInfo`), where that is as fast or faster (docs/performance.md).",
+        ),
+        click.option(
+            "--no-fuse-quant",
+            is_flag=True,
+            help="Keep every QuantizeLinear -> DequantizeLinear pair around a norm in the graph: no "
+            "TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant, the output what trtfuse wrote before them "
+            '(docs/patterns.md, "Quantized norms").',
+        ),
+    )
+    for option in reversed(options):
+        with_fusion = option(with_fusion)
+    return with_fusion  # type: ignore[return-value]
 
 
 @dataclass
@@ -348,19 +360,22 @@ def detail(message: str) -> None:
 
 
 def fusion_details(report: dict, seconds: dict[str, float]) -> None:
-    """With -v: each fused node, each rejected candidate and each Add kept out of a fusion report, then the time of
-    each phase."""
+    """With -v: each fused node, each rejected candidate, each Add and each QuantizeLinear kept out of a fusion
+    report, then the time of each phase."""
     for node in report["fused"]:
         dtypes = node["dtype"] if node["output_dtype"] == node["dtype"] else f"{node['dtype']}->{node['output_dtype']}"
         hidden = "x".join(str(size) for size in node["hidden_sizes"])
         detail(
             f"fused {node['kind']} {node['name']}: eps={node['epsilon']:g} hidden={hidden} {dtypes} "
             f"weight={node['weight_mode']} offset={node['weight_offset']:g}, {len(node['replaced'])} nodes replaced"
+            + "".join(f", {stage} {quantizer['dtype']}" for stage, quantizer in node.get("quant", {}).items())
         )
     for miss in report["near_misses"]:
         detail(f"rejected {miss['node']}: {miss['reason']}")
     for miss in report["residual_near_misses"]:
         detail(f"add kept {miss['node']}: {miss['reason']}")
+    for miss in report.get("quant_near_misses", []):
+        detail(f"q kept {miss['node']}: {miss['reason']}")
     detail(", ".join(f"{phase} {seconds[phase]:.2f} s" for phase in seconds))
 
 

@@ -18,6 +18,9 @@ from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns import NearMiss, NormSearch, find_norms
 from trtfuse.fusion.rewrite import FusedNode, rewrite
 
+# inspect lists a match's quantizers as the fusion report lists its node's (the CLI reads the pass through here).
+from trtfuse.fusion.rewrite import quantizers_json as quantizers_json
+
 # How many rejected candidates a summary line names (`trtfuse inspect` lists them all).
 SUMMARY_REASONS = 2
 
@@ -27,26 +30,40 @@ def norm_calls(nodes: Mapping[str, int]) -> int:
     return sum(contract.OPS[op].norm_calls * count for op, count in nodes.items())
 
 
+def listed(nodes: Mapping[str, int]) -> dict[str, int]:
+    """The counts a report lists: every plain op, and a quantized op where there is one (a model with nothing
+    quantized reports what it did before the quantized ops existed)."""
+    return {op: count for op, count in nodes.items() if count or not contract.OPS[op].quantized}
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count > 1 else ''}"
+
+
 @dataclass(frozen=True)
 class FusionCounts:
     """What a fusion leaves: the plugin nodes of the model that comes out, per op (those the input already held
     included, so a model fused twice reports the same), how many of them the input held, the rejected candidates,
-    and the residual Adds left outside a norm that was fused alone (no rejected norm: they are counted apart). `line`
-    is the one summary every command and the Polygraphy loader print."""
+    the residual Adds left outside a norm that was fused alone (no rejected norm: they are counted apart), how many
+    QuantizeLinear nodes the fused nodes took in, and those left outside a fused norm (None when the fusion took no
+    quantizers, `fuse_quant` off). `line` is the one summary every command and the Polygraphy loader print."""
 
     nodes: Mapping[str, int]
     already: Mapping[str, int]
     near_misses: tuple[NearMiss, ...]
     residual_near_misses: tuple[NearMiss, ...] = ()
+    quantizers_taken: int = 0
+    quant_near_misses: tuple[NearMiss, ...] | None = None
 
     @property
     def norms(self) -> int:
         return norm_calls(self.nodes)
 
     def line(self, reasons: int = SUMMARY_REASONS) -> str:
-        """`1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 1 rejected, 1 Add kept out
-        (first: NODE: REASON; NODE: REASON)`; the ops after the first two only where the model has them, the Adds
-        kept out only where there are any; the reasons are the rejected candidates' first, then the Adds'."""
+        """`1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 1 rejected, 1 Add kept out,
+        9 Qs taken in, 1 Q kept out (first: NODE: REASON; NODE: REASON)`; the ops after the first two only where the
+        model has them, the Adds and QuantizeLinear nodes only where there are any; the reasons are the rejected
+        candidates' first, then the Adds', then the QuantizeLinear nodes'."""
         shown = [op for index, op in enumerate(contract.FUSED_OPS) if index < 2 or self.nodes[op]]
         counts = [f"{self.nodes[op]} {op}" for op in shown]
         text = f"{', '.join(counts[:-1])} and {counts[-1]} nodes ({self.norms} norms)"
@@ -54,11 +71,14 @@ class FusionCounts:
         if held:
             text += f", {'all' if held == sum(self.nodes.values()) else held} already in the input"
         text += f", {len(self.near_misses)} rejected"
+        quant_misses = self.quant_near_misses or ()
         if self.residual_near_misses:
-            text += (
-                f", {len(self.residual_near_misses)} Add{'s' if len(self.residual_near_misses) > 1 else ''} kept out"
-            )
-        misses = [*self.near_misses, *self.residual_near_misses]
+            text += f", {_plural(len(self.residual_near_misses), 'Add')} kept out"
+        if self.quantizers_taken:
+            text += f", {_plural(self.quantizers_taken, 'Q')} taken in"
+        if quant_misses:
+            text += f", {_plural(len(quant_misses), 'Q')} kept out"
+        misses = [*self.near_misses, *self.residual_near_misses, *quant_misses]
         if reasons and misses:
             first = "; ".join(f"{miss.node}: {miss.reason}" for miss in misses[:reasons])
             more = f"; {len(misses) - reasons} more" if len(misses) > reasons else ""
@@ -66,7 +86,10 @@ class FusionCounts:
         return text
 
     def to_json(self) -> dict:
-        return {"plugin_nodes": dict(self.nodes), "already_in_input": dict(self.already)}
+        counts = {"plugin_nodes": listed(self.nodes), "already_in_input": listed(self.already)}
+        if self.quant_near_misses is not None:
+            counts["quantizers_taken"] = self.quantizers_taken
+        return counts
 
 
 @dataclass
@@ -83,25 +106,40 @@ class FuseResult:
         """The plugin nodes of the fused model (`fused_nodes.plugin_node_counts`) and the rejected candidates."""
         already = {op: self.input_nodes.get(op, 0) for op in contract.FUSED_OPS}
         search = self.search
+        quant_misses = search.quant_near_misses
         return FusionCounts(
-            plugin_node_counts(self.model), already, tuple(search.near_misses), tuple(search.residual_near_misses)
+            plugin_node_counts(self.model),
+            already,
+            tuple(search.near_misses),
+            tuple(search.residual_near_misses),
+            quantizers_taken=len(search.quantizers_taken()),
+            quant_near_misses=None if quant_misses is None else tuple(quant_misses),
         )
 
     def report(self) -> dict:
         """The JSON report: one entry per node fused now, their totals per node kind, the plugin nodes of the model
-        that comes out, the rejected candidates, and the residual Adds kept out of a norm fused alone."""
-        totals = {op: sum(node.kind == op for node in self.fused) for op in contract.FUSED_OPS}
+        that comes out, the rejected candidates, the residual Adds kept out of a norm fused alone, and (when the
+        fusion takes quantizers) the QuantizeLinear nodes kept out of a fused norm."""
+        totals = listed({op: sum(node.kind == op for node in self.fused) for op in contract.FUSED_OPS})
         return {
             "fused": [node.as_dict() for node in self.fused],
             "totals": {**totals, "norms": norm_calls(totals)},
             **self.counts().to_json(),
             "near_misses": near_miss_json(self.search.near_misses),
             "residual_near_misses": near_miss_json(self.search.residual_near_misses),
+            **quant_near_miss_json(self.search),
         }
 
 
 def near_miss_json(misses: list[NearMiss]) -> list[dict[str, str]]:
     return [{"node": miss.node, "reason": miss.reason} for miss in misses]
+
+
+def quant_near_miss_json(search: NormSearch) -> dict[str, list[dict[str, str]]]:
+    """The QuantizeLinear nodes kept out of a fused norm, under their key; nothing when the fusion took none."""
+    if search.quant_near_misses is None:
+        return {}
+    return {"quant_near_misses": near_miss_json(search.quant_near_misses)}
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:

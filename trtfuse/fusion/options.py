@@ -10,10 +10,16 @@ class FusionOptions:
     """`fuse_residual`: the residual Add in front of a norm and that norm become one TrtfuseAddRmsNorm (the default).
     False leaves every Add outside and fuses the norm alone as TrtfuseRmsNorm, the output exactly what the pass wrote
     before the add-norm existed: for a TensorRT build that folds the residual Add into the preceding GEMM's epilogue,
-    where that is as fast or faster (docs/performance.md, "Layer tail")."""
+    where that is as fast or faster (docs/performance.md, "Layer tail").
+
+    `fuse_quant`: the QuantizeLinear (-> DequantizeLinear) pairs around a norm (its input, its inverse root, the
+    QuantizeLinear of its output) go into the fused node, a TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant (the
+    default; docs/patterns.md, "Quantized norms"). False leaves every pair in the graph, the output exactly what the
+    pass wrote before the quantized ops existed."""
 
     fuse_residual: bool = True
+    fuse_quant: bool = True
 
 
-# The options when a caller gives none: every residual Add fused.
+# The options when a caller gives none: every residual Add and every quantizer the contract computes fused.
 DEFAULT_FUSION = FusionOptions()

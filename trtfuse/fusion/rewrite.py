@@ -3,7 +3,7 @@ docs/plugin-nodes.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -12,15 +12,15 @@ import onnx_graphsurgeon as gs
 from trtfuse import contract
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
-from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch
+from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch, TakenQuantizer
 from trtfuse.fusion.patterns.queries import describe, dtype_name
 from trtfuse.fusion.patterns.search import live_tensors
 
 
 @dataclass(frozen=True)
 class FusedNode:
-    """One fused node, as the JSON report lists it; `kind` is its op type (contract.RMS_NORM_OP, QK_NORM_OP or
-    ADD_RMS_NORM_OP), `dtype` its activations' (for an add-norm D, the dtype it sums in)."""
+    """One fused node, as the JSON report lists it; `kind` is its op type (one of contract.FUSED_OPS), `dtype` its
+    activations' (for an add-norm D, the dtype it sums in), `quantizers` those a quantized node took in."""
 
     kind: str
     name: str
@@ -30,9 +30,10 @@ class FusedNode:
     dtype: str
     output_dtype: str
     tags: tuple[str, ...]
+    quantizers: tuple[TakenQuantizer, ...] = ()
 
     def as_dict(self) -> dict:
-        return {
+        entry = {
             "kind": self.kind,
             "name": self.name,
             "replaced": list(self.replaced),
@@ -44,6 +45,23 @@ class FusedNode:
             "output_dtype": self.output_dtype,
             "tags": list(self.tags),
         }
+        if self.quantizers:
+            entry["quant"] = quantizers_json(self.quantizers)
+        return entry
+
+
+def quantizers_json(quantizers: tuple[TakenQuantizer, ...]) -> dict[str, dict]:
+    """Each stage's quantizer, as the reports list them: its fields and the Q (and DQ) nodes it replaces."""
+    return {
+        taken.stage.value: {
+            "dtype": taken.quantizer.dtype,
+            "scale": taken.quantizer.scale,
+            "saturate": taken.quantizer.saturate,
+            **({"dequant_dtype": taken.quantizer.dequant_dtype} if taken.stage.fake else {}),
+            "nodes": [describe(node) for node in taken.nodes],
+        }
+        for taken in quantizers
+    }
 
 
 def output_dtype(match: RmsNormMatch) -> str:
@@ -65,6 +83,36 @@ def _fields(
     if problem is not None:
         raise TrtfuseError(f"norm '{match.name}' cannot be one fused node: {problem}")
     return NodeFields(op=op, params=params or match.params, hidden_sizes=hidden_sizes, output_dtype=out)
+
+
+def _quantized(fields: NodeFields, quantizers: tuple[TakenQuantizer, ...]) -> NodeFields:
+    """The fields of the quantized op with `quantizers` in their stages; `fields` as they are without any."""
+    if not quantizers:
+        return fields
+    quant = contract.QuantParams(**{taken.stage.value: taken.quantizer for taken in quantizers})
+    return replace(fields, op=contract.QUANTIZED_OPS[fields.op.name], quant=quant)
+
+
+def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor) -> gs.Variable:
+    """The normalised output the node writes: y, or with an output quantizer the QuantizeLinear's output (FP8 or
+    INT8), cut from it. The Shape nodes that read y (its only readers but that QuantizeLinear) read x instead: the
+    node's input, of y's shape, so no reader of a shape is left on a tensor that is gone."""
+    taken = next((taken for taken in match.quantizers if taken.output is not None), None)
+    if taken is None:
+        return y
+    quantized = taken.output
+    quantized.inputs.clear()
+    if quantized.dtype is None:
+        quantized.dtype = contract.QUANT_DTYPE_CODES[taken.quantizer.dtype]
+    if quantized.shape is None:
+        quantized.shape = y.shape
+    taken_in = {id(node) for node in taken.nodes}
+    for reader in list(y.outputs):
+        if id(reader) not in taken_in:
+            for index, operand in enumerate(reader.inputs):
+                if operand is y:
+                    reader.inputs[index] = x
+    return quantized
 
 
 def _onnx_type(dtype: str) -> int:
@@ -138,21 +186,22 @@ def _weights(*matches: RmsNormMatch) -> list[gs.Tensor]:
 
 
 def _rms_norm_node(graph: gs.Graph, match: RmsNormMatch) -> FusedNode:
-    attrs = _fields(contract.RMS_NORM, match, (match.hidden_size,)).onnx_attributes()
+    fields = _quantized(_fields(contract.RMS_NORM, match, (match.hidden_size,)), match.quantizers)
+    op = fields.op.name
     x = _normalised_input(graph, match)
     y = _detach_output(match)
-    name = f"{contract.RMS_NORM_OP}/{y.name}"
+    name = f"{op}/{y.name}"
     graph.nodes.append(
         gs.Node(
-            contract.RMS_NORM_OP,
+            op,
             name,
-            attrs=attrs,
+            attrs=fields.onnx_attributes(),
             inputs=[x, *_weights(match)],
-            outputs=[y],
+            outputs=[_node_output(match, y, x)],
             domain=contract.ONNX_DOMAIN,
         )
     )
-    return _record(contract.RMS_NORM_OP, name, (match,), (match.hidden_size,))
+    return _record(op, name, (match,), (match.hidden_size,))
 
 
 def _add_norm_node(graph: gs.Graph, add: AddNormMatch) -> FusedNode:
@@ -160,32 +209,40 @@ def _add_norm_node(graph: gs.Graph, add: AddNormMatch) -> FusedNode:
     operands in D, h keeps the sum's name (the next residual Add reads it), y the norm's."""
     norm = add.norm
     hidden = (norm.hidden_size,)
+    quantizers = add.all_quantizers
     fields = _fields(contract.ADD_RMS_NORM, norm, hidden, dtype=add.dtype, params=add.params)
+    fields = _quantized(fields, quantizers)
     roles = contract.ADD_RMS_NORM.activations
     operands = [_operand(graph, add, role, operand) for role, operand in zip(roles, add.operands, strict=True)]
     h = _sum_output(graph, add, operands[0])
     y = _detach_output(norm)
-    name = f"{contract.ADD_RMS_NORM_OP}/{y.name}"
+    name = f"{fields.op.name}/{y.name}"
     graph.nodes.append(
         gs.Node(
-            contract.ADD_RMS_NORM_OP,
+            fields.op.name,
             name,
             attrs=fields.onnx_attributes(),
             inputs=[*operands, *_weights(norm)],
-            outputs=[y, h],
+            outputs=[_node_output(norm, y, operands[0]), h],
             domain=contract.ONNX_DOMAIN,
         )
     )
     return FusedNode(
-        kind=contract.ADD_RMS_NORM_OP,
+        kind=fields.op.name,
         name=name,
-        replaced=tuple(describe(node) for node in [*add.nodes, *norm.nodes]),
+        replaced=tuple(describe(node) for node in [*add.nodes, *_quantizer_nodes(add.quantizers), *norm.nodes]),
         params=add.params,
         hidden_sizes=hidden,
         dtype=add.dtype,
         output_dtype=fields.output_dtype,
         tags=add.tags,
+        quantizers=quantizers,
     )
+
+
+def _quantizer_nodes(quantizers: tuple[TakenQuantizer, ...]) -> list[gs.Node]:
+    """The Q/DQ nodes of the quantizers a match's own nodes do not list (the rsqrt pair is inside the chain)."""
+    return [node for taken in quantizers if taken.stage is not contract.QuantStage.RSQRT for node in taken.nodes]
 
 
 def _operand(graph: gs.Graph, add: AddNormMatch, role: str, operand: gs.Tensor) -> gs.Tensor:
@@ -241,12 +298,15 @@ def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tup
     return FusedNode(
         kind=kind,
         name=name,
-        replaced=tuple(describe(node) for match in matches for node in match.nodes),
+        replaced=tuple(
+            describe(node) for match in matches for node in [*match.nodes, *_quantizer_nodes(match.quantizers)]
+        ),
         params=first.params,
         hidden_sizes=hidden,
         dtype=first.dtype,
         output_dtype=output_dtype(first),
         tags=tuple(dict.fromkeys(tag for match in matches for tag in match.tags)),
+        quantizers=first.quantizers,
     )
 
 

@@ -60,6 +60,14 @@ class TrtfuseArgs(BaseArgs):
             "`trtfuse fuse --no-fuse-residual`: for a TensorRT build that folds the Add into the preceding GEMM.",
         )
         self.group.add_argument(
+            "--trtfuse-no-fuse-quant",
+            dest="trtfuse_no_fuse_quant",
+            action="store_true",
+            default=None,
+            help="Keep every QuantizeLinear -> DequantizeLinear pair around a norm in the graph (no quantized trtfuse "
+            "nodes), as `trtfuse fuse --no-fuse-quant`.",
+        )
+        self.group.add_argument(
             "--trtfuse-cache",
             dest="trtfuse_cache",
             metavar="DIR",
@@ -79,6 +87,8 @@ class TrtfuseArgs(BaseArgs):
             cache_dir (str): The folder for fused models and engines, or None for the default.
             fuse_residual (bool): Whether residual Adds are fused into the norms after them (False with
                     --trtfuse-no-fuse-residual), or None for the default (they are).
+            fuse_quant (bool): Whether the Q/DQ pairs around a norm go into its node (False with
+                    --trtfuse-no-fuse-quant), or None for the default (they do).
             polygraphy_profiles (List[Dict[str, List[List[int]]]]):
                     Per profile given with --trt-min/opt/max-shapes, each input's [MIN, OPT, MAX] shapes; empty when
                     none was given (Polygraphy's profile from --input-shapes alone is not one).
@@ -88,6 +98,7 @@ class TrtfuseArgs(BaseArgs):
         self.plugins = args_util.get(args, "trtfuse_plugins")
         self.cache_dir = args_util.get(args, "trtfuse_cache")
         self.fuse_residual = False if args_util.get(args, "trtfuse_no_fuse_residual") else None
+        self.fuse_quant = False if args_util.get(args, "trtfuse_no_fuse_quant") else None
         given = any(args_util.get(args, f"trt_{bound}_shapes") for bound in ("min", "opt", "max"))
         config = self.arg_groups[TrtConfigArgs]
         self.polygraphy_profiles = []
@@ -101,7 +112,9 @@ class TrtfuseArgs(BaseArgs):
     def add_to_script_impl(self, script: Script) -> str:
         """Adds the loader that fuses the model; returns its name."""
         script.add_import(imports=["FuseModel"], frm=_MODULE)
-        loader = make_invocable("FuseModel", self.arg_groups[ModelArgs].path, fuse_residual=self.fuse_residual)
+        loader = make_invocable(
+            "FuseModel", self.arg_groups[ModelArgs].path, fuse_residual=self.fuse_residual, fuse_quant=self.fuse_quant
+        )
         return script.add_loader(loader, "fuse_with_trtfuse")
 
     def add_engine_to_script(self, script: Script) -> str:

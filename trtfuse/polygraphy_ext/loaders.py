@@ -61,11 +61,15 @@ class FusedModel:
 class FuseModel(BaseLoader):
     """Functor that loads an ONNX model with `trtfuse.model.onnx_file.load_model` and fuses its norms with
     `trtfuse.fusion.fuse.fuse_model`, returning a `FusedModel`. `fuse_residual=False` keeps each residual Add outside
-    the norm after it (`trtfuse fuse --no-fuse-residual`); by default it is fused."""
+    the norm after it (`trtfuse fuse --no-fuse-residual`), `fuse_quant=False` every Q/DQ pair around a norm outside its
+    node (`--no-fuse-quant`); by default both are fused."""
 
-    def __init__(self, model_path: str, fuse_residual: bool | None = None) -> None:
+    def __init__(self, model_path: str, fuse_residual: bool | None = None, fuse_quant: bool | None = None) -> None:
         self.model_path = model_path
-        self.fusion = FusionOptions(fuse_residual=util.default(fuse_residual, DEFAULT_FUSION.fuse_residual))
+        self.fusion = FusionOptions(
+            fuse_residual=util.default(fuse_residual, DEFAULT_FUSION.fuse_residual),
+            fuse_quant=util.default(fuse_quant, DEFAULT_FUSION.fuse_quant),
+        )
 
     @util.check_called_by("__call__")
     def call_impl(self) -> FusedModel:

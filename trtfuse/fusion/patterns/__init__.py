@@ -1,7 +1,14 @@
 """Find every RMSNorm, QK-norm and residual add-norm in an ONNX graph (onnx-graphsurgeon), or say why a candidate was
 rejected."""
 
-from trtfuse.fusion.patterns.matches import AddNormMatch, NearMiss, NormSearch, QkNormPair, RmsNormMatch
+from trtfuse.fusion.patterns.matches import (
+    AddNormMatch,
+    NearMiss,
+    NormSearch,
+    QkNormPair,
+    RmsNormMatch,
+    TakenQuantizer,
+)
 from trtfuse.fusion.patterns.search import find_norms
 
-__all__ = ["AddNormMatch", "NearMiss", "NormSearch", "QkNormPair", "RmsNormMatch", "find_norms"]
+__all__ = ["AddNormMatch", "NearMiss", "NormSearch", "QkNormPair", "RmsNormMatch", "TakenQuantizer", "find_norms"]

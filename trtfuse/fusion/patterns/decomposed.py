@@ -7,8 +7,10 @@ Canonical chain, every equivalent spelling accepted at each step:
     rsqrt     Sqrt then Div(1, .) | Sqrt then Reciprocal | Pow(., -0.5); or Div(a', Sqrt(.)) directly
     scale     Mul(a', r) in either order, r possibly cast down to the activation dtype first (T5)
 where a and a' are the same activation x seen through widening Casts. The epilogue (cast back, weight) follows.
-A QuantizeLinear -> DequantizeLinear pair on an intermediate (r, or the x only the scaling Mul reads) rounds and clips
-a value the fused node computes in float: the norm is left unfused, naming the pair (docs/patterns.md).
+A QuantizeLinear -> DequantizeLinear pair on the inverse root r (ModelOpt's INT8 of TorchScript graphs) is the rsqrt
+quantizer stage of the fused node (patterns/quant.py); unless the fusion takes quantizers (`fuse_quant`), or on any
+other intermediate (the x only the scaling Mul reads), the pair rounds and clips a value the fused node computes in
+float: the norm is left unfused, naming the pair (docs/patterns.md).
 Every op must be the ONNX op (default domain); every constant must broadcast to no higher rank than the tensor it
 meets, so the fused node's output has its input's shape. H is the last dim of a trusted shape (patterns/shapes.py).
 """
@@ -21,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtfuse.contract import ACTIVATION_DTYPES, NormParams, WeightMode
+from trtfuse.contract import ACTIVATION_DTYPES, NormParams, QuantStage, WeightMode
 from trtfuse.fusion.patterns.epilogue import EndPoint, walk_epilogue
-from trtfuse.fusion.patterns.matches import NearMiss, Rejected, RmsNormMatch
+from trtfuse.fusion.patterns.matches import NearMiss, Rejected, RmsNormMatch, TakenQuantizer
+from trtfuse.fusion.patterns.quant import fake_quant, qdq_pair
 from trtfuse.fusion.patterns.queries import (
     constant_rank,
     describe,
@@ -61,15 +64,17 @@ class _Core:
     epsilon: float
     hidden: int
     tags: list[str]
+    quantizers: tuple[TakenQuantizer, ...] = ()
 
 
 class _Walk:
     """Steps along a chain of single-consumer tensors, rejecting the anchor when a step fails."""
 
-    def __init__(self, anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -> None:
+    def __init__(self, anchor: gs.Node, graph_outputs: set[str], shapes: Shapes, fuse_quant: bool) -> None:
         self.anchor = anchor
         self.graph_outputs = graph_outputs
         self.shapes = shapes
+        self.fuse_quant = fuse_quant
 
     def reject(self, reason: str) -> Rejected:
         return Rejected(self.anchor, reason)
@@ -85,13 +90,14 @@ class _Walk:
         self.require_onnx(consumer)
         return consumer
 
-    def reject_qdq(self, quantize: gs.Node, dequantize: gs.Node | None, where: str) -> Rejected:
-        """A QuantizeLinear (→ DequantizeLinear) on an intermediate of the chain: never one fused node.
+    def reject_qdq(self, quantize: gs.Node, dequantize: gs.Node | None, where: str, why: str | None = None) -> Rejected:
+        """A QuantizeLinear (→ DequantizeLinear) on an intermediate of the chain that the node does not take in.
 
-        An exact pair rounds and clips `where` to its calibrated range, which the fused node (computing in float)
+        An exact pair rounds and clips `where` to its calibrated range, which a fused node computing in float
         cannot: dropping it is no "removal of a rounding" where the inputs leave that range (ModelOpt int8 OLMo2's
-        clipped inverse root, off by O(1)). A pair whose DequantizeLinear does not undo its QuantizeLinear rescales
-        or shifts the value: arithmetic, not a norm.
+        clipped inverse root, off by O(1)). `why` says why an exact pair on the inverse root is no rsqrt quantizer.
+        A pair whose DequantizeLinear does not undo its QuantizeLinear rescales or shifts the value: arithmetic, not
+        a norm.
         """
         if onnx_op(dequantize) != "DequantizeLinear":
             target = describe(dequantize) if dequantize is not None else "several readers"
@@ -100,6 +106,8 @@ class _Walk:
         mismatch = qdq_mismatch(quantize, dequantize)
         if mismatch is not None:
             return self.reject(f"{pair} on {where} is arithmetic, not a rounding ({mismatch}): not a norm")
+        if why is not None:
+            return self.reject(f"{pair} on {where} is no quantizer of a fused node ({why}): left unfused")
         return self.reject(
             f"{pair} rounds and clips {where} to its calibrated range inside the chain, which the fused node "
             "cannot do: left unfused"
@@ -235,8 +243,9 @@ def _add_epsilon(walk: _Walk, mean: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]
     return add.outputs[0], [add], epsilon
 
 
-def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.Node], str]:
-    """The nodes from variance+eps to the normalising product, and that product's node (a Mul or a Div)."""
+def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.Node], str, tuple[TakenQuantizer, ...]]:
+    """The nodes from variance+eps to the normalising product, that product's node (a Mul or a Div), and the rsqrt
+    quantizer the node takes in (a Q -> DQ pair on r, with `fuse_quant`)."""
     root = walk.next_node(variance)
     if onnx_op(root) == "Pow":
         if root.inputs[0] is not variance:
@@ -258,7 +267,7 @@ def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.No
         elif onnx_op(after) == "Div" and after.inputs[1] is rooted:
             numerator = walk.scalar(after, after.inputs[0], rooted)
             if numerator is None:
-                return after, roots, "div-sqrt"
+                return after, roots, "div-sqrt", ()
             if numerator != 1.0:
                 raise walk.reject(f"{describe(after)} divides {numerator:g}, not 1, by the root")
             nodes, tag = [*roots, after], "div-one"
@@ -271,12 +280,19 @@ def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.No
         nodes.append(product)
         tag = f"{tag}+rsqrt-cast"
         product = walk.next_node(product.outputs[0])
+    quantizers: tuple[TakenQuantizer, ...] = ()
     if onnx_op(product) == "QuantizeLinear":
-        dequantize = only_consumer(product.outputs[0], walk.graph_outputs)
-        raise walk.reject_qdq(product, dequantize, f"the inverse root {product.inputs[0].name}")
+        quantize, dequantize = product, only_consumer(product.outputs[0], walk.graph_outputs)
+        taken = fake_quant(QuantStage.RSQRT, quantize, dequantize) if walk.fuse_quant else None
+        if not isinstance(taken, TakenQuantizer):
+            raise walk.reject_qdq(quantize, dequantize, f"the inverse root {quantize.inputs[0].name}", taken)
+        nodes += [quantize, dequantize]
+        tag = f"{tag}+rsqrt-quant"
+        quantizers = (taken,)
+        product = walk.next_node(dequantize.outputs[0])
     if onnx_op(product) != "Mul":
         raise walk.reject(f"the inverse root goes to {describe(product)}, not to Mul(x, r)")
-    return product, nodes, tag
+    return product, nodes, tag, quantizers
 
 
 def _core(walk: _Walk) -> _Core:
@@ -292,16 +308,17 @@ def _core(walk: _Walk) -> _Core:
         raise walk.reject(f"the normalised axis of {reduced.name} has no static length the graph proves")
     mean, mean_nodes, mean_tag = _mean(walk, hidden)
     variance, add_nodes, epsilon = _add_epsilon(walk, mean)
-    product, root_nodes, root_tag = _inverse_root(walk, variance)
+    product, root_nodes, root_tag, quantizers = _inverse_root(walk, variance)
     inverse = root_nodes[-1].outputs[0]
     scaled = product.inputs[0] if onnx_op(product) == "Div" else other_input(product, inverse)
     if look_through_lossless_casts(scaled) is not look_through_lossless_casts(base):
-        pair = _quantize_dequantize(look_through_lossless_casts(scaled))
-        source = pair[0].inputs[0] if pair else scaled
+        pair = qdq_pair(look_through_lossless_casts(scaled))
+        source = pair.source if pair else scaled
         if look_through_lossless_casts(source) is not look_through_lossless_casts(base):
             raise walk.reject(f"{describe(product)} scales {scaled.name}, not the squared tensor {base.name}")
         # The square reads x, the scaling Mul its quantized copy: no norm of either.
-        raise walk.reject_qdq(*pair, f"the x that {describe(product)} reads (the square reads it unquantized)")
+        where = f"the x that {describe(product)} reads (the square reads it unquantized)"
+        raise walk.reject_qdq(pair.quantize, pair.dequantize, where)
     tags = [square_tag, mean_tag, root_tag] + (["no-epsilon"] if epsilon is None else [])
     return _Core(
         nodes=[*square_nodes, anchor, *mean_nodes, *add_nodes, *root_nodes, product],
@@ -311,18 +328,8 @@ def _core(walk: _Walk) -> _Core:
         epsilon=epsilon or 0.0,
         hidden=hidden,
         tags=tags,
+        quantizers=quantizers,
     )
-
-
-def _quantize_dequantize(tensor: gs.Tensor) -> list[gs.Node]:
-    """[QuantizeLinear, DequantizeLinear] when `tensor` is DQ(Q(a)), else nothing."""
-    dequantize = producer(tensor)
-    if onnx_op(dequantize) != "DequantizeLinear":
-        return []
-    quantize = producer(dequantize.inputs[0])
-    if onnx_op(quantize) != "QuantizeLinear":
-        return []
-    return [quantize, dequantize]
 
 
 def _cast_chain(tensor: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node | None]]:
@@ -363,9 +370,12 @@ def _choose_end(
     return None
 
 
-def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -> tuple[RmsNormMatch, list[NearMiss]]:
-    """Match the chain around a reduction node, or raise Rejected saying which condition failed."""
-    walk = _Walk(anchor, graph_outputs, shapes)
+def match_decomposed(
+    anchor: gs.Node, graph_outputs: set[str], shapes: Shapes, fuse_quant: bool = False
+) -> tuple[RmsNormMatch, list[NearMiss]]:
+    """Match the chain around a reduction node, or raise Rejected saying which condition failed. With `fuse_quant`
+    a Q -> DQ pair on the inverse root is the match's rsqrt quantizer."""
+    walk = _Walk(anchor, graph_outputs, shapes, fuse_quant)
     core = _core(walk)
     chain = _cast_chain(core.square_input)
     scaled_chain = _cast_chain(core.scaled_input)
@@ -415,6 +425,7 @@ def match_decomposed(anchor: gs.Node, graph_outputs: set[str], shapes: Shapes) -
         hidden_size=core.hidden,
         tags=tuple(tags),
         name=describe(anchor),
+        quantizers=core.quantizers,
     )
     return match, notes
 

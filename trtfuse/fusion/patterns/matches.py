@@ -6,8 +6,24 @@ from dataclasses import dataclass, field, replace
 
 import onnx_graphsurgeon as gs
 
-from trtfuse.contract import NormParams, WeightMode
+from trtfuse.contract import NormParams, Quantizer, QuantStage, WeightMode
 from trtfuse.fusion.patterns.queries import describe, dtype_name
+
+
+@dataclass(frozen=True)
+class TakenQuantizer:
+    """One QuantizeLinear (with the DequantizeLinear after it, for a fake-quant stage) that a fused node takes in as
+    the quantizer of `stage` (docs/patterns.md, "Quantized norms"). `nodes` are the pair's nodes, named in reports;
+    `output`, for the output stage, is the QuantizeLinear's output: the node writes it in place of the norm's y."""
+
+    stage: QuantStage
+    quantizer: Quantizer
+    nodes: tuple[gs.Node, ...]
+    output: gs.Variable | None = None
+
+    @property
+    def quantize(self) -> gs.Node:
+        return next(node for node in self.nodes if node.op == "QuantizeLinear")
 
 
 @dataclass
@@ -21,6 +37,9 @@ class RmsNormMatch:
     `x` before normalising, in `skip_dtype`. The rewrite writes that sum as Add nodes in front of the fused node, as
     onnxruntime computes it: every operand widened to float32, added in float32, the norm reading the float32 sum;
     `skip_sum`, when the original node exposed it, is that sum rounded once to x's dtype.
+
+    `quantizers` are the Q/DQ pairs the node takes in (its input's, its inverse root's, its output's Q), in stage
+    order; none makes it a plain node.
     """
 
     nodes: list[gs.Node]
@@ -34,6 +53,7 @@ class RmsNormMatch:
     skip_inputs: tuple[gs.Tensor, ...] = ()
     skip_sum: gs.Variable | None = None
     skip_dtype: str | None = None
+    quantizers: tuple[TakenQuantizer, ...] = ()
 
     def __post_init__(self) -> None:
         # With float32 in and out the cast back is the identity and both weighted modes are one function; naming it
@@ -70,7 +90,8 @@ class AddNormMatch:
     graph, whose name the node's h keeps: the Add's output, or the skip op's sum output when the graph reads it (None
     when nothing does: h is then a new tensor nobody reads). `params` are the norm's as the contract computes them
     from the rounded sum in D; `nodes` are the ones replaced besides the norm's (the Add, the widening Casts between
-    it and the norm); `add` names the Add (or the skip op) in reports.
+    it and the norm); `add` names the Add (or the skip op) in reports. `quantizers` holds the input stage when the norm
+    reads the sum through a QuantizeLinear -> DequantizeLinear pair; the norm's own quantizers are `norm.quantizers`.
     """
 
     norm: RmsNormMatch
@@ -82,10 +103,16 @@ class AddNormMatch:
     nodes: list[gs.Node]
     add: str
     tags: tuple[str, ...]
+    quantizers: tuple[TakenQuantizer, ...] = ()
 
     @property
     def name(self) -> str:
         return self.norm.name
+
+    @property
+    def all_quantizers(self) -> tuple[TakenQuantizer, ...]:
+        """The node's quantizers in stage order: the sum's, then the norm's."""
+        return (*self.quantizers, *self.norm.quantizers)
 
 
 @dataclass(frozen=True)
@@ -109,6 +136,14 @@ class NormSearch:
     # Adds in front of a norm that stay outside it, with the reason: the norm itself is fused (in `matches`), so these
     # are no rejected norms and no summary counts them as such.
     residual_near_misses: list[NearMiss] = field(default_factory=list)
+    # QuantizeLinear nodes at a fused norm that stay outside it, with the reason; None when the search left every
+    # quantizer out (`FusionOptions(fuse_quant=False)`), so that the reports are what they were without the option.
+    quant_near_misses: list[NearMiss] | None = None
+
+    def quantizers_taken(self) -> list[TakenQuantizer]:
+        """Every quantizer a fused node takes in, in the order the nodes are listed."""
+        taken = [quantizer for match in self.matches for quantizer in match.quantizers]
+        return taken + [quantizer for add in self.add_norms for quantizer in add.all_quantizers]
 
 
 class Rejected(Exception):

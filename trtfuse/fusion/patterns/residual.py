@@ -7,6 +7,10 @@ to the Add's dtype D, and the norm of that rounded sum, and writes both: the sum
 other reader of the residual stream (the next residual Add) reads it as before. onnxruntime's
 SkipSimplifiedLayerNormalization is such a node already, its sum in float32.
 
+A norm that reads the sum through an exact QuantizeLinear -> DequantizeLinear pair (ModelOpt's FP8 and INT8 exports)
+takes the pair in as its input quantizer when the fusion takes quantizers (`fuse_quant`): the node normalises
+DQ(Q(h)) and still writes h itself, which the next residual Add reads.
+
 Only an Add of two activations of one dtype and one shape qualifies. Any other Add right before a norm (a bias, a
 broadcast, the end of x + a + b, a sum rounded or read in another dtype on its way to the norm) stays outside and the
 norm is fused alone; a residual near miss says why, and no count takes it for a rejected norm.
@@ -18,9 +22,17 @@ from dataclasses import dataclass, field, replace
 
 import onnx_graphsurgeon as gs
 
-from trtfuse.contract import ACTIVATION_DTYPES, NormParams, WeightMode, dtype_pair_problem, rounding_dtype
-from trtfuse.fusion.patterns.matches import AddNormMatch, NearMiss, RmsNormMatch
+from trtfuse.contract import (
+    ACTIVATION_DTYPES,
+    NormParams,
+    QuantStage,
+    WeightMode,
+    dtype_pair_problem,
+    rounding_dtype,
+)
+from trtfuse.fusion.patterns.matches import AddNormMatch, NearMiss, RmsNormMatch, TakenQuantizer
 from trtfuse.fusion.patterns.qk import PROJECTION_TAGS
+from trtfuse.fusion.patterns.quant import fake_quant_pair, qdq_pair
 from trtfuse.fusion.patterns.queries import (
     cast_target,
     describe,
@@ -65,11 +77,14 @@ class _KeptOutside(Exception):
         self.near_miss = NearMiss(describe(add), f"{subject}: {reason}; {fused_as}")
 
 
-def pair_residual_adds(matches: list[RmsNormMatch], graph_outputs: set[str], shapes: Shapes) -> ResidualPairing:
-    """Each match (in graph order) with the residual Add whose sum it normalises, where there is one it may take.
+def pair_residual_adds(
+    matches: list[RmsNormMatch], graph_outputs: set[str], shapes: Shapes, fuse_quant: bool = False
+) -> ResidualPairing:
+    """Each match (in graph order) with the residual Add whose sum it normalises, where there is one it may take;
+    with `fuse_quant`, also through a Q -> DQ pair on the sum (the node's input quantizer).
 
     Projection norms (q/k, MLA latents) never take one. A sum two norms read goes to the first: the other reads h."""
-    residuals = _Residuals(graph_outputs, shapes)
+    residuals = _Residuals(graph_outputs, shapes, fuse_quant)
     pairing = ResidualPairing()
     for match in matches:
         if PROJECTION_TAGS & set(match.tags):
@@ -91,14 +106,19 @@ def pair_residual_adds(matches: list[RmsNormMatch], graph_outputs: set[str], sha
 class _Residuals:
     """The conditions on the Add in front of a norm; remembers which Adds a norm took already."""
 
-    def __init__(self, graph_outputs: set[str], shapes: Shapes) -> None:
+    def __init__(self, graph_outputs: set[str], shapes: Shapes, fuse_quant: bool) -> None:
         self.graph_outputs = graph_outputs
         self.shapes = shapes
+        self.fuse_quant = fuse_quant
         self.owners: dict[int, str] = {}
 
     def add_norm(self, match: RmsNormMatch) -> AddNormMatch | None:
-        """The Add whose sum `match` normalises (its x, or a widening Cast of it), or None when x is no Add's sum."""
+        """The Add whose sum `match` normalises (its x, or a widening Cast of it; with `fuse_quant` also a Q -> DQ
+        pair of it), or None when x is no Add's sum."""
         total = look_through_lossless_casts(match.x)
+        quantizers = self._input_quantizer(match, total) if self.fuse_quant else ()
+        if quantizers:
+            total = look_through_lossless_casts(quantizers[0].quantize.inputs[0])
         add = producer(total)
         if onnx_op(add) != "Add" or len(add.inputs) != 2:
             _reject_rounded_sum(match)
@@ -130,7 +150,21 @@ class _Residuals:
             nodes=[add, *casts],
             add=describe(add),
             tags=match.tags,
+            quantizers=quantizers,
         )
+
+    def _input_quantizer(self, match: RmsNormMatch, x: gs.Tensor) -> tuple[TakenQuantizer, ...]:
+        """The pair through which the norm reads an Add's sum, as the node's input quantizer (none when x is no such
+        pair's output); an exact pair that is no quantizer of the contract keeps the Add out, saying why."""
+        pair = qdq_pair(x)
+        add = None if pair is None else producer(pair.source)
+        if onnx_op(add) != "Add":
+            return ()
+        taken = fake_quant_pair(QuantStage.INPUT, pair)
+        if isinstance(taken, str):
+            through = f"the norm reads its sum through the pair {pair.text}"
+            raise _KeptOutside(add, match, f"{through}, which is no quantizer a fused node takes: {taken}")
+        return (taken,)
 
     def _reject_chain(self, add: gs.Node, match: RmsNormMatch) -> None:
         """x + a + b: the last of two Adds, the first read by nothing else, and neither operand read elsewhere, so the

@@ -12,6 +12,7 @@ from trtfuse.fusion.patterns.decomposed import ANCHORS, match_decomposed
 from trtfuse.fusion.patterns.fused_ops import is_fused_norm, match_fused
 from trtfuse.fusion.patterns.matches import NearMiss, NormSearch, Rejected, RmsNormMatch
 from trtfuse.fusion.patterns.qk import absorbed_qk_norms, pair_qk_norms
+from trtfuse.fusion.patterns.quant import take_quantizers
 from trtfuse.fusion.patterns.queries import ONNX_DOMAINS, describe, dtype_name
 from trtfuse.fusion.patterns.residual import pair_residual_adds
 from trtfuse.fusion.patterns.shapes import Shapes
@@ -55,7 +56,8 @@ def live_tensors(graph: gs.Graph, also: Sequence[gs.Tensor] = ()) -> set[int]:
 
 def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
     """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified. With
-    `options.fuse_residual`, a norm that reads a residual sum is matched with its Add (`NormSearch.add_norms`)."""
+    `options.fuse_residual`, a norm that reads a residual sum is matched with its Add (`NormSearch.add_norms`); with
+    `options.fuse_quant`, each fused norm takes the quantizers around it (`patterns/quant.py`)."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
     search = NormSearch()
     matches: list[RmsNormMatch] = []
@@ -69,7 +71,7 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
             continue
         try:
             if is_anchor:
-                match, notes = match_decomposed(node, graph_outputs, shapes)
+                match, notes = match_decomposed(node, graph_outputs, shapes, options.fuse_quant)
                 search.near_misses.extend(notes)
             elif is_fused_norm(node):
                 match = match_fused(node, graph_outputs, shapes)
@@ -89,7 +91,9 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
     search.qk_norm_pairs, search.matches = pairing.pairs, pairing.unpaired
     search.near_misses.extend([*pairing.notes, *absorbed_qk_norms(graph)])
     if options.fuse_residual:
-        residual = pair_residual_adds(search.matches, graph_outputs, shapes)
+        residual = pair_residual_adds(search.matches, graph_outputs, shapes, options.fuse_quant)
         search.matches, search.add_norms = residual.norms, residual.add_norms
         search.residual_near_misses = residual.near_misses
+    if options.fuse_quant:
+        take_quantizers(search, graph_outputs)
     return search

@@ -1,0 +1,284 @@
+"""The Q/DQ pairs around a norm go into the fused node (docs/patterns.md, "Quantized norms"): on ModelOpt-style
+graphs in every activation dtype, both quantized dtypes and every `saturate`, each norm-output QuantizeLinear and each
+input pair is taken in, no Add stays out, and the fused model (lowered) gives the original graph's FP8 / INT8 values
+bit for bit. Those that cannot be taken in stay in the graph with the reason."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops.op_quantize_linear import QuantizeLinear_25
+
+from trtfuse import contract
+from trtfuse.fusion.fuse import FuseResult, fuse_model
+from trtfuse.fusion.fused_nodes import plugin_nodes
+from trtfuse.fusion.lowering import lower_fused_nodes
+from trtfuse.fusion.options import FusionOptions
+from trtfuse.model.onnx_file import LoadedModel, load_model
+from trtfuse.verify.check import check_fused
+
+from support.cli import run_cli
+from support.graphs import BATCH, HIDDEN, SEQUENCE, AttentionSpec, attention_block
+from support.paths import TOOL_FIXTURES
+from support.quant_graphs import QuantSpec, quantized_decoder, quantized_norm
+
+NO_QUANT = FusionOptions(fuse_quant=False)
+DTYPES = ("float32", "float16", "bfloat16")
+QUANTS = ("float8_e4m3fn", "int8")
+MODELOPT_FIXTURE = TOOL_FIXTURES / "qwen3-modelopt-int8-fp16.onnx"
+
+
+def _kinds(result: FuseResult) -> Counter:
+    return Counter(node.op_type for node in result.model.graph.node if node.domain == contract.ONNX_DOMAIN)
+
+
+def _feed(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    # Rows whose rms spans a decade, so each calibrated range clips some values.
+    scale = rng.uniform(0.3, 3.0, (BATCH, SEQUENCE, 1))
+    return {"x": (rng.standard_normal((BATCH, SEQUENCE, HIDDEN)) * scale).astype(np.float32)}
+
+
+class QuantizeLinear(QuantizeLinear_25):
+    """ONNX's QuantizeLinear with the division in float32, as onnxruntime and the contract divide (onnx's evaluator
+    divides a float16 input by a float16 scale in float16, rounding the quotient before the quantizer does)."""
+
+    def _run(self, x: np.ndarray, y_scale: np.ndarray, *args: object, **kwargs: object) -> tuple[np.ndarray]:
+        return super()._run(x.astype(np.float32), y_scale.astype(np.float32), *args, **kwargs)
+
+
+def _run(model: onnx.ModelProto, dtype: str, feed: dict[str, np.ndarray], runtime: str = "") -> dict[str, np.ndarray]:
+    """Every output, in onnxruntime for float32 graphs; 16-bit graphs in onnx's evaluator, which rounds every step as
+    written (onnxruntime's CPU provider runs no bfloat16 Mul, and rounds some float16 Adds otherwise than a float32
+    sum rounded once), unless `runtime` is "onnxruntime"."""
+    names = [value.name for value in model.graph.output]
+    if dtype != "float32" and runtime != "onnxruntime":
+        evaluator = ReferenceEvaluator(model, new_ops=[QuantizeLinear])
+        return dict(zip(names, evaluator.run(None, feed), strict=True))
+    options = ort.SessionOptions()
+    # onnxruntime's optimiser would fuse the original's chains into its own ops: run both graphs as written.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(None, feed), strict=True))
+
+
+def _quantize_reads_trtfuse(model: onnx.ModelProto) -> list[str]:
+    produced_by = {output: node for node in model.graph.node for output in node.output}
+    return [
+        node.name
+        for node in model.graph.node
+        if node.op_type == "QuantizeLinear"
+        and node.input[0] in produced_by
+        and produced_by[node.input[0]].domain == contract.ONNX_DOMAIN
+    ]
+
+
+SPECS = [
+    QuantSpec(dtype=dtype, quant=quant, saturate=saturate)
+    for dtype in DTYPES
+    for quant in QUANTS
+    for saturate in ((None, 0) if quant == "float8_e4m3fn" else (None,))
+] + [
+    # Opset 13's QuantizeLinear (INT8 and float32 only, no saturate), and opset 21's.
+    QuantSpec(dtype="float32", quant="int8", opset=13),
+    QuantSpec(dtype="float16", quant="float8_e4m3fn", saturate=1, opset=21),
+]
+
+
+@pytest.mark.parametrize(
+    "spec", SPECS, ids=lambda spec: f"{spec.dtype}-{spec.quant}-saturate{spec.saturate}-opset{spec.opset}"
+)
+def test_every_pair_around_every_norm_is_taken_in_and_the_quantized_values_are_the_originals(spec: QuantSpec) -> None:
+    original = quantized_decoder(spec)
+    result = fuse_model(original)
+    # 3 norms: the first reads DQ(Q(x)), the second DQ(Q(sum)), the last the sum itself; each output is quantized.
+    assert _kinds(result) == {contract.RMS_NORM_QUANT_OP: 1, contract.ADD_RMS_NORM_QUANT_OP: 2}
+    assert result.search.residual_near_misses == [] and result.search.near_misses == []
+    assert result.search.quant_near_misses == []
+    assert result.counts().quantizers_taken == 5
+    assert _quantize_reads_trtfuse(result.model) == []
+    assert [node.op_type for node in result.model.graph.node].count("QuantizeLinear") == 0
+    stages = [plugin.fields.quant.stages for plugin in plugin_nodes(result.model)]
+    input_output = (contract.QuantStage.INPUT, contract.QuantStage.OUTPUT)
+    assert sorted(stages) == sorted([input_output, input_output, (contract.QuantStage.OUTPUT,)])
+    for plugin in plugin_nodes(result.model):
+        assert plugin.fields.output_quantizer.saturate == (spec.quant == "int8" or spec.saturate != 0)
+    feed = _feed()
+    want = _run(original, spec.dtype, feed)
+    got = _run(lower_fused_nodes(result.model), spec.dtype, feed)
+    assert want.keys() == got.keys()
+    for name, value in want.items():
+        # Every output quantizer clips or saturates some values (NaN past ±448 for FP8 without saturate).
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_in_onnxruntime_the_node_quantizes_as_the_graph_quantizes_the_same_norm(quant: str) -> None:
+    # A norm without a residual Add (onnxruntime rounds some float16 sums otherwise than the contract): with its
+    # pairs in the graph after the plain fused node, and taken in, the quantized values are onnxruntime's own.
+    original = quantized_norm("input-pair", QuantSpec(dtype="float16", quant=quant))
+    feed = _feed(4)
+    plain = _run(lower_fused_nodes(fuse_model(original, NO_QUANT).model), "float16", feed, "onnxruntime")
+    quantized = _run(lower_fused_nodes(fuse_model(original).model), "float16", feed, "onnxruntime")
+    for name, value in plain.items():
+        np.testing.assert_array_equal(quantized[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_inverse_root_pair_is_the_rsqrt_stage(dtype: str) -> None:
+    # ModelOpt's INT8 of TorchScript graphs: Div(1, Sqrt(...)) -> Q -> DQ -> Mul(x, r'); today's "left unfused".
+    spec = QuantSpec(dtype=dtype, quant="int8", rsqrt_pairs=True)
+    original = quantized_decoder(spec)
+    alone = fuse_model(original, NO_QUANT)
+    assert alone.fused == [] and all("the inverse root" in miss.reason for miss in alone.search.near_misses)
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.RMS_NORM_QUANT_OP: 1, contract.ADD_RMS_NORM_QUANT_OP: 2}
+    assert result.search.near_misses == [] and result.search.residual_near_misses == []
+    assert all(any(tag.endswith("+rsqrt-quant") for tag in node.tags) for node in result.fused)
+    assert result.counts().quantizers_taken == 8
+    for plugin in plugin_nodes(result.model):
+        rsqrt = plugin.fields.quant.rsqrt
+        assert rsqrt is not None and (rsqrt.dtype, rsqrt.dequant_dtype) == ("int8", "float32")
+    feed = _feed(1)
+    want, got = _run(original, dtype, feed), _run(lower_fused_nodes(result.model), dtype, feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_without_quantizers_the_pairs_stay_as_before() -> None:
+    original = quantized_decoder(QuantSpec())
+    result = fuse_model(original, NO_QUANT)
+    # The second norm's Add stays out ("reads its sum through the pair"); the last norm reads its sum directly.
+    assert _kinds(result) == {contract.RMS_NORM_OP: 2, contract.ADD_RMS_NORM_OP: 1}
+    assert len(result.search.residual_near_misses) == 1 and result.search.quant_near_misses is None
+    assert "quant_near_misses" not in result.report() and "quantizers_taken" not in result.report()
+    assert ", Q" not in result.counts().line()
+
+
+NEAR_MISSES = {
+    "read": "is also read by",
+    "per-channel": "is not a one-element constant",
+    "zero-point": "is not a constant 0",
+    "uint8": "it quantizes to UINT8, not to FLOAT8E4M3FN or INT8",
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEAR_MISSES))
+def test_a_quantize_that_stays_out_says_why(case: str) -> None:
+    original = quantized_norm(case, QuantSpec(dtype="float32"))
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.RMS_NORM_OP: 1}
+    [miss] = result.search.quant_near_misses
+    quantize = next(node.name for node in original.graph.node if node.op_type == "QuantizeLinear")
+    assert miss.node == quantize and NEAR_MISSES[case] in miss.reason, miss.reason
+    assert miss.reason.startswith("not taken into the norm ")
+    line = result.counts().line()
+    assert line.endswith(f", 0 rejected, 1 Q kept out (first: {quantize}: {miss.reason})"), line
+    assert result.report()["quant_near_misses"] == [{"node": miss.node, "reason": miss.reason}]
+    assert result.report()["quantizers_taken"] == 0
+    feed = _feed(2)
+    want, got = _run(original, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_a_quantize_without_zero_point_takes_its_dtype_from_output_dtype() -> None:
+    original = quantized_norm("output-dtype", QuantSpec(dtype="float32", opset=21))
+    result = fuse_model(original)
+    [plugin] = plugin_nodes(result.model)
+    assert plugin.fields.output_quantizer == contract.Quantizer("int8", float(np.float32(2.5 / 127)), True)
+    feed = _feed(5)
+    want, got = _run(original, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_a_quantize_on_a_qk_norm_output_stays_after_the_qk_node() -> None:
+    # MLA's latent norms (DeepSeek-V3 in ModelOpt's FP8) pair into a TrtfuseQkNorm whose outputs ModelOpt quantizes.
+    original = attention_block(AttentionSpec(layout="mla-latent"))
+    [pair] = fuse_model(original).search.qk_norm_pairs
+    quantized = _quantize_readers_of(original, pair.q.y.name)
+    result = fuse_model(quantized)
+    assert _kinds(result)[contract.QK_NORM_OP] == 1
+    [miss] = result.search.quant_near_misses
+    assert miss.reason.startswith(f"not taken into the QK-norm of {pair.q.name}: the contract has no quantized")
+    assert [node.op_type for node in result.model.graph.node].count("QuantizeLinear") == 1
+
+
+def _quantize_readers_of(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
+    """`model` with an INT8 Q -> DQ pair between `tensor` and every node that read it."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    for node in graph.node:
+        node.input[:] = [f"{tensor}_dq" if name == tensor else name for name in node.input]
+    graph.initializer.extend(
+        [onnx.numpy_helper.from_array(np.float32(0.05), "q_scale"), onnx.numpy_helper.from_array(np.int8(0), "q_zero")]
+    )
+    pair = [
+        onnx.helper.make_node("QuantizeLinear", [tensor, "q_scale", "q_zero"], [f"{tensor}_q"], name="q_out_Q"),
+        onnx.helper.make_node("DequantizeLinear", [f"{tensor}_q", "q_scale", "q_zero"], [f"{tensor}_dq"], name="q_DQ"),
+    ]
+    producer = next(index for index, node in enumerate(graph.node) if tensor in node.output)
+    for offset, node in enumerate(pair, start=1):
+        graph.node.insert(producer + offset, node)
+    return onnx.shape_inference.infer_shapes(copy)
+
+
+def test_a_shape_reader_of_the_unquantized_output_reads_the_node_input() -> None:
+    original = quantized_norm("shape", QuantSpec(dtype="float16"))
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.RMS_NORM_QUANT_OP: 1}
+    [plugin] = plugin_nodes(result.model)
+    [shape] = [node for node in result.model.graph.node if node.op_type == "Shape"]
+    assert list(shape.input) == [plugin.node.input[0]]
+    feed = _feed(3)
+    want, got = _run(original, "float16", feed), _run(lower_fused_nodes(result.model), "float16", feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_the_modelopt_fixture_keeps_no_add_out_and_takes_every_norm_output_quantize() -> None:
+    original = load_model(MODELOPT_FIXTURE)
+    result = fuse_model(original.model)
+    assert result.search.residual_near_misses == [] and result.search.near_misses == []
+    assert result.search.quant_near_misses == []
+    # 9 norms: 4 QK-norms (no quantizer on them) and 5 hidden norms, each with its output Q and, but for the final
+    # norm, the pair on its input.
+    assert _kinds(result) == {
+        contract.QK_NORM_OP: 2,
+        contract.RMS_NORM_QUANT_OP: 1,
+        contract.ADD_RMS_NORM_QUANT_OP: 4,
+    }
+    assert result.counts().quantizers_taken == 9 and result.counts().norms == 9
+    assert _quantize_reads_trtfuse(result.model) == []
+    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
+    assert verdict.passed, verdict.to_json()
+
+
+def test_inspect_and_fuse_report_the_quantizers(tmp_path) -> None:
+    inspected = run_cli("inspect", MODELOPT_FIXTURE)
+    first = inspected.stdout.splitlines()[0]
+    assert first.endswith(
+        "0 TrtfuseRmsNorm, 2 TrtfuseQkNorm, 1 TrtfuseRmsNormQuant and 4 TrtfuseAddRmsNormQuant nodes (9 norms), "
+        "0 rejected, 9 Qs taken in"
+    ), first
+    assert "add kept" not in inspected.stdout and " quant=input:int8@" in inspected.stdout
+    report = json.loads(run_cli("inspect", MODELOPT_FIXTURE, "--json").stdout)
+    assert report["quant_near_misses"] == [] and report["quantizers_taken"] == 9
+    assert report["plugin_nodes"][contract.ADD_RMS_NORM_QUANT_OP] == 4
+    assert all(set(entry["quant"]) >= {"output"} for entry in report["add_rms_norms"])
+    plain = json.loads(run_cli("inspect", MODELOPT_FIXTURE, "--json", "--no-fuse-quant").stdout)
+    assert "quant_near_misses" not in plain and "quantizers_taken" not in plain
+    assert set(plain["plugin_nodes"]) == {contract.RMS_NORM_OP, contract.QK_NORM_OP, contract.ADD_RMS_NORM_OP}
+    fused = json.loads(run_cli("fuse", MODELOPT_FIXTURE, "-o", tmp_path / "f.onnx", "--json").stdout)
+    assert fused["totals"]["norms"] == 9 and fused["quantizers_taken"] == 9
+    [entry] = [node for node in fused["fused"] if node["kind"] == contract.RMS_NORM_QUANT_OP]
+    assert entry["quant"]["input"]["dequant_dtype"] == "float16" and entry["quant"]["output"]["dtype"] == "int8"
+    assert run_cli("check", MODELOPT_FIXTURE, tmp_path / "f.onnx").exit_code == 0
