@@ -22,12 +22,13 @@ from trtfuse.bench.lifecycle.descriptors import profile_descs, run_descs
 from trtfuse.bench.lifecycle.drive import drive
 from trtfuse.bench.lifecycle.host_cost import launch_args
 from trtfuse.bench.lifecycle.outputs import check_outputs, normalised_rtol, reference_part
-from trtfuse.bench.lifecycle.phases import CREATORS, build_phase, recreate, runtime_phase, shape_change
+from trtfuse.bench.lifecycle.phases import build_phase, recreate, runtime_phase, shape_change
 from trtfuse.bench.lifecycle.tensors import device_tensors
 from trtfuse.bench.reference import add_norm_reference
 from trtfuse.contract import ADD_RMS_NORM, ADD_RMS_NORM_OP, WeightMode
 from trtfuse.plugins.python.add_rms_norm import AddRmsNormPluginCreator
 from trtfuse.plugins.python.base import DTYPE_NAMES
+from trtfuse.plugins.python.creators import CREATORS
 
 from support.host_kernels import HOST_KERNELS, HostKernel
 from support.plugin_fields import RecordingKernel, trt

@@ -106,14 +106,12 @@ def _registered(registry: Any) -> dict[str, Any]:
 def register_python() -> dict[str, Any]:
     """Register a Python creator for every op in TensorRT's plugin registry, once per process (also when another
     copy of these creators is already registered). Returns the registered trtfuse creators by plugin name."""
-    from trtfuse.plugins.python.add_rms_norm import AddRmsNormPluginCreator
-    from trtfuse.plugins.python.qk_norm import QkNormPluginCreator
-    from trtfuse.plugins.python.rms_norm import RmsNormPluginCreator
+    from trtfuse.plugins.python.creators import CREATORS
 
     claim_plugin_kind(contract.PluginKind.PYTHON)
     registry = load_trt().get_plugin_registry()
     present = _registered(registry)
-    for creator_class in (RmsNormPluginCreator, QkNormPluginCreator, AddRmsNormPluginCreator):
+    for creator_class in CREATORS.values():
         if creator_class.PLUGIN.OP.name not in present:
             creator = creator_class()
             # False means TensorRT refused the creator (for one, another library holds the name): every build that

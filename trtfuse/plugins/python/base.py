@@ -3,8 +3,11 @@
 A plugin's tensors are its op's (`contract.FusedOp`): the activations, then (unless weight_mode is NONE) one weight
 per part; the activations of one part (the add-norm's x and residual) share one shape, and each output has the shape
 of its part's first activation. Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its
-own; normalised outputs are in the node's `output_dtype`, the others in the activations' dtype; all tensors are
-LINEAR. Leading dims are flattened into rows of the part's hidden size.
+own; normalised outputs are in the node's normalised dtype (`NodeFields.normalised_dtype`: `output_dtype`, or a
+quantized op's FP8 / INT8 when its output stage is on), the others in the activations' dtype; all tensors are
+LINEAR. Leading dims are flattened into rows of the part's hidden size. A quantized op (`contract.quantized`) runs
+in its plain op's class with the op swapped (`plugins.python.creators`): the same tensors and launch, its
+quantizers in the kernel spec.
 
 Work is done where TensorRT allows time for it: `configure_plugin` (build) and `on_shape_change` (build and run)
 pick the kernel and warm it up for every row count up to the largest seen, so `enqueue` is one call of a bound
@@ -24,12 +27,15 @@ from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.creation_errors import record_creation_error
 from trtfuse.plugins.python.fields import advertised_fields, parse_fields, serialize_fields
-from trtfuse.plugins.trt_module import contract_data_types, load_trt
+from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
 
 trt = load_trt()
 
+# Activations and weights take the float dtypes; only a normalised output may also take a quantized one.
 _DATA_TYPES = contract_data_types(trt)
 DTYPE_NAMES = {data_type: name for name, data_type in _DATA_TYPES.items()}
+OUTPUT_DATA_TYPES = {**_DATA_TYPES, **quant_data_types(trt)}
+OUTPUT_DTYPE_NAMES = {data_type: name for name, data_type in OUTPUT_DATA_TYPES.items()}
 # With no custom tactics advertised (no get_valid_tactics), TensorRT passes set_tactic this one, the default.
 DEFAULT_TACTIC = 0
 
@@ -60,6 +66,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self.node = node
         self._label = f"{self.OP.name} '{node}'" if node else self.OP.name
         self._weighted = config.has_weight
+        self._normalised_type = OUTPUT_DATA_TYPES[config.normalised_dtype]
         self._input_names = self.OP.inputs(config.has_weight)
         self._same_type_as = self._type_ties()
         self._kernel: Any = None
@@ -146,12 +153,13 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         if num_inputs != len(self._input_names) or not 0 <= pos < len(self._same_type_as):
             return False
         desc = in_out[pos].desc
-        if desc.format != trt.TensorFormat.LINEAR or desc.type not in DTYPE_NAMES:
+        if desc.format != trt.TensorFormat.LINEAR:
             return False
-        output_dtype = self.config.output_dtype
         if pos >= num_inputs and self.OP.normalised_outputs[pos - num_inputs]:
-            return desc.type == _DATA_TYPES[output_dtype]
-        if pos == 0 and dtype_pair_problem(DTYPE_NAMES[desc.type], output_dtype):
+            return desc.type == self._normalised_type
+        if desc.type not in DTYPE_NAMES:
+            return False
+        if pos == 0 and dtype_pair_problem(DTYPE_NAMES[desc.type], self.config.output_dtype):
             return False
         tied_to = self._same_type_as[pos]
         return tied_to is None or desc.type == in_out[tied_to].desc.type
@@ -203,11 +211,11 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         return self.OP.activation_parts.index(self.OP.output_parts[output])
 
     def _output_type(self, input_type: Any, output: int) -> Any:
-        """`output_dtype` for a normalised output, the activations' dtype for the others."""
+        """The normalised dtype for a normalised output, the activations' dtype for the others."""
         problem = dtype_pair_problem(self._dtype_name(input_type, 0), self.config.output_dtype)
         if problem is not None:
             raise TrtfuseError(f"{self._label}: {problem}")
-        return _DATA_TYPES[self.config.output_dtype] if self.OP.normalised_outputs[output] else input_type
+        return self._normalised_type if self.OP.normalised_outputs[output] else input_type
 
     def _check_input_count(self, count: int) -> None:
         if count != len(self._input_names):

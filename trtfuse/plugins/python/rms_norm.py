@@ -16,7 +16,9 @@ class RmsNormPlugin(NormPlugin):
 
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
         kernels = self._kernels()
-        spec = kernels.RmsNormSpec(hidden=self.config.hidden_sizes[0], **self._spec_fields(dtype, weight_dtype))
+        spec = kernels.RmsNormSpec(
+            hidden=self.config.hidden_sizes[0], quant=self.config.quant, **self._spec_fields(dtype, weight_dtype)
+        )
         return kernels.get_rms_norm(spec)
 
     def enqueue(
