@@ -41,4 +41,4 @@ def contract_data_types(trt: ModuleType) -> dict[str, object]:
 def quant_data_types(trt: ModuleType) -> dict[str, object]:
     """The contract's quantized dtypes (`contract.QUANT_DTYPE_CODES`) as `trt`'s DataType members: a quantized node's
     normalised outputs only, never an activation or a weight."""
-    return {"float8e4m3fn": trt.DataType.FP8, "int8": trt.DataType.INT8}
+    return {"float8_e4m3fn": trt.DataType.FP8, "int8": trt.DataType.INT8}
