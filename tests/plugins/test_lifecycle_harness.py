@@ -20,7 +20,6 @@ from trtfuse import kernels as kernels_module
 from trtfuse.bench.lifecycle.cases import NormCase, add_case, default_cases, qk_case, rms_case
 from trtfuse.bench.lifecycle.descriptors import profile_descs, run_descs
 from trtfuse.bench.lifecycle.drive import drive
-from trtfuse.bench.lifecycle.host_cost import launch_args
 from trtfuse.bench.lifecycle.outputs import check_outputs, normalised_rtol, reference_part
 from trtfuse.bench.lifecycle.phases import build_phase, recreate, runtime_phase, shape_change
 from trtfuse.bench.lifecycle.tensors import device_tensors
@@ -217,8 +216,8 @@ def test_launch_args_are_exactly_what_enqueue_passes(case: NormCase, kernels: li
         stream = 0x5000 + index
         plugin.enqueue(descs[0], descs[1], inputs, outputs, 0, stream)
         rows = tuple(math.prod(shape[:-1]) for shape in shapes)
-        assert launch_args(plugin, inputs, outputs, stream) == spelled_out(case, inputs, outputs, rows, stream)
-        replayed.append(launch_args(plugin, inputs, outputs, stream))
+        assert plugin.launch_args(inputs, outputs, stream) == spelled_out(case, inputs, outputs, rows, stream)
+        replayed.append(plugin.launch_args(inputs, outputs, stream))
         recorded.append(plugin.kernel.launches[-1])
     assert recorded == replayed
     # plugin.rows holds one count per activation (the add-norm's x and residual alike); the launch takes one per part.

@@ -683,7 +683,8 @@ from trtfuse.plugins.registry import register_aot, register_python
 register_aot()
 register_aot()
 names = {c.name for c in trt.get_plugin_registry().all_creators if getattr(c, "plugin_namespace", None) == "trtfuse"}
-assert {"TrtfuseRmsNorm", "TrtfuseQkNorm", "TrtfuseAddRmsNorm"} <= names, names
+from trtfuse.contract import FUSED_OPS
+assert set(FUSED_OPS) <= names, names
 try:
     register_python()
 except TrtfuseError as error:

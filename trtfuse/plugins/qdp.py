@@ -27,6 +27,7 @@ from typing import Any
 from trtfuse import contract
 from trtfuse.contract.codec import NodeFields, from_qdp
 from trtfuse.errors import TrtfuseError
+from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
 from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
 
 LINEAR = "LINEAR"
@@ -167,40 +168,30 @@ def _output_desc(op: contract.FusedOp, index: int, arguments: dict[str, Any], fi
     return output
 
 
-def _kernel_functions(op: contract.FusedOp) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
-    """The spec class, artifact builder and tactics of the kernels of `op` (a quantized op's are its plain op's)."""
-    from trtfuse.kernels import artifacts, specs
+def _kernel_functions(op: contract.FusedOp) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The artifact builder and tactics of the kernels of `op` (a quantized op's are its plain op's)."""
+    from trtfuse.kernels import artifacts
 
-    return {
-        contract.RMS_NORM_OP: (specs.RmsNormSpec, artifacts.rms_norm_artifact, artifacts.rms_norm_tactics),
-        contract.QK_NORM_OP: (specs.QkNormSpec, artifacts.qk_norm_artifact, artifacts.qk_norm_tactics),
-        contract.ADD_RMS_NORM_OP: (
-            specs.AddRmsNormSpec,
-            artifacts.add_rms_norm_artifact,
-            artifacts.add_rms_norm_tactics,
-        ),
-    }[op.base or op.name]
+    names = kernel_names(op)
+    return getattr(artifacts, names.artifact), getattr(artifacts, names.tactics)
 
 
-def _spec(op: contract.FusedOp, fields: NodeFields, dtype: str, weight_dtype: str) -> Any:
-    """The kernel spec of the node for one (activation, weight input) dtype pair, with its quantizers (the QK-norm,
-    which has no quantized op, has no `quant` in its spec)."""
-    spec_class, _artifact, _tactics = _kernel_functions(op)
-    quant = {} if fields.quant is None else {"quant": fields.quant}
-    weight = _spec_weight_dtype(fields, weight_dtype)
-    return spec_class(*fields.hidden_sizes, dtype, weight, fields.params, fields.output_dtype, **quant)
+def _spec(fields: NodeFields, dtype: str, weight_dtype: str) -> Any:
+    """The node's kernel spec for one (activation, weight input) dtype pair (no weight dtype for weight_mode NONE,
+    whose kernel never reads the placeholder)."""
+    return kernel_spec(fields, dtype, _spec_weight_dtype(fields, weight_dtype))
 
 
 def _combinations(trtp: Any, op: contract.FusedOp, fields: NodeFields) -> list[Any]:
     """autotune: every (activation, weight) dtype pair the kernels take for the node's output dtype, in the op's
     tensor order (activations share D, weights one dtype; normalised outputs in the normalised dtype, the others in
     D), each with its spec's tactics."""
-    _spec_class, _artifact, tactics = _kernel_functions(op)
+    _artifact, tactics = _kernel_functions(op)
     combinations = []
     for dtype, weight_dtype in _dtype_choices(fields):
         outputs = (fields.normalised_dtype if normalised else dtype for normalised in op.normalised_outputs)
         types = (*(dtype for _ in op.activations), *(weight_dtype for _ in op.weights), *outputs)
-        combinations.append(_combination(trtp, types, tactics(_spec(op, fields, dtype, weight_dtype))))
+        combinations.append(_combination(trtp, types, tactics(_spec(fields, dtype, weight_dtype))))
     return combinations
 
 
@@ -211,13 +202,13 @@ def _aot_kernel(
     (q, then k; the add-norm's x, whose residual has its shape)."""
     from trtfuse.kernels.declaration import Tactic
 
-    _spec_class, artifact, _tactics = _kernel_functions(op)
+    artifact, _tactics = _kernel_functions(op)
     for name, desc, normalised in zip(op.outputs, outputs, op.normalised_outputs, strict=True):
         chosen = _dtype_name(desc.dtype)
         if normalised and chosen != fields.normalised_dtype:
             raise TrtfuseError(f"{op.name}: TensorRT chose {chosen} for '{name}', which is {fields.normalised_dtype}")
     dtype = _dtype_name(inputs[0].dtype)
-    spec = _spec(op, fields, dtype, _dtype_name(inputs[len(op.activations)].dtype))
+    spec = _spec(fields, dtype, _dtype_name(inputs[len(op.activations)].dtype))
     activations = [inputs[op.activation_parts.index(part)] for part in range(len(op.weights))]
     return _kernel(trtp, artifact(spec, Tactic(tactic), _build_arch()), activations)
 

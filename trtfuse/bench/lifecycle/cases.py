@@ -8,6 +8,7 @@ outputs in the output stage's dtype when it is on."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -108,24 +109,28 @@ def _float32_params(epsilon: float, weight_offset: float, weight_mode: WeightMod
     return NormParams(float(np.float32(epsilon)), float(np.float32(weight_offset)), weight_mode)
 
 
-def _row_case(
+def row_case(
     op: FusedOp,
     hidden: int,
     dtype: str,
     weight_dtype: str | None,
-    weight_mode: WeightMode,
-    weight_offset: float,
-    epsilon: float,
-    max_leading: Shape,
-    runs: Sequence[Shape],
-    output_dtype: str | None,
-    quant: QuantParams | None,
+    weight_mode: WeightMode = WeightMode.AFTER_CAST,
+    weight_offset: float = 0.0,
+    epsilon: float = 1e-6,
+    max_leading: Shape = (4, 256),
+    runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
+    output_dtype: str | None = None,
+    quant: QuantParams | None = None,
 ) -> NormCase:
-    """A case of a one-part op over rows [*leading, hidden]; with `quant`, of its quantized op."""
+    """A case of a one-part op (`rms_case`: RMSNorm; `add_case`: the residual add + RMSNorm, x and residual both
+    [*leading, hidden] in `dtype` and h = D(x + residual) in `dtype`) over rows [*leading, hidden]; `runs` are the
+    leading dims of successive runs. The defaults go from prefill (1024 rows: more rows than an H200 has SMs, the
+    prefill kernel) to decode (3 rows, then 1). `output_dtype` is the node's attribute (None: the activation's
+    dtype); `quant` makes it a case of the quantized op (TrtfuseRmsNormQuant, TrtfuseAddRmsNormQuant; h is never
+    quantized)."""
     params = _float32_params(epsilon, weight_offset, weight_mode)
-    config = NodeFields(
-        op if quant is None else QUANTIZED_OPS[op.name], params, (hidden,), output_dtype or dtype, quant
-    )
+    node_op = op if quant is None else QUANTIZED_OPS[op.name]
+    config = NodeFields(node_op, params, (hidden,), output_dtype or dtype, quant)
     return NormCase(
         config=config,
         dtype=dtype,
@@ -137,64 +142,8 @@ def _row_case(
     )
 
 
-def rms_case(
-    hidden: int,
-    dtype: str,
-    weight_dtype: str | None,
-    weight_mode: WeightMode = WeightMode.AFTER_CAST,
-    weight_offset: float = 0.0,
-    epsilon: float = 1e-6,
-    max_leading: Shape = (4, 256),
-    runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
-    output_dtype: str | None = None,
-    quant: QuantParams | None = None,
-) -> NormCase:
-    """An RMSNorm over [*leading, hidden]; `runs` are the leading dims of successive runs. The defaults go from
-    prefill (1024 rows: more rows than an H200 has SMs, the prefill kernel) to decode (3 rows, then 1).
-    `output_dtype` is the node's attribute (None: the activation's dtype); `quant` makes it a TrtfuseRmsNormQuant."""
-    return _row_case(
-        RMS_NORM,
-        hidden,
-        dtype,
-        weight_dtype,
-        weight_mode,
-        weight_offset,
-        epsilon,
-        max_leading,
-        runs,
-        output_dtype,
-        quant,
-    )
-
-
-def add_case(
-    hidden: int,
-    dtype: str,
-    weight_dtype: str | None,
-    weight_mode: WeightMode = WeightMode.AFTER_CAST,
-    weight_offset: float = 0.0,
-    epsilon: float = 1e-6,
-    max_leading: Shape = (4, 256),
-    runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
-    output_dtype: str | None = None,
-    quant: QuantParams | None = None,
-) -> NormCase:
-    """A residual add + RMSNorm: x and residual both [*leading, hidden] in `dtype`, y in `output_dtype` (None: x's
-    dtype) and h = D(x + residual) in `dtype`. The same rows as `rms_case`'s: prefill, then decode. `quant` makes it
-    a TrtfuseAddRmsNormQuant (h is never quantized)."""
-    return _row_case(
-        ADD_RMS_NORM,
-        hidden,
-        dtype,
-        weight_dtype,
-        weight_mode,
-        weight_offset,
-        epsilon,
-        max_leading,
-        runs,
-        output_dtype,
-        quant,
-    )
+rms_case = functools.partial(row_case, RMS_NORM)
+add_case = functools.partial(row_case, ADD_RMS_NORM)
 
 
 def qk_case(

@@ -26,6 +26,7 @@ from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION, FusedOp, dtype_pa
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.creation_errors import record_creation_error
+from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
 from trtfuse.plugins.python.fields import advertised_fields, parse_fields, serialize_fields
 from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
 
@@ -47,7 +48,8 @@ def timing_cache_id(config: NodeFields) -> str:
 
 
 class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
-    """One fused norm node. Subclasses name the op, build the kernel and launch it."""
+    """One fused norm node. Subclasses name the op (`OP`); the kernel, its spec and its launch follow from the op's
+    tables (`plugins.kernel_specs`, `launch_args`)."""
 
     OP: ClassVar[FusedOp]
 
@@ -73,6 +75,9 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self._kernel_dtypes: tuple[str, str | None] | None = None
         self._warm_rows = 0
         self._rows: tuple[int, ...] = (0,) * len(self.OP.activations)
+        self._part_rows: tuple[int, ...] = (0,) * len(self.OP.weights)
+        self._activation_count = len(self.OP.activations)
+        self._no_weights = (0,) * len(self.OP.weights)
         self._has_shapes = False
         self._launch = self._launch_unprepared
         self._serialized: tuple[Any, Any] | None = None
@@ -87,20 +92,21 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         """Row counts of the activations for the coming enqueues, from the last on_shape_change."""
         return self._rows
 
-    # --- subclass hooks -------------------------------------------------------------------------------------------
+    # --- the kernel -----------------------------------------------------------------------------------------------
 
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
-        raise NotImplementedError
+        """The op's JIT kernel for these dtypes, its spec the node's fields (a quantized op's with its quantizers)."""
+        factory = getattr(self._kernels(), kernel_names(self.OP).jit)
+        return factory(kernel_spec(self.config, dtype, weight_dtype))
 
-    def _spec_fields(self, dtype: str, weight_dtype: str | None) -> dict[str, Any]:
-        """The kernel-spec fields both plugins share: dtypes and the node's compile-time constants."""
-        config = self.config
-        return {
-            "dtype": dtype,
-            "out_dtype": config.output_dtype,
-            "weight_dtype": weight_dtype,
-            "params": config.params,
-        }
+    def launch_args(self, inputs: Sequence[int], outputs: Sequence[int], stream: int) -> tuple[int, ...]:
+        """The kernel's launch arguments (trtfuse/kernels/api.py), for any op: the activations, one weight per part
+        (0 each without weights), the outputs, one row count per part (its first activation's: the others have its
+        shape), the stream. RMSNorm: (x, w, y, rows, stream); QK-norm: (q, k, q_w, k_w, q_out, k_out, q_rows,
+        k_rows, stream); add-norm: (x, residual, w, y, h, rows, stream)."""
+        activations = self._activation_count
+        weights = inputs[activations:] if self._weighted else self._no_weights
+        return (*inputs[:activations], *weights, *outputs, *self._part_rows, stream)
 
     def _kernels(self) -> ModuleType:
         """trtfuse.kernels, imported on first use so the plugins import (and deserialise) without CuTeDSL."""
@@ -124,7 +130,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         twin._kernel = self._kernel
         twin._kernel_dtypes = self._kernel_dtypes
         twin._warm_rows = self._warm_rows
-        twin._rows = self._rows
+        twin._set_rows(self._rows)
         twin._has_shapes = self._has_shapes
         twin._bind_launch()
         return twin
@@ -178,7 +184,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self._check_input_count(len(inputs))
         rows = self._check_inputs([desc.dims for desc in inputs])
         self._prepare([desc.type for desc in inputs], max(rows))
-        self._rows = rows
+        self._set_rows(rows)
         self._has_shapes = True
         self._bind_launch()
 
@@ -195,7 +201,23 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self._serialized = serialize_fields(self.config)
         return self._serialized[0]
 
+    def enqueue(
+        self,
+        input_desc: Sequence[Any],
+        output_desc: Sequence[Any],
+        inputs: Sequence[int],
+        outputs: Sequence[int],
+        workspace: int,
+        stream: int,
+    ) -> None:
+        self._launch(*self.launch_args(inputs, outputs, stream))
+
     # --- helpers --------------------------------------------------------------------------------------------------
+
+    def _set_rows(self, rows: tuple[int, ...]) -> None:
+        """The activations' row counts, and each part's (its first activation's) for the launch."""
+        self._rows = rows
+        self._part_rows = tuple(rows[self.OP.activation_parts.index(part)] for part in range(len(self.OP.weights)))
 
     def _type_ties(self) -> tuple[int | None, ...]:
         """For each position of inputs then outputs: the earlier position whose dtype it must share, or None (the
