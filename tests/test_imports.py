@@ -211,7 +211,7 @@ def test_the_package_is_read() -> None:
     modules = package_modules()
     assert {"trtfuse.contract", "trtfuse.plugins.python.base", "trtfuse.bench.kernels"} <= modules.keys()
     assert "trtfuse.kernels.api" in import_graph(modules, module_top_only=True)["trtfuse.bench.kernels"]
-    assert "trtfuse.plugins.python.qk_norm" in import_graph(modules, module_top_only=False)["trtfuse.plugins.registry"]
+    assert "trtfuse.plugins.python.creators" in import_graph(modules, module_top_only=False)["trtfuse.plugins.registry"]
 
 
 def test_no_runtime_module_imports_torch_at_module_top() -> None:

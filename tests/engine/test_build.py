@@ -553,3 +553,105 @@ def test_compile_plugin_kinds_are_the_core_enum():
     from trtfuse.cli.engine_commands import PLUGIN_KINDS
 
     assert tuple(kind.value for kind in PluginKind) == PLUGIN_KINDS
+
+
+def _quantized(model: onnx.ModelProto, quant: contract.QuantParams) -> onnx.ModelProto:
+    """`model` with its first TrtfuseRmsNorm made a TrtfuseRmsNormQuant with `quant` (its other fields kept), its y
+    declared in the normalised dtype (fp16 T, or the output stage's)."""
+    from dataclasses import replace
+
+    from trtfuse.contract.codec import from_node
+
+    node = next(node for node in model.graph.node if node.op_type == contract.RMS_NORM_OP)
+    fields = replace(from_node(node, "test"), op=contract.RMS_NORM_QUANT, quant=quant)
+    node.op_type = contract.RMS_NORM_QUANT_OP
+    del node.attribute[:]
+    node.attribute.extend(onnx.helper.make_node("N", [], [], **fields.onnx_attributes()).attribute)
+    for value in [*model.graph.value_info, *model.graph.output]:
+        if value.name == node.output[0]:
+            value.type.tensor_type.elem_type = contract.QUANT_DTYPE_CODES.get(fields.normalised_dtype, 10)
+    return model
+
+
+FP8_OUTPUT = contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.015625))
+INT8_RSQRT = contract.QuantParams(rsqrt=contract.Quantizer("int8", 0.015625, True, "float16"))
+
+
+def _quant_tensorrt(version: str, calls: dict, data_types: tuple[str, ...] = ("FP8", "INT8")) -> types.ModuleType:
+    trt = fakes_trt.fake_tensorrt(version, calls)
+    trt.IPluginV3 = object
+    trt.DataType = types.SimpleNamespace(**{name: name for name in data_types})
+    return trt
+
+
+@pytest.mark.parametrize(
+    ("version", "data_types", "reason"),
+    [
+        (
+            "9.3.0",
+            ("FP8", "INT8"),
+            "TensorRT 9.3.0 predates 10.0, the first TensorRT that documents FP8 and INT8 plugin outputs (IPluginV3)",
+        ),
+        ("10.8.0", ("INT8",), "TensorRT 10.8.0 has no DataType.FP8 for the quantized outputs"),
+        ("10.8.0", ("FP8", "INT8"), None),
+        ("11.1.0", ("FP8", "INT8"), None),
+    ],
+)
+def test_which_tensorrt_takes_fp8_and_int8_plugin_outputs(version, data_types, reason):
+    trt = _quant_tensorrt(version, {}, data_types)
+    assert registry.quant_refusal(trt, {"float8_e4m3fn", "int8"}) == reason
+    del trt.IPluginV3
+    if reason is None:
+        assert registry.quant_refusal(trt, {"int8"}) == (
+            f"TensorRT {version} has no IPluginV3, the plugin interface whose FP8 and INT8 outputs TensorRT documents"
+        )
+
+
+def test_a_quantized_model_on_a_tensorrt_without_quantized_plugin_outputs_is_one_line_before_any_work(
+    tmp_path, monkeypatch
+):
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=False)
+    _use_tensorrt(monkeypatch, _quant_tensorrt("9.3.0", calls))
+    fused = save_model_file(_quantized(tiny_lm(np.float16, fused=True), FP8_OUTPUT), tmp_path / "m.fused.onnx")
+    options = BuildOptions(profiles=(PROFILE,), plugins=PluginKind.PYTHON)
+    with pytest.raises(MissingDependencyError) as error:
+        build.build_engine(load_model(fused), tmp_path / "m.engine", options)
+    assert str(error.value) == (
+        f"{fused}: TensorRT 9.3.0 predates 10.0, the first TensorRT that documents FP8 and INT8 plugin outputs "
+        "(IPluginV3); its quantized trtfuse nodes output FP8 or INT8"
+    )
+    assert calls == {} and not (tmp_path / "m.engine").exists()
+
+
+@pytest.mark.parametrize("plugins", [PluginKind.PYTHON, PluginKind.AOT])
+@pytest.mark.parametrize(("version", "flags"), [("10.14.1", 1 << 1), ("11.1.0", 0)])
+def test_a_quantized_model_builds_strongly_typed_with_no_precision_flag(tmp_path, monkeypatch, plugins, version, flags):
+    """FP8 / INT8 plugin outputs in a strongly typed network: STRONGLY_TYPED below TensorRT 11 (always from 11), and
+    no builder flag set but TF32's clearing (the fake's BuilderConfig records every flag)."""
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    trt = _quant_tensorrt(version, calls)
+    if version.startswith("11"):
+        trt.NetworkDefinitionCreationFlag = fakes_trt.AotFlags11
+    _use_tensorrt(monkeypatch, trt)
+    from trtfuse.plugins import qdp
+
+    monkeypatch.setattr(qdp, "take_embedded_ptx_isas", lambda: ["8.8"])
+    fused = save_model_file(_quantized(tiny_lm(np.float16, fused=True), FP8_OUTPUT), tmp_path / "m.fused.onnx")
+    options = BuildOptions(profiles=(PROFILE,), plugins=plugins)
+    result = build.build_engine(load_model(fused), tmp_path / "m.engine", options)
+    prefer_aot = {"10": 1 << 3, "11": 1 << 2}[version.split(".")[0]] if plugins is PluginKind.AOT else 0
+    assert calls["flags"] == flags | prefer_aot
+    assert result.sidecar["build"]["strongly_typed"] is True
+    assert result.sidecar["plugins"][-1]["name"] == contract.RMS_NORM_QUANT_OP
+
+
+def test_the_quantized_output_dtypes_are_the_output_stages():
+    from trtfuse.model.onnx_file import LoadedModel
+
+    model = _quantized(tiny_lm(np.float16, fused=True), FP8_OUTPUT)
+    assert build.quantized_output_dtypes(LoadedModel(model, Path("m.onnx"))) == {"float8_e4m3fn"}
+    rsqrt_only = _quantized(tiny_lm(np.float16, fused=True), INT8_RSQRT)
+    assert build.quantized_output_dtypes(LoadedModel(rsqrt_only, Path("m.onnx"))) == set()
+    assert build.quantized_output_dtypes(LoadedModel(tiny_lm(np.float16, fused=True), Path("m.onnx"))) == set()

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from support.host_kernels import HOST_KERNELS, HostKernel
 from support.plugin_fields import RecordingKernel
 
 
@@ -23,4 +24,20 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> list[RecordingKernel]:
     monkeypatch.setattr(trtfuse.kernels, "get_rms_norm", make)
     monkeypatch.setattr(trtfuse.kernels, "get_qk_norm", make)
     monkeypatch.setattr(trtfuse.kernels, "get_add_rms_norm", make)
+    return made
+
+
+@pytest.fixture
+def host_kernels(monkeypatch: pytest.MonkeyPatch) -> list[HostKernel]:
+    """Every kernel the plugins ask trtfuse.kernels for, as a CPU stand-in that computes through the raw pointers."""
+    import trtfuse.kernels
+
+    made: list[HostKernel] = []
+    for factory, kind in HOST_KERNELS.items():
+
+        def make(spec: Any, kind: type[HostKernel] = kind) -> HostKernel:
+            made.append(kind(spec))
+            return made[-1]
+
+        monkeypatch.setattr(trtfuse.kernels, factory, make)
     return made

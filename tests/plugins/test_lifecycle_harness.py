@@ -20,16 +20,16 @@ from trtfuse import kernels as kernels_module
 from trtfuse.bench.lifecycle.cases import NormCase, add_case, default_cases, qk_case, rms_case
 from trtfuse.bench.lifecycle.descriptors import profile_descs, run_descs
 from trtfuse.bench.lifecycle.drive import drive
-from trtfuse.bench.lifecycle.host_cost import launch_args
 from trtfuse.bench.lifecycle.outputs import check_outputs, normalised_rtol, reference_part
-from trtfuse.bench.lifecycle.phases import CREATORS, build_phase, recreate, runtime_phase, shape_change
+from trtfuse.bench.lifecycle.phases import build_phase, recreate, runtime_phase, shape_change
 from trtfuse.bench.lifecycle.tensors import device_tensors
 from trtfuse.bench.reference import add_norm_reference
 from trtfuse.contract import ADD_RMS_NORM, ADD_RMS_NORM_OP, WeightMode
 from trtfuse.plugins.python.add_rms_norm import AddRmsNormPluginCreator
 from trtfuse.plugins.python.base import DTYPE_NAMES
+from trtfuse.plugins.python.creators import CREATORS
 
-from support.host_kernels import HOST_KERNELS, HostKernel
+from support.host_kernels import HostKernel
 from support.plugin_fields import RecordingKernel, trt
 
 FLOATS = ("float32", "float16", "bfloat16")
@@ -70,20 +70,6 @@ ADD_CASES = [case for case in SMALL_CASES if case.op is ADD_RMS_NORM]
 
 def ids(cases: list[NormCase]) -> list[str]:
     return [case.name for case in cases]
-
-
-@pytest.fixture
-def host_kernels(monkeypatch: pytest.MonkeyPatch) -> list[HostKernel]:
-    """Every kernel the plugins ask trtfuse.kernels for, as a CPU stand-in that computes through the raw pointers."""
-    made: list[HostKernel] = []
-    for factory, kind in HOST_KERNELS.items():
-
-        def make(spec: Any, kind: type[HostKernel] = kind) -> HostKernel:
-            made.append(kind(spec))
-            return made[-1]
-
-        monkeypatch.setattr(kernels_module, factory, make)
-    return made
 
 
 # --- cases --------------------------------------------------------------------------------------------------------
@@ -202,10 +188,11 @@ def test_the_build_phase_of_an_add_case(case: NormCase, kernels: list[RecordingK
 def spelled_out(case: NormCase, inputs: list[int], outputs: list[int], rows: tuple[int, ...], stream: int) -> tuple:
     """Each kernel's launch signature (trtfuse/kernels/api.py), written out per op, independently of the harness."""
     weighted = case.config.has_weight
-    if case.op.name == contract.RMS_NORM_OP:
+    kind = case.op.base or case.op.name  # a quantized op launches as its plain op
+    if kind == contract.RMS_NORM_OP:
         x, *weight = inputs
         return (x, weight[0] if weighted else 0, outputs[0], rows[0], stream)
-    if case.op.name == contract.QK_NORM_OP:
+    if kind == contract.QK_NORM_OP:
         q, k, *weights = inputs
         q_w, k_w = weights if weighted else (0, 0)
         return (q, k, q_w, k_w, *outputs, rows[0], rows[1], stream)
@@ -229,8 +216,8 @@ def test_launch_args_are_exactly_what_enqueue_passes(case: NormCase, kernels: li
         stream = 0x5000 + index
         plugin.enqueue(descs[0], descs[1], inputs, outputs, 0, stream)
         rows = tuple(math.prod(shape[:-1]) for shape in shapes)
-        assert launch_args(plugin, inputs, outputs, stream) == spelled_out(case, inputs, outputs, rows, stream)
-        replayed.append(launch_args(plugin, inputs, outputs, stream))
+        assert plugin.launch_args(inputs, outputs, stream) == spelled_out(case, inputs, outputs, rows, stream)
+        replayed.append(plugin.launch_args(inputs, outputs, stream))
         recorded.append(plugin.kernel.launches[-1])
     assert recorded == replayed
     # plugin.rows holds one count per activation (the add-norm's x and residual alike); the launch takes one per part.

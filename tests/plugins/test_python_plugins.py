@@ -23,12 +23,13 @@ from trtfuse import kernels as kernels_module
 from trtfuse.bench.lifecycle.cases import NormCase, qk_case, rms_case
 from trtfuse.bench.lifecycle.descriptors import dynamic_desc, run_descs
 from trtfuse.bench.lifecycle.outputs import check_outputs, reference_norm
-from trtfuse.bench.lifecycle.phases import CREATORS, build_phase, recreate, runtime_phase, shape_change
+from trtfuse.bench.lifecycle.phases import build_phase, recreate, runtime_phase, shape_change
 from trtfuse.bench.lifecycle.tensors import device_tensors
 from trtfuse.contract import QK_NORM, QK_NORM_OP, RMS_NORM, RMS_NORM_OP, NormParams, WeightMode
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
 from trtfuse.plugins import registry as plugin_registry
+from trtfuse.plugins.python.creators import CREATORS
 from trtfuse.plugins.python.fields import parse_fields
 from trtfuse.plugins.python.qk_norm import QkNormPluginCreator
 from trtfuse.plugins.python.rms_norm import RmsNormPluginCreator

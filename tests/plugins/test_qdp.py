@@ -1,11 +1,12 @@
 """The AOT plugins: prepare_for_aot's nodes, the QDP definitions' signatures by tensorrt.plugin's rules, the one kind of
 plugin per process, and (where TensorRT exists) engines that build with them and run in a process without trtfuse.
 
-The signature tests read the functions `qdp_definitions` builds with stand-in types (plain classes in tensorrt.plugin's
-roles, nothing executed) and check them against the rules of tensorrt.plugin's _validate.py and _plugin_class.py
-(v10.9.0 and v11.1, unchanged between the two): what TensorRT would refuse at `@trtp.register` / `@trtp.autotune` /
-`@trtp.aot_impl`, and the positional call that would hand a field to the wrong parameter. Everything that needs
-TensorRT runs in subprocesses, so no registration leaks into the other tests of this process.
+The signature tests read the functions `qdp_definitions` builds from the op table with stand-in types (plain classes
+in tensorrt.plugin's roles, nothing executed) and run them through tensorrt.plugin's reader restated rule by rule
+(`support.qdp_rules`, from _validate.py at v10.9.0 and v11.1, unchanged between the two), which must accept every
+generated signature and refuse each way of breaking one; and they check the calls of _plugin_class.py: register
+with the fields as keywords, autotune and aot_impl positionally, a field handed to the wrong parameter. Everything
+that needs TensorRT runs in subprocesses, so no registration leaks into the other tests of this process.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import pytest
 
 from trtfuse import contract
 from trtfuse.contract import WeightMode
-from trtfuse.contract.codec import from_qdp
+from trtfuse.contract.codec import NodeFields, from_qdp
+from trtfuse.errors import TrtfuseError
 from trtfuse.fusion.aot_form import prepare_for_aot
 from trtfuse.fusion.fuse import fuse_model
 from trtfuse.plugins import qdp as aot
@@ -33,6 +35,7 @@ from support.fused_models import FUSED_MODELS, attributes_of, fused_model, fused
 from support.graphs import AttentionSpec, Builder, NormSpec, attention_block, rms_norm, single_norm
 from support.markers import needs_aot_tensorrt
 from support.paths import REPO_ROOT
+from support.qdp_rules import StandIns, parse_register, type_name_is_read, validate_aot_impl, validate_autotune
 
 needs_tensorrt = needs_aot_tensorrt
 HIDDEN = 64
@@ -70,6 +73,7 @@ STAND_INS = SimpleNamespace(
     SymIntExprs=SymIntExprs,
 )
 DEFINITIONS = {definition.op: definition for definition in aot.qdp_definitions(STAND_INS)}
+ROLES = StandIns(TensorDesc, AutoTuneCombination, KernelLaunchParams, SymExprs)
 # tensorrt.plugin's _validate.py: names an attribute may not take.
 DISALLOWED_ATTR_NAMES = {"outputs", "stream", "tactic"}
 OUTPUT_COUNTS = {op: len(contract.OPS[op].outputs) for op in contract.FUSED_OPS}
@@ -86,7 +90,7 @@ def _kernel_params(op: str) -> tuple:
         contract.RMS_NORM_OP: rms_norm_params,
         contract.QK_NORM_OP: qk_norm_params,
         contract.ADD_RMS_NORM_OP: add_rms_norm_params,
-    }[op]()
+    }[contract.OPS[op].base or op]()
 
 
 def _kernel_inputs(op: str) -> list[str]:
@@ -142,6 +146,109 @@ def test_the_register_function_passes_tensorrt_plugin_rules(op: str) -> None:
         assert returned is TensorDesc
     else:
         assert typing.get_origin(returned) is tuple and typing.get_args(returned) == (TensorDesc,) * OUTPUT_COUNTS[op]
+
+
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+def test_tensorrt_plugin_s_reader_accepts_every_generated_qdp(op: str) -> None:
+    """register, autotune and aot_impl through the reader's rules (support.qdp_rules): the tensors are the op's
+    inputs, the attributes its fields in order, and autotune and aot_impl name every field (get_launch_params hands
+    aot_impl all of them positionally, whatever it names)."""
+    definition = DEFINITIONS[op]
+    fused_op = contract.OPS[op]
+    registered = parse_register(definition.register, ROLES)
+    assert registered.tensor_names == list(fused_op.inputs(True))
+    assert registered.input_attrs == dict.fromkeys(fused_op.fields, bytes)
+    assert registered.num_outputs == OUTPUT_COUNTS[op]
+    assert validate_aot_impl(definition.aot_impl, registered, ROLES) == list(fused_op.fields)
+    assert validate_autotune(definition.autotune, registered, ROLES) == list(fused_op.fields)
+
+
+@pytest.mark.parametrize("op", contract.FUSED_OPS)
+def test_what_inspect_signature_reads_is_the_signature_made_from_the_op_table(op: str) -> None:
+    """The functions take *args and **kwargs; `inspect.signature`, tensorrt.plugin's one way of reading them, returns
+    their `__signature__`, and the call binds to it however its arguments come."""
+    definition = DEFINITIONS[op]
+    signatures = aot.qdp_signatures(STAND_INS, contract.OPS[op])
+    functions = (definition.register, definition.autotune, definition.aot_impl)
+    assert [inspect.signature(function) for function in functions] == list(signatures)
+    assert [function.__name__ for function in functions] == [f"{op}_register", f"{op}_autotune", f"{op}_aot_impl"]
+    with pytest.raises(TypeError):
+        definition.register(*range(len(inspect.signature(definition.register).parameters) + 1))
+
+
+def _mutant(signature: inspect.Signature, parameters: list | None = None, **changes: object) -> typing.Callable:
+    """A function whose signature is `signature` with its parameters (or its return annotation) changed."""
+
+    def function(*args: object, **kwargs: object) -> None:
+        return None
+
+    function.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=parameters if parameters is not None else list(signature.parameters.values()), **changes
+    )
+    return function
+
+
+def _register_mutants(signature: inspect.Signature) -> dict[str, typing.Callable]:
+    params = list(signature.parameters.values())
+    tensors = [p for p in params if p.annotation is TensorDesc]
+    fields = params[len(tensors) :]
+    return {
+        "a default": _mutant(signature, [*tensors, *fields[:-1], fields[-1].replace(default=b"")]),
+        "*args": _mutant(signature, [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]),
+        "a string annotation": _mutant(signature, [*tensors, fields[0].replace(annotation="bytes"), *fields[1:]]),
+        "no annotation": _mutant(signature, [*tensors, fields[0].replace(annotation=inspect.Parameter.empty)]),
+        "an attribute first": _mutant(signature, [fields[0], *tensors, *fields[1:]]),
+        "a tensor after an attribute": _mutant(signature, [*tensors[:-1], fields[0], tensors[-1], *fields[1:]]),
+        "an attribute named tactic": _mutant(signature, [*tensors, *fields[:-1], fields[-1].replace(name="tactic")]),
+        "an ndarray annotation": _mutant(signature, [*tensors, fields[0].replace(annotation=np.ndarray), *fields[1:]]),
+        "no return annotation": _mutant(signature, return_annotation=inspect.Signature.empty),
+        "a list returned": _mutant(signature, return_annotation=list[TensorDesc]),
+    }
+
+
+def _impl_mutants(signature: inspect.Signature, tail: int) -> dict[str, typing.Callable]:
+    """aot_impl's (tail 2: outputs, tactic) or autotune's (tail 1) signature broken one way each."""
+    params = list(signature.parameters.values())
+    head, ends = params[:-tail], params[-tail:]
+    first_field = next(i for i, p in enumerate(head) if p.annotation is bytes)
+    swapped = [*head[:first_field], head[first_field + 1], head[first_field], *head[first_field + 2 :]]
+    retyped = [*head[:first_field], head[first_field].replace(annotation=int), *head[first_field + 1 :]]
+    mutants = {
+        "two fields swapped": _mutant(signature, [*swapped, *ends]),
+        "a field typed unlike its registration": _mutant(signature, [*retyped, *ends]),
+        "outputs not a tuple": _mutant(signature, [*head, ends[0].replace(annotation=TensorDesc), *ends[1:]]),
+        "an unknown tensor": _mutant(signature, [inspect.Parameter("z", _POSITIONAL, annotation=TensorDesc), *params]),
+    }
+    if tail == 2:
+        mutants["no tactic"] = _mutant(signature, [*head, ends[0]])
+        mutants["a 3-tuple returned"] = _mutant(signature, return_annotation=tuple[str, str, KernelLaunchParams])
+        mutants["a non-string kernel name"] = _mutant(
+            signature, return_annotation=tuple[int, str, KernelLaunchParams, SymIntExprs]
+        )
+    else:
+        mutants["a tactic"] = _mutant(signature, [*params, inspect.Parameter("tactic", _POSITIONAL, annotation=int)])
+        mutants["a list of ints returned"] = _mutant(signature, return_annotation=list[int])
+    return mutants
+
+
+_POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+@pytest.mark.parametrize("op", [contract.RMS_NORM_QUANT_OP, contract.QK_NORM_OP])
+def test_the_restated_reader_refuses_each_way_of_breaking_a_signature(op: str) -> None:
+    """So that a generated signature tensorrt.plugin would refuse fails the test above: each mutant of a generated
+    signature, breaking one rule of _validate.py, is refused by the restated reader."""
+    register, autotune, aot_impl = aot.qdp_signatures(STAND_INS, contract.OPS[op])
+    for what, mutant in _register_mutants(register).items():
+        with pytest.raises((ValueError, TypeError)):
+            parse_register(mutant, ROLES)
+            pytest.fail(f"register with {what} accepted")
+    registered = parse_register(DEFINITIONS[op].register, ROLES)
+    for check, signature, tail in ((validate_aot_impl, aot_impl, 2), (validate_autotune, autotune, 1)):
+        for what, mutant in _impl_mutants(signature, tail).items():
+            with pytest.raises((ValueError, TypeError)):
+                check(mutant, registered, ROLES)
+                pytest.fail(f"{check.__name__} with {what} accepted")
 
 
 @pytest.mark.parametrize("op", contract.FUSED_OPS)
@@ -276,39 +383,74 @@ def test_without_prepare_an_old_node_shifts_outputs_into_a_field() -> None:
     assert bound.arguments[contract.ATTR_OUTPUT_DTYPE] == "outputs"
 
 
-TYPE_NAMES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
+TYPE_NAMES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16", "FP8": "float8_e4m3fn", "INT8": "int8"}
+FP8_OUT = contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.015625))
+INT8_OUT = contract.QuantParams(output=contract.Quantizer("int8", 0.03125))
+INPUT_ONLY = contract.QuantParams(input=contract.Quantizer("float8_e4m3fn", 0.0625, True, "bfloat16"))
+# Each op with the quantizers it is tried with: none for a plain op; an FP8 and an INT8 output and an input stage
+# alone (y stays in T) for a quantized one.
+QUANT_CHOICES = [
+    (op, quant)
+    for op in contract.FUSED_OPS
+    for quant in ((FP8_OUT, INT8_OUT, INPUT_ONLY) if contract.OPS[op].quantized else (None,))
+]
 
 
-def _offered_tactics(op: str, dtype: str, weight: str | None, params: object, output_dtype: str) -> tuple:
+def quant_label(quant: contract.QuantParams | None) -> str:
+    if quant is None:
+        return "plain"
+    return "+".join(f"{stage.value}-{quant.at(stage).dtype}" for stage in quant.stages)
+
+
+def qdp_fields(op: str, mode: WeightMode, output_dtype: str, quant: contract.QuantParams | None) -> NodeFields:
+    hidden = (16, 32) if op == contract.QK_NORM_OP else (HIDDEN,)
+    params = contract.NormParams(float(np.float32(1e-6)), 0.0, mode)  # as a float32 attribute holds it
+    return NodeFields(contract.OPS[op], params, hidden, output_dtype, quant)
+
+
+def field_bytes(fields: NodeFields) -> list[bytes]:
+    """Each field as the ONNX parser hands it to a QDP: the bytes of one float32 or int32."""
+    return [
+        (np.float32(value) if name in contract.FLOAT_FIELDS else np.int32(value)).tobytes()
+        for name, value in fields.numbers().items()
+    ]
+
+
+def _offered_tactics(op: str, dtype: str, weight: str | None, fields: NodeFields) -> tuple:
     """The kernels' own tactics for the spec of an autotune combination."""
     from trtfuse.kernels.artifacts import add_rms_norm_tactics, qk_norm_tactics, rms_norm_tactics
     from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
 
-    if op == contract.RMS_NORM_OP:
-        return rms_norm_tactics(RmsNormSpec(HIDDEN, dtype, weight, params, output_dtype))
-    if op == contract.ADD_RMS_NORM_OP:
-        return add_rms_norm_tactics(AddRmsNormSpec(HIDDEN, dtype, weight, params, output_dtype))
+    params, output_dtype = fields.params, fields.output_dtype
+    kind = contract.OPS[op].base or op
+    if kind == contract.RMS_NORM_OP:
+        return rms_norm_tactics(RmsNormSpec(HIDDEN, dtype, weight, params, output_dtype, fields.quant))
+    if kind == contract.ADD_RMS_NORM_OP:
+        return add_rms_norm_tactics(AddRmsNormSpec(HIDDEN, dtype, weight, params, output_dtype, fields.quant))
     return qk_norm_tactics(QkNormSpec(16, 32, dtype, weight, params, output_dtype))
 
 
 @pytest.mark.parametrize("mode", list(WeightMode), ids=[mode.name for mode in WeightMode])
 @pytest.mark.parametrize("output_dtype", sorted(contract.OUTPUT_DTYPE_CODES))
-@pytest.mark.parametrize("op", contract.FUSED_OPS)
-def test_autotune_offers_exactly_the_contract_s_dtype_pairs(op: str, output_dtype: str, mode: WeightMode) -> None:
+@pytest.mark.parametrize(("op", "quant"), QUANT_CHOICES, ids=[f"{op}-{quant_label(q)}" for op, q in QUANT_CHOICES])
+def test_autotune_offers_exactly_the_contract_s_dtype_pairs(
+    op: str, quant: contract.QuantParams | None, output_dtype: str, mode: WeightMode
+) -> None:
     """One combination per (activation, weight) dtype pair the contract allows, LINEAR, with the kernels' tactics;
-    in type strings _autotune.py's _str_to_data_type reads (FP32, FP16, or a trt.DataType name: BF16). Normalised
-    outputs are in output_dtype, the others (the add-norm's h) in the activations' dtype."""
+    in type strings _autotune.py's _str_to_data_type reads (FP32, FP16, or a trt.DataType name: BF16, FP8, INT8).
+    Normalised outputs are in the normalised dtype (a quantized op's FP8 / INT8 with the output stage on), the others
+    (the add-norm's h) in the activations' dtype."""
     fused_op = contract.OPS[op]
-    hidden = (16, 32) if op == contract.QK_NORM_OP else (HIDDEN,)
-    code = contract.OUTPUT_DTYPE_CODES[output_dtype]
+    fields = qdp_fields(op, mode, output_dtype, quant)
     inputs = [None] * (len(fused_op.activations) + len(fused_op.weights))
-    fields = (np.float32(1e-6), np.float32(0.0), np.int32(mode), *(np.int32(h) for h in hidden), np.int32(code))
-    combinations = DEFINITIONS[op].autotune(*inputs, *(f.tobytes() for f in fields), (None,) * OUTPUT_COUNTS[op])
+    combinations = DEFINITIONS[op].autotune(*inputs, *field_bytes(fields), (None,) * OUTPUT_COUNTS[op])
     seen = set()
-    params = contract.NormParams(1e-6, 0.0, mode)
+    data_type_names = {"BF16", "FP8", "INT8", "FLOAT", "HALF", "INT32"}
     for combination in combinations:
         assert combination.layouts == "LINEAR"
-        names = [TYPE_NAMES[part.strip()] for part in combination.io_types.split(",")]
+        parts = [part.strip() for part in combination.io_types.split(",")]
+        assert all(type_name_is_read(part, data_type_names) for part in parts)
+        names = [TYPE_NAMES[part] for part in parts]
         activation_count, input_count = len(fused_op.activations), len(inputs)
         activations, weights, outputs = (
             names[:activation_count],
@@ -317,16 +459,30 @@ def test_autotune_offers_exactly_the_contract_s_dtype_pairs(op: str, output_dtyp
         )
         assert len(set(activations)) == len(set(weights)) == 1
         dtype, weight = activations[0], weights[0]
-        assert outputs == [output_dtype if normalised else dtype for normalised in fused_op.normalised_outputs]
+        normalised = fields.normalised_dtype
+        assert outputs == [normalised if norm else dtype for norm in fused_op.normalised_outputs]
+        assert dtype in contract.ACTIVATION_DTYPES and weight in contract.WEIGHT_DTYPES
         assert contract.dtype_pair_problem(dtype, output_dtype) is None
         spec_weight = None if mode is WeightMode.NONE else weight
-        tactics = _offered_tactics(op, dtype, spec_weight, params, output_dtype)
+        tactics = _offered_tactics(op, dtype, spec_weight, fields)
         assert combination.tactics == [int(tactic) for tactic in tactics] and all(t > 0 for t in combination.tactics)
         seen.add((dtype, weight))
     weights = (contract.AOT_PLACEHOLDER_WEIGHT_DTYPE,) if mode is WeightMode.NONE else contract.WEIGHT_DTYPES
     allowed = {d for d in contract.ACTIVATION_DTYPES if contract.dtype_pair_problem(d, output_dtype) is None}
     assert seen == {(dtype, weight) for dtype in allowed for weight in weights}
     assert len(seen) == len(combinations)
+
+
+def test_the_combination_type_names_are_trt_data_type_names() -> None:
+    """FP8 and INT8 as `_str_to_data_type` reads them: names of trt.DataType members (TensorRT-RTX's enum, which
+    shares TensorRT's, stands in)."""
+    from support.plugin_fields import trt
+
+    members = set(trt.DataType.__members__)
+    for dtype, name in aot.COMBINATION_TYPE_NAMES.items():
+        assert type_name_is_read(name, members), dtype
+    assert {aot.COMBINATION_TYPE_NAMES[name] for name in contract.QUANT_DTYPE_CODES} == {"FP8", "INT8"}
+    assert trt.DataType.FP8 == trt.DataType.FP8 and trt.DataType.INT8 == trt.DataType.INT8
 
 
 class IntShape:
@@ -409,7 +565,8 @@ class Desc:
 @pytest.fixture
 def dtype_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """TensorRT's DataTypes as their contract names, so register and aot_impl run without TensorRT."""
-    monkeypatch.setattr(aot, "_data_types", lambda: {name: name for name in contract.ACTIVATION_DTYPES})
+    names = (*contract.ACTIVATION_DTYPES, *contract.QUANT_DTYPE_CODES)
+    monkeypatch.setattr(aot, "_data_types", lambda: {name: name for name in names})
 
 
 def _add_norm_fields(mode: WeightMode, output_dtype: str) -> list[bytes]:
@@ -466,6 +623,57 @@ def test_the_add_norm_aot_impl_compiles_its_spec_and_launches_over_x_s_rows(
     assert extra == declaration.scalars([21]) == (21,)
 
 
+QUANTIZED_CHOICES = [(op, quant) for op, quant in QUANT_CHOICES if quant is not None]
+
+
+@pytest.mark.parametrize(
+    ("op", "quant"), QUANTIZED_CHOICES, ids=[f"{op}-{quant_label(q)}" for op, q in QUANTIZED_CHOICES]
+)
+def test_register_called_as_tensorrt_calls_it_gives_y_in_the_normalised_dtype(
+    op: str, quant: contract.QuantParams, dtype_names: None
+) -> None:
+    """tensorrt.plugin calls register as `register_function(*input_descs, **self.attrs)` (P/_plugin_class.py:69,131):
+    the fields by keyword. y takes the output quantizer's dtype (T with the input stage alone), h x's."""
+    fields = qdp_fields(op, WeightMode.AFTER_CAST, "bfloat16", quant)
+    attrs = dict(zip(contract.OPS[op].fields, field_bytes(fields), strict=True))
+    x = Desc("bfloat16")
+    inputs = [x, *(Desc("bfloat16") for _ in contract.OPS[op].inputs(True)[1:])]
+    returned = DEFINITIONS[op].register(*inputs, **attrs)
+    outputs = returned if isinstance(returned, tuple) else (returned,)
+    expected = {"y": fields.normalised_dtype, "h": "bfloat16"}
+    assert [desc.dtype for desc in outputs] == [expected[name] for name in contract.OPS[op].outputs]
+    assert all(desc.shape_expr.dims == x.shape_expr.dims for desc in outputs)
+
+
+@pytest.mark.parametrize("op", [contract.RMS_NORM_QUANT_OP, contract.ADD_RMS_NORM_QUANT_OP])
+def test_a_quantized_aot_impl_builds_its_spec_with_the_quantizers(
+    op: str, dtype_names: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aot_impl of a quantized op asks for the artifact of its plain op's spec with `quant` the node's quantizers and
+    out_dtype T (the dtype the norm is rounded to before the quantizer), for the activation dtype TensorRT chose;
+    an output dtype other than the normalised one is refused in one line."""
+    from trtfuse.kernels import artifacts
+    from trtfuse.kernels.specs import AddRmsNormSpec, RmsNormSpec
+
+    asked = []
+    name = "rms_norm_artifact" if op == contract.RMS_NORM_QUANT_OP else "add_rms_norm_artifact"
+    monkeypatch.setattr(artifacts, name, lambda spec, tactic, arch: asked.append((spec, tactic, arch)) or "artifact")
+    monkeypatch.setattr(aot, "_build_arch", lambda: "sm_90a")
+    monkeypatch.setattr(aot, "_kernel", lambda trtp, artifact, activations: (artifact, activations))
+    fields = qdp_fields(op, WeightMode.AFTER_CAST, "float16", FP8_OUT)
+    fused_op = contract.OPS[op]
+    inputs = [Desc("float16") for _ in fused_op.activations] + [Desc("float32", (HIDDEN,))]
+    outputs = tuple(Desc("float8_e4m3fn" if norm else "float16") for norm in fused_op.normalised_outputs)
+    artifact, activations = DEFINITIONS[op].aot_impl(*inputs, *field_bytes(fields), outputs, 1)
+    spec_class = RmsNormSpec if op == contract.RMS_NORM_QUANT_OP else AddRmsNormSpec
+    expected = spec_class(HIDDEN, "float16", "float32", fields.params, "float16", FP8_OUT)
+    assert (artifact, activations) == ("artifact", [inputs[0]])
+    assert [(spec, int(tactic), arch) for spec, tactic, arch in asked] == [(expected, 1, "sm_90a")]
+    wrong = (Desc("float16"), *outputs[1:])
+    with pytest.raises(TrtfuseError, match=f"{op}: TensorRT chose float16 for 'y', which is float8_e4m3fn"):
+        DEFINITIONS[op].aot_impl(*inputs, *field_bytes(fields), wrong, 1)
+
+
 # --- real TensorRT: register, build, and run where trtfuse is not ---------------------------------------------------
 
 REGISTER_SCRIPT = """
@@ -475,7 +683,8 @@ from trtfuse.plugins.registry import register_aot, register_python
 register_aot()
 register_aot()
 names = {c.name for c in trt.get_plugin_registry().all_creators if getattr(c, "plugin_namespace", None) == "trtfuse"}
-assert {"TrtfuseRmsNorm", "TrtfuseQkNorm", "TrtfuseAddRmsNorm"} <= names, names
+from trtfuse.contract import FUSED_OPS
+assert set(FUSED_OPS) <= names, names
 try:
     register_python()
 except TrtfuseError as error:

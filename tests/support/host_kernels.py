@@ -2,7 +2,8 @@
 
 Each takes its kernel's exact launch signature (trtfuse/kernels/api.py), reads its inputs from the raw host pointers
 enqueue hands it, computes its outputs with the shared float64 reference (trtfuse/bench/reference.py) rounded to the
-outputs' dtypes, and writes them through the output pointers. A pointer out of place, a wrong row count or an output
+outputs' dtypes (a quantized spec's normalised output in its output quantizer's dtype), and writes them through the
+output pointers. A pointer out of place, a wrong row count or an output
 written in the wrong dtype therefore shows in the harness's own checks, as it would on the GPU; the numbers say
 nothing about the real kernels.
 """
@@ -43,6 +44,12 @@ class HostKernel:
             raise AssertionError(f"weight pointer {pointer:#x} with weight_mode {self.spec.params.weight_mode.name}")
         return host_view(pointer, hidden, self.spec.weight_dtype) if weighted else None
 
+    @property
+    def _normalised_dtype(self) -> str:
+        """y's dtype: the output quantizer's, where the spec has one, else the spec's out_dtype."""
+        quant = getattr(self.spec, "quant", None)
+        return self.spec.out_dtype if quant is None or quant.output is None else quant.output.dtype
+
     def _rows(self, pointer: int, rows: int, hidden: int, dtype: str) -> torch.Tensor:
         if rows <= 0 or pointer == 0:
             raise AssertionError(f"a launch of {rows} rows at {pointer:#x}")
@@ -54,8 +61,8 @@ class HostRmsNormKernel(HostKernel):
         self.launches.append((x_ptr, w_ptr, y_ptr, rows, stream))
         spec = self.spec
         x = self._rows(x_ptr, rows, spec.hidden, spec.dtype)
-        y = norm_reference(x, self._weight(w_ptr, spec.hidden), spec.params, spec.out_dtype)
-        self._rows(y_ptr, rows, spec.hidden, spec.out_dtype).copy_(y)
+        y = norm_reference(x, self._weight(w_ptr, spec.hidden), spec.params, spec.out_dtype, spec.quant)
+        self._rows(y_ptr, rows, spec.hidden, self._normalised_dtype).copy_(y)
 
 
 class HostAddRmsNormKernel(HostKernel):
@@ -64,8 +71,9 @@ class HostAddRmsNormKernel(HostKernel):
         spec = self.spec
         x = self._rows(x_ptr, rows, spec.hidden, spec.dtype)
         residual = self._rows(residual_ptr, rows, spec.hidden, spec.dtype)
-        y, h = add_norm_reference(x, residual, self._weight(w_ptr, spec.hidden), spec.params, spec.out_dtype)
-        self._rows(y_ptr, rows, spec.hidden, spec.out_dtype).copy_(y)
+        weight = self._weight(w_ptr, spec.hidden)
+        y, h = add_norm_reference(x, residual, weight, spec.params, spec.out_dtype, spec.quant)
+        self._rows(y_ptr, rows, spec.hidden, self._normalised_dtype).copy_(y)
         self._rows(h_ptr, rows, spec.hidden, spec.dtype).copy_(h)
 
 

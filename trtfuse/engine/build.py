@@ -21,7 +21,8 @@ import onnx
 import trtfuse
 from trtfuse import contract
 from trtfuse.contract import PluginKind
-from trtfuse.engine.build_options import BuildOptions, aot_refusal_of, plugin_kind_for
+from trtfuse.contract.codec import from_node
+from trtfuse.engine.build_options import BuildOptions, aot_refusal_of, plugin_kind_for, quant_refusal_of
 from trtfuse.engine.parser_errors import ParserIssue, parser_error_line
 from trtfuse.engine.profiles import Profile
 from trtfuse.engine.progress import BuildProgress, progress_monitor
@@ -95,8 +96,11 @@ def gpu_name() -> str:
 
 def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> int:
     """Strongly typed, so the fp16/bf16 types of the ONNX graph are kept as written: the flag below TensorRT 11, where
-    it is deprecated (and every network is strongly typed). For AOT plugins, the flag that prefers them, where this
-    TensorRT has it."""
+    it is deprecated (and every network is strongly typed). It is also what a quantized node's FP8 / INT8 outputs
+    need: in a strongly typed network they are the types its getOutputDataTypes gives and the DequantizeLinear after
+    it takes (onnx-tensorrt's QuantDequantLinearHelper infers a strongly typed DQ's input type), with no precision
+    flag and no dynamic range (`plugins.registry.QUANT_MIN_TENSORRT`). For AOT plugins, the flag that prefers them,
+    where this TensorRT has it."""
     flags = 0
     major = int(str(trt.__version__).split(".", 1)[0])
     if major < ALWAYS_STRONGLY_TYPED_MAJOR:
@@ -105,6 +109,18 @@ def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> i
     if plugins is PluginKind.AOT and prefer_aot is not None:
         flags |= 1 << int(prefer_aot)
     return flags
+
+
+def quantized_output_dtypes(fused: LoadedModel) -> set[str]:
+    """The quantized dtypes (FP8 / INT8) of the fused graph's plugin outputs: each quantized node's output stage's."""
+    dtypes = set()
+    for node in fused.model.graph.node:
+        op = contract.OPS.get(node.op_type) if node.domain == contract.ONNX_DOMAIN else None
+        if op is not None and op.quantized:
+            quantizer = from_node(node, f"{fused.path}: node '{node.name}'").output_quantizer
+            if quantizer is not None:
+                dtypes.add(quantizer.dtype)
+    return dtypes
 
 
 def shape_tensor_inputs(network: object) -> set[str]:
@@ -192,6 +208,9 @@ def build_engine(
         if path is not None and not resolved(path).parent.is_dir():
             raise TrtfuseError(f"{path}: output folder does not exist")
     trt = import_tensorrt()
+    quant_refusal = quant_refusal_of(trt, quantized_output_dtypes(fused))
+    if quant_refusal is not None:
+        raise MissingDependencyError(f"{fused.path}: {quant_refusal}; its quantized trtfuse nodes output FP8 or INT8")
     options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
     timing_cache_bytes, set_aside = read_timing_cache(options.timing_cache, options.plugins, trtfuse.__version__)
     if set_aside is not None:

@@ -74,6 +74,16 @@ def aot_refusal_of(trt: ModuleType) -> str | None:
     return aot_refusal(trt)
 
 
+def quant_refusal_of(trt: ModuleType, dtypes: set[str]) -> str | None:
+    """Why `trt` cannot build plugin nodes with outputs in the quantized `dtypes` (`plugins.registry.quant_refusal`),
+    or None; None without any."""
+    if not dtypes:
+        return None
+    from trtfuse.plugins.registry import quant_refusal
+
+    return quant_refusal(trt, dtypes)
+
+
 def check_plugin_kind(requested: PluginKind | None) -> None:
     """Fail before any work when AOT is asked for and the installed TensorRT has none; without TensorRT, say
     nothing: the build says it is missing once the model is fused."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, NormParams, WeightMode, dtype_pair_problem
+from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, NormParams, QuantParams, WeightMode, dtype_pair_problem
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -46,6 +46,7 @@ class RmsNormSpec:
     weight_dtype: str | None
     params: NormParams
     out_dtype: str | None = None
+    quant: QuantParams | None = None
 
     def __post_init__(self) -> None:
         _check_hidden("hidden", self.hidden)
@@ -62,6 +63,7 @@ class AddRmsNormSpec:
     weight_dtype: str | None
     params: NormParams
     out_dtype: str | None = None
+    quant: QuantParams | None = None
 
     def __post_init__(self) -> None:
         _check_hidden("hidden", self.hidden)

@@ -1,21 +1,24 @@
 """AOT plugins: every op of the contract as a tensorrt.plugin definition (QDP) whose kernels TensorRT embeds in the
 engine and launches itself, so that the engine runs without Python (docs/plugins.md, "AOT plugins").
 
-Each QDP is three plain functions that `qdp_definitions` builds from tensorrt.plugin's types and
-`register_definitions` alone hands to its decorators: the output shapes and dtypes (`@trtp.register`), the
+Each QDP is three functions that `qdp_definitions` builds from the op's table (`contract.OPS`) and tensorrt.plugin's
+types, and `register_definitions` alone hands to its decorators: the output shapes and dtypes (`@trtp.register`), the
 type/format/tactic combinations (`@trtp.autotune`) and, per chosen combination and tactic, the compiled kernel with
-its launch (`@trtp.aot_impl`). tensorrt.plugin validates them with `inspect.signature` and calls them positionally:
-inputs, then every field in the op's field order (`contract.FusedOp.fields`, named as the contract names them), then
-`outputs` (and `tactic`); the contract's codec decodes the field bytes (`codec.from_qdp`). This module therefore has
-no `from __future__ import annotations`, which would turn the annotations it checks into strings; and the signatures
-can be read without TensorRT by passing stand-in types to `qdp_definitions`.
+its launch (`@trtp.aot_impl`). Their signatures are `inspect.Signature`s made from the op's inputs and fields
+(`qdp_signatures`), set as the functions' `__signature__`, which is all tensorrt.plugin reads of them: inputs, then
+every field in the op's field order (`contract.FusedOp.fields`, named as the contract names them), then `outputs`
+(and `tactic`); the contract's codec decodes the field bytes (`codec.from_qdp`). The signatures can be read without
+TensorRT by passing stand-in types to `qdp_definitions`.
 
 Importing this module needs neither TensorRT nor CuTeDSL: the kernels are imported when TensorRT calls autotune or
 aot_impl during a build. `plugins.registry.register_aot` is what registers them.
 """
 
+from __future__ import annotations
+
 import functools
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -24,7 +27,8 @@ from typing import Any
 from trtfuse import contract
 from trtfuse.contract.codec import NodeFields, from_qdp
 from trtfuse.errors import TrtfuseError
-from trtfuse.plugins.trt_module import contract_data_types, load_trt
+from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
+from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
 
 LINEAR = "LINEAR"
 # Every field is annotated `bytes`: tensorrt.plugin makes its value as `bytes(field.data)`, the raw bytes of the
@@ -32,10 +36,18 @@ LINEAR = "LINEAR"
 # advertises), read back by the codec. `float`/`int` annotations make it `float(field.data)` on a one-element
 # array, which NumPy >= 2.4 refuses; `numpy.typing.NDArray` ones fail tensorrt.plugin's `issubclass` checks on
 # NumPy >= 2.5 and Python >= 3.13 (_lib.py create_plugin, _validate.py, v10.9.0 to v11.1; docs/plugins.md).
-Float32Field = bytes
-Int32Field = bytes
-# tensorrt.plugin's spelling of each contract dtype in AutoTuneCombination type strings.
-COMBINATION_TYPE_NAMES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+FIELD_ANNOTATION = bytes
+_POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
+# tensorrt.plugin's spelling of each contract dtype in AutoTuneCombination type strings: "FP32" and "FP16", else the
+# trt.DataType member's name (`_str_to_data_type`, P/_utils.py:40-48 at v10.9.0 and v11.1): BF16, and FP8 and INT8
+# for a quantized op's normalised outputs.
+COMBINATION_TYPE_NAMES = {
+    "float32": "FP32",
+    "float16": "FP16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "FP8",
+    "int8": "INT8",
+}
 
 # The PTX ISA of every kernel handed to TensorRT in this process: the sidecar records it, since the CUDA driver that
 # runs the engine must know it.
@@ -77,227 +89,128 @@ def qdp_definitions(trtp: Any) -> tuple[QdpDefinition, ...]:
     """Every op's QDP, in `contract.FUSED_OPS` order, their signatures annotated with `trtp`'s TensorDesc,
     AutoTuneCombination, KernelLaunchParams and SymIntExprs (tensorrt.plugin's, or stand-ins to read the signatures
     without TensorRT)."""
-    return _rms_norm(trtp), _qk_norm(trtp), _add_rms_norm(trtp)
+    return tuple(_definition(trtp, op) for op in contract.OPS.values())
 
 
-def _rms_norm(trtp: Any) -> QdpDefinition:
-    TensorDesc = trtp.TensorDesc
-    Kernel = tuple[str, str, trtp.KernelLaunchParams, trtp.SymIntExprs]
+def _definition(trtp: Any, op: contract.FusedOp) -> QdpDefinition:
+    """One op's three functions, their signatures made from the op's table (`qdp_signatures`)."""
+    register, autotune, aot_impl = qdp_signatures(trtp, op)
 
-    def register(
-        x: TensorDesc,
-        weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        hidden_size: Int32Field,
-        output_dtype: Int32Field,
-    ) -> TensorDesc:
-        fields = from_qdp(contract.RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        return _output_like(x, fields)
+    def outputs_of(arguments: dict[str, Any]) -> Any:
+        fields = _fields_of(op, arguments)
+        descs = tuple(_output_desc(op, index, arguments, fields) for index in range(len(op.outputs)))
+        return descs[0] if len(descs) == 1 else descs
 
-    def autotune(
-        x: TensorDesc,
-        weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        hidden_size: Int32Field,
-        output_dtype: Int32Field,
-        outputs: tuple[TensorDesc],
-    ) -> list[trtp.AutoTuneCombination]:
-        fields = from_qdp(contract.RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        return _one_part_combinations(trtp, contract.RMS_NORM, fields)
+    def combinations_of(arguments: dict[str, Any]) -> list[Any]:
+        return _combinations(trtp, op, _fields_of(op, arguments))
 
-    def aot_impl(
-        x: TensorDesc,
-        weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        hidden_size: Int32Field,
-        output_dtype: Int32Field,
-        outputs: tuple[TensorDesc],
-        tactic: int,
-    ) -> Kernel:
-        fields = from_qdp(contract.RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        return _one_part_kernel(trtp, contract.RMS_NORM, fields, x, weight, outputs[0], tactic)
+    def kernel_of(arguments: dict[str, Any]) -> tuple[str, str, Any, Any]:
+        inputs = [arguments[name] for name in op.inputs(True)]
+        return _aot_kernel(trtp, op, _fields_of(op, arguments), inputs, arguments["outputs"], arguments["tactic"])
 
-    return QdpDefinition(contract.RMS_NORM_OP, register, autotune, aot_impl)
+    return QdpDefinition(
+        op.name,
+        _qdp_function(op, "register", register, outputs_of),
+        _qdp_function(op, "autotune", autotune, combinations_of),
+        _qdp_function(op, "aot_impl", aot_impl, kernel_of),
+    )
 
 
-def _qk_norm(trtp: Any) -> QdpDefinition:
-    TensorDesc = trtp.TensorDesc
-    Kernel = tuple[str, str, trtp.KernelLaunchParams, trtp.SymIntExprs]
-
-    def register(
-        q: TensorDesc,
-        k: TensorDesc,
-        q_weight: TensorDesc,
-        k_weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        q_hidden_size: Int32Field,
-        k_hidden_size: Int32Field,
-        output_dtype: Int32Field,
-    ) -> tuple[TensorDesc, TensorDesc]:
-        raw = (epsilon, weight_offset, weight_mode, q_hidden_size, k_hidden_size, output_dtype)
-        fields = from_qdp(contract.QK_NORM, raw)
-        return _output_like(q, fields), _output_like(k, fields)
-
-    def autotune(
-        q: TensorDesc,
-        k: TensorDesc,
-        q_weight: TensorDesc,
-        k_weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        q_hidden_size: Int32Field,
-        k_hidden_size: Int32Field,
-        output_dtype: Int32Field,
-        outputs: tuple[TensorDesc, TensorDesc],
-    ) -> list[trtp.AutoTuneCombination]:
-        from trtfuse.kernels.artifacts import qk_norm_tactics
-        from trtfuse.kernels.specs import QkNormSpec
-
-        raw = (epsilon, weight_offset, weight_mode, q_hidden_size, k_hidden_size, output_dtype)
-        fields = from_qdp(contract.QK_NORM, raw)
-        params, out_dtype, (q_hidden, k_hidden) = fields.params, fields.output_dtype, fields.hidden_sizes
-        combinations = []
-        for dtype, weight_dtype in _dtype_choices(fields):
-            spec_weight = _spec_weight_dtype(fields, weight_dtype)
-            spec = QkNormSpec(q_hidden, k_hidden, dtype, spec_weight, params, out_dtype)
-            types = (dtype, dtype, weight_dtype, weight_dtype, out_dtype, out_dtype)
-            combinations.append(_combination(trtp, types, qk_norm_tactics(spec)))
-        return combinations
-
-    def aot_impl(
-        q: TensorDesc,
-        k: TensorDesc,
-        q_weight: TensorDesc,
-        k_weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        q_hidden_size: Int32Field,
-        k_hidden_size: Int32Field,
-        output_dtype: Int32Field,
-        outputs: tuple[TensorDesc, TensorDesc],
-        tactic: int,
-    ) -> Kernel:
-        from trtfuse.kernels.artifacts import qk_norm_artifact
-        from trtfuse.kernels.declaration import Tactic
-        from trtfuse.kernels.specs import QkNormSpec
-
-        raw = (epsilon, weight_offset, weight_mode, q_hidden_size, k_hidden_size, output_dtype)
-        fields = from_qdp(contract.QK_NORM, raw)
-        spec = QkNormSpec(
-            q_hidden=fields.hidden_sizes[0],
-            k_hidden=fields.hidden_sizes[1],
-            dtype=_dtype_name(q.dtype),
-            weight_dtype=_spec_weight_dtype(fields, _dtype_name(q_weight.dtype)),
-            params=fields.params,
-            out_dtype=_dtype_name(outputs[0].dtype),
-        )
-        return _kernel(trtp, qk_norm_artifact(spec, Tactic(tactic), _build_arch()), (q, k))
-
-    return QdpDefinition(contract.QK_NORM_OP, register, autotune, aot_impl)
+def qdp_signatures(trtp: Any, op: contract.FusedOp) -> tuple[inspect.Signature, inspect.Signature, inspect.Signature]:
+    """The register, autotune and aot_impl signatures of `op`'s QDP: its inputs (a weight always, as AOT nodes carry
+    a placeholder for NONE) as TensorDescs, then every field in the op's order as `bytes`, then `outputs` (and
+    `tactic`), all positional-or-keyword without defaults; the return annotations tensorrt.plugin checks."""
+    tensor_desc = trtp.TensorDesc
+    tensors = [inspect.Parameter(name, _POSITIONAL, annotation=tensor_desc) for name in op.inputs(True)]
+    fields = [inspect.Parameter(name, _POSITIONAL, annotation=FIELD_ANNOTATION) for name in op.fields]
+    output_descs = tuple[(tensor_desc,) * len(op.outputs)]
+    outputs = inspect.Parameter("outputs", _POSITIONAL, annotation=output_descs)
+    tactic = inspect.Parameter("tactic", _POSITIONAL, annotation=int)
+    kernel = tuple[str, str, trtp.KernelLaunchParams, trtp.SymIntExprs]
+    return (
+        inspect.Signature([*tensors, *fields], return_annotation=tensor_desc if len(op.outputs) == 1 else output_descs),
+        inspect.Signature([*tensors, *fields, outputs], return_annotation=list[trtp.AutoTuneCombination]),
+        inspect.Signature([*tensors, *fields, outputs, tactic], return_annotation=kernel),
+    )
 
 
-def _add_rms_norm(trtp: Any) -> QdpDefinition:
-    TensorDesc = trtp.TensorDesc
-    Kernel = tuple[str, str, trtp.KernelLaunchParams, trtp.SymIntExprs]
+def _qdp_function(
+    op: contract.FusedOp, role: str, signature: inspect.Signature, body: Callable[[dict[str, Any]], Any]
+) -> Callable[..., Any]:
+    """A function tensorrt.plugin reads as having `signature`: it reads a QDP function's parameters and annotations
+    only through `inspect.signature` (P/_validate.py:89, 172, 208, 285, 399 at v10.9.0 and v11.1; nothing in P reads
+    `__annotations__`, `__code__` or type hints), which returns a callable's `__signature__` when it has one
+    (CPython Lib/inspect.py, `_signature_from_callable`, since 3.3). It calls them as
+    `register_function(*input_descs, **self.attrs)` (P/_plugin_class.py:69, 131; v10.9.0: 67, 137) and
+    `autotune_function(*input_descs, *val, output_descs)` / `aot_impl_function(*input_descs, *val, output_descs,
+    tactic)` (:176, 402; v10.9.0: 185, 418): binding the call to the signature gives `body` every argument by name,
+    however it was passed."""
 
-    def register(
-        x: TensorDesc,
-        residual: TensorDesc,
-        weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        hidden_size: Int32Field,
-        output_dtype: Int32Field,
-    ) -> tuple[TensorDesc, TensorDesc]:
-        fields = from_qdp(contract.ADD_RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        # y in output_dtype; h, the residual stream's next value, keeps x's shape and dtype.
-        return _output_like(x, fields), x.like()
+    def qdp_function(*args: Any, **kwargs: Any) -> Any:
+        return body(dict(signature.bind(*args, **kwargs).arguments))
 
-    def autotune(
-        x: TensorDesc,
-        residual: TensorDesc,
-        weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        hidden_size: Int32Field,
-        output_dtype: Int32Field,
-        outputs: tuple[TensorDesc, TensorDesc],
-    ) -> list[trtp.AutoTuneCombination]:
-        fields = from_qdp(contract.ADD_RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        return _one_part_combinations(trtp, contract.ADD_RMS_NORM, fields)
-
-    def aot_impl(
-        x: TensorDesc,
-        residual: TensorDesc,
-        weight: TensorDesc,
-        epsilon: Float32Field,
-        weight_offset: Float32Field,
-        weight_mode: Int32Field,
-        hidden_size: Int32Field,
-        output_dtype: Int32Field,
-        outputs: tuple[TensorDesc, TensorDesc],
-        tactic: int,
-    ) -> Kernel:
-        fields = from_qdp(contract.ADD_RMS_NORM, (epsilon, weight_offset, weight_mode, hidden_size, output_dtype))
-        # One part: the grid and the row count are x's (the residual has x's shape).
-        return _one_part_kernel(trtp, contract.ADD_RMS_NORM, fields, x, weight, outputs[0], tactic)
-
-    return QdpDefinition(contract.ADD_RMS_NORM_OP, register, autotune, aot_impl)
+    qdp_function.__signature__ = signature  # type: ignore[attr-defined]
+    qdp_function.__name__ = qdp_function.__qualname__ = f"{op.name}_{role}"
+    return qdp_function
 
 
-# --- what every QDP shares -----------------------------------------------------------------------------------------
+def _fields_of(op: contract.FusedOp, arguments: dict[str, Any]) -> NodeFields:
+    return from_qdp(op, [arguments[name] for name in op.fields])
 
 
-def _one_part_kernels(op: contract.FusedOp) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
-    """The spec class, artifact builder and tactics of a one-part op's kernels."""
-    from trtfuse.kernels import artifacts, specs
+def _output_desc(op: contract.FusedOp, index: int, arguments: dict[str, Any], fields: NodeFields) -> Any:
+    """Output `index`: its part's first activation's shape, in the normalised dtype if it is normalised (y in
+    `output_dtype` or the output quantizer's FP8 / INT8), else in that activation's dtype (the add-norm's h)."""
+    source = arguments[op.activations[op.activation_parts.index(op.output_parts[index])]]
+    output = source.like()
+    if op.normalised_outputs[index]:
+        output.dtype = _data_types()[fields.normalised_dtype]
+    return output
 
-    if op is contract.RMS_NORM:
-        return specs.RmsNormSpec, artifacts.rms_norm_artifact, artifacts.rms_norm_tactics
-    return specs.AddRmsNormSpec, artifacts.add_rms_norm_artifact, artifacts.add_rms_norm_tactics
+
+def _kernel_functions(op: contract.FusedOp) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The artifact builder and tactics of the kernels of `op` (a quantized op's are its plain op's)."""
+    from trtfuse.kernels import artifacts
+
+    names = kernel_names(op)
+    return getattr(artifacts, names.artifact), getattr(artifacts, names.tactics)
 
 
-def _one_part_combinations(trtp: Any, op: contract.FusedOp, fields: NodeFields) -> list[Any]:
-    """autotune of a one-part op: every (activation, weight) dtype pair for the output dtype, in the op's tensor
-    order (activations share D; normalised outputs are in output_dtype, the others in D), with the spec's tactics."""
-    spec_class, _artifact, tactics = _one_part_kernels(op)
-    params, out_dtype, (hidden,) = fields.params, fields.output_dtype, fields.hidden_sizes
+def _spec(fields: NodeFields, dtype: str, weight_dtype: str) -> Any:
+    """The node's kernel spec for one (activation, weight input) dtype pair (no weight dtype for weight_mode NONE,
+    whose kernel never reads the placeholder)."""
+    return kernel_spec(fields, dtype, _spec_weight_dtype(fields, weight_dtype))
+
+
+def _combinations(trtp: Any, op: contract.FusedOp, fields: NodeFields) -> list[Any]:
+    """autotune: every (activation, weight) dtype pair the kernels take for the node's output dtype, in the op's
+    tensor order (activations share D, weights one dtype; normalised outputs in the normalised dtype, the others in
+    D), each with its spec's tactics."""
+    _artifact, tactics = _kernel_functions(op)
     combinations = []
     for dtype, weight_dtype in _dtype_choices(fields):
-        spec = spec_class(hidden, dtype, _spec_weight_dtype(fields, weight_dtype), params, out_dtype)
-        outputs = tuple(out_dtype if normalised else dtype for normalised in op.normalised_outputs)
-        types = (*(dtype for _ in op.activations), weight_dtype, *outputs)
-        combinations.append(_combination(trtp, types, tactics(spec)))
+        outputs = (fields.normalised_dtype if normalised else dtype for normalised in op.normalised_outputs)
+        types = (*(dtype for _ in op.activations), *(weight_dtype for _ in op.weights), *outputs)
+        combinations.append(_combination(trtp, types, tactics(_spec(fields, dtype, weight_dtype))))
     return combinations
 
 
-def _one_part_kernel(
-    trtp: Any, op: contract.FusedOp, fields: NodeFields, x: Any, weight: Any, y: Any, tactic: int
+def _aot_kernel(
+    trtp: Any, op: contract.FusedOp, fields: NodeFields, inputs: Sequence[Any], outputs: Sequence[Any], tactic: int
 ) -> tuple[str, str, Any, Any]:
-    """aot_impl of a one-part op: the artifact of the dtypes TensorRT chose, launched over x's rows."""
+    """aot_impl: the artifact of the dtypes TensorRT chose, launched over the rows of each part's first activation
+    (q, then k; the add-norm's x, whose residual has its shape)."""
     from trtfuse.kernels.declaration import Tactic
 
-    spec_class, artifact, _tactics = _one_part_kernels(op)
-    spec = spec_class(
-        hidden=fields.hidden_sizes[0],
-        dtype=_dtype_name(x.dtype),
-        weight_dtype=_spec_weight_dtype(fields, _dtype_name(weight.dtype)),
-        params=fields.params,
-        out_dtype=_dtype_name(y.dtype),
-    )
-    return _kernel(trtp, artifact(spec, Tactic(tactic), _build_arch()), (x,))
+    artifact, _tactics = _kernel_functions(op)
+    for name, desc, normalised in zip(op.outputs, outputs, op.normalised_outputs, strict=True):
+        chosen = _dtype_name(desc.dtype)
+        if normalised and chosen != fields.normalised_dtype:
+            raise TrtfuseError(f"{op.name}: TensorRT chose {chosen} for '{name}', which is {fields.normalised_dtype}")
+    dtype = _dtype_name(inputs[0].dtype)
+    spec = _spec(fields, dtype, _dtype_name(inputs[len(op.activations)].dtype))
+    activations = [inputs[op.activation_parts.index(part)] for part in range(len(op.weights))]
+    return _kernel(trtp, artifact(spec, Tactic(tactic), _build_arch()), activations)
 
 
 def _dtype_choices(fields: NodeFields) -> list[tuple[str, str]]:
@@ -325,21 +238,19 @@ def _combination(trtp: Any, io_dtypes: Sequence[str], tactics: Sequence[int]) ->
 
 @functools.cache
 def _data_types() -> dict[str, Any]:
-    return contract_data_types(load_trt())
+    """Every dtype a trtfuse QDP tensor may have, by contract name: the float dtypes, and a quantized output's."""
+    trt = load_trt()
+    return {**contract_data_types(trt), **quant_data_types(trt)}
 
 
 def _dtype_name(data_type: Any) -> str:
     for name, known in _data_types().items():
         if known == data_type:
             return name
-    raise TrtfuseError(f"the trtfuse AOT kernels take float32, float16 or bfloat16 tensors, not {data_type}")
-
-
-def _output_like(activation: Any, fields: NodeFields) -> Any:
-    """A descriptor with `activation`'s shape expression and the node's output dtype."""
-    output = activation.like()
-    output.dtype = _data_types()[fields.output_dtype]
-    return output
+    raise TrtfuseError(
+        f"the trtfuse AOT kernels take float32, float16 or bfloat16 tensors (FP8 or INT8 normalised outputs), "
+        f"not {data_type}"
+    )
 
 
 def _build_arch() -> str:

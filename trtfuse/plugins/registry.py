@@ -9,6 +9,7 @@ Importing this module needs neither TensorRT nor CuTeDSL.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
@@ -22,6 +23,18 @@ from trtfuse.plugins.trt_module import load_trt
 # `c_str()` of a string in a local tuple that is destroyed on return (python/src/infer/pyPlugin.cpp), so TensorRT reads
 # freed memory for every name longer than the string's inline buffer; 10.14 keeps the name in a member.
 AOT_MIN_TENSORRT = (10, 14)
+# The first TensorRT that takes a quantized node's FP8 / INT8 outputs (docs/plugins.md, "Quantized outputs: which
+# TensorRT"). TensorRT's headers document them for IPluginV3, which arrived in 10.0: getOutputDataTypes excludes only
+# kBOOL and kUINT8 (NvInferRuntime.h@v10.0.0:835 to @v11.1:916), and in weakly typed networks BuilderFlag::kFP8
+# "Enable plugins with FP8 input/output" (NvInfer.h@v10.1.0:8227, deprecated in 10.12 for strong typing, gone in
+# 11.0). trtfuse builds strongly typed networks, whose tensor types are the network's own, with no precision flag
+# (trtexec turns kFP8 and kINT8 off for them: samples/common/sampleOptions.cpp@v10.14:1285-1301) and no INT8 dynamic
+# range: the plugins read no PluginTensorDesc::scale, implicit quantization's ("TensorRT will set the value to -1.0F
+# if it is invalid", NvInferRuntimePlugin.h@v11.1:66-67); the node carries its own scale.
+# 8.6 still called kFP8 "not supported yet" (NvInferRuntimeBase.h@v8.6.1:152).
+QUANT_MIN_TENSORRT = (10, 0)
+# The trt.DataType member each quantized dtype's outputs take (`trt_module.quant_data_types`).
+_QUANT_DATA_TYPE_MEMBERS = {"float8_e4m3fn": "FP8", "int8": "INT8"}
 
 _lock = threading.Lock()
 _claimed_kind: contract.PluginKind | None = None
@@ -68,6 +81,25 @@ def aot_refusal(trt: ModuleType) -> str | None:
     return None
 
 
+def quant_refusal(trt: ModuleType, dtypes: Iterable[str]) -> str | None:
+    """Why `trt` cannot build plugin nodes with outputs in the quantized `dtypes` (contract.QUANT_DTYPE_CODES), in
+    one sentence naming its version; None where it can."""
+    label = f"{tensorrt_label(trt)} {getattr(trt, '__version__', '(unknown version)')}"
+    release = tensorrt_release(trt)
+    if release == (0, 0):
+        return f"{label} does not say which release it is"
+    minimum = ".".join(map(str, QUANT_MIN_TENSORRT))
+    if release < QUANT_MIN_TENSORRT:
+        return f"{label} predates {minimum}, the first TensorRT that documents FP8 and INT8 plugin outputs (IPluginV3)"
+    if not hasattr(trt, "IPluginV3"):
+        return f"{label} has no IPluginV3, the plugin interface whose FP8 and INT8 outputs TensorRT documents"
+    data_types = getattr(trt, "DataType", None)
+    missing = sorted({_QUANT_DATA_TYPE_MEMBERS[dtype] for dtype in dtypes} - set(dir(data_types)))
+    if missing:
+        return f"{label} has no DataType.{missing[0]} for the quantized outputs"
+    return None
+
+
 def aot_supported(trt: ModuleType) -> bool:
     """Whether trtfuse builds its AOT plugins with `trt` (`aot_refusal` says why not)."""
     return aot_refusal(trt) is None
@@ -106,14 +138,12 @@ def _registered(registry: Any) -> dict[str, Any]:
 def register_python() -> dict[str, Any]:
     """Register a Python creator for every op in TensorRT's plugin registry, once per process (also when another
     copy of these creators is already registered). Returns the registered trtfuse creators by plugin name."""
-    from trtfuse.plugins.python.add_rms_norm import AddRmsNormPluginCreator
-    from trtfuse.plugins.python.qk_norm import QkNormPluginCreator
-    from trtfuse.plugins.python.rms_norm import RmsNormPluginCreator
+    from trtfuse.plugins.python.creators import CREATORS
 
     claim_plugin_kind(contract.PluginKind.PYTHON)
     registry = load_trt().get_plugin_registry()
     present = _registered(registry)
-    for creator_class in (RmsNormPluginCreator, QkNormPluginCreator, AddRmsNormPluginCreator):
+    for creator_class in CREATORS.values():
         if creator_class.PLUGIN.OP.name not in present:
             creator = creator_class()
             # False means TensorRT refused the creator (for one, another library holds the name): every build that

@@ -36,3 +36,9 @@ def load_trt() -> ModuleType:
 def contract_data_types(trt: ModuleType) -> dict[str, object]:
     """The contract's dtype names as `trt`'s DataType members: the one mapping of the TensorRT side."""
     return {"float32": trt.DataType.FLOAT, "float16": trt.DataType.HALF, "bfloat16": trt.DataType.BF16}
+
+
+def quant_data_types(trt: ModuleType) -> dict[str, object]:
+    """The contract's quantized dtypes (`contract.QUANT_DTYPE_CODES`) as `trt`'s DataType members: a quantized node's
+    normalised outputs only, never an activation or a weight."""
+    return {"float8_e4m3fn": trt.DataType.FP8, "int8": trt.DataType.INT8}

@@ -17,12 +17,17 @@ def main() -> int:
     failed = 0
     for case in default_cases():
         report = drive(case)
-        worst = max((c.max_rel for run in report.runs for c in run.checks), default=0.0)
+        checks = [c for run in report.runs for c in run.checks]
+        worst = max((c.max_rel for c in checks), default=0.0)
+        # A quantized output is judged in steps of its grid (outputs.allowed_steps), not by its relative error.
+        quantized = [c for c in checks if c.allowed_steps]
+        farthest = max(quantized, key=lambda c: c.max_steps, default=None)
+        steps = f"  steps {farthest.max_steps}/{farthest.allowed_steps}" if farthest else ""
         status = "ok  " if report.passed else "FAIL"
         failed += not report.passed
         print(
-            f"{status} {case.name:58s} worst rel err {worst:.2e}  enqueue {report.host.enqueue_us:6.2f} us"
-            f"  (kernel launch {report.host.launch_us:6.2f} us)"
+            f"{status} {case.name:58s} worst rel err {worst:.2e}{steps}"
+            f"  enqueue {report.host.enqueue_us:6.2f} us  (kernel launch {report.host.launch_us:6.2f} us)"
         )
     return 1 if failed else 0
 

@@ -2,16 +2,30 @@
 
 A case describes its tensors through its op's tables (`contract.FusedOp`), so nothing here branches on the op: shapes
 are given per part (the activations of one part, the add-norm's x and residual, share one shape), and the
-op's tables say which activation, weight and output each part has, and which outputs are normalised."""
+op's tables say which activation, weight and output each part has, and which outputs are normalised. A quantized op
+(`contract.quantized`) is a case of its plain op with the node's quantizers: the same tensors, the normalised
+outputs in the output stage's dtype when it is on."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from trtfuse.contract import ADD_RMS_NORM, QK_NORM, RMS_NORM, FusedOp, NormParams, WeightMode
+from trtfuse.contract import (
+    ADD_RMS_NORM,
+    QK_NORM,
+    QUANT_STAGES,
+    QUANTIZED_OPS,
+    RMS_NORM,
+    FusedOp,
+    NormParams,
+    Quantizer,
+    QuantParams,
+    WeightMode,
+)
 from trtfuse.contract.codec import NodeFields
 
 Shape = tuple[int, ...]
@@ -35,9 +49,15 @@ class NormCase:
     def name(self) -> str:
         weight = self.weight_dtype or "none"
         out = f"-to-{self.config.output_dtype}" if self.config.output_dtype != self.dtype else ""
+        quant = self.config.quant or QuantParams()
+        stages = "".join(
+            f"-q{stage.value}-{_quantizer_label(quantizer)}"
+            for stage in QUANT_STAGES
+            if (quantizer := quant.at(stage)) is not None
+        )
         return (
             f"{self.config.op.name}-{self.dtype}{out}-w{weight}-{self.config.params.weight_mode.name}-"
-            f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.params.weight_offset:g}"
+            f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.params.weight_offset:g}{stages}"
         )
 
     @property
@@ -46,8 +66,13 @@ class NormCase:
 
     @property
     def output_dtype(self) -> str:
-        """The normalised outputs' dtype (the node's `output_dtype`)."""
+        """The dtype T the norm is computed to (the node's `output_dtype`)."""
         return self.config.output_dtype
+
+    @property
+    def normalised_dtype(self) -> str:
+        """The normalised outputs' dtype: T, or the output quantizer's (`NodeFields.normalised_dtype`)."""
+        return self.config.normalised_dtype
 
     @property
     def input_dtypes(self) -> tuple[str, ...]:
@@ -58,8 +83,9 @@ class NormCase:
 
     @property
     def output_dtypes(self) -> tuple[str, ...]:
-        """By output position: `output_dtype` for a normalised output, the activations' dtype for the others (h)."""
-        return tuple(self.output_dtype if normalised else self.dtype for normalised in self.op.normalised_outputs)
+        """By output position: the normalised dtype for a normalised output, the activations' dtype for the others
+        (h)."""
+        return tuple(self.normalised_dtype if normalised else self.dtype for normalised in self.op.normalised_outputs)
 
     def input_shapes(self, part_shapes: Sequence[Shape]) -> list[Shape]:
         """By input position: each activation has its part's shape, each weight is [its part's hidden size]."""
@@ -72,26 +98,39 @@ class NormCase:
         return [tuple(part_shapes[part]) for part in self.op.output_parts]
 
 
+def _quantizer_label(quantizer: Quantizer) -> str:
+    saturate = "" if quantizer.saturate else "-nosat"
+    dequant = f"-to-{quantizer.dequant_dtype}" if quantizer.dequant_dtype else ""
+    return f"{quantizer.dtype}-s{quantizer.scale:g}{saturate}{dequant}"
+
+
 def _float32_params(epsilon: float, weight_offset: float, weight_mode: WeightMode) -> NormParams:
     """The constants as a node's float32 attributes hold them."""
     return NormParams(float(np.float32(epsilon)), float(np.float32(weight_offset)), weight_mode)
 
 
-def _row_case(
+def row_case(
     op: FusedOp,
     hidden: int,
     dtype: str,
     weight_dtype: str | None,
-    weight_mode: WeightMode,
-    weight_offset: float,
-    epsilon: float,
-    max_leading: Shape,
-    runs: Sequence[Shape],
-    output_dtype: str | None,
+    weight_mode: WeightMode = WeightMode.AFTER_CAST,
+    weight_offset: float = 0.0,
+    epsilon: float = 1e-6,
+    max_leading: Shape = (4, 256),
+    runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
+    output_dtype: str | None = None,
+    quant: QuantParams | None = None,
 ) -> NormCase:
-    """A case of a one-part op over rows [*leading, hidden]."""
+    """A case of a one-part op (`rms_case`: RMSNorm; `add_case`: the residual add + RMSNorm, x and residual both
+    [*leading, hidden] in `dtype` and h = D(x + residual) in `dtype`) over rows [*leading, hidden]; `runs` are the
+    leading dims of successive runs. The defaults go from prefill (1024 rows: more rows than an H200 has SMs, the
+    prefill kernel) to decode (3 rows, then 1). `output_dtype` is the node's attribute (None: the activation's
+    dtype); `quant` makes it a case of the quantized op (TrtfuseRmsNormQuant, TrtfuseAddRmsNormQuant; h is never
+    quantized)."""
     params = _float32_params(epsilon, weight_offset, weight_mode)
-    config = NodeFields(op, params, (hidden,), output_dtype or dtype)
+    node_op = op if quant is None else QUANTIZED_OPS[op.name]
+    config = NodeFields(node_op, params, (hidden,), output_dtype or dtype, quant)
     return NormCase(
         config=config,
         dtype=dtype,
@@ -103,41 +142,8 @@ def _row_case(
     )
 
 
-def rms_case(
-    hidden: int,
-    dtype: str,
-    weight_dtype: str | None,
-    weight_mode: WeightMode = WeightMode.AFTER_CAST,
-    weight_offset: float = 0.0,
-    epsilon: float = 1e-6,
-    max_leading: Shape = (4, 256),
-    runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
-    output_dtype: str | None = None,
-) -> NormCase:
-    """An RMSNorm over [*leading, hidden]; `runs` are the leading dims of successive runs. The defaults go from
-    prefill (1024 rows: more rows than an H200 has SMs, the prefill kernel) to decode (3 rows, then 1).
-    `output_dtype` is the node's attribute (None: the activation's dtype)."""
-    return _row_case(
-        RMS_NORM, hidden, dtype, weight_dtype, weight_mode, weight_offset, epsilon, max_leading, runs, output_dtype
-    )
-
-
-def add_case(
-    hidden: int,
-    dtype: str,
-    weight_dtype: str | None,
-    weight_mode: WeightMode = WeightMode.AFTER_CAST,
-    weight_offset: float = 0.0,
-    epsilon: float = 1e-6,
-    max_leading: Shape = (4, 256),
-    runs: Sequence[Shape] = ((4, 256), (1, 3), (1, 1)),
-    output_dtype: str | None = None,
-) -> NormCase:
-    """A residual add + RMSNorm: x and residual both [*leading, hidden] in `dtype`, y in `output_dtype` (None: x's
-    dtype) and h = D(x + residual) in `dtype`. The same rows as `rms_case`'s: prefill, then decode."""
-    return _row_case(
-        ADD_RMS_NORM, hidden, dtype, weight_dtype, weight_mode, weight_offset, epsilon, max_leading, runs, output_dtype
-    )
+rms_case = functools.partial(row_case, RMS_NORM)
+add_case = functools.partial(row_case, ADD_RMS_NORM)
 
 
 def qk_case(
@@ -185,7 +191,8 @@ def _per_dtype_cases(factory: Callable[..., NormCase]) -> list[NormCase]:
 def default_cases() -> list[NormCase]:
     """Every activation dtype with an fp32 and a same-dtype weight, every weight mode, Gemma's offset, an odd hidden
     size, Qwen3- and Gemma-like QK-norms, and fp32 -> bf16 and bf16 -> fp32 norms; then the same for the residual
-    add + RMSNorm (RMSNorm's and QK-norm's cases first, in their earlier order)."""
+    add + RMSNorm (RMSNorm's and QK-norm's cases first, in their earlier order); then the quantized ops'
+    (`quant_cases`)."""
     cases = _per_dtype_cases(rms_case)
     cases.append(qk_case(32, 8, 128, "bfloat16", "bfloat16"))
     cases.append(qk_case(8, 4, 256, "float16", "float32", WeightMode.BEFORE_CAST, weight_offset=1.0))
@@ -197,4 +204,50 @@ def default_cases() -> list[NormCase]:
     # An fp32 residual stream (x, residual and h fp32) feeding a bf16 layer, and its reverse.
     cases.append(add_case(4096, "float32", "bfloat16", WeightMode.AFTER_CAST, output_dtype="bfloat16"))
     cases.append(add_case(4096, "bfloat16", "float32", WeightMode.AFTER_CAST, output_dtype="float32"))
+    cases.extend(quant_cases())
     return cases
+
+
+def _scale(value: float) -> float:
+    """A quantizer scale as a node's float32 attribute holds it."""
+    return float(np.float32(value))
+
+
+def fp8(scale: float, saturate: bool = True, dequant_dtype: str | None = None) -> Quantizer:
+    return Quantizer("float8_e4m3fn", _scale(scale), saturate, dequant_dtype)
+
+
+def int8(scale: float, dequant_dtype: str | None = None) -> Quantizer:
+    return Quantizer("int8", _scale(scale), True, dequant_dtype)
+
+
+def quant_cases() -> list[NormCase]:
+    """The quantized ops as ModelOpt's exports put them (docs/plugin-nodes.md, "Quantization"): an FP8 or INT8
+    output, E4M3FN saturating and not (past ±448: ±448, NaN), the add-norm's FP8 and INT8 input fake-quant with and
+    without the output stage, INT8's rsqrt stage, an fp32 residual stream into a bf16 layer, every weight mode. The
+    scales put part of each output past the quantized range, so saturation is exercised."""
+    return [
+        rms_case(4096, "bfloat16", "bfloat16", quant=QuantParams(output=fp8(1 / 64))),
+        rms_case(2048, "float16", "float32", WeightMode.BEFORE_CAST, 1.0, quant=QuantParams(output=fp8(1 / 128))),
+        rms_case(1000, "float16", None, WeightMode.NONE, quant=QuantParams(output=fp8(1 / 128, saturate=False))),
+        rms_case(4096, "float16", "float32", quant=QuantParams(output=int8(2 / 127))),
+        rms_case(4096, "float16", "float16", quant=QuantParams(rsqrt=int8(2 / 127, "float16"), output=int8(4 / 127))),
+        rms_case(4096, "float32", "float32", output_dtype="bfloat16", quant=QuantParams(output=fp8(1 / 64))),
+        add_case(
+            4096,
+            "bfloat16",
+            "bfloat16",
+            quant=QuantParams(input=fp8(1 / 64, dequant_dtype="bfloat16"), output=fp8(1 / 64)),
+        ),
+        add_case(4096, "float16", "float16", quant=QuantParams(input=fp8(1 / 32, dequant_dtype="float16"))),
+        add_case(
+            4096,
+            "float16",
+            "float32",
+            quant=QuantParams(input=int8(6 / 127, "float16"), rsqrt=int8(2 / 127, "float16"), output=int8(4 / 127)),
+        ),
+        add_case(2048, "bfloat16", "float32", WeightMode.BEFORE_CAST, 1.0, quant=QuantParams(output=int8(8 / 127))),
+        add_case(
+            1000, "float32", None, WeightMode.NONE, output_dtype="bfloat16", quant=QuantParams(output=fp8(1 / 128))
+        ),
+    ]

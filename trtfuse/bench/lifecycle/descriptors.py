@@ -11,9 +11,10 @@ import numpy as np
 from trtfuse.bench.lifecycle.cases import NormCase, Shape
 from trtfuse.contract import FLOAT_FIELDS
 from trtfuse.contract.codec import NodeFields
-from trtfuse.plugins.python.base import DTYPE_NAMES, trt
+from trtfuse.plugins.python.base import OUTPUT_DATA_TYPES, trt
 
-DTYPE_BY_NAME = {name: data_type for data_type, name in DTYPE_NAMES.items()}
+# Every dtype a plugin tensor may have by its contract name: the float dtypes, and a quantized output's.
+DTYPE_BY_NAME = OUTPUT_DATA_TYPES
 
 
 def parser_fields(config: NodeFields) -> tuple[Any, list[np.ndarray]]:

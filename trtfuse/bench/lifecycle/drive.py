@@ -10,8 +10,9 @@ from typing import Any
 from trtfuse.bench.lifecycle.cases import NormCase, Shape
 from trtfuse.bench.lifecycle.host_cost import HostCost, host_cost
 from trtfuse.bench.lifecycle.outputs import OutputCheck, check_outputs
-from trtfuse.bench.lifecycle.phases import CREATORS, BuildPhase, build_phase, enqueue, runtime_phase, shape_change
+from trtfuse.bench.lifecycle.phases import BuildPhase, build_phase, enqueue, runtime_phase, shape_change
 from trtfuse.bench.lifecycle.tensors import device_tensors
+from trtfuse.plugins.python.creators import CREATORS
 
 
 @dataclass

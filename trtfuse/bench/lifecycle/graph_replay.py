@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from trtfuse.bench.lifecycle.cases import NormCase
 from trtfuse.bench.lifecycle.outputs import OutputCheck, check_outputs
-from trtfuse.bench.lifecycle.phases import CREATORS, build_phase, enqueue, runtime_phase, shape_change
+from trtfuse.bench.lifecycle.phases import build_phase, enqueue, runtime_phase, shape_change
 from trtfuse.bench.lifecycle.tensors import device_tensors
+from trtfuse.plugins.python.creators import CREATORS
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ def host_cost(
         synchronize = torch.cuda.synchronize
     handle = stream.cuda_stream
     inputs, outputs = tensors.input_ptrs, tensors.output_ptrs
-    bare_args = launch_args(plugin, inputs, outputs, handle)
+    bare_args = plugin.launch_args(inputs, outputs, handle)
     kernel_launch = plugin.kernel.launch
 
     def median_us(call: Any) -> float:
@@ -56,15 +56,3 @@ def host_cost(
         enqueue_us=median_us(lambda: plugin.enqueue(descs[0], descs[1], inputs, outputs, 0, handle)),
         launch_us=median_us(lambda: kernel_launch(*bare_args)),
     )
-
-
-def launch_args(plugin: NormPlugin, inputs: Sequence[int], outputs: Sequence[int], stream: int) -> tuple[int, ...]:
-    """The kernel-launch arguments enqueue passes, for any op: the activations, one weight per part (0 each without
-    weights), the outputs, one row count per part (its first activation's: the others have its shape), the stream.
-    RMSNorm: (x, w, y, rows, stream); QK-norm: (q, k, q_w, k_w, q_out, k_out, q_rows, k_rows, stream); add-norm:
-    (x, residual, w, y, h, rows, stream)."""
-    op = plugin.OP
-    activations, parts = len(op.activations), len(op.weights)
-    weights = tuple(inputs[activations:]) if len(inputs) > activations else (0,) * parts
-    rows = tuple(plugin.rows[op.activation_parts.index(part)] for part in range(parts))
-    return (*inputs[:activations], *weights, *outputs, *rows, stream)

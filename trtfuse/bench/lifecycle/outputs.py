@@ -1,14 +1,16 @@
 """A run's outputs against the shared float64 reference: written everywhere; a normalised output within the tolerance
-of the coarser of the output dtype and AFTER_CAST's intermediate; the add-norm's sum h bit for bit."""
+of the coarser of the output dtype and AFTER_CAST's intermediate, or, quantized (FP8 / INT8), within the quantized
+steps the norm's rounding to T can move it (`allowed_steps`); the add-norm's sum h bit for bit."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trtfuse.bench.lifecycle.cases import NormCase
-from trtfuse.bench.lifecycle.tensors import DeviceTensors
+from trtfuse.bench.lifecycle.tensors import DeviceTensors, is_poison
 from trtfuse.contract import WeightMode, rounding_dtype
 from trtfuse.contract.codec import NodeFields
 from trtfuse.verify.tolerances import output_error, tolerance_for
@@ -19,7 +21,7 @@ def reference_norm(x: Any, weight: Any, config: NodeFields) -> Any:
     from trtfuse.bench.reference import norm_reference  # torch: only the GPU steps need it
 
     cpu_weight = None if weight is None else weight.cpu()
-    return norm_reference(x.cpu(), cpu_weight, config.params, config.output_dtype)
+    return norm_reference(x.cpu(), cpu_weight, config.params, config.output_dtype, config.quant)
 
 
 def reference_part(activations: Sequence[Any], weight: Any, config: NodeFields) -> tuple[Any, Any | None]:
@@ -34,7 +36,7 @@ def reference_part(activations: Sequence[Any], weight: Any, config: NodeFields) 
 
     x, residual = (activation.cpu() for activation in activations)
     cpu_weight = None if weight is None else weight.cpu()
-    return add_norm_reference(x, residual, cpu_weight, config.params, config.output_dtype)
+    return add_norm_reference(x, residual, cpu_weight, config.params, config.output_dtype, config.quant)
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,20 @@ class OutputCheck:
     name: str
     max_abs: float
     max_rel: float
-    rtol: float  # 0 for an output that must be bit-exact (h)
-    unwritten: int  # NaNs left in the output: elements the kernel did not write
+    rtol: float  # 0 for an output that must be bit-exact (h); inf for a quantized one, which `max_steps` judges
+    unwritten: int  # poison left in the output: elements the kernel did not write
     differing: int = 0  # a bit-exact output's elements whose bits differ from the reference (-0 for +0 included)
+    max_steps: int = 0  # a quantized output: the most representable values between an element and its reference
+    allowed_steps: int = 0
 
     @property
     def passed(self) -> bool:
-        return self.unwritten == 0 and self.differing == 0 and self.max_rel <= self.rtol
+        return (
+            self.unwritten == 0
+            and self.differing == 0
+            and self.max_rel <= self.rtol
+            and self.max_steps <= self.allowed_steps
+        )
 
 
 def normalised_rtol(case: NormCase) -> float:
@@ -56,6 +65,40 @@ def normalised_rtol(case: NormCase) -> float:
     after_cast = case.config.params.weight_mode is WeightMode.AFTER_CAST
     coarse = rounding_dtype(case.dtype, case.output_dtype) if after_cast else case.output_dtype
     return max(tolerance_for(case.output_dtype).rtol, tolerance_for(coarse).rtol)
+
+
+def allowed_steps(case: NormCase) -> int:
+    """How many representable values a quantized output may be from the reference's. The kernel rounds the norm to T
+    once from float32 and the reference from float64, so their T values are up to two units of T's last place apart
+    (`verify.tolerances.KERNEL_ELEMENTWISE`), which moves Q(y) by at most one step where T resolves the quantized
+    grid (FP8's 4 significant bits, INT8's codes in fp32 or fp16), and by two for INT8 codes up to 127 in bfloat16,
+    whose 8 significant bits space them half a code apart above 64."""
+    quantizer = case.config.output_quantizer
+    if quantizer is None:
+        return 0
+    return 2 if quantizer.dtype == "int8" and case.output_dtype == "bfloat16" else 1
+
+
+def _ordinals(tensor: Any) -> tuple[Any, Any]:
+    """(each element's position on its dtype's ordered grid, its NaN mask): INT8 values as they are; E4M3FN's
+    sign-magnitude bits turned into a signed ordinal (±0 both 0), its NaNs (magnitude 0x7F) masked."""
+    import torch
+
+    if not tensor.dtype.is_floating_point:
+        return tensor.long(), torch.zeros(tensor.shape, dtype=torch.bool)
+    bits = tensor.view(torch.uint8).long()
+    magnitude = bits & 0x7F
+    return torch.where(bits >= 0x80, -magnitude, magnitude), magnitude == 0x7F
+
+
+def quantized_steps(actual: Any, reference: Any) -> int:
+    """The most representable values between an element of a quantized output and its reference's; a NaN where the
+    reference has none, or the reverse, counts as the whole grid (256)."""
+    actual_ordinals, actual_nan = _ordinals(actual.contiguous())
+    reference_ordinals, reference_nan = _ordinals(reference.contiguous())
+    steps = (actual_ordinals - reference_ordinals).abs().masked_fill(actual_nan & reference_nan, 0)
+    steps = steps.masked_fill(actual_nan != reference_nan, 256)
+    return int(steps.max()) if steps.numel() else 0
 
 
 def _same_width_int(tensor: Any) -> Any:
@@ -79,7 +122,16 @@ def check_outputs(case: NormCase, tensors: DeviceTensors) -> list[OutputCheck]:
     ):
         normed, summed = references[part]
         actual = tensors.outputs[index].detach().cpu()
-        unwritten = int(actual.isnan().sum())
+        unwritten = int(is_poison(actual).sum())
+        if normalised and case.config.output_quantizer is not None:
+            # The poison is a value INT8 outputs may hold: unwritten only where the reference holds another.
+            unwritten = int((is_poison(actual) & ~is_poison(normed)).sum())
+            error = output_error(name, actual.double().numpy(), normed.double().numpy())
+            steps = quantized_steps(actual, normed)
+            checks.append(
+                OutputCheck(name, error.max_abs, error.max_rel, math.inf, unwritten, 0, steps, allowed_steps(case))
+            )
+            continue
         if normalised:
             error = output_error(name, actual.double().numpy(), normed.double().numpy())
             checks.append(OutputCheck(name, error.max_abs, error.max_rel, normalised_rtol(case), unwritten))

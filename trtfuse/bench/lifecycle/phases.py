@@ -11,19 +11,12 @@ import numpy as np
 
 from trtfuse.bench.lifecycle.cases import NormCase, Shape
 from trtfuse.bench.lifecycle.descriptors import DTYPE_BY_NAME, dynamic_desc, parser_fields, profile_descs, run_descs
-from trtfuse.plugins.python.add_rms_norm import AddRmsNormPluginCreator
-from trtfuse.plugins.python.base import DEFAULT_TACTIC, DTYPE_NAMES, NormPlugin, NormPluginCreator, trt
-from trtfuse.plugins.python.qk_norm import QkNormPluginCreator
-from trtfuse.plugins.python.rms_norm import RmsNormPluginCreator
+from trtfuse.plugins.python.base import DEFAULT_TACTIC, OUTPUT_DTYPE_NAMES, NormPlugin, NormPluginCreator, trt
 
 if TYPE_CHECKING:
     from trtfuse.bench.lifecycle.tensors import DeviceTensors
 
 CAPABILITIES = ("CORE", "BUILD", "RUNTIME")
-# The creator of every op of the contract (contract.OPS), by op name.
-CREATORS: dict[str, type[NormPluginCreator]] = {
-    creator.PLUGIN.OP.name: creator for creator in (RmsNormPluginCreator, QkNormPluginCreator, AddRmsNormPluginCreator)
-}
 
 
 @dataclass(frozen=True)
@@ -62,7 +55,7 @@ def probe_formats(plugin: NormPlugin, case: NormCase) -> tuple[dict[int, tuple[s
         for data_type_name, data_type in trt.DataType.__members__.items():
             in_out[pos].desc.type = data_type
             if plugin.supports_format_combination(pos, in_out, num_inputs):
-                names.append(DTYPE_NAMES.get(data_type, data_type_name))
+                names.append(OUTPUT_DTYPE_NAMES.get(data_type, data_type_name))
         accepted[pos] = tuple(names)
         in_out[pos].desc.type = DTYPE_BY_NAME[chosen[pos]]
         for format_name in formats:
@@ -92,7 +85,7 @@ def build_phase(creator: NormPluginCreator, case: NormCase, node: str = "node") 
     serialized = [SerializedField(f.name, f.type, np.array(f.data, copy=True)) for f in fields]
     return BuildPhase(
         plugin=plugin,
-        output_dtypes=tuple(DTYPE_NAMES.get(t, t.name) for t in output_types),
+        output_dtypes=tuple(OUTPUT_DTYPE_NAMES.get(t, t.name) for t in output_types),
         output_ranks=tuple(len(s) for s in shapes),
         accepted=accepted,
         non_linear_accepted=non_linear,

@@ -3,8 +3,11 @@
 A plugin's tensors are its op's (`contract.FusedOp`): the activations, then (unless weight_mode is NONE) one weight
 per part; the activations of one part (the add-norm's x and residual) share one shape, and each output has the shape
 of its part's first activation. Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its
-own; normalised outputs are in the node's `output_dtype`, the others in the activations' dtype; all tensors are
-LINEAR. Leading dims are flattened into rows of the part's hidden size.
+own; normalised outputs are in the node's normalised dtype (`NodeFields.normalised_dtype`: `output_dtype`, or a
+quantized op's FP8 / INT8 when its output stage is on), the others in the activations' dtype; all tensors are
+LINEAR. Leading dims are flattened into rows of the part's hidden size. A quantized op (`contract.quantized`) runs
+in its plain op's class with the op swapped (`plugins.python.creators`): the same tensors and launch, its
+quantizers in the kernel spec.
 
 Work is done where TensorRT allows time for it: `configure_plugin` (build) and `on_shape_change` (build and run)
 pick the kernel and warm it up for every row count up to the largest seen, so `enqueue` is one call of a bound
@@ -23,13 +26,17 @@ from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION, FusedOp, dtype_pa
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.creation_errors import record_creation_error
+from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
 from trtfuse.plugins.python.fields import advertised_fields, parse_fields, serialize_fields
-from trtfuse.plugins.trt_module import contract_data_types, load_trt
+from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
 
 trt = load_trt()
 
+# Activations and weights take the float dtypes; only a normalised output may also take a quantized one.
 _DATA_TYPES = contract_data_types(trt)
 DTYPE_NAMES = {data_type: name for name, data_type in _DATA_TYPES.items()}
+OUTPUT_DATA_TYPES = {**_DATA_TYPES, **quant_data_types(trt)}
+OUTPUT_DTYPE_NAMES = {data_type: name for name, data_type in OUTPUT_DATA_TYPES.items()}
 # With no custom tactics advertised (no get_valid_tactics), TensorRT passes set_tactic this one, the default.
 DEFAULT_TACTIC = 0
 
@@ -41,7 +48,8 @@ def timing_cache_id(config: NodeFields) -> str:
 
 
 class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
-    """One fused norm node. Subclasses name the op, build the kernel and launch it."""
+    """One fused norm node. Subclasses name the op (`OP`); the kernel, its spec and its launch follow from the op's
+    tables (`plugins.kernel_specs`, `launch_args`)."""
 
     OP: ClassVar[FusedOp]
 
@@ -60,12 +68,16 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self.node = node
         self._label = f"{self.OP.name} '{node}'" if node else self.OP.name
         self._weighted = config.has_weight
+        self._normalised_type = OUTPUT_DATA_TYPES[config.normalised_dtype]
         self._input_names = self.OP.inputs(config.has_weight)
         self._same_type_as = self._type_ties()
         self._kernel: Any = None
         self._kernel_dtypes: tuple[str, str | None] | None = None
         self._warm_rows = 0
         self._rows: tuple[int, ...] = (0,) * len(self.OP.activations)
+        self._part_rows: tuple[int, ...] = (0,) * len(self.OP.weights)
+        self._activation_count = len(self.OP.activations)
+        self._no_weights = (0,) * len(self.OP.weights)
         self._has_shapes = False
         self._launch = self._launch_unprepared
         self._serialized: tuple[Any, Any] | None = None
@@ -80,20 +92,21 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         """Row counts of the activations for the coming enqueues, from the last on_shape_change."""
         return self._rows
 
-    # --- subclass hooks -------------------------------------------------------------------------------------------
+    # --- the kernel -----------------------------------------------------------------------------------------------
 
     def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
-        raise NotImplementedError
+        """The op's JIT kernel for these dtypes, its spec the node's fields (a quantized op's with its quantizers)."""
+        factory = getattr(self._kernels(), kernel_names(self.OP).jit)
+        return factory(kernel_spec(self.config, dtype, weight_dtype))
 
-    def _spec_fields(self, dtype: str, weight_dtype: str | None) -> dict[str, Any]:
-        """The kernel-spec fields both plugins share: dtypes and the node's compile-time constants."""
-        config = self.config
-        return {
-            "dtype": dtype,
-            "out_dtype": config.output_dtype,
-            "weight_dtype": weight_dtype,
-            "params": config.params,
-        }
+    def launch_args(self, inputs: Sequence[int], outputs: Sequence[int], stream: int) -> tuple[int, ...]:
+        """The kernel's launch arguments (trtfuse/kernels/api.py), for any op: the activations, one weight per part
+        (0 each without weights), the outputs, one row count per part (its first activation's: the others have its
+        shape), the stream. RMSNorm: (x, w, y, rows, stream); QK-norm: (q, k, q_w, k_w, q_out, k_out, q_rows,
+        k_rows, stream); add-norm: (x, residual, w, y, h, rows, stream)."""
+        activations = self._activation_count
+        weights = inputs[activations:] if self._weighted else self._no_weights
+        return (*inputs[:activations], *weights, *outputs, *self._part_rows, stream)
 
     def _kernels(self) -> ModuleType:
         """trtfuse.kernels, imported on first use so the plugins import (and deserialise) without CuTeDSL."""
@@ -117,7 +130,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         twin._kernel = self._kernel
         twin._kernel_dtypes = self._kernel_dtypes
         twin._warm_rows = self._warm_rows
-        twin._rows = self._rows
+        twin._set_rows(self._rows)
         twin._has_shapes = self._has_shapes
         twin._bind_launch()
         return twin
@@ -146,12 +159,13 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         if num_inputs != len(self._input_names) or not 0 <= pos < len(self._same_type_as):
             return False
         desc = in_out[pos].desc
-        if desc.format != trt.TensorFormat.LINEAR or desc.type not in DTYPE_NAMES:
+        if desc.format != trt.TensorFormat.LINEAR:
             return False
-        output_dtype = self.config.output_dtype
         if pos >= num_inputs and self.OP.normalised_outputs[pos - num_inputs]:
-            return desc.type == _DATA_TYPES[output_dtype]
-        if pos == 0 and dtype_pair_problem(DTYPE_NAMES[desc.type], output_dtype):
+            return desc.type == self._normalised_type
+        if desc.type not in DTYPE_NAMES:
+            return False
+        if pos == 0 and dtype_pair_problem(DTYPE_NAMES[desc.type], self.config.output_dtype):
             return False
         tied_to = self._same_type_as[pos]
         return tied_to is None or desc.type == in_out[tied_to].desc.type
@@ -170,7 +184,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self._check_input_count(len(inputs))
         rows = self._check_inputs([desc.dims for desc in inputs])
         self._prepare([desc.type for desc in inputs], max(rows))
-        self._rows = rows
+        self._set_rows(rows)
         self._has_shapes = True
         self._bind_launch()
 
@@ -187,7 +201,23 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self._serialized = serialize_fields(self.config)
         return self._serialized[0]
 
+    def enqueue(
+        self,
+        input_desc: Sequence[Any],
+        output_desc: Sequence[Any],
+        inputs: Sequence[int],
+        outputs: Sequence[int],
+        workspace: int,
+        stream: int,
+    ) -> None:
+        self._launch(*self.launch_args(inputs, outputs, stream))
+
     # --- helpers --------------------------------------------------------------------------------------------------
+
+    def _set_rows(self, rows: tuple[int, ...]) -> None:
+        """The activations' row counts, and each part's (its first activation's) for the launch."""
+        self._rows = rows
+        self._part_rows = tuple(rows[self.OP.activation_parts.index(part)] for part in range(len(self.OP.weights)))
 
     def _type_ties(self) -> tuple[int | None, ...]:
         """For each position of inputs then outputs: the earlier position whose dtype it must share, or None (the
@@ -203,11 +233,11 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         return self.OP.activation_parts.index(self.OP.output_parts[output])
 
     def _output_type(self, input_type: Any, output: int) -> Any:
-        """`output_dtype` for a normalised output, the activations' dtype for the others."""
+        """The normalised dtype for a normalised output, the activations' dtype for the others."""
         problem = dtype_pair_problem(self._dtype_name(input_type, 0), self.config.output_dtype)
         if problem is not None:
             raise TrtfuseError(f"{self._label}: {problem}")
-        return _DATA_TYPES[self.config.output_dtype] if self.OP.normalised_outputs[output] else input_type
+        return self._normalised_type if self.OP.normalised_outputs[output] else input_type
 
     def _check_input_count(self, count: int) -> None:
         if count != len(self._input_names):
