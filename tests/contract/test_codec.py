@@ -93,7 +93,7 @@ def test_the_add_norm_is_one_part_of_two_activations_with_a_normalised_and_a_res
 @pytest.mark.parametrize("mode", list(WeightMode), ids=[mode.name for mode in WeightMode])
 def test_each_op_round_trips_through_every_transport(op: str, mode: WeightMode) -> None:
     """The property test samples the ops; this names each one, so a new op's round trip is never left to chance."""
-    quant = contract.QuantParams(output=contract.Quantizer("float8e4m3fn", 0.5)) if OPS[op].quantized else None
+    quant = contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.5)) if OPS[op].quantized else None
     fields = NodeFields(OPS[op], NormParams(EPSILON, 1.0, mode), (64,) * len(OPS[op].hidden_fields), "bfloat16", quant)
     assert from_node(_node(fields), "m.onnx: node 'n'") == fields
     assert from_plugin_fields(fields.op, _raw_fields(fields), "op 'n'") == fields
@@ -216,9 +216,9 @@ def test_an_off_stage_is_written_as_code_0_and_the_output_dtype_follows_the_outp
         GOOD.params,
         (64,),
         "float16",
-        contract.QuantParams(output=contract.Quantizer("float8e4m3fn", 0.25, False)),
+        contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.25, False)),
     )
-    assert fp8.normalised_dtype == "float8e4m3fn" and fp8.numbers()["output_quant_saturate"] == 0
+    assert fp8.normalised_dtype == "float8_e4m3fn" and fp8.numbers()["output_quant_saturate"] == 0
 
 
 QUANT_GOOD = NodeFields(
@@ -226,10 +226,10 @@ QUANT_GOOD = NodeFields(
     GOOD.params,
     (64,),
     "float16",
-    contract.QuantParams(output=contract.Quantizer("float8e4m3fn", 0.25)),
+    contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.25)),
 )
 QUANT_BAD_VALUES = [
-    ("output_quant_dtype", 2, "output_quant_dtype is 2, none of 0 (off), 17 (float8e4m3fn), 3 (int8)"),
+    ("output_quant_dtype", 2, "output_quant_dtype is 2, none of 0 (off), 17 (float8_e4m3fn), 3 (int8)"),
     ("output_quant_scale", 0.0, "output_quant_scale is 0.0, not a finite positive number"),
     ("input_quant_scale", -1.0, "input_quant_scale is -1.0, not a finite positive number"),
     ("output_quant_scale", math.inf, "output_quant_scale is inf, not a finite positive number"),

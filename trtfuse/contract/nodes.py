@@ -105,7 +105,7 @@ class QuantStage(str, enum.Enum):
 QUANT_STAGES = tuple(QuantStage)
 # The quantized dtypes and their ONNX TensorProto element types (FLOAT8E4M3FN, INT8); a stage's dtype field is 0
 # when the stage is off.
-QUANT_DTYPE_CODES = {"float8e4m3fn": 17, "int8": 3}
+QUANT_DTYPE_CODES = {"float8_e4m3fn": 17, "int8": 3}
 QUANT_OFF = 0
 # What a quantized value saturates to: E4M3FN's largest finite magnitude, INT8's range. E4M3FN has no infinity: a
 # value past the range is NaN unless the quantizer saturates; INT8 always saturates (ONNX's `saturate` is float8's).

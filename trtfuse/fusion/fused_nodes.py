@@ -42,9 +42,9 @@ class PluginNode:
         return tuple(self.node.input[len(self.op.activations) :])
 
     def output_dtype(self, index: int) -> str | None:
-        """The dtype output `index` has by the contract: `output_dtype` for a normalised output, else the
-        activations'."""
-        return self.fields.output_dtype if self.op.normalised_outputs[index] else self.dtype
+        """The dtype output `index` has by the contract: the normalised dtype (`output_dtype`, or the output
+        quantizer's) for a normalised output, else the activations'."""
+        return self.fields.normalised_dtype if self.op.normalised_outputs[index] else self.dtype
 
 
 def node_label(node: onnx.NodeProto) -> str:
@@ -97,7 +97,7 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
     for index, output in enumerate(node.output):
         declared, expected = types.dtype(output), plugin.output_dtype(index)
         if declared is not None and expected is not None and declared != expected:
-            rule = "output_dtype" if op.normalised_outputs[index] else "its activations' dtype"
+            rule = _output_rule(fields) if op.normalised_outputs[index] else "its activations' dtype"
             raise TrtfuseError(f"{where}: output '{output}' is declared {declared}, but {rule} is {expected}")
     for position, name in enumerate(given):
         part = op.activation_parts[position] if position < len(op.activations) else position - len(op.activations)
@@ -108,6 +108,10 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
             raise TrtfuseError(f"{where}: {op.hidden_fields[part]} is {hidden}, but input '{name}' has {what} {last}")
     _check_part_shapes(op, given[: len(op.activations)], where, types)
     return plugin
+
+
+def _output_rule(fields: NodeFields) -> str:
+    return "output_dtype" if fields.output_quantizer is None else "output_quant_dtype"
 
 
 def _check_part_shapes(op: contract.FusedOp, activations: list[str], where: str, types: TensorTypes) -> None:

@@ -4,6 +4,10 @@ The lowering is the contract's definition written as a graph (see `contract.Weig
 and root in fp32, the weight plus its offset in fp32, and the casts exactly where the weight mode puts them: to the
 node's 16-bit dtype R before an AFTER_CAST weight multiply, to the output dtype T at the end. The add-norm's h is
 Cast(Add(Cast(x, fp32), Cast(residual, fp32)), D), written to its own output, and its y is the norm of that rounded h.
+A quantized node's stages are standard QuantizeLinear / DequantizeLinear nodes on float32 values with float32 scales
+and zero point 0 (onnxruntime's own arithmetic, which the contract's quantizers are defined to equal): the input
+stage on x (or the rounded h), the rsqrt stage on the inverse root, each dequantized in float32 and rounded once to
+its dequant dtype; the output stage quantizes y's T value into the node's output.
 """
 
 from __future__ import annotations
@@ -97,6 +101,40 @@ class _Lowering:
             self._norm(role, x, weight, outputs[True], out_type)
         return self.nodes
 
+    def _stage(self, stage: contract.QuantStage) -> contract.Quantizer | None:
+        quant = self.plugin.fields.quant
+        return None if quant is None else quant.at(stage)
+
+    def _fake_quant(self, tensor: str, stage: contract.QuantStage, name: str) -> str:
+        """`tensor` (float32) through the stage's DQ(Q(·)), dequantized in float32 and rounded once to the dequant
+        dtype, back in float32; `tensor` itself where the stage is off."""
+        quantizer = self._stage(stage)
+        if quantizer is None:
+            return tensor
+        name = f"{name}/{stage.value}_quant"
+        quantized = self._quantize(tensor, quantizer, name)
+        scale, zero_point = self._quantizer_operands(quantizer, name)
+        dequantized = self._op("DequantizeLinear", [quantized, scale, zero_point], f"{name}/dequantize")
+        rounded = self._cast(dequantized, contract.OUTPUT_DTYPE_CODES[quantizer.dequant_dtype], f"{name}/round")
+        return self._cast(rounded, _FLOAT, f"{name}/round_fp32")
+
+    def _quantize(self, tensor: str, quantizer: contract.Quantizer, name: str, output: str | None = None) -> str:
+        scale, zero_point = self._quantizer_operands(quantizer, name)
+        attributes = {"saturate": int(quantizer.saturate)} if quantizer.dtype == "float8_e4m3fn" else {}
+        code = contract.QUANT_DTYPE_CODES[quantizer.dtype]
+        inputs = [tensor, scale, zero_point]
+        return self._op("QuantizeLinear", inputs, f"{name}/quantize", output=output, elem_type=code, **attributes)
+
+    def _quantizer_operands(self, quantizer: contract.Quantizer, name: str) -> tuple[str, str]:
+        """The float32 scale and the zero point 0 of the quantizer's dtype, made once per stage."""
+        scale, zero_point = f"{name}/scale", f"{name}/zero_point"
+        if scale not in self.elem_types:
+            self._constant(scale, quantizer.scale)
+            code = contract.QUANT_DTYPE_CODES[quantizer.dtype]
+            self.constants.append(helper.make_tensor(zero_point, code, [], [0]))
+            self.elem_types[zero_point] = code
+        return scale, zero_point
+
     def _sum(self, role: str, activations: list[str], h: str) -> str:
         """The part's activations added in fp32 and rounded once to their dtype D (for 16-bit D the correctly rounded
         sum) into output `h`: the value the norm then reads, so r comes from the rounded sum."""
@@ -114,23 +152,34 @@ class _Lowering:
             contract.rounding_dtype(self.plugin.dtype, self.plugin.fields.output_dtype)
         ]
         name = f"{self.prefix}/{role}"
-        x32 = self._cast(x, _FLOAT, f"{name}/x_fp32")
+        x32 = self._fake_quant(self._cast(x, _FLOAT, f"{name}/x_fp32"), contract.QuantStage.INPUT, name)
         square = self._op("Mul", [x32, x32], f"{name}/square")
         mean = self._reduce_mean(square, f"{name}/mean")
         epsilon = self._constant(f"{name}/epsilon", params.epsilon)
         variance = self._op("Add", [mean, epsilon], f"{name}/add_epsilon")
         root = self._op("Sqrt", [variance], f"{name}/sqrt")
         inverse_root = self._op("Reciprocal", [root], f"{name}/rsqrt")
+        inverse_root = self._fake_quant(inverse_root, contract.QuantStage.RSQRT, name)
         normalised = self._op("Mul", [x32, inverse_root], f"{name}/normalise")
         if mode == contract.WeightMode.NONE:
-            self._cast(normalised, out_type, f"{name}/y", output=y)
+            self._output(normalised, out_type, name, y)
             return
         scale = self._scale(weight, params.weight_offset, name)
         if mode == contract.WeightMode.AFTER_CAST:
             rounded = self._cast(self._cast(normalised, round_type, f"{name}/round"), _FLOAT, f"{name}/round_fp32")
-            self._cast(self._op("Mul", [rounded, scale], f"{name}/scale"), out_type, f"{name}/y", output=y)
+            self._output(self._op("Mul", [rounded, scale], f"{name}/scale"), out_type, name, y)
         else:
-            self._cast(self._op("Mul", [normalised, scale], f"{name}/scale"), out_type, f"{name}/y", output=y)
+            self._output(self._op("Mul", [normalised, scale], f"{name}/scale"), out_type, name, y)
+
+    def _output(self, value: str, out_type: int, name: str, y: str) -> None:
+        """y: `value` rounded to T, then quantized where the output stage is on (Q reads the T value as the graph's
+        QuantizeLinear read it)."""
+        quantizer = self._stage(contract.QuantStage.OUTPUT)
+        if quantizer is None:
+            self._cast(value, out_type, f"{name}/y", output=y)
+            return
+        rounded = self._cast(self._cast(value, out_type, f"{name}/y_rounded"), _FLOAT, f"{name}/y_rounded_fp32")
+        self._quantize(rounded, quantizer, f"{name}/output_quant", output=y)
 
     def _scale(self, weight: str, offset: float, name: str) -> str:
         weight32 = self._cast(weight, _FLOAT, f"{name}/weight_fp32")
@@ -143,11 +192,20 @@ class _Lowering:
             raise TrtfuseError(f"{self.plugin.where}: dtype of tensor '{tensor}' is unknown")
         return self.elem_types[tensor]
 
-    def _op(self, op_type: str, inputs: list[str], name: str, output: str | None = None, **attrs: object) -> str:
-        """A node whose result is fp32, as every op of the lowering but the casts computes in fp32."""
+    def _op(
+        self,
+        op_type: str,
+        inputs: list[str],
+        name: str,
+        output: str | None = None,
+        elem_type: int = _FLOAT,
+        **attrs: object,
+    ) -> str:
+        """A node whose result is fp32 (as every op of the lowering but the casts and quantizers computes in fp32),
+        a Cast's `to`, or `elem_type`."""
         output = output or name
         self.nodes.append(helper.make_node(op_type, inputs, [output], name=name, **attrs))
-        self.elem_types[output] = attrs.get("to", _FLOAT)
+        self.elem_types[output] = attrs.get("to", elem_type)
         return output
 
     def _cast(self, tensor: str, to: int, name: str, output: str | None = None) -> str:
