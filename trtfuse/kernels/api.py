@@ -76,7 +76,7 @@ def _alignment_masks(hidden: int, dtype: str, out_dtype: str, weight_dtype: str 
 
 
 # torch's names where they differ from the contract's.
-_TORCH_NAMES = {"float8e4m3fn": "float8_e4m3fn"}
+_TORCH_NAMES = {"float8_e4m3fn": "float8_e4m3fn"}
 
 
 def _torch_dtype(name: str) -> torch.dtype:

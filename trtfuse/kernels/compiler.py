@@ -66,8 +66,13 @@ def _math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> NormMath:
 FP8_MIN_SM = 89
 
 
+def arch_sm(arch: str) -> int:
+    """The compute capability of a CuTeDSL arch string as a number: "sm_90a" -> 90."""
+    return int("".join(c for c in arch if c.isdigit()))
+
+
 def _check_arch(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, arch: str) -> None:
-    if has_fp8_stage(spec) and int("".join(c for c in arch if c.isdigit())) < FP8_MIN_SM:
+    if has_fp8_stage(spec) and arch_sm(arch) < FP8_MIN_SM:
         raise ValueError(f"an FP8 quantizer needs sm_{FP8_MIN_SM} or newer (its conversions), not {arch}: {spec}")
 
 

@@ -1,5 +1,5 @@
 """PTX CuTeDSL does not expose: 16-byte global loads with an L2 cache-eviction policy, and the two quantizer steps
-whose exact rounding and saturation the contract fixes (INT8's level, E4M3FN's overflow without `saturate`).
+whose exact rounding and saturation the contract fixes (INT8's level, E4M3FN's NaN codes).
 
 `CopyG2ROp` sets L1 eviction priorities but not L2's; a `createpolicy` register plus `.L2::cache_hint` on the load
 does (PTX ISA: "createpolicy", "ld"). The loads keep their program order (the asm has side effects), so a load
@@ -77,29 +77,30 @@ def int8_level(
     return Float32(_asm(T.f32(), [Float32(quotient).ir_value(loc=loc, ip=ip)], text, "=f,f", False, loc, ip))
 
 
-# onnxruntime's E4M3FN without saturate (float8.h): past 464 (the rounding midpoint above 448) NaN, except that a
-# quotient in [480, 496) truncates to the NaN code's mantissa, which it then turns back into 448.
-E4M3_NAN_FROM = 464.0
-E4M3_448_BAND = (480.0, 496.0)
+# E4M3FN's Q without `saturate` (ONNX's definition, trtfuse.bench.reference): NaN past this magnitude, the midpoint
+# of 448 and the 480 the format would have next (a tie there rounds to 448's even mantissa).
+E4M3_NAN_PAST = 464.0
 
 
 @dsl_user_op
-def e4m3_unsaturated(
-    quotient: Float32, *, loc: ir.Location | None = None, ip: ir.InsertionPoint | None = None
+def e4m3_nan_flagged(
+    quotient: Float32,
+    saturate: bool,
+    byte: int,
+    *,
+    loc: ir.Location | None = None,
+    ip: ir.InsertionPoint | None = None,
 ) -> tuple[Float32, Int32]:
-    """For E4M3FN's Q without `saturate`: (what to convert, 1 where the code must be NaN, else 0). A NaN-bound
-    quotient (NaN included) is replaced by the infinity of its sign, which the saturating conversion makes ±448:
-    the NaN code of that sign less its low bit, which the caller then sets."""
-    low, high = E4M3_448_BAND
+    """For E4M3FN's Q: (what to convert, the low bit of byte `byte` of a word where the code must be the NaN of the
+    quotient's sign, else 0).
+
+    NaN-bound are a NaN quotient and, without `saturate`, one past ±464. Each is replaced by the infinity of its
+    sign, which the saturating conversion makes ±448 (S.1111.110): the NaN code of that sign (S.1111.111) less its
+    low bit, which the caller then sets. The conversion alone would give NaN the canonical code, dropping its sign."""
+    test = "setp.nan.f32 nan, $2, $2;" if saturate else f"abs.f32 a, $2; setp.gtu.f32 nan, a, {_f32(E4M3_NAN_PAST)};"
     text = (
-        "{ .reg .pred band, nan; .reg .f32 a;"
-        " abs.f32 a, $2;"
-        f" setp.ge.f32 band, a, {_f32(low)};"
-        f" setp.lt.and.f32 band, a, {_f32(high)}, band;"
-        f" setp.gtu.and.f32 nan, a, {_f32(E4M3_NAN_FROM)}, !band;"
-        f" copysign.f32 a, $2, {_f32(float('inf'))};"
-        " selp.f32 $0, a, $2, nan;"
-        " selp.b32 $1, 1, 0, nan; }"
+        f"{{ .reg .pred nan; .reg .f32 a; {test} copysign.f32 a, $2, {_f32(float('inf'))};"
+        f" selp.f32 $0, a, $2, nan; selp.b32 $1, {1 << 8 * byte}, 0, nan; }}"
     )
     f32, i32 = T.f32(), T.i32()
     operands = [Float32(quotient).ir_value(loc=loc, ip=ip)]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int8
+from cutlass import Float32, Int8, Int32
 
-from trtfuse.kernels.ptx import e4m3_unsaturated, int8_level
+from trtfuse.kernels.ptx import e4m3_nan_flagged, int8_level
 
 # The cutlass types of the contract's dtype names: the float dtypes, and the quantized ones.
 FLOAT_CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
-QUANT_CUTLASS_DTYPES = {"float8e4m3fn": cutlass.Float8E4M3FN, "int8": cutlass.Int8}
+QUANT_CUTLASS_DTYPES = {"float8_e4m3fn": cutlass.Float8E4M3FN, "int8": cutlass.Int8}
 
 
 @cute.jit
@@ -40,21 +40,22 @@ def quantize_into(values: cute.TensorSSA, quantizer: cutlass.Constexpr, codes: c
     else:
         quotients = cute.make_rmem_tensor(codes.layout, Float32)
         quotients.store(values)
-        if cutlass.const_expr(quantizer.saturate):
-            for i in cutlass.range_constexpr(cute.size(quotients)):
-                quotients[i] = quotients[i] / Float32(quantizer.scale)
-            # cvt.rn.satfinite.e4m3x2.f32: round half to even, ±448 past the range (saturate's meaning).
-            codes.store(quotients.load().to(cutlass.Float8E4M3FN))
-        else:
-            nan = cute.make_rmem_tensor(codes.layout, Int8)
-            for i in cutlass.range_constexpr(cute.size(quotients)):
-                quotients[i], flag = e4m3_unsaturated(quotients[i] / Float32(quantizer.scale))
-                nan[i] = Int8(flag)
-            codes.store(quotients.load().to(cutlass.Float8E4M3FN))
-            # ±448 (S.1111.110) becomes the NaN code of its sign (S.1111.111) where the value overflows.
-            bits = cute.recast_tensor(codes, Int8)
-            for i in cutlass.range_constexpr(cute.size(bits)):
-                bits[i] = bits[i] | nan[i]
+        # The NaN fix-up works on whole words of 4 codes where the fragment has them (vectors of 4 and more).
+        group = 4 if cute.size(codes) % 4 == 0 else 1
+        words = cute.recast_tensor(codes, Int32 if group == 4 else Int8)
+        nan_bits = cute.make_rmem_tensor(words.layout, words.element_type)
+        for w in cutlass.range_constexpr(cute.size(words)):
+            bits = Int32(0)
+            for b in cutlass.range_constexpr(group):
+                i = w * group + b
+                quotients[i], flag = e4m3_nan_flagged(quotients[i] / Float32(quantizer.scale), quantizer.saturate, b)
+                bits = bits | flag
+            nan_bits[w] = words.element_type(bits)
+        # cvt.rn.satfinite.e4m3x2.f32: round half to even, ±448 past the range (saturate's meaning).
+        codes.store(quotients.load().to(cutlass.Float8E4M3FN))
+        # ±448 (S.1111.110) becomes the NaN code of its sign (S.1111.111) where the quotient is NaN-bound.
+        for w in cutlass.range_constexpr(cute.size(words)):
+            words[w] = words[w] | nan_bits[w]
 
 
 @cute.jit

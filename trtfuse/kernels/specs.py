@@ -17,7 +17,7 @@ from trtfuse.contract import (
     dtype_pair_problem,
 )
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8e4m3fn": 1, "int8": 1}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
 
 
 def _check_common(dtype: str, out_dtype: str, weight_dtype: str | None, params: NormParams) -> None:
@@ -77,7 +77,7 @@ def _repr(spec: RmsNormSpec | AddRmsNormSpec) -> str:
 def has_fp8_stage(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> bool:
     """Whether a stage of `spec` quantizes to FP8, whose conversion (cvt...e4m3x2) needs sm_89 or newer."""
     quant = getattr(spec, "quant", None)
-    return quant is not None and any(quant.at(stage).dtype == "float8e4m3fn" for stage in quant.stages)
+    return quant is not None and any(quant.at(stage).dtype == "float8_e4m3fn" for stage in quant.stages)
 
 
 def _y_dtype(spec: RmsNormSpec | AddRmsNormSpec) -> str:
