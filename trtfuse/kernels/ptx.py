@@ -84,23 +84,17 @@ E4M3_NAN_PAST = 464.0
 
 @dsl_user_op
 def e4m3_nan_flagged(
-    quotient: Float32,
-    saturate: bool,
-    byte: int,
-    *,
-    loc: ir.Location | None = None,
-    ip: ir.InsertionPoint | None = None,
+    quotient: Float32, byte: int, *, loc: ir.Location | None = None, ip: ir.InsertionPoint | None = None
 ) -> tuple[Float32, Int32]:
-    """For E4M3FN's Q: (what to convert, the low bit of byte `byte` of a word where the code must be the NaN of the
-    quotient's sign, else 0).
+    """For E4M3FN's Q without `saturate`: (what to convert, the low bit of byte `byte` of a word where the code
+    must be the NaN of the quotient's sign, else 0).
 
-    NaN-bound are a NaN quotient and, without `saturate`, one past ±464. Each is replaced by the infinity of its
-    sign, which the saturating conversion makes ±448 (S.1111.110): the NaN code of that sign (S.1111.111) less its
-    low bit, which the caller then sets. The conversion alone would give NaN the canonical code, dropping its sign."""
-    test = "setp.nan.f32 nan, $2, $2;" if saturate else f"abs.f32 a, $2; setp.gtu.f32 nan, a, {_f32(E4M3_NAN_PAST)};"
+    NaN-bound is a quotient past ±464 (or NaN). It is replaced by the infinity of its sign, which the saturating
+    conversion makes ±448 (S.1111.110): the NaN code of that sign (S.1111.111) less its low bit, which the caller
+    then sets."""
     text = (
-        f"{{ .reg .pred nan; .reg .f32 a; {test} copysign.f32 a, $2, {_f32(float('inf'))};"
-        f" selp.f32 $0, a, $2, nan; selp.b32 $1, {1 << 8 * byte}, 0, nan; }}"
+        f"{{ .reg .pred nan; .reg .f32 a; abs.f32 a, $2; setp.gtu.f32 nan, a, {_f32(E4M3_NAN_PAST)};"
+        f" copysign.f32 a, $2, {_f32(float('inf'))}; selp.f32 $0, a, $2, nan; selp.b32 $1, {1 << 8 * byte}, 0, nan; }}"
     )
     f32, i32 = T.f32(), T.i32()
     operands = [Float32(quotient).ir_value(loc=loc, ip=ip)]

@@ -40,22 +40,34 @@ def quantize_into(values: cute.TensorSSA, quantizer: cutlass.Constexpr, codes: c
     else:
         quotients = cute.make_rmem_tensor(codes.layout, Float32)
         quotients.store(values)
-        # The NaN fix-up works on whole words of 4 codes where the fragment has them (vectors of 4 and more).
-        group = 4 if cute.size(codes) % 4 == 0 else 1
-        words = cute.recast_tensor(codes, Int32 if group == 4 else Int8)
-        nan_bits = cute.make_rmem_tensor(words.layout, words.element_type)
-        for w in cutlass.range_constexpr(cute.size(words)):
-            bits = Int32(0)
-            for b in cutlass.range_constexpr(group):
-                i = w * group + b
-                quotients[i], flag = e4m3_nan_flagged(quotients[i] / Float32(quantizer.scale), quantizer.saturate, b)
-                bits = bits | flag
-            nan_bits[w] = words.element_type(bits)
-        # cvt.rn.satfinite.e4m3x2.f32: round half to even, ±448 past the range (saturate's meaning).
-        codes.store(quotients.load().to(cutlass.Float8E4M3FN))
-        # ±448 (S.1111.110) becomes the NaN code of its sign (S.1111.111) where the quotient is NaN-bound.
-        for w in cutlass.range_constexpr(cute.size(words)):
-            words[w] = words[w] | nan_bits[w]
+        if cutlass.const_expr(quantizer.saturate):
+            for i in cutlass.range_constexpr(cute.size(quotients)):
+                quotients[i] = quotients[i] / Float32(quantizer.scale)
+            # cvt.rn.satfinite.e4m3x2.f32: round half to even, ±448 past the range (saturate's meaning), a NaN the
+            # NaN code 0x7F, as the reference gives the only NaN a kernel's arithmetic makes (positive, canonical).
+            codes.store(quotients.load().to(cutlass.Float8E4M3FN))
+        else:
+            _store_e4m3_unsaturated(quotients, quantizer, codes)
+
+
+@cute.jit
+def _store_e4m3_unsaturated(quotients: cute.Tensor, quantizer: cutlass.Constexpr, codes: cute.Tensor):
+    """E4M3FN's Q without `saturate`: the saturating conversion, then the NaN code (of the value's sign) wherever
+    |v / s| > 464. The fix-up works on whole words of 4 codes where the fragment has them (vectors of 4 and more)."""
+    group = 4 if cute.size(codes) % 4 == 0 else 1
+    words = cute.recast_tensor(codes, Int32 if group == 4 else Int8)
+    nan_bits = cute.make_rmem_tensor(words.layout, words.element_type)
+    for w in cutlass.range_constexpr(cute.size(words)):
+        bits = Int32(0)
+        for b in cutlass.range_constexpr(group):
+            i = w * group + b
+            quotients[i], flag = e4m3_nan_flagged(quotients[i] / Float32(quantizer.scale), b)
+            bits = bits | flag
+        nan_bits[w] = words.element_type(bits)
+    codes.store(quotients.load().to(cutlass.Float8E4M3FN))
+    # ±448 (S.1111.110) becomes the NaN code of its sign (S.1111.111) where the quotient is NaN-bound.
+    for w in cutlass.range_constexpr(cute.size(words)):
+        words[w] = words[w] | nan_bits[w]
 
 
 @cute.jit
