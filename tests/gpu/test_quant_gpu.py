@@ -6,8 +6,9 @@ tolerance), so what is exact is each stage given what reaches it:
 - y's quantizer on chosen values: with x = 1 (or h = 0.5 + 0.5) and AFTER_CAST, R(x·r) is exactly 1 and y is the
   weight itself, so the weight puts any T value in front of the output quantizer: ties of every rounding, values
   just beside them, past the range, ±inf and NaN, for both saturate settings and both dtypes;
-- on random rows: the quantized kernel's output is Q(y) of the plain kernel's y (the same code up to the store),
-  and with the input stage the plain kernel's y of DQ(Q(x)) (of DQ(Q(h)), h itself output unquantized);
+- on random rows: the quantized kernel's output is Q(y) of the plain kernel's y, compiled in the quantized
+  variant's own tiling (the same code up to the store, the same order of the sum of squares), and with the input
+  stage the plain kernel's y of DQ(Q(x)) (of DQ(Q(h)), h itself output unquantized);
 - the inverse root's stage against the float64 reference, rows at a rounding boundary of r / s left out.
 Every quantized output is written twice over two poison patterns, which must give the same bytes: no element is
 left unwritten (an INT8 or FP8 poison could be a valid value)."""
@@ -23,6 +24,9 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
 from trtfuse.kernels import AddRmsNormSpec, RmsNormSpec, get_add_rms_norm, get_rms_norm
+from trtfuse.kernels.api import shared_cache
+from trtfuse.kernels.compiler import RmsNormVariant
+from trtfuse.kernels.tiling import Regime
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
@@ -136,13 +140,10 @@ def chosen_quotients(quantizer: Quantizer) -> np.ndarray:
     return np.concatenate([ties, edges, near, [0.0, -0.0]])
 
 
-def y_values(quantizer: Quantizer, t_dtype: str, specials: bool) -> torch.Tensor:
+def y_values(quantizer: Quantizer, t_dtype: str) -> torch.Tensor:
     """HIDDEN values of T: the chosen quotients times the scale (rounded to T: exact ties for a power-of-two
-    scale, ties broken by the rounding of v / s for another), random ones after them, and ±inf and NaN where T
-    can hold the NaN's sign through the norm (float32)."""
-    chosen = chosen_quotients(quantizer) * quantizer.scale
-    if specials:
-        chosen = np.concatenate([chosen, [np.inf, -np.inf, np.nan, -np.nan]])
+    scale, ties broken by the rounding of v / s for another), ±inf and NaN, then random ones."""
+    chosen = np.concatenate([chosen_quotients(quantizer) * quantizer.scale, [np.inf, -np.inf, np.nan]])
     assert len(chosen) < HIDDEN
     rest = np.random.default_rng().standard_normal(HIDDEN - len(chosen)) * 100 * quantizer.scale
     values = torch.tensor(np.concatenate([chosen, rest]), dtype=torch.float32, device="cuda")
@@ -158,15 +159,24 @@ QUANTIZERS = [
 Y_PAIRS = (("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32"))
 
 
+# Every quantizer on RMSNorm's three pairs and on the add+norm's bf16 rows.
+Y_CASES = [
+    (kind, dtype, t_dtype)
+    for kind in ("rms", "add")
+    for dtype, t_dtype in Y_PAIRS
+    if kind == "rms" or dtype == t_dtype == "bfloat16"
+]
+
+
 @pytest.mark.parametrize("quantizer", QUANTIZERS, ids=repr)
-@pytest.mark.parametrize(("dtype", "t_dtype"), Y_PAIRS)
-@pytest.mark.parametrize("kind", ["rms", "add"])
+@pytest.mark.parametrize(("kind", "dtype", "t_dtype"), Y_CASES)
 def test_y_quantizer_equals_the_reference_on_ties_edges_and_specials(
-    quantizer: Quantizer, dtype: str, t_dtype: str, kind: str
+    quantizer: Quantizer, kind: str, dtype: str, t_dtype: str
 ) -> None:
-    """Decode, prefill and unaligned (element path) launches; the plain kernel's y is checked to be w first."""
-    specials = t_dtype == "float32"
-    w = y_values(quantizer, t_dtype, specials)
+    """Decode, prefill and unaligned (element path) launches; the plain kernel's y is checked to be w first (a NaN
+    comes out as the kernel's canonical NaN)."""
+    w = y_values(quantizer, t_dtype)
+    nan = w.isnan()
     quant = QuantParams(output=quantizer)
     for rows, offset in ((1, 0), (133, 0), (133, 1)):
         if kind == "rms":
@@ -177,7 +187,8 @@ def test_y_quantizer_equals_the_reference_on_ties_edges_and_specials(
             x = shifted(torch.full((rows, HIDDEN), 0.5, device="cuda", dtype=getattr(torch, dtype)), offset)
             y, _ = run_add(AddRmsNormSpec(HIDDEN, dtype, t_dtype, EXACT_ONE, t_dtype), x, x, w, offset)
             out, _ = run_add(AddRmsNormSpec(HIDDEN, dtype, t_dtype, EXACT_ONE, t_dtype, quant), x, x, w, offset)
-        assert_same_bits(y, w.expand(rows, HIDDEN), "the plain kernel's y (the premise y = w)")
+        assert_same_bits(y[:, ~nan], w[~nan].expand(rows, -1), "the plain kernel's y (the premise y = w)")
+        assert y[:, nan].isnan().all()
         assert_same_bits(out, quantize_reference(y, quantizer), f"Q(y), rows={rows} offset={offset}")
 
 
@@ -186,8 +197,15 @@ def test_y_quantizer_equals_the_reference_on_ties_edges_and_specials(
 FP8 = Quantizer("float8_e4m3fn", f32(0.0173))
 FP8_UNSATURATED = Quantizer("float8_e4m3fn", f32(0.0071), saturate=False)  # some |y| / s past 464
 INT8 = Quantizer("int8", f32(0.0311))
-PAIRS = (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("float32", "bfloat16"),
-         ("float32", "float16"), ("bfloat16", "float32"), ("float16", "float32"))
+PAIRS = (
+    ("bfloat16", "bfloat16"),
+    ("float16", "float16"),
+    ("float32", "float32"),
+    ("float32", "bfloat16"),
+    ("float32", "float16"),
+    ("bfloat16", "float32"),
+    ("float16", "float32"),
+)
 
 
 def input_quantizer(dtype: str, quantized: str) -> Quantizer:
@@ -206,23 +224,51 @@ def stage_sets(dtype: str) -> dict[str, QuantParams]:
     }
 
 
-def expected_from_plain(spec: RmsNormSpec, v: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
-    """What the quantized kernel must give: the plain kernel's y of DQ(Q(v)) (v with the input stage off), then
-    Q(y) with the output stage on."""
+def plain_y(spec: RmsNormSpec | AddRmsNormSpec, v: torch.Tensor, w: torch.Tensor | None, aligned: bool) -> torch.Tensor:
+    """The plain RMSNorm's y of `v` (x, or the add+norm's h) in the tiling the quantized `spec` runs for v's rows and
+    alignment, launched as the plugins launch (raw pointers)."""
+    kernel = get_add_rms_norm(spec) if isinstance(spec, AddRmsNormSpec) else get_rms_norm(spec)
+    rows = v.numel() // spec.hidden
+    regime = Regime.DECODE if rows <= kernel.device.sm_count else Regime.PREFILL
+    tiling = kernel.variant(regime, aligned).tiling
+    plain = RmsNormSpec(spec.hidden, spec.dtype, spec.weight_dtype, spec.params, spec.out_dtype)
+    function = shared_cache().get(RmsNormVariant(plain, tiling, kernel.device.arch))
+    y = torch.empty(tuple(v.shape), device="cuda", dtype=getattr(torch, spec.out_dtype))
+    v = v.contiguous()
+    function(
+        v.data_ptr(), 0 if w is None else w.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream().cuda_stream
+    )
+    torch.cuda.synchronize()
+    return y
+
+
+def expected(
+    spec: RmsNormSpec | AddRmsNormSpec, v: torch.Tensor, w: torch.Tensor | None, aligned: bool
+) -> torch.Tensor:
+    """What the quantized kernel must give: the plain kernel's y of DQ(Q(v)) (of v with the input stage off),
+    then Q(y) with the output stage on."""
     quant = spec.quant
     if quant.input is not None:
         v = fake_quant_reference(v, quant.input)
-    plain = get_rms_norm(RmsNormSpec(spec.hidden, spec.dtype, spec.weight_dtype, spec.params, spec.out_dtype))
-    y = plain(v.contiguous(), w)
+    y = plain_y(spec, v, w, aligned)
     return y if quant.output is None else quantize_reference(y, quant.output)
 
 
-@pytest.mark.parametrize(("dtype", "t_dtype"), PAIRS)
-@pytest.mark.parametrize("stages", ["out-fp8", "out-fp8-unsat", "out-int8", "in-fp8-out-fp8", "in-int8-out-int8", "in-fp8"])
-@pytest.mark.parametrize("kind", ["rms", "add"])
+# Every stage set on bf16 rows of both kernels, then each other dtype pair with two of them.
+STAGE_SETS = ("out-fp8", "out-fp8-unsat", "out-int8", "in-fp8-out-fp8", "in-int8-out-int8", "in-fp8")
+RANDOM_CASES = [(kind, "bfloat16", "bfloat16", stages) for kind in ("rms", "add") for stages in STAGE_SETS] + [
+    (kind, dtype, t_dtype, stages)
+    for dtype, t_dtype in PAIRS[1:]
+    for kind, stages in (("rms", "out-int8"), ("add", "in-fp8-out-fp8"))
+]
+
+
+@pytest.mark.parametrize(("kind", "dtype", "t_dtype", "stages"), RANDOM_CASES)
 def test_random_rows_equal_the_plain_kernels_y_through_the_reference_quantizers(
-    dtype: str, t_dtype: str, stages: str, kind: str
+    kind: str, dtype: str, t_dtype: str, stages: str
 ) -> None:
+    """Decode, prefill and a last wave of one row, aligned (16-byte vectors) and one element off (the element
+    path), alternating Llama's and Gemma's weight modes."""
     quant = stage_sets(dtype)[stages]
     weight = "bfloat16" if "bfloat16" in (dtype, t_dtype) else "float16"
     for (rows, offset), params in zip(
@@ -230,17 +276,17 @@ def test_random_rows_equal_the_plain_kernels_y_through_the_reference_quantizers(
     ):
         w = shifted(rand((HIDDEN,), weight), offset)
         x = shifted(rand((rows, HIDDEN), dtype), offset)
-        norm = RmsNormSpec(HIDDEN, dtype, weight, params, t_dtype, quant)
+        what = f"{kind} {stages} rows={rows} offset={offset} {params.weight_mode.name}"
         if kind == "rms":
-            out = run_rms(norm, x, w, offset)
-            expected = expected_from_plain(norm, x, w)
+            spec = RmsNormSpec(HIDDEN, dtype, weight, params, t_dtype, quant)
+            assert_same_bits(run_rms(spec, x, w, offset), expected(spec, x, w, offset == 0), what)
         else:
+            spec = AddRmsNormSpec(HIDDEN, dtype, weight, params, t_dtype, quant)
             residual = shifted(rand((rows, HIDDEN), dtype), offset)
-            out, h = run_add(AddRmsNormSpec(HIDDEN, dtype, weight, params, t_dtype, quant), x, residual, w, offset)
+            out, h = run_add(spec, x, residual, w, offset)
             sum_ = (x.float() + residual.float()).to(x.dtype)
             assert_same_bits(h, sum_, "h = D(x + residual), unquantized")
-            expected = expected_from_plain(norm, sum_, w)
-        assert_same_bits(out, expected, f"{kind} {stages} rows={rows} offset={offset} {params.weight_mode.name}")
+            assert_same_bits(out, expected(spec, sum_, w, offset == 0), what)
 
 
 @pytest.mark.parametrize("hidden", [128, 1000, 1001, 5120])
@@ -250,7 +296,7 @@ def test_other_row_widths(hidden: int) -> None:
     spec = RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA, quant=quant)
     for rows in ROWS:
         x, w = rand((rows, hidden), "bfloat16"), rand((hidden,), "bfloat16")
-        assert_same_bits(run_rms(spec, x, w, 0), expected_from_plain(spec, x, w), f"H={hidden} rows={rows}")
+        assert_same_bits(run_rms(spec, x, w, 0), expected(spec, x, w, True), f"H={hidden} rows={rows}")
 
 
 RSQRT = Quantizer("int8", f32(0.05), True, "float32")  # ModelOpt INT8's pair on the inverse root
@@ -290,12 +336,19 @@ def test_raw_pointer_launch_of_a_quantized_add_norm_replays_from_a_cuda_graph() 
     y, h = buffer((rows, HIDDEN), spec.y_dtype, 0), buffer((rows, HIDDEN), "bfloat16", 0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
-        kernel.launch(x.data_ptr(), residual.data_ptr(), w.data_ptr(), y.data_ptr(), h.data_ptr(), rows,
-                      torch.cuda.current_stream().cuda_stream)
+        kernel.launch(
+            x.data_ptr(),
+            residual.data_ptr(),
+            w.data_ptr(),
+            y.data_ptr(),
+            h.data_ptr(),
+            rows,
+            torch.cuda.current_stream().cuda_stream,
+        )
     for _ in range(2):
         x.copy_(rand((rows, HIDDEN), "bfloat16"))
         residual.copy_(rand((rows, HIDDEN), "bfloat16"))
         written_twice(graph.replay, y)
         sum_ = (x.float() + residual.float()).to(x.dtype)
         assert_same_bits(h, sum_, "h")
-        assert_same_bits(y, expected_from_plain(spec.norm(), sum_, w), "y")
+        assert_same_bits(y, expected(spec, sum_, w, True), "y")

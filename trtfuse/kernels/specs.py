@@ -55,7 +55,9 @@ def _check_quant(quant: QuantParams | None) -> None:
     for stage in quant.stages:
         quantizer = quant.at(stage)
         if quantizer.dtype not in QUANT_DTYPE_CODES:
-            raise ValueError(f"{stage.value} quantizer dtype {quantizer.dtype!r} is not one of {tuple(QUANT_DTYPE_CODES)}")
+            raise ValueError(
+                f"{stage.value} quantizer dtype {quantizer.dtype!r} is not one of {tuple(QUANT_DTYPE_CODES)}"
+            )
         scale = quantizer.scale
         if not (math.isfinite(scale) and scale > 0.0 and struct.unpack("f", struct.pack("f", scale))[0] == scale):
             raise ValueError(f"{stage.value} quantizer scale {scale!r} is not a positive finite float32 value")
@@ -64,7 +66,9 @@ def _check_quant(quant: QuantParams | None) -> None:
         if stage.fake != (quantizer.dequant_dtype is not None):
             raise ValueError(f"{stage.value} quantizer: a dequant dtype exactly for the fake-quant stages")
         if stage.fake and quantizer.dequant_dtype not in ACTIVATION_DTYPES:
-            raise ValueError(f"{stage.value} dequant dtype {quantizer.dequant_dtype!r} is not one of {ACTIVATION_DTYPES}")
+            raise ValueError(
+                f"{stage.value} dequant dtype {quantizer.dequant_dtype!r} is not one of {ACTIVATION_DTYPES}"
+            )
 
 
 def _repr(spec: RmsNormSpec | AddRmsNormSpec) -> str:
