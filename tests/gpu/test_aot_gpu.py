@@ -34,7 +34,14 @@ from trtfuse.bench.aot.manifest import (  # noqa: E402
     spec_to_json,
     write_artifact,
 )
-from trtfuse.bench.aot.matrix import MatrixEntry, entry_name, matrix, part_pointers, part_rows  # noqa: E402
+from trtfuse.bench.aot.matrix import (  # noqa: E402
+    MatrixEntry,
+    entry_name,
+    kind_of,
+    matrix,
+    part_pointers,
+    part_rows,
+)
 from trtfuse.bench.aot.params import PackedParams, argument_values, pack_params, pointer_names  # noqa: E402
 from trtfuse.bench.aot.tensors import CaseTensors  # noqa: E402
 from trtfuse.bench.reference import add_norm_reference, norm_reference  # noqa: E402
@@ -277,7 +284,7 @@ def test_the_matrix_covers_every_add_norm_dtype_pair_and_weight_mode() -> None:
     from trtfuse.kernels.tiling import Regime
 
     specs = add_norm_test_specs()
-    entries = [e for e in matrix() if e.kind.name == "add_rms_norm"]
+    entries = [e for e in matrix() if e.kind.name == "add_rms_norm" and e.spec.quant is None]
     assert entries and all(e.heads is None for e in entries)
     assert {e.spec for e in entries} <= specs
 
@@ -296,6 +303,33 @@ def test_the_matrix_covers_every_add_norm_dtype_pair_and_weight_mode() -> None:
     assert any(h % (t.threads_per_row * t.vectors_per_thread * t.vector) for h, t in tilings), "a ragged row"
     assert any(t.rows_per_block > 1 for _, t in tilings) and len({h for h, _ in tilings}) >= 4
     assert {len(add_rms_norm_tactics(e.spec)) for e in entries} == {1, 2}
+
+
+def test_the_matrix_covers_the_quantizer_stages() -> None:
+    """Quantized entries of both kinds: the output stage in FP8 (saturating and not) and INT8, the input stage with
+    and without it, 16-byte vectors and narrower ones (every AOT kernel also holds the element path, which the
+    check's shifted pointers take)."""
+    from trtfuse.kernels.api import rms_norm_tiling
+    from trtfuse.kernels.tiling import Regime
+
+    quantized = [e.spec for e in matrix() if getattr(e.spec, "quant", None) is not None]
+    for kind in ("rms_norm", "add_rms_norm"):
+        specs = [s for s in quantized if kind_of(s).name == kind]
+        outputs = {(s.quant.output.dtype, s.quant.output.saturate) for s in specs if s.quant.output is not None}
+        assert outputs == {("float8_e4m3fn", True), ("float8_e4m3fn", False), ("int8", True)}
+        assert any(s.quant.input is not None and s.quant.output is not None for s in specs)
+        vectors = {rms_norm_tiling(s, Regime.PREFILL, aligned=True).vector for s in specs}
+        assert 16 in vectors and len(vectors) > 1  # 16-byte stores of y, and a row of narrower vectors
+    assert any(s.quant.input is not None and s.quant.output is None for s in quantized)
+    assert all(s.quant.rsqrt is None for s in quantized)
+
+
+def test_quantized_buffers_hold_y_in_the_quantized_dtype_and_are_poisoned_bytewise() -> None:
+    spec = next(e.spec for e in matrix() if getattr(e.spec, "quant", None) is not None and e.spec.quant.output)
+    entry = MatrixEntry(spec)
+    tensors = CaseTensors(entry, declaration_for(entry), LaunchCase(3), device="cpu")
+    out = tensors.parts["x"].out
+    assert out.element_size() == 1 and bool((out.view(torch.uint8) == 0x7F).all())
 
 
 def test_the_matrix_specs_survive_the_manifest() -> None:
@@ -421,6 +455,49 @@ def test_outputs_pass_only_when_written_and_close(entry: MatrixEntry) -> None:
     parts[-1].out.view(-1)[7] += 1.0
     passed, detail, _, worst = compare_part(entry.spec, parts[-1])
     assert not passed and "outside" in detail and worst > 1
+
+
+def quantized_entries() -> list[MatrixEntry]:
+    """One matrix entry of each kind per output quantizer dtype and saturate setting, at a CPU-sized hidden."""
+    chosen = {}
+    for entry in matrix():
+        quant = getattr(entry.spec, "quant", None)
+        if quant is not None and quant.output is not None:
+            key = (entry.kind.name, quant.output.dtype, quant.output.saturate)
+            chosen.setdefault(key, MatrixEntry(dataclasses.replace(entry.spec, hidden=64)))
+    return list(chosen.values())
+
+
+@pytest.mark.parametrize("entry", quantized_entries(), ids=repr)
+def test_quantized_outputs_pass_within_one_step_and_only_when_written(entry: MatrixEntry) -> None:
+    """The reference's codes pass; a poisoned (unwritten) output, a code two steps off, or a NaN the reference does
+    not have, fail."""
+    spec = entry.spec
+    tensors = CaseTensors(entry, declaration_for(entry), LaunchCase(3), device="cpu")
+    (part,) = tensors.parts.values()
+    shape = (part.rows, part.hidden)
+    assert not compare_part(spec, part)[0]
+    weight = None if spec.weight_dtype is None else part.weight
+    x = part.x.view(shape)
+    if part.residual is None:
+        codes = norm_reference(x, weight, spec.params, spec.out_dtype, spec.quant)
+    else:
+        codes, h = add_norm_reference(x, part.residual.view(shape), weight, spec.params, spec.out_dtype, spec.quant)
+        part.h.view(shape).copy_(h)
+    part.out.view(shape).copy_(codes)
+    passed, detail, _, worst = compare_part(spec, part)
+    assert passed and worst <= 1, detail
+    flat = part.out.view(-1)
+    index = int(flat.float().abs().argmin())  # a small value: two steps up stays in range and finite
+    if spec.quant.output.dtype == "int8":
+        flat[index] = flat[index] + 3  # three steps: past one step and the tolerance of a small y
+    else:
+        flat.view(torch.uint8)[index] = (flat.view(torch.uint8)[index] & 0x80) | 0x50  # 8 s: far off a small y
+    assert not compare_part(spec, part)[0]
+    part.out.view(shape).copy_(codes)
+    if spec.quant.output.dtype != "int8":
+        flat.view(torch.uint8)[index] = 0x7F
+        assert "NaN on one side only" in compare_part(spec, part)[1]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

@@ -43,8 +43,8 @@ def _vector(hidden: int, dtype: str, out_dtype: str) -> int:
 def rms_norm_tiling(spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned: bool) -> RowTiling:
     """The row tiling of `spec` in `regime`: full vectors for aligned pointers, one element per access otherwise.
     An add+norm spec's rows carry the residual's extra read and h's write (`row_tiling`'s `residual`)."""
-    vector = _vector(spec.hidden, spec.dtype, spec.out_dtype) if aligned else 1
-    x_bytes, y_bytes = DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype]
+    vector = _vector(spec.hidden, spec.dtype, spec.y_dtype) if aligned else 1
+    x_bytes, y_bytes = DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.y_dtype]
     if isinstance(spec, AddRmsNormSpec):
         return row_tiling(spec.hidden, vector, regime, x_bytes, y_bytes, residual=True)
     return row_tiling(spec.hidden, vector, regime, x_bytes, y_bytes)
@@ -75,10 +75,14 @@ def _alignment_masks(hidden: int, dtype: str, out_dtype: str, weight_dtype: str 
     return max(mask(dtype), mask(out_dtype)), mask(weight_dtype or dtype)
 
 
+# torch's names where they differ from the contract's.
+_TORCH_NAMES = {"float8_e4m3fn": "float8_e4m3fn"}
+
+
 def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
-    return getattr(torch, name)
+    return getattr(torch, _TORCH_NAMES.get(name, name))
 
 
 def _check_tensor(what: str, t: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> None:
@@ -118,7 +122,7 @@ class RmsNormKernel:
         self.spec = spec
         self.cache = cache
         self.device = device
-        self._act_mask, self._weight_mask = _alignment_masks(spec.hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
+        self._act_mask, self._weight_mask = _alignment_masks(spec.hidden, spec.dtype, spec.y_dtype, spec.weight_dtype)
         self._decode_max_rows = device.sm_count
         self._functions: dict[tuple[bool, bool], Any] = {}
 
@@ -158,8 +162,8 @@ class RmsNormKernel:
             raise ValueError("a weight is required exactly when weight_mode is not NONE")
         if w is not None:
             _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
-        out = _empty_like(x, spec.out_dtype) if out is None else out
-        _check_tensor("out", out, spec.out_dtype, tuple(x.shape))
+        out = _empty_like(x, spec.y_dtype) if out is None else out
+        _check_tensor("out", out, spec.y_dtype, tuple(x.shape))
         rows = x.numel() // spec.hidden
         self.launch(x.data_ptr(), 0 if w is None else w.data_ptr(), out.data_ptr(), rows, _current_stream())
         return out
@@ -201,9 +205,9 @@ class AddRmsNormKernel(RmsNormKernel):
             raise ValueError("a weight is required exactly when weight_mode is not NONE")
         if w is not None:
             _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
-        out = _empty_like(x, spec.out_dtype) if out is None else out
+        out = _empty_like(x, spec.y_dtype) if out is None else out
         h_out = _empty_like(x, spec.dtype) if h_out is None else h_out
-        _check_tensor("out", out, spec.out_dtype, tuple(x.shape))
+        _check_tensor("out", out, spec.y_dtype, tuple(x.shape))
         _check_tensor("h_out", h_out, spec.dtype, tuple(x.shape))
         rows = x.numel() // spec.hidden
         w_ptr = 0 if w is None else w.data_ptr()

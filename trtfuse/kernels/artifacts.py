@@ -17,7 +17,15 @@ from pathlib import Path
 
 from trtfuse.kernels.api import qk_norm_tilings, rms_norm_tiling
 from trtfuse.kernels.cache import cache_folder, default_cache_root, write_cache_file
-from trtfuse.kernels.compiler import AddRmsNormVariant, QkNormVariant, RmsNormVariant, Variant, compile_aot_variant
+from trtfuse.kernels.compiler import (
+    FP8_MIN_SM,
+    AddRmsNormVariant,
+    QkNormVariant,
+    RmsNormVariant,
+    Variant,
+    arch_sm,
+    compile_aot_variant,
+)
 from trtfuse.kernels.declaration import (
     KernelArtifact,
     LaunchDeclaration,
@@ -28,7 +36,7 @@ from trtfuse.kernels.declaration import (
     rms_norm_params,
 )
 from trtfuse.kernels.norm_kernel import smem_bytes
-from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
 from trtfuse.kernels.tiling import Regime
 
 # The targets CI compiles every artifact for: Ampere (A100, A10/RTX 30, L4/RTX 40), Hopper and Blackwell datacenter.
@@ -45,6 +53,14 @@ _ENTRY_SALTS = 64
 _memory: dict[tuple[Path, str], KernelArtifact] = {}
 # One compilation at a time: the entry name is set on the shared kernel function before each compile.
 _compile_lock = threading.Lock()
+
+
+def aot_archs(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> tuple[str, ...]:
+    """The AOT_ARCHS `spec` compiles for: every one, less those before sm_89 for an FP8 quantizer (its conversions
+    need sm_89; TensorRT runs FP8 on none of them either)."""
+    if not has_fp8_stage(spec):
+        return AOT_ARCHS
+    return tuple(arch for arch in AOT_ARCHS if arch_sm(arch) >= FP8_MIN_SM)
 
 
 def rms_norm_tactics(spec: RmsNormSpec | AddRmsNormSpec) -> tuple[Tactic, ...]:

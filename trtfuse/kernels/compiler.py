@@ -25,7 +25,7 @@ from trtfuse.kernels.norm_kernel import (
     rms_norm_aot_launcher,
     rms_norm_launcher,
 )
-from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
 from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling
 
 
@@ -56,7 +56,24 @@ Variant = RmsNormVariant | AddRmsNormVariant | QkNormVariant
 
 def _math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> NormMath:
     rounding = rounding_dtype(spec.dtype, spec.out_dtype)
-    return NormMath(spec.params, rounding)
+    quant = getattr(spec, "quant", None)
+    if quant is None:
+        return NormMath(spec.params, rounding)
+    return NormMath(spec.params, rounding, quant, spec.out_dtype if quant.output is not None else None)
+
+
+# cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.f16x2.e4m3x2 (PTX ISA: sm_89 and newer).
+FP8_MIN_SM = 89
+
+
+def arch_sm(arch: str) -> int:
+    """The compute capability of a CuTeDSL arch string as a number: "sm_90a" -> 90."""
+    return int("".join(c for c in arch if c.isdigit()))
+
+
+def _check_arch(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, arch: str) -> None:
+    if has_fp8_stage(spec) and arch_sm(arch) < FP8_MIN_SM:
+        raise ValueError(f"an FP8 quantizer needs sm_{FP8_MIN_SM} or newer (its conversions), not {arch}: {spec}")
 
 
 def _activation_ptr(dtype: str, tiling: RowTiling) -> cute.Pointer:
@@ -83,6 +100,7 @@ def _options(arch: str, ptx_dir: Path | None) -> str:
 def compile_variant(variant: Variant, ptx_dir: Path | None = None) -> Any:
     """Compile one variant; its PTX lands in `ptx_dir` when given. Returns CuTeDSL's TVM-FFI compiled function."""
     spec = variant.spec
+    _check_arch(spec, variant.arch)
     options = _options(variant.arch, ptx_dir)
     if isinstance(variant, AddRmsNormVariant):
         return cute.compile(
@@ -90,7 +108,7 @@ def compile_variant(variant: Variant, ptx_dir: Path | None = None) -> Any:
             _activation_ptr(spec.dtype, variant.tiling),
             _activation_ptr(spec.dtype, variant.tiling),
             _weight_ptr(spec, variant.tiling),
-            _activation_ptr(spec.out_dtype, variant.tiling),
+            _activation_ptr(spec.y_dtype, variant.tiling),
             _activation_ptr(spec.dtype, variant.tiling),
             Int32(1),
             make_fake_stream(),
@@ -103,7 +121,7 @@ def compile_variant(variant: Variant, ptx_dir: Path | None = None) -> Any:
             rms_norm_launcher,
             _activation_ptr(spec.dtype, variant.tiling),
             _weight_ptr(spec, variant.tiling),
-            _activation_ptr(spec.out_dtype, variant.tiling),
+            _activation_ptr(spec.y_dtype, variant.tiling),
             Int32(1),
             make_fake_stream(),
             variant.tiling,
@@ -146,6 +164,7 @@ def compile_aot_variant(variant: Variant, entry_prefix: str, dump_dir: Path) -> 
 
     Sets the entry name on the shared kernel function: the caller serialises compilations."""
     spec = variant.spec
+    _check_arch(spec, variant.arch)
     weight_dtype = spec.weight_dtype or spec.dtype
     options = f"--gpu-arch {variant.arch} --keep-ptx --keep-cubin --dump-dir {dump_dir}"
     if isinstance(variant, RmsNormVariant):
@@ -154,7 +173,7 @@ def compile_aot_variant(variant: Variant, entry_prefix: str, dump_dir: Path) -> 
             _element_ptr(spec.dtype),
             _element_ptr(weight_dtype),
             Int32(1),
-            _element_ptr(spec.out_dtype),
+            _element_ptr(spec.y_dtype),
             make_fake_stream(),
             variant.tiling,
             _math(spec),
@@ -167,7 +186,7 @@ def compile_aot_variant(variant: Variant, entry_prefix: str, dump_dir: Path) -> 
             _element_ptr(spec.dtype),
             _element_ptr(weight_dtype),
             Int32(1),
-            _element_ptr(spec.out_dtype),
+            _element_ptr(spec.y_dtype),
             _element_ptr(spec.dtype),
             make_fake_stream(),
             variant.tiling,

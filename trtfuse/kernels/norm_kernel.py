@@ -6,7 +6,8 @@ L1 or L2, where cache-eviction policies keep it until then, instead of holding i
 squares is reduced in fp32 with butterfly shuffles inside the row's lanes; a row wider than a warp adds one
 shared-memory exchange between its warps. QK-norm runs two such problems in one grid: the first blocks take q rows,
 the rest k rows. The fused residual add+norm is the same pass with a residual: each thread loads x and the residual,
-forms h = D(x + residual), stores h at once and normalises h.
+forms h = D(x + residual), stores h at once and normalises h. Quantizer stages (`NormMath.quant`) are compile-time
+options of the same kernels: x (or h) fake-quantized as it is read, r per row, y quantized where it is stored.
 """
 
 from __future__ import annotations
@@ -18,11 +19,18 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from trtfuse.contract import NormParams, WeightMode
+from trtfuse.contract import NormParams, QuantParams, WeightMode
 from trtfuse.kernels.ptx import l2_evict_policy, load_16_bytes
+from trtfuse.kernels.quant import (
+    FLOAT_CUTLASS_DTYPES,
+    QUANT_CUTLASS_DTYPES,
+    fake_quantized,
+    fake_quantized_scalar,
+    quantize_into,
+)
 from trtfuse.kernels.tiling import ACCESS_BYTES, WARP, RowTiling
 
-CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+CUTLASS_DTYPES = FLOAT_CUTLASS_DTYPES | QUANT_CUTLASS_DTYPES
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,12 @@ class NormMath:
 
     params: NormParams
     rounding: str  # the dtype AFTER_CAST rounds x·r to before the weight multiply (contract.rounding_dtype)
+    quant: QuantParams | None = None  # the quantizer stages; None: a plain kernel, which traces none of them
+    normalised: str | None = None  # T, y's dtype before the output quantizer (set with that stage only)
+
+    def stage(self, name: str) -> object:
+        """The quantizer of stage `name` ("input", "rsqrt", "output"), None when off."""
+        return None if self.quant is None else getattr(self.quant, name)
 
 
 def smem_bytes(tiling: RowTiling) -> int:
@@ -160,7 +174,32 @@ def _row_rstd(
         sum_sq = Float32(0.0)
         for w in cutlass.range_constexpr(tiling.warps_per_row):
             sum_sq = sum_sq + partials[row_in_block, w]
-    return cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.params.epsilon), fastmath=True)
+    rstd = cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.params.epsilon), fastmath=True)
+    if cutlass.const_expr(math.stage("rsqrt") is not None):
+        rstd = fake_quantized_scalar(rstd, math.stage("rsqrt"))
+    return rstd
+
+
+@cute.jit
+def _row_values(slots: cute.Tensor, math: cutlass.Constexpr) -> cute.TensorSSA:
+    """The values the norm reads from a fragment of x (or h), as float32: DQ(Q(·)) with the input stage on."""
+    values = slots.load().to(Float32)
+    if cutlass.const_expr(math.stage("input") is not None):
+        values = fake_quantized(values, math.stage("input"), slots.layout)
+    return values
+
+
+@cute.jit
+def _store_normalized(
+    r_y: cute.Tensor, x: cute.TensorSSA, rstd: Float32, r_w: cute.Tensor | None, math: cutlass.Constexpr
+):
+    """y into its fragment: rounded to T (y's own dtype) or, with the output stage on, to T and then quantized."""
+    quantizer = math.stage("output")
+    if cutlass.const_expr(quantizer is None):
+        r_y.store(_normalized(x, rstd, r_w, r_y.element_type, math))
+    else:
+        y = _normalized(x, rstd, r_w, FLOAT_CUTLASS_DTYPES[math.normalised], math)
+        quantize_into(y.to(Float32), quantizer, r_y)
 
 
 @cute.jit
@@ -258,7 +297,7 @@ def _normalize_block_rows(
         if row_ok:
             _store_slots(r_x, g_h, lane, tiling)
 
-    x = r_x.load().to(Float32)
+    x = _row_values(r_x, math)
     rstd = _row_rstd((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), lane, row_in_block, partials, tiling, math)
 
     if cutlass.const_expr(tiling.reread):
@@ -270,8 +309,8 @@ def _normalize_block_rows(
                 _load_slots_with_policy(row_in, slots, lane, tiling, False)
         if cutlass.const_expr(has_residual):
             r_x.store(_residual_sum(r_x, r_res))
-        x = r_x.load().to(Float32)
-    r_y.store(_normalized(x, rstd, r_w if cutlass.const_expr(has_weight) else None, y_ptr.dtype, math))
+        x = _row_values(r_x, math)
+    _store_normalized(r_y, x, rstd, r_w if cutlass.const_expr(has_weight) else None, math)
 
     if cutlass.const_expr(tiling.paired_stores):
         _store_slots_paired(r_y, g_y, lane, row_ok, tiling)
@@ -326,7 +365,7 @@ def _normalize_block_rows_by_element(
                 cute.autovec_copy(g_res[None, index], r_res[None, 0])
                 r_x.store(_residual_sum(r_x, r_res))
                 cute.autovec_copy(r_x[None, 0], g_h[None, index])
-            x = r_x.load().to(Float32)
+            x = _row_values(r_x, math)
             sum_sq = sum_sq + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
     rstd = _row_rstd(sum_sq, lane, row_in_block, partials, tiling, math)
     if row_ok:
@@ -338,7 +377,7 @@ def _normalize_block_rows_by_element(
             if cutlass.const_expr(has_weight):
                 cute.autovec_copy(g_w[None, index], r_w[None, 0])
             weight = r_w if cutlass.const_expr(has_weight) else None
-            r_y.store(_normalized(r_x.load().to(Float32), rstd, weight, y_ptr.dtype, math))
+            _store_normalized(r_y, _row_values(r_x, math), rstd, weight, math)
             cute.autovec_copy(r_y[None, 0], g_y[None, index])
 
 

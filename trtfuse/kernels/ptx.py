@@ -1,13 +1,17 @@
-"""PTX the CuTeDSL copy atoms do not expose: 16-byte global loads with an L2 cache-eviction policy.
+"""PTX CuTeDSL does not expose: 16-byte global loads with an L2 cache-eviction policy, and the two quantizer steps
+whose exact rounding and saturation the contract fixes (INT8's level, E4M3FN's NaN codes).
 
 `CopyG2ROp` sets L1 eviction priorities but not L2's; a `createpolicy` register plus `.L2::cache_hint` on the load
 does (PTX ISA: "createpolicy", "ld"). The loads keep their program order (the asm has side effects), so a load
-written after a barrier stays after it.
+written after a barrier stays after it. The quantizer steps are pure (no side effects), so the compiler may
+schedule them freely.
 """
 
 from __future__ import annotations
 
-from cutlass import Int32, Int64
+import struct
+
+from cutlass import Float32, Int32, Int64
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, vector
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -54,3 +58,42 @@ def load_16_bytes(
     words = _asm(llvm.StructType.get_literal([i32] * 4), operands, text, "=r,=r,=r,=r,l,l", True, loc, ip)
     parts = [llvm.extractvalue(i32, words, [i], loc=loc, ip=ip) for i in range(4)]
     return vector.from_elements(ir.VectorType.get([4], Int32.mlir_type), parts, loc=loc, ip=ip)
+
+
+def _f32(value: float) -> str:
+    """A float32 immediate as PTX writes one (0f + its bits), so the constant reaches ptxas exactly."""
+    return "0f" + struct.pack(">f", value).hex().upper()
+
+
+@dsl_user_op
+def int8_level(quotient: Float32, *, loc: ir.Location | None = None, ip: ir.InsertionPoint | None = None) -> Float32:
+    """INT8's Q of a quotient v / s, as a float32: clamped to [-128, 127], then rounded half to even (the bounds are
+    integers, so clamping first changes nothing). max before min takes a NaN to -128, as onnxruntime's does."""
+    text = f"{{ .reg .f32 t; max.f32 t, $1, {_f32(-128.0)}; min.f32 t, t, {_f32(127.0)}; cvt.rni.f32.f32 $0, t; }}"
+    return Float32(_asm(T.f32(), [Float32(quotient).ir_value(loc=loc, ip=ip)], text, "=f,f", False, loc, ip))
+
+
+# E4M3FN's Q without `saturate` (ONNX's definition, trtfuse.bench.reference): NaN past this magnitude, the midpoint
+# of 448 and the 480 the format would have next (a tie there rounds to 448's even mantissa).
+E4M3_NAN_PAST = 464.0
+
+
+@dsl_user_op
+def e4m3_nan_flagged(
+    quotient: Float32, byte: int, *, loc: ir.Location | None = None, ip: ir.InsertionPoint | None = None
+) -> tuple[Float32, Int32]:
+    """For E4M3FN's Q without `saturate`: (what to convert, the low bit of byte `byte` of a word where the code
+    must be the NaN of the quotient's sign, else 0).
+
+    NaN-bound is a quotient past ±464 (or NaN). It is replaced by the infinity of its sign, which the saturating
+    conversion makes ±448 (S.1111.110): the NaN code of that sign (S.1111.111) less its low bit, which the caller
+    then sets."""
+    text = (
+        f"{{ .reg .pred nan; .reg .f32 a; abs.f32 a, $2; setp.gtu.f32 nan, a, {_f32(E4M3_NAN_PAST)};"
+        f" copysign.f32 a, $2, {_f32(float('inf'))}; selp.f32 $0, a, $2, nan; selp.b32 $1, {1 << 8 * byte}, 0, nan; }}"
+    )
+    f32, i32 = T.f32(), T.i32()
+    operands = [Float32(quotient).ir_value(loc=loc, ip=ip)]
+    result = _asm(llvm.StructType.get_literal([f32, i32]), operands, text, "=f,=r,f", False, loc, ip)
+    value = llvm.extractvalue(f32, result, [0], loc=loc, ip=ip)
+    return Float32(value), Int32(llvm.extractvalue(i32, result, [1], loc=loc, ip=ip))

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import struct
 from dataclasses import dataclass
 
-from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, NormParams, QuantParams, WeightMode, dtype_pair_problem
+from trtfuse.contract import (
+    ACTIVATION_DTYPES,
+    QUANT_DTYPE_CODES,
+    WEIGHT_DTYPES,
+    NormParams,
+    QuantParams,
+    WeightMode,
+    dtype_pair_problem,
+)
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
 
 
 def _check_common(dtype: str, out_dtype: str, weight_dtype: str | None, params: NormParams) -> None:
@@ -35,11 +46,56 @@ def _normalise(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> None:
     _check_common(spec.dtype, spec.out_dtype, spec.weight_dtype, spec.params)
 
 
-@dataclass(frozen=True)
+def _check_quant(quant: QuantParams | None) -> None:
+    """The quantizers a kernel can compile: the contract's (docs/plugin-nodes.md, "Quantization")."""
+    if quant is None:
+        return
+    if not quant.stages:
+        raise ValueError("quant has every stage off: use quant=None for a plain kernel")
+    for stage in quant.stages:
+        quantizer = quant.at(stage)
+        if quantizer.dtype not in QUANT_DTYPE_CODES:
+            raise ValueError(
+                f"{stage.value} quantizer dtype {quantizer.dtype!r} is not one of {tuple(QUANT_DTYPE_CODES)}"
+            )
+        scale = quantizer.scale
+        if not (math.isfinite(scale) and scale > 0.0 and struct.unpack("f", struct.pack("f", scale))[0] == scale):
+            raise ValueError(f"{stage.value} quantizer scale {scale!r} is not a positive finite float32 value")
+        if quantizer.dtype == "int8" and not quantizer.saturate:
+            raise ValueError(f"{stage.value} quantizer: INT8 always saturates, saturate=False is not a quantizer")
+        if stage.fake != (quantizer.dequant_dtype is not None):
+            raise ValueError(f"{stage.value} quantizer: a dequant dtype exactly for the fake-quant stages")
+        if stage.fake and quantizer.dequant_dtype not in ACTIVATION_DTYPES:
+            raise ValueError(
+                f"{stage.value} dequant dtype {quantizer.dequant_dtype!r} is not one of {ACTIVATION_DTYPES}"
+            )
+
+
+def _repr(spec: RmsNormSpec | AddRmsNormSpec) -> str:
+    """The dataclass repr, with `quant` only when set: a plain spec's repr (the compile cache's and the AOT entry
+    names' key) stays what it was before quantizers, so plain kernels keep their PTX byte for byte."""
+    fields = [f for f in dataclasses.fields(spec) if f.name != "quant" or spec.quant is not None]
+    return f"{type(spec).__qualname__}({', '.join(f'{f.name}={getattr(spec, f.name)!r}' for f in fields)})"
+
+
+def has_fp8_stage(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> bool:
+    """Whether a stage of `spec` quantizes to FP8, whose conversion (cvt...e4m3x2) needs sm_89 or newer."""
+    quant = getattr(spec, "quant", None)
+    return quant is not None and any(quant.at(stage).dtype == "float8_e4m3fn" for stage in quant.stages)
+
+
+def _y_dtype(spec: RmsNormSpec | AddRmsNormSpec) -> str:
+    output = None if spec.quant is None else spec.quant.output
+    return spec.out_dtype if output is None else output.dtype
+
+
+@dataclass(frozen=True, repr=False)
 class RmsNormSpec:
     """y = x · rsqrt(mean(x², last axis) + epsilon) · (w + weight_offset) over rows of `hidden` elements, per `params`.
 
-    `dtype` is x's, `out_dtype` y's (None: x's), as the contract's pairs allow."""
+    `dtype` is x's, `out_dtype` the normalised value's T (None: x's), as the contract's pairs allow. `quant` (None:
+    none) holds the quantizer stages, compile-time constants as epsilon is: x fake-quantized before the norm reads
+    it, r per row, and y quantized after its rounding to T, so that y is stored in `y_dtype`."""
 
     hidden: int
     dtype: str
@@ -51,12 +107,21 @@ class RmsNormSpec:
     def __post_init__(self) -> None:
         _check_hidden("hidden", self.hidden)
         _normalise(self)
+        _check_quant(self.quant)
+
+    __repr__ = _repr
+
+    @property
+    def y_dtype(self) -> str:
+        """The dtype y is stored in: the output quantizer's when that stage is on, else T."""
+        return _y_dtype(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AddRmsNormSpec:
     """The fused residual add+RMSNorm: h = D(x + residual), rounded once to D = `dtype`, and y = the RMSNorm of h
-    (exactly `RmsNormSpec`'s with h as its x). x, residual and h are D, y is `out_dtype` (None: D)."""
+    (exactly `RmsNormSpec`'s with h as its x, its quantizers included: the input stage fake-quantizes h for the
+    norm, h itself is output as it is). x, residual and h are D, y is `y_dtype` (T = `out_dtype`, None: D)."""
 
     hidden: int
     dtype: str
@@ -68,10 +133,17 @@ class AddRmsNormSpec:
     def __post_init__(self) -> None:
         _check_hidden("hidden", self.hidden)
         _normalise(self)
+        _check_quant(self.quant)
+
+    __repr__ = _repr
+
+    @property
+    def y_dtype(self) -> str:
+        return _y_dtype(self)
 
     def norm(self) -> RmsNormSpec:
         """The RMSNorm of h this computes (the same fields)."""
-        return RmsNormSpec(self.hidden, self.dtype, self.weight_dtype, self.params, self.out_dtype)
+        return RmsNormSpec(self.hidden, self.dtype, self.weight_dtype, self.params, self.out_dtype, self.quant)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,16 @@
-"""One row part's outputs against the float64 reference: y within the kernels' elementwise tolerance and, for
-add+norm, h bit for bit."""
+"""One row part's outputs against the float64 reference: y within the kernels' elementwise tolerance (a quantized y
+within one quantization step more, dequantized) and, for add+norm, h bit for bit."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from trtfuse.bench.aot.matrix import Spec
-from trtfuse.bench.aot.tensors import PartTensors
-from trtfuse.bench.reference import add_norm_reference, norm_reference
-from trtfuse.contract import WeightMode
+from trtfuse.bench.aot.tensors import PartTensors, unwritten
+from trtfuse.bench.reference import add_norm_reference, norm_reference, quantize_reference
+from trtfuse.contract import QuantParams, WeightMode
 from trtfuse.verify.tolerances import KERNEL_ELEMENTWISE
 
 # Integer views of the same width, to compare h's bits: a value comparison would let -0 pass for +0.
@@ -26,7 +28,7 @@ def rounded_to(spec: Spec) -> str | None:
 def untouched(part: PartTensors) -> Comparison:
     """A 0-row launch: every output still all NaN."""
     for name, output in ((part.names.out, part.out), (part.names.h, part.h)):
-        written = 0 if output is None else int((~torch.isnan(output)).sum())
+        written = 0 if output is None else int((~unwritten(output)).sum())
         if written:
             return False, f"{name}: {written} elements written by a 0-row launch", 0.0, 0.0
     return True, "", 0.0, 0.0
@@ -45,33 +47,67 @@ def compare_sum(part: PartTensors, reference: torch.Tensor) -> str:
     return ""
 
 
+def _unquantized(spec: Spec) -> QuantParams | None:
+    """`spec`'s quantizers less the output stage: what y is before it is quantized."""
+    quant = getattr(spec, "quant", None)
+    if quant is None or quant.output is None:
+        return quant
+    rest = dataclasses.replace(quant, output=None)
+    return rest if rest.stages else None
+
+
+def _quantization_step(reference: torch.Tensor, spec: Spec) -> torch.Tensor:
+    """The spacing of the output quantizer's dequantized values at each reference value (INT8: the scale; E4M3FN: a
+    mantissa step of 2^-3 of the value's binade, 2^-9 among the subnormals, times the scale)."""
+    quantizer = spec.quant.output
+    if quantizer.dtype == "int8":
+        return torch.full_like(reference, quantizer.scale)
+    binade = torch.floor(torch.log2((reference / quantizer.scale).abs().clamp(min=2.0**-6)))
+    return torch.exp2(binade - 3) * quantizer.scale
+
+
 def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     """(passed, detail, max abs error of y, worst |error| / allowed of y) of one part's outputs against the
-    reference; the detail names the failing output's parameter."""
+    reference; the detail names the failing output's parameter. A quantized y is compared dequantized, allowed one
+    quantization step beyond y's own tolerance, and NaN exactly where the reference's is (an element left holding
+    the poison, E4M3FN's NaN or INT8's 127, fails unless the reference has that very value)."""
     if part.rows == 0:
         return untouched(part)
     x = part.x.view(part.rows, part.hidden)
     weight = None if spec.weight_dtype is None else part.weight
+    quant = _unquantized(spec)
     if part.residual is None:
-        reference = norm_reference(x, weight, spec.params, spec.out_dtype)
+        reference = norm_reference(x, weight, spec.params, spec.out_dtype, quant)
     else:
         residual = part.residual.view(part.rows, part.hidden)
         # y's reference is the RMSNorm of the reference's rounded h, so a wrong h cannot hide in y's tolerance.
-        reference, h_reference = add_norm_reference(x, residual, weight, spec.params, spec.out_dtype)
+        reference, h_reference = add_norm_reference(x, residual, weight, spec.params, spec.out_dtype, quant)
         wrong_sum = compare_sum(part, h_reference)
         if wrong_sum:
             return False, wrong_sum, 0.0, 0.0
     reference = reference.double()
     out = part.out.view(part.rows, part.hidden)
-    rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
-    error = (out.double() - reference).abs()
-    ratio = error / (atol + rtol * reference.abs())
-    nan = int(torch.isnan(out).sum())
-    worst = float(ratio.nan_to_num(nan=float("inf")).max())
-    max_abs = float(error.nan_to_num(nan=float("inf")).max())
     name = part.names.out
-    if nan:
-        return False, f"{name}: {nan} NaN elements (unwritten or computed)", max_abs, worst
+    rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
+    allowed = atol + rtol * reference.abs()
+    quantizer = None if getattr(spec, "quant", None) is None else spec.quant.output
+    if quantizer is None:
+        ours, nan = out.double(), int(torch.isnan(out).sum())
+        if nan:
+            return False, f"{name}: {nan} NaN elements (unwritten or computed)", 0.0, float("inf")
+    else:
+        codes = quantize_reference(reference.to(getattr(torch, spec.out_dtype)), quantizer)
+        ours = out.double() * quantizer.scale
+        mismatched = int((torch.isnan(ours) != torch.isnan(codes.double())).sum())
+        if mismatched:
+            return False, f"{name}: {mismatched} elements NaN on one side only (of the reference's)", 0.0, float("inf")
+        reference = (codes.double() * quantizer.scale).nan_to_num(nan=0.0)
+        ours = ours.nan_to_num(nan=0.0)
+        allowed = allowed + _quantization_step(reference, spec)
+    error = (ours - reference).abs()
+    ratio = error / allowed
+    worst = float(ratio.max())
+    max_abs = float(error.max())
     failing = int((ratio > 1).sum())
     if failing:
         return False, f"{name}: {failing} elements outside rtol {rtol:g} atol {atol:g}", max_abs, worst

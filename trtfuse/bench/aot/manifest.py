@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trtfuse.bench.aot.matrix import KIND_NAMES, MatrixEntry, Spec, kind_named
-from trtfuse.contract import NormParams
+from trtfuse.contract import NormParams, Quantizer, QuantParams
 from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration
 
 MANIFEST = "manifest.json"
@@ -52,6 +52,9 @@ def spec_to_json(spec: Spec) -> dict[str, Any]:
 def spec_from_json(kind: str, data: Mapping[str, Any]) -> Spec:
     fields = dict(data)
     fields["params"] = NormParams(**fields["params"])
+    if fields.get("quant") is not None:
+        stages = fields["quant"].items()
+        fields["quant"] = QuantParams(**{stage: None if q is None else Quantizer(**q) for stage, q in stages})
     return kind_named(kind).spec_type(**fields)
 
 

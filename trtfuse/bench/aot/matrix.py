@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trtfuse.bench.aot.params import pointer_names
-from trtfuse.contract import ACTIVATION_DTYPES, WEIGHT_DTYPES, NormParams, WeightMode, dtype_pair_problem
+from trtfuse.contract import (
+    ACTIVATION_DTYPES,
+    WEIGHT_DTYPES,
+    NormParams,
+    Quantizer,
+    QuantParams,
+    WeightMode,
+    dtype_pair_problem,
+)
 from trtfuse.kernels.declaration import LaunchDeclaration
 from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
 
@@ -140,6 +148,41 @@ def add_norm_specs() -> list[AddRmsNormSpec]:
     return specs
 
 
+def quant_specs() -> list[RmsNormSpec | AddRmsNormSpec]:
+    """Quantized specs (tests/gpu/test_quant_gpu.py holds them bit for bit): the output stage in FP8 (both saturate
+    settings) and INT8 on dtype pairs and weight modes, ModelOpt's add+norm with the sum fake-quantized, the input
+    stage alone, head-dim, ragged and no-vector rows. No inverse-root stage: r' = DQ(Q(r)) is a step function of r,
+    which the kernel's approximate inverse root may round to the other side of a step, too rarely for the element
+    tolerance to allow it and too often for thousands of rows a case. An unsaturated FP8 scale large enough that
+    no |y| / s comes near 464, where a y within tolerance could be NaN on one side only."""
+    after, before = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST
+    llama, gemma = NormParams(1e-6, 0.0, after), NormParams(1e-6, 1.0, before)
+    fp8, int8 = Quantizer("float8_e4m3fn", 0.015625), Quantizer("int8", 0.03125)
+    fp8_unsaturated = Quantizer("float8_e4m3fn", 0.25, saturate=False)
+
+    def fake(dtype: str, quantized: str) -> Quantizer:
+        return Quantizer(quantized, 0.046875, True, dtype)
+
+    out = QuantParams(output=fp8)
+    fp8_sum = QuantParams(input=fake("bfloat16", "float8_e4m3fn"), output=fp8)  # ModelOpt FP8's add-norm
+    int8_sum = QuantParams(input=fake("float16", "int8"), output=int8)
+    return [
+        RmsNormSpec(4096, "bfloat16", "bfloat16", llama, quant=out),
+        RmsNormSpec(4096, "float16", "float32", gemma, quant=QuantParams(output=int8)),
+        RmsNormSpec(4096, "float32", "bfloat16", llama, "bfloat16", QuantParams(output=fp8_unsaturated)),
+        RmsNormSpec(4096, "bfloat16", "float32", gemma, "float32", QuantParams(output=int8)),
+        RmsNormSpec(4096, "float16", None, NormParams(1e-5, 0.0, WeightMode.NONE), quant=QuantParams(output=int8)),
+        RmsNormSpec(4096, "bfloat16", "bfloat16", llama, quant=fp8_sum),
+        RmsNormSpec(128, "bfloat16", "bfloat16", llama, quant=out),
+        RmsNormSpec(1001, "float16", "float16", llama, quant=QuantParams(output=int8)),
+        AddRmsNormSpec(4096, "bfloat16", "bfloat16", llama, quant=fp8_sum),
+        AddRmsNormSpec(4096, "float16", "float16", gemma, quant=int8_sum),
+        AddRmsNormSpec(4096, "float32", "float16", llama, "float16", QuantParams(output=fp8_unsaturated)),
+        AddRmsNormSpec(4096, "bfloat16", "bfloat16", llama, quant=QuantParams(input=fake("bfloat16", "float8_e4m3fn"))),
+        AddRmsNormSpec(1000, "bfloat16", "bfloat16", llama, quant=QuantParams(output=int8)),
+    ]
+
+
 def matrix() -> list[MatrixEntry]:
     """Every spec of tests/gpu/test_kernels_gpu.py (dtype pairs and modes, hidden sizes, prefill re-reads, unaligned
     pointers, mixed precision, the CUDA-graph specs; QK-norm with its head counts), each once; then the add+norm
@@ -207,6 +250,7 @@ def matrix() -> list[MatrixEntry]:
     ]
     entries = [MatrixEntry(spec) for spec in rms] + [MatrixEntry(spec, heads) for spec, heads in qk]
     entries += [MatrixEntry(spec) for spec in add_norm_specs()]
+    entries += [MatrixEntry(spec) for spec in quant_specs()]
     return list(dict.fromkeys(entries))
 
 
@@ -218,9 +262,12 @@ def entry_name(entry: MatrixEntry) -> str:
     kind = entry.kind.short
     weight = spec.weight_dtype or "noweight"
     mode = params.weight_mode.name.lower()
-    return (
-        f"{kind}-{size}-{spec.dtype}-{weight}-{spec.out_dtype}-{mode}-eps{params.epsilon:g}-off{params.weight_offset:g}"
-    )
+    numbers = f"eps{params.epsilon:g}-off{params.weight_offset:g}"
+    name = f"{kind}-{size}-{spec.dtype}-{weight}-{spec.out_dtype}-{mode}-{numbers}"
+    quant = getattr(spec, "quant", None)
+    if quant is not None:
+        name += "".join(f"-{stage.value}-{quant.at(stage).dtype}" for stage in quant.stages)
+    return name
 
 
 def part_rows(entry: MatrixEntry, tokens: int) -> tuple[int, ...]:

@@ -9,8 +9,27 @@ import torch
 
 from trtfuse.bench.aot.cases import LaunchCase
 from trtfuse.bench.aot.matrix import MatrixEntry, PartPointers, part_hidden, part_pointers, part_rows
+from trtfuse.bench.reference import QUANT_TORCH_DTYPES
 from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE
 from trtfuse.kernels.declaration import LaunchDeclaration
+
+# A quantized output's poison (INT8 has no NaN): E4M3FN's NaN code, INT8's 127.
+QUANT_POISON = 0x7F
+
+
+def poison(output: torch.Tensor) -> None:
+    """NaN, or QUANT_POISON in every byte of a quantized output."""
+    if output.element_size() == 1:
+        output.view(torch.uint8).fill_(QUANT_POISON)
+    else:
+        output.fill_(float("nan"))
+
+
+def unwritten(output: torch.Tensor) -> torch.Tensor:
+    """Where `output` still holds its poison."""
+    if output.element_size() == 1:
+        return output.view(torch.uint8) == QUANT_POISON
+    return torch.isnan(output)
 
 
 def offset_view(numel: int, dtype: torch.dtype, offset: int, device: str) -> torch.Tensor:
@@ -63,7 +82,8 @@ def part_tensors(
     device: str,
 ) -> PartTensors:
     """One row part's buffers: `dtypes` are x's (and the residual's and h's), y's and the weight's (None: weight
-    mode NONE, a NaN placeholder); the pointers named in `shifted` one element past an aligned allocation."""
+    mode NONE, a NaN placeholder); the pointers named in `shifted` one element past an aligned allocation; the
+    outputs poisoned."""
     x_dtype, out_dtype, w_dtype = dtypes
     # A 0-row launch still gets one row of every buffer: it must leave the poisoned outputs untouched.
     allocated = max(rows, 1)
@@ -85,7 +105,7 @@ def part_tensors(
     h = buffer(names.h, allocated * hidden, x_dtype)  # h is D, x's dtype, whatever y's is
     part = PartTensors(names, inputs[0], weight, out, rows, hidden, inputs[1], h)
     for output in part.outputs():
-        output.fill_(float("nan"))
+        poison(output)
     return part
 
 
@@ -98,7 +118,8 @@ class CaseTensors:
     ) -> None:
         spec = entry.spec
         weight = None if spec.weight_dtype is None else getattr(torch, spec.weight_dtype)
-        dtypes = (getattr(torch, spec.dtype), getattr(torch, spec.out_dtype), weight)
+        y_dtype = getattr(spec, "y_dtype", spec.out_dtype)
+        dtypes = (getattr(torch, spec.dtype), QUANT_TORCH_DTYPES.get(y_dtype) or getattr(torch, y_dtype), weight)
         self.entry = entry
         self.null = case.null
         self.rows = part_rows(entry, case.tokens)
@@ -120,4 +141,4 @@ class CaseTensors:
             for tensor in part.inputs():
                 random_rows(max(part.rows, 1), part.hidden, tensor)
             for output in part.outputs():
-                output.fill_(float("nan"))
+                poison(output)

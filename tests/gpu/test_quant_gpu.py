@@ -1,0 +1,354 @@
+"""GPU: the quantizer stages of the RMSNorm and add+norm kernels bit for bit against the contract's reference
+(trtfuse.bench.reference, itself bit for bit with onnxruntime), on fresh random inputs (run on the H200).
+
+The norm's own arithmetic is not bit-exact against float64 (tests/gpu/test_kernels_gpu.py holds it to a
+tolerance), so what is exact is each stage given what reaches it:
+- y's quantizer on chosen values: with x = 1 (or h = 0.5 + 0.5) and AFTER_CAST, R(x·r) is exactly 1 and y is the
+  weight itself, so the weight puts any T value in front of the output quantizer: ties of every rounding, values
+  just beside them, past the range, ±inf and NaN, for both saturate settings and both dtypes;
+- on random rows: the quantized kernel's output is Q(y) of the plain kernel's y, compiled in the quantized
+  variant's own tiling (the same code up to the store, the same order of the sum of squares), and with the input
+  stage the plain kernel's y of DQ(Q(x)) (of DQ(Q(h)), h itself output unquantized);
+- the inverse root's stage against the float64 reference, rows at a rounding boundary of r / s left out.
+Every quantized output is written twice over two poison patterns, which must give the same bytes: no element is
+left unwritten (an INT8 or FP8 poison could be a valid value)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+
+from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
+from trtfuse.kernels import AddRmsNormSpec, RmsNormSpec, get_add_rms_norm, get_rms_norm
+from trtfuse.kernels.api import shared_cache
+from trtfuse.kernels.compiler import RmsNormVariant
+from trtfuse.kernels.tiling import Regime
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+from trtfuse.bench.reference import (  # noqa: E402  (needs torch)
+    QUANT_TORCH_DTYPES,
+    fake_quant_reference,
+    norm_reference,
+    quantize_reference,
+)
+from trtfuse.verify.tolerances import KERNEL_ELEMENTWISE  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with `python3 -m pytest -m gpu`)"),
+]
+
+AFTER, BEFORE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST
+LLAMA = NormParams(1e-6, 0.0, AFTER)
+EXACT_ONE = NormParams(0.0, 0.0, AFTER)  # x = 1: r = rsqrt(1) and R(1·r) = 1, so y = w
+ROWS = (1, 133, 4097)  # decode, just past the SM count (prefill), a last wave of one row
+POISONS = (0x5A, 0xA5)
+HIDDEN = 4096
+
+
+def f32(value: float) -> float:
+    return float(np.float32(value))
+
+
+@pytest.fixture(autouse=True)
+def fresh_seed() -> None:
+    print(f"torch seed {torch.seed()}")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return QUANT_TORCH_DTYPES.get(name) or getattr(torch, name)
+
+
+def rand(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    x = torch.randn(shape, device="cuda", dtype=torch.float32)
+    x *= torch.rand((*shape[:-1], 1), device="cuda") * 4 + 0.1
+    return x.to(torch_dtype(dtype))
+
+
+def buffer(shape: tuple[int, ...], dtype: str, offset: int) -> torch.Tensor:
+    """An output `offset` elements past an aligned allocation (1: off the 16-byte vectors' alignment)."""
+    count = int(np.prod(shape))
+    return torch.empty(offset + count, device="cuda", dtype=torch_dtype(dtype))[offset:].view(shape)
+
+
+def shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
+    view = buffer(tuple(t.shape), str(t.dtype).removeprefix("torch."), offset)
+    return view.copy_(t)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def written_twice(launch, out: torch.Tensor) -> torch.Tensor:
+    """`launch()` over each poison byte pattern; the two results' bits must agree (every element written)."""
+    results = []
+    for poison in POISONS:
+        out.view(torch.uint8).fill_(poison)
+        launch()
+        torch.cuda.synchronize()
+        results.append(bits(out).clone())
+    assert torch.equal(results[0], results[1]), "elements left unwritten (they kept the poison)"
+    return out
+
+
+def assert_same_bits(out: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    differing = bits(out) != bits(expected.to(out.dtype))
+    if differing.any():
+        where = differing.nonzero()[:8].tolist()
+        shown = [(i, int(bits(out)[tuple(i)]), int(bits(expected.to(out.dtype))[tuple(i)])) for i in where]
+        raise AssertionError(f"{what}: {int(differing.sum())} elements differ (index, ours, reference): {shown}")
+
+
+def run_rms(spec: RmsNormSpec, x: torch.Tensor, w: torch.Tensor | None, offset: int) -> torch.Tensor:
+    out = buffer(tuple(x.shape), spec.y_dtype, offset)
+    kernel = get_rms_norm(spec)
+    return written_twice(lambda: kernel(x, w, out), out)
+
+
+def run_add(spec: AddRmsNormSpec, x: torch.Tensor, residual: torch.Tensor, w, offset: int):
+    out = buffer(tuple(x.shape), spec.y_dtype, offset)
+    h = buffer(tuple(x.shape), spec.dtype, offset)
+    kernel = get_add_rms_norm(spec)
+    return written_twice(lambda: kernel(x, residual, w, out, h), out), h
+
+
+# --- the output quantizer on chosen values ---------------------------------------------------------------------------
+
+
+def e4m3_values() -> np.ndarray:
+    """Every finite non-negative E4M3FN value, from its codes."""
+    return torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+
+
+def chosen_quotients(quantizer: Quantizer) -> np.ndarray:
+    """Quotients v / s at and beside every rounding tie of the quantized dtype, at and past its range's ends."""
+    if quantizer.dtype == "int8":
+        ties = np.arange(-131, 131) + 0.5
+        edges = np.array([127.0, 127.5, 128.0, 128.5, 129.0, 1e4, -128.0, -128.5, -129.0, -129.5, -1e4])
+    else:
+        values = e4m3_values()
+        ties = (values[1:] + values[:-1]) / 2
+        ties = np.concatenate([ties, -ties, [448.0, 456.0, 464.0, 470.0, 480.0, 490.0, 496.0, 500.0, 1e4]])
+        edges = np.concatenate([-ties[-9:], [2.0**-10, 2.0**-11, -(2.0**-10)]])
+    near = np.concatenate([ties * (1 + 2.0**-12), ties * (1 - 2.0**-12)])
+    return np.concatenate([ties, edges, near, [0.0, -0.0]])
+
+
+def y_values(quantizer: Quantizer, t_dtype: str) -> torch.Tensor:
+    """HIDDEN values of T: the chosen quotients times the scale (rounded to T: exact ties for a power-of-two
+    scale, ties broken by the rounding of v / s for another), ±inf and NaN, then random ones."""
+    chosen = np.concatenate([chosen_quotients(quantizer) * quantizer.scale, [np.inf, -np.inf, np.nan]])
+    assert len(chosen) < HIDDEN
+    rest = np.random.default_rng().standard_normal(HIDDEN - len(chosen)) * 100 * quantizer.scale
+    values = torch.tensor(np.concatenate([chosen, rest]), dtype=torch.float32, device="cuda")
+    return values.to(getattr(torch, t_dtype))
+
+
+QUANTIZERS = [
+    Quantizer(dtype, scale, saturate)
+    for dtype, saturate in (("float8_e4m3fn", True), ("float8_e4m3fn", False), ("int8", True))
+    for scale in (2.0**-5, f32(0.0173))
+]
+# (x's dtype, T): a 16-bit row in its own dtype, and a bf16 row normalised to float32 (R = bf16, so y = w still).
+Y_PAIRS = (("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32"))
+
+
+# Every quantizer on RMSNorm's three pairs and on the add+norm's bf16 rows.
+Y_CASES = [
+    (kind, dtype, t_dtype)
+    for kind in ("rms", "add")
+    for dtype, t_dtype in Y_PAIRS
+    if kind == "rms" or dtype == t_dtype == "bfloat16"
+]
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS, ids=repr)
+@pytest.mark.parametrize(("kind", "dtype", "t_dtype"), Y_CASES)
+def test_y_quantizer_equals_the_reference_on_ties_edges_and_specials(
+    quantizer: Quantizer, kind: str, dtype: str, t_dtype: str
+) -> None:
+    """Decode, prefill and unaligned (element path) launches; the plain kernel's y is checked to be w first (a NaN
+    comes out as the kernel's canonical NaN)."""
+    w = y_values(quantizer, t_dtype)
+    nan = w.isnan()
+    quant = QuantParams(output=quantizer)
+    for rows, offset in ((1, 0), (133, 0), (133, 1)):
+        if kind == "rms":
+            x = shifted(torch.ones(rows, HIDDEN, device="cuda", dtype=getattr(torch, dtype)), offset)
+            y = run_rms(RmsNormSpec(HIDDEN, dtype, t_dtype, EXACT_ONE, t_dtype), x, w, offset)
+            out = run_rms(RmsNormSpec(HIDDEN, dtype, t_dtype, EXACT_ONE, t_dtype, quant), x, w, offset)
+        else:
+            x = shifted(torch.full((rows, HIDDEN), 0.5, device="cuda", dtype=getattr(torch, dtype)), offset)
+            y, _ = run_add(AddRmsNormSpec(HIDDEN, dtype, t_dtype, EXACT_ONE, t_dtype), x, x, w, offset)
+            out, _ = run_add(AddRmsNormSpec(HIDDEN, dtype, t_dtype, EXACT_ONE, t_dtype, quant), x, x, w, offset)
+        assert_same_bits(y[:, ~nan], w[~nan].expand(rows, -1), "the plain kernel's y (the premise y = w)")
+        assert y[:, nan].isnan().all()
+        assert_same_bits(out, quantize_reference(y, quantizer), f"Q(y), rows={rows} offset={offset}")
+
+
+# --- random rows: each stage given what reaches it -------------------------------------------------------------------
+
+FP8 = Quantizer("float8_e4m3fn", f32(0.0173))
+FP8_UNSATURATED = Quantizer("float8_e4m3fn", f32(0.0071), saturate=False)  # some |y| / s past 464
+INT8 = Quantizer("int8", f32(0.0311))
+PAIRS = (
+    ("bfloat16", "bfloat16"),
+    ("float16", "float16"),
+    ("float32", "float32"),
+    ("float32", "bfloat16"),
+    ("float32", "float16"),
+    ("bfloat16", "float32"),
+    ("float16", "float32"),
+)
+
+
+def input_quantizer(dtype: str, quantized: str) -> Quantizer:
+    """ModelOpt's pair on the normalised tensor: dequantized to the activations' dtype."""
+    return Quantizer(quantized, f32(0.047), True, dtype)
+
+
+def stage_sets(dtype: str) -> dict[str, QuantParams]:
+    return {
+        "out-fp8": QuantParams(output=FP8),
+        "out-fp8-unsat": QuantParams(output=FP8_UNSATURATED),
+        "out-int8": QuantParams(output=INT8),
+        "in-fp8-out-fp8": QuantParams(input=input_quantizer(dtype, "float8_e4m3fn"), output=FP8),
+        "in-int8-out-int8": QuantParams(input=input_quantizer(dtype, "int8"), output=INT8),
+        "in-fp8": QuantParams(input=input_quantizer(dtype, "float8_e4m3fn")),
+    }
+
+
+def plain_y(spec: RmsNormSpec | AddRmsNormSpec, v: torch.Tensor, w: torch.Tensor | None, aligned: bool) -> torch.Tensor:
+    """The plain RMSNorm's y of `v` (x, or the add+norm's h) in the tiling the quantized `spec` runs for v's rows and
+    alignment, launched as the plugins launch (raw pointers)."""
+    kernel = get_add_rms_norm(spec) if isinstance(spec, AddRmsNormSpec) else get_rms_norm(spec)
+    rows = v.numel() // spec.hidden
+    regime = Regime.DECODE if rows <= kernel.device.sm_count else Regime.PREFILL
+    tiling = kernel.variant(regime, aligned).tiling
+    plain = RmsNormSpec(spec.hidden, spec.dtype, spec.weight_dtype, spec.params, spec.out_dtype)
+    function = shared_cache().get(RmsNormVariant(plain, tiling, kernel.device.arch))
+    y = torch.empty(tuple(v.shape), device="cuda", dtype=getattr(torch, spec.out_dtype))
+    v = v.contiguous()
+    function(
+        v.data_ptr(), 0 if w is None else w.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream().cuda_stream
+    )
+    torch.cuda.synchronize()
+    return y
+
+
+def expected(
+    spec: RmsNormSpec | AddRmsNormSpec, v: torch.Tensor, w: torch.Tensor | None, aligned: bool
+) -> torch.Tensor:
+    """What the quantized kernel must give: the plain kernel's y of DQ(Q(v)) (of v with the input stage off),
+    then Q(y) with the output stage on."""
+    quant = spec.quant
+    if quant.input is not None:
+        v = fake_quant_reference(v, quant.input)
+    y = plain_y(spec, v, w, aligned)
+    return y if quant.output is None else quantize_reference(y, quant.output)
+
+
+# Every stage set on bf16 rows of both kernels, then each other dtype pair with two of them.
+STAGE_SETS = ("out-fp8", "out-fp8-unsat", "out-int8", "in-fp8-out-fp8", "in-int8-out-int8", "in-fp8")
+RANDOM_CASES = [(kind, "bfloat16", "bfloat16", stages) for kind in ("rms", "add") for stages in STAGE_SETS] + [
+    (kind, dtype, t_dtype, stages)
+    for dtype, t_dtype in PAIRS[1:]
+    for kind, stages in (("rms", "out-int8"), ("add", "in-fp8-out-fp8"))
+]
+
+
+@pytest.mark.parametrize(("kind", "dtype", "t_dtype", "stages"), RANDOM_CASES)
+def test_random_rows_equal_the_plain_kernels_y_through_the_reference_quantizers(
+    kind: str, dtype: str, t_dtype: str, stages: str
+) -> None:
+    """Decode, prefill and a last wave of one row, aligned (16-byte vectors) and one element off (the element
+    path), alternating Llama's and Gemma's weight modes."""
+    quant = stage_sets(dtype)[stages]
+    weight = "bfloat16" if "bfloat16" in (dtype, t_dtype) else "float16"
+    for (rows, offset), params in zip(
+        itertools.product(ROWS, (0, 1)), itertools.cycle((LLAMA, NormParams(1e-6, 1.0, BEFORE)))
+    ):
+        w = shifted(rand((HIDDEN,), weight), offset)
+        x = shifted(rand((rows, HIDDEN), dtype), offset)
+        what = f"{kind} {stages} rows={rows} offset={offset} {params.weight_mode.name}"
+        if kind == "rms":
+            spec = RmsNormSpec(HIDDEN, dtype, weight, params, t_dtype, quant)
+            assert_same_bits(run_rms(spec, x, w, offset), expected(spec, x, w, offset == 0), what)
+        else:
+            spec = AddRmsNormSpec(HIDDEN, dtype, weight, params, t_dtype, quant)
+            residual = shifted(rand((rows, HIDDEN), dtype), offset)
+            out, h = run_add(spec, x, residual, w, offset)
+            sum_ = (x.float() + residual.float()).to(x.dtype)
+            assert_same_bits(h, sum_, "h = D(x + residual), unquantized")
+            assert_same_bits(out, expected(spec, sum_, w, offset == 0), what)
+
+
+@pytest.mark.parametrize("hidden", [128, 1000, 1001, 5120])
+def test_other_row_widths(hidden: int) -> None:
+    """Head-dim rows (one vector per lane), ragged rows, rows no vector divides (the element path alone)."""
+    quant = QuantParams(input=input_quantizer("bfloat16", "float8_e4m3fn"), output=FP8_UNSATURATED)
+    spec = RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA, quant=quant)
+    for rows in ROWS:
+        x, w = rand((rows, hidden), "bfloat16"), rand((hidden,), "bfloat16")
+        assert_same_bits(run_rms(spec, x, w, 0), expected(spec, x, w, True), f"H={hidden} rows={rows}")
+
+
+RSQRT = Quantizer("int8", f32(0.05), True, "float32")  # ModelOpt INT8's pair on the inverse root
+
+
+@pytest.mark.parametrize("kind", ["rms", "add"])
+def test_the_inverse_roots_stage_against_the_reference(kind: str) -> None:
+    """r' = DQ(Q(r)) per row: y within the RMSNorm kernels' tolerance of the float64 reference with the reference's
+    r', from rows whose r / s is not within 1e-5 of a rounding boundary (there the approximate inverse root may
+    round either way)."""
+    quant = QuantParams(rsqrt=RSQRT)
+    for rows in ROWS:
+        x, w = rand((rows, HIDDEN), "bfloat16"), rand((HIDDEN,), "bfloat16")
+        if kind == "rms":
+            y = get_rms_norm(RmsNormSpec(HIDDEN, "bfloat16", "bfloat16", LLAMA, quant=quant))(x, w)
+            v = x
+        else:
+            residual = rand((rows, HIDDEN), "bfloat16")
+            y, v = get_add_rms_norm(AddRmsNormSpec(HIDDEN, "bfloat16", "bfloat16", LLAMA, quant=quant))(x, residual, w)
+        torch.cuda.synchronize()
+        r = (v.double().pow(2).mean(-1) + LLAMA.epsilon).rsqrt() / RSQRT.scale
+        clear = ((r - r.floor() - 0.5).abs() > 1e-5 * r) & (r < 127)
+        assert clear.sum() > rows // 2
+        reference = norm_reference(v, w, LLAMA, quant=quant)
+        rtol, atol = KERNEL_ELEMENTWISE["bfloat16"]
+        torch.testing.assert_close(y[clear].double(), reference[clear].double(), rtol=rtol, atol=atol)
+
+
+def test_raw_pointer_launch_of_a_quantized_add_norm_replays_from_a_cuda_graph() -> None:
+    """The plugin's path: warm up, capture a raw-pointer launch on a side stream, replay on new inputs."""
+    quant = QuantParams(input=input_quantizer("bfloat16", "float8_e4m3fn"), output=FP8)
+    spec = AddRmsNormSpec(HIDDEN, "bfloat16", "bfloat16", NormParams(3e-6, 0.0, AFTER), quant=quant)
+    kernel = get_add_rms_norm(spec)
+    kernel.warm_up(max_rows=4096)
+    rows = 32
+    x, residual, w = rand((rows, HIDDEN), "bfloat16"), rand((rows, HIDDEN), "bfloat16"), rand((HIDDEN,), "bfloat16")
+    y, h = buffer((rows, HIDDEN), spec.y_dtype, 0), buffer((rows, HIDDEN), "bfloat16", 0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        kernel.launch(
+            x.data_ptr(),
+            residual.data_ptr(),
+            w.data_ptr(),
+            y.data_ptr(),
+            h.data_ptr(),
+            rows,
+            torch.cuda.current_stream().cuda_stream,
+        )
+    for _ in range(2):
+        x.copy_(rand((rows, HIDDEN), "bfloat16"))
+        residual.copy_(rand((rows, HIDDEN), "bfloat16"))
+        written_twice(graph.replay, y)
+        sum_ = (x.float() + residual.float()).to(x.dtype)
+        assert_same_bits(h, sum_, "h")
+        assert_same_bits(y, expected(spec, sum_, w, True), "y")

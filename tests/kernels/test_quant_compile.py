@@ -1,0 +1,245 @@
+"""CPU/CI: the quantizer stages of the RMSNorm and add+norm kernels (docs/plugin-nodes.md, "Quantization") compile,
+JIT and AOT, with the instructions the contract's arithmetic needs: an IEEE division by the scale (div.rn.f32, never
+an approximation), E4M3FN's saturating round-to-nearest-even conversion, INT8's round half to even, and 16-byte
+stores of 16 quantized values where the pointers are aligned."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
+
+from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
+from trtfuse.kernels.api import AddRmsNormKernel, RmsNormKernel, rms_norm_tiling
+from trtfuse.kernels.artifacts import (
+    AOT_ARCHS,
+    add_rms_norm_artifact,
+    add_rms_norm_tactics,
+    aot_archs,
+    rms_norm_artifact,
+    rms_norm_tactics,
+)
+from trtfuse.kernels.cache import KernelCache, variant_key
+from trtfuse.kernels.compiler import AddRmsNormVariant, RmsNormVariant, compile_variant
+from trtfuse.kernels.declaration import Tactic, add_rms_norm_params, rms_norm_params
+from trtfuse.kernels.device import DeviceInfo
+from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, RmsNormSpec
+from trtfuse.kernels.tiling import Regime
+
+ARCH = "sm_90a"
+HOPPER = DeviceInfo(arch=ARCH, sm_count=132, has_gpu=False)
+LLAMA = NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
+GEMMA = NormParams(1e-6, 1.0, WeightMode.BEFORE_CAST)
+
+
+def f32(value: float) -> float:
+    return float(np.float32(value))
+
+
+FP8 = Quantizer("float8_e4m3fn", f32(0.0173))
+FP8_UNSATURATED = Quantizer("float8_e4m3fn", f32(0.0173), saturate=False)
+INT8 = Quantizer("int8", f32(0.0311))
+# ModelOpt's fake-quant pairs: the sum's (FP8, dequantized to the activations' dtype) and the inverse root's (INT8).
+FP8_INPUT = Quantizer("float8_e4m3fn", f32(0.047), True, "bfloat16")
+INT8_INPUT = Quantizer("int8", f32(0.047), True, "float16")
+INT8_RSQRT = Quantizer("int8", f32(0.0083), True, "float32")
+STAGE_SETS = {
+    "out-fp8": QuantParams(output=FP8),
+    "out-fp8-unsat": QuantParams(output=FP8_UNSATURATED),
+    "out-int8": QuantParams(output=INT8),
+    "in-fp8-out-fp8": QuantParams(input=FP8_INPUT, output=FP8),
+    "in-int8-out-int8": QuantParams(input=INT8_INPUT, output=INT8),
+    "in-fp8": QuantParams(input=FP8_INPUT),
+    "rsqrt-out-int8": QuantParams(rsqrt=INT8_RSQRT, output=INT8),
+    "all": QuantParams(input=FP8_INPUT, rsqrt=INT8_RSQRT, output=FP8_UNSATURATED),
+}
+
+
+def global_accesses(ptx: str) -> list[str]:
+    return re.findall(r"\b(?:ld|st)\.global(?:\.[A-Za-z0-9:_]+)+", ptx)
+
+
+def compiled_ptx(variant: RmsNormVariant | AddRmsNormVariant, folder: Path) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    compile_variant(variant, ptx_dir=folder)
+    (ptx_file,) = folder.glob("*.ptx")
+    return ptx_file.read_text()
+
+
+def variant_of(spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned: bool) -> RmsNormVariant:
+    kind = AddRmsNormKernel if isinstance(spec, AddRmsNormSpec) else RmsNormKernel
+    return kind(spec, KernelCache(Path("/nonexistent")), HOPPER).variant(regime, aligned)
+
+
+def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -> None:
+    """Each stage's division is div.rn.f32 by its scale's float32 bits; no approximate division anywhere; the
+    conversions of each quantized dtype are there."""
+    quant = spec.quant
+    assert not re.search(r"\bdiv\.(approx|full)\b", ptx)
+    assert not re.search(r"\brcp\.", ptx)
+    for stage in quant.stages:
+        quantizer = quant.at(stage)
+        scale = "0f" + np.float32(quantizer.scale).tobytes()[::-1].hex().upper()
+        assert re.search(rf"\bdiv\.rn\.f32\s+%r\d+, %r\d+, {scale};", ptx), (stage, scale)
+    dtypes = {quant.at(stage).dtype for stage in quant.stages}
+    if "float8_e4m3fn" in dtypes:
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    if "int8" in dtypes:
+        assert "cvt.rni.f32.f32" in ptx
+    if quant.input is not None and quant.input.dtype == "float8_e4m3fn":
+        assert "cvt.rn.f16x2.e4m3x2" in ptx  # DQ reads the FP8 codes back
+
+
+def check_y_stores(variant: RmsNormVariant | AddRmsNormVariant, ptx: str) -> None:
+    """Aligned 1-byte y: 16 quantized values per 16-byte store (beside h's own 16-byte stores); unaligned: y one
+    byte at a time."""
+    spec, tiling = variant.spec, variant.tiling
+    stores = [a for a in global_accesses(ptx) if a.startswith("st.")]
+    h_per_slot = tiling.vector * DTYPE_BYTES[spec.dtype] // 16 if isinstance(spec, AddRmsNormSpec) else 0
+    if tiling.vector == 1:
+        assert "st.global.b8" in stores
+        assert not [a for a in stores if a.endswith(".v4.b32")]
+    else:
+        assert tiling.vector == 16
+        assert stores == ["st.global.v4.b32"] * (tiling.vectors_per_thread * (1 + h_per_slot))
+
+
+CASES = [
+    (kind, name, regime, aligned)
+    for kind, name in itertools.product(("rms", "add"), STAGE_SETS)
+    for regime, aligned in ((Regime.PREFILL, True), (Regime.DECODE, True), (Regime.PREFILL, False))
+]
+
+
+@pytest.mark.parametrize(("kind", "name", "regime", "aligned"), CASES)
+def test_every_stage_set_compiles_with_the_contracts_arithmetic(
+    kind: str, name: str, regime: Regime, aligned: bool, tmp_path: Path
+) -> None:
+    """RMSNorm and add+norm, every stage set, prefill and decode (16-byte vectors) and the scalar path, bf16 rows of
+    Llama's width."""
+    spec_type = AddRmsNormSpec if kind == "add" else RmsNormSpec
+    spec = spec_type(4096, "bfloat16", "bfloat16", LLAMA, quant=STAGE_SETS[name])
+    variant = variant_of(spec, regime, aligned)
+    ptx = compiled_ptx(variant, tmp_path)
+    check_quantizer_instructions(spec, ptx)
+    if spec.quant.output is not None:
+        check_y_stores(variant, ptx)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        RmsNormSpec(4096, "float32", "bfloat16", LLAMA, "bfloat16", QuantParams(output=FP8)),
+        RmsNormSpec(4096, "float16", "float32", GEMMA, "float32", QuantParams(output=INT8)),
+        RmsNormSpec(1000, "float16", "float16", GEMMA, quant=QuantParams(input=INT8_INPUT, output=FP8)),
+        RmsNormSpec(128, "bfloat16", None, NormParams(1e-5, 0.0, WeightMode.NONE), quant=QuantParams(output=FP8)),
+        AddRmsNormSpec(4096, "float32", "float16", LLAMA, "float16", QuantParams(input=FP8_INPUT, output=FP8)),
+        AddRmsNormSpec(5120, "float16", "float16", GEMMA, quant=QuantParams(input=INT8_INPUT, output=INT8)),
+        AddRmsNormSpec(1001, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=FP8_UNSATURATED)),
+    ],
+    ids=repr,
+)
+def test_dtype_pairs_and_row_widths_compile(spec: RmsNormSpec | AddRmsNormSpec, tmp_path: Path) -> None:
+    """Mixed pairs (fp32 rows with a 16-bit T, a 16-bit row with an fp32 T), weight modes, head-dim, ragged and
+    no-vector rows, both regimes and both alignments."""
+    for regime, aligned in itertools.product(Regime, (True, False)):
+        variant = variant_of(spec, regime, aligned)
+        ptx = compiled_ptx(variant, tmp_path / f"{regime.name}-{aligned}")
+        check_quantizer_instructions(spec, ptx)
+        if (
+            aligned
+            and variant.tiling.vector == 16
+            and variant.tiling.vectors_per_row % variant.tiling.threads_per_row == 0
+        ):
+            check_y_stores(variant, ptx)
+
+
+def test_a_one_byte_y_takes_16_element_vectors_and_a_16_bit_rows_threads() -> None:
+    """The tiling table's 1-byte-y rule: vectors of 16 (one 16-byte store), half the vectors per thread, so a bf16
+    row of 4096 spreads over the threads the plain bf16 kernel gives it."""
+    plain = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA)
+    quantized = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=FP8))
+    for regime in Regime:
+        ours, theirs = (rms_norm_tiling(s, regime, aligned=True) for s in (quantized, plain))
+        assert (ours.vector, theirs.vector) == (16, 8)
+        assert ours.threads_per_row == theirs.threads_per_row
+        assert ours.vectors_per_thread * 2 == theirs.vectors_per_thread
+        assert not ours.reread and not ours.paired_stores and ours.min_blocks_per_sm == 0
+
+
+def test_the_spec_says_y_is_stored_in_the_output_quantizers_dtype() -> None:
+    spec = RmsNormSpec(4096, "float32", "bfloat16", LLAMA, "bfloat16", QuantParams(output=INT8))
+    assert (spec.out_dtype, spec.y_dtype) == ("bfloat16", "int8")
+    fake = AddRmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(input=FP8_INPUT))
+    assert fake.y_dtype == "bfloat16"
+    assert fake.norm().quant == fake.quant
+
+
+def test_a_plain_specs_repr_is_unchanged_and_quant_specs_have_their_own_keys() -> None:
+    """The repr keys the compile cache and the AOT entry names: a plain spec's has no quant field (so plain kernels
+    keep their PTX, tests/kernels/test_add_norm_ptx_identity.py), each stage set its own key."""
+    plain = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA)
+    assert repr(plain) == (
+        "RmsNormSpec(hidden=4096, dtype='bfloat16', weight_dtype='bfloat16', params=NormParams(epsilon=1e-06, "
+        "weight_offset=0.0, weight_mode=<WeightMode.AFTER_CAST: 1>), out_dtype='bfloat16')"
+    )
+    keys = {variant_key(variant_of(plain, Regime.PREFILL, True))}
+    for quant in STAGE_SETS.values():
+        spec = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=quant)
+        assert "quant=QuantParams(" in repr(spec)
+        keys.add(variant_key(variant_of(spec, Regime.PREFILL, True)))
+    assert len(keys) == 1 + len(STAGE_SETS)
+
+
+@pytest.mark.parametrize(
+    ("quant", "problem"),
+    [
+        (QuantParams(), "every stage off"),
+        (QuantParams(output=Quantizer("float8_e5m2", 1.0)), "dtype 'float8_e5m2'"),
+        (QuantParams(output=Quantizer("int8", 0.1)), "not a positive finite float32"),
+        (QuantParams(output=Quantizer("int8", -1.0)), "not a positive finite float32"),
+        (QuantParams(output=Quantizer("int8", 1.0, saturate=False)), "INT8 always saturates"),
+        (QuantParams(output=Quantizer("int8", 1.0, True, "float16")), "dequant dtype exactly"),
+        (QuantParams(input=Quantizer("int8", 1.0)), "dequant dtype exactly"),
+        (QuantParams(rsqrt=Quantizer("int8", 1.0, True, "int8")), "dequant dtype 'int8'"),
+    ],
+)
+def test_a_quantizer_outside_the_contract_is_refused_in_one_line(quant: QuantParams, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=quant)
+
+
+AOT_SPECS = [
+    RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=FP8)),
+    RmsNormSpec(1001, "float16", "float32", GEMMA, quant=QuantParams(output=INT8)),
+    AddRmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(input=FP8_INPUT, output=FP8_UNSATURATED)),
+    AddRmsNormSpec(4096, "float16", "float16", LLAMA, quant=QuantParams(rsqrt=INT8_RSQRT, output=INT8)),
+]
+
+
+@pytest.mark.parametrize("spec", AOT_SPECS, ids=repr)
+def test_quant_artifacts_compile_for_every_architecture_they_can_run_on(
+    spec: RmsNormSpec | AddRmsNormSpec, tmp_path: Path
+) -> None:
+    """PTX and cubin (ptxas accepts the quantizers' inline PTX) of every tactic, for AOT_ARCHS less the pre-sm_89
+    ones where a stage is FP8; the declaration's parameters are the plain kernel's."""
+    add = isinstance(spec, AddRmsNormSpec)
+    make = add_rms_norm_artifact if add else rms_norm_artifact
+    archs = aot_archs(spec)
+    assert archs == (AOT_ARCHS if spec.quant.output.dtype == "int8" else ("sm_89", "sm_90a", "sm_100a"))
+    for arch in archs:
+        for tactic in (add_rms_norm_tactics if add else rms_norm_tactics)(spec):
+            artifact = make(spec, tactic, arch, tmp_path)
+            assert artifact.cubin and f".target {arch}" in artifact.ptx
+            check_quantizer_instructions(spec, artifact.ptx)
+            assert artifact.declaration.params == (add_rms_norm_params() if add else rms_norm_params())
+
+
+def test_an_fp8_quantizer_before_sm_89_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"an FP8 quantizer needs sm_89 or newer \(its conversions\), not sm_86"):
+        rms_norm_artifact(AOT_SPECS[0], Tactic.PREFILL, "sm_86", tmp_path)

@@ -1,0 +1,93 @@
+"""The quantizer stages in CuTeDSL (docs/plugin-nodes.md, "Quantization"), each a compile-time `Quantizer`:
+
+    Q(v)  = sat(round_half_even(v / s))     v / s an IEEE float32 division (div.rn.f32), as onnxruntime divides
+    DQ(q) = dequant_dtype(float32(q) · s)
+
+The norm kernels call these on register fragments of any layout; a kernel without quantizers traces none of them.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int8, Int32
+
+from trtfuse.kernels.ptx import e4m3_nan_flagged, int8_level
+
+# The cutlass types of the contract's dtype names: the float dtypes, and the quantized ones.
+FLOAT_CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+QUANT_CUTLASS_DTYPES = {"float8_e4m3fn": cutlass.Float8E4M3FN, "int8": cutlass.Int8}
+
+
+@cute.jit
+def _int8_levels(values: cute.TensorSSA, quantizer: cutlass.Constexpr, layout: cutlass.Constexpr) -> cute.Tensor:
+    """INT8's Q(values) as float32 integers in [-128, 127], in a fragment of `layout`."""
+    levels = cute.make_rmem_tensor(layout, Float32)
+    levels.store(values)
+    for i in cutlass.range_constexpr(cute.size(levels)):
+        # `/` on Float32 is the IEEE division (div.rn.f32; the PTX tests check that no approximation appears).
+        levels[i] = int8_level(levels[i] / Float32(quantizer.scale))
+    return levels
+
+
+@cute.jit
+def quantize_into(values: cute.TensorSSA, quantizer: cutlass.Constexpr, codes: cute.Tensor):
+    """codes = Q(values): `values` float32, `codes` a register fragment of the quantizer's dtype (FP8 E4M3FN or
+    INT8) and of `values`' shape."""
+    if cutlass.const_expr(quantizer.dtype == "int8"):
+        # The levels are integers in range: the conversion to INT8 is exact whatever its rounding.
+        codes.store(_int8_levels(values, quantizer, codes.layout).load().to(Int8))
+    else:
+        quotients = cute.make_rmem_tensor(codes.layout, Float32)
+        quotients.store(values)
+        if cutlass.const_expr(quantizer.saturate):
+            for i in cutlass.range_constexpr(cute.size(quotients)):
+                quotients[i] = quotients[i] / Float32(quantizer.scale)
+            # cvt.rn.satfinite.e4m3x2.f32: round half to even, ±448 past the range (saturate's meaning), a NaN the
+            # NaN code 0x7F, as the reference gives the only NaN a kernel's arithmetic makes (positive, canonical).
+            codes.store(quotients.load().to(cutlass.Float8E4M3FN))
+        else:
+            _store_e4m3_unsaturated(quotients, quantizer, codes)
+
+
+@cute.jit
+def _store_e4m3_unsaturated(quotients: cute.Tensor, quantizer: cutlass.Constexpr, codes: cute.Tensor):
+    """E4M3FN's Q without `saturate`: the saturating conversion, then the NaN code (of the value's sign) wherever
+    |v / s| > 464. The fix-up works on whole words of 4 codes where the fragment has them (vectors of 4 and more)."""
+    group = 4 if cute.size(codes) % 4 == 0 else 1
+    words = cute.recast_tensor(codes, Int32 if group == 4 else Int8)
+    nan_bits = cute.make_rmem_tensor(words.layout, words.element_type)
+    for w in cutlass.range_constexpr(cute.size(words)):
+        bits = Int32(0)
+        for b in cutlass.range_constexpr(group):
+            i = w * group + b
+            quotients[i], flag = e4m3_nan_flagged(quotients[i] / Float32(quantizer.scale), b)
+            bits = bits | flag
+        nan_bits[w] = words.element_type(bits)
+    codes.store(quotients.load().to(cutlass.Float8E4M3FN))
+    # ±448 (S.1111.110) becomes the NaN code of its sign (S.1111.111) where the quotient is NaN-bound.
+    for w in cutlass.range_constexpr(cute.size(words)):
+        words[w] = words[w] | nan_bits[w]
+
+
+@cute.jit
+def fake_quantized(values: cute.TensorSSA, quantizer: cutlass.Constexpr, layout: cutlass.Constexpr) -> cute.TensorSSA:
+    """DQ(Q(values)) as float32: the quantized value, scaled back and rounded once to the dequant dtype."""
+    if cutlass.const_expr(quantizer.dtype == "int8"):
+        # The level itself is float32(q): no INT8 code needs forming.
+        levels = _int8_levels(values, quantizer, layout).load()
+    else:
+        codes = cute.make_rmem_tensor(layout, cutlass.Float8E4M3FN)
+        quantize_into(values, quantizer, codes)
+        levels = codes.load().to(Float32)
+    return (levels * Float32(quantizer.scale)).to(FLOAT_CUTLASS_DTYPES[quantizer.dequant_dtype]).to(Float32)
+
+
+@cute.jit
+def fake_quantized_scalar(value: Float32, quantizer: cutlass.Constexpr) -> Float32:
+    """`fake_quantized` of one value (a row's inverse root)."""
+    one = cute.make_layout(1)
+    fragment = cute.make_rmem_tensor(one, Float32)
+    fragment[0] = value
+    fragment.store(fake_quantized(fragment.load(), quantizer, one))
+    return fragment[0]
