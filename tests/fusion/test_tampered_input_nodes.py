@@ -13,6 +13,7 @@ from onnx import TensorProto, numpy_helper
 
 from trtfuse import contract
 from trtfuse.contract import WeightMode
+from trtfuse.contract.codec import NodeFields
 from trtfuse.fusion.fuse import fuse_model
 
 from support.cli import run_cli
@@ -22,19 +23,30 @@ F16 = TensorProto.FLOAT16
 HEAD = 16
 
 
+def _quant_fields(op: str) -> dict[str, object]:
+    fused = contract.OPS[op]
+    if not fused.quantized:
+        return {}
+    quant = contract.QuantParams(input=contract.Quantizer("int8", 0.5, True, "float16"))
+    fields = NodeFields(fused, contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST), (HIDDEN,), "float16", quant)
+    return {name: value for name, value in fields.numbers().items() if name not in contract.RMS_NORM.fields}
+
+
 def _model(op: str, broken: str) -> onnx.ModelProto:
-    """One node of `op`, as the pass writes it, then broken as `broken` says."""
+    """One node of `op`, as the pass writes it (a quantized op with an INT8 input stage), then broken as `broken`
+    says."""
+    plain = contract.OPS[op].base or op
     shape = ["tokens", HIDDEN]
     weight = numpy_helper.from_array(np.ones(HIDDEN, np.float16), "w")
-    if op == contract.QK_NORM_OP:
+    if plain == contract.QK_NORM_OP:
         shape = ["tokens", 2, HEAD]
         weight = numpy_helper.from_array(np.ones(HEAD, np.float16), "w")
         inputs, outputs, hidden = ["q", "k", "w", "w"], ["q_out", "k_out"], (HEAD, HEAD)
-    elif op == contract.ADD_RMS_NORM_OP:
+    elif plain == contract.ADD_RMS_NORM_OP:
         inputs, outputs, hidden = ["q", "k", "w"], ["y", "h"], (HIDDEN,)
     else:
         inputs, outputs, hidden = ["q", "w"], ["y"], (HIDDEN,)
-    extra: dict[str, object] = {}
+    extra: dict[str, object] = _quant_fields(op)
     if broken == "epsilon":
         extra[contract.ATTR_EPSILON] = -1e-6
     elif broken == "missing-input":

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 from trtfuse.errors import TrtfuseError
+from trtfuse.fusion.fused_nodes import plugin_nodes
 from trtfuse.model.dims import model_dims, window_cache_outputs
 from trtfuse.model.feeds import StepFeed
 from trtfuse.model.interface import elem_type_name
@@ -280,8 +281,10 @@ def judge_lowered(
     notify: Notify = quiet,
 ) -> CheckResult:
     """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `feeds`: what `check`
-    runs, and `compare` without an engine."""
+    runs, and `compare` without an engine. The fused model's plugin nodes are read before any session loads, so a
+    broken one is one line and nothing else."""
     check_same_inputs(original, fused)
+    plugin_nodes(fused.model, fused.path)
     judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
     runner, note = original_session(original, notify)
     lowered = lowered_session(fused, evaluator=runner.evaluator)
