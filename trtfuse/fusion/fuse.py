@@ -206,13 +206,7 @@ def fuse_model(
         exported = gs.export_onnx(graph, opset_imports=graph.import_domains)
     exported.ir_version = model.ir_version
     if model.ir_version < 4:
-        # IR 3 requires every initializer to be a graph input too; graphsurgeon's export lists none.
-        listed = {value.name for value in exported.graph.input}
-        exported.graph.input.extend(
-            helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
-            for tensor in exported.graph.initializer
-            if tensor.name not in listed
-        )
+        _keep_ir3_inputs(model, exported)
     inputs = {value.name for value in exported.graph.input}
     exported.graph.initializer.extend(tensor for tensor in _overridable(model) if tensor.name in inputs)
     _restore_sparse_attributes(model, exported)
@@ -222,6 +216,30 @@ def fuse_model(
     exported.metadata_props.extend(model.metadata_props)
     input_nodes = op_counts(plugin.op.name for plugin in already)
     return FuseResult(model=exported, fused=fused, search=search, input_nodes=input_nodes)
+
+
+def _keep_ir3_inputs(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:
+    """IR 3 lists every initializer as a graph input too, which graphsurgeon's export does not. Those inputs are part
+    of the model's interface, so each one the model lists stays, with its initializer, where the fusion left it unread
+    (a replaced norm's epsilon); the inputs keep the model's order, and the new initializers follow as inputs too."""
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    taken = {tensor.name for tensor in exported.graph.initializer} | {value.name for value in exported.graph.input}
+    taken |= {name for node in exported.graph.node for name in node.output}
+    exported.graph.initializer.extend(
+        initializers[value.name]
+        for value in model.graph.input
+        if value.name in initializers and value.name not in taken
+    )
+    declared = {value.name: value for value in exported.graph.input}
+    declared.update({value.name: value for value in model.graph.input if value.name in initializers})
+    for tensor in exported.graph.initializer:
+        if tensor.name not in declared:
+            declared[tensor.name] = helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+    stored = {tensor.name for tensor in exported.graph.initializer} | {value.name for value in exported.graph.input}
+    first = [value.name for value in model.graph.input if value.name in stored]
+    order = first + [name for name in declared if name in stored and name not in first]
+    del exported.graph.input[:]
+    exported.graph.input.extend(declared[name] for name in order)
 
 
 def _keep_declared_types(model: onnx.ModelProto, exported: onnx.ModelProto) -> None:
