@@ -13,13 +13,20 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip 
 
 from trtfuse.bench.aot.compile import compile_matrix
 from trtfuse.bench.aot.manifest import manifest_entries, read_artifact
+from trtfuse.bench.aot.matrix import matrix
 from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels import artifacts
 from trtfuse.kernels.api import rms_norm_tiling
-from trtfuse.kernels.artifacts import AOT_ARCHS, qk_norm_artifact, rms_norm_artifact, rms_norm_tactics
+from trtfuse.kernels.artifacts import (
+    AOT_ARCHS,
+    aot_archs,
+    qk_norm_artifact,
+    rms_norm_artifact,
+    rms_norm_tactics,
+)
 from trtfuse.kernels.compiler import RmsNormVariant
 from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
-from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec, has_fp8_stage
 from trtfuse.kernels.tiling import Regime
 
 AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
@@ -94,6 +101,10 @@ def test_every_artifact_compiles_for_every_architecture(
     # A floor per kind, so a matrix that lost its entries of one kind fails here too.
     assert set(per_kind) == set(KIND_PARAMS)
     assert per_kind["rms_norm"] + per_kind["qk_norm"] >= 150 and per_kind["add_rms_norm"] >= 30
+    # Every quantized entry where the arch runs its quantizers: FP8 from sm_89, INT8 everywhere.
+    quantized = [e.spec for e, _ in manifest_entries(manifest) if getattr(e.spec, "quant", None) is not None]
+    expected = [e.spec for e in matrix() if getattr(e.spec, "quant", None) is not None and arch in aot_archs(e.spec)]
+    assert quantized == expected and any(has_fp8_stage(s) for s in quantized) == (arch not in ("sm_80", "sm_86"))
 
 
 def test_vector_kernels_keep_an_in_kernel_scalar_path(cache_root: Path) -> None:

@@ -6,8 +6,9 @@ inputs, with outputs poisoned (NaN) beforehand and checked afterwards; bandwidth
 input sets to exceed the L2; decode-sized calls are timed as CUDA-graph replays of many captured calls.
 
 `--sections` picks parts of it (default: all): `norm` (RMSNorm, mixed precision, QK-norm, compile and host cost),
-`add_norm` (the fused residual add+RMSNorm against today's separate add, torch.compile, QuACK and Liger) and
-`layer_tail` (a GEMM, the residual add and the norm: cuBLAS's beta=1 epilogue then RMSNorm, or the fused add+norm).
+`add_norm` (the fused residual add+RMSNorm against today's separate add, torch.compile, QuACK and Liger),
+`layer_tail` (a GEMM, the residual add and the norm: cuBLAS's beta=1 epilogue then RMSNorm, or the fused add+norm)
+and `quant` (the norms with their quantizer stages against torch.compile's fused norm + quantize: bench/quant.py).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ ADD_PREFILL_SHAPES = ((16384, 4096), (8192, 8192), (4096, 4096))
 ADD_DECODE_ROWS = (1, 32, 128)
 TAIL_TOKENS = (1, 8, 128, 4096)
 TAIL_HIDDEN = 4096
-SECTIONS = ("norm", "add_norm", "layer_tail")
+SECTIONS = ("norm", "add_norm", "layer_tail", "quant")
 GRAPH_CALLS = 50  # calls captured per graph: replay time / 50 is the per-call cost without host launch gaps
 TIMED_CALLS = 60
 HOST_RUN_AHEAD_CYCLES = 100_000_000  # ~50 ms at H200 clocks: longer than the host needs to queue TIMED_CALLS calls
@@ -606,6 +607,10 @@ def run(compiled: bool, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
         report["add_norm_skipped"] = skipped
     if "layer_tail" in sections:
         report["layer_tail"] = [bench_layer_tail(tokens) for tokens in TAIL_TOKENS]
+    if "quant" in sections:
+        from trtfuse.bench.quant import run_quant  # it imports this module's helpers
+
+        report.update(run_quant(compiled, copy_gbs))
     report["wall_s"] = time.perf_counter() - start
     return report
 
@@ -641,9 +646,12 @@ def add_norm_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
 
 
 def target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
-    """The kernels' targets (docs/performance.md), each with whether this run met it, the add+norm kernel's included."""
+    """The kernels' targets (docs/performance.md), each with whether this run met it, the add+norm kernel's and the
+    quantized kernels' included."""
+    from trtfuse.bench.quant import quant_target_checks
+
     if "prefill" not in report:
-        return add_norm_target_checks(report)
+        return add_norm_target_checks(report) + quant_target_checks(report)
     checks = []
     for r in report["prefill"]:
         goal = PREFILL_TARGET_PCT[r["shape"]]
@@ -672,7 +680,7 @@ def target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
             checks.append((f"{key} <= 1 s", value <= 1.0))
         else:
             checks.append((f"{key} <= 50 ms", value <= 50))
-    return checks + add_norm_target_checks(report)
+    return checks + add_norm_target_checks(report) + quant_target_checks(report)
 
 
 def print_add_norm_report(report: dict[str, Any]) -> None:
@@ -717,9 +725,13 @@ def print_add_norm_report(report: dict[str, Any]) -> None:
 
 
 def print_report(report: dict[str, Any]) -> None:
+    from trtfuse.bench.quant import print_quant_report
+
     if "prefill" not in report:
         print_add_norm_report(report)
-        print("\nTargets (fused add+norm):")
+        if "quant_norm_prefill" in report:
+            print_quant_report(report)
+        print("\nTargets (the sections run):")
         for name, met in target_checks(report):
             print(f"  {'met   ' if met else 'MISSED'} {name}")
         print(f"\nbenchmark wall time {report['wall_s']:.0f} s")
@@ -769,6 +781,8 @@ def print_report(report: dict[str, Any]) -> None:
     for key, value in report["host"].items():
         print(f"  {key}: {value:.2f}")
     print_add_norm_report(report)
+    if "quant_norm_prefill" in report:
+        print_quant_report(report)
     print("\nTargets (docs/performance.md):")
     for name, met in target_checks(report):
         print(f"  {'met   ' if met else 'MISSED'} {name}")

@@ -10,7 +10,7 @@ import torch
 from trtfuse.bench.aot.matrix import Spec
 from trtfuse.bench.aot.tensors import PartTensors, unwritten
 from trtfuse.bench.reference import add_norm_reference, norm_reference, quantize_reference
-from trtfuse.contract import QuantParams, WeightMode
+from trtfuse.contract import Quantizer, QuantParams, WeightMode
 from trtfuse.verify.tolerances import KERNEL_ELEMENTWISE
 
 # Integer views of the same width, to compare h's bits: a value comparison would let -0 pass for +0.
@@ -56,10 +56,9 @@ def _unquantized(spec: Spec) -> QuantParams | None:
     return rest if rest.stages else None
 
 
-def _quantization_step(reference: torch.Tensor, spec: Spec) -> torch.Tensor:
-    """The spacing of the output quantizer's dequantized values at each reference value (INT8: the scale; E4M3FN: a
-    mantissa step of 2^-3 of the value's binade, 2^-9 among the subnormals, times the scale)."""
-    quantizer = spec.quant.output
+def quantization_step(reference: torch.Tensor, quantizer: Quantizer) -> torch.Tensor:
+    """The spacing of the quantizer's dequantized values at each (dequantized) reference value (INT8: the scale;
+    E4M3FN: a mantissa step of 2^-3 of the value's binade, 2^-9 among the subnormals, times the scale)."""
     if quantizer.dtype == "int8":
         return torch.full_like(reference, quantizer.scale)
     binade = torch.floor(torch.log2((reference / quantizer.scale).abs().clamp(min=2.0**-6)))
@@ -103,7 +102,7 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
             return False, f"{name}: {mismatched} elements NaN on one side only (of the reference's)", 0.0, float("inf")
         reference = (codes.double() * quantizer.scale).nan_to_num(nan=0.0)
         ours = ours.nan_to_num(nan=0.0)
-        allowed = allowed + _quantization_step(reference, spec)
+        allowed = allowed + quantization_step(reference, quantizer)
     error = (ours - reference).abs()
     ratio = error / allowed
     worst = float(ratio.max())

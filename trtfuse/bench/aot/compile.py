@@ -27,14 +27,19 @@ def compile_one(kind: str, spec_json: dict[str, Any], tactic: int, stem: str, ar
 
 
 def compile_matrix(folder: Path, arch: str, jobs: int) -> dict[str, Any]:
-    """Every entry's artifacts for every tactic into `folder`, and the manifest that lists them."""
+    """Every entry's artifacts for every tactic into `folder`, and the manifest that lists them; an entry `arch`
+    cannot run (an FP8 quantizer before sm_89: `artifacts.aot_archs`) is left out of both."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
+
+    from trtfuse.kernels.artifacts import aot_archs
 
     folder.mkdir(parents=True, exist_ok=True)
     items = []
     tasks = []
     for index, entry in enumerate(matrix()):
+        if arch not in aot_archs(entry.spec):
+            continue
         name = f"{index:03d}-{entry_name(entry)}"
         spec = spec_to_json(entry.spec)
         stems = {}

@@ -1,0 +1,330 @@
+"""The kernel benchmark's `quant` section: the norm kernels with their quantizer stages (docs/kernels.md,
+"Quantizer stages") side by side with torch.compile's fused norm + quantize, in the same process as the copy that
+sets the ceiling (docs/performance.md, "Quantized norms"). Run by `python -m trtfuse.bench.kernels --sections quant`.
+
+Bytes counted: x read (and the add+norm's residual), y written at 1 byte per element (and h), the weight once.
+torch.compile gets the formula as a model writes it (Hugging Face's RMSNorm, then QuantizeLinear's arithmetic:
+divide by the scale, clamp or round and clamp, cast), which Inductor fuses into one kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+from trtfuse.bench.aot.compare import quantization_step
+from trtfuse.bench.kernels import (
+    DECODE_HIDDEN,
+    LLAMA,
+    PREFILL_SHAPES,
+    fresh_compile,
+    graph_replay_us,
+    input_sets,
+    llama_rms_norm,
+    median_event_us,
+    same_size_copy_us,
+)
+from trtfuse.bench.reference import QUANT_TORCH_DTYPES, add_norm_reference, norm_reference
+from trtfuse.contract import Quantizer, QuantParams
+from trtfuse.kernels.api import get_add_rms_norm, get_rms_norm, shared_cache
+from trtfuse.kernels.compiler import RmsNormVariant
+from trtfuse.kernels.specs import AddRmsNormSpec, RmsNormSpec
+from trtfuse.kernels.tiling import PREFILL_BLOCK_THREADS, Regime, RowTiling
+
+# Per-tensor scales as ModelOpt calibrates them (amax / 448, amax / 127), float32 values, neither a power of two.
+OUTPUTS = {
+    "fp8": Quantizer("float8_e4m3fn", float(np.float32(4.5 / 448))),
+    "int8": Quantizer("int8", float(np.float32(4.5 / 127))),
+}
+# ModelOpt FP8's pair on the residual sum, dequantized back to bf16.
+SUM_FAKE_QUANT = Quantizer("float8_e4m3fn", float(np.float32(12.0 / 448)), True, "bfloat16")
+ADD_SHAPES = ((16384, 4096), (8192, 8192), (4096, 4096))
+DECODE_ROWS = (1, 32, 128)
+# The targets (docs/performance.md): prefill 16384x4096 µs and % of the same-run copy, decode µs per rows.
+NORM_TARGET_US = 52.0
+NORM_TARGET_PCT = 95.0
+ADD_TARGET_US = 118.0
+DECODE_TARGET_US = {1: 1.7, 32: 1.8, 128: 2.1}
+TARGET_SHAPE = "16384x4096"
+
+
+def torch_quantize(y: torch.Tensor, quantizer: Quantizer) -> torch.Tensor:
+    """QuantizeLinear's arithmetic in torch: y / s in float32, then E4M3FN's saturating cast or INT8's round and
+    clamp."""
+    q = y.float() / quantizer.scale
+    if quantizer.dtype == "int8":
+        return q.round().clamp(-128, 127).to(torch.int8)
+    return q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def norm_quant(x: torch.Tensor, w: torch.Tensor, quantizer: Quantizer) -> torch.Tensor:
+    """A Llama RMSNorm read by a QuantizeLinear: what torch.compile fuses into one kernel."""
+    return torch_quantize(llama_rms_norm(x, w), quantizer)
+
+
+def add_norm_quant(
+    x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, quantizer: Quantizer
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ModelOpt FP8's layer: h = x + residual, the norm reads DQ(Q(h)), its output is quantized; (y, h)."""
+    h = x + residual
+    v = (torch_quantize(h, SUM_FAKE_QUANT).float() * SUM_FAKE_QUANT.scale).to(h.dtype)
+    return torch_quantize(llama_rms_norm(v, w), quantizer), h
+
+
+def norm_spec(hidden: int, quantizer: Quantizer) -> RmsNormSpec:
+    return RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=quantizer))
+
+
+def add_norm_spec(hidden: int, quantizer: Quantizer) -> AddRmsNormSpec:
+    quant = QuantParams(input=SUM_FAKE_QUANT, output=quantizer)
+    return AddRmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA, quant=quant)
+
+
+def check_quantized(out: torch.Tensor, reference: torch.Tensor, quantizer: Quantizer, what: str) -> None:
+    """Dequantized, within one quantization step plus 2e-2 of the reference's (the benchmark's check_close)."""
+    ours = out.double() * quantizer.scale
+    ref = reference.double() * quantizer.scale
+    if bool((ours.isnan() != ref.isnan()).any()):
+        raise AssertionError(f"{what}: NaN where the reference has none, or the reverse (unwritten poison?)")
+    step = quantization_step(ref.nan_to_num(), quantizer)
+    if bool(((ours - ref).nan_to_num().abs() > step + 2e-2 * ref.abs().nan_to_num()).any()):
+        raise AssertionError(f"{what}: dequantized values off the reference by more than a step and 2e-2")
+
+
+def poisoned_codes(shape: tuple[int, ...], quantizer: Quantizer) -> torch.Tensor:
+    """A quantized output filled with E4M3FN's NaN code (0x7F; INT8's 127)."""
+    out = torch.empty(shape, device="cuda", dtype=QUANT_TORCH_DTYPES[quantizer.dtype])
+    out.view(torch.uint8).fill_(0x7F)
+    return out
+
+
+def bench_norm_prefill(rows: int, hidden: int, name: str, compiled: bool, copy_gbs: float) -> dict[str, Any]:
+    quantizer = OUTPUTS[name]
+    kernel = get_rms_norm(norm_spec(hidden, quantizer))
+    kernel.warm_up(rows)
+    nbytes = rows * hidden * 3 + hidden * 2
+    n_sets = input_sets(nbytes)
+    xs = [torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
+    ys = [poisoned_codes((rows, hidden), quantizer) for _ in range(n_sets)]
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "out": name, "bytes": nbytes}
+    row["same_size_copy_us"] = same_size_copy_us(nbytes)
+    row["ours_us"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
+    reference = norm_reference(xs[0], w, LLAMA, quant=kernel.spec.quant)
+    check_quantized(ys[0], reference, quantizer, f"ours {row['shape']} {name}")
+    plain = get_rms_norm(RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA))
+    plain.warm_up(rows)
+    quantize = fresh_compile(functools.partial(torch_quantize, quantizer=quantizer))
+    row["separate_us"] = median_event_us(lambda i: quantize(plain(xs[i], w)), n_sets)
+    row["ours_us_again"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
+    if compiled:
+        fn = fresh_compile(functools.partial(norm_quant, quantizer=quantizer))
+        check_quantized(fn(xs[0], w), reference, quantizer, f"torch.compile {row['shape']} {name}")
+        row["compile_us"] = median_event_us(lambda i: fn(xs[i], w), n_sets)
+    _add_pct(row, copy_gbs)
+    return row
+
+
+def bench_add_norm_prefill(rows: int, hidden: int, name: str, compiled: bool, copy_gbs: float) -> dict[str, Any]:
+    """Bytes: x and residual read, h (bf16) and y (1 byte) written, the weight once: 7 bytes per element."""
+    quantizer = OUTPUTS[name]
+    kernel = get_add_rms_norm(add_norm_spec(hidden, quantizer))
+    kernel.warm_up(rows)
+    nbytes = rows * hidden * 7 + hidden * 2
+    n_sets = input_sets(nbytes)
+    xs = [torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
+    rs = [torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
+    ys = [poisoned_codes((rows, hidden), quantizer) for _ in range(n_sets)]
+    hs = [torch.full_like(xs[0], float("nan")) for _ in range(n_sets)]
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "out": name, "bytes": nbytes}
+    row["same_size_copy_us"] = same_size_copy_us(nbytes)
+    row["ours_us"] = median_event_us(lambda i: kernel(xs[i], rs[i], w, ys[i], hs[i]), n_sets)
+    reference, h = add_norm_reference(xs[0], rs[0], w, LLAMA, quant=kernel.spec.quant)
+    check_quantized(ys[0], reference, quantizer, f"ours add {row['shape']} {name}")
+    if not torch.equal(hs[0], h):
+        raise AssertionError(f"ours add {row['shape']}: h differs from D(x + residual)")
+    row["ours_us_again"] = median_event_us(lambda i: kernel(xs[i], rs[i], w, ys[i], hs[i]), n_sets)
+    if compiled:
+        fn = fresh_compile(functools.partial(add_norm_quant, quantizer=quantizer))
+        check_quantized(fn(xs[0], rs[0], w)[0], reference, quantizer, f"torch.compile add {row['shape']} {name}")
+        row["compile_us"] = median_event_us(lambda i: fn(xs[i], rs[i], w), n_sets)
+    _add_pct(row, copy_gbs)
+    return row
+
+
+def _add_pct(row: dict[str, Any], copy_gbs: float) -> None:
+    for key in ("ours", "ours_again", "separate", "compile"):
+        if f"{key}_us" in row:
+            row[f"{key}_pct_copy"] = 100 * row["bytes"] / row[f"{key}_us"] / 1e3 / copy_gbs
+    row["ours_pct_same_size_copy"] = 100 * row["same_size_copy_us"] / min(row["ours_us"], row["ours_us_again"])
+
+
+def bench_decode(rows: int, kind: str, name: str, compiled: bool) -> dict[str, Any]:
+    """µs per call in CUDA-graph replay, ours as the plugins launch it (raw pointers, the captured stream)."""
+    quantizer, hidden = OUTPUTS[name], DECODE_HIDDEN
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    y = poisoned_codes((rows, hidden), quantizer)
+    h = torch.empty_like(x)
+    row: dict[str, Any] = {"rows": rows, "kind": kind, "out": name}
+    if kind == "norm":
+        kernel = get_rms_norm(norm_spec(hidden, quantizer))
+        pointers = (x.data_ptr(), w.data_ptr(), y.data_ptr())
+        reference = norm_reference(x, w, LLAMA, quant=kernel.spec.quant)
+        baseline, args = norm_quant, (x, w)
+    else:
+        kernel = get_add_rms_norm(add_norm_spec(hidden, quantizer))
+        pointers = (x.data_ptr(), r.data_ptr(), w.data_ptr(), y.data_ptr(), h.data_ptr())
+        reference = add_norm_reference(x, r, w, LLAMA, quant=kernel.spec.quant)[0]
+        baseline, args = add_norm_quant, (x, r, w)
+    kernel.warm_up(rows)
+
+    def raw_launch() -> None:
+        kernel.launch(*pointers, rows, torch.cuda.current_stream().cuda_stream)
+
+    row["ours_graph_us"] = graph_replay_us(raw_launch)
+    check_quantized(y, reference, quantizer, f"decode {kind} rows={rows} {name}")
+    row["ours_graph_us_again"] = graph_replay_us(raw_launch)
+    if compiled:
+        fn = fresh_compile(functools.partial(baseline, quantizer=quantizer))
+        fn(*args)
+        row["compile_graph_us"] = graph_replay_us(lambda: fn(*args))
+    return row
+
+
+def _time_tiling(
+    spec: RmsNormSpec, tiling: RowTiling, xs: list[torch.Tensor], ys: list[torch.Tensor], w: torch.Tensor
+) -> float:
+    """One tiling of `spec` compiled and launched as the plugins launch (raw pointers): checked, then timed (events
+    over rotating inputs for many rows, graph replay for one)."""
+    call = shared_cache().get(RmsNormVariant(spec, tiling, get_rms_norm(spec).device.arch))
+    rows = xs[0].shape[0]
+
+    def launch(i: int) -> None:
+        call(xs[i].data_ptr(), w.data_ptr(), ys[i].data_ptr(), rows, torch.cuda.current_stream().cuda_stream)
+
+    launch(0)
+    torch.cuda.synchronize()
+    check_quantized(ys[0], norm_reference(xs[0], w, LLAMA, quant=spec.quant), spec.quant.output, f"{tiling}")
+    return median_event_us(launch, len(xs)) if len(xs) > 1 else graph_replay_us(lambda: launch(0))
+
+
+def bench_tilings() -> list[dict[str, Any]]:
+    """The 1-byte-y tiling rule against its neighbours, norm -> FP8 at H=4096: prefill 16384 rows with 1 (the
+    rule), 2 and 4 vectors per thread; decode 1 row with 2 (the rule), 1 and 4."""
+    quantizer = OUTPUTS["fp8"]
+    spec = norm_spec(DECODE_HIDDEN, quantizer)
+    kernel = get_rms_norm(spec)
+    results = []
+    for regime, rows, per_thread in ((Regime.PREFILL, 16384, (1, 2, 4)), (Regime.DECODE, 1, (2, 1, 4))):
+        rule = kernel.variant(regime, True).tiling
+        n_sets = input_sets(rows * DECODE_HIDDEN * 3) if regime is Regime.PREFILL else 1
+        xs = [torch.randn(rows, DECODE_HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
+        ys = [poisoned_codes((rows, DECODE_HIDDEN), quantizer) for _ in range(n_sets)]
+        w = torch.randn(DECODE_HIDDEN, device="cuda", dtype=torch.bfloat16)
+        for vectors in per_thread:
+            threads = rule.threads_per_row * rule.vectors_per_thread // vectors
+            rows_per_block = max(1, PREFILL_BLOCK_THREADS // threads) if regime is Regime.PREFILL else 1
+            tiling = dataclasses.replace(
+                rule, threads_per_row=threads, vectors_per_thread=vectors, rows_per_block=rows_per_block
+            )
+            results.append(
+                {
+                    "regime": regime.value,
+                    "rows": rows,
+                    "threads_per_row": threads,
+                    "vectors_per_thread": vectors,
+                    "rule": tiling == rule,
+                    "us": _time_tiling(spec, tiling, xs, ys, w),
+                }
+            )
+    return results
+
+
+def run_quant(compiled: bool, copy_gbs: float) -> dict[str, Any]:
+    return {
+        "quant_norm_prefill": [
+            bench_norm_prefill(rows, hidden, name, compiled, copy_gbs)
+            for name in OUTPUTS
+            for rows, hidden in PREFILL_SHAPES
+        ],
+        "quant_add_norm_prefill": [
+            bench_add_norm_prefill(rows, hidden, name, compiled, copy_gbs)
+            for name in OUTPUTS
+            for rows, hidden in ADD_SHAPES
+        ],
+        "quant_decode": [
+            bench_decode(rows, kind, name, compiled)
+            for kind in ("norm", "add_norm")
+            for name in OUTPUTS
+            for rows in DECODE_ROWS
+        ],
+        "quant_tilings": bench_tilings(),
+    }
+
+
+def quant_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
+    """The quantized kernels' targets (issue 22; docs/performance.md), each with whether this run met it."""
+    checks = []
+    for r in report.get("quant_norm_prefill", []):
+        ours = min(r["ours_us"], r["ours_us_again"])
+        if r["shape"] == TARGET_SHAPE:
+            checks.append((f"norm->{r['out']} {TARGET_SHAPE} <= {NORM_TARGET_US} µs", ours <= NORM_TARGET_US))
+            checks.append(
+                (
+                    f"norm->{r['out']} {TARGET_SHAPE} >= {NORM_TARGET_PCT}% of the same-size copy",
+                    r["ours_pct_same_size_copy"] >= NORM_TARGET_PCT,
+                )
+            )
+        if "compile_us" in r:
+            checks.append((f"norm->{r['out']} {r['shape']} faster than torch.compile", ours < r["compile_us"]))
+    for r in report.get("quant_add_norm_prefill", []):
+        if r["shape"] == TARGET_SHAPE:
+            ours = min(r["ours_us"], r["ours_us_again"])
+            checks.append(
+                (f"add-norm(fake-quant)->{r['out']} {TARGET_SHAPE} <= {ADD_TARGET_US} µs", ours <= ADD_TARGET_US)
+            )
+    for r in report.get("quant_decode", []):
+        goal = DECODE_TARGET_US[r["rows"]]
+        ours = min(r["ours_graph_us"], r["ours_graph_us_again"])
+        checks.append((f"decode {r['kind']}->{r['out']} rows={r['rows']} <= {goal} µs", ours <= goal))
+    return checks
+
+
+def print_quant_report(report: dict[str, Any]) -> None:
+    print("\nQuantized norms, bf16 rows (Llama), event-timed medians, µs and % of the copy bandwidth")
+    print("('ours' twice: first and last timing; 'copy' = the same-size copy; 'norm+Q' = our plain norm, then")
+    print(" torch.compile's quantize; 'compile' = torch.compile of the norm and the quantize, one fused kernel)")
+    for r in report["quant_norm_prefill"]:
+        line = f"  norm->{r['out']:<4} {r['shape']:>11} | copy {r['same_size_copy_us']:6.1f}"
+        line += f" | ours {r['ours_us']:6.1f} {r['ours_us_again']:6.1f} ({r['ours_pct_same_size_copy']:5.1f}% of copy)"
+        line += f" | norm+Q {r['separate_us']:6.1f}"
+        if "compile_us" in r:
+            line += f" | compile {r['compile_us']:6.1f}"
+        print(line)
+    for r in report["quant_add_norm_prefill"]:
+        line = f"  add(fq)->{r['out']:<4} {r['shape']:>9} | copy {r['same_size_copy_us']:6.1f}"
+        line += f" | ours {r['ours_us']:6.1f} {r['ours_us_again']:6.1f} ({r['ours_pct_same_size_copy']:5.1f}% of copy)"
+        if "compile_us" in r:
+            line += f" | compile {r['compile_us']:6.1f}"
+        print(line)
+    print(f"\nQuantized decode, bf16, H={DECODE_HIDDEN}: µs per call in CUDA-graph replay")
+    for r in report["quant_decode"]:
+        line = f"  {r['kind']:>8}->{r['out']:<4} rows {r['rows']:>3}: ours {r['ours_graph_us']:.2f} / "
+        line += f"{r['ours_graph_us_again']:.2f}"
+        if "compile_graph_us" in r:
+            line += f"  torch.compile {r['compile_graph_us']:.2f}"
+        print(line)
+    print("\nTiling of a 1-byte y (norm->fp8, H=4096): vectors of 16 per thread, µs ('*' = the rule)")
+    for r in report["quant_tilings"]:
+        mark = "*" if r["rule"] else " "
+        print(
+            f"  {r['regime']:>7} rows {r['rows']:>5}: {r['threads_per_row']:>4} threads x {r['vectors_per_thread']}"
+            f" vectors {r['us']:7.2f}{mark}"
+        )
