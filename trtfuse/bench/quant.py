@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from trtfuse.bench.aot.compare import quantization_step
-from trtfuse.bench.kernels import (
+from trtfuse.bench.reference import QUANT_TORCH_DTYPES, add_norm_reference, norm_reference
+from trtfuse.bench.timing import (
     DECODE_HIDDEN,
     LLAMA,
     PREFILL_SHAPES,
@@ -28,7 +29,6 @@ from trtfuse.bench.kernels import (
     median_event_us,
     same_size_copy_us,
 )
-from trtfuse.bench.reference import QUANT_TORCH_DTYPES, add_norm_reference, norm_reference
 from trtfuse.contract import Quantizer, QuantParams
 from trtfuse.kernels.api import get_add_rms_norm, get_rms_norm, shared_cache
 from trtfuse.kernels.compiler import RmsNormVariant
