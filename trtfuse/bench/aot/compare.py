@@ -95,6 +95,7 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
         if nan:
             return False, f"{name}: {nan} NaN elements (unwritten or computed)", 0.0, float("inf")
     else:
+        unquantized = reference
         codes = quantize_reference(reference.to(getattr(torch, spec.out_dtype)), quantizer)
         ours = out.double() * quantizer.scale
         mismatched = int((torch.isnan(ours) != torch.isnan(codes.double())).sum())
@@ -109,5 +110,11 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     max_abs = float(error.max())
     failing = int((ratio > 1).sum())
     if failing:
-        return False, f"{name}: {failing} elements outside rtol {rtol:g} atol {atol:g}", max_abs, worst
+        at = int(ratio.argmax())
+        row, column = divmod(at, part.hidden)
+        got, expected = float(ours.reshape(-1)[at]), float(reference.reshape(-1)[at])
+        where = f"worst at row {row} column {column}: {got!r} for {expected!r}"
+        if quantizer is not None:
+            where += f" (unquantized {float(unquantized.reshape(-1)[at])!r}, scale {quantizer.scale!r})"
+        return False, f"{name}: {failing} elements outside rtol {rtol:g} atol {atol:g}; {where}", max_abs, worst
     return True, "", max_abs, worst
