@@ -3,7 +3,9 @@
 import pytest
 import torch
 
+from trtfuse.bench.aot.compare import quantization_step
 from trtfuse.bench.quant import OUTPUTS, check_quantized, quantized_agreement
+from trtfuse.contract import Quantizer
 
 
 @pytest.mark.parametrize("name", sorted(OUTPUTS))
@@ -22,3 +24,15 @@ def test_codes_one_step_off_agree_and_two_steps_off_do_not(name: str) -> None:
     assert agreement["beyond"] == 1 and agreement["worst"]["row"] == 1 and agreement["worst"]["column"] == 5
     with pytest.raises(AssertionError, match="more than a step"):
         check_quantized(out, reference, quantizer, "ours")
+
+
+def test_the_e4m3fn_step_is_the_spacing_of_the_codes_at_and_just_below_each_power_of_two() -> None:
+    """At 2^k the next code up is 2^(k-3) away (the step of 2^k's own binade), just below it half that; below 2^-6
+    the subnormals' 2^-9."""
+    quantizer = Quantizer("float8_e4m3fn", 0.25)
+    powers = torch.tensor([2.0**k for k in range(-6, 9)], dtype=torch.float64)
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        at = quantization_step(powers.to(device) * 0.25, quantizer).cpu()
+        below = quantization_step(torch.nextafter(powers, torch.zeros(())).to(device) * 0.25, quantizer).cpu()
+        assert torch.equal(at, powers / 8 * 0.25)
+        assert torch.equal(below[1:], powers[1:] / 16 * 0.25) and below[0] == 2.0**-9 * 0.25

@@ -61,8 +61,9 @@ def quantization_step(reference: torch.Tensor, quantizer: Quantizer) -> torch.Te
     E4M3FN: a mantissa step of 2^-3 of the value's binade, 2^-9 among the subnormals, times the scale)."""
     if quantizer.dtype == "int8":
         return torch.full_like(reference, quantizer.scale)
-    binade = torch.floor(torch.log2((reference / quantizer.scale).abs().clamp(min=2.0**-6)))
-    return torch.exp2(binade - 3) * quantizer.scale
+    # frexp, not floor(log2): CUDA's log2 of an exact power of two may land just below it, a binade too low.
+    binade = torch.frexp((reference / quantizer.scale).abs().clamp(min=2.0**-6)).exponent - 1
+    return torch.exp2(binade.to(reference.dtype) - 3) * quantizer.scale
 
 
 def compare_part(spec: Spec, part: PartTensors) -> Comparison:
