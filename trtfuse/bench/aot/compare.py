@@ -61,8 +61,10 @@ def quantization_step(reference: torch.Tensor, quantizer: Quantizer) -> torch.Te
     E4M3FN: a mantissa step of 2^-3 of the value's binade, 2^-9 among the subnormals, times the scale)."""
     if quantizer.dtype == "int8":
         return torch.full_like(reference, quantizer.scale)
-    # frexp, not floor(log2): CUDA's log2 of an exact power of two may land just below it, a binade too low.
-    binade = torch.frexp((reference / quantizer.scale).abs().clamp(min=2.0**-6)).exponent - 1
+    # A 0-d tensor divisor: torch on CUDA divides by a Python scalar as a product with its reciprocal, which puts
+    # a code of 2^k just below 2^k, a binade too low; frexp reads the binade exactly.
+    codes = reference / reference.new_tensor(quantizer.scale)
+    binade = torch.frexp(codes.abs().clamp(min=2.0**-6)).exponent - 1
     return torch.exp2(binade.to(reference.dtype) - 3) * quantizer.scale
 
 
