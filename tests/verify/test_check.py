@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -785,7 +786,7 @@ def _window_verdict(tmp_path: Path, perturb_resident: bool = False) -> CheckResu
         return outputs
 
     feeds = default_feeds(original.model, seed=0)
-    return judge_steps(runner, run_candidate, feeds, judge_for(original, None), seed=0)
+    return judge_steps(runner, contextlib.nullcontext(run_candidate), feeds, judge_for(original, None), seed=0)
 
 
 def test_window_caches_are_judged_on_their_resident_rows_only(tmp_path: Path) -> None:

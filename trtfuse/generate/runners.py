@@ -9,9 +9,8 @@ model its sidecar names.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,12 +18,12 @@ import numpy as np
 
 from trtfuse.engine.engine_file import EngineFile
 from trtfuse.engine.profiles import Profile
-from trtfuse.engine.session import ENGINE_RUNNER, EngineSession
+from trtfuse.engine.session import ENGINE_RUNNER, engine_steps
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.fusion.fused_nodes import plugin_node_counts
 from trtfuse.generate.interface import GenerationInterface, generation_interface
-from trtfuse.generate.loop import Generation, StepFunction, default_prompt, greedy_generate, repeated
+from trtfuse.generate.loop import Generation, default_prompt, greedy_generate, repeated
 from trtfuse.model.feeds import check_seed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.onnxrt import CpuSession, Notify, loading_line, lowered_session, original_session, quiet
@@ -162,32 +161,12 @@ def _generate_engine(
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     _warn_positions(interface, len(chosen), steps, warn)
     import_tensorrt()
-    notify(f"loading the engine in TensorRT: {engine_path}")
-    with engine_step(engine) as run:
+    with engine_steps(engine, notify) as run:
         generation = repeated(
             lambda: greedy_generate(run, interface, chosen, steps, use_cache=use_cache, warm_up=True, notify=notify),
             runs,
         )
     return GenerationRun(engine_path, ENGINE_RUNNER, generation, tuple(run_notes(interface, use_cache)))
-
-
-@contextlib.contextmanager
-def engine_step(engine: EngineFile) -> Iterator[StepFunction]:
-    """The engine's step function, each feed in the first profile that holds it; Polygraphy's log kept quiet (the
-    errors come back as trtfuse's one line)."""
-    with _polygraphy_quiet(), EngineSession(engine) as session:
-        yield session.infer
-
-
-@contextlib.contextmanager
-def _polygraphy_quiet() -> Iterator[None]:
-    try:
-        from polygraphy.logger import G_LOGGER
-    except ImportError:
-        yield
-        return
-    with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
-        yield
 
 
 @dataclass(frozen=True)

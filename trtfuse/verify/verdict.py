@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -403,7 +404,7 @@ def judge_for(
 
 def judge_steps(
     runner: CpuSession,
-    candidate: CpuSession | StepFunction,
+    candidate: CpuSession | AbstractContextManager[StepFunction],
     feeds: Sequence[StepFeed],
     judge: Judge,
     seed: int | None,
@@ -415,9 +416,10 @@ def judge_steps(
     """Run the original (`runner`) twice, the candidate once and, where the verdict uses it, the float32 evaluation
     of the original, at every step; judge each output. `note` goes with every step.
 
-    Each model runs all the steps before the next one loads, and each `CpuSession` (the runner, a candidate on the
-    CPU, the float32 evaluation) is released after its last step: one session is alive at a time. `notify` hears
-    which model loads and which step runs."""
+    Each model runs all the steps before the next one loads, and each is released after its last step: one session
+    is alive at a time. A candidate that is no `CpuSession` (an engine) is a context manager loading it on entry,
+    entered after the original's last run and left before the float32 evaluation loads, giving the step function.
+    `notify` hears which model loads and which step runs."""
     original = runner.model
     seconds: list[dict[str, float]] = [{} for _ in feeds]
     firsts, agains = [], []
@@ -432,7 +434,8 @@ def judge_steps(
         with candidate:
             candidates = _steps_run(candidate_name, candidate.run, feeds, seconds, notify)
     else:
-        candidates = _steps_run(candidate_name, candidate, feeds, seconds, notify)
+        with candidate as run:
+            candidates = _steps_run(candidate_name, run, feeds, seconds, notify)
     notes = [[note] if note else [] for _ in feeds]
     reference = float32_session(original) if judge.tolerance is None else None
     expected_outputs = _reference_outputs(reference, feeds, seconds, notes, notify)
