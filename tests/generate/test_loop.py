@@ -4,6 +4,7 @@ refusals (empty prompt, ids outside the vocabulary, too many positions, no logit
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Mapping
 
 import numpy as np
@@ -203,3 +204,13 @@ def test_token_lines_are_at_most_one_a_second_plus_the_first_and_the_last():
     single: list[str] = []
     greedy_generate(slow_step, interface, [3], steps=1, clock=lambda: now[0], notify=single.append)
     assert single == ["token 1 of 1"]
+
+
+@pytest.mark.parametrize("name", ["model.onnxtxt", "MODEL.ONNX"])
+def test_generate_runs_what_compare_takes_for_an_onnx_model_on_the_cpu(tmp_path, name):
+    # One rule names an engine (`engine.engine_file.is_onnx_model_path`): `generate` took a .onnxtxt for an engine.
+    model = tmp_path / name
+    shutil.copy(KV_FIXTURE, model)
+    run = generate_file(model, 2, [1, 2, 3])
+    assert run.runner == ORIGINAL_RUNNER
+    assert run.generation.tokens == generate_file(KV_FIXTURE, 2, [1, 2, 3]).generation.tokens

@@ -46,10 +46,6 @@ class ComparisonReport:
         }
 
 
-def is_engine(path: Path) -> bool:
-    return not is_onnx_model_path(path)
-
-
 def compare(
     original_path: Path,
     candidate_path: Path,
@@ -75,7 +71,7 @@ def compare(
     original = loaded_original if loaded_original is not None else load_model(original_path)
     check_original_unfused(original)
     plan = (plan or OutputPlan()).read(*original.files).write("saved inputs", save_inputs)
-    if not is_engine(candidate_path):
+    if is_onnx_model_path(candidate_path):
         fused = load_model(candidate_path)
         plan.read(*fused.files).check()
         result = check_fused(

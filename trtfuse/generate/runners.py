@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtfuse.engine.engine_file import EngineFile
+from trtfuse.engine.engine_file import EngineFile, is_onnx_model_path
 from trtfuse.engine.profiles import Profile
 from trtfuse.engine.session import ENGINE_RUNNER, engine_steps
 from trtfuse.engine.tensorrt import import_tensorrt
@@ -79,10 +79,6 @@ def cpu_session(model: LoadedModel, notify: Notify = quiet) -> tuple[CpuSession,
     return lowered, runner_name(lowered, lowered=True), note
 
 
-def is_engine(path: Path) -> bool:
-    return path.suffix.lower() != ".onnx"
-
-
 def generate_file(
     model_path: Path,
     steps: int,
@@ -101,7 +97,7 @@ def generate_file(
     if runs < 1:
         raise OptionError("repeat", f"{runs} runs: generation runs at least once")
     check_seed(seed)
-    if is_engine(model_path):
+    if not is_onnx_model_path(model_path):
         return _generate_engine(model_path, steps, prompt, seed, use_cache, runs, warn, notify)
     loaded = load_model(model_path)
     interface = generation_interface(loaded.model, str(model_path))
