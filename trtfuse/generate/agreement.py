@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trtfuse.engine.engine_file import EngineFile
-from trtfuse.engine.session import ENGINE_RUNNER
+from trtfuse.engine.session import ENGINE_RUNNER, engine_steps
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.generate.interface import GenerationInterface, generation_interface
 from trtfuse.generate.loop import Generation, default_prompt, greedy_generate
@@ -26,7 +26,6 @@ from trtfuse.generate.runners import (
     LOWERED_RUNNER,
     ORIGINAL_RUNNER,
     check_engine_holds,
-    engine_step,
     run_notes,
     runner_name,
 )
@@ -236,8 +235,7 @@ def compare_generation(
     runner, note = original_session(original, heard)
     with runner:
         expected = _generated(runner.run, "the original", interface, chosen, steps, use_cache, heard)
-    heard(f"loading the engine in TensorRT: {engine_path}")
-    with engine_step(engine) as run:
+    with engine_steps(engine, heard) as run:
         actual = _generated(run, "the engine", interface, chosen, steps, use_cache, heard)
     notes = [note, *notes] if note else notes
     dtype = logits_dtype(original, interface)
