@@ -17,7 +17,7 @@ from trtfuse.files import write_json_atomic
 from trtfuse.model.onnx_file import external_tensors, load_model, save_model
 
 from support.cli import run_cli
-from support.models import OUT, projection_model, save_external, tiny_lm
+from support.models import LARGE_SHAPE, OUT, projection_model, save_external, tiny_lm
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:
@@ -171,6 +171,20 @@ def test_load_reads_small_external_tensors_only(external_model: Path) -> None:
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(scale), expected)
     weight = next(tensor for tensor in loaded.model.graph.initializer if tensor.name == "W")
     assert not weight.raw_data
+
+
+def test_a_large_external_tensor_of_length_0_is_read_as_its_shape_needs(external_model: Path, tmp_path: Path) -> None:
+    # onnxruntime reads a length of 0 as the size the shape needs; the large tensor stays external, with that length.
+    _with_external_field(external_model, "length", "0")
+    loaded = load_model(external_model)
+    (weight,) = external_tensors(loaded.model)
+    assert {entry.key: entry.value for entry in weight.external_data}["length"] == str(4 * np.prod(LARGE_SHAPE))
+    target = tmp_path / "out"
+    target.mkdir()
+    save_model(loaded.model, target / "saved.onnx", loaded)
+    saved = onnx.load(str(target / "saved.onnx"))
+    for before, after in zip(projection_model().graph.initializer, saved.graph.initializer, strict=True):
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(before), onnx.numpy_helper.to_array(after))
 
 
 def test_external_tensor_without_a_length_field(external_model: Path) -> None:
@@ -380,15 +394,21 @@ def test_an_input_without_a_type_is_refused_as_onnxruntime_refuses_it(tmp_path: 
         load_model(tmp_path / "m.onnx")
 
 
+@pytest.mark.parametrize("length", [None, "0"])
 @pytest.mark.parametrize("output", ["fused.onnx", "out/fused.onnx"])
-def test_external_data_without_a_length_is_read_as_onnxruntime_reads_it(tmp_path: Path, output: str) -> None:
-    # No length: onnx would read each tensor to the end of the shared file, onnxruntime what the shape needs.
+def test_external_data_without_a_length_is_read_as_onnxruntime_reads_it(
+    tmp_path: Path, output: str, length: str | None
+) -> None:
+    # No length: onnx would read each tensor to the end of the shared file, onnxruntime what the shape needs. A length
+    # of 0 onnxruntime reads the same way, where onnx read no bytes (the result failed the checker: no value field).
     path = save_external(tiny_lm(np.float32, fused=False), tmp_path / "m.onnx", "m.data")
     model = onnx.load(path, load_external_data=False)
     for tensor in external_tensors(model):
         kept = [entry for entry in tensor.external_data if entry.key != "length"]
         del tensor.external_data[:]
         tensor.external_data.extend(kept)
+        if length is not None:
+            tensor.external_data.add(key="length", value=length)
     onnx.save(model, path)
     with (tmp_path / "m.data").open("ab") as data:
         data.write(b"\0" * 100)

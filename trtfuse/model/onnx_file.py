@@ -180,15 +180,16 @@ def _external_ref(tensor: onnx.TensorProto, path: Path) -> _ExternalRef:
         raise TrtfuseError(f"{path}: tensor '{tensor.name}' has an external data location with a NUL byte")
     try:
         offset = int(fields.get("offset", 0))
-        # Without a length field the payload is exactly the tensor's dims times its element size.
-        length = int(fields["length"]) if "length" in fields else _payload_bytes(tensor)
+        length = int(fields.get("length", 0))
+        # Without a length, or with a length of 0, onnxruntime reads exactly the tensor's dims times its element size.
+        payload = length or _payload_bytes(tensor)
     except (ValueError, TypeError, KeyError):
         raise TrtfuseError(f"{path}: tensor '{tensor.name}' has a malformed external data offset or length") from None
     if offset < 0 or length < 0:
         raise TrtfuseError(
             f"{path}: tensor '{tensor.name}' has a negative external data offset or length ({offset}, {length})"
         )
-    return _ExternalRef(location=location, offset=offset, length=length)
+    return _ExternalRef(location=location, offset=offset, length=payload)
 
 
 def _payload_bytes(tensor: onnx.TensorProto) -> int:
@@ -202,10 +203,9 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
     sizes: dict[Path, int] = {}
     for tensor in external_tensors(model):
         ref = _external_ref(tensor, path)
-        # onnx reads a tensor without a length to the end of its file, onnxruntime only what its shape needs: say
-        # so, and every reader (and the fused model) reads what onnxruntime reads.
-        if all(entry.key != "length" for entry in tensor.external_data):
-            tensor.external_data.add(key="length", value=str(ref.length))
+        # onnx reads a tensor without a length to the end of its file and one of length 0 as no bytes, onnxruntime
+        # only what its shape needs: say so, and every reader (and the fused model) reads what onnxruntime reads.
+        _set_length(tensor, ref.length)
         data_path = resolved(folder / ref.location)
         if Path(ref.location).is_absolute() or not is_inside(data_path, folder):
             raise TrtfuseError(
@@ -221,6 +221,16 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
                 f"{path}: tensor '{tensor.name}' reads bytes {ref.offset}-{end} of '{ref.location}', "
                 f"which holds only {sizes[data_path]}"
             )
+
+
+def _set_length(tensor: onnx.TensorProto, length: int) -> None:
+    lengths = [entry for entry in tensor.external_data if entry.key == "length"]
+    if [entry.value for entry in lengths] == [str(length)]:
+        return
+    kept = [entry for entry in tensor.external_data if entry.key != "length"]
+    del tensor.external_data[:]
+    tensor.external_data.extend(kept)
+    tensor.external_data.add(key="length", value=str(length))
 
 
 def _check_graph(path: Path, model: onnx.ModelProto) -> None:
