@@ -53,6 +53,7 @@ from support.graphs import (
     stale_value_info,
     symbolic_hidden,
     unknown_shape_fused_norm,
+    widened_norm,
 )
 
 # The pass as it was before the quantized ops: every Q/DQ pair stays in the graph (tests/fusion/test_quant.py has the
@@ -525,6 +526,28 @@ def test_fp32_input_with_16_bit_output_keeps_its_numbers(order: str) -> None:
     # onnx's evaluator rounds every fp16 step as written (onnxruntime's CPU provider computes fp16 Mul in fp32).
     expected_output = ReferenceEvaluator(model).run(None, feed)[0]
     np.testing.assert_array_equal(ReferenceEvaluator(lower_fused_nodes(fused)).run(None, feed)[0], expected_output)
+
+
+@pytest.mark.parametrize(("x_dtype", "out_dtype"), [("float16", "bfloat16"), ("bfloat16", "float16")])
+def test_a_16_bit_input_widened_and_cast_to_the_other_16_bit_dtype_takes_the_weight(
+    x_dtype: str, out_dtype: str, tmp_path
+) -> None:
+    # fp16 -> fp32, normalised, -> bf16 x a bf16 weight: float32 -> bfloat16 is a pair of the contract, read from the
+    # widened x. The match read the widened x as a float32 -> float32 norm and left the cast and the weight out.
+    model = widened_norm(x_dtype, out_dtype)
+    match, found = only_match(model)
+    assert (match.dtype, match.output_dtype, match.params.weight_mode) == ("float32", out_dtype, WeightMode.AFTER_CAST)
+    assert match.x.inputs[0].op == "Cast" and dtype_name(match.x.inputs[0].inputs[0]) == x_dtype
+    assert match.weight is not None and match.y.name == output_source(model) and not found.near_misses
+    feed = {"x": np.random.default_rng(4).standard_normal((2, 3, HIDDEN)).astype(np.float32)}
+    fused = fuse_model(model).model
+    expected_output = ReferenceEvaluator(model).run(None, feed)[0]
+    np.testing.assert_array_equal(ReferenceEvaluator(lower_fused_nodes(fused)).run(None, feed)[0], expected_output)
+    original, fused_path = tmp_path / "m.onnx", tmp_path / "fused.onnx"
+    onnx.save(model, original)
+    assert CliRunner().invoke(cli, ["fuse", str(original), "-o", str(fused_path)]).exit_code == 0
+    checked = CliRunner().invoke(cli, ["check", str(original), str(fused_path)])
+    assert checked.exit_code == 0, checked.output
 
 
 def test_inspect_shows_both_dtypes_of_a_mixed_norm(tmp_path) -> None:

@@ -793,6 +793,16 @@ def rewidened_weight(x_dtype: str = "float16") -> onnx.ModelProto:
     return b.model()
 
 
+def widened_norm(x_dtype: str, out_dtype: str) -> onnx.ModelProto:
+    """A 16-bit x widened to fp32, normalised, cast to the other 16-bit dtype and multiplied by a weight of that
+    dtype: the norm reads the widened fp32 x (fp32 in, 16-bit out), the widening Cast stays before it."""
+    b = Builder()
+    x32 = b.cast(b.input("x", [BATCH, SEQUENCE, HIDDEN], x_dtype), "float32")
+    normalized = b.op("Mul", x32, _inverse_root(b, x32, NormSpec()))
+    b.output(b.op("Mul", b.cast(normalized, out_dtype), b.weight(HIDDEN, out_dtype)))
+    return b.model()
+
+
 def rms_normalization_cast_back(
     x_dtype: str, scale_dtype: str = "float32", cast_to: str = "float16"
 ) -> onnx.ModelProto:
