@@ -235,6 +235,25 @@ def test_qk_norms_pair_per_attention_block(layout: str, dtype: str) -> None:
     assert not any(tag.startswith(("qk-", "mla-")) for tag in input_norm.tags)
 
 
+@pytest.mark.parametrize("bias", ["constant", "cast", "identity"])
+@pytest.mark.parametrize("layout", ["qk-head-dim", "qk-full-width"])
+def test_qk_norms_behind_a_projection_bias_pair_however_the_bias_is_spelled(layout: str, bias: str) -> None:
+    # One rule for "this operand is a constant" (queries.is_constant_value), as the residual matcher has it: a bias
+    # Add(proj, Cast(const)) or Add(proj, Identity(const)) hid the projection, and the q/k norms stayed two norms.
+    model = attention_block(AttentionSpec(layout, bias=bias))
+    found = search(model)
+    [pair] = found.qk_norm_pairs
+    assert layout in pair.q.tags and layout in pair.k.tags
+    assert not found.residual_near_misses
+    fused = fuse_model(model).model
+    assert [node.op_type for node in fused.graph.node if node.domain == "trtfuse"].count("TrtfuseQkNorm") == 1
+    feed = {"x": np.random.default_rng(5).standard_normal((BATCH, SEQUENCE, HIDDEN)).astype(np.float32)}
+    expected_outputs = ort.InferenceSession(model.SerializeToString()).run(None, feed)
+    lowered = ort.InferenceSession(lower_fused_nodes(fused).SerializeToString()).run(None, feed)
+    for got, want in zip(lowered, expected_outputs, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_mla_latent_read_through_a_reshape() -> None:
     found = search(attention_block(AttentionSpec("mla-latent", latent_reshape=True)))
     [pair] = found.qk_norm_pairs

@@ -451,11 +451,24 @@ class AttentionSpec:
     k_reads_q: bool = False  # k's Reshape takes its shape from q's normalised output: pairing would make a cycle
     latent_reshape: bool = False  # the kv latent is flattened to 2-D before its up-projection (TorchScript)
     norm: NormSpec = NormSpec()
+    # A bias Add after each q/k/v projection (Qwen2-style): "constant", "cast" (Cast of a constant of another float
+    # dtype), "identity" (Identity of a constant); None for none.
+    bias: str | None = None
 
 
-def _project(b: Builder, x: str, width_in: int, width_out: int, dtype: str) -> str:
+def _project(b: Builder, x: str, width_in: int, width_out: int, dtype: str, bias: str | None = None) -> str:
     weight = b.constant(b.rng.normal(0, width_in**-0.5, (width_in, width_out)), dtype, base="proj")
-    return b.op("MatMul", x, weight)
+    projected = b.op("MatMul", x, weight)
+    if bias is None:
+        return projected
+    values = b.rng.normal(0, 0.1, width_out)
+    if bias == "cast":
+        offset = b.cast(b.constant(values, "float16" if dtype == "float32" else "float32", base="bias"), dtype)
+    elif bias == "identity":
+        offset = b.op("Identity", b.constant(values, dtype, base="bias"))
+    else:
+        offset = b.constant(values, dtype, base="bias")
+    return b.op("Add", projected, offset)
 
 
 def _heads(b: Builder, tensor: str, heads: int, head_dim: int, shape_from: str | None = None) -> str:
@@ -488,9 +501,9 @@ def attention_block(spec: AttentionSpec) -> onnx.ModelProto:
         b.output(_project(b, kv, spec.kv_rank, spec.kv_heads * spec.head_dim, dtype))
         b.output(k_rope)
         return b.model()
-    q = _project(b, normed, HIDDEN, spec.q_heads * spec.head_dim, dtype)
-    k = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype)
-    v = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype)
+    q = _project(b, normed, HIDDEN, spec.q_heads * spec.head_dim, dtype, spec.bias)
+    k = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype, spec.bias)
+    v = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype, spec.bias)
     q_out = _norm_heads(b, q, spec.q_heads, spec, q_norm)
     k_out = _norm_heads(b, k, spec.kv_heads, spec, k_norm, shape_from=q_out if spec.k_reads_q else None)
     for tensor in (q_out, k_out, v):
