@@ -491,6 +491,10 @@ def test_sparse_and_zero_length_external_data_are_carried(
     assert bool(external_tensors(written)) is (count == 150_000)
     checked = run_cli("check", path, fused)
     assert checked.exit_code == 0, checked.output
+    # compile writes its fused model the same way (exit 3: fused, no engine, where TensorRT is missing).
+    compiled = run_cli("compile", path, "-o", fused.parent / "m.engine", "--shape", "input_ids=1x1:1x4:1x8")
+    assert compiled.exit_code in (0, 3) and "fails the ONNX checker" not in compiled.output, compiled.output
+    assert run_cli("check", path, fused.parent / "m.fused.onnx").exit_code == 0
 
 
 def test_sparse_external_data_outside_the_folder_is_refused(tmp_path: Path) -> None:
