@@ -113,59 +113,93 @@ def _current_stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-class RmsNormKernel:
-    """RMSNorm over rows of `spec.hidden`: a decode and a prefill tiling, each with a 16-byte and a scalar variant."""
+def _weight_ptr(spec: RmsNormSpec | AddRmsNormSpec, w: torch.Tensor | None) -> int:
+    """`w`'s pointer (0 without a weight), checked to be given exactly when weight_mode is not NONE."""
+    if (w is None) != (spec.params.weight_mode is WeightMode.NONE):
+        raise ValueError("a weight is required exactly when weight_mode is not NONE")
+    if w is None:
+        return 0
+    _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
+    return w.data_ptr()
 
-    _launch_args = 5  # the compiled function's arguments: pointers, rows, stream
 
-    def __init__(self, spec: RmsNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
+def _output(what: str, given: torch.Tensor | None, like: torch.Tensor, dtype: str) -> torch.Tensor:
+    """`given`, checked to be of `like`'s shape and `dtype`, or a new such tensor."""
+    out = _empty_like(like, dtype) if given is None else given
+    _check_tensor(what, out, dtype, tuple(like.shape))
+    return out
+
+
+class _Kernel:
+    """A kernel's compiled variants by key, each compiled or loaded once (`KernelCache`) and, on a GPU, loaded into
+    the CUDA context at once (`load_into_context`)."""
+
+    _launch_args: int  # the compiled function's arguments: pointers, row counts, stream
+
+    def __init__(self, spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
         self.spec = spec
         self.cache = cache
         self.device = device
+        self._functions: dict[Any, Any] = {}
+
+    def _variant_of(self, key: Any) -> RmsNormVariant | AddRmsNormVariant | QkNormVariant:
+        raise NotImplementedError
+
+    def _compiled(self, key: Any) -> Any:
+        function = self._functions.get(key)
+        if function is None:
+            function = self.cache.get(self._variant_of(key))
+            if self.device.has_gpu:
+                load_into_context(function, n_args=self._launch_args)
+            self._functions[key] = function
+        return function
+
+
+class RmsNormKernel(_Kernel):
+    """RMSNorm over rows of `spec.hidden`: a decode and a prefill tiling, each with a 16-byte and a scalar variant."""
+
+    _launch_args = 5
+    spec: RmsNormSpec
+
+    def __init__(self, spec: RmsNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
+        super().__init__(spec, cache, device)
         self._act_mask, self._weight_mask = _alignment_masks(spec.hidden, spec.dtype, spec.y_dtype, spec.weight_dtype)
         self._decode_max_rows = device.sm_count
-        self._functions: dict[tuple[bool, bool], Any] = {}
 
     def variant(self, regime: Regime, aligned: bool) -> RmsNormVariant:
         return RmsNormVariant(self.spec, rms_norm_tiling(self.spec, regime, aligned), self.device.arch)
 
+    def _variant_of(self, key: tuple[bool, bool]) -> RmsNormVariant:
+        decode, aligned = key
+        return self.variant(Regime.DECODE if decode else Regime.PREFILL, aligned)
+
     def _function(self, decode: bool, aligned: bool) -> Any:
-        function = self._functions.get((decode, aligned))
-        if function is None:
-            regime = Regime.DECODE if decode else Regime.PREFILL
-            function = self.cache.get(self.variant(regime, aligned))
-            if self.device.has_gpu:
-                load_into_context(function, n_args=self._launch_args)
-            self._functions[(decode, aligned)] = function
-        return function
+        """The compiled function of the decode or prefill, 16-byte or scalar variant (trtfuse.bench.kernels times
+        it without `launch`'s choice)."""
+        return self._compiled((decode, aligned))
 
     def warm_up(self, max_rows: int) -> None:
         """Compile or load every variant a call with 1..max_rows rows and any pointer alignment can pick."""
         regimes = {regime_for(1, self.device.sm_count), regime_for(max(1, max_rows), self.device.sm_count)}
         for regime in regimes:
             for aligned in (True, False):
-                self._function(regime is Regime.DECODE, aligned)
+                self._compiled((regime is Regime.DECODE, aligned))
 
     def launch(self, x_ptr: int, w_ptr: int, y_ptr: int, rows: int, stream: int) -> None:
         """Enqueue on `stream` (a cudaStream_t as int); `w_ptr` is 0 without a weight. No allocation, no sync."""
         aligned = not ((x_ptr | y_ptr) & self._act_mask or w_ptr & self._weight_mask)
         # regime_for's rule, inlined: this is the per-enqueue path.
         key = (rows <= self._decode_max_rows, aligned)
-        function = self._functions.get(key) or self._function(*key)
+        function = self._functions.get(key) or self._compiled(key)
         function(x_ptr, w_ptr, y_ptr, rows, stream)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """Torch convenience for tests and benchmarks: x [..., hidden] on the current stream; returns `out`."""
         spec = self.spec
         _check_activation("x", x, spec.dtype, spec.hidden)
-        if (w is None) != (spec.params.weight_mode is WeightMode.NONE):
-            raise ValueError("a weight is required exactly when weight_mode is not NONE")
-        if w is not None:
-            _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
-        out = _empty_like(x, spec.y_dtype) if out is None else out
-        _check_tensor("out", out, spec.y_dtype, tuple(x.shape))
-        rows = x.numel() // spec.hidden
-        self.launch(x.data_ptr(), 0 if w is None else w.data_ptr(), out.data_ptr(), rows, _current_stream())
+        w_ptr = _weight_ptr(spec, w)
+        out = _output("out", out, x, spec.y_dtype)
+        self.launch(x.data_ptr(), w_ptr, out.data_ptr(), x.numel() // spec.hidden, _current_stream())
         return out
 
 
@@ -186,7 +220,7 @@ class AddRmsNormKernel(RmsNormKernel):
         sync."""
         aligned = not ((x_ptr | residual_ptr | y_ptr | h_ptr) & self._act_mask or w_ptr & self._weight_mask)
         key = (rows <= self._decode_max_rows, aligned)
-        function = self._functions.get(key) or self._function(*key)
+        function = self._functions.get(key) or self._compiled(key)
         function(x_ptr, residual_ptr, w_ptr, y_ptr, h_ptr, rows, stream)
 
     def __call__(  # type: ignore[override]
@@ -201,51 +235,36 @@ class AddRmsNormKernel(RmsNormKernel):
         spec = self.spec
         _check_activation("x", x, spec.dtype, spec.hidden)
         _check_tensor("residual", residual, spec.dtype, tuple(x.shape))
-        if (w is None) != (spec.params.weight_mode is WeightMode.NONE):
-            raise ValueError("a weight is required exactly when weight_mode is not NONE")
-        if w is not None:
-            _check_tensor("w", w, spec.weight_dtype, (spec.hidden,))
-        out = _empty_like(x, spec.y_dtype) if out is None else out
-        h_out = _empty_like(x, spec.dtype) if h_out is None else h_out
-        _check_tensor("out", out, spec.y_dtype, tuple(x.shape))
-        _check_tensor("h_out", h_out, spec.dtype, tuple(x.shape))
+        w_ptr = _weight_ptr(spec, w)
+        out, h_out = _output("out", out, x, spec.y_dtype), _output("h_out", h_out, x, spec.dtype)
         rows = x.numel() // spec.hidden
-        w_ptr = 0 if w is None else w.data_ptr()
         self.launch(x.data_ptr(), residual.data_ptr(), w_ptr, out.data_ptr(), h_out.data_ptr(), rows, _current_stream())
         return out, h_out
 
 
-class QkNormKernel:
+class QkNormKernel(_Kernel):
     """q rows of `q_hidden` and k rows of `k_hidden`, one launch; a 16-byte and a scalar variant."""
 
+    _launch_args = 9
+    spec: QkNormSpec
+
     def __init__(self, spec: QkNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
-        self.spec = spec
-        self.cache = cache
-        self.device = device
-        q_act, q_w = _alignment_masks(spec.q_hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
-        k_act, k_w = _alignment_masks(spec.k_hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
-        self._q_masks = (q_act, q_w)
-        self._k_masks = (k_act, k_w)
-        self._functions: dict[bool, Any] = {}
+        super().__init__(spec, cache, device)
+        self._q_masks = _alignment_masks(spec.q_hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
+        self._k_masks = _alignment_masks(spec.k_hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
 
     def variant(self, aligned: bool) -> QkNormVariant:
         q, k = qk_norm_tilings(self.spec, aligned)
         return QkNormVariant(self.spec, q, k, self.device.arch)
 
-    def _function(self, aligned: bool) -> Any:
-        function = self._functions.get(aligned)
-        if function is None:
-            function = self.cache.get(self.variant(aligned))
-            if self.device.has_gpu:
-                load_into_context(function, n_args=9)
-            self._functions[aligned] = function
-        return function
+    def _variant_of(self, key: bool) -> QkNormVariant:
+        return self.variant(key)
 
     def warm_up(self, max_rows: int) -> None:
         """Compile or load both alignment variants (the tiling does not depend on the row count)."""
         del max_rows
         for aligned in (True, False):
-            self._function(aligned)
+            self._compiled(aligned)
 
     def launch(
         self,
@@ -263,7 +282,7 @@ class QkNormKernel:
         q_act, q_w = self._q_masks
         k_act, k_w = self._k_masks
         aligned = not ((q_ptr | q_out_ptr) & q_act or (k_ptr | k_out_ptr) & k_act or wq_ptr & q_w or wk_ptr & k_w)
-        function = self._functions.get(aligned) or self._function(aligned)
+        function = self._functions.get(aligned) or self._compiled(aligned)
         function(q_ptr, k_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr, q_rows, k_rows, stream)
 
     def __call__(
@@ -285,10 +304,7 @@ class QkNormKernel:
         if wq is not None:
             _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
             _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
-        q_out = _empty_like(q, spec.out_dtype) if q_out is None else q_out
-        k_out = _empty_like(k, spec.out_dtype) if k_out is None else k_out
-        _check_tensor("q_out", q_out, spec.out_dtype, tuple(q.shape))
-        _check_tensor("k_out", k_out, spec.out_dtype, tuple(k.shape))
+        q_out, k_out = _output("q_out", q_out, q, spec.out_dtype), _output("k_out", k_out, k, spec.out_dtype)
         self.launch(
             q.data_ptr(),
             k.data_ptr(),

@@ -26,6 +26,7 @@ from trtfuse.kernels.compiler import (
 )
 from trtfuse.kernels.declaration import (
     KernelArtifact,
+    KernelParam,
     LaunchDeclaration,
     RowPart,
     Tactic,
@@ -86,24 +87,30 @@ def _check_tactic(tactic: Tactic, offered: tuple[Tactic, ...], spec: RmsNormSpec
 
 def rms_norm_artifact(spec: RmsNormSpec, tactic: Tactic, arch: str, cache_root: Path | None = None) -> KernelArtifact:
     """The AOT kernel of `spec` in `tactic`'s tiling for `arch` (CuTeDSL's --gpu-arch, e.g. "sm_90a")."""
-    tactic = Tactic(tactic)
-    _check_tactic(tactic, rms_norm_tactics(spec), spec)
-    tiling = rms_norm_tiling(spec, _REGIMES[tactic], aligned=True)
-    variant = RmsNormVariant(spec, tiling, arch)
-    parts = (RowPart("x", spec.hidden, tiling.rows_per_block),)
-    return _artifact(variant, tactic, rms_norm_params(), parts, tiling.block_threads, smem_bytes(tiling), cache_root)
+    return _rows_artifact(RmsNormVariant, rms_norm_params(), spec, tactic, arch, cache_root)
 
 
 def add_rms_norm_artifact(
     spec: AddRmsNormSpec, tactic: Tactic, arch: str, cache_root: Path | None = None
 ) -> KernelArtifact:
     """The AOT add+norm kernel of `spec` in `tactic`'s tiling for `arch`: RMSNorm's grid, two more pointers."""
+    return _rows_artifact(AddRmsNormVariant, add_rms_norm_params(), spec, tactic, arch, cache_root)
+
+
+def _rows_artifact(
+    variant_type: type[RmsNormVariant | AddRmsNormVariant],
+    params: tuple[KernelParam, ...],
+    spec: RmsNormSpec | AddRmsNormSpec,
+    tactic: Tactic,
+    arch: str,
+    cache_root: Path | None,
+) -> KernelArtifact:
+    """An RMSNorm-grid kernel's artifact: one part, the rows of x."""
     tactic = Tactic(tactic)
-    _check_tactic(tactic, add_rms_norm_tactics(spec), spec)
+    _check_tactic(tactic, rms_norm_tactics(spec), spec)
     tiling = rms_norm_tiling(spec, _REGIMES[tactic], aligned=True)
-    variant = AddRmsNormVariant(spec, tiling, arch)
     parts = (RowPart("x", spec.hidden, tiling.rows_per_block),)
-    params = add_rms_norm_params()
+    variant = variant_type(spec, tiling, arch)
     return _artifact(variant, tactic, params, parts, tiling.block_threads, smem_bytes(tiling), cache_root)
 
 

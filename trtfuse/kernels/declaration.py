@@ -126,38 +126,24 @@ def _at_least_one(n: int) -> int:
     return max(n, 1)
 
 
+def _params(inputs: tuple[str, ...], scalars: tuple[str, ...], outputs: tuple[str, ...]) -> tuple[KernelParam, ...]:
+    roles = ((inputs, ParamRole.INPUT), (scalars, ParamRole.SCALAR), (outputs, ParamRole.OUTPUT))
+    return tuple(KernelParam(name, role) for names, role in roles for name in names)
+
+
 def rms_norm_params() -> tuple[KernelParam, ...]:
     """x, weight (never read when weight_mode is NONE: such nodes get a placeholder weight), rows, y."""
-    return (
-        KernelParam("x", ParamRole.INPUT),
-        KernelParam("weight", ParamRole.INPUT),
-        KernelParam("rows", ParamRole.SCALAR),
-        KernelParam("y", ParamRole.OUTPUT),
-    )
+    return _params(("x", "weight"), ("rows",), ("y",))
 
 
 def add_rms_norm_params() -> tuple[KernelParam, ...]:
     """x, residual, weight (never read when weight_mode is NONE), rows, y, h (= x + residual)."""
-    return (
-        KernelParam("x", ParamRole.INPUT),
-        KernelParam("residual", ParamRole.INPUT),
-        KernelParam("weight", ParamRole.INPUT),
-        KernelParam("rows", ParamRole.SCALAR),
-        KernelParam("y", ParamRole.OUTPUT),
-        KernelParam("h", ParamRole.OUTPUT),
-    )
+    return _params(("x", "residual", "weight"), ("rows",), ("y", "h"))
 
 
 def qk_norm_params() -> tuple[KernelParam, ...]:
     """q, k, their weights, both row counts, the q block count (the first k block), q_out, k_out."""
-    inputs = ("q", "k", "q_weight", "k_weight")
-    scalars = ("q_rows", "k_rows", "q_blocks")
-    return (
-        *(KernelParam(name, ParamRole.INPUT) for name in inputs),
-        *(KernelParam(name, ParamRole.SCALAR) for name in scalars),
-        KernelParam("q_out", ParamRole.OUTPUT),
-        KernelParam("k_out", ParamRole.OUTPUT),
-    )
+    return _params(("q", "k", "q_weight", "k_weight"), ("q_rows", "k_rows", "q_blocks"), ("q_out", "k_out"))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ options of the same kernels: x (or h) fake-quantized as it is read, r per row, y
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import cuda.bindings.driver as cuda
@@ -45,6 +47,49 @@ class NormMath:
     def stage(self, name: str) -> object:
         """The quantizer of stage `name` ("input", "rsqrt", "output"), None when off."""
         return None if self.quant is None else getattr(self.quant, name)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """One normalisation problem of a kernel, as its device code reads it: the pointers (the add+norm's residual
+    and h; None elsewhere, and nothing of the residual is traced), the row count, the tiling and the rows' fp32
+    partial sums in shared memory. Built while tracing, from the kernel's parameters."""
+
+    x: cute.Pointer
+    w: cute.Pointer
+    y: cute.Pointer
+    rows: Int32
+    tiling: RowTiling
+    partials: cute.Tensor
+    res: cute.Pointer | None = None
+    h: cute.Pointer | None = None
+
+    def thread_row(self, block: Int32) -> tuple[Int32, Int32, Int32, cutlass.Boolean]:
+        """This thread's lane in its row, its row's index in the block and in the problem, and whether that row is
+        one of the problem's (rows past the end are predicated per thread group)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        threads = self.tiling.threads_per_row
+        lane = tidx % threads
+        row_in_block = tidx // threads
+        row = block * self.tiling.rows_per_block + row_in_block
+        return lane, row_in_block, row, row < self.rows
+
+    def misalignment(self, math: NormMath) -> Int64:
+        """The low address bits the vector path needs clear, of the activations, the outputs and (unless
+        weight_mode is NONE, when the kernel never reads it) the weight; 0 when all of them are."""
+        ptrs = tuple(ptr for ptr in (self.x, self.res, self.y, self.h) if ptr is not None)
+        bits = Int64(0)
+        for ptr in (*ptrs, self.w) if math.params.weight_mode != WeightMode.NONE else ptrs:
+            bits = bits | (ptr.toint() & (_vector_align(ptr, self.tiling) - 1))
+        return bits
+
+    def realigned(self) -> _Rows:
+        """The problem with its pointers promised the vector path's alignment (checked by the caller), so that its
+        accesses compile 16 bytes wide."""
+        x, res, w, y, h = (
+            None if ptr is None else _realigned(ptr, self.tiling) for ptr in (self.x, self.res, self.w, self.y, self.h)
+        )
+        return _Rows(x, w, y, self.rows, self.tiling, self.partials, res, h)
 
 
 def smem_bytes(tiling: RowTiling) -> int:
@@ -234,35 +279,21 @@ def _normalized(
 
 
 @cute.jit
-def _normalize_block_rows(
-    x_ptr: cute.Pointer,
-    w_ptr: cute.Pointer,
-    y_ptr: cute.Pointer,
-    rows: Int32,
-    block: Int32,
-    partials: cute.Tensor,
-    tiling: cutlass.Constexpr,
-    math: cutlass.Constexpr,
-    res_ptr: cute.Pointer | None = None,
-    h_ptr: cute.Pointer | None = None,
-):
+def _normalize_block_rows(problem: _Rows, block: Int32, math: cutlass.Constexpr):
     """Normalise the rows of block number `block` (of this problem); every thread of the block must call this.
 
-    With `res_ptr` and `h_ptr` (the add+norm kernel) the row normalised is h = D(x + residual), written to `h_ptr`;
-    without them (None: nothing of the residual is traced) it is x."""
+    With a residual and h (the add+norm kernel) the row normalised is h = D(x + residual), written to h; without
+    them it is x."""
+    tiling = problem.tiling
     vec = tiling.vector
     threads = tiling.threads_per_row
     # Only the last slot of a thread can fall past the row end (when threads do not divide the row's vectors): it
     # alone is predicated, and zeroed first so that it adds nothing to the sum of squares.
     ragged = tiling.vectors_per_row % threads != 0
     has_weight = math.params.weight_mode != WeightMode.NONE
-    has_residual = res_ptr is not None
+    has_residual = problem.res is not None
 
-    tidx, _, _ = cute.arch.thread_idx()
-    lane = tidx % threads
-    row_in_block = tidx // threads
-    row = block * tiling.rows_per_block + row_in_block
-    row_ok = row < rows
+    lane, row_in_block, row, row_ok = problem.thread_row(block)
 
     # (vector, vector index) view of one row: mode 0 is contiguous, so each column is one 16-byte access.
     row_layout = cute.make_layout((vec, tiling.vectors_per_row), stride=(1, vec))
@@ -271,18 +302,18 @@ def _normalize_block_rows(
     # 64-bit row offset: rows·hidden overflows 32 bits for long prefill batches of wide rows. It is a multiple of the
     # vector (the vector divides the row): each row start is as aligned as the tensor, so accesses stay vector-wide.
     offset = cute.assume(Int64(row) * tiling.hidden, divby=vec)
-    g_x = cute.make_tensor(x_ptr + offset, row_layout)
-    g_y = cute.make_tensor(y_ptr + offset, row_layout)
-    r_x = cute.make_rmem_tensor(slots_layout, x_ptr.dtype)
-    r_y = cute.make_rmem_tensor(slots_layout, y_ptr.dtype)
+    g_x = cute.make_tensor(problem.x + offset, row_layout)
+    g_y = cute.make_tensor(problem.y + offset, row_layout)
+    r_x = cute.make_rmem_tensor(slots_layout, problem.x.dtype)
+    r_y = cute.make_rmem_tensor(slots_layout, problem.y.dtype)
     if cutlass.const_expr(has_weight):
-        r_w = cute.make_rmem_tensor(slots_layout, w_ptr.dtype)
+        r_w = cute.make_rmem_tensor(slots_layout, problem.w.dtype)
     # The residual's slots have x's layout and dtype; h = D(x + residual) then replaces x in r_x.
     inputs = ((g_x, r_x),)
     if cutlass.const_expr(has_residual):
-        g_h = cute.make_tensor(h_ptr + offset, row_layout)
-        r_res = cute.make_rmem_tensor(slots_layout, res_ptr.dtype)
-        inputs = ((g_x, r_x), (cute.make_tensor(res_ptr + offset, row_layout), r_res))
+        g_h = cute.make_tensor(problem.h + offset, row_layout)
+        r_res = cute.make_rmem_tensor(slots_layout, problem.res.dtype)
+        inputs = ((g_x, r_x), (cute.make_tensor(problem.res + offset, row_layout), r_res))
 
     if cutlass.const_expr(ragged):
         for _, slots in inputs:
@@ -295,7 +326,7 @@ def _normalize_block_rows(
             else:
                 _load_slots(row_in, slots, lane, tiling)
         if cutlass.const_expr(has_weight):
-            _load_slots(cute.make_tensor(w_ptr, row_layout), r_w, lane, tiling)
+            _load_slots(cute.make_tensor(problem.w, row_layout), r_w, lane, tiling)
     if cutlass.const_expr(has_residual):
         # h is stored before the reduction: its registers are then needed only for the sum and the output.
         r_x.store(_residual_sum(r_x, r_res))
@@ -303,7 +334,9 @@ def _normalize_block_rows(
             _store_slots(r_x, g_h, lane, tiling)
 
     x = _row_values(r_x, math)
-    rstd = _row_rstd((x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), lane, row_in_block, partials, tiling, math)
+    rstd = _row_rstd(
+        (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), lane, row_in_block, problem.partials, tiling, math
+    )
 
     if cutlass.const_expr(tiling.reread):
         # The row again, rather than its fp32 copy held in registers across the reduction: an L1 or L2 hit, marked
@@ -324,43 +357,29 @@ def _normalize_block_rows(
 
 
 @cute.jit
-def _normalize_block_rows_by_element(
-    x_ptr: cute.Pointer,
-    w_ptr: cute.Pointer,
-    y_ptr: cute.Pointer,
-    rows: Int32,
-    block: Int32,
-    partials: cute.Tensor,
-    tiling: cutlass.Constexpr,
-    math: cutlass.Constexpr,
-    res_ptr: cute.Pointer | None = None,
-    h_ptr: cute.Pointer | None = None,
-):
+def _normalize_block_rows_by_element(problem: _Rows, block: Int32, math: cutlass.Constexpr):
     """`_normalize_block_rows` for pointers the tiling's vectors do not fit, in the same threads: one element per
     access in a rolled loop, x (and the residual, h formed again) read twice. Slow, but it needs few registers, so
     an AOT kernel holding both paths keeps its vector path's register count (its occupancy)."""
+    tiling = problem.tiling
     threads = tiling.threads_per_row
     has_weight = math.params.weight_mode != WeightMode.NONE
-    has_residual = res_ptr is not None
-    tidx, _, _ = cute.arch.thread_idx()
-    lane = tidx % threads
-    row_in_block = tidx // threads
-    row = block * tiling.rows_per_block + row_in_block
-    row_ok = row < rows
+    has_residual = problem.res is not None
+    lane, row_in_block, row, row_ok = problem.thread_row(block)
     # (1, element index): column i is element i, so the per-element copies below read one element each.
     row_layout = cute.make_layout((1, tiling.hidden), stride=(1, 1))
     offset = Int64(row) * tiling.hidden
-    g_x = cute.make_tensor(x_ptr + offset, row_layout)
-    g_y = cute.make_tensor(y_ptr + offset, row_layout)
-    g_w = cute.make_tensor(w_ptr, row_layout)
+    g_x = cute.make_tensor(problem.x + offset, row_layout)
+    g_y = cute.make_tensor(problem.y + offset, row_layout)
+    g_w = cute.make_tensor(problem.w, row_layout)
     one = cute.make_layout((1, 1), stride=(1, 1))
-    r_x = cute.make_rmem_tensor(one, x_ptr.dtype)
-    r_y = cute.make_rmem_tensor(one, y_ptr.dtype)
-    r_w = cute.make_rmem_tensor(one, w_ptr.dtype)
+    r_x = cute.make_rmem_tensor(one, problem.x.dtype)
+    r_y = cute.make_rmem_tensor(one, problem.y.dtype)
+    r_w = cute.make_rmem_tensor(one, problem.w.dtype)
     if cutlass.const_expr(has_residual):
-        g_res = cute.make_tensor(res_ptr + offset, row_layout)
-        g_h = cute.make_tensor(h_ptr + offset, row_layout)
-        r_res = cute.make_rmem_tensor(one, res_ptr.dtype)
+        g_res = cute.make_tensor(problem.res + offset, row_layout)
+        g_h = cute.make_tensor(problem.h + offset, row_layout)
+        r_res = cute.make_rmem_tensor(one, problem.res.dtype)
 
     sum_sq = Float32(0.0)
     if row_ok:
@@ -372,7 +391,7 @@ def _normalize_block_rows_by_element(
                 cute.autovec_copy(r_x[None, 0], g_h[None, index])
             x = _row_values(r_x, math)
             sum_sq = sum_sq + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-    rstd = _row_rstd(sum_sq, lane, row_in_block, partials, tiling, math)
+    rstd = _row_rstd(sum_sq, lane, row_in_block, problem.partials, tiling, math)
     if row_ok:
         for index in cutlass.range(lane, tiling.hidden, threads, unroll=1):
             cute.autovec_copy(g_x[None, index], r_x[None, 0])
@@ -386,8 +405,98 @@ def _normalize_block_rows_by_element(
             cute.autovec_copy(r_y[None, 0], g_y[None, index])
 
 
-def _partials_layout(tiling: RowTiling) -> cute.Layout:
-    return cute.make_layout((tiling.rows_per_block, tiling.warps_per_row), stride=(tiling.warps_per_row, 1))
+def _block_and_partials(*tilings: RowTiling) -> tuple:
+    """This block's index, then per tiling the fp32 partial sums of its rows' warps in shared memory (`smem_bytes`
+    of each): the first thing every kernel traces."""
+    block, _, _ = cute.arch.block_idx()
+    smem = cutlass.memory.SmemAllocator()
+    layouts = [cute.make_layout((t.rows_per_block, t.warps_per_row), stride=(t.warps_per_row, 1)) for t in tilings]
+    return (block, *(smem.allocate_tensor(Float32, layout, byte_alignment=4) for layout in layouts))
+
+
+@cute.jit
+def _normalize_rows(
+    problem: _Rows,
+    block: Int32,
+    math: cutlass.Constexpr,
+    aligned: cutlass.Boolean | None = None,
+    first_block: Int32 | None = None,
+):
+    """`_normalize_block_rows` of grid block `block`: the problem's block `block - first_block` where its blocks
+    start at `first_block` (QK-norm's k rows, after q's). With `aligned` (an AOT kernel's `_aligned`), the vector
+    path on the pointers promised that alignment where it holds, else the element path."""
+    # Each path forms the problem's block index itself: hoisted before the branch, the subtraction would move in
+    # the AOT QK-norm kernels' PTX (tests/kernels/test_add_norm_ptx_identity.py pins it).
+    if cutlass.const_expr(aligned is None):
+        _normalize_block_rows(problem, _own_block(block, first_block), math)
+    else:
+        if aligned:
+            _normalize_block_rows(problem.realigned(), _own_block(block, first_block), math)
+        else:
+            _normalize_block_rows_by_element(problem, _own_block(block, first_block), math)
+
+
+def _own_block(block: Int32, first_block: Int32 | None) -> Int32:
+    return block if first_block is None else block - first_block
+
+
+@cute.jit
+def _normalize_q_or_k(
+    block: Int32, q_blocks: Int32, q: _Rows, k: _Rows, math: cutlass.Constexpr, aligned: cutlass.Boolean | None = None
+):
+    """QK-norm's two problems in one grid: blocks [0, q_blocks) normalise q's rows, the rest k's (the branch is
+    uniform per block, so the barrier of a multi-warp row stays inside one side); `aligned` as `_normalize_rows`
+    takes it, for both."""
+    if block < q_blocks:
+        _normalize_rows(q, block, math, aligned)
+    else:
+        _normalize_rows(k, block, math, aligned, q_blocks)
+
+
+def _blocks(rows: Int32, tiling: RowTiling) -> Int32:
+    """The blocks of `tiling`'s rows per block that `rows` rows take."""
+    return (rows + tiling.rows_per_block - 1) // tiling.rows_per_block
+
+
+def _launch_rms_norm(kernel: object, rows: Int32, stream: cuda.CUstream, tiling: RowTiling) -> None:
+    """The launch of every RMSNorm-grid kernel (traced inside its host entry): one block per `rows_per_block` rows;
+    at least one block, so a 0-row call is a valid no-op."""
+    kernel.launch(
+        grid=[cutlass.max(_blocks(rows, tiling), 1), 1, 1],
+        block=[tiling.block_threads, 1, 1],
+        smem=smem_bytes(tiling),
+        stream=stream,
+        # `.minnctapersm`: ptxas must fit this many blocks on an SM, so it caps the registers per thread (0: no cap).
+        min_blocks_per_mp=tiling.min_blocks_per_sm,
+        # With that floor CuTeDSL would otherwise read the GPU's shared memory size while compiling; -1 is the
+        # driver's default carveout, and lets a machine without a GPU compile.
+        preferred_smem_carveout=-1 if tiling.min_blocks_per_sm > 1 else None,
+    )
+
+
+# Each op has a kernel for the JIT path (pointers promised the tiling's alignment by the caller) and an
+# ahead-of-time one (TensorRT launches it itself): parameters in TensorRT's order (inputs, int32 scalars, outputs),
+# pointers promised only element alignment, and the 16-byte path chosen inside the kernel. One host entry per op
+# launches either; the AOT kernel's is only traced, so that its device entry gets the launch's `.reqntid` and
+# `.minnctapersm` (TensorRT launches it with the grid of the kernel's launch declaration).
+
+
+def _vector_align(ptr: cute.Pointer, tiling: RowTiling) -> int:
+    """The alignment (bytes) the vector path needs of `ptr`: one vector, at most one 16-byte access."""
+    return min(ACCESS_BYTES, tiling.vector * ptr.dtype.width // 8)
+
+
+def _realigned(ptr: cute.Pointer, tiling: RowTiling) -> cute.Pointer:
+    return cute.make_ptr(ptr.dtype, ptr.toint(), cute.AddressSpace.gmem, assumed_align=_vector_align(ptr, tiling))
+
+
+def _aligned(math: NormMath, *problems: _Rows) -> cutlass.Boolean | None:
+    """Whether every pointer of the problems that the vector path needs aligned is (uniform across the grid, so that
+    every thread takes the same path and a row's barrier stays inside one of them); None where every tiling's
+    vector is one element, which needs no check."""
+    if all(problem.tiling.vector == 1 for problem in problems):
+        return None
+    return functools.reduce(operator.or_, (problem.misalignment(math) for problem in problems)) == 0
 
 
 @cute.kernel
@@ -399,10 +508,22 @@ def _rms_norm_kernel(
     tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
-    block, _, _ = cute.arch.block_idx()
-    smem = cutlass.memory.SmemAllocator()
-    partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
-    _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math)
+    block, partials = _block_and_partials(tiling)
+    _normalize_block_rows(_Rows(x_ptr, w_ptr, y_ptr, rows, tiling, partials), block, math)
+
+
+@cute.kernel
+def rms_norm_aot_kernel(
+    x_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    rows: Int32,
+    y_ptr: cute.Pointer,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    block, partials = _block_and_partials(tiling)
+    problem = _Rows(x_ptr, w_ptr, y_ptr, rows, tiling, partials)
+    _normalize_rows(problem, block, math, _aligned(math, problem))
 
 
 @cute.jit
@@ -414,25 +535,14 @@ def rms_norm_launcher(
     stream: cuda.CUstream,
     tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
+    aot: cutlass.Constexpr = False,
 ):
-    """Host entry: one block per `rows_per_block` rows; at least one block, so a 0-row call is a valid no-op."""
-    _launch_rms_norm(_rms_norm_kernel(x_ptr, w_ptr, y_ptr, rows, tiling, math), rows, stream, tiling)
-
-
-def _launch_rms_norm(kernel: object, rows: Int32, stream: cuda.CUstream, tiling: RowTiling) -> None:
-    """The launch both RMSNorm entries share (traced inside a host entry)."""
-    blocks = cutlass.max((rows + tiling.rows_per_block - 1) // tiling.rows_per_block, 1)
-    kernel.launch(
-        grid=[blocks, 1, 1],
-        block=[tiling.block_threads, 1, 1],
-        smem=smem_bytes(tiling),
-        stream=stream,
-        # `.minnctapersm`: ptxas must fit this many blocks on an SM, so it caps the registers per thread (0: no cap).
-        min_blocks_per_mp=tiling.min_blocks_per_sm,
-        # With that floor CuTeDSL would otherwise read the GPU's shared memory size while compiling; -1 is the
-        # driver's default carveout, and lets a machine without a GPU compile.
-        preferred_smem_carveout=-1 if tiling.min_blocks_per_sm > 1 else None,
-    )
+    """Host entry of the RMSNorm kernel, or of its AOT kernel."""
+    if cutlass.const_expr(aot):
+        kernel = rms_norm_aot_kernel(x_ptr, w_ptr, rows, y_ptr, tiling, math)
+    else:
+        kernel = _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rows, tiling, math)
+    _launch_rms_norm(kernel, rows, stream, tiling)
 
 
 @cute.kernel
@@ -446,10 +556,24 @@ def _add_rms_norm_kernel(
     tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
-    block, _, _ = cute.arch.block_idx()
-    smem = cutlass.memory.SmemAllocator()
-    partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
-    _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math, res_ptr, h_ptr)
+    block, partials = _block_and_partials(tiling)
+    _normalize_block_rows(_Rows(x_ptr, w_ptr, y_ptr, rows, tiling, partials, res_ptr, h_ptr), block, math)
+
+
+@cute.kernel
+def add_rms_norm_aot_kernel(
+    x_ptr: cute.Pointer,
+    res_ptr: cute.Pointer,
+    w_ptr: cute.Pointer,
+    rows: Int32,
+    y_ptr: cute.Pointer,
+    h_ptr: cute.Pointer,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    block, partials = _block_and_partials(tiling)
+    problem = _Rows(x_ptr, w_ptr, y_ptr, rows, tiling, partials, res_ptr, h_ptr)
+    _normalize_rows(problem, block, math, _aligned(math, problem))
 
 
 @cute.jit
@@ -463,9 +587,13 @@ def add_rms_norm_launcher(
     stream: cuda.CUstream,
     tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
+    aot: cutlass.Constexpr = False,
 ):
-    """Host entry of the fused residual add+RMSNorm: the RMSNorm's grid and block."""
-    kernel = _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, tiling, math)
+    """Host entry of the fused residual add+RMSNorm kernel, or of its AOT kernel: the RMSNorm's grid and block."""
+    if cutlass.const_expr(aot):
+        kernel = add_rms_norm_aot_kernel(x_ptr, res_ptr, w_ptr, rows, y_ptr, h_ptr, tiling, math)
+    else:
+        kernel = _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, tiling, math)
     _launch_rms_norm(kernel, rows, stream, tiling)
 
 
@@ -484,159 +612,9 @@ def _qk_norm_kernel(
     k_tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
-    block, _, _ = cute.arch.block_idx()
-    smem = cutlass.memory.SmemAllocator()
-    q_partials = smem.allocate_tensor(Float32, _partials_layout(q_tiling), byte_alignment=4)
-    k_partials = smem.allocate_tensor(Float32, _partials_layout(k_tiling), byte_alignment=4)
-    # The branch is uniform per block, so the barrier of a multi-warp row stays inside one side.
-    if block < q_blocks:
-        _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_tiling, math)
-    else:
-        _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_tiling, math)
-
-
-@cute.jit
-def qk_norm_launcher(
-    q_ptr: cute.Pointer,
-    k_ptr: cute.Pointer,
-    wq_ptr: cute.Pointer,
-    wk_ptr: cute.Pointer,
-    q_out_ptr: cute.Pointer,
-    k_out_ptr: cute.Pointer,
-    q_rows: Int32,
-    k_rows: Int32,
-    stream: cuda.CUstream,
-    q_tiling: cutlass.Constexpr,
-    k_tiling: cutlass.Constexpr,
-    math: cutlass.Constexpr,
-):
-    """Host entry: q blocks first, then k blocks, in one grid of the block size both tilings share
-    (api.qk_norm_tilings gives them one)."""
-    q_blocks = (q_rows + q_tiling.rows_per_block - 1) // q_tiling.rows_per_block
-    kernel = _qk_norm_kernel(
-        q_ptr, k_ptr, wq_ptr, wk_ptr, q_out_ptr, k_out_ptr, q_rows, k_rows, q_blocks, q_tiling, k_tiling, math
-    )
-    _launch_qk_norm(kernel, q_rows, k_rows, stream, q_tiling, k_tiling)
-
-
-def _launch_qk_norm(
-    kernel: object, q_rows: Int32, k_rows: Int32, stream: cuda.CUstream, q_tiling: RowTiling, k_tiling: RowTiling
-) -> None:
-    """The launch both QK-norm entries share (traced inside a host entry)."""
-    q_blocks = (q_rows + q_tiling.rows_per_block - 1) // q_tiling.rows_per_block
-    k_blocks = (k_rows + k_tiling.rows_per_block - 1) // k_tiling.rows_per_block
-    kernel.launch(
-        grid=[cutlass.max(q_blocks + k_blocks, 1), 1, 1],
-        block=[q_tiling.block_threads, 1, 1],
-        smem=smem_bytes(q_tiling) + smem_bytes(k_tiling),
-        stream=stream,
-    )
-
-
-# Ahead-of-time entries (TensorRT launches them itself): parameters in TensorRT's order (inputs, int32 scalars,
-# outputs), pointers promised only element alignment, and the 16-byte path chosen inside the kernel.
-
-
-def _vector_align(ptr: cute.Pointer, tiling: RowTiling) -> int:
-    """The alignment (bytes) the vector path needs of `ptr`: one vector, at most one 16-byte access."""
-    return min(ACCESS_BYTES, tiling.vector * ptr.dtype.width // 8)
-
-
-def _misalignment(ptrs: tuple, tiling: RowTiling) -> Int64:
-    """The low address bits of `ptrs` that the vector path needs clear; 0 when all of them are."""
-    bits = Int64(0)
-    for ptr in ptrs:
-        bits = bits | (ptr.toint() & (_vector_align(ptr, tiling) - 1))
-    return bits
-
-
-def _realigned(ptr: cute.Pointer, tiling: RowTiling) -> cute.Pointer:
-    """`ptr` promised to the vector path's alignment (checked by the caller), so its accesses compile 16 bytes wide."""
-    return cute.make_ptr(ptr.dtype, ptr.toint(), cute.AddressSpace.gmem, assumed_align=_vector_align(ptr, tiling))
-
-
-@cute.kernel
-def rms_norm_aot_kernel(
-    x_ptr: cute.Pointer,
-    w_ptr: cute.Pointer,
-    rows: Int32,
-    y_ptr: cute.Pointer,
-    tiling: cutlass.Constexpr,
-    math: cutlass.Constexpr,
-):
-    block, _, _ = cute.arch.block_idx()
-    smem = cutlass.memory.SmemAllocator()
-    # Both paths use the tiling's threads and rows per block, so one partials layout serves them.
-    partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
-    if cutlass.const_expr(tiling.vector == 1):
-        _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math)
-    else:
-        checked = (x_ptr, y_ptr, w_ptr) if math.params.weight_mode != WeightMode.NONE else (x_ptr, y_ptr)
-        # Uniform across the grid: every thread takes the same path, so the row's barrier stays inside one of them.
-        if _misalignment(checked, tiling) == 0:
-            x, w, y = (_realigned(p, tiling) for p in (x_ptr, w_ptr, y_ptr))
-            _normalize_block_rows(x, w, y, rows, block, partials, tiling, math)
-        else:
-            _normalize_block_rows_by_element(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math)
-
-
-@cute.jit
-def rms_norm_aot_launcher(
-    x_ptr: cute.Pointer,
-    w_ptr: cute.Pointer,
-    rows: Int32,
-    y_ptr: cute.Pointer,
-    stream: cuda.CUstream,
-    tiling: cutlass.Constexpr,
-    math: cutlass.Constexpr,
-):
-    """Host entry of the AOT kernel: only traced, so that the device entry gets the launch's `.reqntid` and
-    `.minnctapersm`; TensorRT launches the device entry with the grid of the kernel's launch declaration."""
-    _launch_rms_norm(rms_norm_aot_kernel(x_ptr, w_ptr, rows, y_ptr, tiling, math), rows, stream, tiling)
-
-
-@cute.kernel
-def add_rms_norm_aot_kernel(
-    x_ptr: cute.Pointer,
-    res_ptr: cute.Pointer,
-    w_ptr: cute.Pointer,
-    rows: Int32,
-    y_ptr: cute.Pointer,
-    h_ptr: cute.Pointer,
-    tiling: cutlass.Constexpr,
-    math: cutlass.Constexpr,
-):
-    block, _, _ = cute.arch.block_idx()
-    smem = cutlass.memory.SmemAllocator()
-    partials = smem.allocate_tensor(Float32, _partials_layout(tiling), byte_alignment=4)
-    if cutlass.const_expr(tiling.vector == 1):
-        _normalize_block_rows(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math, res_ptr, h_ptr)
-    else:
-        activations = (x_ptr, res_ptr, y_ptr, h_ptr)
-        checked = (*activations, w_ptr) if math.params.weight_mode != WeightMode.NONE else activations
-        # Uniform across the grid, as in `rms_norm_aot_kernel`.
-        if _misalignment(checked, tiling) == 0:
-            x, res, w, y, h = (_realigned(p, tiling) for p in (x_ptr, res_ptr, w_ptr, y_ptr, h_ptr))
-            _normalize_block_rows(x, w, y, rows, block, partials, tiling, math, res, h)
-        else:
-            _normalize_block_rows_by_element(x_ptr, w_ptr, y_ptr, rows, block, partials, tiling, math, res_ptr, h_ptr)
-
-
-@cute.jit
-def add_rms_norm_aot_launcher(
-    x_ptr: cute.Pointer,
-    res_ptr: cute.Pointer,
-    w_ptr: cute.Pointer,
-    rows: Int32,
-    y_ptr: cute.Pointer,
-    h_ptr: cute.Pointer,
-    stream: cuda.CUstream,
-    tiling: cutlass.Constexpr,
-    math: cutlass.Constexpr,
-):
-    """Host entry of the AOT add+norm kernel, traced only (see `rms_norm_aot_launcher`)."""
-    kernel = add_rms_norm_aot_kernel(x_ptr, res_ptr, w_ptr, rows, y_ptr, h_ptr, tiling, math)
-    _launch_rms_norm(kernel, rows, stream, tiling)
+    block, q_partials, k_partials = _block_and_partials(q_tiling, k_tiling)
+    q = _Rows(q_ptr, wq_ptr, q_out_ptr, q_rows, q_tiling, q_partials)
+    _normalize_q_or_k(block, q_blocks, q, _Rows(k_ptr, wk_ptr, k_out_ptr, k_rows, k_tiling, k_partials), math)
 
 
 @cute.kernel
@@ -654,68 +632,38 @@ def qk_norm_aot_kernel(
     k_tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
 ):
-    block, _, _ = cute.arch.block_idx()
-    smem = cutlass.memory.SmemAllocator()
-    q_partials = smem.allocate_tensor(Float32, _partials_layout(q_tiling), byte_alignment=4)
-    k_partials = smem.allocate_tensor(Float32, _partials_layout(k_tiling), byte_alignment=4)
-    q_io = (q_ptr, wq_ptr, q_out_ptr)
-    k_io = (k_ptr, wk_ptr, k_out_ptr)
-    if cutlass.const_expr(q_tiling.vector == 1 and k_tiling.vector == 1):
-        if block < q_blocks:
-            _normalize_block_rows(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_tiling, math)
-        else:
-            _normalize_block_rows(k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_tiling, math)
-    else:
-        weighted = math.params.weight_mode != WeightMode.NONE
-        q_checked = q_io if weighted else (q_ptr, q_out_ptr)
-        k_checked = k_io if weighted else (k_ptr, k_out_ptr)
-        # One path for the whole grid (uniform per block, as the q/k branch is).
-        aligned = (_misalignment(q_checked, q_tiling) | _misalignment(k_checked, k_tiling)) == 0
-        if block < q_blocks:
-            if aligned:
-                q, wq, q_out = (_realigned(p, q_tiling) for p in q_io)
-                _normalize_block_rows(q, wq, q_out, q_rows, block, q_partials, q_tiling, math)
-            else:
-                _normalize_block_rows_by_element(q_ptr, wq_ptr, q_out_ptr, q_rows, block, q_partials, q_tiling, math)
-        else:
-            if aligned:
-                k, wk, k_out = (_realigned(p, k_tiling) for p in k_io)
-                _normalize_block_rows(k, wk, k_out, k_rows, block - q_blocks, k_partials, k_tiling, math)
-            else:
-                _normalize_block_rows_by_element(
-                    k_ptr, wk_ptr, k_out_ptr, k_rows, block - q_blocks, k_partials, k_tiling, math
-                )
+    block, q_partials, k_partials = _block_and_partials(q_tiling, k_tiling)
+    q = _Rows(q_ptr, wq_ptr, q_out_ptr, q_rows, q_tiling, q_partials)
+    k = _Rows(k_ptr, wk_ptr, k_out_ptr, k_rows, k_tiling, k_partials)
+    _normalize_q_or_k(block, q_blocks, q, k, math, _aligned(math, q, k))
 
 
 @cute.jit
-def qk_norm_aot_launcher(
+def qk_norm_launcher(
     q_ptr: cute.Pointer,
     k_ptr: cute.Pointer,
     wq_ptr: cute.Pointer,
     wk_ptr: cute.Pointer,
-    q_rows: Int32,
-    k_rows: Int32,
     q_out_ptr: cute.Pointer,
     k_out_ptr: cute.Pointer,
+    q_rows: Int32,
+    k_rows: Int32,
     stream: cuda.CUstream,
     q_tiling: cutlass.Constexpr,
     k_tiling: cutlass.Constexpr,
     math: cutlass.Constexpr,
+    aot: cutlass.Constexpr = False,
 ):
-    """Host entry of the AOT QK-norm kernel, traced only (see `rms_norm_aot_launcher`)."""
-    q_blocks = (q_rows + q_tiling.rows_per_block - 1) // q_tiling.rows_per_block
-    kernel = qk_norm_aot_kernel(
-        q_ptr,
-        k_ptr,
-        wq_ptr,
-        wk_ptr,
-        q_rows,
-        k_rows,
-        q_blocks,
-        q_out_ptr,
-        k_out_ptr,
-        q_tiling,
-        k_tiling,
-        math,
+    """Host entry of the QK-norm kernel, or of its AOT kernel: q blocks first, then k blocks, in one grid of the
+    block size both tilings share (api.qk_norm_tilings gives them one)."""
+    inputs, outputs, q_blocks = (q_ptr, k_ptr, wq_ptr, wk_ptr), (q_out_ptr, k_out_ptr), _blocks(q_rows, q_tiling)
+    if cutlass.const_expr(aot):
+        kernel = qk_norm_aot_kernel(*inputs, q_rows, k_rows, q_blocks, *outputs, q_tiling, k_tiling, math)
+    else:
+        kernel = _qk_norm_kernel(*inputs, *outputs, q_rows, k_rows, q_blocks, q_tiling, k_tiling, math)
+    kernel.launch(
+        grid=[cutlass.max(q_blocks + _blocks(k_rows, k_tiling), 1), 1, 1],
+        block=[q_tiling.block_threads, 1, 1],
+        smem=smem_bytes(q_tiling) + smem_bytes(k_tiling),
+        stream=stream,
     )
-    _launch_qk_norm(kernel, q_rows, k_rows, stream, q_tiling, k_tiling)

@@ -74,31 +74,17 @@ def _check_quant(quant: QuantParams | None) -> None:
                 raise ValueError(f"{stage.value} {name} dtype {dtype!r} is not one of {ACTIVATION_DTYPES}")
 
 
-def _repr(spec: RmsNormSpec | AddRmsNormSpec) -> str:
-    """The dataclass repr, with `quant` only when set: a plain spec's repr (the compile cache's and the AOT entry
-    names' key) stays what it was before quantizers, so plain kernels keep their PTX byte for byte."""
-    fields = [f for f in dataclasses.fields(spec) if f.name != "quant" or spec.quant is not None]
-    return f"{type(spec).__qualname__}({', '.join(f'{f.name}={getattr(spec, f.name)!r}' for f in fields)})"
-
-
 def has_fp8_stage(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> bool:
     """Whether a stage of `spec` quantizes to FP8, whose conversion (cvt...e4m3x2) needs sm_89 or newer."""
     quant = getattr(spec, "quant", None)
     return quant is not None and any(quant.at(stage).dtype == "float8_e4m3fn" for stage in quant.stages)
 
 
-def _y_dtype(spec: RmsNormSpec | AddRmsNormSpec) -> str:
-    output = None if spec.quant is None else spec.quant.output
-    return spec.out_dtype if output is None else output.dtype
-
-
 @dataclass(frozen=True, repr=False)
-class RmsNormSpec:
-    """y = x · rsqrt(mean(x², last axis) + epsilon) · (w + weight_offset) over rows of `hidden` elements, per `params`.
-
-    `dtype` is x's, `out_dtype` the normalised value's T (None: x's), as the contract's pairs allow. `quant` (None:
-    none) holds the quantizer stages, compile-time constants as epsilon is: x fake-quantized before the norm reads
-    it, r per row, and y quantized after its rounding to T, so that y is stored in `y_dtype`."""
+class _RowsSpec:
+    """The fields of an RMSNorm-grid kernel's spec: rows of `hidden` elements of `dtype`, a weight of
+    `weight_dtype` (None for weight_mode NONE), `params`, the normalised value's T (`out_dtype`, None: `dtype`) and
+    the quantizer stages (`quant`, None: none), compile-time constants as epsilon is."""
 
     hidden: int
     dtype: str
@@ -112,37 +98,33 @@ class RmsNormSpec:
         _normalise(self)
         _check_quant(self.quant)
 
-    __repr__ = _repr
+    def __repr__(self) -> str:
+        """The dataclass repr, with `quant` only when set: a plain spec's repr (the compile cache's and the AOT
+        entry names' key) stays what it was before quantizers, so plain kernels keep their PTX byte for byte."""
+        fields = [f for f in dataclasses.fields(self) if f.name != "quant" or self.quant is not None]
+        return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
 
     @property
     def y_dtype(self) -> str:
         """The dtype y is stored in: the output quantizer's when that stage is on, else T."""
-        return _y_dtype(self)
+        output = None if self.quant is None else self.quant.output
+        return self.out_dtype if output is None else output.dtype
 
 
 @dataclass(frozen=True, repr=False)
-class AddRmsNormSpec:
+class RmsNormSpec(_RowsSpec):
+    """y = x · rsqrt(mean(x², last axis) + epsilon) · (w + weight_offset) over rows of `hidden` elements, per `params`.
+
+    `dtype` is x's, `out_dtype` the normalised value's T (None: x's), as the contract's pairs allow. `quant` (None:
+    none) holds the quantizer stages: x fake-quantized before the norm reads it, r per row, and y quantized after its
+    rounding to T, so that y is stored in `y_dtype`."""
+
+
+@dataclass(frozen=True, repr=False)
+class AddRmsNormSpec(_RowsSpec):
     """The fused residual add+RMSNorm: h = D(x + residual), rounded once to D = `dtype`, and y = the RMSNorm of h
     (exactly `RmsNormSpec`'s with h as its x, its quantizers included: the input stage fake-quantizes h for the
     norm, h itself is output as it is). x, residual and h are D, y is `y_dtype` (T = `out_dtype`, None: D)."""
-
-    hidden: int
-    dtype: str
-    weight_dtype: str | None
-    params: NormParams
-    out_dtype: str | None = None
-    quant: QuantParams | None = None
-
-    def __post_init__(self) -> None:
-        _check_hidden("hidden", self.hidden)
-        _normalise(self)
-        _check_quant(self.quant)
-
-    __repr__ = _repr
-
-    @property
-    def y_dtype(self) -> str:
-        return _y_dtype(self)
 
     def norm(self) -> RmsNormSpec:
         """The RMSNorm of h this computes (the same fields)."""
