@@ -159,16 +159,18 @@ def test_dtype_pairs_and_row_widths_compile(spec: RmsNormSpec | AddRmsNormSpec, 
             check_y_stores(variant, ptx)
 
 
-def test_a_one_byte_y_takes_16_element_vectors_and_a_16_bit_rows_threads() -> None:
-    """The tiling table's 1-byte-y rule: vectors of 16 (one 16-byte store), half the vectors per thread, so a bf16
-    row of 4096 spreads over the threads the plain bf16 kernel gives it."""
+def test_a_one_byte_y_takes_16_element_vectors_two_per_thread_in_prefill_and_one_in_decode() -> None:
+    """The tiling table's 1-byte-y rule: vectors of 16 (one 16-byte store); prefill keeps a 16-bit row's 2 vectors
+    per thread (so half its threads), decode takes 1 (twice its threads), an add+norm's prefill 1."""
     plain = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA)
     quantized = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=FP8))
+    added = AddRmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=FP8))
+    expected = {Regime.PREFILL: (2, 128, 1), Regime.DECODE: (1, 256, 1)}
     for regime in Regime:
-        ours, theirs = (rms_norm_tiling(s, regime, aligned=True) for s in (quantized, plain))
+        ours, theirs, add = (rms_norm_tiling(s, regime, aligned=True) for s in (quantized, plain, added))
         assert (ours.vector, theirs.vector) == (16, 8)
-        assert ours.threads_per_row == theirs.threads_per_row
-        assert ours.vectors_per_thread * 2 == theirs.vectors_per_thread
+        assert (ours.vectors_per_thread, ours.threads_per_row, ours.rows_per_block) == expected[regime]
+        assert (add.vectors_per_thread, add.threads_per_row) == (1, 256)
         assert not ours.reread and not ours.paired_stores and ours.min_blocks_per_sm == 0
 
 

@@ -30,8 +30,8 @@ from trtfuse.bench.timing import (
     same_size_copy_us,
 )
 from trtfuse.contract import Quantizer, QuantParams
-from trtfuse.kernels.api import get_add_rms_norm, get_rms_norm, shared_cache
-from trtfuse.kernels.compiler import RmsNormVariant
+from trtfuse.kernels.api import get_add_rms_norm, get_rms_norm, rms_norm_tiling, shared_cache
+from trtfuse.kernels.compiler import AddRmsNormVariant, RmsNormVariant
 from trtfuse.kernels.specs import AddRmsNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import PREFILL_BLOCK_THREADS, Regime, RowTiling
 
@@ -228,36 +228,59 @@ def bench_decode(rows: int, kind: str, name: str, compiled: bool) -> dict[str, A
     return row
 
 
-def _time_tiling(
-    spec: RmsNormSpec, tiling: RowTiling, xs: list[torch.Tensor], ys: list[torch.Tensor], w: torch.Tensor
-) -> float:
-    """One tiling of `spec` compiled and launched as the plugins launch (raw pointers): checked, then timed (events
-    over rotating inputs for many rows, graph replay for one)."""
-    call = shared_cache().get(RmsNormVariant(spec, tiling, get_rms_norm(spec).device.arch))
-    rows = xs[0].shape[0]
+def _time_tiling(spec: RmsNormSpec | AddRmsNormSpec, tiling: RowTiling, rows: int, n_sets: int) -> float:
+    """One tiling of `spec` (a norm, or an add+norm with a fake-quantized sum) compiled and launched as the plugins
+    launch (raw pointers): checked, then timed (events over rotating inputs for many rows, graph replay for one)."""
+    adding = isinstance(spec, AddRmsNormSpec)
+    variant_type = AddRmsNormVariant if adding else RmsNormVariant
+    call = shared_cache().get(
+        variant_type(spec, tiling, get_rms_norm(norm_spec(spec.hidden, spec.quant.output)).device.arch)
+    )
+    shape = (rows, spec.hidden)
+    xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
+    rs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)] if adding else []
+    hs = [torch.empty(shape, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)] if adding else []
+    ys = [poisoned_codes(shape, spec.quant.output) for _ in range(n_sets)]
+    w = torch.randn(spec.hidden, device="cuda", dtype=torch.bfloat16)
 
     def launch(i: int) -> None:
-        call(xs[i].data_ptr(), w.data_ptr(), ys[i].data_ptr(), rows, torch.cuda.current_stream().cuda_stream)
+        stream = torch.cuda.current_stream().cuda_stream
+        if adding:
+            call(xs[i].data_ptr(), rs[i].data_ptr(), w.data_ptr(), ys[i].data_ptr(), hs[i].data_ptr(), rows, stream)
+        else:
+            call(xs[i].data_ptr(), w.data_ptr(), ys[i].data_ptr(), rows, stream)
 
     launch(0)
     torch.cuda.synchronize()
-    check_quantized(ys[0], norm_reference(xs[0], w, LLAMA, quant=spec.quant), spec.quant.output, f"{tiling}")
-    return median_event_us(launch, len(xs)) if len(xs) > 1 else graph_replay_us(lambda: launch(0))
+    if adding:
+        reference = add_norm_reference(xs[0], rs[0], w, LLAMA, quant=spec.quant)[0]
+    else:
+        reference = norm_reference(xs[0], w, LLAMA, quant=spec.quant)
+    check_quantized(ys[0], reference, spec.quant.output, f"{tiling}")
+    return median_event_us(launch, n_sets) if n_sets > 1 else graph_replay_us(lambda: launch(0))
+
+
+# The tilings measured beside the rule: (kernel, regime, rows, hidden) and the vectors per thread tried.
+TILING_CASES = (
+    ("norm", Regime.PREFILL, 16384, 4096, (1, 2, 4)),
+    ("norm", Regime.PREFILL, 16384, 2048, (1, 2, 4)),
+    ("norm", Regime.PREFILL, 8192, 8192, (1, 2, 4)),
+    ("add_norm", Regime.PREFILL, 16384, 4096, (1, 2)),
+    ("norm", Regime.DECODE, 1, 4096, (1, 2, 4)),
+    ("add_norm", Regime.DECODE, 1, 4096, (1, 2, 4)),
+)
 
 
 def bench_tilings() -> list[dict[str, Any]]:
-    """The 1-byte-y tiling rule against its neighbours, norm -> FP8 at H=4096: prefill 16384 rows with 1 (the
-    rule), 2 and 4 vectors per thread; decode 1 row with 2 (the rule), 1 and 4."""
+    """The 1-byte-y tiling rule against its neighbours (-> FP8, bf16 rows): the same row over threads holding 1, 2
+    or 4 vectors of 16."""
     quantizer = OUTPUTS["fp8"]
-    spec = norm_spec(DECODE_HIDDEN, quantizer)
-    kernel = get_rms_norm(spec)
     results = []
-    for regime, rows, per_thread in ((Regime.PREFILL, 16384, (1, 2, 4)), (Regime.DECODE, 1, (2, 1, 4))):
-        rule = kernel.variant(regime, True).tiling
-        n_sets = input_sets(rows * DECODE_HIDDEN * 3) if regime is Regime.PREFILL else 1
-        xs = [torch.randn(rows, DECODE_HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
-        ys = [poisoned_codes((rows, DECODE_HIDDEN), quantizer) for _ in range(n_sets)]
-        w = torch.randn(DECODE_HIDDEN, device="cuda", dtype=torch.bfloat16)
+    for kind, regime, rows, hidden, per_thread in TILING_CASES:
+        spec = add_norm_spec(hidden, quantizer) if kind == "add_norm" else norm_spec(hidden, quantizer)
+        rule = rms_norm_tiling(spec, regime, aligned=True)
+        bytes_per_row = hidden * (7 if kind == "add_norm" else 3)
+        n_sets = input_sets(rows * bytes_per_row) if regime is Regime.PREFILL else 1
         for vectors in per_thread:
             threads = rule.threads_per_row * rule.vectors_per_thread // vectors
             rows_per_block = max(1, PREFILL_BLOCK_THREADS // threads) if regime is Regime.PREFILL else 1
@@ -266,12 +289,14 @@ def bench_tilings() -> list[dict[str, Any]]:
             )
             results.append(
                 {
+                    "kind": kind,
                     "regime": regime.value,
                     "rows": rows,
+                    "hidden": hidden,
                     "threads_per_row": threads,
                     "vectors_per_thread": vectors,
                     "rule": tiling == rule,
-                    "us": _time_tiling(spec, tiling, xs, ys, w),
+                    "us": _time_tiling(spec, tiling, rows, n_sets),
                 }
             )
     return results
@@ -360,10 +385,10 @@ def print_quant_report(report: dict[str, Any]) -> None:
         if "compile_graph_us" in r:
             line += f"  torch.compile {r['compile_graph_us']:.2f}{_disagreement(r)}"
         print(line)
-    print("\nTiling of a 1-byte y (norm->fp8, H=4096): vectors of 16 per thread, µs ('*' = the rule)")
+    print("\nTiling of a 1-byte y (-> fp8, bf16 rows): vectors of 16 per thread, µs ('*' = the rule)")
     for r in report["quant_tilings"]:
         mark = "*" if r["rule"] else " "
         print(
-            f"  {r['regime']:>7} rows {r['rows']:>5}: {r['threads_per_row']:>4} threads x {r['vectors_per_thread']}"
-            f" vectors {r['us']:7.2f}{mark}"
+            f"  {r['kind']:>8} {r['regime']:>7} {r['rows']:>5}x{r['hidden']:<5}: {r['threads_per_row']:>4} threads x"
+            f" {r['vectors_per_thread']} vectors {r['us']:7.2f}{mark}"
         )
