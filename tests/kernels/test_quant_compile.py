@@ -28,6 +28,7 @@ from trtfuse.kernels.cache import KernelCache, variant_key
 from trtfuse.kernels.compiler import AddRmsNormVariant, RmsNormVariant, compile_variant
 from trtfuse.kernels.declaration import Tactic, add_rms_norm_params, rms_norm_params
 from trtfuse.kernels.device import DeviceInfo
+from trtfuse.kernels.ptx import reciprocal_applies
 from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime
 
@@ -77,15 +78,21 @@ def variant_of(spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned: bool
 
 
 def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -> None:
-    """Each stage's division is div.rn.f32 by its scale's float32 bits; no approximate division anywhere; the
-    conversions of each quantized dtype are there."""
+    """Each stage's quotient is `ptx.scale_quotient`'s (a product by the scale's float32 reciprocal, then two
+    fma corrections by the scale's own bits), or div.rn.f32 by the scale for one outside its range; no approximate
+    division anywhere; the conversions of each quantized dtype are there."""
     quant = spec.quant
     assert not re.search(r"\bdiv\.(approx|full)\b", ptx)
     assert not re.search(r"\brcp\.", ptx)
     for stage in quant.stages:
         quantizer = quant.at(stage)
-        scale = "0f" + np.float32(quantizer.scale).tobytes()[::-1].hex().upper()
-        assert re.search(rf"\bdiv\.rn\.f32\s+%r\d+, %r\d+, {scale};", ptx), (stage, scale)
+        scale = f32_bits(quantizer.scale)
+        if reciprocal_applies(quantizer.scale):
+            reciprocal = f32_bits(float(np.float32(1.0) / np.float32(quantizer.scale)))
+            assert re.search(rf"\bmul\.rn\.f32\s+q0, %r\d+, {reciprocal};", ptx), (stage, reciprocal)
+            assert len(re.findall(rf"\bfma\.rn\.f32\s+e, n, {scale}, %r\d+;", ptx)) >= 2, (stage, scale)
+        else:
+            assert re.search(rf"\bdiv\.rn\.f32\s+%r\d+, %r\d+, {scale};", ptx), (stage, scale)
     dtypes = {quant.at(stage).dtype for stage in quant.stages}
     if "float8_e4m3fn" in dtypes:
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
@@ -93,6 +100,11 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -
         assert "cvt.rni.f32.f32" in ptx
     if quant.input is not None and quant.input.dtype == "float8_e4m3fn":
         assert "cvt.rn.f16x2.e4m3x2" in ptx  # DQ reads the FP8 codes back
+
+
+def f32_bits(value: float) -> str:
+    """A float32 constant as PTX writes it (0f and its bits)."""
+    return "0f" + np.float32(value).tobytes()[::-1].hex().upper()
 
 
 def check_y_stores(variant: RmsNormVariant | AddRmsNormVariant, ptx: str) -> None:
