@@ -590,7 +590,12 @@ def _quant_tensorrt(version: str, calls: dict, data_types: tuple[str, ...] = ("F
         (
             "9.3.0",
             ("FP8", "INT8"),
-            "TensorRT 9.3.0 predates 10.0, the first TensorRT that documents FP8 and INT8 plugin outputs (IPluginV3)",
+            "TensorRT 9.3.0 predates 10.1, the first TensorRT that documents FP8 plugin outputs (IPluginV3)",
+        ),
+        (
+            "10.0.1",
+            ("FP8", "INT8"),
+            "TensorRT 10.0.1 predates 10.1, the first TensorRT that documents FP8 plugin outputs (IPluginV3)",
         ),
         ("10.8.0", ("INT8",), "TensorRT 10.8.0 has no DataType.FP8 for the quantized outputs"),
         ("10.8.0", ("FP8", "INT8"), None),
@@ -600,6 +605,10 @@ def _quant_tensorrt(version: str, calls: dict, data_types: tuple[str, ...] = ("F
 def test_which_tensorrt_takes_fp8_and_int8_plugin_outputs(version, data_types, reason):
     trt = _quant_tensorrt(version, {}, data_types)
     assert registry.quant_refusal(trt, {"float8_e4m3fn", "int8"}) == reason
+    int8_from = (10, 0)
+    int8_reason = None if registry.tensorrt_release(trt) >= int8_from else reason.replace("10.1", "10.0")
+    int8_reason = int8_reason and int8_reason.replace("FP8", "INT8")
+    assert registry.quant_refusal(trt, {"int8"}) == int8_reason
     del trt.IPluginV3
     if reason is None:
         assert registry.quant_refusal(trt, {"int8"}) == (
@@ -618,7 +627,7 @@ def test_a_quantized_model_on_a_tensorrt_without_quantized_plugin_outputs_is_one
     with pytest.raises(MissingDependencyError) as error:
         build.build_engine(load_model(fused), tmp_path / "m.engine", options)
     assert str(error.value) == (
-        f"{fused}: TensorRT 9.3.0 predates 10.0, the first TensorRT that documents FP8 and INT8 plugin outputs "
+        f"{fused}: TensorRT 9.3.0 predates 10.1, the first TensorRT that documents FP8 plugin outputs "
         "(IPluginV3); its quantized trtfuse nodes output FP8 or INT8"
     )
     assert calls == {} and not (tmp_path / "m.engine").exists()
@@ -655,3 +664,28 @@ def test_the_quantized_output_dtypes_are_the_output_stages():
     rsqrt_only = _quantized(tiny_lm(np.float16, fused=True), INT8_RSQRT)
     assert build.quantized_output_dtypes(LoadedModel(rsqrt_only, Path("m.onnx"))) == set()
     assert build.quantized_output_dtypes(LoadedModel(tiny_lm(np.float16, fused=True), Path("m.onnx"))) == set()
+
+
+@pytest.mark.parametrize(("arch", "refused"), [("sm_86", True), ("sm_89", False), ("sm_90a", False)])
+def test_fp8_nodes_on_a_gpu_older_than_sm_89_are_one_line_before_any_work(tmp_path, monkeypatch, arch, refused):
+    from trtfuse.kernels import device
+
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=False)
+    _use_tensorrt(monkeypatch, _quant_tensorrt("10.8.0", calls))
+    monkeypatch.setattr(device, "current_device", lambda: device.DeviceInfo(arch, 84, True))
+    fused = save_model_file(_quantized(tiny_lm(np.float16, fused=True), FP8_OUTPUT), tmp_path / "m.fused.onnx")
+    if not refused:
+        assert build.refuse_fp8_on_older_gpus(load_model(fused)) is None
+        return
+    options = BuildOptions(profiles=(PROFILE,), plugins=PluginKind.PYTHON)
+    with pytest.raises(MissingDependencyError) as error:
+        build.build_engine(load_model(fused), tmp_path / "m.engine", options)
+    (name,) = build.fp8_nodes(load_model(fused))
+    assert (
+        str(error.value)
+        == f"{fused}: node '{name}' quantizes to FP8: FP8 needs a GPU of sm_89 or newer and this one is sm_86"
+    )
+    assert calls == {} and not (tmp_path / "m.engine").exists()
+    int8 = save_model_file(_quantized(tiny_lm(np.float16, fused=True), INT8_RSQRT), tmp_path / "i.fused.onnx")
+    assert build.fp8_nodes(load_model(int8)) == []

@@ -158,6 +158,7 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
     # No TensorRT here: the engine's runner is replaced by the lowered fused model, so this drives compare's engine
     # branch (feeds, runner, verdict, report) around it.
     from trtfuse.engine import compare as compare_module
+    from trtfuse.engine import session as session_module
     from trtfuse.engine.session import ENGINE_RUNNER
     from trtfuse.fusion.lowering import lower_fused_nodes
     from trtfuse.model.onnx_file import LoadedModel
@@ -170,7 +171,7 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
     for candidate, passes in ((fused, True), (corrupted, False)):
         loaded = load_model(candidate)
         lowered = CpuSession(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
-        monkeypatch.setattr(compare_module, "EngineSession", OnnxrtEngineSession.running(lowered))
+        monkeypatch.setattr(session_module, "EngineSession", OnnxrtEngineSession.running(lowered))
         report = compare(original, engine, seed=4, dims={"sequence": 3})
         assert report.candidate_runner == ENGINE_RUNNER
         assert report.passed is passes
@@ -180,6 +181,7 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
 
 def test_engine_comparison_saving_its_inputs_reads_the_engine_file_once(model_pair, tmp_path, monkeypatch):
     from trtfuse.engine import compare as compare_module
+    from trtfuse.engine import session as session_module
     from trtfuse.engine.engine_file import EngineFile
     from trtfuse.fusion.lowering import lower_fused_nodes
     from trtfuse.model.feed_files import load_feeds
@@ -192,7 +194,7 @@ def test_engine_comparison_saving_its_inputs_reads_the_engine_file_once(model_pa
     loaded = load_model(fused)
     lowered = CpuSession(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
     monkeypatch.setattr(compare_module, "import_tensorrt", lambda: object())
-    monkeypatch.setattr(compare_module, "EngineSession", OnnxrtEngineSession.running(lowered))
+    monkeypatch.setattr(session_module, "EngineSession", OnnxrtEngineSession.running(lowered))
     opened = []
     monkeypatch.setattr(compare_module.EngineFile, "open", lambda path: opened.append(path) or EngineFile(path, None))
     report = compare(original, engine, seed=4, dims={"sequence": 3}, save_inputs=saved)

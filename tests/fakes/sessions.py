@@ -20,10 +20,12 @@ class OnnxrtEngineSession:
         self.engine = engine
 
     def __enter__(self) -> OnnxrtEngineSession:
+        # As the real session deserialises the engine on entry and destroys it on exit.
+        self.runner.load()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self.runner.release()
 
     def infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.runner.run(feed)

@@ -224,3 +224,73 @@ def test_a_norm_read_only_inside_an_if_body_is_live() -> None:
     b.outputs.append(helper.make_tensor_value_info("chosen", TensorProto.FLOAT, [BATCH, SEQUENCE, HIDDEN]))
     search = search_model(b.model())
     assert len(search.matches) == 1 and not search.dead
+
+
+def _norm_on_the_interface(outputs: tuple[str, ...], dtype: int, residual: bool) -> onnx.ModelProto:
+    """x (+ res, the residual Add: h) -> a Llama RMSNorm (fp32 inside) -> y -> MatMul -> z, with `outputs` among x,
+    res, h, y and z the graph outputs: a graph input passed straight through, the norm's input or output read on."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(3)
+    initializers = [
+        onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        onnx.numpy_helper.from_array(np.array(1e-6, np.float32), "epsilon"),
+        onnx.numpy_helper.from_array(rng.normal(1.0, 0.5, HIDDEN).astype(np_dtype), "weight"),
+        onnx.numpy_helper.from_array(rng.standard_normal((HIDDEN, HIDDEN)).astype(np_dtype), "projection"),
+    ]
+    nodes = [helper.make_node("Add", ["x", "res"], ["h"], name="residual")] if residual else []
+    normalised = "h" if residual else "x"
+    nodes += [
+        helper.make_node("Cast", [normalised], ["x32"], to=TensorProto.FLOAT),
+        helper.make_node("Pow", ["x32", "two"], ["square"]),
+        helper.make_node("ReduceMean", ["square"], ["mean"], axes=[-1], keepdims=1),
+        helper.make_node("Add", ["mean", "epsilon"], ["variance"]),
+        helper.make_node("Sqrt", ["variance"], ["root"]),
+        helper.make_node("Div", ["x32", "root"], ["normalised32"]),
+        helper.make_node("Cast", ["normalised32"], ["normalised"], to=dtype),
+        helper.make_node("Mul", ["normalised", "weight"], ["y"]),
+        helper.make_node("MatMul", ["y", "projection"], ["z"]),
+    ]
+    inputs = ["x", "res"] if residual else ["x"]
+    graph = helper.make_graph(
+        nodes,
+        "interface",
+        [helper.make_tensor_value_info(name, dtype, ["batch", "sequence", HIDDEN]) for name in inputs],
+        [helper.make_tensor_value_info(name, dtype, ["batch", "sequence", HIDDEN]) for name in outputs],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("outputs", "residual"),
+    [
+        (("x", "z"), False),
+        (("z", "x"), False),
+        (("x", "y"), False),
+        (("y", "z"), False),
+        (("x", "y", "z"), False),
+        (("x", "z"), True),
+        (("h", "z"), True),
+        (("res", "h", "y", "z", "x"), True),
+    ],
+)
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
+def test_a_norm_on_the_graph_interface_is_fused_and_the_interface_kept(
+    tmp_path: Path, outputs: tuple[str, ...], residual: bool, dtype: int
+) -> None:
+    # A graph input that is also a graph output was declared untyped for the matcher's shape inference, which then
+    # knew no shape computed from it: the norm was rejected ("no static length the graph proves").
+    model = _norm_on_the_interface(outputs, dtype, residual)
+    original, fused = tmp_path / "m.onnx", tmp_path / "fused.onnx"
+    onnx.save(model, original)
+    result = run_cli("fuse", original, "-o", fused)
+    op = contract.ADD_RMS_NORM_OP if residual else contract.RMS_NORM_OP
+    assert result.exit_code == 0 and "0 rejected" in result.output, result.output
+    written = onnx.load(fused)
+    assert _ops(written).count(op) == 1, _ops(written)
+    assert list(written.graph.input) == list(model.graph.input)
+    assert list(written.graph.output) == list(model.graph.output)
+    checked = run_cli("check", original, fused)
+    assert checked.exit_code == 0, checked.output

@@ -53,6 +53,7 @@ from support.graphs import (
     stale_value_info,
     symbolic_hidden,
     unknown_shape_fused_norm,
+    widened_norm,
 )
 
 # The pass as it was before the quantized ops: every Q/DQ pair stays in the graph (tests/fusion/test_quant.py has the
@@ -232,6 +233,25 @@ def test_qk_norms_pair_per_attention_block(layout: str, dtype: str) -> None:
     [input_norm] = found.matches
     assert input_norm.x.name == "x" or input_norm.hidden_size == 64
     assert not any(tag.startswith(("qk-", "mla-")) for tag in input_norm.tags)
+
+
+@pytest.mark.parametrize("bias", ["constant", "cast", "identity"])
+@pytest.mark.parametrize("layout", ["qk-head-dim", "qk-full-width"])
+def test_qk_norms_behind_a_projection_bias_pair_however_the_bias_is_spelled(layout: str, bias: str) -> None:
+    # One rule for "this operand is a constant" (queries.is_constant_value), as the residual matcher has it: a bias
+    # Add(proj, Cast(const)) or Add(proj, Identity(const)) hid the projection, and the q/k norms stayed two norms.
+    model = attention_block(AttentionSpec(layout, bias=bias))
+    found = search(model)
+    [pair] = found.qk_norm_pairs
+    assert layout in pair.q.tags and layout in pair.k.tags
+    assert not found.residual_near_misses
+    fused = fuse_model(model).model
+    assert [node.op_type for node in fused.graph.node if node.domain == "trtfuse"].count("TrtfuseQkNorm") == 1
+    feed = {"x": np.random.default_rng(5).standard_normal((BATCH, SEQUENCE, HIDDEN)).astype(np.float32)}
+    expected_outputs = ort.InferenceSession(model.SerializeToString()).run(None, feed)
+    lowered = ort.InferenceSession(lower_fused_nodes(fused).SerializeToString()).run(None, feed)
+    for got, want in zip(lowered, expected_outputs, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_mla_latent_read_through_a_reshape() -> None:
@@ -525,6 +545,28 @@ def test_fp32_input_with_16_bit_output_keeps_its_numbers(order: str) -> None:
     # onnx's evaluator rounds every fp16 step as written (onnxruntime's CPU provider computes fp16 Mul in fp32).
     expected_output = ReferenceEvaluator(model).run(None, feed)[0]
     np.testing.assert_array_equal(ReferenceEvaluator(lower_fused_nodes(fused)).run(None, feed)[0], expected_output)
+
+
+@pytest.mark.parametrize(("x_dtype", "out_dtype"), [("float16", "bfloat16"), ("bfloat16", "float16")])
+def test_a_16_bit_input_widened_and_cast_to_the_other_16_bit_dtype_takes_the_weight(
+    x_dtype: str, out_dtype: str, tmp_path
+) -> None:
+    # fp16 -> fp32, normalised, -> bf16 x a bf16 weight: float32 -> bfloat16 is a pair of the contract, read from the
+    # widened x. The match read the widened x as a float32 -> float32 norm and left the cast and the weight out.
+    model = widened_norm(x_dtype, out_dtype)
+    match, found = only_match(model)
+    assert (match.dtype, match.output_dtype, match.params.weight_mode) == ("float32", out_dtype, WeightMode.AFTER_CAST)
+    assert match.x.inputs[0].op == "Cast" and dtype_name(match.x.inputs[0].inputs[0]) == x_dtype
+    assert match.weight is not None and match.y.name == output_source(model) and not found.near_misses
+    feed = {"x": np.random.default_rng(4).standard_normal((2, 3, HIDDEN)).astype(np.float32)}
+    fused = fuse_model(model).model
+    expected_output = ReferenceEvaluator(model).run(None, feed)[0]
+    np.testing.assert_array_equal(ReferenceEvaluator(lower_fused_nodes(fused)).run(None, feed)[0], expected_output)
+    original, fused_path = tmp_path / "m.onnx", tmp_path / "fused.onnx"
+    onnx.save(model, original)
+    assert CliRunner().invoke(cli, ["fuse", str(original), "-o", str(fused_path)]).exit_code == 0
+    checked = CliRunner().invoke(cli, ["check", str(original), str(fused_path)])
+    assert checked.exit_code == 0, checked.output
 
 
 def test_inspect_shows_both_dtypes_of_a_mixed_norm(tmp_path) -> None:

@@ -160,6 +160,7 @@ def test_compare_generate_on_a_fused_model_is_check_generate(fused_fixtures):
 def _stand_in_engine(tmp_path: Path, fused: Path, monkeypatch, presets=("decode", "prefill"), past=None) -> Path:
     """A sidecar with `compile`'s profiles for the fused model, and the lowered fused model standing in for the
     engine (no TensorRT here)."""
+    from trtfuse.engine import session
     from trtfuse.generate import agreement, runners
     from trtfuse.verify.onnxrt import lowered_session
 
@@ -170,7 +171,7 @@ def _stand_in_engine(tmp_path: Path, fused: Path, monkeypatch, presets=("decode"
     lowered = lowered_session(load_model(engine.with_name("m.fused.onnx")), evaluator=False)
     for module in (agreement, runners):
         monkeypatch.setattr(module, "import_tensorrt", lambda: object())
-    monkeypatch.setattr(runners, "EngineSession", OnnxrtEngineSession.running(lowered))
+    monkeypatch.setattr(session, "EngineSession", OnnxrtEngineSession.running(lowered))
     return engine
 
 

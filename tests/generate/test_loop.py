@@ -4,6 +4,7 @@ refusals (empty prompt, ids outside the vocabulary, too many positions, no logit
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Mapping
 
 import numpy as np
@@ -194,3 +195,34 @@ def test_timings_are_medians_over_repeated_runs():
     assert generation.first_token_ms == pytest.approx(4.0)
     assert generation.per_token_ms == pytest.approx(2.0)
     assert generation.to_json()["runs"] == 2
+
+
+def test_token_lines_are_at_most_one_a_second_plus_the_first_and_the_last():
+    # Each step takes 0.3 s of a fake clock: a line per token would be ten lines, most in the same second.
+    model = _genai_lengths_model()
+    interface = generation_interface(model, "lengths.onnx")
+    presents = {pair.past: pair.present for pair in interface.caches}
+    now = [0.0]
+    step = _fake_step(VOCAB, [], presents)
+
+    def slow_step(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        now[0] += 0.3
+        return step(feed)
+
+    lines: list[str] = []
+    generation = greedy_generate(slow_step, interface, [3], steps=10, clock=lambda: now[0], notify=lines.append)
+    assert lines == ["token 1 of 10", "token 5 of 10", "token 9 of 10", "token 10 of 10"]
+    assert [round(record.seconds, 6) for record in generation.steps] == [0.3] * 10
+    single: list[str] = []
+    greedy_generate(slow_step, interface, [3], steps=1, clock=lambda: now[0], notify=single.append)
+    assert single == ["token 1 of 1"]
+
+
+@pytest.mark.parametrize("name", ["model.onnxtxt", "MODEL.ONNX"])
+def test_generate_runs_what_compare_takes_for_an_onnx_model_on_the_cpu(tmp_path, name):
+    # One rule names an engine (`engine.engine_file.is_onnx_model_path`): `generate` took a .onnxtxt for an engine.
+    model = tmp_path / name
+    shutil.copy(KV_FIXTURE, model)
+    run = generate_file(model, 2, [1, 2, 3])
+    assert run.runner == ORIGINAL_RUNNER
+    assert run.generation.tokens == generate_file(KV_FIXTURE, 2, [1, 2, 3]).generation.tokens

@@ -17,7 +17,7 @@ from trtfuse.files import write_json_atomic
 from trtfuse.model.onnx_file import external_tensors, load_model, save_model
 
 from support.cli import run_cli
-from support.models import projection_model, save_external, tiny_lm
+from support.models import LARGE_SHAPE, OUT, projection_model, save_external, tiny_lm
 
 
 def _tensor_names(model: onnx.ModelProto) -> set[str]:
@@ -171,6 +171,20 @@ def test_load_reads_small_external_tensors_only(external_model: Path) -> None:
     np.testing.assert_array_equal(onnx.numpy_helper.to_array(scale), expected)
     weight = next(tensor for tensor in loaded.model.graph.initializer if tensor.name == "W")
     assert not weight.raw_data
+
+
+def test_a_large_external_tensor_of_length_0_is_read_as_its_shape_needs(external_model: Path, tmp_path: Path) -> None:
+    # onnxruntime reads a length of 0 as the size the shape needs; the large tensor stays external, with that length.
+    _with_external_field(external_model, "length", "0")
+    loaded = load_model(external_model)
+    (weight,) = external_tensors(loaded.model)
+    assert {entry.key: entry.value for entry in weight.external_data}["length"] == str(4 * np.prod(LARGE_SHAPE))
+    target = tmp_path / "out"
+    target.mkdir()
+    save_model(loaded.model, target / "saved.onnx", loaded)
+    saved = onnx.load(str(target / "saved.onnx"))
+    for before, after in zip(projection_model().graph.initializer, saved.graph.initializer, strict=True):
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(before), onnx.numpy_helper.to_array(after))
 
 
 def test_external_tensor_without_a_length_field(external_model: Path) -> None:
@@ -380,15 +394,21 @@ def test_an_input_without_a_type_is_refused_as_onnxruntime_refuses_it(tmp_path: 
         load_model(tmp_path / "m.onnx")
 
 
+@pytest.mark.parametrize("length", [None, "0"])
 @pytest.mark.parametrize("output", ["fused.onnx", "out/fused.onnx"])
-def test_external_data_without_a_length_is_read_as_onnxruntime_reads_it(tmp_path: Path, output: str) -> None:
-    # No length: onnx would read each tensor to the end of the shared file, onnxruntime what the shape needs.
+def test_external_data_without_a_length_is_read_as_onnxruntime_reads_it(
+    tmp_path: Path, output: str, length: str | None
+) -> None:
+    # No length: onnx would read each tensor to the end of the shared file, onnxruntime what the shape needs. A length
+    # of 0 onnxruntime reads the same way, where onnx read no bytes (the result failed the checker: no value field).
     path = save_external(tiny_lm(np.float32, fused=False), tmp_path / "m.onnx", "m.data")
     model = onnx.load(path, load_external_data=False)
     for tensor in external_tensors(model):
         kept = [entry for entry in tensor.external_data if entry.key != "length"]
         del tensor.external_data[:]
         tensor.external_data.extend(kept)
+        if length is not None:
+            tensor.external_data.add(key="length", value=length)
     onnx.save(model, path)
     with (tmp_path / "m.data").open("ab") as data:
         data.write(b"\0" * 100)
@@ -399,3 +419,91 @@ def test_external_data_without_a_length_is_read_as_onnxruntime_reads_it(tmp_path
     assert result.exit_code == 0 and "1 TrtfuseRmsNorm" in result.output, result.output
     checked = run_cli("check", path, fused)
     assert checked.exit_code == 0, checked.output
+
+
+def _sparse_bias_lm(folder: Path, external: str, count: int) -> Path:
+    """tiny_lm with its logits biased by the first OUT entries of a sparse table of `count` values, joined with an
+    empty tensor; the table's `external` parts ("values", "indices" or both) and the empty tensor (length 0) are in
+    `m.data`. onnxruntime loads and runs it."""
+    model = tiny_lm(np.float32, fused=False)
+    graph = model.graph
+    graph.node[-1].output[0] = "projected"
+    values = onnx.numpy_helper.from_array(np.linspace(-1.0, 1.0, count, dtype=np.float32), "bias_table")
+    indices = onnx.numpy_helper.from_array(np.arange(count, dtype=np.int64) * 3, "bias_table_indices")
+    empty = onnx.numpy_helper.from_array(np.zeros(0, np.float32), "no_bias")
+    data = b""
+    for part, stored in ((values, "values" in external), (indices, "indices" in external), (empty, True)):
+        if stored:
+            onnx.external_data_helper.set_external_data(part, "m.data", offset=len(data), length=len(part.raw_data))
+            data += part.raw_data
+            part.ClearField("raw_data")
+            part.data_location = onnx.TensorProto.EXTERNAL
+    graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [max(3 * count, OUT)]))
+    graph.initializer.append(empty)
+    graph.initializer.extend(
+        onnx.numpy_helper.from_array(np.array([value], np.int64), name) for value, name in ((0, "zero"), (OUT, "out"))
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Slice", ["bias_table", "zero", "out", "zero"], ["bias_head"], name="bias/slice"),
+            helper.make_node("Concat", ["bias_head", "no_bias"], ["bias"], axis=0, name="bias/concat"),
+            helper.make_node("Add", ["projected", "bias"], ["logits"], name="bias/add"),
+        ]
+    )
+    (folder / "m.data").write_bytes(data)
+    path = folder / "m.onnx"
+    onnx.save(model, path)
+    onnxruntime.InferenceSession(str(path)).run(None, {"input_ids": np.zeros((1, 3), np.int64)})
+    return path
+
+
+def _sparse_arrays(path: Path) -> list[np.ndarray]:
+    """The values and indices of the model's sparse initializers, read from wherever they are stored."""
+    model = onnx.load(path, load_external_data=False)
+    parts = [part for sparse in model.graph.sparse_initializer for part in (sparse.values, sparse.indices)]
+    for part in parts:
+        if onnx.external_data_helper.uses_external_data(part):
+            onnx.external_data_helper.load_external_data_for_tensor(part, str(path.parent))
+    return [onnx.numpy_helper.to_array(part) for part in parts]
+
+
+@pytest.mark.parametrize(
+    ("external", "count"),
+    [("values", 3), ("indices", 3), ("values+indices", 3), ("values+indices", 0), ("values+indices", 150_000)],
+)
+@pytest.mark.parametrize("output", ["fused.onnx", "out/fused.onnx"])
+def test_sparse_and_zero_length_external_data_are_carried(
+    tmp_path: Path, external: str, count: int, output: str
+) -> None:
+    # onnxruntime loads these. Sparse tensors' external data was never copied beside a model written elsewhere (the
+    # result failed the checker), and external sparse indices failed onnx's path-based checker (exit 4).
+    path = _sparse_bias_lm(tmp_path, external, count)
+    (tmp_path / "out").mkdir()
+    fused = tmp_path / output
+    result = run_cli("fuse", path, "-o", fused)
+    assert result.exit_code == 0 and "1 TrtfuseRmsNorm" in result.output, result.output
+    for before, after in zip(_sparse_arrays(path), _sparse_arrays(fused), strict=True):
+        np.testing.assert_array_equal(before, after)
+    written = onnx.load(fused, load_external_data=False)
+    (empty,) = [tensor for tensor in written.graph.initializer if tensor.name == "no_bias"]
+    assert list(empty.dims) == [0]
+    # A large table stays in its data file, which goes with the model.
+    assert bool(external_tensors(written)) is (count == 150_000)
+    checked = run_cli("check", path, fused)
+    assert checked.exit_code == 0, checked.output
+    # compile writes its fused model the same way (exit 3: fused, no engine, where TensorRT is missing).
+    compiled = run_cli("compile", path, "-o", fused.parent / "m.engine", "--shape", "input_ids=1x1:1x4:1x8")
+    assert compiled.exit_code in (0, 3) and "fails the ONNX checker" not in compiled.output, compiled.output
+    assert run_cli("check", path, fused.parent / "m.fused.onnx").exit_code == 0
+
+
+def test_sparse_external_data_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _sparse_bias_lm(folder, "values", 3)
+    (tmp_path / "m.data").write_bytes((folder / "m.data").read_bytes())
+    model = onnx.load(path, load_external_data=False)
+    model.graph.sparse_initializer[0].values.external_data[0].value = "../m.data"
+    onnx.save(model, path)
+    with pytest.raises(TrtfuseError, match="tensor 'bias_table' points outside the model's folder"):
+        load_model(path)

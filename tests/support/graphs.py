@@ -451,11 +451,24 @@ class AttentionSpec:
     k_reads_q: bool = False  # k's Reshape takes its shape from q's normalised output: pairing would make a cycle
     latent_reshape: bool = False  # the kv latent is flattened to 2-D before its up-projection (TorchScript)
     norm: NormSpec = NormSpec()
+    # A bias Add after each q/k/v projection (Qwen2-style): "constant", "cast" (Cast of a constant of another float
+    # dtype), "identity" (Identity of a constant); None for none.
+    bias: str | None = None
 
 
-def _project(b: Builder, x: str, width_in: int, width_out: int, dtype: str) -> str:
+def _project(b: Builder, x: str, width_in: int, width_out: int, dtype: str, bias: str | None = None) -> str:
     weight = b.constant(b.rng.normal(0, width_in**-0.5, (width_in, width_out)), dtype, base="proj")
-    return b.op("MatMul", x, weight)
+    projected = b.op("MatMul", x, weight)
+    if bias is None:
+        return projected
+    values = b.rng.normal(0, 0.1, width_out)
+    if bias == "cast":
+        offset = b.cast(b.constant(values, "float16" if dtype == "float32" else "float32", base="bias"), dtype)
+    elif bias == "identity":
+        offset = b.op("Identity", b.constant(values, dtype, base="bias"))
+    else:
+        offset = b.constant(values, dtype, base="bias")
+    return b.op("Add", projected, offset)
 
 
 def _heads(b: Builder, tensor: str, heads: int, head_dim: int, shape_from: str | None = None) -> str:
@@ -488,9 +501,9 @@ def attention_block(spec: AttentionSpec) -> onnx.ModelProto:
         b.output(_project(b, kv, spec.kv_rank, spec.kv_heads * spec.head_dim, dtype))
         b.output(k_rope)
         return b.model()
-    q = _project(b, normed, HIDDEN, spec.q_heads * spec.head_dim, dtype)
-    k = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype)
-    v = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype)
+    q = _project(b, normed, HIDDEN, spec.q_heads * spec.head_dim, dtype, spec.bias)
+    k = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype, spec.bias)
+    v = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype, spec.bias)
     q_out = _norm_heads(b, q, spec.q_heads, spec, q_norm)
     k_out = _norm_heads(b, k, spec.kv_heads, spec, k_norm, shape_from=q_out if spec.k_reads_q else None)
     for tensor in (q_out, k_out, v):
@@ -790,6 +803,16 @@ def rewidened_weight(x_dtype: str = "float16") -> onnx.ModelProto:
     x32 = x if x_dtype == "float32" else b.cast(x, "float32")
     rounded = b.cast(b.op("Mul", x32, _inverse_root(b, x32, NormSpec())), "float16")
     b.output(b.op("Mul", b.cast(rounded, "float32"), b.weight(HIDDEN, "float32")))
+    return b.model()
+
+
+def widened_norm(x_dtype: str, out_dtype: str) -> onnx.ModelProto:
+    """A 16-bit x widened to fp32, normalised, cast to the other 16-bit dtype and multiplied by a weight of that
+    dtype: the norm reads the widened fp32 x (fp32 in, 16-bit out), the widening Cast stays before it."""
+    b = Builder()
+    x32 = b.cast(b.input("x", [BATCH, SEQUENCE, HIDDEN], x_dtype), "float32")
+    normalized = b.op("Mul", x32, _inverse_root(b, x32, NormSpec()))
+    b.output(b.op("Mul", b.cast(normalized, out_dtype), b.weight(HIDDEN, out_dtype)))
     return b.model()
 
 

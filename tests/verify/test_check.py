@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -18,7 +19,7 @@ from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.model.feeds import DEFAULT_BATCH, DEFAULT_DIM, default_feeds, make_feed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
-from trtfuse.verify.onnxrt import CpuSession
+from trtfuse.verify.onnxrt import CpuSession, lowered_session
 from trtfuse.verify.tolerances import Tolerance, output_error, tolerance_for
 from trtfuse.verify.verdict import CheckResult, computed_dtypes, judge_for, judge_steps
 
@@ -357,28 +358,67 @@ def _with_output(model: onnx.ModelProto, node: onnx.NodeProto, output: onnx.Valu
     return model
 
 
-@pytest.mark.parametrize(
-    ("node", "output", "message"),
-    [
-        (
-            helper.make_node("Cast", ["logits"], ["text"], to=TensorProto.STRING),
-            helper.make_tensor_value_info("text", TensorProto.STRING, LOGITS_SHAPE),
-            "output 'text' holds string values; check compares numeric and bool outputs only",
-        ),
-        (
-            helper.make_node("SequenceConstruct", ["logits"], ["sequence"]),
-            helper.make_tensor_sequence_value_info("sequence", TensorProto.FLOAT, LOGITS_SHAPE),
-            "output 'sequence' is a sequence, not a tensor; check compares tensor outputs only",
-        ),
-    ],
-)
-def test_outputs_without_a_numeric_error_are_one_line(
-    tmp_path: Path, node: onnx.NodeProto, output: onnx.ValueInfoProto, message: str
-) -> None:
-    original = _loaded(_with_output(embedding_norm_model(fused=False), node, output), tmp_path / "original.onnx")
-    fused = _loaded(_with_output(embedding_norm_model(fused=True), node, output), tmp_path / "fused.onnx")
-    with pytest.raises(TrtfuseError, match=re.escape(message)):
-        check_fused(original, fused)
+def _string_output(model: onnx.ModelProto, text: str | None = None) -> onnx.ModelProto:
+    """`model` with a string output: the token ids as text, or one constant `text`."""
+    if text is None:
+        node = helper.make_node("Cast", ["input_ids"], ["text"], to=TensorProto.STRING)
+        output = helper.make_tensor_value_info("text", TensorProto.STRING, ["batch_size", "sequence_length"])
+    else:
+        value = helper.make_tensor("value", TensorProto.STRING, [2], [text.encode(), b"same"])
+        node = helper.make_node("Constant", [], ["text"], value=value)
+        output = helper.make_tensor_value_info("text", TensorProto.STRING, [2])
+    return _with_output(model, node, output)
+
+
+def test_string_outputs_are_compared_for_equality_and_the_rest_as_numbers(tmp_path: Path) -> None:
+    original = _loaded(_string_output(embedding_norm_model(fused=False)), tmp_path / "original.onnx")
+    fused = _loaded(_string_output(embedding_norm_model(fused=True)), tmp_path / "fused.onnx")
+    result = check_fused(original, fused)
+    assert result.passed
+    logits, text = result.errors
+    assert logits.name == "logits"
+    assert logits.error.max_rel <= 1e-5
+    assert (text.name, text.dtype, text.computed_in, text.passed) == ("text", "string", "string", True)
+    assert text.note == "compared for equality"
+    assert text.to_json()["max_abs"] is None
+
+
+def test_a_string_output_that_differs_fails_naming_the_first_difference(tmp_path: Path) -> None:
+    original = _loaded(_string_output(embedding_norm_model(fused=False), "one"), tmp_path / "original.onnx")
+    fused = _loaded(_string_output(embedding_norm_model(fused=True), "two"), tmp_path / "fused.onnx")
+    result = check_fused(original, fused)
+    assert not result.passed
+    logits, text = result.errors
+    assert logits.passed
+    assert not text.passed
+    assert text.note == "1 of 2 strings differ, the first at [0]: 'two', the original's 'one'"
+
+
+def test_string_outputs_pass_in_onnx_reference_evaluator(tmp_path: Path) -> None:
+    original = _loaded(_string_output(embedding_norm_model(fused=False)), tmp_path / "original.onnx")
+    fused = _loaded(_string_output(embedding_norm_model(fused=True)), tmp_path / "fused.onnx")
+    # The evaluator's Cast gives a fixed-width str array where onnxruntime's gives one of objects.
+    evaluator = CpuSession(original, evaluator=True)
+    lowered = lowered_session(fused, evaluator=True)
+    result = judge_steps(evaluator, lowered, default_feeds(original.model, 0), judge_for(original, None), seed=0)
+    assert result.passed
+    assert result.errors[1].note == "compared for equality"
+
+
+def test_non_tensor_outputs_are_not_compared_and_the_rest_is(tmp_path: Path) -> None:
+    def with_sequence(model: onnx.ModelProto) -> onnx.ModelProto:
+        node = helper.make_node("SequenceConstruct", ["logits"], ["sequence"])
+        return _with_output(model, node, helper.make_tensor_sequence_value_info("sequence", TensorProto.FLOAT, None))
+
+    original = _loaded(with_sequence(embedding_norm_model(fused=False)), tmp_path / "original.onnx")
+    fused = _loaded(with_sequence(embedding_norm_model(fused=True)), tmp_path / "fused.onnx")
+    result = check_fused(original, fused)
+    assert result.passed
+    logits, sequence = result.errors
+    assert logits.passed
+    assert sequence.passed is None
+    assert sequence.note == "not compared: a sequence (only tensors of real numbers, bools and strings are compared)"
+    assert sequence.dtype == "sequence"
 
 
 def _set_attribute(node: onnx.NodeProto, name: str, value: object) -> None:
@@ -746,7 +786,7 @@ def _window_verdict(tmp_path: Path, perturb_resident: bool = False) -> CheckResu
         return outputs
 
     feeds = default_feeds(original.model, seed=0)
-    return judge_steps(runner, run_candidate, feeds, judge_for(original, None), seed=0)
+    return judge_steps(runner, contextlib.nullcontext(run_candidate), feeds, judge_for(original, None), seed=0)
 
 
 def test_window_caches_are_judged_on_their_resident_rows_only(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """How `check` holds memory (docs/performance.md, "check memory"): one onnxruntime session alive at a time, each
 released after its last step; the large weights read by onnxruntime from their external data files, never loaded into
 the proto it is given; each 16-bit weight's float32 copy made just before the op that reads it; outputs that do not
-keep a released session's buffers alive."""
+keep a released session's buffers alive. `compare` against an engine holds the engine the same way: loaded after the
+original is released, released before the float32 evaluation loads."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from trtfuse.verify.check import check_fused
 from trtfuse.verify.onnxrt import CpuSession, onnxruntime_session
 from trtfuse.verify.widening import widen_to_float32
 
+from fakes.sessions import OnnxrtEngineSession
 from support.paths import FIXTURES
 
 FP16_FIXTURE = FIXTURES / "llama-dynamo-fp16.onnx"
@@ -166,3 +168,35 @@ def test_the_original_model_proto_is_left_as_loaded(tmp_path: Path, monkeypatch:
     check_fused(loaded, load_model(fused))
     # No weight was read into it: the sessions read them from the file.
     assert loaded.model.SerializeToString() == before
+
+
+def test_compare_loads_the_engine_after_the_original_and_releases_it_before_the_float32_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trtfuse.engine import compare as compare_module
+    from trtfuse.engine import session as session_module
+    from trtfuse.verify.onnxrt import lowered_session
+
+    original, fused = _with_external_weights(FP16_FIXTURE, tmp_path, monkeypatch)
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"engine")
+    # The engine's runtime is the lowered fused model in onnxruntime (no TensorRT here): the ledger counts it as a
+    # session from the engine's load to its release.
+    monkeypatch.setattr(compare_module, "import_tensorrt", lambda: object())
+    engine_runtime = OnnxrtEngineSession.running(lowered_session(load_model(fused), evaluator=False))
+    monkeypatch.setattr(session_module, "EngineSession", engine_runtime)
+    ledger = SessionLedger(monkeypatch)
+    lines: list[str] = []
+    report = compare_module.compare(original, engine, notify=lines.append)
+    assert report.passed and report.result.judged_by == "float32 evaluation"
+    assert len(ledger.models) == 3
+    assert ledger.most_alive == 1
+    assert ledger.alive == 0
+    loads = [line.split(":")[0] for line in lines if line.startswith("loading ")]
+    assert loads == [
+        "loading the original in onnxruntime",
+        "loading the engine in TensorRT",
+        "loading the float32 evaluation of the original in onnxruntime",
+    ]
+    engine_load = next(index for index, line in enumerate(lines) if line.startswith("loading the engine"))
+    assert all(line.startswith("the original:") for line in lines[1:engine_load])

@@ -84,15 +84,43 @@ def add_norm_spec(hidden: int, quantizer: Quantizer) -> AddRmsNormSpec:
     return AddRmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA, quant=quant)
 
 
-def check_quantized(out: torch.Tensor, reference: torch.Tensor, quantizer: Quantizer, what: str) -> None:
-    """Dequantized, within one quantization step plus 2e-2 of the reference's (the benchmark's check_close)."""
+def quantized_agreement(out: torch.Tensor, reference: torch.Tensor, quantizer: Quantizer) -> dict[str, Any]:
+    """How `out`'s codes agree with the reference's, dequantized: elements equal, one quantization step off, and
+    beyond a step and 2e-2 (with the worst such element), and NaN on one side only."""
     ours = out.double() * quantizer.scale
     ref = reference.double() * quantizer.scale
-    if bool((ours.isnan() != ref.isnan()).any()):
+    nan_one_side = int((ours.isnan() != ref.isnan()).sum())
+    ours, ref = ours.nan_to_num(), ref.nan_to_num()
+    diff = (ours - ref).abs()
+    step = quantization_step(ref, quantizer)
+    excess = diff - (step + 2e-2 * ref.abs())
+    beyond = excess > 0
+    worst = int(excess.argmax())
+    return {
+        "elements": diff.numel(),
+        "equal": int((diff == 0).sum()),
+        "one_step": int(((diff > 0) & ~beyond).sum()),
+        "beyond": int(beyond.sum()),
+        "nan_one_side": nan_one_side,
+        "worst_steps": float((diff / step).max()),
+        "worst": {
+            "row": worst // ours.shape[-1],
+            "column": worst % ours.shape[-1],
+            "ours": float(ours.view(-1)[worst]),
+            "reference": float(ref.view(-1)[worst]),
+        },
+    }
+
+
+def check_quantized(out: torch.Tensor, reference: torch.Tensor, quantizer: Quantizer, what: str) -> dict[str, Any]:
+    """Dequantized, within one quantization step plus 2e-2 of the reference's (the benchmark's check_close), and NaN
+    exactly where the reference's is; the agreement, when it holds."""
+    agreement = quantized_agreement(out, reference, quantizer)
+    if agreement["nan_one_side"]:
         raise AssertionError(f"{what}: NaN where the reference has none, or the reverse (unwritten poison?)")
-    step = quantization_step(ref.nan_to_num(), quantizer)
-    if bool(((ours - ref).nan_to_num().abs() > step + 2e-2 * ref.abs().nan_to_num()).any()):
-        raise AssertionError(f"{what}: dequantized values off the reference by more than a step and 2e-2")
+    if agreement["beyond"]:
+        raise AssertionError(f"{what}: dequantized values off the reference by more than a step and 2e-2: {agreement}")
+    return agreement
 
 
 def poisoned_codes(shape: tuple[int, ...], quantizer: Quantizer) -> torch.Tensor:
@@ -115,7 +143,7 @@ def bench_norm_prefill(rows: int, hidden: int, name: str, compiled: bool, copy_g
     row["same_size_copy_us"] = same_size_copy_us(nbytes)
     row["ours_us"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
     reference = norm_reference(xs[0], w, LLAMA, quant=kernel.spec.quant)
-    check_quantized(ys[0], reference, quantizer, f"ours {row['shape']} {name}")
+    row["ours_agreement"] = check_quantized(ys[0], reference, quantizer, f"ours {row['shape']} {name}")
     plain = get_rms_norm(RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA))
     plain.warm_up(rows)
     quantize = fresh_compile(functools.partial(torch_quantize, quantizer=quantizer))
@@ -123,7 +151,7 @@ def bench_norm_prefill(rows: int, hidden: int, name: str, compiled: bool, copy_g
     row["ours_us_again"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
     if compiled:
         fn = fresh_compile(functools.partial(norm_quant, quantizer=quantizer))
-        check_quantized(fn(xs[0], w), reference, quantizer, f"torch.compile {row['shape']} {name}")
+        row["compile_agreement"] = quantized_agreement(fn(xs[0], w), reference, quantizer)
         row["compile_us"] = median_event_us(lambda i: fn(xs[i], w), n_sets)
     _add_pct(row, copy_gbs)
     return row
@@ -145,13 +173,13 @@ def bench_add_norm_prefill(rows: int, hidden: int, name: str, compiled: bool, co
     row["same_size_copy_us"] = same_size_copy_us(nbytes)
     row["ours_us"] = median_event_us(lambda i: kernel(xs[i], rs[i], w, ys[i], hs[i]), n_sets)
     reference, h = add_norm_reference(xs[0], rs[0], w, LLAMA, quant=kernel.spec.quant)
-    check_quantized(ys[0], reference, quantizer, f"ours add {row['shape']} {name}")
+    row["ours_agreement"] = check_quantized(ys[0], reference, quantizer, f"ours add {row['shape']} {name}")
     if not torch.equal(hs[0], h):
         raise AssertionError(f"ours add {row['shape']}: h differs from D(x + residual)")
     row["ours_us_again"] = median_event_us(lambda i: kernel(xs[i], rs[i], w, ys[i], hs[i]), n_sets)
     if compiled:
         fn = fresh_compile(functools.partial(add_norm_quant, quantizer=quantizer))
-        check_quantized(fn(xs[0], rs[0], w)[0], reference, quantizer, f"torch.compile add {row['shape']} {name}")
+        row["compile_agreement"] = quantized_agreement(fn(xs[0], rs[0], w)[0], reference, quantizer)
         row["compile_us"] = median_event_us(lambda i: fn(xs[i], rs[i], w), n_sets)
     _add_pct(row, copy_gbs)
     return row
@@ -189,11 +217,13 @@ def bench_decode(rows: int, kind: str, name: str, compiled: bool) -> dict[str, A
         kernel.launch(*pointers, rows, torch.cuda.current_stream().cuda_stream)
 
     row["ours_graph_us"] = graph_replay_us(raw_launch)
-    check_quantized(y, reference, quantizer, f"decode {kind} rows={rows} {name}")
+    row["ours_agreement"] = check_quantized(y, reference, quantizer, f"decode {kind} rows={rows} {name}")
     row["ours_graph_us_again"] = graph_replay_us(raw_launch)
     if compiled:
         fn = fresh_compile(functools.partial(baseline, quantizer=quantizer))
-        fn(*args)
+        compiled_y = fn(*args)
+        compiled_y = compiled_y[0] if isinstance(compiled_y, tuple) else compiled_y
+        row["compile_agreement"] = quantized_agreement(compiled_y, reference, quantizer)
         row["compile_graph_us"] = graph_replay_us(lambda: fn(*args))
     return row
 
@@ -297,29 +327,38 @@ def quant_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
     return checks
 
 
+def _disagreement(row: dict[str, Any]) -> str:
+    """torch.compile's codes against the reference, where they are off by more than one step."""
+    agreement = row["compile_agreement"]
+    if not agreement["beyond"] and not agreement["nan_one_side"]:
+        return ""
+    return f" (off: {agreement['beyond']} beyond a step, worst {agreement['worst_steps']:.1f} steps)"
+
+
 def print_quant_report(report: dict[str, Any]) -> None:
     print("\nQuantized norms, bf16 rows (Llama), event-timed medians, µs and % of the copy bandwidth")
     print("('ours' twice: first and last timing; 'copy' = the same-size copy; 'norm+Q' = our plain norm, then")
-    print(" torch.compile's quantize; 'compile' = torch.compile of the norm and the quantize, one fused kernel)")
+    print(" torch.compile's quantize; 'compile' = torch.compile of the norm and the quantize, one fused kernel;")
+    print(" 'off' = torch.compile's codes more than one quantization step from the reference's, which ours never are)")
     for r in report["quant_norm_prefill"]:
         line = f"  norm->{r['out']:<4} {r['shape']:>11} | copy {r['same_size_copy_us']:6.1f}"
         line += f" | ours {r['ours_us']:6.1f} {r['ours_us_again']:6.1f} ({r['ours_pct_same_size_copy']:5.1f}% of copy)"
         line += f" | norm+Q {r['separate_us']:6.1f}"
         if "compile_us" in r:
-            line += f" | compile {r['compile_us']:6.1f}"
+            line += f" | compile {r['compile_us']:6.1f}{_disagreement(r)}"
         print(line)
     for r in report["quant_add_norm_prefill"]:
         line = f"  add(fq)->{r['out']:<4} {r['shape']:>9} | copy {r['same_size_copy_us']:6.1f}"
         line += f" | ours {r['ours_us']:6.1f} {r['ours_us_again']:6.1f} ({r['ours_pct_same_size_copy']:5.1f}% of copy)"
         if "compile_us" in r:
-            line += f" | compile {r['compile_us']:6.1f}"
+            line += f" | compile {r['compile_us']:6.1f}{_disagreement(r)}"
         print(line)
     print(f"\nQuantized decode, bf16, H={DECODE_HIDDEN}: µs per call in CUDA-graph replay")
     for r in report["quant_decode"]:
         line = f"  {r['kind']:>8}->{r['out']:<4} rows {r['rows']:>3}: ours {r['ours_graph_us']:.2f} / "
         line += f"{r['ours_graph_us_again']:.2f}"
         if "compile_graph_us" in r:
-            line += f"  torch.compile {r['compile_graph_us']:.2f}"
+            line += f"  torch.compile {r['compile_graph_us']:.2f}{_disagreement(r)}"
         print(line)
     print("\nTiling of a 1-byte y (norm->fp8, H=4096): vectors of 16 per thread, µs ('*' = the rule)")
     for r in report["quant_tilings"]:

@@ -196,10 +196,21 @@ def _verdict_line(result: CheckResult, generation: GenerationVerdict | None) -> 
     if generation is not None and not generation.passed:
         return generation.verdict_line()
     judged = sum(len(step.judged) for step in result.steps)
-    left_out = sum(len(step.outputs) for step in result.steps) - judged
-    unjudged = f", {left_out} left out (they differ between runs of the original)" if left_out else ""
     generated = f"; {generation.agreement()}" if generation is not None else ""
-    return f"all {judged} outputs pass ({_judged_by_text(result)}){unjudged}{generated}"
+    return f"all {judged} outputs pass ({_judged_by_text(result)}){_unjudged_text(result)}{generated}"
+
+
+def _unjudged_text(result: CheckResult) -> str:
+    """What the verdict left out and why: outputs two runs of the original disagree on, and outputs (named, as -q
+    prints no table) with no value to compare."""
+    outputs = [output for step in result.steps for output in step.outputs if output.passed is None]
+    left_out = sum(output.compared for output in outputs)
+    uncompared = sorted({output.name for output in outputs if not output.compared})
+    text = f", {left_out} left out (they differ between runs of the original)" if left_out else ""
+    if uncompared:
+        names = ", ".join(f"'{printable(name)}'" for name in uncompared)
+        text += f", not compared: {names} (no tensor of real numbers, bools or strings)"
+    return text
 
 
 def _judged_by_text(result: CheckResult) -> str:
@@ -214,7 +225,7 @@ def _failure_line(result: CheckResult) -> str:
     failed = sum(1 for step in result.steps for output in step.judged if not output.passed)
     empty = [step.name for step in result.steps if not step.judged]
     if empty and not failed:
-        return f"no output could be judged at step {', '.join(empty)}: every one differs between runs of the original"
+        return f"no output could be judged at step {', '.join(empty)}: {_unjudged_text(result).removeprefix(', ')}"
     return f"{failed} output(s) fail"
 
 

@@ -319,10 +319,10 @@ def _generation(
     original: LoadedModel, candidate_path: Path, steps: int, prompt_ids: tuple[int, ...] | None, seed: int
 ) -> GenerationVerdict:
     """`compare --generate`: against the engine in TensorRT, or the fused model lowered on the CPU as `check`."""
-    from trtfuse.engine.compare import is_engine
+    from trtfuse.engine.engine_file import is_onnx_model_path
     from trtfuse.generate.agreement import check_generation, compare_generation
     from trtfuse.model.onnx_file import load_model
 
-    if is_engine(candidate_path):
-        return compare_generation(original, candidate_path, steps, prompt_ids, seed, notify=info)
-    return check_generation(original, load_model(candidate_path), steps, prompt_ids, seed, notify=info)
+    if is_onnx_model_path(candidate_path):
+        return check_generation(original, load_model(candidate_path), steps, prompt_ids, seed, notify=info)
+    return compare_generation(original, candidate_path, steps, prompt_ids, seed, notify=info)

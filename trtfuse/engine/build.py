@@ -111,16 +111,47 @@ def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> i
     return flags
 
 
-def quantized_output_dtypes(fused: LoadedModel) -> set[str]:
-    """The quantized dtypes (FP8 / INT8) of the fused graph's plugin outputs: each quantized node's output stage's."""
-    dtypes = set()
+def quantized_nodes(fused: LoadedModel) -> dict[str, contract.QuantParams]:
+    """Each quantized trtfuse node's quantizers, by node name."""
+    nodes = {}
     for node in fused.model.graph.node:
         op = contract.OPS.get(node.op_type) if node.domain == contract.ONNX_DOMAIN else None
         if op is not None and op.quantized:
-            quantizer = from_node(node, f"{fused.path}: node '{node.name}'").output_quantizer
-            if quantizer is not None:
-                dtypes.add(quantizer.dtype)
-    return dtypes
+            nodes[node.name] = from_node(node, f"{fused.path}: node '{node.name}'").quant
+    return nodes
+
+
+def quantized_output_dtypes(fused: LoadedModel) -> set[str]:
+    """The quantized dtypes (FP8 / INT8) of the fused graph's plugin outputs: each quantized node's output stage's."""
+    return {quant.output.dtype for quant in quantized_nodes(fused).values() if quant.output is not None}
+
+
+def fp8_nodes(fused: LoadedModel) -> list[str]:
+    """The quantized nodes with an FP8 stage (output, fake-quantized input or inverse root), whose kernels need an
+    sm_89 GPU."""
+    return [
+        name
+        for name, quant in quantized_nodes(fused).items()
+        if any(quant.at(stage).dtype == "float8_e4m3fn" for stage in quant.stages)
+    ]
+
+
+def refuse_fp8_on_older_gpus(fused: LoadedModel) -> None:
+    """One line before any work where this GPU cannot run the model's FP8 stages (TensorRT would otherwise fail
+    inside the plugins' callbacks)."""
+    names = fp8_nodes(fused)
+    if not names:
+        return
+    from trtfuse.kernels.device import current_device, fp8_refusal
+
+    refusal = fp8_refusal(current_device())
+    if refusal is not None:
+        nodes = (
+            f"node '{names[0]}' and {len(names) - 1} more quantize"
+            if len(names) > 1
+            else f"node '{names[0]}' quantizes"
+        )
+        raise MissingDependencyError(f"{fused.path}: {nodes} to FP8: {refusal}")
 
 
 def shape_tensor_inputs(network: object) -> set[str]:
@@ -211,6 +242,7 @@ def build_engine(
     quant_refusal = quant_refusal_of(trt, quantized_output_dtypes(fused))
     if quant_refusal is not None:
         raise MissingDependencyError(f"{fused.path}: {quant_refusal}; its quantized trtfuse nodes output FP8 or INT8")
+    refuse_fp8_on_older_gpus(fused)
     options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
     timing_cache_bytes, set_aside = read_timing_cache(options.timing_cache, options.plugins, trtfuse.__version__)
     if set_aside is not None:

@@ -1,17 +1,17 @@
 """`trtfuse compare`: the original model against a TensorRT engine or, where there is none (CI), against the fused
 ONNX model, which is `trtfuse check` itself. Either way the steps, runs and verdict are `verify.verdict.judge_steps`'s;
-only the candidate differs (for an engine, an `EngineSession`).
+only the candidate differs (for an engine, an `EngineSession`, loaded after the original's runs and released before
+the float32 evaluation's).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from trtfuse.engine.engine_file import EngineFile, is_onnx_model_path
-from trtfuse.engine.session import ENGINE_RUNNER, EngineSession
+from trtfuse.engine.session import ENGINE_RUNNER, engine_steps
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.files import OutputPlan, check_readable
 from trtfuse.model.feeds import StepFeed
@@ -46,10 +46,6 @@ class ComparisonReport:
         }
 
 
-def is_engine(path: Path) -> bool:
-    return not is_onnx_model_path(path)
-
-
 def compare(
     original_path: Path,
     candidate_path: Path,
@@ -75,7 +71,7 @@ def compare(
     original = loaded_original if loaded_original is not None else load_model(original_path)
     check_original_unfused(original)
     plan = (plan or OutputPlan()).read(*original.files).write("saved inputs", save_inputs)
-    if not is_engine(candidate_path):
+    if is_onnx_model_path(candidate_path):
         fused = load_model(candidate_path)
         plan.read(*fused.files).check()
         result = check_fused(
@@ -99,20 +95,8 @@ def compare(
     )
     judge = judge_for(original, tolerance)
     runner, note = original_session(original, notify)
-    notify(f"loading the engine in TensorRT: {candidate_path}")
-    with _polygraphy_quiet(), EngineSession(engine) as session:
-        step_seed = None if inputs_file else seed
-        result = judge_steps(runner, session.infer, feeds, judge, step_seed, inputs_file, note, notify, "the engine")
+    # The engine loads when its turn comes, after the original's runs, and is gone before the float32 evaluation.
+    candidate = engine_steps(engine, notify)
+    step_seed = None if inputs_file else seed
+    result = judge_steps(runner, candidate, feeds, judge, step_seed, inputs_file, note, notify, "the engine")
     return ComparisonReport(original_path, candidate_path, ENGINE_RUNNER, result)
-
-
-@contextlib.contextmanager
-def _polygraphy_quiet() -> Iterator[None]:
-    """trtfuse prints its own report and error line; Polygraphy's log, even its critical line, would repeat them."""
-    try:
-        from polygraphy.logger import G_LOGGER
-    except ImportError:
-        yield
-        return
-    with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
-        yield

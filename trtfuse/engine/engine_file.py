@@ -30,6 +30,8 @@ ONNX_SUFFIXES = (".onnx", ".onnxtxt")
 
 
 def is_onnx_model_path(path: Path) -> bool:
+    """Whether `path` names an ONNX model (else an engine): the one rule by which `compare`, `compare --generate` and
+    `generate` choose the CPU or TensorRT, and by which engine paths are refused."""
     return path.suffix.lower() in ONNX_SUFFIXES
 
 

@@ -5,8 +5,9 @@ and `polygraphy run --trtfuse` all run engines through it; what fails is one lin
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -95,3 +96,27 @@ class EngineSession:
             self.runner.deactivate()
             self.runner = None
             gc.collect()
+
+
+@contextlib.contextmanager
+def engine_steps(
+    engine: EngineFile, notify: Callable[[str], None] | None = None
+) -> Iterator[Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]]:
+    """The engine's step function (`EngineSession.infer`: each feed in the profile that holds it), the engine loaded
+    on entry, when `notify` hears so, and destroyed on exit; Polygraphy's log kept quiet: trtfuse prints its own
+    report and error line, and Polygraphy's, even its critical line, would repeat them."""
+    if notify is not None:
+        notify(f"loading the engine in TensorRT: {engine.path}")
+    with _polygraphy_quiet(), EngineSession(engine) as session:
+        yield session.infer
+
+
+@contextlib.contextmanager
+def _polygraphy_quiet() -> Iterator[None]:
+    try:
+        from polygraphy.logger import G_LOGGER
+    except ImportError:
+        yield
+        return
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
+        yield

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from trtfuse.engine.engine_file import EngineFile
-from trtfuse.engine.session import ENGINE_RUNNER
+from trtfuse.engine.session import ENGINE_RUNNER, engine_steps
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.generate.interface import GenerationInterface, generation_interface
 from trtfuse.generate.loop import Generation, default_prompt, greedy_generate, logits_along
@@ -38,7 +38,6 @@ from trtfuse.generate.runners import (
     LOWERED_RUNNER,
     ORIGINAL_RUNNER,
     check_engine_holds,
-    engine_step,
     run_notes,
     runner_name,
 )
@@ -335,7 +334,7 @@ def compare_generation(
     runner, note = original_session(original, heard)
     with runner:
         expected = _generated(runner.run, "the original", interface, chosen, steps, use_cache, heard)
-    candidate = functools.partial(_engine_steps, engine, heard)
+    candidate = functools.partial(engine_steps, engine, heard)
     with candidate() as run:
         actual = _generated(run, "the engine", interface, chosen, steps, use_cache, heard)
     notes = [note, *notes] if note else notes
@@ -351,13 +350,6 @@ def _cpu_steps(session: CpuSession, notify: Notify) -> Iterator[StepFunction]:
     notify(loading_line(LOWERED_NAME, session))
     with session:
         yield session.run
-
-
-@contextlib.contextmanager
-def _engine_steps(engine: EngineFile, notify: Notify) -> Iterator[StepFunction]:
-    notify(f"loading the engine in TensorRT: {engine.path}")
-    with engine_step(engine) as run:
-        yield run
 
 
 CandidateSteps = Callable[[], contextlib.AbstractContextManager[StepFunction]]

@@ -19,6 +19,9 @@ from trtfuse.verify.onnxrt import Notify, StepFunction, quiet
 
 # The default prompt's length, when the caller gives none.
 DEFAULT_PROMPT_LENGTH = 5
+# The least time between two "token k of N" lines but the first and the last: a line per token would be a thousand
+# lines for 1000 steps, most of them within one second (Polygraphy's own progress lines keep a second apart).
+PROGRESS_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,24 @@ class Generation:
         }
 
 
+class ThrottledNotify:
+    """Passes a progress line on to `notify` when it is the first, the last, or `interval` seconds of `clock` after
+    the last one passed on; the others are dropped."""
+
+    def __init__(self, notify: Notify, clock: Callable[[], float], interval: float = PROGRESS_INTERVAL_S) -> None:
+        self._notify = notify
+        self._clock = clock
+        self._interval = interval
+        self._shown: float | None = None
+
+    def __call__(self, line: str, last: bool = False) -> None:
+        now = self._clock()
+        if self._shown is not None and not last and now - self._shown < self._interval:
+            return
+        self._shown = now
+        self._notify(line)
+
+
 def default_prompt(interface: GenerationInterface, seed: int, length: int = DEFAULT_PROMPT_LENGTH) -> list[int]:
     """A few token ids inside the model's vocabulary, drawn from `seed` (ids below 2 where the size is unknown)."""
     check_seed(seed)
@@ -98,7 +119,8 @@ def greedy_generate(
     """`steps` greedy tokens after `prompt`, each step timed around `run`; the request is checked first (one line
     for an empty prompt, an id outside the vocabulary, too many positions, a model it cannot drive). `warm_up` runs
     the first step once untimed before: a runtime's first run allocates and initialises, which is no latency of the
-    model's. `notify` hears "token k of N" before each step. `follow` (another generation's tokens) is fed after the
+    model's. `notify` hears "token k of N" before the first step, the last, and others at most once a second of
+    `clock` (`ThrottledNotify`), which also times the steps. `follow` (another generation's tokens) is fed after the
     first len(follow) steps in place of the model's own choices, which the records still hold."""
     prompt = [int(token) for token in prompt]
     interface.check_drivable(use_cache)
@@ -106,6 +128,7 @@ def greedy_generate(
     records = []
     sequence = list(prompt)
     cache: dict[str, np.ndarray] | None = None
+    progress = ThrottledNotify(notify, clock)
     if warm_up:
         run(interface.feed(prompt, 0))
     for index in range(steps):
@@ -115,7 +138,7 @@ def greedy_generate(
         else:
             fed, past = sequence, 0
         feed = interface.feed(fed, past, cache)
-        notify(f"token {index + 1} of {steps}")
+        progress(f"token {index + 1} of {steps}", last=index == steps - 1)
         start = clock()
         outputs = run(feed)
         seconds = clock() - start

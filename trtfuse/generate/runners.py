@@ -9,22 +9,21 @@ model its sidecar names.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from trtfuse.engine.engine_file import EngineFile
+from trtfuse.engine.engine_file import EngineFile, is_onnx_model_path
 from trtfuse.engine.profiles import Profile
-from trtfuse.engine.session import ENGINE_RUNNER, EngineSession
+from trtfuse.engine.session import ENGINE_RUNNER, engine_steps
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.fusion.fused_nodes import plugin_node_counts
 from trtfuse.generate.interface import GenerationInterface, generation_interface
-from trtfuse.generate.loop import Generation, StepFunction, default_prompt, greedy_generate, repeated
+from trtfuse.generate.loop import Generation, default_prompt, greedy_generate, repeated
 from trtfuse.model.feeds import check_seed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.onnxrt import CpuSession, Notify, loading_line, lowered_session, original_session, quiet
@@ -80,10 +79,6 @@ def cpu_session(model: LoadedModel, notify: Notify = quiet) -> tuple[CpuSession,
     return lowered, runner_name(lowered, lowered=True), note
 
 
-def is_engine(path: Path) -> bool:
-    return path.suffix.lower() != ".onnx"
-
-
 def generate_file(
     model_path: Path,
     steps: int,
@@ -102,7 +97,7 @@ def generate_file(
     if runs < 1:
         raise OptionError("repeat", f"{runs} runs: generation runs at least once")
     check_seed(seed)
-    if is_engine(model_path):
+    if not is_onnx_model_path(model_path):
         return _generate_engine(model_path, steps, prompt, seed, use_cache, runs, warn, notify)
     loaded = load_model(model_path)
     interface = generation_interface(loaded.model, str(model_path))
@@ -162,32 +157,12 @@ def _generate_engine(
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     _warn_positions(interface, len(chosen), steps, warn)
     import_tensorrt()
-    notify(f"loading the engine in TensorRT: {engine_path}")
-    with engine_step(engine) as run:
+    with engine_steps(engine, notify) as run:
         generation = repeated(
             lambda: greedy_generate(run, interface, chosen, steps, use_cache=use_cache, warm_up=True, notify=notify),
             runs,
         )
     return GenerationRun(engine_path, ENGINE_RUNNER, generation, tuple(run_notes(interface, use_cache)))
-
-
-@contextlib.contextmanager
-def engine_step(engine: EngineFile) -> Iterator[StepFunction]:
-    """The engine's step function, each feed in the first profile that holds it; Polygraphy's log kept quiet (the
-    errors come back as trtfuse's one line)."""
-    with _polygraphy_quiet(), EngineSession(engine) as session:
-        yield session.infer
-
-
-@contextlib.contextmanager
-def _polygraphy_quiet() -> Iterator[None]:
-    try:
-        from polygraphy.logger import G_LOGGER
-    except ImportError:
-        yield
-        return
-    with G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1):
-        yield
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,10 @@ from pathlib import Path
 from trtfuse.kernels.api import qk_norm_tilings, rms_norm_tiling
 from trtfuse.kernels.cache import cache_folder, default_cache_root, write_cache_file
 from trtfuse.kernels.compiler import (
-    FP8_MIN_SM,
     AddRmsNormVariant,
     QkNormVariant,
     RmsNormVariant,
     Variant,
-    arch_sm,
     compile_aot_variant,
 )
 from trtfuse.kernels.declaration import (
@@ -35,6 +33,7 @@ from trtfuse.kernels.declaration import (
     qk_norm_params,
     rms_norm_params,
 )
+from trtfuse.kernels.device import FP8_MIN_SM, arch_sm
 from trtfuse.kernels.norm_kernel import smem_bytes
 from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
 from trtfuse.kernels.tiling import Regime

@@ -12,6 +12,7 @@ from cutlass.cute.runtime import make_ptr
 from cutlass.runtime import make_fake_stream
 
 from trtfuse.contract import rounding_dtype
+from trtfuse.kernels.device import FP8_MIN_SM, arch_sm
 from trtfuse.kernels.norm_kernel import (
     CUTLASS_DTYPES,
     NormMath,
@@ -60,15 +61,6 @@ def _math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> NormMath:
     if quant is None:
         return NormMath(spec.params, rounding)
     return NormMath(spec.params, rounding, quant, spec.out_dtype if quant.output is not None else None)
-
-
-# cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.f16x2.e4m3x2 (PTX ISA: sm_89 and newer).
-FP8_MIN_SM = 89
-
-
-def arch_sm(arch: str) -> int:
-    """The compute capability of a CuTeDSL arch string as a number: "sm_90a" -> 90."""
-    return int("".join(c for c in arch if c.isdigit()))
 
 
 def _check_arch(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, arch: str) -> None:

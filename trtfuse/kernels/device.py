@@ -14,6 +14,15 @@ DEFAULT_ARCH = "sm_90a"
 DEFAULT_SM_COUNT = 132
 
 
+# cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.f16x2.e4m3x2 (PTX ISA: sm_89 and newer).
+FP8_MIN_SM = 89
+
+
+def arch_sm(arch: str) -> int:
+    """The compute capability of a CuTeDSL arch string as a number: "sm_90a" -> 90."""
+    return int("".join(c for c in arch if c.isdigit()))
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     arch: str  # CuTeDSL's --gpu-arch, e.g. "sm_90a"
@@ -52,6 +61,14 @@ def current_device() -> DeviceInfo:
     minor = _attribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
     sms = _attribute(attrs.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
     return DeviceInfo(arch=arch_for(major, minor), sm_count=sms, has_gpu=True)
+
+
+def fp8_refusal(device: DeviceInfo) -> str | None:
+    """Why `device` cannot run an FP8 quantizer stage, naming its architecture; None where it can (or, without a
+    GPU, where nothing runs here)."""
+    if device.has_gpu and arch_sm(device.arch) < FP8_MIN_SM:
+        return f"FP8 needs a GPU of sm_{FP8_MIN_SM} or newer and this one is {device.arch}"
+    return None
 
 
 def driver_version() -> int | None:

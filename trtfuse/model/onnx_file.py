@@ -71,24 +71,42 @@ class _ExternalRef:
 
 
 def iter_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Every dense tensor of the model: initializers and node attributes, subgraphs and functions included."""
+    """Every tensor proto of the model: initializers and node attributes, the values and indices of sparse ones
+    (which may hold external data too), subgraphs and functions included."""
+    for tensor in _stored_tensors(model):
+        if isinstance(tensor, onnx.SparseTensorProto):
+            yield tensor.values
+            yield tensor.indices
+        else:
+            yield tensor
+
+
+def _sparse_tensors(model: onnx.ModelProto) -> list[onnx.SparseTensorProto]:
+    return [tensor for tensor in _stored_tensors(model) if isinstance(tensor, onnx.SparseTensorProto)]
+
+
+def _stored_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto | onnx.SparseTensorProto]:
     yield from _graph_tensors(model.graph)
     for function in model.functions:
         for node in function.node:
             yield from _node_tensors(node)
 
 
-def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto | onnx.SparseTensorProto]:
     yield from graph.initializer
+    yield from graph.sparse_initializer
     for node in graph.node:
         yield from _node_tensors(node)
 
 
-def _node_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+def _node_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto | onnx.SparseTensorProto]:
     for attribute in node.attribute:
         if attribute.HasField("t"):
             yield attribute.t
         yield from attribute.tensors
+        if attribute.HasField("sparse_tensor"):
+            yield attribute.sparse_tensor
+        yield from attribute.sparse_tensors
         if attribute.HasField("g"):
             yield from _graph_tensors(attribute.g)
         for subgraph in attribute.graphs:
@@ -162,15 +180,16 @@ def _external_ref(tensor: onnx.TensorProto, path: Path) -> _ExternalRef:
         raise TrtfuseError(f"{path}: tensor '{tensor.name}' has an external data location with a NUL byte")
     try:
         offset = int(fields.get("offset", 0))
-        # Without a length field the payload is exactly the tensor's dims times its element size.
-        length = int(fields["length"]) if "length" in fields else _payload_bytes(tensor)
+        length = int(fields.get("length", 0))
+        # Without a length, or with a length of 0, onnxruntime reads exactly the tensor's dims times its element size.
+        payload = length or _payload_bytes(tensor)
     except (ValueError, TypeError, KeyError):
         raise TrtfuseError(f"{path}: tensor '{tensor.name}' has a malformed external data offset or length") from None
     if offset < 0 or length < 0:
         raise TrtfuseError(
             f"{path}: tensor '{tensor.name}' has a negative external data offset or length ({offset}, {length})"
         )
-    return _ExternalRef(location=location, offset=offset, length=length)
+    return _ExternalRef(location=location, offset=offset, length=payload)
 
 
 def _payload_bytes(tensor: onnx.TensorProto) -> int:
@@ -184,10 +203,9 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
     sizes: dict[Path, int] = {}
     for tensor in external_tensors(model):
         ref = _external_ref(tensor, path)
-        # onnx reads a tensor without a length to the end of its file, onnxruntime only what its shape needs: say
-        # so, and every reader (and the fused model) reads what onnxruntime reads.
-        if all(entry.key != "length" for entry in tensor.external_data):
-            tensor.external_data.add(key="length", value=str(ref.length))
+        # onnx reads a tensor without a length to the end of its file and one of length 0 as no bytes, onnxruntime
+        # only what its shape needs: say so, and every reader (and the fused model) reads what onnxruntime reads.
+        _set_length(tensor, ref.length)
         data_path = resolved(folder / ref.location)
         if Path(ref.location).is_absolute() or not is_inside(data_path, folder):
             raise TrtfuseError(
@@ -203,6 +221,16 @@ def _check_external_data(model: onnx.ModelProto, path: Path, folder: Path) -> No
                 f"{path}: tensor '{tensor.name}' reads bytes {ref.offset}-{end} of '{ref.location}', "
                 f"which holds only {sizes[data_path]}"
             )
+
+
+def _set_length(tensor: onnx.TensorProto, length: int) -> None:
+    lengths = [entry for entry in tensor.external_data if entry.key == "length"]
+    if [entry.value for entry in lengths] == [str(length)]:
+        return
+    kept = [entry for entry in tensor.external_data if entry.key != "length"]
+    del tensor.external_data[:]
+    tensor.external_data.extend(kept)
+    tensor.external_data.add(key="length", value=str(length))
 
 
 def _check_graph(path: Path, model: onnx.ModelProto) -> None:
@@ -271,9 +299,13 @@ def check_model_file(path: Path, model: onnx.ModelProto) -> None:
     things onnxruntime reads and the checker refuses make it check in memory instead, as onnxruntime reads the model:
     onnxruntime contrib ops in the default domain (moved to onnxruntime's domain, where the checker skips them) and
     graph inputs or outputs that declare no type or no shape (onnxruntime infers them; the check sees a placeholder
-    type). External tensors are emptied for it (`_check_external_data` has checked their files), so nothing is
-    written beside the model: its folder may be read-only.
+    type). A sparse tensor with external data is checked in memory from the start: the path-based checker parses
+    sparse indices, which it cannot read from a file. External tensors are emptied for it (`_check_external_data`
+    has checked their files), so nothing is written beside the model: its folder may be read-only.
     """
+    if any(_holds_external_data(tensor) for tensor in _sparse_tensors(model)):
+        _check_as_onnxruntime_reads_it(model, path.absolute().parent)
+        return
     try:
         onnx.checker.check_model(str(path))
     except UnicodeDecodeError:
@@ -309,6 +341,12 @@ def _check_as_onnxruntime_reads_it(model: onnx.ModelProto, folder: Path) -> None
             node.domain = ONNXRUNTIME_DOMAIN
     if all(opset.domain != ONNXRUNTIME_DOMAIN for opset in remapped.opset_import):
         remapped.opset_import.append(helper.make_opsetid(ONNXRUNTIME_DOMAIN, 1))
+    for sparse in _sparse_tensors(remapped):
+        # Emptied below, a sparse tensor's external part would no longer match its other part's count of values.
+        if _holds_external_data(sparse):
+            for part in (sparse.values, sparse.indices):
+                if not external_data_helper.uses_external_data(part):
+                    _empty(part)
     for tensor in external_tensors(remapped):
         location = {entry.key: entry.value for entry in tensor.external_data}.get("location", "")
         # The one external-data rule of the path-based checker that `_check_external_data` does not apply.
@@ -317,11 +355,20 @@ def _check_as_onnxruntime_reads_it(model: onnx.ModelProto, folder: Path) -> None
                 f"Data of TensorProto ( tensor name: {tensor.name}) should be stored in {location}, but it has "
                 "multiple hard links"
             )
-        name, data_type = tensor.name, tensor.data_type
-        tensor.Clear()
-        tensor.name, tensor.data_type = name, data_type
-        tensor.dims.append(0)
+        _empty(tensor)
     onnx.checker.check_model(remapped)
+
+
+def _holds_external_data(sparse: onnx.SparseTensorProto) -> bool:
+    return any(external_data_helper.uses_external_data(part) for part in (sparse.values, sparse.indices))
+
+
+def _empty(tensor: onnx.TensorProto) -> None:
+    """`tensor` with no elements, its name and type kept: what the structural check needs of it."""
+    name, data_type = tensor.name, tensor.data_type
+    tensor.Clear()
+    tensor.name, tensor.data_type = name, data_type
+    tensor.dims.append(0)
 
 
 def data_copies(model: onnx.ModelProto, path: Path, source: LoadedModel | None) -> list[Path]:

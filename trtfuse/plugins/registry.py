@@ -23,16 +23,16 @@ from trtfuse.plugins.trt_module import load_trt
 # `c_str()` of a string in a local tuple that is destroyed on return (python/src/infer/pyPlugin.cpp), so TensorRT reads
 # freed memory for every name longer than the string's inline buffer; 10.14 keeps the name in a member.
 AOT_MIN_TENSORRT = (10, 14)
-# The first TensorRT that takes a quantized node's FP8 / INT8 outputs (docs/plugins.md, "Quantized outputs: which
-# TensorRT"). TensorRT's headers document them for IPluginV3, which arrived in 10.0: getOutputDataTypes excludes only
-# kBOOL and kUINT8 (NvInferRuntime.h@v10.0.0:835 to @v11.1:916), and in weakly typed networks BuilderFlag::kFP8
-# "Enable plugins with FP8 input/output" (NvInfer.h@v10.1.0:8227, deprecated in 10.12 for strong typing, gone in
-# 11.0). trtfuse builds strongly typed networks, whose tensor types are the network's own, with no precision flag
-# (trtexec turns kFP8 and kINT8 off for them: samples/common/sampleOptions.cpp@v10.14:1285-1301) and no INT8 dynamic
-# range: the plugins read no PluginTensorDesc::scale, implicit quantization's ("TensorRT will set the value to -1.0F
-# if it is invalid", NvInferRuntimePlugin.h@v11.1:66-67); the node carries its own scale.
-# 8.6 still called kFP8 "not supported yet" (NvInferRuntimeBase.h@v8.6.1:152).
-QUANT_MIN_TENSORRT = (10, 0)
+# The first TensorRT that takes a quantized node's outputs, per dtype (docs/plugins.md, "Quantized outputs: which
+# TensorRT"). IPluginV3 arrived in 10.0, whose getOutputDataTypes excludes only kBOOL and kUINT8
+# (NvInferRuntime.h@v10.0.0:835 to @v11.1:916): INT8 from there. FP8 plugin I/O is first documented in 10.1, where
+# BuilderFlag::kFP8 became "Enable plugins with FP8 input/output" (NvInfer.h@v10.1.0:8227; 10.0 says only "Enable FP8
+# layer selection, with FP32 fallback"; deprecated in 10.12 for strong typing, gone in 11.0). trtfuse builds strongly
+# typed networks, whose tensor types are the network's own, with no precision flag (trtexec turns kFP8 and kINT8 off
+# for them: samples/common/sampleOptions.cpp@v10.14:1285-1301) and no INT8 dynamic range: the plugins read no
+# PluginTensorDesc::scale, implicit quantization's ("TensorRT will set the value to -1.0F if it is invalid",
+# NvInferRuntimePlugin.h@v11.1:66-67); the node carries its own scale.
+QUANT_MIN_TENSORRT = {"int8": (10, 0), "float8_e4m3fn": (10, 1)}
 # The trt.DataType member each quantized dtype's outputs take (`trt_module.quant_data_types`).
 _QUANT_DATA_TYPE_MEMBERS = {"float8_e4m3fn": "FP8", "int8": "INT8"}
 
@@ -88,9 +88,11 @@ def quant_refusal(trt: ModuleType, dtypes: Iterable[str]) -> str | None:
     release = tensorrt_release(trt)
     if release == (0, 0):
         return f"{label} does not say which release it is"
-    minimum = ".".join(map(str, QUANT_MIN_TENSORRT))
-    if release < QUANT_MIN_TENSORRT:
-        return f"{label} predates {minimum}, the first TensorRT that documents FP8 and INT8 plugin outputs (IPluginV3)"
+    for dtype in sorted(dtypes, key=lambda name: QUANT_MIN_TENSORRT[name], reverse=True):
+        if release < QUANT_MIN_TENSORRT[dtype]:
+            minimum = ".".join(map(str, QUANT_MIN_TENSORRT[dtype]))
+            member = _QUANT_DATA_TYPE_MEMBERS[dtype]
+            return f"{label} predates {minimum}, the first TensorRT that documents {member} plugin outputs (IPluginV3)"
     if not hasattr(trt, "IPluginV3"):
         return f"{label} has no IPluginV3, the plugin interface whose FP8 and INT8 outputs TensorRT documents"
     data_types = getattr(trt, "DataType", None)

@@ -11,7 +11,9 @@ Per output of the original:
   rows only, [0, min(total length, window)): the rest of its buffer is unspecified, and a step's note says so;
 - a missing output, a changed declared dtype, rank or static dim, a changed runtime shape or a NaN/inf mismatch
   fails (a renamed symbolic dim is only reported);
-- integer and bool outputs must equal the original's;
+- integer, bool and string outputs must equal the original's;
+- an output with no value to compare (a sequence, map or optional, a complex tensor) is not compared, and the
+  verdict says so: the other outputs are judged as usual;
 - float outputs of a float32 graph, and every float output when the user gives a tolerance, pass within the
   tolerance of the dtype that computed them (`tolerances.tolerance_for`);
 - float outputs of a 16-bit or quantized graph are measured against a float32 evaluation of the original graph's
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +89,8 @@ class OutputVerdict:
     reference: ReferenceErrors | None
     passed: bool | None
     note: str = ""
+    # False for an output with no value to compare (a sequence, a complex tensor): left out, whatever the runs gave.
+    compared: bool = True
 
     @property
     def max_abs(self) -> float:
@@ -145,17 +150,72 @@ def is_float(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind == "f" or np.dtype(dtype).name == "bfloat16"
 
 
+STRING = "string"
+# What onnxruntime returns for each kind of non-tensor output, as the ONNX type names it.
+_VALUE_KINDS = {list: "sequence", dict: "map", type(None): "optional"}
+
+
+def is_strings(value: object) -> bool:
+    """A tensor of strings: onnxruntime's object arrays, the reference evaluator's fixed-width ones."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
+
+
+def is_numbers(value: object) -> bool:
+    """A tensor of real numbers or bools, which tolerances judge."""
+    return isinstance(value, np.ndarray) and (value.dtype.kind in "biuf" or value.dtype.name == "bfloat16")
+
+
+def uncompared_kind(value: object) -> str:
+    """'' for a tensor of real numbers, bools or strings; else what the value is (`sequence`, `complex64`)."""
+    if is_numbers(value) or is_strings(value):
+        return ""
+    if isinstance(value, np.ndarray):
+        return value.dtype.name
+    return _VALUE_KINDS.get(type(value), type(value).__name__)
+
+
+def uncompared_outputs(model: onnx.ModelProto) -> dict[str, str]:
+    """Per graph output declared as something with no value to compare, what it is declared as: a sequence, map,
+    optional or sparse tensor, or a complex tensor."""
+    kinds = {}
+    for output in model.graph.output:
+        kind = output.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            kinds[output.name] = kind.removesuffix("_type")
+        elif output.type.tensor_type.elem_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+            kinds[output.name] = elem_type_name(output.type.tensor_type.elem_type)
+    return kinds
+
+
+def _kind_text(kind: str) -> str:
+    """An `uncompared_kind` in words: `a sequence`, `complex64 values`."""
+    return f"{kind} values" if kind.startswith("complex") else f"a {kind.replace('_', ' ')}"
+
+
+def _value_text(value: object) -> str:
+    if is_numbers(value):
+        return "numbers"
+    return "strings" if is_strings(value) else _kind_text(uncompared_kind(value))
+
+
+def _short(text: object, limit: int = 40) -> str:
+    spelled = repr(text)
+    return spelled if len(spelled) <= limit else f"{spelled[: limit - 3]}..."
+
+
 @dataclass(frozen=True)
 class Judge:
     """How to judge: `tolerance` set by the user replaces every default; `computed_in` maps an output to the dtype
     of the computation that produced it (an fp16 model's `logits.float()` is float16's); `declared` holds, per output,
     why the candidate's declared interface differs from the original's so that it fails; `remarks`, differences
-    that are only reported."""
+    that are only reported; `uncompared`, the outputs declared as values with nothing to compare and what they are
+    (`uncompared_outputs`)."""
 
     tolerance: Tolerance | None = None
     computed_in: Mapping[str, str] | None = None
     declared: Mapping[str, str] | None = None
     remarks: Mapping[str, str] | None = None
+    uncompared: Mapping[str, str] | None = None
 
     def outputs(
         self,
@@ -177,11 +237,20 @@ class Judge:
         actual: np.ndarray | None,
         reference: Mapping[str, np.ndarray] | None,
     ) -> OutputVerdict:
+        kind = (self.uncompared or {}).get(name) or uncompared_kind(expected)
+        if kind:
+            note = f"not compared: {_kind_text(kind)} (only tensors of real numbers, bools and strings are compared)"
+            return OutputVerdict(name, kind, kind, error=None, reference=None, passed=None, note=note, compared=False)
+        if is_strings(expected):
+            return self._strings(name, expected, expected_again, actual)
         dtype = np.dtype(expected.dtype).name
         computed_in = (self.computed_in or {}).get(name, dtype)
         verdict = {"name": name, "dtype": dtype, "computed_in": computed_in}
         if actual is None:
             return OutputVerdict(**verdict, error=None, reference=None, passed=False, note="missing from the candidate")
+        if not is_numbers(actual):
+            note = f"{_value_text(actual)} in the candidate, numbers in the original"
+            return OutputVerdict(**verdict, error=None, reference=None, passed=False, note=note)
         tolerance = self.tolerance if self.tolerance and is_float(expected.dtype) else tolerance_for(computed_in)
         error = output_error(name, np.asarray(actual), expected, tolerance)
         if not same_runs(expected, expected_again):
@@ -201,6 +270,37 @@ class Judge:
         # Identical outputs cannot be blamed, whatever the reference says.
         passed = errors.passed or error.max_abs == 0.0
         return OutputVerdict(**verdict, error=error, reference=errors, passed=passed, note=remark)
+
+    def _strings(
+        self, name: str, expected: np.ndarray, expected_again: np.ndarray, actual: np.ndarray | None
+    ) -> OutputVerdict:
+        """A string output: equal to the original's, element by element, or failed naming the first difference."""
+
+        def verdict(passed: bool | None, note: str) -> OutputVerdict:
+            return OutputVerdict(name, STRING, STRING, error=None, reference=None, passed=passed, note=note)
+
+        if actual is None:
+            return verdict(False, "missing from the candidate")
+        if not same_runs(expected, expected_again):
+            return verdict(None, "left out: two runs of the original differ")
+        declared = (self.declared or {}).get(name)
+        if declared:
+            return verdict(False, declared)
+        if not is_strings(actual):
+            return verdict(False, f"{_value_text(actual)} in the candidate, strings in the original")
+        if actual.shape != expected.shape:
+            return verdict(False, f"shape {_shape(actual)}, the original's {_shape(expected)}")
+        differ = np.not_equal(actual.astype(object), expected.astype(object))
+        if not differ.any():
+            remark = (self.remarks or {}).get(name)
+            return verdict(True, f"compared for equality; {remark}" if remark else "compared for equality")
+        first = tuple(int(index) for index in np.argwhere(differ)[0])
+        where = ", ".join(map(str, first))
+        return verdict(
+            False,
+            f"{int(differ.sum())} of {differ.size} strings differ, the first at [{where}]: {_short(actual[first])}, "
+            f"the original's {_short(expected[first])}",
+        )
 
 
 def _shape(array: np.ndarray) -> str:
@@ -297,13 +397,14 @@ def judge_for(
     declared: Mapping[str, str] | None = None,
     remarks: Mapping[str, str] | None = None,
 ) -> Judge:
-    check_comparable_outputs(original)
-    return Judge(tolerance, computed_dtypes(original.model), declared or {}, remarks or {})
+    return Judge(
+        tolerance, computed_dtypes(original.model), declared or {}, remarks or {}, uncompared_outputs(original.model)
+    )
 
 
 def judge_steps(
     runner: CpuSession,
-    candidate: CpuSession | StepFunction,
+    candidate: CpuSession | AbstractContextManager[StepFunction],
     feeds: Sequence[StepFeed],
     judge: Judge,
     seed: int | None,
@@ -315,9 +416,10 @@ def judge_steps(
     """Run the original (`runner`) twice, the candidate once and, where the verdict uses it, the float32 evaluation
     of the original, at every step; judge each output. `note` goes with every step.
 
-    Each model runs all the steps before the next one loads, and each `CpuSession` (the runner, a candidate on the
-    CPU, the float32 evaluation) is released after its last step: one session is alive at a time. `notify` hears
-    which model loads and which step runs."""
+    Each model runs all the steps before the next one loads, and each is released after its last step: one session
+    is alive at a time. A candidate that is no `CpuSession` (an engine) is a context manager loading it on entry,
+    entered after the original's last run and left before the float32 evaluation loads, giving the step function.
+    `notify` hears which model loads and which step runs."""
     original = runner.model
     seconds: list[dict[str, float]] = [{} for _ in feeds]
     firsts, agains = [], []
@@ -325,7 +427,6 @@ def judge_steps(
         for index, step in enumerate(feeds):
             notify(f"the original: {_step_text(index, feeds)}, twice")
             first = _timed(seconds[index], "original", runner.run, step.feed)
-            _check_tensor_outputs(original, first)
             firsts.append(first)
             agains.append(runner.run(step.feed))
     if isinstance(candidate, CpuSession):
@@ -333,7 +434,8 @@ def judge_steps(
         with candidate:
             candidates = _steps_run(candidate_name, candidate.run, feeds, seconds, notify)
     else:
-        candidates = _steps_run(candidate_name, candidate, feeds, seconds, notify)
+        with candidate as run:
+            candidates = _steps_run(candidate_name, run, feeds, seconds, notify)
     notes = [[note] if note else [] for _ in feeds]
     reference = float32_session(original) if judge.tolerance is None else None
     expected_outputs = _reference_outputs(reference, feeds, seconds, notes, notify)
@@ -461,31 +563,3 @@ def value_types(model: onnx.ModelProto) -> tuple[onnx.GraphProto, dict[str, int]
     types.update({value.name: value.type.tensor_type.elem_type for value in graph.output})
     types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
     return graph, types
-
-
-def check_comparable_outputs(model: LoadedModel) -> None:
-    """Every graph output must be a tensor of numbers or bools: a string, complex or non-tensor output has no error
-    to measure."""
-    for output in model.model.graph.output:
-        kind = output.type.WhichOneof("value")
-        if kind not in (None, "tensor_type"):
-            raise TrtfuseError(
-                f"{model.path}: output '{output.name}' is a {kind.removesuffix('_type')}, not a tensor; "
-                "check compares tensor outputs only"
-            )
-        elem_type = output.type.tensor_type.elem_type
-        if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
-            kind = onnx.TensorProto.DataType.Name(elem_type).lower()
-            raise TrtfuseError(
-                f"{model.path}: output '{output.name}' holds {kind} values; "
-                "check compares numeric and bool outputs only"
-            )
-
-
-def _check_tensor_outputs(model: LoadedModel, outputs: Mapping[str, object]) -> None:
-    for name, value in outputs.items():
-        if not isinstance(value, np.ndarray) or (value.dtype.kind not in "biuf" and value.dtype.name != "bfloat16"):
-            kind = value.dtype.name if isinstance(value, np.ndarray) else type(value).__name__
-            raise TrtfuseError(
-                f"{model.path}: output '{name}' came out as {kind}; check compares numeric and bool tensors only"
-            )

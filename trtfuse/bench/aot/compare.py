@@ -61,8 +61,11 @@ def quantization_step(reference: torch.Tensor, quantizer: Quantizer) -> torch.Te
     E4M3FN: a mantissa step of 2^-3 of the value's binade, 2^-9 among the subnormals, times the scale)."""
     if quantizer.dtype == "int8":
         return torch.full_like(reference, quantizer.scale)
-    binade = torch.floor(torch.log2((reference / quantizer.scale).abs().clamp(min=2.0**-6)))
-    return torch.exp2(binade - 3) * quantizer.scale
+    # A 0-d tensor divisor: torch on CUDA divides by a Python scalar as a product with its reciprocal, which puts
+    # a code of 2^k just below 2^k, a binade too low; frexp reads the binade exactly.
+    codes = reference / reference.new_tensor(quantizer.scale)
+    binade = torch.frexp(codes.abs().clamp(min=2.0**-6)).exponent - 1
+    return torch.exp2(binade.to(reference.dtype) - 3) * quantizer.scale
 
 
 def compare_part(spec: Spec, part: PartTensors) -> Comparison:
@@ -95,6 +98,7 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
         if nan:
             return False, f"{name}: {nan} NaN elements (unwritten or computed)", 0.0, float("inf")
     else:
+        unquantized = reference
         codes = quantize_reference(reference.to(getattr(torch, spec.out_dtype)), quantizer)
         ours = out.double() * quantizer.scale
         mismatched = int((torch.isnan(ours) != torch.isnan(codes.double())).sum())
@@ -109,5 +113,11 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     max_abs = float(error.max())
     failing = int((ratio > 1).sum())
     if failing:
-        return False, f"{name}: {failing} elements outside rtol {rtol:g} atol {atol:g}", max_abs, worst
+        at = int(ratio.argmax())
+        row, column = divmod(at, part.hidden)
+        got, expected = float(ours.reshape(-1)[at]), float(reference.reshape(-1)[at])
+        where = f"worst at row {row} column {column}: {got!r} for {expected!r}"
+        if quantizer is not None:
+            where += f" (unquantized {float(unquantized.reshape(-1)[at])!r}, scale {quantizer.scale!r})"
+        return False, f"{name}: {failing} elements outside rtol {rtol:g} atol {atol:g}; {where}", max_abs, worst
     return True, "", max_abs, worst

@@ -349,8 +349,14 @@ def supported_dtypes(x_dtype: str | None, y_dtype: str | None) -> bool:
 
 
 def _input_for(chain: list[tuple[gs.Tensor, gs.Node | None]], dtype: str) -> gs.Tensor:
-    """The earliest tensor of the output dtype on the input side; when the input never has it, the input itself."""
-    return next((tensor for tensor, _ in reversed(chain) if dtype_name(tensor) == dtype), chain[-1][0])
+    """The earliest tensor of the output dtype on the input side; when the input never has it, the earliest the
+    contract pairs with it (float16 widened to float32 for a bfloat16 output: the widening Cast stays outside); else
+    the input itself."""
+    earliest_first = [tensor for tensor, _ in reversed(chain)]
+    return next(
+        (tensor for tensor in earliest_first if dtype_name(tensor) == dtype),
+        next((tensor for tensor in earliest_first if supported_dtypes(dtype_name(tensor), dtype)), chain[-1][0]),
+    )
 
 
 def _choose_end(

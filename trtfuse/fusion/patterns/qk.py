@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import onnx_graphsurgeon as gs
 
 from trtfuse.fusion.patterns.matches import NearMiss, QkNormPair, RmsNormMatch
-from trtfuse.fusion.patterns.queries import describe, dtype_name, is_constant, onnx_op, producer
+from trtfuse.fusion.patterns.queries import describe, dtype_name, is_constant, is_constant_value, onnx_op, producer
 
 MS_DOMAIN = "com.microsoft"
 QUANTIZE_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -103,9 +103,10 @@ def _projection_behind(x: gs.Tensor) -> tuple[gs.Node, list[str]] | None:
         if onnx_op(node) in (*LAYOUT_OPS, *PART_OPS):
             ops.append(node.op)
             tensor = node.inputs[0]
-        elif onnx_op(node) == "Add" and not bias_seen and sum(map(is_constant, node.inputs)) == 1:
+        elif onnx_op(node) == "Add" and not bias_seen and sum(map(is_constant_value, node.inputs)) == 1:
+            # A projection's bias, however the exporter spelled the constant (Cast(const), Identity(const)).
             bias_seen = True
-            tensor = next(operand for operand in node.inputs if not is_constant(operand))
+            tensor = next(operand for operand in node.inputs if not is_constant_value(operand))
         else:
             return None
     return None

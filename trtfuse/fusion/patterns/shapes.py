@@ -44,7 +44,15 @@ def _skeleton(graph: gs.Graph) -> onnx.ModelProto:
             inputs.append(OnnxExporter.export_value_info_proto(tensor, do_type_check=False))
         else:
             initializers.append(OnnxExporter.export_tensor_proto(tensor))
-    outputs = [helper.make_tensor_value_info(tensor.name, 0, None) for tensor in graph.outputs]
+    # An output no node makes (a graph input or a constant passed through) keeps its type: declared untyped, it would
+    # hide the input's type from inference, and so every shape computed from it.
+    declared = {value.name for value in (*inputs, *initializers)}
+    outputs = [
+        OnnxExporter.export_value_info_proto(tensor, do_type_check=False)
+        if tensor.name in declared
+        else helper.make_tensor_value_info(tensor.name, 0, None)
+        for tensor in graph.outputs
+    ]
     nodes = []
     for node in graph.nodes:
         if node.op == "Constant" and not node.attrs and node.outputs:
