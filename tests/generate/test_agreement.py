@@ -246,3 +246,13 @@ def test_generate_on_a_real_engine_gives_the_original_tokens(tmp_path):
     assert json.loads(result.stdout)["tokens"] == expected["tokens"]
     compared = run_cli("compare", KV_FIXTURE, engine, "--generate", "16")
     assert compared.exit_code == 0, compared.output
+
+
+def test_the_engine_branch_measures_quantizer_flips_too(tmp_path, monkeypatch):
+    original = TOOL_FIXTURES / "qwen3-modelopt-fp8-kv.onnx"
+    fused = fuse_file(original, tmp_path / "fused.onnx").output_path
+    engine = _stand_in_engine(tmp_path / "engine", fused, monkeypatch)
+    verdict = compare_generation(load_model(original), engine, 16)
+    assert verdict.candidate_runner == "tensorrt-engine"
+    assert verdict.passed and verdict.divergence is not None and verdict.divergence.flips is not None
+    assert verdict.divergence.flips.passed

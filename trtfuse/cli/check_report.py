@@ -105,7 +105,8 @@ def generation_options(command: F) -> F:
             type=IntegerType(minimum=1),
             metavar="N",
             help="Also generate N tokens greedily on both from the same prompt; fail if the tokens differ, except "
-            "where they diverge at a near tie of the original's logits (docs/cli.md).",
+            "where they diverge at a near tie of the original's logits or, in a quantized graph, where quantizer "
+            "flips explain it (docs/cli.md).",
         ),
         PROMPT_IDS,
     )
