@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
 
-from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
+from trtfuse.contract import NormParams, Quantizer, QuantParams, QuantStage, WeightMode
 from trtfuse.kernels.api import AddRmsNormKernel, RmsNormKernel, rms_norm_tiling
 from trtfuse.kernels.artifacts import (
     AOT_ARCHS,
@@ -96,8 +96,13 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -
     dtypes = {quant.at(stage).dtype for stage in quant.stages}
     if "float8_e4m3fn" in dtypes:
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    if "int8" in dtypes:
-        assert "cvt.rni.f32.f32" in ptx
+    fake_int8 = any(quant.at(stage).dtype == "int8" for stage in quant.stages if stage is not QuantStage.OUTPUT)
+    if fake_int8:
+        assert "cvt.rni.f32.f32" in ptx  # the level, as a float32, for DQ
+    if quant.output is not None and quant.output.dtype == "int8":
+        # Words of 4 codes: cvt.rni to int32 and cvt.pack.sat; a scalar variant's lone codes: the float level.
+        packed = "cvt.rni.s32.f32" in ptx and len(re.findall(r"\bcvt\.pack\.sat\.s8\.s32\.b32\b", ptx)) >= 2
+        assert packed or "cvt.rni.f32.f32" in ptx
     if quant.input is not None and quant.input.dtype == "float8_e4m3fn":
         assert "cvt.rn.f16x2.e4m3x2" in ptx  # DQ reads the FP8 codes back
 

@@ -75,6 +75,27 @@ def int8_level(quotient: Float32, *, loc: ir.Location | None = None, ip: ir.Inse
     return Float32(_asm(T.f32(), [Float32(quotient).ir_value(loc=loc, ip=ip)], text, "=f,f", False, loc, ip))
 
 
+@dsl_user_op
+def int8_codes(
+    quotients: tuple[Float32, Float32, Float32, Float32],
+    *,
+    loc: ir.Location | None = None,
+    ip: ir.InsertionPoint | None = None,
+) -> Int32:
+    """INT8's Q of four quotients v / s, packed little-endian into one word (the first quotient's code in the low
+    byte): max takes a NaN to -128 (as onnxruntime does), cvt.rni rounds half to even (a float beyond int32's range
+    clamps), and cvt.pack.sat clamps each to [-128, 127] while packing two at a time (the first source into the
+    higher byte, the third operand's low half above them)."""
+    low = _f32(-128.0)
+    text = (
+        "{ .reg .f32 m<4>; .reg .s32 i<4>; .reg .b32 high;"
+        + "".join(f" max.f32 m{k}, ${k + 1}, {low}; cvt.rni.s32.f32 i{k}, m{k};" for k in range(4))
+        + " cvt.pack.sat.s8.s32.b32 high, i3, i2, 0; cvt.pack.sat.s8.s32.b32 $0, i1, i0, high; }"
+    )
+    operands = [Float32(q).ir_value(loc=loc, ip=ip) for q in quotients]
+    return Int32(_asm(T.i32(), operands, text, "=r,f,f,f,f", False, loc, ip))
+
+
 # E4M3FN's Q without `saturate` (ONNX's definition, trtfuse.bench.reference): NaN past this magnitude, the midpoint
 # of 448 and the 480 the format would have next (a tie there rounds to 448's even mantissa).
 E4M3_NAN_PAST = 464.0

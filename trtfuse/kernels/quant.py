@@ -13,7 +13,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int8, Int32
 
-from trtfuse.kernels.ptx import e4m3_nan_flagged, int8_level, reciprocal_applies, scale_quotient
+from trtfuse.kernels.ptx import e4m3_nan_flagged, int8_codes, int8_level, reciprocal_applies, scale_quotient
 
 # The cutlass types of the contract's dtype names: the float dtypes, and the quantized ones.
 FLOAT_CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
@@ -42,7 +42,15 @@ def _int8_levels(values: cute.TensorSSA, quantizer: cutlass.Constexpr, layout: c
 def quantize_into(values: cute.TensorSSA, quantizer: cutlass.Constexpr, codes: cute.Tensor):
     """codes = Q(values): `values` float32, `codes` a register fragment of the quantizer's dtype (FP8 E4M3FN or
     INT8) and of `values`' shape."""
-    if cutlass.const_expr(quantizer.dtype == "int8"):
+    if cutlass.const_expr(quantizer.dtype == "int8" and cute.size(codes) % 4 == 0):
+        # Whole words of 4 codes: rounded and packed by cvt.rni and cvt.pack.sat (`ptx.int8_codes`).
+        quotients = cute.make_rmem_tensor(codes.layout, Float32)
+        quotients.store(values)
+        words = cute.recast_tensor(codes, Int32)
+        for w in cutlass.range_constexpr(cute.size(words)):
+            group = [quotient(quotients[w * 4 + b], quantizer) for b in range(4)]
+            words[w] = int8_codes((group[0], group[1], group[2], group[3]))
+    elif cutlass.const_expr(quantizer.dtype == "int8"):
         # The levels are integers in range: the conversion to INT8 is exact whatever its rounding.
         codes.store(_int8_levels(values, quantizer, codes.layout).load().to(Int8))
     else:
