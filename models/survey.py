@@ -2,16 +2,15 @@
 
 For each file listed in `EXPORTS/<tool>/expected.json`: `trtfuse inspect --json`, `trtfuse fuse`, `trtfuse check
 ORIGINAL FUSED` with no options, and `trtfuse compile` (which stops with exit 3 where TensorRT is absent); with
-`--generate N` also `trtfuse check ORIGINAL FUSED --generate N` on each export with a KV cache. `--skip inspect
---skip compile` leaves the check columns alone (the near misses then come from fuse's report), and `--file GLOB`
-takes only the exports whose file name matches. Writes
-OUT (a JSON list: everything, messages verbatim) and prints Markdown tables (also into --markdown): one row per tool
-and family, one per export (fused / expected norms, QK pairs found / expected, rejected candidates, the check
-verdict, compile's exit status, the first message of whatever went wrong, among them `inspect` and `fuse` counting
-other norms or near misses; the norms fused with their residual Add, TrtfuseAddRmsNorm, against the manifest's
-`add_norm_calls` where it has them, and the residual Adds kept out of a norm fused alone; the QuantizeLinear nodes
-taken into quantized nodes, TrtfuseRmsNormQuant and TrtfuseAddRmsNormQuant, and those kept out of a fused norm), and
-the combinations a tool failed.
+`--generate N` also `trtfuse check ORIGINAL FUSED --generate N` on each export with a KV cache. `--skip inspect --skip
+compile` leaves the check columns alone (the near misses then come from fuse's report), and `--file GLOB` takes only
+the exports whose file name matches. Writes OUT (a JSON list: everything, messages verbatim) and prints Markdown
+tables (also into --markdown): one row per tool and family, one per export (fused / expected norms, QK pairs (q/k and
+MLA latent norms) found / expected, rejected candidates, the check verdict, compile's exit status, the first message
+of whatever went wrong, among them `inspect` and `fuse` counting other norms or near misses; the norms fused with
+their residual Add, TrtfuseAddRmsNorm, against the manifest's `add_norm_calls` where it has them, and the residual
+Adds kept out of a norm fused alone; the QuantizeLinear nodes taken into quantized nodes, TrtfuseRmsNormQuant and
+TrtfuseAddRmsNormQuant, and those kept out of a fused norm), and the combinations a tool failed.
 
 \b
     python models/survey.py $EXPORTS --out $EXPORTS/survey.json --markdown $EXPORTS/survey.md --jobs 2
@@ -118,6 +117,12 @@ def failure_line(output: str, result: subprocess.CompletedProcess[str]) -> str:
     return failed[0] if failed else last_lines(result)
 
 
+def projection_norm_calls(entry: dict) -> int:
+    """The norm calls that pair into TrtfuseQkNorm nodes: q/k norms (less those inside an attention op) and MLA
+    latent norms (DeepSeek's q_a/kv_a, counted apart; manifests written before they were have none)."""
+    return int(entry["qk_norm_calls"]) + int(entry.get("mla_norm_calls", 0)) - int(entry.get("absorbed_norm_calls", 0))
+
+
 def survey_one(
     trtfuse: list[str], cwd: Path | None, steps: Steps, tool: str, path: Path, entry: dict, scratch: Path
 ) -> Outcome:
@@ -126,7 +131,7 @@ def survey_one(
         file=path.name,
         architecture=str(entry["architecture"]),
         expected_norms=int(entry["norm_calls"]) - int(entry.get("absorbed_norm_calls", 0)),
-        expected_qk_pairs=(int(entry["qk_norm_calls"]) - int(entry.get("absorbed_norm_calls", 0))) // 2,
+        expected_qk_pairs=projection_norm_calls(entry) // 2,
         absorbed=int(entry.get("absorbed_norm_calls", 0)),
         expected_add_norms=entry.get("add_norm_calls"),
         kv_cache="cache" in entry,

@@ -10,20 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.paths import REPO_ROOT, TOOL_FIXTURES
+from support.paths import FIXTURES, REPO_ROOT, TOOL_FIXTURES
 
 KV_EXPORT = "qwen3-modelopt-fp8-kv.onnx"
 LOGITS_EXPORT = "qwen3-modelopt-int8-fp16.onnx"
 
 
-def corpus(folder: Path, names: list[str]) -> Path:
-    """EXPORTS/modelopt/ holding `names` (committed fixtures) and their expected.json entries."""
-    entries = json.loads((TOOL_FIXTURES / "expected.json").read_text())["files"]
-    tool = folder / "modelopt"
+def corpus(folder: Path, names: list[str], fixtures: Path = TOOL_FIXTURES, tool_name: str = "modelopt") -> Path:
+    """EXPORTS/<tool_name>/ holding `names` (committed fixtures of `fixtures`) and their expected.json entries."""
+    entries = json.loads((fixtures / "expected.json").read_text())["files"]
+    tool = folder / tool_name
     tool.mkdir(parents=True)
     for name in names:
-        shutil.copy(TOOL_FIXTURES / name, tool / name)
-    manifest = {"tool": "modelopt", "files": {name: entries[name] for name in names}, "failures": {}}
+        shutil.copy(fixtures / name, tool / name)
+    manifest = {"tool": tool_name, "files": {name: entries[name] for name in names}, "failures": {}}
     (tool / "expected.json").write_text(json.dumps(manifest))
     return folder
 
@@ -69,3 +69,11 @@ def test_without_generate_no_generation_column(tmp_path: Path) -> None:
     assert outcome["inspect_exit"] == 0
     assert outcome["generate_exit"] is None
     assert "generate" not in tables
+
+
+def test_mla_latent_norms_are_expected_as_pairs(tmp_path: Path) -> None:
+    # DeepSeek-V3's q_a/kv_a latent norms pair into TrtfuseQkNorm nodes: the manifest counts them as mla_norm_calls.
+    exports = corpus(tmp_path, ["deepseek_v3-dynamo-fp32.onnx"], FIXTURES, "dynamo")
+    (outcome,), tables = survey(exports, "--skip", "inspect", "--skip", "compile")
+    assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == 2
+    assert "| 9 / 9 | 2 / 2 |" in tables
