@@ -7,13 +7,20 @@ infinities and NaN."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from trtfuse.bench.reference import dequantize_reference, fake_quant_reference, norm_reference, quantize_reference
+from trtfuse.bench.reference import (
+    dequantize_reference,
+    fake_quant_reference,
+    float32_inverse_root,
+    norm_reference,
+    quantize_reference,
+)
 from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
 
 QUANT_TYPES = {"float8_e4m3fn": TensorProto.FLOAT8E4M3FN, "int8": TensorProto.INT8}
@@ -165,3 +172,50 @@ def test_the_norm_reference_applies_each_stage_where_the_contract_puts_it() -> N
     from_fake = norm_reference(x, weight, params, quant=QuantParams(input=fake))
     assert torch.equal(from_fake, norm_reference(fake_quant_reference(x, fake), weight, params))
     assert not torch.equal(from_fake, plain)
+
+
+@pytest.mark.parametrize(("quant_dtype", "saturate"), [("int8", None), ("float8_e4m3fn", 1), ("float8_e4m3fn", 0)])
+def test_a_quantizer_with_a_16_bit_input_dtype_reads_its_value_rounded_to_it(
+    quant_dtype: str, saturate: int | None
+) -> None:
+    """The rsqrt stage of a graph that casts r to float16 first: onnxruntime's Cast(float16) -> QuantizeLinear of
+    float32 values is the reference's Q with input dtype float16, bit for bit (and not the Q of the float32 values)."""
+    values = _hard_values()
+    values = values[np.isfinite(values) & (np.abs(values) < 65504)]
+    for scale in SCALES:
+        scale = float(np.float16(scale))
+        model = _quantize_model("float16", quant_dtype, scale, saturate)
+        cast = onnx.load_from_string(model)
+        cast.graph.node.insert(0, helper.make_node("Cast", ["x32"], ["x"], to=TensorProto.FLOAT16))
+        cast.graph.input[0].CopyFrom(helper.make_tensor_value_info("x32", TensorProto.FLOAT, [None]))
+        session = ort.InferenceSession(cast.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = session.run(None, {"x32": values})[0]
+        got = got.view(np.uint8) if quant_dtype == "float8_e4m3fn" else got
+        quantizer = Quantizer(quant_dtype, scale, saturate != 0, "float32", "float16")
+        want = _bits(quantize_reference(torch.from_numpy(values), quantizer))
+        keep = np.ones(len(values), dtype=bool)
+        if quant_dtype == "float8_e4m3fn" and saturate == 0:
+            # onnxruntime's quirk of `test_quantize_equals_onnxruntime_bit_for_bit`, on the float16 values.
+            with np.errstate(over="ignore"):
+                scaled = np.abs(values.astype(np.float16).astype(np.float32) / np.float32(scale))
+            keep = ~((scaled >= 480) & (scaled < 496))
+        assert np.array_equal(got[keep], want[keep]), scale
+        unrounded = _bits(quantize_reference(torch.from_numpy(values), Quantizer(quant_dtype, scale, saturate != 0)))
+        assert not np.array_equal(got[keep], unrounded[keep])
+
+
+def test_the_rsqrt_stage_reads_the_ieee_float32_root_and_reciprocal() -> None:
+    """r for the rsqrt stage is the graph's float32 Add, Sqrt and Reciprocal of the mean rounded to float32 (numpy's
+    float32 operations are IEEE), not the float64 root rounded once (an ulp away now and then, enough for a step)."""
+    mean_square = torch.rand(200_000, 1, dtype=torch.float64) * 20
+    r = float32_inverse_root(mean_square, float(np.float32(1e-6))).numpy()
+    variance = mean_square.float().numpy() + np.float32(1e-6)
+    assert r.dtype == np.float32 and r.tobytes() == (np.float32(1) / np.sqrt(variance)).tobytes()
+    assert not np.array_equal(r, (mean_square + float(np.float32(1e-6))).rsqrt().float().numpy())
+    x = torch.randn(4, 64, dtype=torch.float16)
+    params = NormParams(float(np.float32(1e-6)), 0.0, WeightMode.NONE)
+    quantizer = Quantizer("int8", 0.01, True, "float32", "float16")
+    rounded = norm_reference(x, None, params, "float32", QuantParams(rsqrt=quantizer))
+    mean = x.double().pow(2).mean(dim=-1, keepdim=True)
+    inverse = fake_quant_reference(float32_inverse_root(mean, params.epsilon), quantizer).double()
+    assert torch.equal(rounded, (x.double() * inverse).float())

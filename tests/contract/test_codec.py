@@ -24,8 +24,10 @@ float32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
 def quantizers(draw: st.DrawFn, stage: contract.QuantStage) -> contract.Quantizer:
     dtype = draw(st.sampled_from(sorted(contract.QUANT_DTYPE_CODES)))
     saturate = True if dtype == "int8" else draw(st.booleans())
-    dequant = draw(st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES))) if stage.fake else None
-    return contract.Quantizer(dtype, draw(float32s.filter(lambda value: value > 0.0)), saturate, dequant)
+    float_dtypes = st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES))
+    dequant = draw(float_dtypes) if stage.fake else None
+    input_dtype = draw(float_dtypes) if stage.rounds_input else None
+    return contract.Quantizer(dtype, draw(float32s.filter(lambda value: value > 0.0)), saturate, dequant, input_dtype)
 
 
 @st.composite
@@ -200,6 +202,13 @@ def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() ->
         "input_quant_saturate",
         "input_dequant_dtype",
     )
+    assert contract.RMS_NORM_QUANT.fields[9:14] == (
+        "rsqrt_quant_dtype",
+        "rsqrt_quant_scale",
+        "rsqrt_quant_saturate",
+        "rsqrt_dequant_dtype",
+        "rsqrt_quant_input_dtype",
+    )
     assert contract.RMS_NORM_QUANT.fields[-3:] == ("output_quant_dtype", "output_quant_scale", "output_quant_saturate")
     assert contract.QK_NORM_OP not in contract.QUANTIZED_OPS
 
@@ -209,7 +218,11 @@ def test_an_off_stage_is_written_as_code_0_and_the_output_dtype_follows_the_outp
     fields = NodeFields(contract.RMS_NORM_QUANT, GOOD.params, (64,), "float16", quant)
     numbers = fields.numbers()
     assert (numbers["input_quant_dtype"], numbers["input_quant_scale"], numbers["input_dequant_dtype"]) == (0, 1.0, 1)
-    assert (numbers["rsqrt_quant_dtype"], numbers["rsqrt_dequant_dtype"]) == (3, 10)
+    assert (numbers["rsqrt_quant_dtype"], numbers["rsqrt_dequant_dtype"], numbers["rsqrt_quant_input_dtype"]) == (
+        3,
+        10,
+        1,
+    )
     assert fields.normalised_dtype == "float16" and fields.output_quantizer is None
     fp8 = NodeFields(
         contract.RMS_NORM_QUANT,
@@ -219,6 +232,20 @@ def test_an_off_stage_is_written_as_code_0_and_the_output_dtype_follows_the_outp
         contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.25, False)),
     )
     assert fp8.normalised_dtype == "float8_e4m3fn" and fp8.numbers()["output_quant_saturate"] == 0
+
+
+def test_the_rsqrt_stage_carries_the_dtype_its_quantizer_reads_r_in() -> None:
+    """A graph that casts r to 16 bits before its QuantizeLinear: the dtype is a field of its own, every transport
+    keeps it; an rsqrt quantizer given none reads r in float32, as the contract had it before the field."""
+    rounded = contract.Quantizer("int8", 0.25, True, "float16", "float16")
+    fields = NodeFields(contract.RMS_NORM_QUANT, GOOD.params, (64,), "float16", contract.QuantParams(rsqrt=rounded))
+    assert fields.numbers()["rsqrt_quant_input_dtype"] == 10
+    assert from_node(_node(fields), "m.onnx: node 'n'").quant.rsqrt == rounded
+    assert from_plugin_fields(fields.op, _raw_fields(fields), "op 'n'") == fields
+    assert from_qdp(fields.op, [array.tobytes() for array in fields.plugin_arrays().values()]) == fields
+    unrounded = contract.QuantParams(rsqrt=contract.Quantizer("int8", 0.25, True, "float16"))
+    assert unrounded.rsqrt.input_dtype == "float32"
+    assert contract.QuantParams(input=contract.Quantizer("int8", 0.25, True, "float16")).input.input_dtype is None
 
 
 QUANT_GOOD = NodeFields(
@@ -235,6 +262,7 @@ QUANT_BAD_VALUES = [
     ("output_quant_scale", math.inf, "output_quant_scale is inf, not a finite positive number"),
     ("output_quant_saturate", 2, "output_quant_saturate is 2, not 0 or 1"),
     ("input_dequant_dtype", 17, "input_dequant_dtype is 17, none of 1 (float32), 10 (float16), 16 (bfloat16)"),
+    ("rsqrt_quant_input_dtype", 3, "rsqrt_quant_input_dtype is 3, none of 1 (float32), 10 (float16), 16 (bfloat16)"),
     ("output_quant_dtype", 0, "input_quant_dtype and every other stage is off: a plain TrtfuseRmsNorm node"),
 ]
 

@@ -86,6 +86,9 @@ STAGE_CASES = {
     ),
     "input fp8 in float32": QuantParams(input=Quantizer("float8_e4m3fn", 0.0125, True, "float32")),
     "rsqrt int8": QuantParams(rsqrt=Quantizer("int8", 0.0107421875, True, "float16")),
+    "rsqrt int8 of a float16 r + output int8": QuantParams(
+        rsqrt=Quantizer("int8", 0.0107421875, True, "float16", "float16"), output=Quantizer("int8", 0.02880859375)
+    ),
 }
 
 

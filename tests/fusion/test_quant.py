@@ -26,7 +26,7 @@ from trtfuse.verify.check import check_fused
 from support.cli import run_cli
 from support.graphs import BATCH, HIDDEN, SEQUENCE, AttentionSpec, attention_block
 from support.paths import TOOL_FIXTURES
-from support.quant_graphs import QuantSpec, quantized_decoder, quantized_norm
+from support.quant_graphs import QMAX, RSQRT_RANGE, QuantSpec, quantized_decoder, quantized_norm
 
 NO_QUANT = FusionOptions(fuse_quant=False)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -144,11 +144,57 @@ def test_the_inverse_root_pair_is_the_rsqrt_stage(dtype: str) -> None:
     assert result.counts().quantizers_taken == 8
     for plugin in plugin_nodes(result.model):
         rsqrt = plugin.fields.quant.rsqrt
-        assert rsqrt is not None and (rsqrt.dtype, rsqrt.dequant_dtype) == ("int8", "float32")
+        assert (
+            rsqrt is not None and (rsqrt.dtype, rsqrt.dequant_dtype, rsqrt.input_dtype) == ("int8",) + ("float32",) * 2
+        )
     feed = _feed(1)
     want, got = _run(original, dtype, feed), _run(lower_fused_nodes(result.model), dtype, feed)
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def _roots_the_rounding_moves(scale: float, epsilon: float, count: int) -> np.ndarray:
+    """`count` float16 magnitudes c whose row of ±c has an inverse root r that the INT8 quantizer of `scale` puts on
+    one level and float16(r) on the next. The row's mean of squares is c² exactly (c² fits float32), so r is the same
+    float32 value in the graph and in the fused node whatever the order of the sum."""
+    c = np.arange(0x3800, 0x4200, dtype=np.uint16).view(np.float16).astype(np.float32)  # [0.5, 3)
+    r = np.float32(1) / np.sqrt(c * c + np.float32(epsilon))
+
+    def level(v: np.ndarray) -> np.ndarray:
+        return np.clip(np.rint(v / np.float32(scale)), -128, 127)
+
+    moved = c[level(r) != level(r.astype(np.float16).astype(np.float32))]
+    assert len(moved) >= count
+    return moved[:: len(moved) // count][:count]
+
+
+def test_an_inverse_root_the_graph_rounds_to_16_bits_is_quantized_as_rounded() -> None:
+    # r cast to float16 before its pair (`+rsqrt-cast`): the Q reads float16(r), and so does the node's rsqrt stage.
+    # On rows whose r and float16(r) quantize to different levels, the fused model is the original bit for bit (in
+    # onnx's evaluator: onnxruntime's CPU provider rounds the float16 weight Mul otherwise than IEEE, in both).
+    original = quantized_decoder(QuantSpec(dtype="float16", rsqrt_pairs=True, rsqrt_root="rounded", layers=0))
+    result = fuse_model(original)
+    [node] = result.fused
+    assert "reciprocal+rsqrt-cast+rsqrt-quant" in node.tags or "div-one+rsqrt-cast+rsqrt-quant" in node.tags
+    [plugin] = plugin_nodes(result.model)
+    scale = float(np.float16(RSQRT_RANGE / QMAX["int8"]))
+    assert plugin.fields.quant.rsqrt == contract.Quantizer("int8", scale, True, "float16", "float16")
+    magnitudes = _roots_the_rounding_moves(scale, 1e-6, BATCH * SEQUENCE)
+    signs = np.random.default_rng(6).choice([-1.0, 1.0], (BATCH * SEQUENCE, HIDDEN))
+    feed = {"x": (signs * magnitudes[:, None]).astype(np.float32).reshape(BATCH, SEQUENCE, HIDDEN)}
+    want, got = _run(original, "float16", feed), _run(lower_fused_nodes(result.model), "float16", feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_an_inverse_root_computed_in_16_bits_is_read_in_16_bits() -> None:
+    # ModelOpt's INT8 fp16 exports compute the whole root in float16 (`core-float16`): the stage rounds the node's
+    # float32 r to float16 for its Q, the nearest the node comes to the graph's r (docs/patterns.md, "Exact").
+    result = fuse_model(quantized_decoder(QuantSpec(dtype="float16", rsqrt_pairs=True, rsqrt_root="core", layers=0)))
+    [node] = result.fused
+    assert "core-float16" in node.tags
+    [plugin] = plugin_nodes(result.model)
+    assert (plugin.fields.quant.rsqrt.input_dtype, plugin.fields.quant.rsqrt.dequant_dtype) == ("float16", "float16")
 
 
 def test_without_quantizers_the_pairs_stay_as_before() -> None:

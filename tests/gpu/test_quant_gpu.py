@@ -9,13 +9,16 @@ tolerance), so what is exact is each stage given what reaches it:
 - on random rows: the quantized kernel's output is Q(y) of the plain kernel's y, compiled in the quantized
   variant's own tiling (the same code up to the store, the same order of the sum of squares), and with the input
   stage the plain kernel's y of DQ(Q(x)) (of DQ(Q(h)), h itself output unquantized);
-- the inverse root's stage against the float64 reference, rows at a rounding boundary of r / s left out.
+- the inverse root's stage bit for bit against the reference on rows whose sum of squares is exact in float32 in
+  any order (so r is one float32 value in the kernel, the graph and the reference), among them rows whose r lies
+  within one float32 ulp of a step of its quantizer (where an approximate root would land on the next level).
 Every quantized output is written twice over two poison patterns, which must give the same bytes: no element is
 left unwritten (an INT8 or FP8 poison could be a valid value)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -299,30 +302,91 @@ def test_other_row_widths(hidden: int) -> None:
         assert_same_bits(run_rms(spec, x, w, 0), expected(spec, x, w, True), f"H={hidden} rows={rows}")
 
 
-RSQRT = Quantizer("int8", f32(0.05), True, "float32")  # ModelOpt INT8's pair on the inverse root
+# ModelOpt INT8's pairs on the inverse root: of a float32 r (fp32 exports), and of r cast to float16 first (fp16).
+RSQRT_QUANTIZERS = (
+    Quantizer("int8", f32(0.05), True, "float32", "float32"),
+    Quantizer("int8", f32(0.05), True, "float16", "float16"),
+)
+# x = m / 128 with integers |m| <= 63: each square is a multiple of 2^-14 and a row's sum stays below 2^10, so every
+# partial sum of squares is exact in float32 (24 bits), in any order. S = sum of m² sets the row's r.
+EXACT_STEP, M_MAX = 128, 63
 
 
+def rsqrt_steps(quantizer: Quantizer, epsilon: float, sums: np.ndarray) -> np.ndarray:
+    """The r' level of each sum S (the row's mean of squares S / (128² · HIDDEN) exactly), with r computed as the
+    graph computes it in float32 (numpy's float32 sqrt and division are IEEE), for r and its two float32
+    neighbours: an array (3, len(sums))."""
+    variance = (sums / float(EXACT_STEP**2 * HIDDEN)).astype(np.float32) + np.float32(epsilon)
+    r = np.float32(1) / np.sqrt(variance)
+    neighbours = (r, np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(0)))
+    read = [v.astype(quantizer.input_dtype).astype(np.float32) for v in neighbours]
+    return np.stack([np.clip(np.rint(v / np.float32(quantizer.scale)), -128, 127) for v in read])
+
+
+def sums_at_steps(quantizer: Quantizer, epsilon: float) -> np.ndarray:
+    """Sums S whose r lies within one ulp of a step of the quantizer (not clipped): an r one ulp off, either way,
+    lands on the neighbouring level for one of them."""
+    sums = np.arange(2_000_000, 6_000_000, dtype=np.int64)  # r / s from about 120 down to 70
+    levels = rsqrt_steps(quantizer, epsilon, sums)
+    at_step = ((levels[1] != levels[0]) | (levels[2] != levels[0])) & (np.abs(levels[0]) < 127)
+    return sums[at_step]
+
+
+def squares_summing_to(total: int, rng: np.random.Generator) -> np.ndarray:
+    """HIDDEN integers in [-M_MAX, M_MAX] whose squares sum to `total`: as many of M_MAX as fit, then greedy
+    squares of the rest, zeros, shuffled with random signs."""
+    full, rest = divmod(total, M_MAX**2)
+    parts = [M_MAX] * full
+    while rest:
+        parts.append(math.isqrt(rest))
+        rest -= parts[-1] ** 2
+    assert len(parts) <= HIDDEN
+    m = np.zeros(HIDDEN, dtype=np.int64)
+    m[: len(parts)] = parts
+    return rng.permutation(m) * rng.choice([-1, 1], HIDDEN)
+
+
+def exact_sum_rows(rows: int, at_steps: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+    """bf16 rows of m / 128: first (up to half the rows, at least one) rows of the sums `at_steps`, then rows of
+    random m of random ranges (r spread over the quantizer's levels)."""
+    chosen = rng.permutation(at_steps)[: max(1, rows // 2)]
+    m = [squares_summing_to(int(total), rng) for total in chosen]
+    for bound in rng.integers(20, M_MAX + 1, rows - len(m)):
+        m.append(rng.integers(-bound, bound + 1, HIDDEN))
+    return (torch.tensor(np.stack(m), dtype=torch.float32, device="cuda") / EXACT_STEP).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("quantizer", RSQRT_QUANTIZERS, ids=repr)
 @pytest.mark.parametrize("kind", ["rms", "add"])
-def test_the_inverse_roots_stage_against_the_reference(kind: str) -> None:
-    """r' = DQ(Q(r)) per row: y within the RMSNorm kernels' tolerance of the float64 reference with the reference's
-    r', from rows whose r / s is not within 1e-5 of a rounding boundary (there the approximate inverse root may
-    round either way)."""
-    quant = QuantParams(rsqrt=RSQRT)
+def test_the_inverse_roots_stage_equals_the_reference_bit_for_bit(quantizer: Quantizer, kind: str) -> None:
+    """r' = DQ(Q(I(r))) per row, r the graph's correctly rounded Sqrt then Reciprocal: on rows of exact sums y =
+    float32(x · r') is the reference's bit for bit (weight mode NONE, T = float32: one rounding of an exact
+    product), rows at a step of the quantizer included; with Llama's weight and a bf16 y, within the kernels'
+    tolerance on every row. The add+norm's x and residual are both h / 2, so that h = D(x + residual) is the row."""
+    quant = QuantParams(rsqrt=quantizer)
+    at_steps = sums_at_steps(quantizer, LLAMA.epsilon)
+    assert len(at_steps) >= 32
+    exact = NormParams(LLAMA.epsilon, 0.0, WeightMode.NONE)
+    rng = np.random.default_rng(torch.initial_seed())
     for rows in ROWS:
-        x, w = rand((rows, HIDDEN), "bfloat16"), rand((HIDDEN,), "bfloat16")
-        if kind == "rms":
-            y = get_rms_norm(RmsNormSpec(HIDDEN, "bfloat16", "bfloat16", LLAMA, quant=quant))(x, w)
-            v = x
-        else:
-            residual = rand((rows, HIDDEN), "bfloat16")
-            y, v = get_add_rms_norm(AddRmsNormSpec(HIDDEN, "bfloat16", "bfloat16", LLAMA, quant=quant))(x, residual, w)
-        torch.cuda.synchronize()
-        r = (v.double().pow(2).mean(-1) + LLAMA.epsilon).rsqrt() / RSQRT.scale
-        clear = ((r - r.floor() - 0.5).abs() > 1e-5 * r) & (r < 127)
-        assert clear.sum() > rows // 2
-        reference = norm_reference(v, w, LLAMA, quant=quant)
-        rtol, atol = KERNEL_ELEMENTWISE["bfloat16"]
-        torch.testing.assert_close(y[clear].double(), reference[clear].double(), rtol=rtol, atol=atol)
+        v = exact_sum_rows(rows, at_steps, rng)
+        w = rand((HIDDEN,), "bfloat16")
+        for params, weight, t_dtype in ((exact, None, "float32"), (LLAMA, w, "bfloat16")):
+            weight_dtype = None if weight is None else "bfloat16"
+            if kind == "rms":
+                y = get_rms_norm(RmsNormSpec(HIDDEN, "bfloat16", weight_dtype, params, t_dtype, quant))(v, weight)
+            else:
+                spec = AddRmsNormSpec(HIDDEN, "bfloat16", weight_dtype, params, t_dtype, quant)
+                y, h = get_add_rms_norm(spec)(v / 2, v / 2, weight)
+                assert_same_bits(h, v, "h = D(x + residual)")
+            torch.cuda.synchronize()
+            reference = norm_reference(v, weight, params, t_dtype, quant)
+            what = f"{kind} rows={rows} {params.weight_mode.name}"
+            if weight is None:
+                assert_same_bits(y, reference, what)
+            else:
+                rtol, atol = KERNEL_ELEMENTWISE["bfloat16"]
+                torch.testing.assert_close(y.double(), reference.double(), rtol=rtol, atol=atol, msg=what)
 
 
 def test_raw_pointer_launch_of_a_quantized_add_norm_replays_from_a_cuda_graph() -> None:

@@ -435,8 +435,11 @@ def test_bench_command_without_gpu_says_so_in_one_line() -> None:
     }
 
 
-def test_cache_folder_changes_with_the_kernel_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # An edited kernel must never load the object files compiled from its previous text.
+@pytest.mark.parametrize("source", ["norm_kernel.py", "quant.py"])
+def test_cache_folder_changes_with_the_kernel_sources(
+    source: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An edited kernel (or its quantizers) must never load the object files compiled from its previous text.
     from trtfuse.kernels import cache
 
     before = cache.cache_folder(tmp_path, "sm_90a")
@@ -444,7 +447,7 @@ def test_cache_folder_changes_with_the_kernel_sources(monkeypatch: pytest.Monkey
     edited.mkdir()
     for name in cache._KERNEL_SOURCES:
         (edited / name).write_bytes((Path(cache.__file__).parent / name).read_bytes())
-    (edited / "norm_kernel.py").write_text((edited / "norm_kernel.py").read_text() + "\n# edited\n")
+    (edited / source).write_text((edited / source).read_text() + "\n# edited\n")
     monkeypatch.setattr(cache, "__file__", str(edited / "cache.py"))
     cache.kernel_sources_digest.cache_clear()
     try:

@@ -77,22 +77,33 @@ def variant_of(spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned: bool
     return kind(spec, KernelCache(Path("/nonexistent")), HOPPER).variant(regime, aligned)
 
 
+def immediate(value: float) -> str:
+    """A float32 value as PTX writes it in an instruction: 0f and its bits in hex."""
+    return "0f" + np.float32(value).tobytes()[::-1].hex().upper()
+
+
 def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -> None:
     """Each stage's quotient is `ptx.scale_quotient`'s (a product by the scale's float32 reciprocal, then two
     fma corrections by the scale's own bits), or div.rn.f32 by the scale for one outside its range; no approximate
-    division anywhere; the conversions of each quantized dtype are there."""
+    division anywhere; the conversions of each quantized dtype are there; with the rsqrt stage, r is the correctly
+    rounded root and reciprocal (`root_to_quotient`), else the approximate inverse root of the plain kernel."""
     quant = spec.quant
     assert not re.search(r"\bdiv\.(approx|full)\b", ptx)
-    assert not re.search(r"\brcp\.", ptx)
+    assert not re.search(r"\brcp\.approx", ptx)
     for stage in quant.stages:
         quantizer = quant.at(stage)
-        scale = f32_bits(quantizer.scale)
+        scale = immediate(quantizer.scale)
         if reciprocal_applies(quantizer.scale):
-            reciprocal = f32_bits(float(np.float32(1.0) / np.float32(quantizer.scale)))
+            reciprocal = immediate(float(np.float32(1.0) / np.float32(quantizer.scale)))
             assert re.search(rf"\bmul\.rn\.f32\s+q0, %r\d+, {reciprocal};", ptx), (stage, reciprocal)
             assert len(re.findall(rf"\bfma\.rn\.f32\s+e, n, {scale}, %r\d+;", ptx)) >= 2, (stage, scale)
         else:
             assert re.search(rf"\bdiv\.rn\.f32\s+%r\d+, %r\d+, {scale};", ptx), (stage, scale)
+    if quant.rsqrt is None:
+        assert "rsqrt.approx.ftz.f32" in ptx
+    else:
+        assert "rsqrt.approx" not in ptx
+        root_to_quotient(ptx, quant.rsqrt)
     dtypes = {quant.at(stage).dtype for stage in quant.stages}
     if "float8_e4m3fn" in dtypes:
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
@@ -107,9 +118,21 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -
         assert "cvt.rn.f16x2.e4m3x2" in ptx  # DQ reads the FP8 codes back
 
 
-def f32_bits(value: float) -> str:
-    """A float32 constant as PTX writes it (0f and its bits)."""
-    return "0f" + np.float32(value).tobytes()[::-1].hex().upper()
+def root_to_quotient(ptx: str, quantizer: Quantizer) -> tuple[str, str, str]:
+    """The rsqrt stage's PTX from the square root of the variance to r's quotient by the scale: sqrt.rn.f32, then
+    rcp.rn.f32 of it (the graph's Sqrt and Reciprocal, each correctly rounded), then what comes between r and the
+    quotient (`ptx.scale_quotient`'s product by the reciprocal, or div.rn.f32). Returns (r's register, the
+    instructions between, the register the quotient reads)."""
+    reciprocal = immediate(float(np.float32(1.0) / np.float32(quantizer.scale)))
+    found = re.search(
+        rf"\bsqrt\.rn\.f32\s+(%r\d+), %r\d+;\s+rcp\.rn\.f32\s+(%r\d+), \1;(.*?)"
+        rf"(?:\bdiv\.rn\.f32\s+%r\d+, (%r\d+), {immediate(quantizer.scale)};"
+        rf"|\bmul\.rn\.f32\s+q0, (%r\d+), {reciprocal};)",
+        ptx,
+        re.S,
+    )
+    assert found, "no sqrt.rn -> rcp.rn -> quotient by the rsqrt scale"
+    return found.group(2), found.group(3), found.group(4) or found.group(5)
 
 
 def check_y_stores(variant: RmsNormVariant | AddRmsNormVariant, ptx: str) -> None:
@@ -191,6 +214,31 @@ def test_a_one_byte_y_takes_16_element_vectors_two_per_thread_in_prefill_and_one
         assert not ours.reread and not ours.paired_stores and ours.min_blocks_per_sm == 0
 
 
+# The conversions that round a float32 r to each 16-bit dtype and back.
+ROUNDINGS = {"float16": ("cvt.rn.f16x2.f32", "cvt.f32.f16"), "bfloat16": ("cvt.rn.bf16.f32", "cvt.f32.bf16")}
+
+
+@pytest.mark.parametrize("input_dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(("regime", "aligned"), [(Regime.PREFILL, True), (Regime.DECODE, False)])
+def test_the_rsqrt_stage_rounds_r_to_its_input_dtype_before_the_quantizer(
+    input_dtype: str, regime: Regime, aligned: bool, tmp_path: Path
+) -> None:
+    """A graph that casts r to 16 bits before its QuantizeLinear: r goes from rcp.rn to that dtype and back, and
+    the division by the scale reads the widened value; with float32, the division reads r itself. float32 rows and
+    weights, so that no other conversion of either 16-bit dtype is in the kernel."""
+    quantizer = Quantizer("int8", f32(0.0083), True, "float16", input_dtype)
+    spec = AddRmsNormSpec(4096, "float32", "float32", LLAMA, quant=QuantParams(rsqrt=quantizer, output=INT8))
+    ptx = compiled_ptx(variant_of(spec, regime, aligned), tmp_path)
+    check_quantizer_instructions(spec, ptx)
+    r, between, read = root_to_quotient(ptx, quantizer)
+    if input_dtype == "float32":
+        assert read == r and "cvt." not in between
+        return
+    narrow, widen = ROUNDINGS[input_dtype]
+    assert re.search(rf"\b{re.escape(narrow)}\s+%r\w+, (%r\d+, )?{r};", between), between
+    assert re.search(rf"\b{re.escape(widen)}\s+{read}, %rs\d+;", between), between
+
+
 def test_the_spec_says_y_is_stored_in_the_output_quantizers_dtype() -> None:
     spec = RmsNormSpec(4096, "float32", "bfloat16", LLAMA, "bfloat16", QuantParams(output=INT8))
     assert (spec.out_dtype, spec.y_dtype) == ("bfloat16", "int8")
@@ -226,6 +274,8 @@ def test_a_plain_specs_repr_is_unchanged_and_quant_specs_have_their_own_keys() -
         (QuantParams(output=Quantizer("int8", 1.0, True, "float16")), "dequant dtype exactly"),
         (QuantParams(input=Quantizer("int8", 1.0)), "dequant dtype exactly"),
         (QuantParams(rsqrt=Quantizer("int8", 1.0, True, "int8")), "dequant dtype 'int8'"),
+        (QuantParams(output=Quantizer("int8", 1.0, input_dtype="float16")), "an input dtype exactly for the rsqrt"),
+        (QuantParams(rsqrt=Quantizer("int8", 1.0, True, "float32", "int8")), "input dtype 'int8' is not one of"),
     ],
 )
 def test_a_quantizer_outside_the_contract_is_refused_in_one_line(quant: QuantParams, problem: str) -> None:

@@ -28,7 +28,8 @@ OUTPUT_RANGE, SUM_RANGE, RSQRT_RANGE = 2.5, 3.0, 1.5
 @dataclass(frozen=True)
 class QuantSpec:
     """One quantized export: the activation dtype, the quantized dtype, the QuantizeLinear's `saturate` (None: the
-    attribute is absent, ONNX's default 1), the opset, and which pairs it has."""
+    attribute is absent, ONNX's default 1), the opset, which pairs it has and, with inverse-root pairs, the dtype
+    of the r they read (`rsqrt_root`: "float32", "rounded" or "core", as `_rsqrt_quantized_norm` takes it)."""
 
     dtype: str = "float16"
     quant: str = "int8"
@@ -36,6 +37,7 @@ class QuantSpec:
     opset: int = 19
     input_pairs: bool = True
     rsqrt_pairs: bool = False
+    rsqrt_root: str = "float32"
     layers: int = 1
 
     @property
@@ -75,14 +77,22 @@ class _Quantizer:
         return self.dequantize(*self.quantize(tensor, value_range, dtype), dtype)
 
 
-def _rsqrt_quantized_norm(b: Builder, quantizer: _Quantizer, x: str, spec: NormSpec) -> str:
-    """A Llama norm in float32 (TorchScript's spelling) with a pair on r between the root and the normalising Mul."""
-    x32 = x if spec.dtype == "float32" else b.cast(x, "float32")
-    mean = b.reduce("ReduceMean", b.op("Pow", x32, b.constant(2.0)), [-1])
-    inverse = b.op("Div", b.constant(1.0), b.op("Sqrt", b.op("Add", mean, b.constant(spec.epsilon))))
-    inverse = quantizer.fake(inverse, RSQRT_RANGE, "float32")
-    normalized = b.op("Mul", x32, inverse)
-    rounded = normalized if spec.dtype == "float32" else b.cast(normalized, spec.dtype)
+def _rsqrt_quantized_norm(b: Builder, quantizer: _Quantizer, x: str, spec: NormSpec, root: str) -> str:
+    """A Llama norm (TorchScript's spelling) with a pair on r between the root and the normalising Mul. `root`:
+    "float32" (the chain in float32, the pair on the float32 r), "rounded" (the float32 r cast to the activations'
+    dtype before its pair; the pair and Mul(x, r') in that dtype: `+rsqrt-cast`) or "core" (the whole chain in the
+    activations' dtype: `core-<dtype>`)."""
+    core = spec.dtype if root == "core" else "float32"
+    x_core = x if spec.dtype == core else b.cast(x, core)
+    mean = b.reduce("ReduceMean", b.op("Pow", x_core, b.constant(2.0)), [-1])
+    inverse = b.op("Div", b.constant(1.0, core), b.op("Sqrt", b.op("Add", mean, b.constant(spec.epsilon, core))))
+    if root == "float32":
+        normalized = b.op("Mul", x_core, quantizer.fake(inverse, RSQRT_RANGE, "float32"))
+        rounded = normalized if spec.dtype == "float32" else b.cast(normalized, spec.dtype)
+    else:
+        rounded = b.op(
+            "Mul", x, quantizer.fake(inverse if root == "core" else b.cast(inverse, spec.dtype), RSQRT_RANGE)
+        )
     return b.op("Mul", rounded, b.weight(HIDDEN, spec.dtype))
 
 
@@ -98,7 +108,10 @@ def quantized_decoder(spec: QuantSpec) -> onnx.ModelProto:
     for index in range(norms):
         last = index == norms - 1
         x = quantizer.fake(stream, SUM_RANGE) if spec.input_pairs and not last else stream
-        y = _rsqrt_quantized_norm(b, quantizer, x, norm_spec) if spec.rsqrt_pairs else rms_norm(b, x, norm_spec)
+        if spec.rsqrt_pairs:
+            y = _rsqrt_quantized_norm(b, quantizer, x, norm_spec, spec.rsqrt_root)
+        else:
+            y = rms_norm(b, x, norm_spec)
         quantized, scale = quantizer.quantize(y, OUTPUT_RANGE)
         b.output(quantized, [BATCH, SEQUENCE, HIDDEN])
         dequantized = quantizer.dequantize(quantized, scale)

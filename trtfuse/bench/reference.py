@@ -25,12 +25,15 @@ _FLOAT8E4M3FN_NAN = 0x7F
 
 
 def quantize_reference(v: torch.Tensor, quantizer: Quantizer) -> torch.Tensor:
-    """Q(v) of the contract, as an int8 or float8_e4m3fn tensor: float32(v) / scale in float32 (IEEE division),
-    rounded half to even and saturated. INT8 clamps to [-128, 127], and a NaN is -128, as onnxruntime's CPU
-    QuantizeLinear gives it; E4M3FN past ±464 is ±448 when `saturate` is set, else NaN (ONNX's definition: its
-    reference evaluator and onnxruntime agree everywhere except that onnxruntime 1.32 gives ±448 for |v/s| in
-    [480, 496) without saturation)."""
-    scaled = v.detach().float() / torch.tensor(quantizer.scale, dtype=torch.float32, device=v.device)
+    """Q(v) of the contract, as an int8 or float8_e4m3fn tensor: float32(v), rounded to the quantizer's input dtype
+    where it has one, divided by the scale in float32 (IEEE division), rounded half to even and saturated. INT8
+    clamps to [-128, 127], and a NaN is -128, as onnxruntime's CPU QuantizeLinear gives it; E4M3FN past ±464 is ±448
+    when `saturate` is set, else NaN (ONNX's definition: its reference evaluator and onnxruntime agree everywhere
+    except that onnxruntime 1.32 gives ±448 for |v/s| in [480, 496) without saturation)."""
+    read = v.detach().float()
+    if quantizer.input_dtype is not None:
+        read = read.to(getattr(torch, quantizer.input_dtype)).float()
+    scaled = read / torch.tensor(quantizer.scale, dtype=torch.float32, device=v.device)
     if quantizer.dtype == "int8":
         low, high = INT8_RANGE
         rounded = torch.where(scaled.isnan(), float(low), scaled.round().clamp(low, high))
@@ -68,18 +71,33 @@ def norm_reference(
     """y for x over its last axis, computed in float64 on x's device, with the casts where the weight mode puts
     them: to the output dtype T (`output_dtype`, default x's) at the end and, in AFTER_CAST, to the node's 16-bit
     dtype R before the weight multiply. `weight` is unused in WeightMode.NONE. With `quant`, x is fake-quantized
-    first (input stage), the inverse root after it is computed and rounded to float32 (rsqrt stage), and the T value
-    of y is quantized (output stage: the result is int8 or float8_e4m3fn)."""
+    first (input stage), the inverse root r after it is fake-quantized as the contract computes it in float32
+    (rsqrt stage: `float32_inverse_root`), and the T value of y is quantized (output stage: the result is int8 or
+    float8_e4m3fn)."""
     x_name = str(x.dtype).removeprefix("torch.")
     out_name = output_dtype or x_name
     out, rounding = getattr(torch, out_name), getattr(torch, rounding_dtype(x_name, out_name))
     quant = quant or QuantParams()
     x64 = x.detach().double() if quant.input is None else fake_quant_reference(x, quant.input).double()
-    inverse_root = (x64.pow(2).mean(dim=-1, keepdim=True) + params.epsilon).rsqrt()
-    if quant.rsqrt is not None:
-        inverse_root = fake_quant_reference(inverse_root.float(), quant.rsqrt).double()
+    mean_square = x64.pow(2).mean(dim=-1, keepdim=True)
+    if quant.rsqrt is None:
+        inverse_root = (mean_square + params.epsilon).rsqrt()
+    else:
+        inverse_root = fake_quant_reference(float32_inverse_root(mean_square, params.epsilon), quant.rsqrt).double()
     y = _weighted(x64 * inverse_root, weight, params, out, rounding)
     return y if quant.output is None else quantize_reference(y, quant.output)
+
+
+def float32_inverse_root(mean_square: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """r = 1 / sqrt(mean + epsilon) from the mean of squares, as the contract computes r in float32 (the graph's
+    Add, Sqrt and Reciprocal, each an IEEE float32 operation): r' = DQ(Q(r)) is a step function of r, so the float64
+    root rounded to float32, up to an ulp away, would put some rows a quantization step off. The mean is rounded
+    once to float32 (the float32 mean exactly where a row's sum of squares is exact in float32); the root and the
+    reciprocal go through float64, which rounds each to float32 exactly as the IEEE float32 operation does (torch's
+    own float32 sqrt is not correctly rounded on every CPU)."""
+    variance = mean_square.float() + torch.tensor(epsilon, dtype=torch.float32, device=mean_square.device)
+    root = variance.double().sqrt().float()
+    return (1.0 / root.double()).float()
 
 
 def _weighted(

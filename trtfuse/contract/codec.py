@@ -41,8 +41,6 @@ INT32_MAX = 2**31 - 1
 _MODES = ", ".join(f"{mode.value} ({mode.name})" for mode in WeightMode)
 _CODES = ", ".join(f"{code} ({name})" for name, code in OUTPUT_DTYPE_CODES.items())
 _QUANT_CODES = ", ".join([f"{QUANT_OFF} (off)", *(f"{code} ({name})" for name, code in QUANT_DTYPE_CODES.items())])
-# The numbers an off stage is written with: scale 1, saturating, dequantized to float32.
-_OFF_NUMBERS = (QUANT_OFF, 1.0, 1, OUTPUT_DTYPE_CODES["float32"])
 
 
 class FieldError(TrtfuseError):
@@ -110,13 +108,15 @@ class NodeFields:
 
 
 def _stage_numbers(stage: QuantStage, quant: QuantParams | None) -> tuple[float | int, ...]:
+    """The stage's numbers in its field order; an off stage is written as scale 1, saturating, float32 dtypes."""
     quantizer = None if quant is None else quant.at(stage)
     if quantizer is None:
-        numbers = _OFF_NUMBERS
+        head, dtypes = (QUANT_OFF, 1.0, 1), (None, None)
     else:
-        dequant = OUTPUT_DTYPE_CODES[quantizer.dequant_dtype or "float32"]
-        numbers = (QUANT_DTYPE_CODES[quantizer.dtype], quantizer.scale, int(quantizer.saturate), dequant)
-    return numbers[: len(stage.fields)]
+        head = (QUANT_DTYPE_CODES[quantizer.dtype], quantizer.scale, int(quantizer.saturate))
+        dtypes = (quantizer.dequant_dtype, quantizer.input_dtype)
+    numbers = (*head, *(OUTPUT_DTYPE_CODES[dtype or "float32"] for dtype in dtypes))
+    return tuple(number for name, number in zip(stage.field_slots, numbers, strict=True) if name is not None)
 
 
 def op_named(name: str) -> FusedOp:
@@ -162,30 +162,37 @@ def _decode_quant(op: FusedOp, values: Mapping[str, float | int]) -> QuantParams
     """Every stage's quantizer; an off stage's other fields must still be well-formed numbers."""
     quantizers: dict[str, Quantizer | None] = {}
     for stage in op.quant_stages:
-        dtype_field, scale_field, saturate_field, *dequant_field = stage.fields
-        code = int(values[dtype_field])
+        code = int(values[stage.dtype_field])
         dtype = quant_dtype_of_code(code)
         if dtype is None and code != QUANT_OFF:
-            raise FieldError(dtype_field, f"is {code}, none of {_QUANT_CODES}")
-        scale = float(values[scale_field])
+            raise FieldError(stage.dtype_field, f"is {code}, none of {_QUANT_CODES}")
+        scale = float(values[stage.scale_field])
         if not (math.isfinite(scale) and scale > 0.0):
-            raise FieldError(scale_field, f"is {scale!r}, not a finite positive number")
-        saturate = int(values[saturate_field])
+            raise FieldError(stage.scale_field, f"is {scale!r}, not a finite positive number")
+        saturate = int(values[stage.saturate_field])
         if saturate not in (0, 1):
-            raise FieldError(saturate_field, f"is {saturate}, not 0 or 1")
+            raise FieldError(stage.saturate_field, f"is {saturate}, not 0 or 1")
         if dtype == "int8" and saturate == 0:
-            raise FieldError(saturate_field, "is 0, but INT8 always saturates (ONNX's saturate is float8's)")
-        dequant_dtype = None
-        if dequant_field:
-            dequant_dtype = dtype_of_code(int(values[dequant_field[0]]))
-            if dequant_dtype is None:
-                raise FieldError(dequant_field[0], f"is {values[dequant_field[0]]}, none of {_CODES}")
+            raise FieldError(stage.saturate_field, "is 0, but INT8 always saturates (ONNX's saturate is float8's)")
+        dequant_dtype, input_dtype = (
+            _float_dtype(values, name) for name in (stage.dequant_field, stage.input_dtype_field)
+        )
         on = dtype is not None
-        quantizers[stage.value] = Quantizer(dtype, scale, bool(saturate), dequant_dtype) if on else None
+        quantizers[stage.value] = Quantizer(dtype, scale, bool(saturate), dequant_dtype, input_dtype) if on else None
     quant = QuantParams(**quantizers)
     if not quant.stages:
         raise FieldError(op.quant_stages[0].fields[0], f"and every other stage is off: a plain {op.base} node")
     return quant
+
+
+def _float_dtype(values: Mapping[str, float | int], name: str | None) -> str | None:
+    """The float dtype a stage's dtype field names (None for a field the stage does not have)."""
+    if name is None:
+        return None
+    dtype = dtype_of_code(int(values[name]))
+    if dtype is None:
+        raise FieldError(name, f"is {values[name]}, none of {_CODES}")
+    return dtype
 
 
 # --- ONNX attributes -------------------------------------------------------------------------------------------------

@@ -79,8 +79,8 @@ _DTYPES_BY_CODE = {code: name for name, code in OUTPUT_DTYPE_CODES.items()}
 
 class QuantStage(str, enum.Enum):
     """Where a quantizer of a quantized op (`quantized`) acts in the formula. Each stage has its own fields, named
-    `<stage>_quant_dtype`, `<stage>_quant_scale`, `<stage>_quant_saturate` and, for the two fake-quant stages,
-    `<stage>_dequant_dtype` (`QuantStage.fields`)."""
+    `<stage>_quant_dtype`, `<stage>_quant_scale`, `<stage>_quant_saturate`, for the two fake-quant stages
+    `<stage>_dequant_dtype` and, for the rsqrt stage, `<stage>_quant_input_dtype` (`QuantStage.fields`)."""
 
     INPUT = "input"  # the normalised tensor (x; the add-norm's rounded h) becomes DQ(Q(·)) before the norm reads it
     RSQRT = "rsqrt"  # each row's inverse root r becomes DQ(Q(r)) before it scales the row
@@ -92,14 +92,40 @@ class QuantStage(str, enum.Enum):
         return self is not QuantStage.OUTPUT
 
     @property
+    def rounds_input(self) -> bool:
+        """The rsqrt stage's Q reads r as the graph rounded it (`Quantizer.input_dtype`); what the other stages'
+        Q reads the formula already rounds (x in its dtype, y to T)."""
+        return self is QuantStage.RSQRT
+
+    @property
     def fields(self) -> tuple[str, ...]:
-        prefix = f"{self.value}_"
-        names = (f"{prefix}quant_dtype", f"{prefix}quant_scale", f"{prefix}quant_saturate")
-        return (*names, f"{prefix}dequant_dtype") if self.fake else names
+        return tuple(name for name in self.field_slots if name is not None)
+
+    @property
+    def field_slots(self) -> tuple[str | None, ...]:
+        """The names of a quantizer's five numbers (dtype, scale, saturate, dequant dtype, input dtype) as this
+        stage's fields, None for those it has no field of."""
+        return (self.dtype_field, self.scale_field, self.saturate_field, self.dequant_field, self.input_dtype_field)
+
+    @property
+    def dtype_field(self) -> str:
+        return f"{self.value}_quant_dtype"
 
     @property
     def scale_field(self) -> str:
         return f"{self.value}_quant_scale"
+
+    @property
+    def saturate_field(self) -> str:
+        return f"{self.value}_quant_saturate"
+
+    @property
+    def dequant_field(self) -> str | None:
+        return f"{self.value}_dequant_dtype" if self.fake else None
+
+    @property
+    def input_dtype_field(self) -> str | None:
+        return f"{self.value}_quant_input_dtype" if self.rounds_input else None
 
 
 QUANT_STAGES = tuple(QuantStage)
@@ -120,18 +146,22 @@ class Quantizer:
     """One ONNX QuantizeLinear (and, for a fake-quant stage, the DequantizeLinear after it) with a constant
     per-tensor scale and zero point 0, as a fused node computes it (docs/plugin-nodes.md, "Quantization"):
 
-    Q(v)  = saturate_to_dtype(round_half_even(float32(v) / scale))     # the division in float32, IEEE
+    Q(v)  = saturate_to_dtype(round_half_even(float32(I(v)) / scale))  # the division in float32, IEEE
     DQ(q) = dequant_dtype(float32(q) · scale)                          # the product in float32, rounded once
 
     `scale` is a positive finite float32 value; `saturate` is ONNX's attribute (float8 only: past ±448 the value
     is ±448 when set, NaN when not; INT8 always clamps to [-128, 127], so it is always True there);
     `dequant_dtype` is the dtype the dequantized product is rounded to (the DequantizeLinear's scale dtype), None
-    for the output stage, which does not dequantize."""
+    for the output stage, which does not dequantize. `input_dtype` is I, the dtype the rsqrt stage rounds the
+    float32 r to before Q reads it (the graph's QuantizeLinear reads r in that dtype: float32, or the 16-bit dtype
+    a graph casts r to first); None for the other stages (I is then the identity), and an rsqrt quantizer given
+    none reads r as computed, in float32 (`QuantParams`)."""
 
     dtype: str
     scale: float
     saturate: bool = True
     dequant_dtype: str | None = None
+    input_dtype: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scale", float(self.scale))
@@ -140,11 +170,16 @@ class Quantizer:
 
 @dataclass(frozen=True)
 class QuantParams:
-    """The quantizers of one quantized node, by stage (None: the stage is off; at least one is on)."""
+    """The quantizers of one quantized node, by stage (None: the stage is off; at least one is on). An rsqrt
+    quantizer without an input dtype is given float32's: Q reads r unrounded."""
 
     input: Quantizer | None = None
     rsqrt: Quantizer | None = None
     output: Quantizer | None = None
+
+    def __post_init__(self) -> None:
+        if self.rsqrt is not None and self.rsqrt.input_dtype is None:
+            object.__setattr__(self, "rsqrt", dataclasses.replace(self.rsqrt, input_dtype="float32"))
 
     def at(self, stage: QuantStage) -> Quantizer | None:
         return getattr(self, stage.value)

@@ -7,7 +7,8 @@ Cast(Add(Cast(x, fp32), Cast(residual, fp32)), D), written to its own output, an
 A quantized node's stages are standard QuantizeLinear / DequantizeLinear nodes on float32 values with float32 scales
 and zero point 0 (onnxruntime's own arithmetic, which the contract's quantizers are defined to equal): the input
 stage on x (or the rounded h), the rsqrt stage on the inverse root, each dequantized in float32 and rounded once to
-its dequant dtype; the output stage quantizes y's T value into the node's output.
+its dequant dtype, the rsqrt stage's Q reading r rounded to its input dtype first (a Cast and back, where the graph
+cast r to 16 bits); the output stage quantizes y's T value into the node's output.
 """
 
 from __future__ import annotations
@@ -106,13 +107,16 @@ class _Lowering:
         return None if quant is None else quant.at(stage)
 
     def _fake_quant(self, tensor: str, stage: contract.QuantStage, name: str) -> str:
-        """`tensor` (float32) through the stage's DQ(Q(·)), dequantized in float32 and rounded once to the dequant
+        """`tensor` (float32) through the stage's DQ(Q(·)), Q reading it rounded to the quantizer's input dtype
+        (the rsqrt stage's r, as the graph rounded it), dequantized in float32 and rounded once to the dequant
         dtype, back in float32; `tensor` itself where the stage is off."""
         quantizer = self._stage(stage)
         if quantizer is None:
             return tensor
         name = f"{name}/{stage.value}_quant"
-        quantized = self._quantize(tensor, quantizer, name)
+        input_type = contract.OUTPUT_DTYPE_CODES[quantizer.input_dtype or "float32"]
+        rounded = self._cast(self._cast(tensor, input_type, f"{name}/round_input"), _FLOAT, f"{name}/round_input_fp32")
+        quantized = self._quantize(rounded, quantizer, name)
         scale, zero_point = self._quantizer_operands(quantizer, name)
         dequantized = self._op("DequantizeLinear", [quantized, scale, zero_point], f"{name}/dequantize")
         rounded = self._cast(dequantized, contract.OUTPUT_DTYPE_CODES[quantizer.dequant_dtype], f"{name}/round")

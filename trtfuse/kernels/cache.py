@@ -30,7 +30,16 @@ def default_cache_root() -> Path:
 
 
 # The modules whose text decides the generated code.
-_KERNEL_SOURCES = ("norm_kernel.py", "ptx.py", "tiling.py", "compiler.py", "specs.py", "artifacts.py", "declaration.py")
+_KERNEL_SOURCES = (
+    "norm_kernel.py",
+    "quant.py",
+    "ptx.py",
+    "tiling.py",
+    "compiler.py",
+    "specs.py",
+    "artifacts.py",
+    "declaration.py",
+)
 
 
 @functools.cache

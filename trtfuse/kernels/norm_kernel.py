@@ -174,9 +174,14 @@ def _row_rstd(
         sum_sq = Float32(0.0)
         for w in cutlass.range_constexpr(tiling.warps_per_row):
             sum_sq = sum_sq + partials[row_in_block, w]
-    rstd = cute.math.rsqrt(sum_sq / Float32(tiling.hidden) + Float32(math.params.epsilon), fastmath=True)
-    if cutlass.const_expr(math.stage("rsqrt") is not None):
-        rstd = fake_quantized_scalar(rstd, math.stage("rsqrt"))
+    variance = sum_sq / Float32(tiling.hidden) + Float32(math.params.epsilon)
+    quantizer = math.stage("rsqrt")
+    if cutlass.const_expr(quantizer is None):
+        rstd = cute.math.rsqrt(variance, fastmath=True)
+    else:
+        # The graph's r, Sqrt then Reciprocal, each correctly rounded: r' = DQ(Q(r)) is a step function of r, and
+        # the approximate rsqrt's last-bit error would put some rows one step away.
+        rstd = fake_quantized_scalar(Float32(1.0) / cute.math.sqrt(variance), quantizer)
     return rstd
 
 

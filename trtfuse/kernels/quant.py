@@ -88,7 +88,11 @@ def _store_e4m3_unsaturated(quotients: cute.Tensor, quantizer: cutlass.Constexpr
 
 @cute.jit
 def fake_quantized(values: cute.TensorSSA, quantizer: cutlass.Constexpr, layout: cutlass.Constexpr) -> cute.TensorSSA:
-    """DQ(Q(values)) as float32: the quantized value, scaled back and rounded once to the dequant dtype."""
+    """DQ(Q(values)) as float32: the quantized value, scaled back and rounded once to the dequant dtype. Q reads
+    `values` rounded to the quantizer's input dtype where it has a 16-bit one (a graph that casts r to 16 bits
+    before its QuantizeLinear)."""
+    if cutlass.const_expr(quantizer.input_dtype not in (None, "float32")):
+        values = values.to(FLOAT_CUTLASS_DTYPES[quantizer.input_dtype]).to(Float32)
     if cutlass.const_expr(quantizer.dtype == "int8"):
         # The level itself is float32(q): no INT8 code needs forming.
         levels = _int8_levels(values, quantizer, layout).load()

@@ -63,12 +63,15 @@ def _check_quant(quant: QuantParams | None) -> None:
             raise ValueError(f"{stage.value} quantizer scale {scale!r} is not a positive finite float32 value")
         if quantizer.dtype == "int8" and not quantizer.saturate:
             raise ValueError(f"{stage.value} quantizer: INT8 always saturates, saturate=False is not a quantizer")
-        if stage.fake != (quantizer.dequant_dtype is not None):
-            raise ValueError(f"{stage.value} quantizer: a dequant dtype exactly for the fake-quant stages")
-        if stage.fake and quantizer.dequant_dtype not in ACTIVATION_DTYPES:
-            raise ValueError(
-                f"{stage.value} dequant dtype {quantizer.dequant_dtype!r} is not one of {ACTIVATION_DTYPES}"
-            )
+        float_dtypes = (
+            ("dequant", quantizer.dequant_dtype, stage.fake, "a dequant dtype exactly for the fake-quant stages"),
+            ("input", quantizer.input_dtype, stage.rounds_input, "an input dtype exactly for the rsqrt stage"),
+        )
+        for name, dtype, has_it, rule in float_dtypes:
+            if has_it != (dtype is not None):
+                raise ValueError(f"{stage.value} quantizer: {rule}")
+            if has_it and dtype not in ACTIVATION_DTYPES:
+                raise ValueError(f"{stage.value} {name} dtype {dtype!r} is not one of {ACTIVATION_DTYPES}")
 
 
 def _repr(spec: RmsNormSpec | AddRmsNormSpec) -> str:

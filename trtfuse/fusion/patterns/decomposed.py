@@ -277,6 +277,7 @@ def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.No
         raise walk.reject(f"variance + eps goes to {describe(root)}, not to Sqrt or Pow(-0.5)")
     product = walk.next_node(nodes[-1].outputs[0])
     if onnx_op(product) == "Cast":
+        # r rounded (T5; ModelOpt fp16): a pair after it quantizes the rounded r, the dtype its rsqrt stage records.
         nodes.append(product)
         tag = f"{tag}+rsqrt-cast"
         product = walk.next_node(product.outputs[0])

@@ -146,10 +146,14 @@ def quantizer_of(quantize: gs.Node, dequantize: gs.Node | None = None) -> Quanti
 
 
 def fake_quant(stage: QuantStage, quantize: gs.Node, dequantize: gs.Node | None) -> TakenQuantizer | str:
-    """The pair as the quantizer of a fake-quant `stage`, or why it is none."""
+    """The pair as the quantizer of a fake-quant `stage`, or why it is none. The rsqrt stage records the dtype its
+    QuantizeLinear reads r in, seen through widening Casts: the dtype the graph last rounded r to (a Cast to 16
+    bits in front of the Q, or a root computed in 16 bits)."""
     quantizer = quantizer_of(quantize, dequantize)
     if isinstance(quantizer, str):
         return quantizer
+    if stage.rounds_input:
+        quantizer = replace(quantizer, input_dtype=dtype_name(look_through_lossless_casts(quantize.inputs[0])))
     return TakenQuantizer(stage, quantizer, (quantize, dequantize))
 
 
