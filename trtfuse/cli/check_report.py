@@ -17,6 +17,7 @@ from trtfuse.cli.options import (
     VERBOSITY,
     FilePath,
     IntegerType,
+    TextType,
     detail,
     echo_json,
     printable,
@@ -74,17 +75,15 @@ def verdict_options(command: F) -> F:
     return command
 
 
-class PromptIdsType(click.ParamType):
+class PromptIdsType(TextType):
     """`1,2,3` (or `1 2 3`) -> (1, 2, 3); an empty string is an empty prompt, which the core refuses in its words."""
 
     name = "ID,ID,..."
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
-        if isinstance(value, tuple):
-            return value
-        parts = [part for part in re.split(r"[,\s]+", str(value).strip()) if part]
+    def parse(self, text: str) -> object:
+        parts = [part for part in re.split(r"[,\s]+", text.strip()) if part]
         if not all(re.fullmatch(ASCII_INTEGER, part) for part in parts):
-            self.fail(f"expected token ids separated by commas (e.g. 1,2,3), got {value!r}")
+            self.fail(f"expected token ids separated by commas (e.g. 1,2,3), got {text!r}")
         return tuple(int(part) for part in parts)
 
 

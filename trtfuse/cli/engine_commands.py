@@ -29,9 +29,9 @@ from trtfuse.cli.options import (
     fusion_details,
     fusion_options,
     info,
+    named_option,
     printable,
     summary,
-    unique,
     warning,
 )
 from trtfuse.contract import PluginKind
@@ -66,13 +66,12 @@ COMPARE_INSTALL_HINT = (
 )
 @click.option("--batch", type=RangeType(minimum=1), help="Batch range of every profile [default: 1:2:2].")
 @click.option("--past", type=RangeType(), help="Past (KV cache) length range [default: 0:256:4096].")
-@click.option(
+@named_option(
     "--shape",
     "shapes",
-    multiple=True,
-    type=ShapeRangeType(),
-    callback=unique("input"),
-    help="Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
+    ShapeRangeType(),
+    "input",
+    "Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
 )
 @click.option(
     "--opt-level", default=3, show_default=True, type=IntegerType(0, 5), help="TensorRT builder optimisation level."
