@@ -15,7 +15,7 @@ import onnxruntime
 import pytest
 
 from trtfuse.fusion.fuse import fuse_model
-from trtfuse.generate.agreement import check_generation
+from trtfuse.generate.agreement import GenerationRequest, check_generation
 from trtfuse.model import onnx_file
 from trtfuse.model.feeds import default_feeds
 from trtfuse.model.onnx_file import load_model, save_model
@@ -90,7 +90,7 @@ def test_check_holds_one_session_at_a_time_and_releases_each(tmp_path: Path, mon
 def test_check_generate_holds_one_session_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     original, fused = _with_external_weights(KV_FIXTURE, tmp_path, monkeypatch)
     ledger = SessionLedger(monkeypatch)
-    verdict = check_generation(load_model(original), load_model(fused), 3)
+    verdict = check_generation(load_model(original), load_model(fused), GenerationRequest(3))
     assert verdict.passed and len(verdict.original.steps) == 3
     assert len(ledger.models) == 2
     assert ledger.most_alive == 1

@@ -270,17 +270,26 @@ def logits_dtype(original: LoadedModel, interface: GenerationInterface) -> str:
     return elem_type_name(output.type.tensor_type.elem_type)
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """`steps` tokens generated greedily from `prompt` (None: a few ids inside the vocabulary drawn from `seed`)."""
+
+    steps: int
+    prompt: Sequence[int] | None = None
+    seed: int = 0
+
+
 def generation_request(
-    original: LoadedModel, steps: int, prompt: Sequence[int] | None, seed: int
+    original: LoadedModel, request: GenerationRequest
 ) -> tuple[GenerationInterface, list[int], bool, list[str]]:
     """The original's interface, the prompt, whether the cache is fed back, and notes; checked before any run (a
     caller that runs other steps first, `check`'s, calls this before them too, so a refusal comes before any work).
     A model without a cache runs in recompute mode here: the comparison is about the tokens, not the speed."""
     interface = generation_interface(original.model, str(original.path))
     use_cache = interface.has_cache
-    chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
+    chosen = list(request.prompt) if request.prompt is not None else default_prompt(interface, request.seed)
     interface.check_drivable(use_cache)
-    interface.check_prompt(chosen, steps, use_cache)
+    interface.check_prompt(chosen, request.steps, use_cache)
     notes = run_notes(interface, use_cache)
     if not use_cache:
         notes = ["no KV cache: " + notes[0]]
@@ -288,18 +297,14 @@ def generation_request(
 
 
 def check_generation(
-    original: LoadedModel,
-    fused: LoadedModel,
-    steps: int,
-    prompt: Sequence[int] | None = None,
-    seed: int = 0,
-    notify: Notify = quiet,
+    original: LoadedModel, fused: LoadedModel, request: GenerationRequest, notify: Notify = quiet
 ) -> GenerationVerdict:
     """Greedy generation on the original and on the fused model (plugin nodes lowered), both on the CPU as `check`
-    runs them, from `prompt` (None: a few ids drawn from `seed`), judged by `judge_generations`. The original
-    generates all its tokens and is released before the fused model loads; `notify` hears each load and token."""
+    runs them, as `request` asks, judged by `judge_generations`. The original generates all its tokens and is
+    released before the fused model loads; `notify` hears each load and token."""
     check_same_inputs(original, fused)
-    interface, chosen, use_cache, notes = generation_request(original, steps, prompt, seed)
+    interface, chosen, use_cache, notes = generation_request(original, request)
+    steps = request.steps
     heard = _generation_lines(notify)
     runner, note = original_session(original, heard)
     with runner:
@@ -316,18 +321,14 @@ def check_generation(
 
 
 def compare_generation(
-    original: LoadedModel,
-    engine_path: Path,
-    steps: int,
-    prompt: Sequence[int] | None = None,
-    seed: int = 0,
-    notify: Notify = quiet,
+    original: LoadedModel, engine_path: Path, request: GenerationRequest, notify: Notify = quiet
 ) -> GenerationVerdict:
     """Greedy generation on the original (CPU) and on the engine (TensorRT, each step in the profile that holds
-    it), judged by `judge_generations`; the engine's profiles are checked to hold every step first. The original is
-    released before the engine loads; `notify` hears each load and token."""
+    it), as `request` asks, judged by `judge_generations`; the engine's profiles are checked to hold every step
+    first. The original is released before the engine loads; `notify` hears each load and token."""
     engine = EngineFile.open(engine_path)
-    interface, chosen, use_cache, notes = generation_request(original, steps, prompt, seed)
+    interface, chosen, use_cache, notes = generation_request(original, request)
+    steps = request.steps
     check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     import_tensorrt()
     heard = _generation_lines(notify)
