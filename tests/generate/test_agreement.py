@@ -252,7 +252,7 @@ def test_the_engine_branch_measures_quantizer_flips_too(tmp_path, monkeypatch):
     original = TOOL_FIXTURES / "qwen3-modelopt-fp8-kv.onnx"
     fused = fuse_file(original, tmp_path / "fused.onnx").output_path
     engine = _stand_in_engine(tmp_path / "engine", fused, monkeypatch)
-    verdict = compare_generation(load_model(original), engine, 16)
+    verdict = compare_generation(load_model(original), engine, GenerationRequest(16))
     assert verdict.candidate_runner == "tensorrt-engine"
     assert verdict.passed and verdict.divergence is not None and verdict.divergence.flips is not None
     assert verdict.divergence.flips.passed

@@ -16,7 +16,14 @@ from onnx import numpy_helper
 
 from trtfuse import contract
 from trtfuse.cli.options import EXIT_MISMATCH
-from trtfuse.generate.agreement import FLIP_MARGIN, Divergence, FlipShift, GenerationVerdict, check_generation
+from trtfuse.generate.agreement import (
+    FLIP_MARGIN,
+    Divergence,
+    FlipShift,
+    GenerationRequest,
+    GenerationVerdict,
+    check_generation,
+)
 from trtfuse.generate.loop import Generation, StepRecord
 from trtfuse.model.onnx_file import load_model
 from trtfuse.pipeline import fuse_file
@@ -79,7 +86,7 @@ def test_the_modelopt_fixtures_pass_check_and_check_generate_16_with_no_options(
 def test_the_fp8_fixtures_divergence_is_one_quantizer_flips_explain(fused) -> None:
     # The fused norm is within 0.5 ulp of the float64 norm, the original's fp16 chain up to 2.3 ulps off: at step
     # 3 the tokens part at a margin beyond a near tie, and the nudged original's logits move as far.
-    verdict = check_generation(load_model(FP8_KV), load_model(fused[FP8_KV]), 16)
+    verdict = check_generation(load_model(FP8_KV), load_model(fused[FP8_KV]), GenerationRequest(16))
     divergence = verdict.divergence
     assert divergence is not None and not divergence.near_tie
     assert verdict.passed and divergence.flips is not None and divergence.flips.passed

@@ -101,7 +101,7 @@ def test_the_quantizer_flip_runs_hold_one_session_at_a_time(tmp_path: Path, monk
     # The FP8 fixture diverges beyond a near tie: the nudged original and the fused model run again, in turn.
     original, fused = _with_external_weights(FP8_KV_FIXTURE, tmp_path, monkeypatch)
     ledger = SessionLedger(monkeypatch)
-    verdict = check_generation(load_model(original), load_model(fused), 16)
+    verdict = check_generation(load_model(original), load_model(fused), GenerationRequest(16))
     assert verdict.passed and verdict.divergence is not None and verdict.divergence.flips is not None
     assert len(ledger.models) == 4
     assert ledger.most_alive == 1
