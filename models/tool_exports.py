@@ -234,6 +234,7 @@ def norm_entry(model: nn.Module, arch: str, dtype: str, **extra: object) -> dict
         "epsilon": spec.epsilon if spec.uses_rms_norm else None,
         "norm_calls": calls.total,
         "qk_norm_calls": calls.qk,
+        "mla_norm_calls": calls.mla,
         "add_norm_calls": calls.residual,
         "uses_rms_norm": spec.uses_rms_norm,
         **extra,

@@ -255,6 +255,30 @@ def test_shape_range_spellings() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("type_name", "text"),
+    [
+        ("ShapeType", "a:2x3,b:[4]"),
+        ("ShapeRangeType", "ids=1x1:1x2:1x4"),
+        ("DimType", "batch=2"),
+        ("PromptIdsType", "1,2"),
+    ],
+)
+def test_a_converted_value_converts_to_itself(type_name: str, text: str) -> None:
+    """Click's contract: `convert` takes its own result again (a default, a value passed on) and keeps it."""
+    from trtfuse.cli.check_report import PromptIdsType
+    from trtfuse.cli.options import DimType, ShapeRangeType, ShapeType
+
+    types = {
+        "ShapeType": ShapeType,
+        "ShapeRangeType": ShapeRangeType,
+        "DimType": DimType,
+        "PromptIdsType": PromptIdsType,
+    }
+    converted = types[type_name]().convert(text, None, None)
+    assert types[type_name]().convert(converted, None, None) == converted
+
+
 @pytest.mark.parametrize("digits", ["١:٢:٣", "1:2:³", "1:2:8\u0663"])
 def test_numbers_are_ascii_digits_or_one_line(digits: str, llama_path: Path) -> None:
     """Python's int() and str.isdigit() take other scripts' digits (and isdigit superscripts, which int() refuses):

@@ -195,6 +195,7 @@ def _compile_in_a_process_of_its_own(*args: str) -> subprocess.CompletedProcess:
 @needs_tensorrt
 def test_compile_builds_an_engine_that_matches_onnxruntime(dtype, plugins, tmp_path):
     from trtfuse.engine.compare import compare
+    from trtfuse.verify.check import CheckInputs
 
     original = save_model_file(tiny_lm(dtype, fused=False), tmp_path / "model.onnx")
     engine = tmp_path / "model.engine"
@@ -207,7 +208,7 @@ def test_compile_builds_an_engine_that_matches_onnxruntime(dtype, plugins, tmp_p
     assert sidecar.data["plugins"][0]["name"] == contract.RMS_NORM_OP
     assert sidecar.plugin_kind is PluginKind(plugins)
     assert cache.stat().st_size > 0
-    report = compare(original, engine, dims={"batch": 1, "sequence": 9})
+    report = compare(original, engine, CheckInputs(dims={"batch": 1, "sequence": 9}))
     assert report.candidate_runner == ENGINE_RUNNER
     assert report.passed, report.to_json()
 

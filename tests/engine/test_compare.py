@@ -13,7 +13,7 @@ from trtfuse.cli.options import EXIT_MISMATCH
 from trtfuse.engine.compare import LOWERED_RUNNER, compare
 from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.model.onnx_file import load_model
-from trtfuse.verify.check import check_fused
+from trtfuse.verify.check import CheckInputs, check_fused
 from trtfuse.verify.tolerances import tolerance_for
 
 from fakes.sessions import OnnxrtEngineSession
@@ -39,7 +39,7 @@ def model_pair(request, tmp_path):
 
 def test_fused_model_matches_original(model_pair):
     original, fused, _, dtype = model_pair
-    report = compare(original, fused, seed=3)
+    report = compare(original, fused, CheckInputs(seed=3))
     assert report.passed
     assert report.candidate_runner == LOWERED_RUNNER
     (step,) = report.result.steps
@@ -56,7 +56,7 @@ def test_fused_model_matches_original(model_pair):
 
 def test_corrupted_fused_model_fails(model_pair):
     original, _, corrupted, _ = model_pair
-    report = compare(original, corrupted, seed=3)
+    report = compare(original, corrupted, CheckInputs(seed=3))
     assert not report.passed
     (logits,) = report.result.errors
     assert logits.error.max_rel > 10 * tolerance_for(logits.dtype).rtol
@@ -65,14 +65,18 @@ def test_corrupted_fused_model_fails(model_pair):
 def test_compare_without_an_engine_runs_exactly_what_check_runs(model_pair):
     original, fused, corrupted, _ = model_pair
     for candidate in (fused, corrupted):
-        checked = check_fused(load_model(original), load_model(candidate), seed=4)
-        assert _verdicts(compare(original, candidate, seed=4).result) == _verdicts(checked)
+        checked = check_fused(load_model(original), load_model(candidate), CheckInputs(seed=4))
+        assert _verdicts(compare(original, candidate, CheckInputs(seed=4)).result) == _verdicts(checked)
 
 
 def test_shape_and_dim_overrides_reach_the_feed(model_pair):
     original, fused, _, _ = model_pair
-    assert compare(original, fused, shapes={"input_ids": (1, 7)}).result.steps[0].input_shapes == {"input_ids": (1, 7)}
-    assert compare(original, fused, dims={"sequence": 3}).result.steps[0].input_shapes == {"input_ids": (2, 3)}
+    assert compare(original, fused, CheckInputs(shapes={"input_ids": (1, 7)})).result.steps[0].input_shapes == {
+        "input_ids": (1, 7)
+    }
+    assert compare(original, fused, CheckInputs(dims={"sequence": 3})).result.steps[0].input_shapes == {
+        "input_ids": (2, 3)
+    }
 
 
 def test_missing_candidate_is_one_clear_error(model_pair, tmp_path):
@@ -172,10 +176,10 @@ def test_engine_candidates_get_the_same_steps_and_verdict(model_pair, tmp_path, 
         loaded = load_model(candidate)
         lowered = CpuSession(LoadedModel(model=lower_fused_nodes(loaded.model), path=loaded.path))
         monkeypatch.setattr(session_module, "EngineSession", OnnxrtEngineSession.running(lowered))
-        report = compare(original, engine, seed=4, dims={"sequence": 3})
+        report = compare(original, engine, CheckInputs(seed=4, dims={"sequence": 3}))
         assert report.candidate_runner == ENGINE_RUNNER
         assert report.passed is passes
-        checked = check_fused(load_model(original), loaded, seed=4, dims={"sequence": 3})
+        checked = check_fused(load_model(original), loaded, CheckInputs(seed=4, dims={"sequence": 3}))
         assert _verdicts(report.result) == _verdicts(checked)
 
 
@@ -197,7 +201,7 @@ def test_engine_comparison_saving_its_inputs_reads_the_engine_file_once(model_pa
     monkeypatch.setattr(session_module, "EngineSession", OnnxrtEngineSession.running(lowered))
     opened = []
     monkeypatch.setattr(compare_module.EngineFile, "open", lambda path: opened.append(path) or EngineFile(path, None))
-    report = compare(original, engine, seed=4, dims={"sequence": 3}, save_inputs=saved)
+    report = compare(original, engine, CheckInputs(seed=4, dims={"sequence": 3}, save_inputs=saved))
     assert opened == [engine]
     assert report.passed
     saved_steps = [feed.step for feed in load_feeds(saved, load_model(original).model)]
@@ -217,5 +221,5 @@ def test_opt_shapes_the_original_cannot_take_blame_the_engines_sidecar(model_pai
     with pytest.raises(
         TrtfuseError, match=r"m\.engine\.json: profile 'p' does not fit .*\(OPT shape input_ids: "
     ) as error:
-        compare(original, engine, seed=0)
+        compare(original, engine, CheckInputs(seed=0))
     assert not isinstance(error.value, OptionError)

@@ -3,7 +3,9 @@ reference (trtfuse/bench/reference.py) bit for bit: every stage, both quantized 
 input dtypes onnxruntime's CPU provider runs, both ops. The reference is itself checked against onnxruntime's
 QuantizeLinear (tests/bench/test_quant_reference.py), so this is the lowered graph against what the original graph
 computes, with the norm values equal (float64 in the reference, float32 in the lowering: the norms' inputs are drawn
-so that the two round alike; a flip is reported with its values)."""
+so that the two round alike; a flip is reported with its values). onnxruntime's QuantizeLinear gives the same values
+read in float32 (the lowering) as in fp16 (the graph), and on the ModelOpt FP8 fixture the lowered fused model with
+its quantizers taken in computes what it computes without them, bit for bit."""
 
 from __future__ import annotations
 
@@ -20,6 +22,13 @@ from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
 from trtfuse.fusion.lowering import lower_fused_nodes
+from trtfuse.fusion.options import FusionOptions
+from trtfuse.model.feeds import default_feeds
+from trtfuse.model.onnx_file import load_model
+from trtfuse.pipeline import fuse_file
+from trtfuse.verify.onnxrt import lowered_session
+
+from support.paths import TOOL_FIXTURES
 
 HIDDEN = 64
 ROWS = 96
@@ -146,3 +155,52 @@ def test_a_declared_output_type_other_than_the_quantized_dtype_is_one_line() -> 
     model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT16
     with pytest.raises(TrtfuseError, match=r"output 'y' is declared float16, but output_quant_dtype is int8$"):
         lower_fused_nodes(model)
+
+
+def _quantize_linear(values: np.ndarray, scale: np.ndarray, dtype: str) -> np.ndarray:
+    elem = helper.np_dtype_to_tensor_dtype(values.dtype)
+    code = contract.QUANT_DTYPE_CODES[dtype]
+    node = helper.make_node("QuantizeLinear", ["x", "scale", "zero_point"], ["q"])
+    graph = helper.make_graph(
+        [node],
+        "quantize",
+        [helper.make_tensor_value_info("x", elem, [values.size])],
+        [helper.make_tensor_value_info("q", code, [values.size])],
+        [numpy_helper.from_array(scale, "scale"), helper.make_tensor("zero_point", code, [], [0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return _bits(session.run(None, {"x": values})[0])
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "int8"])
+def test_onnxruntime_quantizes_every_fp16_value_read_as_float32_as_it_does_read_as_fp16(dtype: str) -> None:
+    # The graph's QuantizeLinear reads the norm's fp16 value and an fp16 scale, the lowering's their float32
+    # widenings: the same quantized values, for every finite fp16 and the scales of the ModelOpt FP8 fixture.
+    values = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    values = values[np.isfinite(values)]
+    for scale in (0.1016845703125, 0.0019969940185546875, 0.0931396484375):
+        graph = _quantize_linear(values, np.array(scale, dtype=np.float16), dtype)
+        lowered = _quantize_linear(values.astype(np.float32), np.array(scale, dtype=np.float32), dtype)
+        assert np.array_equal(graph, lowered), scale
+
+
+def test_taking_the_fp8_fixtures_quantizers_in_changes_no_value(tmp_path) -> None:
+    # What the lowered fused model computes differently from the original is the norm's rounding (float32 inside,
+    # where the original rounds every op to fp16), not the quantizers: with and without them taken in
+    # (--no-fuse-quant), every output is the same bit for bit.
+    original = TOOL_FIXTURES / "qwen3-modelopt-fp8-kv.onnx"
+    taken_in = fuse_file(original, tmp_path / "taken-in.onnx").output_path
+    kept_out = fuse_file(original, tmp_path / "kept-out.onnx", fusion=FusionOptions(fuse_quant=False)).output_path
+    models = [load_model(path) for path in (taken_in, kept_out)]
+    assert sum(
+        node.domain == contract.ONNX_DOMAIN and node.op_type.endswith("Quant") for node in models[0].model.graph.node
+    )
+    for step in default_feeds(load_model(original).model, seed=0):
+        outputs = []
+        for model in models:
+            with lowered_session(model, evaluator=False) as session:
+                outputs.append(session.run(step.feed))
+        assert outputs[0].keys() == outputs[1].keys()
+        for name, value in outputs[0].items():
+            assert value.tobytes() == outputs[1][name].tobytes(), (step.step, name)

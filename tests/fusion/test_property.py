@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse.fusion.fuse import fuse_model
 from trtfuse.model.onnx_file import LoadedModel
-from trtfuse.verify.check import check_fused
+from trtfuse.verify.check import CheckInputs, check_fused
 
 OPSET = 18
 BATCH, TOKENS = 2, 3
@@ -231,7 +231,7 @@ def test_fusion_keeps_numerics_and_fuses_exactly_the_real_norms(graph: RandomGra
     totals = result.report()["totals"]
     assert totals["norms"] == graph.real_norms, result.report()
     here = Path(".")
-    check = check_fused(LoadedModel(graph.model, here), LoadedModel(result.model, here), seed=0)
+    check = check_fused(LoadedModel(graph.model, here), LoadedModel(result.model, here), CheckInputs(seed=0))
     assert check.passed, check.errors
     if totals["norms"] == 0:
         assert _node_signatures(result.model) == _node_signatures(graph.model)

@@ -24,9 +24,17 @@ from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
 
 from support.cli import run_cli
-from support.graphs import BATCH, HIDDEN, SEQUENCE, AttentionSpec, attention_block
+from support.graphs import BATCH, HIDDEN, SEQUENCE, AttentionSpec, Builder, NormSpec, attention_block, rms_norm
 from support.paths import TOOL_FIXTURES
-from support.quant_graphs import QMAX, RSQRT_RANGE, QuantSpec, quantized_decoder, quantized_norm
+from support.quant_graphs import (
+    OUTPUT_RANGE,
+    QMAX,
+    QUANT_TYPES,
+    RSQRT_RANGE,
+    QuantSpec,
+    quantized_decoder,
+    quantized_norm,
+)
 
 NO_QUANT = FusionOptions(fuse_quant=False)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -328,3 +336,133 @@ def test_inspect_and_fuse_report_the_quantizers(tmp_path) -> None:
     [entry] = [node for node in fused["fused"] if node["kind"] == contract.RMS_NORM_QUANT_OP]
     assert entry["quant"]["input"]["dequant_dtype"] == "float16" and entry["quant"]["output"]["dtype"] == "int8"
     assert run_cli("check", MODELOPT_FIXTURE, tmp_path / "f.onnx").exit_code == 0
+
+
+# The layout ops a per-tensor Q commutes with (docs/patterns.md, "Quantized norms"): each builds [.., HIDDEN] from
+# the norm's y, so a MatMul by a [HIDDEN, 8] weight reads every result.
+LAYOUTS = {
+    "Reshape": lambda b, y: b.op("Reshape", y, b.constant([-1, HIDDEN], "int64", base="shape")),
+    "Reshape-of-its-shape": lambda b, y: b.op("Reshape", y, b.op("Shape", y)),
+    "Flatten": lambda b, y: b.op("Flatten", y, axis=2),
+    "Unsqueeze": lambda b, y: b.op("Unsqueeze", y, b.constant([1], "int64", base="axes")),
+    "Squeeze": lambda b, y: b.op("Squeeze", y, b.constant([2], "int64", base="axes")),
+    "Transpose": lambda b, y: b.op("Transpose", y, perm=[1, 0, 2]),
+}
+
+
+def _norm_through_layout(
+    layout: str, spec: QuantSpec, also_read: bool = False, residual: bool = False
+) -> onnx.ModelProto:
+    """norm -> layout op -> [Cast to float32, bfloat16] -> Q -> DQ -> [Cast back] -> MatMul, DeepSeek-V3's
+    kv_a_layernorm in ModelOpt's exports (`view` -> Q); the Q's value is a graph output. `also_read`: a Mul reads the
+    layout op's output too, unquantized; `residual`: the norm reads a residual sum, which is a graph output."""
+    b = Builder(opset=spec.opset)
+    squeezed = layout == "Squeeze"
+    shape = [BATCH, SEQUENCE, *([1] if squeezed else []), HIDDEN]
+    x = b.input("x", shape, spec.dtype)
+    if residual:
+        x = b.op("Add", x, b.op("Mul", x, b.weight(HIDDEN, spec.dtype)))
+        b.output(x, shape)
+    moved = LAYOUTS[layout](b, rms_norm(b, x, NormSpec(dtype=spec.dtype)))
+    quantized_input = moved if spec.scale_dtype == spec.dtype else b.cast(moved, spec.scale_dtype)
+    scale = b.constant(OUTPUT_RANGE / QMAX[spec.quant], spec.scale_dtype, base="scale")
+    zero = b.fresh("zero_point")
+    b.initializers.append(onnx.helper.make_tensor(zero, QUANT_TYPES[spec.quant], [], [0]))
+    quantized = b.op("QuantizeLinear", quantized_input, scale, zero)
+    b.output(quantized)
+    dequantized = b.op("DequantizeLinear", quantized, scale, zero)
+    if spec.scale_dtype != spec.dtype:
+        dequantized = b.cast(dequantized, spec.dtype)
+    b.output(b.op("MatMul", dequantized, b.constant(b.rng.normal(0.0, 0.5, (HIDDEN, 8)), spec.dtype, base="proj")))
+    if also_read:
+        b.output(b.op("Mul", moved, moved))
+    return b.model()
+
+
+def _layout_feed(layout: str) -> dict[str, np.ndarray]:
+    feed = _feed(6)
+    return {"x": feed["x"][:, :, None, :]} if layout == "Squeeze" else feed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_quantize_after_a_layout_op_is_taken_in_and_the_op_moves_the_int8_codes(layout: str, dtype: str) -> None:
+    original = _norm_through_layout(layout, QuantSpec(dtype=dtype, quant="int8"))
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.RMS_NORM_QUANT_OP: 1}
+    assert result.search.quant_near_misses == [] and result.counts().quantizers_taken == 1
+    [plugin] = plugin_nodes(result.model)
+    assert plugin.fields.output_quantizer.dtype == "int8"
+    quantize = next(node for node in original.graph.node if node.op_type == "QuantizeLinear")
+    [moved] = [node for node in result.model.graph.node if node.op_type == layout.split("-")[0]]
+    # The op reads the node's INT8 output and writes the Q's output, which the DequantizeLinear still reads.
+    assert moved.input[0] == plugin.node.output[0] and list(moved.output) == [quantize.output[0]]
+    assert [node.op_type for node in result.model.graph.node].count("QuantizeLinear") == 0
+    for shape in (node for node in result.model.graph.node if node.op_type == "Shape"):
+        assert list(shape.input) == [plugin.node.input[0]]
+    [entry] = result.report()["fused"]
+    # The Q (and a bfloat16 graph's widening Cast) is replaced; the layout op stays in the graph.
+    assert entry["quant"]["output"]["nodes"][0] == quantize.name
+    assert len(entry["quant"]["output"]["nodes"]) == (2 if dtype == "bfloat16" else 1)
+    assert moved.name not in entry["replaced"]
+    feed = _layout_feed(layout)
+    want, got = _run(original, dtype, feed), _run(lower_fused_nodes(result.model), dtype, feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+LAYOUT_NEAR_MISSES = {
+    # The layout op's output has another reader, which needs it unquantized.
+    "also-read": (QuantSpec(dtype="float16", quant="int8"), True, "is also read by"),
+    # The op would move FP8 codes, which onnxruntime's Reshape-19 and the TensorRT Shuffle layer documented at
+    # 10.6 do not take.
+    "float8": (QuantSpec(dtype="float16", quant="float8_e4m3fn"), False, "FLOAT8E4M3FN"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT_NEAR_MISSES))
+def test_a_quantize_after_a_layout_op_that_stays_out_names_the_op_and_says_why(case: str) -> None:
+    spec, also_read, reason = LAYOUT_NEAR_MISSES[case]
+    original = _norm_through_layout("Reshape", spec, also_read=also_read)
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.RMS_NORM_OP: 1}
+    [miss] = result.search.quant_near_misses
+    quantize = next(node.name for node in original.graph.node if node.op_type == "QuantizeLinear")
+    reshape = next(node.name for node in original.graph.node if node.op_type == "Reshape")
+    assert miss.node == quantize and miss.reason.startswith("not taken into the norm "), miss.reason
+    assert f"through {reshape}" in miss.reason and reason in miss.reason, miss.reason
+    assert result.counts().line().endswith(f", 1 Q kept out (first: {quantize}: {miss.reason})")
+    feed = _layout_feed("Reshape")
+    want = _run(original, spec.dtype, feed)
+    got = _run(lower_fused_nodes(result.model), spec.dtype, feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_a_quantize_after_a_qk_norm_reshape_stays_after_the_qk_node_and_names_the_reshape() -> None:
+    # DeepSeek-V3 in ModelOpt's FP8: the kv latent norm pairs with the q latent norm, its output reshaped, then
+    # quantized.
+    original = attention_block(AttentionSpec(layout="mla-latent", latent_reshape=True))
+    [pair] = fuse_model(original).search.qk_norm_pairs
+    [reshape] = [node for node in original.graph.node if node.op_type == "Reshape" and pair.k.y.name in node.input]
+    result = fuse_model(_quantize_readers_of(original, reshape.output[0]))
+    assert _kinds(result)[contract.QK_NORM_OP] == 1
+    [miss] = result.search.quant_near_misses
+    assert miss.node == "q_out_Q"
+    assert miss.reason.startswith(f"not taken into the QK-norm of {pair.k.name} (through {reshape.name}): "), miss
+    assert "the contract has no quantized TrtfuseQkNorm" in miss.reason
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_an_add_norm_takes_in_a_quantize_after_a_reshape(dtype: str) -> None:
+    original = _norm_through_layout("Reshape", QuantSpec(dtype=dtype, quant="int8"), residual=True)
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.ADD_RMS_NORM_QUANT_OP: 1}
+    assert result.search.quant_near_misses == [] and result.counts().quantizers_taken == 1
+    [plugin] = plugin_nodes(result.model)
+    [reshape] = [node for node in result.model.graph.node if node.op_type == "Reshape"]
+    assert reshape.input[0] == plugin.node.output[0]
+    feed = _layout_feed("Reshape")
+    want, got = _run(original, dtype, feed), _run(lower_fused_nodes(result.model), dtype, feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)

@@ -17,7 +17,7 @@ from trtfuse.fusion.fuse import FuseResult, fuse_model
 from trtfuse.fusion.lowering import lower_fused_nodes
 from trtfuse.fusion.options import FusionOptions
 from trtfuse.model.onnx_file import LoadedModel, load_model
-from trtfuse.verify.check import check_fused
+from trtfuse.verify.check import CheckInputs, check_fused
 from trtfuse.verify.onnxrt import CpuSession
 from trtfuse.verify.tolerances import output_error, tolerance_for
 
@@ -69,7 +69,7 @@ def _passes_check(original: onnx.ModelProto, result: FuseResult, folder: Path, s
     onnx.save_model(original, str(paths[0]))
     onnx.save_model(result.model, str(paths[1]))
     for seed in range(seeds):
-        verdict = check_fused(load_model(paths[0]), load_model(paths[1]), seed=seed)
+        verdict = check_fused(load_model(paths[0]), load_model(paths[1]), CheckInputs(seed=seed))
         assert verdict.passed, (seed, verdict.to_json())
 
 

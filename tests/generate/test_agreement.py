@@ -19,7 +19,7 @@ from trtfuse import contract
 from trtfuse.cli.options import EXIT_BAD_INPUT, EXIT_MISMATCH
 from trtfuse.engine.profiles import derive_profiles, request_from_options
 from trtfuse.errors import OptionError
-from trtfuse.generate.agreement import compare_generation, judge_generations
+from trtfuse.generate.agreement import GenerationRequest, compare_generation, judge_generations
 from trtfuse.generate.loop import Generation, StepRecord
 from trtfuse.model.onnx_file import load_model
 from trtfuse.pipeline import fuse_file
@@ -179,14 +179,14 @@ def test_the_engine_branch_runs_each_step_and_checks_the_profiles_first(fused_fi
     from trtfuse.engine.profiles import DimRange
 
     engine = _stand_in_engine(tmp_path, fused_fixtures[KV_FIXTURE], monkeypatch)
-    verdict = compare_generation(load_model(KV_FIXTURE), engine, 16)
+    verdict = compare_generation(load_model(KV_FIXTURE), engine, GenerationRequest(16))
     assert verdict.passed and verdict.candidate_runner == "tensorrt-engine"
     result = run_cli("generate", engine, "--steps", "6", "--prompt-ids", "1,2,3", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["runner"] == "tensorrt-engine"
     small = _stand_in_engine(tmp_path / "small", fused_fixtures[KV_FIXTURE], monkeypatch, past=DimRange(0, 4, 8))
     with pytest.raises(OptionError, match=r"step 7 \(1 token after 9\) fits none of the engine's optimisation"):
-        compare_generation(load_model(KV_FIXTURE), small, 16, prompt=[1, 2, 3, 4])
+        compare_generation(load_model(KV_FIXTURE), small, GenerationRequest(16, prompt=[1, 2, 3, 4]))
 
 
 def test_generate_cli_prints_tokens_and_latency_and_json(fused_fixtures):
@@ -246,3 +246,13 @@ def test_generate_on_a_real_engine_gives_the_original_tokens(tmp_path):
     assert json.loads(result.stdout)["tokens"] == expected["tokens"]
     compared = run_cli("compare", KV_FIXTURE, engine, "--generate", "16")
     assert compared.exit_code == 0, compared.output
+
+
+def test_the_engine_branch_measures_quantizer_flips_too(tmp_path, monkeypatch):
+    original = TOOL_FIXTURES / "qwen3-modelopt-fp8-kv.onnx"
+    fused = fuse_file(original, tmp_path / "fused.onnx").output_path
+    engine = _stand_in_engine(tmp_path / "engine", fused, monkeypatch)
+    verdict = compare_generation(load_model(original), engine, GenerationRequest(16))
+    assert verdict.candidate_runner == "tensorrt-engine"
+    assert verdict.passed and verdict.divergence is not None and verdict.divergence.flips is not None
+    assert verdict.divergence.flips.passed

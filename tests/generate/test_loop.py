@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.generate.interface import generation_interface
-from trtfuse.generate.loop import Generation, StepRecord, default_prompt, greedy_generate, repeated
+from trtfuse.generate.loop import Generation, StepRecord, default_prompt, greedy_generate, logits_along, repeated
 from trtfuse.generate.runners import LOWERED_RUNNER, ORIGINAL_RUNNER, generate_file
 from trtfuse.pipeline import fuse_file
 
@@ -91,6 +91,18 @@ def test_recompute_mode_feeds_the_whole_sequence_with_an_empty_cache():
     assert generation.tokens == [4, 5, 6]
     assert [feed["input_ids"].tolist() for feed in seen] == [[[3]], [[3, 4]], [[3, 4, 5]]]
     assert all(feed["past_key_values.0.key"].shape[2] == 0 for feed in seen)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_logits_along_feeds_the_given_tokens_and_returns_every_steps_logits(use_cache):
+    interface = generation_interface(_genai_lengths_model(), "lengths.onnx")
+    seen: list[dict[str, np.ndarray]] = []
+    presents = {pair.past: pair.present for pair in interface.caches}
+    rows = logits_along(_fake_step(VOCAB, seen, presents), interface, [3, 5], [1, 4], use_cache=use_cache)
+    # The model would choose 6 after 5; it is fed 1, then 4, and each row is the last position's.
+    fed = [[[3, 5]], [[1]], [[4]]] if use_cache else [[[3, 5]], [[3, 5, 1]], [[3, 5, 1, 4]]]
+    assert [feed["input_ids"].tolist() for feed in seen] == fed
+    assert [int(np.argmax(row)) for row in rows] == [6, 2, 5]
 
 
 def test_the_kv_fixture_generates_what_transformers_generated(tmp_path):

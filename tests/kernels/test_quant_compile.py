@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
 
-from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
+from trtfuse.contract import NormParams, Quantizer, QuantParams, QuantStage, WeightMode
 from trtfuse.kernels.api import AddRmsNormKernel, RmsNormKernel, rms_norm_tiling
 from trtfuse.kernels.artifacts import (
     AOT_ARCHS,
@@ -28,6 +28,7 @@ from trtfuse.kernels.cache import KernelCache, variant_key
 from trtfuse.kernels.compiler import AddRmsNormVariant, RmsNormVariant, compile_variant
 from trtfuse.kernels.declaration import Tactic, add_rms_norm_params, rms_norm_params
 from trtfuse.kernels.device import DeviceInfo
+from trtfuse.kernels.ptx import reciprocal_applies
 from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime
 
@@ -82,15 +83,22 @@ def immediate(value: float) -> str:
 
 
 def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -> None:
-    """Each stage's division is div.rn.f32 by its scale's float32 bits; no approximate division anywhere; the
-    conversions of each quantized dtype are there; with the rsqrt stage, r is the correctly rounded root and
-    reciprocal (`root_to_quotient`), else the approximate inverse root of the plain kernel."""
+    """Each stage's quotient is `ptx.scale_quotient`'s (a product by the scale's float32 reciprocal, then two
+    fma corrections by the scale's own bits), or div.rn.f32 by the scale for one outside its range; no approximate
+    division anywhere; the conversions of each quantized dtype are there; with the rsqrt stage, r is the correctly
+    rounded root and reciprocal (`root_to_quotient`), else the approximate inverse root of the plain kernel."""
     quant = spec.quant
     assert not re.search(r"\bdiv\.(approx|full)\b", ptx)
     assert not re.search(r"\brcp\.approx", ptx)
     for stage in quant.stages:
-        scale = immediate(quant.at(stage).scale)
-        assert re.search(rf"\bdiv\.rn\.f32\s+%r\d+, %r\d+, {scale};", ptx), (stage, scale)
+        quantizer = quant.at(stage)
+        scale = immediate(quantizer.scale)
+        if reciprocal_applies(quantizer.scale):
+            reciprocal = immediate(float(np.float32(1.0) / np.float32(quantizer.scale)))
+            assert re.search(rf"\bmul\.rn\.f32\s+q0, %r\d+, {reciprocal};", ptx), (stage, reciprocal)
+            assert len(re.findall(rf"\bfma\.rn\.f32\s+e, n, {scale}, %r\d+;", ptx)) >= 2, (stage, scale)
+        else:
+            assert re.search(rf"\bdiv\.rn\.f32\s+%r\d+, %r\d+, {scale};", ptx), (stage, scale)
     if quant.rsqrt is None:
         assert "rsqrt.approx.ftz.f32" in ptx
     else:
@@ -99,24 +107,32 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -
     dtypes = {quant.at(stage).dtype for stage in quant.stages}
     if "float8_e4m3fn" in dtypes:
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    if "int8" in dtypes:
-        assert "cvt.rni.f32.f32" in ptx
+    fake_int8 = any(quant.at(stage).dtype == "int8" for stage in quant.stages if stage is not QuantStage.OUTPUT)
+    if fake_int8:
+        assert "cvt.rni.f32.f32" in ptx  # the level, as a float32, for DQ
+    if quant.output is not None and quant.output.dtype == "int8":
+        # Words of 4 codes: cvt.rni to int32 and cvt.pack.sat; a scalar variant's lone codes: the float level.
+        packed = "cvt.rni.s32.f32" in ptx and len(re.findall(r"\bcvt\.pack\.sat\.s8\.s32\.b32\b", ptx)) >= 2
+        assert packed or "cvt.rni.f32.f32" in ptx
     if quant.input is not None and quant.input.dtype == "float8_e4m3fn":
         assert "cvt.rn.f16x2.e4m3x2" in ptx  # DQ reads the FP8 codes back
 
 
 def root_to_quotient(ptx: str, quantizer: Quantizer) -> tuple[str, str, str]:
-    """The rsqrt stage's PTX from the square root of the variance to r's division by the scale: sqrt.rn.f32, then
-    rcp.rn.f32 of it (the graph's Sqrt and Reciprocal, each correctly rounded), then what comes between r and
-    the division. Returns (r's register, the instructions between, the register the division reads)."""
+    """The rsqrt stage's PTX from the square root of the variance to r's quotient by the scale: sqrt.rn.f32, then
+    rcp.rn.f32 of it (the graph's Sqrt and Reciprocal, each correctly rounded), then what comes between r and the
+    quotient (`ptx.scale_quotient`'s product by the reciprocal, or div.rn.f32). Returns (r's register, the
+    instructions between, the register the quotient reads)."""
+    reciprocal = immediate(float(np.float32(1.0) / np.float32(quantizer.scale)))
     found = re.search(
         rf"\bsqrt\.rn\.f32\s+(%r\d+), %r\d+;\s+rcp\.rn\.f32\s+(%r\d+), \1;(.*?)"
-        rf"\bdiv\.rn\.f32\s+%r\d+, (%r\d+), {immediate(quantizer.scale)};",
+        rf"(?:\bdiv\.rn\.f32\s+%r\d+, (%r\d+), {immediate(quantizer.scale)};"
+        rf"|\bmul\.rn\.f32\s+q0, (%r\d+), {reciprocal};)",
         ptx,
         re.S,
     )
-    assert found, "no sqrt.rn -> rcp.rn -> div.rn by the rsqrt scale"
-    return found.group(2), found.group(3), found.group(4)
+    assert found, "no sqrt.rn -> rcp.rn -> quotient by the rsqrt scale"
+    return found.group(2), found.group(3), found.group(4) or found.group(5)
 
 
 def check_y_stores(variant: RmsNormVariant | AddRmsNormVariant, ptx: str) -> None:
@@ -183,16 +199,18 @@ def test_dtype_pairs_and_row_widths_compile(spec: RmsNormSpec | AddRmsNormSpec, 
             check_y_stores(variant, ptx)
 
 
-def test_a_one_byte_y_takes_16_element_vectors_and_a_16_bit_rows_threads() -> None:
-    """The tiling table's 1-byte-y rule: vectors of 16 (one 16-byte store), half the vectors per thread, so a bf16
-    row of 4096 spreads over the threads the plain bf16 kernel gives it."""
+def test_a_one_byte_y_takes_16_element_vectors_two_per_thread_in_prefill_and_one_in_decode() -> None:
+    """The tiling table's 1-byte-y rule: vectors of 16 (one 16-byte store); prefill keeps a 16-bit row's 2 vectors
+    per thread (so half its threads), decode takes 1 (twice its threads), an add+norm's prefill 1."""
     plain = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA)
     quantized = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=FP8))
+    added = AddRmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=FP8))
+    expected = {Regime.PREFILL: (2, 128, 1), Regime.DECODE: (1, 256, 1)}
     for regime in Regime:
-        ours, theirs = (rms_norm_tiling(s, regime, aligned=True) for s in (quantized, plain))
+        ours, theirs, add = (rms_norm_tiling(s, regime, aligned=True) for s in (quantized, plain, added))
         assert (ours.vector, theirs.vector) == (16, 8)
-        assert ours.threads_per_row == theirs.threads_per_row
-        assert ours.vectors_per_thread * 2 == theirs.vectors_per_thread
+        assert (ours.vectors_per_thread, ours.threads_per_row, ours.rows_per_block) == expected[regime]
+        assert (add.vectors_per_thread, add.threads_per_row) == (1, 256)
         assert not ours.reread and not ours.paired_stores and ours.min_blocks_per_sm == 0
 
 

@@ -18,7 +18,7 @@ from trtfuse.contract import WeightMode
 from trtfuse.errors import OptionError, TrtfuseError
 from trtfuse.model.feeds import DEFAULT_BATCH, DEFAULT_DIM, default_feeds, make_feed
 from trtfuse.model.onnx_file import LoadedModel, load_model
-from trtfuse.verify.check import check_fused
+from trtfuse.verify.check import CheckInputs, check_fused
 from trtfuse.verify.onnxrt import CpuSession, lowered_session
 from trtfuse.verify.tolerances import Tolerance, output_error, tolerance_for
 from trtfuse.verify.verdict import CheckResult, computed_dtypes, judge_for, judge_steps
@@ -97,7 +97,7 @@ def _loaded(model: onnx.ModelProto, path: Path) -> LoadedModel:
 def test_fused_model_matches_its_original(tmp_path: Path) -> None:
     original = _loaded(embedding_norm_model(fused=False), tmp_path / "original.onnx")
     fused = _loaded(embedding_norm_model(fused=True), tmp_path / "fused.onnx")
-    result = check_fused(original, fused, seed=3)
+    result = check_fused(original, fused, CheckInputs(seed=3))
     assert result.passed
     assert result.judged_by == "tolerance"
     (step,) = result.steps
@@ -287,7 +287,7 @@ def _fp16_pair(tmp_path: Path, **fused_options: float) -> tuple[LoadedModel, Loa
 def test_fp16_model_with_fp32_output_is_judged_by_its_fp16_computation(tmp_path: Path) -> None:
     original, fused = _fp16_pair(tmp_path)
     assert computed_dtypes(original.model) == {"logits": "float16"}
-    result = check_fused(original, fused, dims={"sequence": 64})
+    result = check_fused(original, fused, CheckInputs(dims={"sequence": 64}))
     (verdict,) = result.errors
     assert (verdict.dtype, verdict.computed_in) == ("float32", "float16")
     # The fused norm computes in float32 where the original rounds to fp16 at every op: beyond float32's tolerance.
@@ -304,7 +304,9 @@ def test_16_bit_verdict_still_catches_a_wrong_fusion_and_a_given_tolerance_repla
     assert verdict.reference.candidate > 10 * verdict.reference.bound
     assert not verdict.passed
     original, fused = _fp16_pair(tmp_path)
-    (verdict,) = check_fused(original, fused, tolerance=Tolerance(atol=0.0, rtol=1e-7), dims={"sequence": 64}).errors
+    (verdict,) = check_fused(
+        original, fused, CheckInputs(tolerance=Tolerance(atol=0.0, rtol=1e-7), dims={"sequence": 64})
+    ).errors
     assert verdict.reference is None
     assert verdict.error.tolerance.rtol == 1e-7
     assert not verdict.passed
@@ -476,7 +478,7 @@ def test_symlinked_models_read_external_data_beside_the_link_as_fuse_does(tmp_pa
     (target / "weights.data").rename(links / "weights.data")
     (links / "model.onnx").symlink_to(target / "model.onnx")
     loaded = load_model(links / "model.onnx")
-    assert check_fused(loaded, loaded, dims={"batch": 1}).passed
+    assert check_fused(loaded, loaded, CheckInputs(dims={"batch": 1})).passed
 
 
 def test_widening_keeps_ops_and_weights_and_drops_activation_quantization() -> None:
@@ -661,7 +663,7 @@ def test_quantized_graphs_are_judged_against_the_float32_evaluation(tmp_path: Pa
     bf16 = ml_dtypes.bfloat16
     original = _loaded(quantized(_norm_in_16_bit(tiny_lm(bf16, fused=False), bf16)), tmp_path / "original.onnx")
     fused = _loaded(quantized(tiny_lm(bf16, fused=True)), tmp_path / "fused.onnx")
-    result = check_fused(original, fused, dims={"sequence": 64})
+    result = check_fused(original, fused, CheckInputs(dims={"sequence": 64}))
     (verdict,) = result.errors
     # The fused norm computes in float32 where the original rounds to bfloat16 at every op (onnx's reference
     # evaluator runs bfloat16 graphs exactly), which flips quantization steps: beyond bf16's tolerance ...
@@ -671,7 +673,7 @@ def test_quantized_graphs_are_judged_against_the_float32_evaluation(tmp_path: Pa
     assert verdict.reference.candidate <= verdict.reference.bound
     assert result.passed
     corrupted = _loaded(quantized(tiny_lm(bf16, fused=True, epsilon=0.5)), tmp_path / "corrupted.onnx")
-    assert not check_fused(original, corrupted, dims={"sequence": 64}).passed
+    assert not check_fused(original, corrupted, CheckInputs(dims={"sequence": 64})).passed
 
 
 def test_models_onnxruntime_cannot_load_run_in_the_reference_evaluator(tmp_path: Path) -> None:

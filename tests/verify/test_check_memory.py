@@ -15,7 +15,7 @@ import onnxruntime
 import pytest
 
 from trtfuse.fusion.fuse import fuse_model
-from trtfuse.generate.agreement import check_generation
+from trtfuse.generate.agreement import GenerationRequest, check_generation
 from trtfuse.model import onnx_file
 from trtfuse.model.feeds import default_feeds
 from trtfuse.model.onnx_file import load_model, save_model
@@ -28,6 +28,7 @@ from support.paths import FIXTURES
 
 FP16_FIXTURE = FIXTURES / "llama-dynamo-fp16.onnx"
 KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
+FP8_KV_FIXTURE = FIXTURES / "tools" / "qwen3-modelopt-fp8-kv.onnx"
 # Tensors above this go to the external data file, and `load_model` leaves them there: the fixtures' matmul weights
 # and embeddings (8 KiB and more), not their norm weights, epsilons and shapes.
 LARGE_TENSOR_BYTES = 4096
@@ -89,9 +90,20 @@ def test_check_holds_one_session_at_a_time_and_releases_each(tmp_path: Path, mon
 def test_check_generate_holds_one_session_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     original, fused = _with_external_weights(KV_FIXTURE, tmp_path, monkeypatch)
     ledger = SessionLedger(monkeypatch)
-    verdict = check_generation(load_model(original), load_model(fused), 3)
+    verdict = check_generation(load_model(original), load_model(fused), GenerationRequest(3))
     assert verdict.passed and len(verdict.original.steps) == 3
     assert len(ledger.models) == 2
+    assert ledger.most_alive == 1
+    assert ledger.alive == 0
+
+
+def test_the_quantizer_flip_runs_hold_one_session_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The FP8 fixture diverges beyond a near tie: the nudged original and the fused model run again, in turn.
+    original, fused = _with_external_weights(FP8_KV_FIXTURE, tmp_path, monkeypatch)
+    ledger = SessionLedger(monkeypatch)
+    verdict = check_generation(load_model(original), load_model(fused), GenerationRequest(16))
+    assert verdict.passed and verdict.divergence is not None and verdict.divergence.flips is not None
+    assert len(ledger.models) == 4
     assert ledger.most_alive == 1
     assert ledger.alive == 0
 

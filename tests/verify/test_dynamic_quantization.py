@@ -14,7 +14,7 @@ from trtfuse import contract
 from trtfuse.contract import WeightMode
 from trtfuse.fusion.fuse import fuse_model
 from trtfuse.model.onnx_file import LoadedModel, load_model
-from trtfuse.verify.check import check_fused
+from trtfuse.verify.check import CheckInputs, check_fused
 from trtfuse.verify.widening import widen_to_float32
 
 from support.paths import TOOL_FIXTURES
@@ -138,7 +138,7 @@ def test_a_correct_fusion_before_an_on_the_fly_quantizer_passes_at_every_seed(tm
     fused = load_model(_model(tmp_path / "fused.onnx", quantizer, fused=True))
     flipped = 0
     for seed in range(6):
-        result = check_fused(original, fused, seed=seed, dims={"batch": 2, "sequence": 64})
+        result = check_fused(original, fused, CheckInputs(seed=seed, dims={"batch": 2, "sequence": 64}))
         (verdict,) = result.errors
         assert result.judged_by == "float32 evaluation"
         # The original's own quantization error, which the float32 evaluation now measures, sets the bound ...
@@ -153,7 +153,7 @@ def test_a_correct_fusion_before_an_on_the_fly_quantizer_passes_at_every_seed(tm
 def test_a_wrong_fusion_before_an_on_the_fly_quantizer_still_fails(tmp_path: Path, quantizer: str) -> None:
     original = load_model(_model(tmp_path / "original.onnx", quantizer, fused=False))
     wrong = load_model(_model(tmp_path / "wrong.onnx", quantizer, fused=True, epsilon=0.5))
-    assert not check_fused(original, wrong, dims={"batch": 2, "sequence": 64}).passed
+    assert not check_fused(original, wrong, CheckInputs(dims={"batch": 2, "sequence": 64})).passed
 
 
 def test_the_float32_evaluation_leaves_activations_unrounded(tmp_path: Path) -> None:
@@ -174,6 +174,6 @@ def test_the_genai_int4_cpu_fixture_passes_at_every_seed() -> None:
     original = load_model(TOOL_FIXTURES / "qwen3-genai-cpu-int4.onnx")
     fused = LoadedModel(model=fuse_model(original.model).model, path=original.path)
     for seed in range(4):
-        result = check_fused(original, fused, seed=seed)
+        result = check_fused(original, fused, CheckInputs(seed=seed))
         assert result.judged_by == "float32 evaluation"
         assert result.passed, (seed, [output for output in result.errors if not output.passed])

@@ -626,17 +626,16 @@ def print_add_norm_report(report: dict[str, Any]) -> None:
             print(line)
 
 
-def print_report(report: dict[str, Any]) -> None:
-    from trtfuse.bench.quant import print_quant_report
+def _ours_cells(r: dict[str, Any], dtype_width: int, copy_gbs: float, floor_us: float) -> str:
+    """The start of a prefill RMSNorm row: shape, dtype, reach, the same-size copy's µs, then ours (µs, GB/s, %)."""
+    reach = attainable_pct(r["bytes"], copy_gbs, floor_us)
+    line = f"{r['shape']:>12} {r['dtype']:>{dtype_width}} {reach:5.1f} | {r['same_size_copy_us']:7.1f}"
+    return line + f" | {r['ours_us']:8.1f} {r['ours_gbs']:6.0f} {r['ours_pct_copy']:6.1f}"
 
+
+def print_report(report: dict[str, Any]) -> None:
     if "prefill" not in report:
-        print_add_norm_report(report)
-        if "quant_norm_prefill" in report:
-            print_quant_report(report)
-        print("\nTargets (the sections run):")
-        for name, met in target_checks(report):
-            print(f"  {'met   ' if met else 'MISSED'} {name}")
-        print(f"\nbenchmark wall time {report['wall_s']:.0f} s")
+        _print_later_sections(report, "the sections run")
         return
     copy_gbs, floor = report["copy_gbs"], report["launch_floor_us"]
     print("\nPrefill RMSNorm (weight after cast), event-timed medians; % of the copy bandwidth above")
@@ -644,10 +643,7 @@ def print_report(report: dict[str, Any]) -> None:
     header = f"{'shape':>12} {'dtype':>9} {'reach':>5} | {'copy µs':>7} | {'ours µs':>8} {'GB/s':>6} {'%copy':>6}"
     print(header + f" | {'torch µs':>8} {'%copy':>6} | {'compile µs':>10} {'%copy':>6}")
     for r in report["prefill"]:
-        reach = attainable_pct(r["bytes"], copy_gbs, floor)
-        line = f"{r['shape']:>12} {r['dtype']:>9} {reach:5.1f} | {r['same_size_copy_us']:7.1f}"
-        line += f" | {r['ours_us']:8.1f} {r['ours_gbs']:6.0f} {r['ours_pct_copy']:6.1f}"
-        line += f" | {r['torch_us']:8.1f} {r['torch_pct_copy']:6.1f}"
+        line = _ours_cells(r, 9, copy_gbs, floor) + f" | {r['torch_us']:8.1f} {r['torch_pct_copy']:6.1f}"
         if "compile_us" in r:
             line += f" | {r['compile_us']:10.1f} {r['compile_pct_copy']:6.1f}"
         print(line)
@@ -659,9 +655,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(line)
     print("\nMixed-precision prefill RMSNorm (AFTER_CAST, weight in y's dtype; bytes: x read + y written + weight)")
     for r in report["mixed_prefill"]:
-        reach = attainable_pct(r["bytes"], copy_gbs, floor)
-        line = f"{r['shape']:>12} {r['dtype']:>18} {reach:5.1f} | {r['same_size_copy_us']:7.1f}"
-        line += f" | {r['ours_us']:8.1f} {r['ours_gbs']:6.0f} {r['ours_pct_copy']:6.1f}"
+        line = _ours_cells(r, 18, copy_gbs, floor)
         if "compile_us" in r:
             line += f" | torch.compile {r['compile_us']:8.1f} {r['compile_pct_copy']:6.1f}"
         print(line)
@@ -682,10 +676,18 @@ def print_report(report: dict[str, Any]) -> None:
     print("\nHost overhead per call (µs):")
     for key, value in report["host"].items():
         print(f"  {key}: {value:.2f}")
+    _print_later_sections(report, "docs/performance.md")
+
+
+def _print_later_sections(report: dict[str, Any], targets_heading: str) -> None:
+    """The add-norm and quant sections, the targets and the wall time: what follows the norm section, or stands
+    alone where `--sections` left it out."""
+    from trtfuse.bench.quant import print_quant_report
+
     print_add_norm_report(report)
     if "quant_norm_prefill" in report:
         print_quant_report(report)
-    print("\nTargets (docs/performance.md):")
+    print(f"\nTargets ({targets_heading}):")
     for name, met in target_checks(report):
         print(f"  {'met   ' if met else 'MISSED'} {name}")
     print(f"\nbenchmark wall time {report['wall_s']:.0f} s")

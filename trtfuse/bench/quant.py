@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,8 +32,8 @@ from trtfuse.bench.timing import (
     same_size_copy_us,
 )
 from trtfuse.contract import Quantizer, QuantParams
-from trtfuse.kernels.api import get_add_rms_norm, get_rms_norm, shared_cache
-from trtfuse.kernels.compiler import RmsNormVariant
+from trtfuse.kernels.api import RmsNormKernel, get_add_rms_norm, get_rms_norm, rms_norm_tiling, shared_cache
+from trtfuse.kernels.compiler import AddRmsNormVariant, RmsNormVariant
 from trtfuse.kernels.specs import AddRmsNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import PREFILL_BLOCK_THREADS, Regime, RowTiling
 
@@ -130,57 +132,71 @@ def poisoned_codes(shape: tuple[int, ...], quantizer: Quantizer) -> torch.Tensor
     return out
 
 
-def bench_norm_prefill(rows: int, hidden: int, name: str, compiled: bool, copy_gbs: float) -> dict[str, Any]:
-    quantizer = OUTPUTS[name]
-    kernel = get_rms_norm(norm_spec(hidden, quantizer))
+@dataclass(frozen=True)
+class _Kind:
+    """One kernel of the section: its spec for an output quantizer, whether it adds a residual (x and the residual
+    in, y and h out) or not (x in, y out), and what it is checked and timed against, the reference and torch.compile's
+    formula (both given the activations, then the weight; y first)."""
+
+    spec: Callable[[int, Quantizer], RmsNormSpec]
+    add: bool
+    reference: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+    baseline: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+
+    def kernel(self, hidden: int, quantizer: Quantizer) -> RmsNormKernel:
+        spec = self.spec(hidden, quantizer)
+        return get_add_rms_norm(spec) if self.add else get_rms_norm(spec)
+
+    def activations(self, rows: int, hidden: int) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(1 + self.add))
+
+    def outputs(self, rows: int, hidden: int, quantizer: Quantizer) -> tuple[torch.Tensor, ...]:
+        """y's codes and h, poisoned: E4M3FN's (INT8's) NaN code, NaN."""
+        h = (torch.full((rows, hidden), float("nan"), device="cuda", dtype=torch.bfloat16),) if self.add else ()
+        return poisoned_codes((rows, hidden), quantizer), *h
+
+
+_KINDS = {
+    "norm": _Kind(norm_spec, False, norm_reference, norm_quant),
+    "add_norm": _Kind(add_norm_spec, True, add_norm_reference, add_norm_quant),
+}
+
+
+def _codes(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """y of what a reference or a baseline returns: y, or (y, h)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def bench_prefill(rows: int, hidden: int, kind: str, name: str, compiled: bool, copy_gbs: float) -> dict[str, Any]:
+    """Bytes: x read, y (1 byte) written, the weight once: 3 bytes per element; the add+norm's residual read and h
+    (bf16) written too: 7. The plain norm is also timed unfused, our plain kernel and then torch.compile's
+    quantize."""
+    quantizer, of = OUTPUTS[name], _KINDS[kind]
+    kernel = of.kernel(hidden, quantizer)
     kernel.warm_up(rows)
-    nbytes = rows * hidden * 3 + hidden * 2
+    nbytes = rows * hidden * (7 if of.add else 3) + hidden * 2
     n_sets = input_sets(nbytes)
-    xs = [torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
-    ys = [poisoned_codes((rows, hidden), quantizer) for _ in range(n_sets)]
+    ins = [of.activations(rows, hidden) for _ in range(n_sets)]
+    outs = [of.outputs(rows, hidden, quantizer) for _ in range(n_sets)]
     w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
     row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "out": name, "bytes": nbytes}
     row["same_size_copy_us"] = same_size_copy_us(nbytes)
-    row["ours_us"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
-    reference = norm_reference(xs[0], w, LLAMA, quant=kernel.spec.quant)
-    row["ours_agreement"] = check_quantized(ys[0], reference, quantizer, f"ours {row['shape']} {name}")
-    plain = get_rms_norm(RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA))
-    plain.warm_up(rows)
-    quantize = fresh_compile(functools.partial(torch_quantize, quantizer=quantizer))
-    row["separate_us"] = median_event_us(lambda i: quantize(plain(xs[i], w)), n_sets)
-    row["ours_us_again"] = median_event_us(lambda i: kernel(xs[i], w, ys[i]), n_sets)
+    row["ours_us"] = median_event_us(lambda i: kernel(*ins[i], w, *outs[i]), n_sets)
+    reference = of.reference(*ins[0], w, LLAMA, quant=kernel.spec.quant)
+    what = f"ours {'add ' if of.add else ''}{row['shape']}"
+    row["ours_agreement"] = check_quantized(outs[0][0], _codes(reference), quantizer, f"{what} {name}")
+    if of.add and not torch.equal(outs[0][1], reference[1]):
+        raise AssertionError(f"{what}: h differs from D(x + residual)")
+    if not of.add:
+        plain = get_rms_norm(RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA))
+        plain.warm_up(rows)
+        quantize = fresh_compile(functools.partial(torch_quantize, quantizer=quantizer))
+        row["separate_us"] = median_event_us(lambda i: quantize(plain(*ins[i], w)), n_sets)
+    row["ours_us_again"] = median_event_us(lambda i: kernel(*ins[i], w, *outs[i]), n_sets)
     if compiled:
-        fn = fresh_compile(functools.partial(norm_quant, quantizer=quantizer))
-        row["compile_agreement"] = quantized_agreement(fn(xs[0], w), reference, quantizer)
-        row["compile_us"] = median_event_us(lambda i: fn(xs[i], w), n_sets)
-    _add_pct(row, copy_gbs)
-    return row
-
-
-def bench_add_norm_prefill(rows: int, hidden: int, name: str, compiled: bool, copy_gbs: float) -> dict[str, Any]:
-    """Bytes: x and residual read, h (bf16) and y (1 byte) written, the weight once: 7 bytes per element."""
-    quantizer = OUTPUTS[name]
-    kernel = get_add_rms_norm(add_norm_spec(hidden, quantizer))
-    kernel.warm_up(rows)
-    nbytes = rows * hidden * 7 + hidden * 2
-    n_sets = input_sets(nbytes)
-    xs = [torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
-    rs = [torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
-    ys = [poisoned_codes((rows, hidden), quantizer) for _ in range(n_sets)]
-    hs = [torch.full_like(xs[0], float("nan")) for _ in range(n_sets)]
-    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
-    row: dict[str, Any] = {"shape": f"{rows}x{hidden}", "out": name, "bytes": nbytes}
-    row["same_size_copy_us"] = same_size_copy_us(nbytes)
-    row["ours_us"] = median_event_us(lambda i: kernel(xs[i], rs[i], w, ys[i], hs[i]), n_sets)
-    reference, h = add_norm_reference(xs[0], rs[0], w, LLAMA, quant=kernel.spec.quant)
-    row["ours_agreement"] = check_quantized(ys[0], reference, quantizer, f"ours add {row['shape']} {name}")
-    if not torch.equal(hs[0], h):
-        raise AssertionError(f"ours add {row['shape']}: h differs from D(x + residual)")
-    row["ours_us_again"] = median_event_us(lambda i: kernel(xs[i], rs[i], w, ys[i], hs[i]), n_sets)
-    if compiled:
-        fn = fresh_compile(functools.partial(add_norm_quant, quantizer=quantizer))
-        row["compile_agreement"] = quantized_agreement(fn(xs[0], rs[0], w)[0], reference, quantizer)
-        row["compile_us"] = median_event_us(lambda i: fn(xs[i], rs[i], w), n_sets)
+        fn = fresh_compile(functools.partial(of.baseline, quantizer=quantizer))
+        row["compile_agreement"] = quantized_agreement(_codes(fn(*ins[0], w)), _codes(reference), quantizer)
+        row["compile_us"] = median_event_us(lambda i: fn(*ins[i], w), n_sets)
     _add_pct(row, copy_gbs)
     return row
 
@@ -194,70 +210,71 @@ def _add_pct(row: dict[str, Any], copy_gbs: float) -> None:
 
 def bench_decode(rows: int, kind: str, name: str, compiled: bool) -> dict[str, Any]:
     """µs per call in CUDA-graph replay, ours as the plugins launch it (raw pointers, the captured stream)."""
-    quantizer, hidden = OUTPUTS[name], DECODE_HIDDEN
-    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
-    r = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    quantizer, hidden, of = OUTPUTS[name], DECODE_HIDDEN, _KINDS[kind]
+    ins = of.activations(rows, hidden)
     w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
-    y = poisoned_codes((rows, hidden), quantizer)
-    h = torch.empty_like(x)
+    outs = of.outputs(rows, hidden, quantizer)
     row: dict[str, Any] = {"rows": rows, "kind": kind, "out": name}
-    if kind == "norm":
-        kernel = get_rms_norm(norm_spec(hidden, quantizer))
-        pointers = (x.data_ptr(), w.data_ptr(), y.data_ptr())
-        reference = norm_reference(x, w, LLAMA, quant=kernel.spec.quant)
-        baseline, args = norm_quant, (x, w)
-    else:
-        kernel = get_add_rms_norm(add_norm_spec(hidden, quantizer))
-        pointers = (x.data_ptr(), r.data_ptr(), w.data_ptr(), y.data_ptr(), h.data_ptr())
-        reference = add_norm_reference(x, r, w, LLAMA, quant=kernel.spec.quant)[0]
-        baseline, args = add_norm_quant, (x, r, w)
+    kernel = of.kernel(hidden, quantizer)
+    pointers = tuple(tensor.data_ptr() for tensor in (*ins, w, *outs))
+    reference = _codes(of.reference(*ins, w, LLAMA, quant=kernel.spec.quant))
     kernel.warm_up(rows)
 
     def raw_launch() -> None:
         kernel.launch(*pointers, rows, torch.cuda.current_stream().cuda_stream)
 
     row["ours_graph_us"] = graph_replay_us(raw_launch)
-    row["ours_agreement"] = check_quantized(y, reference, quantizer, f"decode {kind} rows={rows} {name}")
+    row["ours_agreement"] = check_quantized(outs[0], reference, quantizer, f"decode {kind} rows={rows} {name}")
     row["ours_graph_us_again"] = graph_replay_us(raw_launch)
     if compiled:
-        fn = fresh_compile(functools.partial(baseline, quantizer=quantizer))
-        compiled_y = fn(*args)
-        compiled_y = compiled_y[0] if isinstance(compiled_y, tuple) else compiled_y
-        row["compile_agreement"] = quantized_agreement(compiled_y, reference, quantizer)
-        row["compile_graph_us"] = graph_replay_us(lambda: fn(*args))
+        fn = fresh_compile(functools.partial(of.baseline, quantizer=quantizer))
+        row["compile_agreement"] = quantized_agreement(_codes(fn(*ins, w)), reference, quantizer)
+        row["compile_graph_us"] = graph_replay_us(lambda: fn(*ins, w))
     return row
 
 
-def _time_tiling(
-    spec: RmsNormSpec, tiling: RowTiling, xs: list[torch.Tensor], ys: list[torch.Tensor], w: torch.Tensor
-) -> float:
+def _time_tiling(kind: str, spec: RmsNormSpec | AddRmsNormSpec, tiling: RowTiling, rows: int, n_sets: int) -> float:
     """One tiling of `spec` compiled and launched as the plugins launch (raw pointers): checked, then timed (events
     over rotating inputs for many rows, graph replay for one)."""
-    call = shared_cache().get(RmsNormVariant(spec, tiling, get_rms_norm(spec).device.arch))
-    rows = xs[0].shape[0]
+    of, quantizer = _KINDS[kind], spec.quant.output
+    variant_type = AddRmsNormVariant if of.add else RmsNormVariant
+    call = shared_cache().get(variant_type(spec, tiling, of.kernel(spec.hidden, quantizer).device.arch))
+    ins = [of.activations(rows, spec.hidden) for _ in range(n_sets)]
+    outs = [of.outputs(rows, spec.hidden, quantizer) for _ in range(n_sets)]
+    w = torch.randn(spec.hidden, device="cuda", dtype=torch.bfloat16)
 
     def launch(i: int) -> None:
-        call(xs[i].data_ptr(), w.data_ptr(), ys[i].data_ptr(), rows, torch.cuda.current_stream().cuda_stream)
+        pointers = (tensor.data_ptr() for tensor in (*ins[i], w, *outs[i]))
+        call(*pointers, rows, torch.cuda.current_stream().cuda_stream)
 
     launch(0)
     torch.cuda.synchronize()
-    check_quantized(ys[0], norm_reference(xs[0], w, LLAMA, quant=spec.quant), spec.quant.output, f"{tiling}")
-    return median_event_us(launch, len(xs)) if len(xs) > 1 else graph_replay_us(lambda: launch(0))
+    reference = _codes(of.reference(*ins[0], w, LLAMA, quant=spec.quant))
+    check_quantized(outs[0][0], reference, quantizer, f"{tiling}")
+    return median_event_us(launch, n_sets) if n_sets > 1 else graph_replay_us(lambda: launch(0))
+
+
+# The tilings measured beside the rule: (kernel, regime, rows, hidden) and the vectors per thread tried.
+TILING_CASES = (
+    ("norm", Regime.PREFILL, 16384, 4096, (1, 2, 4)),
+    ("norm", Regime.PREFILL, 16384, 2048, (1, 2, 4)),
+    ("norm", Regime.PREFILL, 8192, 8192, (1, 2, 4)),
+    ("add_norm", Regime.PREFILL, 16384, 4096, (1, 2)),
+    ("norm", Regime.DECODE, 1, 4096, (1, 2, 4)),
+    ("add_norm", Regime.DECODE, 1, 4096, (1, 2, 4)),
+)
 
 
 def bench_tilings() -> list[dict[str, Any]]:
-    """The 1-byte-y tiling rule against its neighbours, norm -> FP8 at H=4096: prefill 16384 rows with 1 (the
-    rule), 2 and 4 vectors per thread; decode 1 row with 2 (the rule), 1 and 4."""
+    """The 1-byte-y tiling rule against its neighbours (-> FP8, bf16 rows): the same row over threads holding 1, 2
+    or 4 vectors of 16."""
     quantizer = OUTPUTS["fp8"]
-    spec = norm_spec(DECODE_HIDDEN, quantizer)
-    kernel = get_rms_norm(spec)
     results = []
-    for regime, rows, per_thread in ((Regime.PREFILL, 16384, (1, 2, 4)), (Regime.DECODE, 1, (2, 1, 4))):
-        rule = kernel.variant(regime, True).tiling
-        n_sets = input_sets(rows * DECODE_HIDDEN * 3) if regime is Regime.PREFILL else 1
-        xs = [torch.randn(rows, DECODE_HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
-        ys = [poisoned_codes((rows, DECODE_HIDDEN), quantizer) for _ in range(n_sets)]
-        w = torch.randn(DECODE_HIDDEN, device="cuda", dtype=torch.bfloat16)
+    for kind, regime, rows, hidden, per_thread in TILING_CASES:
+        spec = _KINDS[kind].spec(hidden, quantizer)
+        rule = rms_norm_tiling(spec, regime, aligned=True)
+        bytes_per_row = hidden * (7 if _KINDS[kind].add else 3)
+        n_sets = input_sets(rows * bytes_per_row) if regime is Regime.PREFILL else 1
         for vectors in per_thread:
             threads = rule.threads_per_row * rule.vectors_per_thread // vectors
             rows_per_block = max(1, PREFILL_BLOCK_THREADS // threads) if regime is Regime.PREFILL else 1
@@ -266,12 +283,14 @@ def bench_tilings() -> list[dict[str, Any]]:
             )
             results.append(
                 {
+                    "kind": kind,
                     "regime": regime.value,
                     "rows": rows,
+                    "hidden": hidden,
                     "threads_per_row": threads,
                     "vectors_per_thread": vectors,
                     "rule": tiling == rule,
-                    "us": _time_tiling(spec, tiling, xs, ys, w),
+                    "us": _time_tiling(kind, spec, tiling, rows, n_sets),
                 }
             )
     return results
@@ -280,12 +299,12 @@ def bench_tilings() -> list[dict[str, Any]]:
 def run_quant(compiled: bool, copy_gbs: float) -> dict[str, Any]:
     return {
         "quant_norm_prefill": [
-            bench_norm_prefill(rows, hidden, name, compiled, copy_gbs)
+            bench_prefill(rows, hidden, "norm", name, compiled, copy_gbs)
             for name in OUTPUTS
             for rows, hidden in PREFILL_SHAPES
         ],
         "quant_add_norm_prefill": [
-            bench_add_norm_prefill(rows, hidden, name, compiled, copy_gbs)
+            bench_prefill(rows, hidden, "add_norm", name, compiled, copy_gbs)
             for name in OUTPUTS
             for rows, hidden in ADD_SHAPES
         ],
@@ -327,12 +346,24 @@ def quant_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
     return checks
 
 
-def _disagreement(row: dict[str, Any]) -> str:
-    """torch.compile's codes against the reference, where they are off by more than one step."""
-    agreement = row["compile_agreement"]
-    if not agreement["beyond"] and not agreement["nan_one_side"]:
+def _compile_cell(row: dict[str, Any], key: str, label: str, spec: str) -> str:
+    """torch.compile's time in a report line (nothing where --no-torch-compile skipped it), with its codes against
+    the reference's where they are off by more than one step."""
+    if key not in row:
         return ""
-    return f" (off: {agreement['beyond']} beyond a step, worst {agreement['worst_steps']:.1f} steps)"
+    agreement, off = row["compile_agreement"], ""
+    if agreement["beyond"] or agreement["nan_one_side"]:
+        off = f" (off: {agreement['beyond']} beyond a step, worst {agreement['worst_steps']:.1f} steps)"
+    return f"{label} {row[key]:{spec}}{off}"
+
+
+def _prefill_line(row: dict[str, Any], label: str, shape_width: int) -> str:
+    line = f"  {label}->{row['out']:<4} {row['shape']:>{shape_width}} | copy {row['same_size_copy_us']:6.1f}"
+    line += (
+        f" | ours {row['ours_us']:6.1f} {row['ours_us_again']:6.1f} ({row['ours_pct_same_size_copy']:5.1f}% of copy)"
+    )
+    separate = f" | norm+Q {row['separate_us']:6.1f}" if "separate_us" in row else ""
+    return line + separate + _compile_cell(row, "compile_us", " | compile", "6.1f")
 
 
 def print_quant_report(report: dict[str, Any]) -> None:
@@ -341,29 +372,18 @@ def print_quant_report(report: dict[str, Any]) -> None:
     print(" torch.compile's quantize; 'compile' = torch.compile of the norm and the quantize, one fused kernel;")
     print(" 'off' = torch.compile's codes more than one quantization step from the reference's, which ours never are)")
     for r in report["quant_norm_prefill"]:
-        line = f"  norm->{r['out']:<4} {r['shape']:>11} | copy {r['same_size_copy_us']:6.1f}"
-        line += f" | ours {r['ours_us']:6.1f} {r['ours_us_again']:6.1f} ({r['ours_pct_same_size_copy']:5.1f}% of copy)"
-        line += f" | norm+Q {r['separate_us']:6.1f}"
-        if "compile_us" in r:
-            line += f" | compile {r['compile_us']:6.1f}{_disagreement(r)}"
-        print(line)
+        print(_prefill_line(r, "norm", 11))
     for r in report["quant_add_norm_prefill"]:
-        line = f"  add(fq)->{r['out']:<4} {r['shape']:>9} | copy {r['same_size_copy_us']:6.1f}"
-        line += f" | ours {r['ours_us']:6.1f} {r['ours_us_again']:6.1f} ({r['ours_pct_same_size_copy']:5.1f}% of copy)"
-        if "compile_us" in r:
-            line += f" | compile {r['compile_us']:6.1f}{_disagreement(r)}"
-        print(line)
+        print(_prefill_line(r, "add(fq)", 9))
     print(f"\nQuantized decode, bf16, H={DECODE_HIDDEN}: µs per call in CUDA-graph replay")
     for r in report["quant_decode"]:
-        line = f"  {r['kind']:>8}->{r['out']:<4} rows {r['rows']:>3}: ours {r['ours_graph_us']:.2f} / "
-        line += f"{r['ours_graph_us_again']:.2f}"
-        if "compile_graph_us" in r:
-            line += f"  torch.compile {r['compile_graph_us']:.2f}{_disagreement(r)}"
-        print(line)
-    print("\nTiling of a 1-byte y (norm->fp8, H=4096): vectors of 16 per thread, µs ('*' = the rule)")
+        ours = f"ours {r['ours_graph_us']:.2f} / {r['ours_graph_us_again']:.2f}"
+        compiled = _compile_cell(r, "compile_graph_us", "  torch.compile", ".2f")
+        print(f"  {r['kind']:>8}->{r['out']:<4} rows {r['rows']:>3}: {ours}{compiled}")
+    print("\nTiling of a 1-byte y (-> fp8, bf16 rows): vectors of 16 per thread, µs ('*' = the rule)")
     for r in report["quant_tilings"]:
         mark = "*" if r["rule"] else " "
         print(
-            f"  {r['regime']:>7} rows {r['rows']:>5}: {r['threads_per_row']:>4} threads x {r['vectors_per_thread']}"
-            f" vectors {r['us']:7.2f}{mark}"
+            f"  {r['kind']:>8} {r['regime']:>7} {r['rows']:>5}x{r['hidden']:<5}: {r['threads_per_row']:>4} threads x"
+            f" {r['vectors_per_thread']} vectors {r['us']:7.2f}{mark}"
         )

@@ -1,11 +1,13 @@
-"""What `trtfuse check` and `trtfuse compare` share: the verdict and generation options, the feeds they run, and how
-they print."""
+"""What `trtfuse check` and `trtfuse compare` share: their options (the feeds', the verdict's and --generate's, taken
+as one CheckRequest), the inputs they run, and how they print."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -17,8 +19,10 @@ from trtfuse.cli.options import (
     VERBOSITY,
     FilePath,
     IntegerType,
+    TextType,
     detail,
     echo_json,
+    feed_options,
     printable,
 )
 from trtfuse.errors import TrtfuseError
@@ -26,8 +30,10 @@ from trtfuse.errors import TrtfuseError
 if TYPE_CHECKING:
     import onnx
 
-    from trtfuse.generate.agreement import GenerationVerdict
+    from trtfuse.generate.agreement import GenerationRequest, GenerationVerdict
     from trtfuse.model.feeds import StepFeed
+    from trtfuse.model.onnx_file import LoadedModel
+    from trtfuse.verify.check import CheckInputs
     from trtfuse.verify.tolerances import Tolerance
     from trtfuse.verify.verdict import CheckResult, OutputVerdict, StepResult
 
@@ -74,17 +80,15 @@ def verdict_options(command: F) -> F:
     return command
 
 
-class PromptIdsType(click.ParamType):
+class PromptIdsType(TextType):
     """`1,2,3` (or `1 2 3`) -> (1, 2, 3); an empty string is an empty prompt, which the core refuses in its words."""
 
     name = "ID,ID,..."
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
-        if isinstance(value, tuple):
-            return value
-        parts = [part for part in re.split(r"[,\s]+", str(value).strip()) if part]
+    def parse(self, text: str) -> object:
+        parts = [part for part in re.split(r"[,\s]+", text.strip()) if part]
         if not all(re.fullmatch(ASCII_INTEGER, part) for part in parts):
-            self.fail(f"expected token ids separated by commas (e.g. 1,2,3), got {value!r}")
+            self.fail(f"expected token ids separated by commas (e.g. 1,2,3), got {text!r}")
         return tuple(int(part) for part in parts)
 
 
@@ -105,7 +109,8 @@ def generation_options(command: F) -> F:
             type=IntegerType(minimum=1),
             metavar="N",
             help="Also generate N tokens greedily on both from the same prompt; fail if the tokens differ, except "
-            "where they diverge at a near tie of the original's logits (docs/cli.md).",
+            "where they diverge at a near tie of the original's logits or, in a quantized graph, where quantizer "
+            "flips explain it (docs/cli.md).",
         ),
         PROMPT_IDS,
     )
@@ -139,16 +144,69 @@ def tolerance_from(rtol: float | None, atol: float | None) -> Tolerance | None:
     return Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
 
 
-def feeds_for(
-    model: onnx.ModelProto,
-    seed: int,
-    shapes: Mapping[str, tuple[int, ...]],
-    dims: Mapping[str, int],
-    load_inputs: Path | None,
-) -> list[StepFeed] | None:
-    """The loaded steps, or None for the default feeds; --load-inputs fixes every size, so --shape/--dim conflict."""
-    if load_inputs is None:
-        return None
+@dataclass(frozen=True)
+class CheckRequest:
+    """What `check` and `compare` are asked: the feed options, the verdict's and --generate's (`generation`, None
+    without it)."""
+
+    seed: int
+    shapes: dict[str, tuple[int, ...]]
+    dims: dict[str, int]
+    tolerance: Tolerance | None
+    save_inputs: Path | None
+    load_inputs: Path | None
+    generation: GenerationRequest | None
+
+    @property
+    def reads(self) -> tuple[Path, ...]:
+        """The files the options name for reading."""
+        return (self.load_inputs,) if self.load_inputs else ()
+
+    def inputs(self, original: LoadedModel) -> CheckInputs:
+        """The check's inputs on `original`, with --load-inputs's steps loaded (its fixed sizes refuse --shape, --dim
+        and --seed); --generate's request is checked here too, so that a refusal of either comes before any run."""
+        from trtfuse.verify.check import CheckInputs
+
+        feeds = None
+        if self.load_inputs is not None:
+            feeds = _loaded_feeds(original.model, self.load_inputs)
+        if self.generation is not None:
+            from trtfuse.generate.agreement import generation_request
+
+            generation_request(original, self.generation)
+        return CheckInputs(self.seed, self.shapes, self.dims, self.tolerance, feeds, self.load_inputs, self.save_inputs)
+
+
+def check_options(command: F) -> F:
+    """--seed/--shape/--dim, the verdict options and --generate/--prompt-ids, as `check` and `compare` take them; the
+    command receives `request`, a CheckRequest."""
+
+    @functools.wraps(command)
+    def with_request(
+        *args: object,
+        seed: int,
+        shapes: dict[str, tuple[int, ...]],
+        dims: dict[str, int],
+        rtol: float | None,
+        atol: float | None,
+        save_inputs: Path | None,
+        load_inputs: Path | None,
+        generate_steps: int | None,
+        prompt_ids: tuple[int, ...] | None,
+        **kwargs: object,
+    ) -> object:
+        from trtfuse.generate.agreement import GenerationRequest
+
+        tolerance = tolerance_from(rtol, atol)
+        generation = None if generate_steps is None else GenerationRequest(generate_steps, prompt_ids, seed)
+        request = CheckRequest(seed, shapes, dims, tolerance, save_inputs, load_inputs, generation)
+        return command(*args, request=request, **kwargs)
+
+    return feed_options(verdict_options(generation_options(with_request)))  # type: ignore[return-value]
+
+
+def _loaded_feeds(model: onnx.ModelProto, load_inputs: Path) -> list[StepFeed]:
+    """The steps of --load-inputs; it fixes every size, so --shape/--dim/--seed conflict."""
     from trtfuse.model.feed_files import load_feeds
 
     ctx = click.get_current_context()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from trtfuse.cli.check_report import echo_result, feeds_for, generation_options, tolerance_from, verdict_options
+from trtfuse.cli.check_report import CheckRequest, check_options, echo_result
 from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
@@ -29,9 +29,9 @@ from trtfuse.cli.options import (
     fusion_details,
     fusion_options,
     info,
+    named_option,
     printable,
     summary,
-    unique,
     warning,
 )
 from trtfuse.contract import PluginKind
@@ -41,7 +41,7 @@ from trtfuse.files import OutputPlan, Transaction, write_json_atomic
 if TYPE_CHECKING:
     from trtfuse.engine.profiles import DimRange, ShapeRange
     from trtfuse.fusion.options import FusionOptions
-    from trtfuse.generate.agreement import GenerationVerdict
+    from trtfuse.generate.agreement import GenerationRequest, GenerationVerdict
     from trtfuse.model.onnx_file import LoadedModel
     from trtfuse.pipeline import FusedFile
 
@@ -66,13 +66,12 @@ COMPARE_INSTALL_HINT = (
 )
 @click.option("--batch", type=RangeType(minimum=1), help="Batch range of every profile [default: 1:2:2].")
 @click.option("--past", type=RangeType(), help="Past (KV cache) length range [default: 0:256:4096].")
-@click.option(
+@named_option(
     "--shape",
     "shapes",
-    multiple=True,
-    type=ShapeRangeType(),
-    callback=unique("input"),
-    help="Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
+    ShapeRangeType(),
+    "input",
+    "Whole input shapes, e.g. input_ids=1x1:1x64:1x512 or input_ids:[1,1]:[1,64]:[1,512].",
 )
 @click.option(
     "--opt-level", default=3, show_default=True, type=IntegerType(0, 5), help="TensorRT builder optimisation level."
@@ -243,39 +242,21 @@ def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> No
 @click.command("compare", context_settings=HELP_OPTIONS)
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=FilePath())
 @click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=FilePath())
-@feed_options
-@verdict_options
-@generation_options
+@check_options
 @click.option("--report", "report_path", type=FilePath(), help="Write the comparison as JSON.")
 @common_options
 def compare_command(
-    original_path: Path,
-    candidate_path: Path,
-    seed: int,
-    shapes: dict[str, tuple[int, ...]],
-    dims: dict[str, int],
-    rtol: float | None,
-    atol: float | None,
-    save_inputs: Path | None,
-    load_inputs: Path | None,
-    generate_steps: int | None,
-    prompt_ids: tuple[int, ...] | None,
-    report_path: Path | None,
-    as_json: bool,
+    original_path: Path, candidate_path: Path, request: CheckRequest, report_path: Path | None, as_json: bool
 ) -> None:
     """Judge the engine MODEL.engine (or FUSED.onnx, run exactly as `trtfuse check` runs it) against onnxruntime on
     ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails. With --generate N, also generate N
     tokens greedily on both from one prompt, as `check --generate` does."""
     from trtfuse.model.onnx_file import load_model
 
-    plan = OutputPlan().read(original_path, candidate_path, *([load_inputs] if load_inputs else []))
-    plan.write("comparison report", report_path).write("saved inputs", save_inputs).check()
+    plan = OutputPlan().read(original_path, candidate_path, *request.reads)
+    plan.write("comparison report", report_path).write("saved inputs", request.save_inputs).check()
     original = load_model(original_path)
-    feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
-    if generate_steps is not None:
-        from trtfuse.generate.agreement import generation_request
-
-        generation_request(original, generate_steps, prompt_ids, seed)
+    inputs = request.inputs(original)
     # Bad input is refused (exit 2) before a missing dependency is (exit 3): the user's first fix is their own.
     try:
         import polygraphy  # noqa: F401
@@ -283,25 +264,16 @@ def compare_command(
         raise MissingDependencyError(f"`trtfuse compare` needs Polygraphy; {COMPARE_INSTALL_HINT}") from None
     from trtfuse.engine.compare import ORIGINAL_RUNNER, compare
 
-    tolerance = tolerance_from(rtol, atol)
     try:
         report = compare(
             original_path,
             candidate_path,
-            seed,
-            shapes,
-            dims,
-            tolerance=tolerance,
-            feeds=feeds,
-            inputs_file=load_inputs,
-            save_inputs=save_inputs,
+            inputs,
             loaded_original=original,
-            plan=OutputPlan().read(*([load_inputs] if load_inputs else [])).write("comparison report", report_path),
+            plan=OutputPlan().read(*request.reads).write("comparison report", report_path),
             notify=info,
         )
-        generation = (
-            None if generate_steps is None else _generation(original, candidate_path, generate_steps, prompt_ids, seed)
-        )
+        generation = None if request.generation is None else _generation(original, candidate_path, request.generation)
     except MissingDependencyError as error:
         exit_missing(error, f"cannot compare against {candidate_path}", as_json)
     report_json = report.to_json()
@@ -315,14 +287,12 @@ def compare_command(
     echo_result(report.result, as_json, extra_json=report.to_json(), generation=generation)
 
 
-def _generation(
-    original: LoadedModel, candidate_path: Path, steps: int, prompt_ids: tuple[int, ...] | None, seed: int
-) -> GenerationVerdict:
+def _generation(original: LoadedModel, candidate_path: Path, request: GenerationRequest) -> GenerationVerdict:
     """`compare --generate`: against the engine in TensorRT, or the fused model lowered on the CPU as `check`."""
     from trtfuse.engine.engine_file import is_onnx_model_path
     from trtfuse.generate.agreement import check_generation, compare_generation
     from trtfuse.model.onnx_file import load_model
 
     if is_onnx_model_path(candidate_path):
-        return check_generation(original, load_model(candidate_path), steps, prompt_ids, seed, notify=info)
-    return compare_generation(original, candidate_path, steps, prompt_ids, seed, notify=info)
+        return check_generation(original, load_model(candidate_path), request, notify=info)
+    return compare_generation(original, candidate_path, request, notify=info)

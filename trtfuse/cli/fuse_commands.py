@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from trtfuse.cli.check_report import echo_result, feeds_for, generation_options, tolerance_from, verdict_options
+from trtfuse.cli.check_report import CheckRequest, check_options, echo_result
 from trtfuse.cli.options import (
     HELP_OPTIONS,
     FilePath,
     common_options,
     echo_json,
-    feed_options,
     fusion_details,
     fusion_options,
     info,
@@ -157,24 +156,9 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, fusion: 
 @click.command(context_settings=HELP_OPTIONS)
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=FilePath())
 @click.argument("fused_path", metavar="FUSED.onnx", type=FilePath())
-@feed_options
-@verdict_options
-@generation_options
+@check_options
 @common_options
-def check(
-    original_path: Path,
-    fused_path: Path,
-    seed: int,
-    shapes: dict[str, tuple[int, ...]],
-    dims: dict[str, int],
-    rtol: float | None,
-    atol: float | None,
-    save_inputs: Path | None,
-    load_inputs: Path | None,
-    generate_steps: int | None,
-    prompt_ids: tuple[int, ...] | None,
-    as_json: bool,
-) -> None:
+def check(original_path: Path, fused_path: Path, request: CheckRequest, as_json: bool) -> None:
     """Run ORIGINAL.onnx twice and FUSED.onnx (plugin nodes lowered to standard ops) in onnxruntime on the same
     inputs, at a prefill and a decode step on KV-cache models; exit 1 if an output fails. Float32 graphs pass within
     the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
@@ -187,31 +171,14 @@ def check(
     original, fused = load_model(original_path), load_model(fused_path)
     check_original_unfused(original)
     plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)
-    plan.read(*([load_inputs] if load_inputs else []))
-    plan.write("saved inputs", save_inputs).check()
-    feeds = feeds_for(original.model, seed, shapes, dims, load_inputs)
-    if generate_steps is not None:
-        from trtfuse.generate.agreement import generation_request
-
-        generation_request(original, generate_steps, prompt_ids, seed)
-    tolerance = tolerance_from(rtol, atol)
-    result = check_fused(
-        original,
-        fused,
-        seed,
-        shapes,
-        dims,
-        tolerance=tolerance,
-        feeds=feeds,
-        inputs_file=load_inputs,
-        save_inputs=save_inputs,
-        notify=info,
-    )
+    plan.read(*request.reads)
+    plan.write("saved inputs", request.save_inputs).check()
+    result = check_fused(original, fused, request.inputs(original), notify=info)
     generation = None
-    if generate_steps is not None:
+    if request.generation is not None:
         from trtfuse.generate.agreement import check_generation
 
-        generation = check_generation(original, fused, generate_steps, prompt_ids, seed, notify=info)
+        generation = check_generation(original, fused, request.generation, notify=info)
     # After the run, so that bad input stays one line; before the verdict, which it qualifies.
     unfused = unfused_candidate_warning(fused)
     if unfused:

@@ -65,47 +65,67 @@ def _entries(text: str, value_pattern: str) -> list[tuple[str, str]] | None:
     return [whole] if whole else None
 
 
-class ShapeType(click.ParamType):
+class TextType(click.ParamType):
+    """A parameter type that reads its text with `parse`. Click's `convert` also takes values already converted (its
+    contract for every type), a tuple for these, which stays as it is."""
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if isinstance(value, tuple):
+            return value
+        return self.parse(str(value))
+
+    def parse(self, text: str) -> object:
+        raise NotImplementedError
+
+
+class _NamedListType(TextType):
+    """`NAME=VALUE` or `NAME:VALUE`, or trtexec's comma-separated list of them -> ((NAME, value), ...), each VALUE
+    matching `value_pattern`; `expected` says in the error what the option takes."""
+
+    value_pattern: str
+    expected: str
+
+    def parse(self, text: str) -> object:
+        entries = _entries(text, self.value_pattern)
+        if entries is None:
+            self.fail(f"'{text}' is not {self.expected}")
+        return tuple((name, self.value(name, value)) for name, value in entries)
+
+    def value(self, name: str, text: str) -> object:
+        raise NotImplementedError
+
+
+class ShapeType(_NamedListType):
     """`NAME=1x16`, `NAME:1x16` (trtexec) or `NAME:[1,16]` (Polygraphy), or trtexec's list `a:1x16,b:1x16` ->
     ((NAME, (1, 16)), ...)."""
 
     name = "NAME=D0xD1"
+    value_pattern = _SHAPE
+    expected = (
+        "NAME=D0xD1, NAME:D0xD1, NAME:[D0,D1] or a comma-separated list of them (for example input_ids=1x16 or "
+        "input_ids:2x5,attention_mask:2x5)"
+    )
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
-        if isinstance(value, tuple):
-            return value
-        entries = _entries(str(value), _SHAPE)
-        if entries is None:
-            self.fail(
-                f"'{value}' is not NAME=D0xD1, NAME:D0xD1, NAME:[D0,D1] or a comma-separated list of them (for "
-                "example input_ids=1x16 or input_ids:2x5,attention_mask:2x5)"
-            )
-        return tuple((name, parse_dims(dims)) for name, dims in entries)
+    def value(self, name: str, text: str) -> object:
+        return parse_dims(text)
 
 
-class ShapeRangeType(click.ParamType):
+class ShapeRangeType(_NamedListType):
     """`NAME=MIN:OPT:MAX`, each a shape in either spelling, or a comma-separated list of them ->
     ((NAME, ShapeRange), ...)."""
 
     name = "NAME=MIN:OPT:MAX"
+    value_pattern = _SHAPE_RANGE
+    expected = (
+        "NAME=MIN:OPT:MAX or a comma-separated list of them, shapes like 1x16 or [1,16] (e.g. input_ids=1x1:1x64:1x512)"
+    )
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
-        if isinstance(value, tuple):
-            return value
-        entries = _entries(str(value), _SHAPE_RANGE)
-        if entries is None:
-            self.fail(
-                f"'{value}' is not NAME=MIN:OPT:MAX or a comma-separated list of them, shapes like 1x16 or [1,16] "
-                "(e.g. input_ids=1x1:1x64:1x512)"
-            )
-        return tuple((name, self._range(name, ranges)) for name, ranges in entries)
-
-    def _range(self, name: str, ranges: str) -> object:
+    def value(self, name: str, text: str) -> object:
         from trtfuse.engine.profiles import ShapeRange
 
-        low, opt, high = (parse_dims(shape) for shape in re.findall(_SHAPE, ranges))
+        low, opt, high = (parse_dims(shape) for shape in re.findall(_SHAPE, text))
         if not len(low) == len(opt) == len(high):
-            self.fail(f"{name}: MIN, OPT and MAX have different ranks in {ranges!r}")
+            self.fail(f"{name}: MIN, OPT and MAX have different ranks in {text!r}")
         for axis, dims in enumerate(zip(low, opt, high, strict=True)):
             if not dims[0] <= dims[1] <= dims[2]:
                 self.fail(f"{name}: dim {axis} needs MIN <= OPT <= MAX, got {':'.join(map(str, dims))}")
@@ -183,17 +203,15 @@ class SizeType(click.ParamType):
         return size
 
 
-class DimType(click.ParamType):
+class DimType(TextType):
     """`SYMBOL=N` or `SYMBOL:N` -> (SYMBOL, N)."""
 
     name = "SYMBOL=N"
 
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
-        if isinstance(value, tuple):
-            return value
-        split = _split_name(str(value), r"[0-9]+")
+    def parse(self, text: str) -> object:
+        split = _split_name(text, r"[0-9]+")
         if split is None:
-            self.fail(f"'{value}' is not SYMBOL=N (for example batch=2)")
+            self.fail(f"'{text}' is not SYMBOL=N (for example batch=2)")
         return split[0], int(split[1])
 
 
@@ -230,27 +248,25 @@ def unique(kind: str) -> Callable[[click.Context, click.Parameter, Sequence[tupl
     return collect
 
 
+def named_option(flag: str, dest: str, value_type: click.ParamType, kind: str, help_text: str) -> Callable[[F], F]:
+    """A repeatable option of NAME=VALUE entries; the command receives `dest`, a dict (`unique`: a `kind` named twice
+    with two values is refused)."""
+    return click.option(flag, dest, multiple=True, type=value_type, callback=unique(kind), help=help_text)
+
+
 def feed_options(command: F) -> F:
     """--seed, --shape and --dim; the command receives `seed`, `shapes` (name -> shape) and `dims` (symbol -> int)."""
     options = (
         click.option("--seed", default=0, show_default=True, type=IntegerType(), help="Seed of the random inputs."),
-        click.option(
+        named_option(
             "--shape",
             "shapes",
-            multiple=True,
-            type=ShapeType(),
-            callback=unique("input"),
-            help="Shape of one graph input (NAME=1x16, NAME:1x16 or NAME:[1,16]), or trtexec's list "
-            "(a:1x16,b:1x16); repeatable.",
+            ShapeType(),
+            "input",
+            "Shape of one graph input (NAME=1x16, NAME:1x16 or NAME:[1,16]), or trtexec's list (a:1x16,b:1x16); "
+            "repeatable.",
         ),
-        click.option(
-            "--dim",
-            "dims",
-            multiple=True,
-            type=DimType(),
-            callback=unique("dim"),
-            help="Value of one symbolic dim; repeatable.",
-        ),
+        named_option("--dim", "dims", DimType(), "dim", "Value of one symbolic dim; repeatable."),
     )
     for option in reversed(options):
         command = option(command)

@@ -6,7 +6,7 @@ the float32 evaluation's).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,12 +14,10 @@ from trtfuse.engine.engine_file import EngineFile, is_onnx_model_path
 from trtfuse.engine.session import ENGINE_RUNNER, engine_steps
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.files import OutputPlan, check_readable
-from trtfuse.model.feeds import StepFeed
 from trtfuse.model.onnx_file import LoadedModel, load_model
-from trtfuse.verify.check import check_fused, step_feeds
+from trtfuse.verify.check import CheckInputs, check_fused
 from trtfuse.verify.interface import check_original_unfused
 from trtfuse.verify.onnxrt import Notify, original_session, quiet
-from trtfuse.verify.tolerances import Tolerance
 from trtfuse.verify.verdict import CheckResult, judge_for, judge_steps
 
 ORIGINAL_RUNNER = "onnxruntime-original"
@@ -49,54 +47,39 @@ class ComparisonReport:
 def compare(
     original_path: Path,
     candidate_path: Path,
-    seed: int = 0,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    dims: Mapping[str, int] | None = None,
+    inputs: CheckInputs | None = None,
     *,
-    tolerance: Tolerance | None = None,
-    feeds: Sequence[StepFeed] | None = None,
-    inputs_file: Path | None = None,
-    save_inputs: Path | None = None,
     loaded_original: LoadedModel | None = None,
     plan: OutputPlan | None = None,
     notify: Notify = quiet,
 ) -> ComparisonReport:
-    """Judge the candidate (an engine, or a fused .onnx) against the original at each step of `feeds` (by default
-    the original's `default_feeds`; for an engine without `shapes` or `dims`, at its first profile's OPT shapes), the
-    feeds saved to `save_inputs` first when asked; an engine's file and sidecar are read once, and the original
-    once (`loaded_original`: the caller's, already loaded from `original_path`). `plan` holds the caller's outputs
-    (a report): every file read here joins its reads, and it is checked before any work. `notify` hears which model
+    """Judge the candidate (an engine, or a fused .onnx) against the original at each step of `inputs` (by default
+    the original's default feeds from seed 0; for an engine without shapes or dims, at its first profile's OPT
+    shapes), the feeds saved first when asked; an engine's file and sidecar are read once, and the original once
+    (`loaded_original`: the caller's, already loaded from `original_path`). `plan` holds the caller's outputs (a
+    report): every file read here joins its reads, and it is checked before any work. `notify` hears which model
     loads and which step runs."""
+    inputs = inputs or CheckInputs()
     check_readable(candidate_path)
     original = loaded_original if loaded_original is not None else load_model(original_path)
     check_original_unfused(original)
-    plan = (plan or OutputPlan()).read(*original.files).write("saved inputs", save_inputs)
+    plan = (plan or OutputPlan()).read(*original.files).write("saved inputs", inputs.save_inputs)
     if is_onnx_model_path(candidate_path):
         fused = load_model(candidate_path)
         plan.read(*fused.files).check()
-        result = check_fused(
-            original,
-            fused,
-            seed,
-            shapes,
-            dims,
-            tolerance=tolerance,
-            feeds=feeds,
-            inputs_file=inputs_file,
-            save_inputs=save_inputs,
-            notify=notify,
-        )
+        result = check_fused(original, fused, inputs, notify=notify)
         return ComparisonReport(original_path, candidate_path, LOWERED_RUNNER, result)
     engine = EngineFile.open(candidate_path)
     plan.read(*engine.files()).check()
     import_tensorrt()
     feeds = engine.at_sidecar_shapes(
-        shapes, dims, lambda chosen: step_feeds(original, seed, chosen, dims, feeds, save_inputs)
+        inputs.shapes, inputs.dims, lambda chosen: dataclasses.replace(inputs, shapes=chosen).step_feeds(original)
     )
-    judge = judge_for(original, tolerance)
+    judge = judge_for(original, inputs.tolerance)
     runner, note = original_session(original, notify)
     # The engine loads when its turn comes, after the original's runs, and is gone before the float32 evaluation.
     candidate = engine_steps(engine, notify)
-    step_seed = None if inputs_file else seed
-    result = judge_steps(runner, candidate, feeds, judge, step_seed, inputs_file, note, notify, "the engine")
+    result = judge_steps(
+        runner, candidate, feeds, judge, inputs.step_seed, inputs.inputs_file, note, notify, "the engine"
+    )
     return ComparisonReport(original_path, candidate_path, ENGINE_RUNNER, result)

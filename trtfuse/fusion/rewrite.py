@@ -95,24 +95,32 @@ def _quantized(fields: NodeFields, quantizers: tuple[TakenQuantizer, ...]) -> No
 
 def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor) -> gs.Variable:
     """The normalised output the node writes: y, or with an output quantizer the QuantizeLinear's output (FP8 or
-    INT8), cut from it. The Shape nodes that read y (its only readers but that QuantizeLinear) read x instead: the
-    node's input, of y's shape, so no reader of a shape is left on a tensor that is gone."""
+    INT8), cut from it. Where the QuantizeLinear read y through a layout op, the node writes y's codes (a new tensor
+    of y's shape) and the op, kept, moves them into the QuantizeLinear's output. The Shape nodes that read y (its only
+    readers but the quantizer's path) read x instead: the node's input, of y's shape, so no reader of a shape is left
+    on a tensor that is gone."""
     taken = next((taken for taken in match.quantizers if taken.output is not None), None)
     if taken is None:
         return y
     quantized = taken.output
     quantized.inputs.clear()
+    layout = taken.layout
     if quantized.dtype is None:
         quantized.dtype = contract.QUANT_DTYPE_CODES[taken.quantizer.dtype]
     if quantized.shape is None:
-        quantized.shape = y.shape
+        quantized.shape = (layout.outputs[0] if layout is not None else y).shape
+    written = quantized
+    if layout is not None:
+        written = gs.Variable(f"{y.name}/quantized", dtype=quantized.dtype, shape=y.shape)
+        layout.inputs[0] = written
+        layout.outputs[0] = quantized
     taken_in = {id(node) for node in taken.nodes}
     for reader in list(y.outputs):
         if id(reader) not in taken_in:
             for index, operand in enumerate(reader.inputs):
                 if operand is y:
                     reader.inputs[index] = x
-    return quantized
+    return written
 
 
 def _onnx_type(dtype: str) -> int:

@@ -114,12 +114,14 @@ def greedy_generate(
     warm_up: bool = False,
     clock: Callable[[], float] = time.perf_counter,
     notify: Notify = quiet,
+    follow: Sequence[int] = (),
 ) -> Generation:
     """`steps` greedy tokens after `prompt`, each step timed around `run`; the request is checked first (one line
     for an empty prompt, an id outside the vocabulary, too many positions, a model it cannot drive). `warm_up` runs
     the first step once untimed before: a runtime's first run allocates and initialises, which is no latency of the
     model's. `notify` hears "token k of N" before the first step, the last, and others at most once a second of
-    `clock` (`ThrottledNotify`), which also times the steps."""
+    `clock` (`ThrottledNotify`), which also times the steps. `follow` (another generation's tokens) is fed after the
+    first len(follow) steps in place of the model's own choices, which the records still hold."""
     prompt = [int(token) for token in prompt]
     interface.check_drivable(use_cache)
     interface.check_prompt(prompt, steps, use_cache)
@@ -142,7 +144,7 @@ def greedy_generate(
         seconds = clock() - start
         record = _choose(outputs, interface, index)
         records.append(StepRecord(record[0], seconds, *record[1:]))
-        sequence.append(record[0])
+        sequence.append(follow[index] if index < len(follow) else record[0])
         if use_cache:
             cache = {
                 pair.past: np.asarray(outputs[pair.present]).astype(interface.dtypes[pair.past], copy=False)
@@ -164,10 +166,31 @@ def repeated(generate: Callable[[], Generation], runs: int) -> Generation:
     return Generation(first.prompt, first.steps, first.cache, tuple(timings))
 
 
-def _choose(
-    outputs: Mapping[str, np.ndarray], interface: GenerationInterface, index: int
-) -> tuple[int, float, float, bool]:
-    """The argmax of the last position's logits, the top-2 margin, the scale, and whether the logits are finite."""
+def logits_along(
+    run: StepFunction,
+    interface: GenerationInterface,
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    *,
+    use_cache: bool = True,
+    notify: Notify = quiet,
+) -> list[np.ndarray]:
+    """The last position's logits at each of the len(tokens) + 1 steps of a generation from `prompt` that feeds
+    `tokens` (`greedy_generate`'s `follow`), whatever the model would choose: a model's logits along another's
+    generation."""
+    rows = []
+
+    def kept(feed: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        outputs = run(feed)
+        rows.append(np.array(_last_logits(outputs, interface, len(rows))))
+        return outputs
+
+    greedy_generate(kept, interface, prompt, len(tokens) + 1, use_cache=use_cache, notify=notify, follow=tokens)
+    return rows
+
+
+def _last_logits(outputs: Mapping[str, np.ndarray], interface: GenerationInterface, index: int) -> np.ndarray:
+    """The last position's logits of the first batch row at step `index` (from 0), as computed."""
     missing = [name for name in (interface.logits, *(p.present for p in interface.caches)) if name not in outputs]
     if missing:
         raise TrtfuseError(f"{interface.source}: step {index + 1} returned no {missing[0]!r}")
@@ -177,7 +200,14 @@ def _choose(
             f"{interface.source}: logits of shape {'x'.join(map(str, logits.shape))} at step {index + 1}; expected "
             "batch x tokens x vocabulary"
         )
-    row = (logits[0, -1] if logits.ndim == 3 else logits[0]).astype(np.float64)
+    return logits[0, -1] if logits.ndim == 3 else logits[0]
+
+
+def _choose(
+    outputs: Mapping[str, np.ndarray], interface: GenerationInterface, index: int
+) -> tuple[int, float, float, bool]:
+    """The argmax of the last position's logits, the top-2 margin, the scale, and whether the logits are finite."""
+    row = _last_logits(outputs, interface, index).astype(np.float64)
     finite = bool(np.all(np.isfinite(row)))
     # NaN never wins: a model whose logits went NaN still yields a token, and a comparison fails on it.
     ranked = np.where(np.isnan(row), -np.inf, row)

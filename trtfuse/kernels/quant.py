@@ -1,6 +1,7 @@
 """The quantizer stages in CuTeDSL (docs/plugin-nodes.md, "Quantization"), each a compile-time `Quantizer`:
 
-    Q(v)  = sat(round_half_even(v / s))     v / s an IEEE float32 division (div.rn.f32), as onnxruntime divides
+    Q(v)  = sat(round_half_even(v / s))     v / s the IEEE float32 quotient, as onnxruntime divides
+                                            (`ptx.scale_quotient`; div.rn.f32 for an extreme scale)
     DQ(q) = dequant_dtype(float32(q) · s)
 
 The norm kernels call these on register fragments of any layout; a kernel without quantizers traces none of them.
@@ -12,11 +13,19 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int8, Int32
 
-from trtfuse.kernels.ptx import e4m3_nan_flagged, int8_level
+from trtfuse.kernels.ptx import e4m3_nan_flagged, int8_codes, int8_level, reciprocal_applies, scale_quotient
 
 # The cutlass types of the contract's dtype names: the float dtypes, and the quantized ones.
 FLOAT_CUTLASS_DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 QUANT_CUTLASS_DTYPES = {"float8_e4m3fn": cutlass.Float8E4M3FN, "int8": cutlass.Int8}
+
+
+def quotient(value: Float32, quantizer: cutlass.Constexpr) -> Float32:
+    """v / s, the correctly rounded float32 quotient by the quantizer's scale."""
+    if reciprocal_applies(quantizer.scale):
+        return scale_quotient(value, quantizer.scale)
+    # `/` on Float32 is the IEEE division (div.rn.f32; the PTX tests check that no approximation appears).
+    return value / Float32(quantizer.scale)
 
 
 @cute.jit
@@ -25,8 +34,7 @@ def _int8_levels(values: cute.TensorSSA, quantizer: cutlass.Constexpr, layout: c
     levels = cute.make_rmem_tensor(layout, Float32)
     levels.store(values)
     for i in cutlass.range_constexpr(cute.size(levels)):
-        # `/` on Float32 is the IEEE division (div.rn.f32; the PTX tests check that no approximation appears).
-        levels[i] = int8_level(levels[i] / Float32(quantizer.scale))
+        levels[i] = int8_level(quotient(levels[i], quantizer))
     return levels
 
 
@@ -34,7 +42,15 @@ def _int8_levels(values: cute.TensorSSA, quantizer: cutlass.Constexpr, layout: c
 def quantize_into(values: cute.TensorSSA, quantizer: cutlass.Constexpr, codes: cute.Tensor):
     """codes = Q(values): `values` float32, `codes` a register fragment of the quantizer's dtype (FP8 E4M3FN or
     INT8) and of `values`' shape."""
-    if cutlass.const_expr(quantizer.dtype == "int8"):
+    if cutlass.const_expr(quantizer.dtype == "int8" and cute.size(codes) % 4 == 0):
+        # Whole words of 4 codes: rounded and packed by cvt.rni and cvt.pack.sat (`ptx.int8_codes`).
+        quotients = cute.make_rmem_tensor(codes.layout, Float32)
+        quotients.store(values)
+        words = cute.recast_tensor(codes, Int32)
+        for w in cutlass.range_constexpr(cute.size(words)):
+            group = [quotient(quotients[w * 4 + b], quantizer) for b in range(4)]
+            words[w] = int8_codes((group[0], group[1], group[2], group[3]))
+    elif cutlass.const_expr(quantizer.dtype == "int8"):
         # The levels are integers in range: the conversion to INT8 is exact whatever its rounding.
         codes.store(_int8_levels(values, quantizer, codes.layout).load().to(Int8))
     else:
@@ -42,7 +58,7 @@ def quantize_into(values: cute.TensorSSA, quantizer: cutlass.Constexpr, codes: c
         quotients.store(values)
         if cutlass.const_expr(quantizer.saturate):
             for i in cutlass.range_constexpr(cute.size(quotients)):
-                quotients[i] = quotients[i] / Float32(quantizer.scale)
+                quotients[i] = quotient(quotients[i], quantizer)
             # cvt.rn.satfinite.e4m3x2.f32: round half to even, ±448 past the range (saturate's meaning), a NaN the
             # NaN code 0x7F, as the reference gives the only NaN a kernel's arithmetic makes (positive, canonical).
             codes.store(quotients.load().to(cutlass.Float8E4M3FN))
@@ -61,7 +77,7 @@ def _store_e4m3_unsaturated(quotients: cute.Tensor, quantizer: cutlass.Constexpr
         bits = Int32(0)
         for b in cutlass.range_constexpr(group):
             i = w * group + b
-            quotients[i], flag = e4m3_nan_flagged(quotients[i] / Float32(quantizer.scale), b)
+            quotients[i], flag = e4m3_nan_flagged(quotient(quotients[i], quantizer), b)
             bits = bits | flag
         nan_bits[w] = words.element_type(bits)
     codes.store(quotients.load().to(cutlass.Float8E4M3FN))

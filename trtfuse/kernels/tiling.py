@@ -105,8 +105,9 @@ def row_tiling(
     - decode: 4 vectors per thread, one row per block, so the few rows land on distinct SMs while each row's
       per-thread work (the latency of a lone row) stays short.
     - rows whose y (`y_bytes`, default x's) differs from x in width: the same, without the register cap.
-    - a 1-byte y (FP8, INT8): 16-element vectors, twice a 16-bit row's, so half the vectors per thread (1 in
-      prefill, 2 in decode): a thread holds a 16-bit row's elements and a row spreads over as many threads.
+    - a 1-byte y (FP8, INT8): 16-element vectors, twice a 16-bit row's. Prefill keeps 2 vectors per thread (half
+      the threads of a 16-bit row: fewer, longer threads hide the quantizer's division better); decode takes 1 (a
+      lone row's division spread over twice the threads); with a residual, prefill takes 1.
     - `residual` (the add+norm kernel: a residual row read and h written beside x and y): the same table without
       the register cap. A thread also holds the residual's slots; at 40 registers ptxas spills 8-16 bytes for
       BEFORE_CAST and for an fp32 weight, and Llama's 16-bit rows stay at 39-40 registers uncapped.
@@ -115,13 +116,16 @@ def row_tiling(
     min_blocks = 0
     reread = False
     mixed = y_bytes is not None and y_bytes != x_bytes
-    # Vectors per thread are halved for a 1-byte y (its vectors hold twice the elements).
-    halving = 2 if y_bytes == 1 else 1
+    # A 1-byte y's share of vectors per thread, against a 16-bit row's (measured: docs/performance.md,
+    # "Quantized norms").
+    one_byte = y_bytes == 1
+    prefill_per_thread = 1 if one_byte and residual else PREFILL_VECTORS_PER_THREAD
+    decode_per_thread = 1 if one_byte else DECODE_VECTORS_PER_THREAD
     if vectors <= SMALL_ROW_VECTORS:
         threads = _next_pow2(vectors)
         per_block = PREFILL_BLOCK_THREADS
     elif regime is Regime.PREFILL:
-        per_thread = PREFILL_VECTORS_PER_THREAD // halving
+        per_thread = prefill_per_thread
         threads = min(PREFILL_MAX_ROW_THREADS, _next_pow2(-(-vectors // per_thread)))
         per_block = max(PREFILL_BLOCK_THREADS, threads)
         if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD and not mixed and not residual:
@@ -129,7 +133,7 @@ def row_tiling(
         # Measured for fp16/bf16 rows of 128 threads or more (H >= 2048) only.
         reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES and threads >= PREFILL_BLOCK_THREADS
     else:
-        per_thread = DECODE_VECTORS_PER_THREAD // halving
+        per_thread = decode_per_thread
         threads = min(MAX_BLOCK_THREADS, max(WARP, _next_pow2(-(-vectors // per_thread))))
         per_block = threads
     return RowTiling(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -530,29 +530,36 @@ def _resident_rows(
     return cut
 
 
-def computed_dtypes(model: onnx.ModelProto) -> dict[str, str]:
-    """Per graph output, the dtype of the computation that produced it: the loosest float dtype along the Casts and
-    Identities it comes out of (an fp16 model's `logits.float()` is float16's)."""
+def computed_dtypes(model: onnx.ModelProto, names: Iterable[str] | None = None) -> dict[str, str]:
+    """Per graph output (or per tensor of `names`), the dtype of the computation that produced it: the loosest float
+    dtype along the Casts and Identities it comes out of (an fp16 model's `logits.float()` is float16's)."""
+    graph, types = value_types(model)
+    producers = {output: node for node in graph.node for output in node.output}
+    computed = {}
+    for name in [output.name for output in graph.output] if names is None else names:
+        chain = [name]
+        node = producers.get(name)
+        while node is not None and node.op_type in ("Cast", "Identity") and node.domain in DEFAULT_DOMAINS:
+            chain.append(node.input[0])
+            node = producers.get(node.input[0])
+        dtypes = [elem_type_name(types[link]) for link in chain if types.get(link)]
+        floats = [dtype for dtype in dtypes if dtype in _FLOAT_OUTPUTS]
+        if floats:
+            computed[name] = max(floats, key=lambda dtype: tolerance_for(dtype).rtol)
+        elif dtypes:
+            computed[name] = dtypes[-1]
+    return computed
+
+
+def value_types(model: onnx.ModelProto) -> tuple[onnx.GraphProto, dict[str, int]]:
+    """The main graph after shape inference (as it is where inference raises) and the element type of every tensor
+    it declares or infers one for."""
     try:
         graph = onnx.shape_inference.infer_shapes(model).graph
     except Exception:
-        # Shape inference raises for graphs onnxruntime still runs; each output then keeps its own dtype.
+        # Shape inference raises for graphs onnxruntime still runs; their tensors keep the types they declare.
         graph = model.graph
     types = {value.name: value.type.tensor_type.elem_type for value in [*graph.input, *graph.value_info]}
     types.update({value.name: value.type.tensor_type.elem_type for value in graph.output})
     types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
-    producers = {output: node for node in graph.node for output in node.output}
-    computed = {}
-    for output in graph.output:
-        chain = [output.name]
-        node = producers.get(output.name)
-        while node is not None and node.op_type in ("Cast", "Identity") and node.domain in DEFAULT_DOMAINS:
-            chain.append(node.input[0])
-            node = producers.get(node.input[0])
-        names = [elem_type_name(types[name]) for name in chain if types.get(name)]
-        floats = [name for name in names if name in _FLOAT_OUTPUTS]
-        if floats:
-            computed[output.name] = max(floats, key=lambda name: tolerance_for(name).rtol)
-        elif names:
-            computed[output.name] = names[-1]
-    return computed
+    return graph, types

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -29,6 +30,8 @@ from trtfuse.contract import (
 from trtfuse.contract.codec import NodeFields
 
 Shape = tuple[int, ...]
+# What a case's sizes are given in: a row op's leading dims, a QK-norm's token count.
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
@@ -131,15 +134,11 @@ def row_case(
     params = _float32_params(epsilon, weight_offset, weight_mode)
     node_op = op if quant is None else QUANTIZED_OPS[op.name]
     config = NodeFields(node_op, params, (hidden,), output_dtype or dtype, quant)
-    return NormCase(
-        config=config,
-        dtype=dtype,
-        weight_dtype=weight_dtype if weight_mode is not WeightMode.NONE else None,
-        min_shapes=(((1,) * len(max_leading)) + (hidden,),),
-        opt_shapes=((*max_leading, hidden),),
-        max_shapes=((*max_leading, hidden),),
-        runs=tuple(((*leading, hidden),) for leading in runs),
-    )
+
+    def shapes(leading: Shape) -> tuple[Shape, ...]:
+        return ((*leading, hidden),)
+
+    return _case(config, dtype, weight_dtype, shapes, (1,) * len(max_leading), max_leading, runs)
 
 
 rms_case = functools.partial(row_case, RMS_NORM)
@@ -165,14 +164,28 @@ def qk_case(
     def shapes(tokens: int) -> tuple[Shape, ...]:
         return ((1, tokens, q_heads, head_dim), (1, tokens, k_heads, head_dim))
 
+    return _case(config, dtype, weight_dtype, shapes, 1, max_tokens, runs)
+
+
+def _case(
+    config: NodeFields,
+    dtype: str,
+    weight_dtype: str | None,
+    shapes: Callable[[S], tuple[Shape, ...]],
+    smallest: S,
+    largest: S,
+    runs: Sequence[S],
+) -> NormCase:
+    """The case of `config`: its part shapes `shapes(size)`, the profile from `smallest` to `largest` (OPT and MAX),
+    then one run per size in `runs`; no weight dtype in WeightMode.NONE."""
     return NormCase(
         config=config,
         dtype=dtype,
-        weight_dtype=weight_dtype if weight_mode is not WeightMode.NONE else None,
-        min_shapes=shapes(1),
-        opt_shapes=shapes(max_tokens),
-        max_shapes=shapes(max_tokens),
-        runs=tuple(shapes(tokens) for tokens in runs),
+        weight_dtype=weight_dtype if config.params.weight_mode is not WeightMode.NONE else None,
+        min_shapes=shapes(smallest),
+        opt_shapes=shapes(largest),
+        max_shapes=shapes(largest),
+        runs=tuple(shapes(size) for size in runs),
     )
 
 

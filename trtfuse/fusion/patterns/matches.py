@@ -14,12 +14,15 @@ from trtfuse.fusion.patterns.queries import describe, dtype_name
 class TakenQuantizer:
     """One QuantizeLinear (with the DequantizeLinear after it, for a fake-quant stage) that a fused node takes in as
     the quantizer of `stage` (docs/patterns.md, "Quantized norms"). `nodes` are the pair's nodes, named in reports;
-    `output`, for the output stage, is the QuantizeLinear's output: the node writes it in place of the norm's y."""
+    `output`, for the output stage, is the QuantizeLinear's output: the node writes it in place of the norm's y, or,
+    where the QuantizeLinear reads y through `layout` (a Reshape, ...: patterns/quant.py's LAYOUT_OPS), the node
+    writes y's codes and `layout`, which stays in the graph, moves them into `output`."""
 
     stage: QuantStage
     quantizer: Quantizer
     nodes: tuple[gs.Node, ...]
     output: gs.Variable | None = None
+    layout: gs.Node | None = None
 
     @property
     def quantize(self) -> gs.Node:

@@ -6,7 +6,8 @@ finite, a float32 value) and zero point 0 of FLOAT8E4M3FN or INT8, no blocked sc
 for a fake-quant stage (input, rsqrt) the DequantizeLinear after it undoes exactly its rounding (`model.qdq`) and
 gives back its input's dtype. The output stage takes a QuantizeLinear that is the norm's one real reader: Shape nodes
 reading the unquantized y read the node's input instead, which has y's shape; any other reader keeps the
-QuantizeLinear outside, with the reason (a quant near miss).
+QuantizeLinear outside, with the reason (a quant near miss). The QuantizeLinear may read y through one layout op
+(LAYOUT_OPS) that only it reads: an INT8 one is taken, the op then moving the node's codes; an FP8 one stays out.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trtfuse.fusion.patterns.queries import (
     producer,
     qdq_mismatch,
     scalar_constant,
+    unique,
 )
 
 # QuantizeLinear's attributes up to opset 23; any other one means something the contract may not compute.
@@ -38,6 +40,14 @@ _KNOWN_ATTRIBUTES = ("axis", "saturate", "block_size", "output_dtype")
 _DEFAULT_CODE = TensorProto.UINT8
 # Shape nodes read only y's shape: they stay correct on the node's input, which has it.
 SHAPE_READER = "Shape"
+# Ops that move elements without computing any (TensorRT imports each as one IShuffleLayer): a QuantizeLinear of
+# one per-tensor scale and zero point 0 commutes with each exactly, Q(L(y)) = L(Q(y)), so a Q after one (DeepSeek-V3's
+# kv latent: `view` -> Q in ModelOpt's exports) is the norm's output stage, L moving the node's quantized codes.
+LAYOUT_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
+LAYOUT_FP8 = (
+    "a layout op moves INT8 codes only, as onnxruntime runs an FP8 Reshape or Transpose only from opset 21 and no FP8 "
+    "Flatten, Squeeze or Unsqueeze, and TensorRT's Shuffle layer lists no FP8 in its 10.6 reference"
+)
 NO_QK_QUANT = (
     "the contract has no quantized TrtfuseQkNorm (a q/k norm's outputs go to the rotary embedding in the exports it "
     "knows), so the QuantizeLinear stays after the node"
@@ -177,36 +187,62 @@ def _kept_out(quantize: gs.Node, norm: str, reason: str) -> NearMiss:
 
 
 def _output_quantizer(match: RmsNormMatch, graph_outputs: set[str]) -> TakenQuantizer | NearMiss | None:
-    """The QuantizeLinear of the norm's output the node takes in; a near miss when one reads y but stays out; None
-    when no QuantizeLinear reads y."""
+    """The QuantizeLinear of the norm's output the node takes in; a near miss when one reads y (or a layout op's
+    move of y) but stays out; None when none does."""
     y = match.y
-    path = _widened_reader(y, graph_outputs)
+    path, layout = _quantize_path(y, graph_outputs)
     if not path:
         return None
     quantize = path[-1]
-    readers = [describe(node) for node in y.outputs if node is not path[0] and onnx_op(node) != SHAPE_READER]
+    reader = layout or path[0]
+    readers = [describe(node) for node in unique(y.outputs) if node is not reader and onnx_op(node) != SHAPE_READER]
     if y.name in graph_outputs:
         readers.append("a graph output")
     if readers:
         return _kept_out(quantize, match.name, f"{y.name} is also read by {', '.join(readers)}, unquantized")
+    through = "" if layout is None else f"it reads {y.name} through {describe(layout)}, "
+    if layout is not None:
+        moved = layout.outputs[0]
+        others = [describe(node) for node in unique(moved.outputs) if node is not path[0]]
+        if moved.name in graph_outputs:
+            others.append("a graph output")
+        if others:
+            reason = f"{through}whose output {moved.name} is also read by {', '.join(others)}, unquantized"
+            return _kept_out(quantize, match.name, reason)
     quantizer = quantizer_of(quantize)
     if isinstance(quantizer, str):
-        return _kept_out(quantize, match.name, quantizer)
-    return TakenQuantizer(QuantStage.OUTPUT, quantizer, (quantize, *path[:-1]), quantize.outputs[0])
+        return _kept_out(quantize, match.name, f"{through}{quantizer}")
+    if layout is not None and quantizer.dtype != "int8":
+        return _kept_out(quantize, match.name, f"{through}which would move FLOAT8E4M3FN codes: {LAYOUT_FP8}")
+    return TakenQuantizer(QuantStage.OUTPUT, quantizer, (quantize, *path[:-1]), quantize.outputs[0], layout)
 
 
-def _widened_reader(y: gs.Tensor, graph_outputs: set[str]) -> list[gs.Node]:
-    """The first QuantizeLinear reading y, after the widening Casts between them that only it reads (the contract
-    quantizes float32(y): a bfloat16 y goes to float32 for onnxruntime's QuantizeLinear), with those Casts; [] when
-    none does."""
-    for reader in y.outputs:
+def _quantize_path(y: gs.Tensor, graph_outputs: set[str]) -> tuple[list[gs.Node], gs.Node | None]:
+    """The QuantizeLinear reading y with the widening Casts before it (`_widened_reader`) and the layout op reading
+    y that the path starts after, if any; ([], None) when no QuantizeLinear reads y or one layout op's output."""
+    path = _widened_reader(y, graph_outputs)
+    if path:
+        return path, None
+    for layout in y.outputs:
+        if onnx_op(layout) in LAYOUT_OPS and layout.inputs[0] is y and len(layout.outputs) == 1:
+            path = _widened_reader(layout.outputs[0], graph_outputs)
+            if path:
+                return path, layout
+    return [], None
+
+
+def _widened_reader(tensor: gs.Tensor, graph_outputs: set[str]) -> list[gs.Node]:
+    """The first QuantizeLinear reading `tensor` (y, or a layout op's move of it), after the widening Casts between
+    them that only it reads (the contract quantizes float32(y): a bfloat16 y goes to float32 for onnxruntime's
+    QuantizeLinear), with those Casts; [] when none does."""
+    for reader in tensor.outputs:
         path = [reader]
-        while onnx_op(path[-1]) == "Cast" and look_through_lossless_casts(path[-1].outputs[0]) is y:
+        while onnx_op(path[-1]) == "Cast" and look_through_lossless_casts(path[-1].outputs[0]) is tensor:
             following = only_consumer(path[-1].outputs[0], graph_outputs)
             if following is None:
                 break
             path.append(following)
-        quantized = path[-2].outputs[0] if len(path) > 1 else y
+        quantized = path[-2].outputs[0] if len(path) > 1 else tensor
         if onnx_op(path[-1]) == "QuantizeLinear" and path[-1].inputs[0] is quantized:
             return path
     return []
@@ -258,9 +294,9 @@ def take_quantizers(search: NormSearch, graph_outputs: set[str]) -> None:
             add.norm = replace(add.norm, quantizers=in_stage_order((*add.norm.quantizers, found)))
     for pair in search.qk_norm_pairs:
         for match in (pair.q, pair.k):
-            found = _output_quantizer(match, graph_outputs)
-            if found is not None:
-                quantize = found.quantize if isinstance(found, TakenQuantizer) else None
-                node = describe(quantize) if quantize is not None else found.node
-                misses.append(NearMiss(node, f"not taken into the QK-norm of {match.name}: {NO_QK_QUANT}"))
+            path, layout = _quantize_path(match.y, graph_outputs)
+            if path:
+                through = "" if layout is None else f" (through {describe(layout)})"
+                reason = f"not taken into the QK-norm of {match.name}{through}: {NO_QK_QUANT}"
+                misses.append(NearMiss(describe(path[-1]), reason))
     search.quant_near_misses = misses

@@ -1,0 +1,79 @@
+"""models/survey.py over a corpus folder laid out as the per-tool scripts write it: `--file` picks exports by name,
+`--skip` leaves out inspect and compile (the check columns alone), and `--generate N` runs `check --generate N` on
+the exports with a KV cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from support.paths import FIXTURES, REPO_ROOT, TOOL_FIXTURES
+
+KV_EXPORT = "qwen3-modelopt-fp8-kv.onnx"
+LOGITS_EXPORT = "qwen3-modelopt-int8-fp16.onnx"
+
+
+def corpus(folder: Path, names: list[str], fixtures: Path = TOOL_FIXTURES, tool_name: str = "modelopt") -> Path:
+    """EXPORTS/<tool_name>/ holding `names` (committed fixtures of `fixtures`) and their expected.json entries."""
+    entries = json.loads((fixtures / "expected.json").read_text())["files"]
+    tool = folder / tool_name
+    tool.mkdir(parents=True)
+    for name in names:
+        shutil.copy(fixtures / name, tool / name)
+    manifest = {"tool": tool_name, "files": {name: entries[name] for name in names}, "failures": {}}
+    (tool / "expected.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def survey(exports: Path, *options: str) -> tuple[list[dict], str]:
+    out = exports / "survey.json"
+    markdown = exports / "survey.md"
+    command = [sys.executable, "models/survey.py", str(exports), "--out", str(out), "--markdown", str(markdown)]
+    command += ["--trtfuse", f"{sys.executable} -m trtfuse.cli.main", "--cwd", str(REPO_ROOT), *options]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(out.read_text()), markdown.read_text()
+
+
+def test_the_check_columns_alone_with_generation_on_the_kv_export(tmp_path: Path) -> None:
+    exports = corpus(tmp_path, [KV_EXPORT, LOGITS_EXPORT, "qwen3-optimum-fp16.onnx"])
+    outcomes, tables = survey(
+        exports, "--file", "qwen3-modelopt-*", "--skip", "inspect", "--skip", "compile", "--generate", "2"
+    )
+    by_file = {outcome["file"]: outcome for outcome in outcomes}
+    assert sorted(by_file) == [KV_EXPORT, LOGITS_EXPORT]
+    for outcome in outcomes:
+        assert outcome["inspect_exit"] is None
+        assert outcome["compile_exit"] is None
+        assert outcome["fuse_exit"] == 0
+        assert outcome["check_exit"] == 0
+        assert outcome["fused_norms"] == outcome["expected_norms"] == 9
+        assert outcome["kept_out"] == []
+    assert by_file[KV_EXPORT]["generate_exit"] == 0
+    assert "the 2 generated tokens agree" in by_file[KV_EXPORT]["generate_output"]
+    assert by_file[LOGITS_EXPORT]["generate_exit"] is None
+    assert "| generate 2 |" in tables
+    kv_row = next(line for line in tables.splitlines() if f"| {KV_EXPORT} |" in line)
+    logits_row = next(line for line in tables.splitlines() if f"| {LOGITS_EXPORT} |" in line)
+    assert "| pass | pass |" in kv_row
+    assert "| pass | - |" in logits_row
+
+
+def test_without_generate_no_generation_column(tmp_path: Path) -> None:
+    exports = corpus(tmp_path, [KV_EXPORT])
+    outcomes, tables = survey(exports, "--skip", "compile")
+    (outcome,) = outcomes
+    assert outcome["inspect_exit"] == 0
+    assert outcome["generate_exit"] is None
+    assert "generate" not in tables
+
+
+def test_mla_latent_norms_are_expected_as_pairs(tmp_path: Path) -> None:
+    # DeepSeek-V3's q_a/kv_a latent norms pair into TrtfuseQkNorm nodes: the manifest counts them as mla_norm_calls.
+    exports = corpus(tmp_path, ["deepseek_v3-dynamo-fp32.onnx"], FIXTURES, "dynamo")
+    (outcome,), tables = survey(exports, "--skip", "inspect", "--skip", "compile")
+    assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == 2
+    assert "| 9 / 9 | 2 / 2 |" in tables
