@@ -150,6 +150,8 @@ def test_the_inverse_root_pair_is_the_rsqrt_stage(dtype: str) -> None:
     assert result.search.near_misses == [] and result.search.residual_near_misses == []
     assert all(any(tag.endswith("+rsqrt-quant") for tag in node.tags) for node in result.fused)
     assert result.counts().quantizers_taken == 8
+    reported = [entry["quant"]["rsqrt"] for entry in result.report()["fused"]]
+    assert reported and all(stage["input_dtype"] == "float32" and "dequant_dtype" in stage for stage in reported)
     for plugin in plugin_nodes(result.model):
         rsqrt = plugin.fields.quant.rsqrt
         assert (

@@ -58,6 +58,7 @@ def quantizers_json(quantizers: tuple[TakenQuantizer, ...]) -> dict[str, dict]:
             "scale": taken.quantizer.scale,
             "saturate": taken.quantizer.saturate,
             **({"dequant_dtype": taken.quantizer.dequant_dtype} if taken.stage.fake else {}),
+            **({"input_dtype": taken.quantizer.input_dtype} if taken.stage.rounds_input else {}),
             "nodes": [describe(node) for node in taken.nodes],
         }
         for taken in quantizers
