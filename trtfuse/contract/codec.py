@@ -33,6 +33,7 @@ from trtfuse.contract.nodes import (
     QuantStage,
     WeightMode,
     dtype_of_code,
+    norm_quant,
     quant_dtype_of_code,
 )
 from trtfuse.errors import TrtfuseError
@@ -55,8 +56,8 @@ class FieldError(TrtfuseError):
 @dataclass(frozen=True)
 class NodeFields:
     """A fused node's fields, validated: `hidden_sizes` follows the op's parts, `output_dtype` is the normalised
-    value's dtype T (a contract dtype name), `quant` the quantizers of a quantized op (None for a plain op). The
-    normalised outputs are in `normalised_dtype`: T, or the output quantizer's dtype."""
+    value's dtype T (a contract dtype name), `quant` the quantizers of a quantized op (None for a plain op). Each
+    output's dtype is in `output_dtypes`: a normalised one's is T, or its output quantizer's dtype."""
 
     op: FusedOp
     params: NormParams
@@ -72,15 +73,35 @@ class NodeFields:
     def has_weight(self) -> bool:
         return self.params.weight_mode is not WeightMode.NONE
 
-    @property
-    def output_quantizer(self) -> Quantizer | None:
-        return None if self.quant is None else self.quant.output
+    def output_quantizer(self, index: int) -> Quantizer | None:
+        """The quantizer of output `index` (the op's `output_stages`), None where the node does not quantize it."""
+        stage = self.op.output_stages[index]
+        return None if self.quant is None or stage is None else self.quant.at(stage)
+
+    def part_quant(self, part: int) -> QuantParams | None:
+        """The quantizers of part `part`'s norm, as one norm's stages (`contract.norm_quant`)."""
+        index = self.op.output_parts.index(part)
+        return norm_quant(self.quant, self.op.output_stages[index])
+
+    def normalised_dtype(self, index: int) -> str:
+        """Normalised output `index`'s dtype: its quantizer's where the node quantizes it, else T (`output_dtype`)."""
+        quantizer = self.output_quantizer(index)
+        return self.output_dtype if quantizer is None else quantizer.dtype
+
+    def output_dtypes(self, dtype: str) -> tuple[str, ...]:
+        """Each output's dtype for activations of `dtype`: a normalised output's `normalised_dtype`, the others'
+        (the add-norm's h) the activations'."""
+        normalised = self.op.normalised_outputs
+        return tuple(self.normalised_dtype(index) if normalised[index] else dtype for index in range(len(normalised)))
 
     @property
-    def normalised_dtype(self) -> str:
-        """The normalised outputs' dtype: the output quantizer's where the node quantizes its output, else T."""
-        quantizer = self.output_quantizer
-        return self.output_dtype if quantizer is None else quantizer.dtype
+    def quantized_dtypes(self) -> frozenset[str]:
+        """The quantized dtypes of the outputs the node quantizes (empty for a plain node)."""
+        return frozenset(
+            quantizer.dtype
+            for quantizer in map(self.output_quantizer, range(len(self.op.outputs)))
+            if quantizer is not None
+        )
 
     def numbers(self) -> dict[str, float | int]:
         """Every field's number, in the op's field order (`output_dtype` as its ONNX code)."""

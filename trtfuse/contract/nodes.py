@@ -85,11 +85,19 @@ class QuantStage(str, enum.Enum):
     INPUT = "input"  # the normalised tensor (x; the add-norm's rounded h) becomes DQ(Q(·)) before the norm reads it
     RSQRT = "rsqrt"  # each row's inverse root r becomes DQ(Q(r)) before it scales the row
     OUTPUT = "output"  # the normalised output becomes Q(·): the node outputs the quantized dtype
+    # A QK-norm's two normalised outputs, each with its own quantizer (its own scale), each optional.
+    Q_OUTPUT = "q_output"
+    K_OUTPUT = "k_output"
 
     @property
     def fake(self) -> bool:
         """A fake-quant stage quantizes and dequantizes again, so the formula goes on in a float dtype."""
-        return self is not QuantStage.OUTPUT
+        return self in (QuantStage.INPUT, QuantStage.RSQRT)
+
+    @property
+    def quantizes_output(self) -> bool:
+        """The stage quantizes a normalised output after its rounding to T: the node stores the quantized codes."""
+        return not self.fake
 
     @property
     def rounds_input(self) -> bool:
@@ -128,7 +136,7 @@ class QuantStage(str, enum.Enum):
         return f"{self.value}_quant_input_dtype" if self.rounds_input else None
 
 
-QUANT_STAGES = tuple(QuantStage)
+QUANT_STAGES = tuple(QuantStage)  # every stage, in formula order (each op's stages are a subsequence)
 # The quantized dtypes and their ONNX TensorProto element types (FLOAT8E4M3FN, INT8); a stage's dtype field is 0
 # when the stage is off.
 QUANT_DTYPE_CODES = {"float8_e4m3fn": 17, "int8": 3}
@@ -176,6 +184,8 @@ class QuantParams:
     input: Quantizer | None = None
     rsqrt: Quantizer | None = None
     output: Quantizer | None = None
+    q_output: Quantizer | None = None
+    k_output: Quantizer | None = None
 
     def __post_init__(self) -> None:
         if self.rsqrt is not None and self.rsqrt.input_dtype is None:
@@ -188,6 +198,17 @@ class QuantParams:
     def stages(self) -> tuple[QuantStage, ...]:
         """The stages that are on, in formula order."""
         return tuple(stage for stage in QUANT_STAGES if self.at(stage) is not None)
+
+
+def norm_quant(quant: QuantParams | None, output_stage: QuantStage) -> QuantParams | None:
+    """One norm's quantizers out of a node's, as stages of a single norm (input, rsqrt, output): all of them where
+    the norm's output stage is OUTPUT (a single norm's op), else the one quantizer of the QK-norm's q or k output
+    as that norm's output stage; None where the norm quantizes nothing. What a kernel's problem, the reference and
+    the lowering compute per norm."""
+    if quant is None or output_stage is QuantStage.OUTPUT:
+        return quant
+    quantizer = quant.at(output_stage)
+    return None if quantizer is None else QuantParams(output=quantizer)
 
 
 def quant_dtype_of_code(code: int) -> str | None:
@@ -235,7 +256,10 @@ class FusedOp:
     output_parts: tuple[int, ...]
     normalised_outputs: tuple[bool, ...]
     hidden_fields: tuple[str, ...]
-    # A quantized op (`quantized`) is its base op plus every quantizer stage's fields; a plain op has none.
+    # The stages a quantized op of this one has (`quantizable`), and per output the stage that quantizes it (None:
+    # never quantized); a quantized op (`quantized`) is its base op plus those stages' fields; a plain op has none.
+    quantizable: tuple[QuantStage, ...] = ()
+    output_stages: tuple[QuantStage | None, ...] = ()
     quant_stages: tuple[QuantStage, ...] = ()
     base: str | None = None
 
@@ -268,6 +292,8 @@ RMS_NORM = FusedOp(
     output_parts=(0,),
     normalised_outputs=(True,),
     hidden_fields=(ATTR_HIDDEN,),
+    quantizable=(QuantStage.INPUT, QuantStage.RSQRT, QuantStage.OUTPUT),
+    output_stages=(QuantStage.OUTPUT,),
 )
 # The q-norm and k-norm of one attention block: one launch, shared constants, each part with its own weight.
 QK_NORM = FusedOp(
@@ -279,6 +305,10 @@ QK_NORM = FusedOp(
     output_parts=(0, 1),
     normalised_outputs=(True, True),
     hidden_fields=(ATTR_Q_HIDDEN, ATTR_K_HIDDEN),
+    # Each output's own quantizer (Gemma3's INT8 q/k scales differ); no fake-quant stage: a q/k norm with an
+    # inverse-root pair is fused alone (fusion/patterns/qk.py).
+    quantizable=(QuantStage.Q_OUTPUT, QuantStage.K_OUTPUT),
+    output_stages=(QuantStage.Q_OUTPUT, QuantStage.K_OUTPUT),
 )
 # The residual Add in front of a decoder layer's norm, and that norm: x and residual are summed into h (the residual
 # stream's next value, an output of its own), and y is the RMSNorm of h. x and residual are one part: rows of the same
@@ -292,27 +322,31 @@ ADD_RMS_NORM = FusedOp(
     output_parts=(0, 0),
     normalised_outputs=(True, False),
     hidden_fields=(ATTR_HIDDEN,),
+    quantizable=(QuantStage.INPUT, QuantStage.RSQRT, QuantStage.OUTPUT),
+    output_stages=(QuantStage.OUTPUT, None),
 )
 
 
 def quantized(op: FusedOp) -> FusedOp:
     """`op` with the Q/DQ pairs around its norm taken in (docs/plugin-nodes.md, "Quantization"): the same tensors
-    and fields, then every stage's quantizer fields; the normalised output is in the output stage's dtype when that
-    stage is on. Its own op name, so each plugin's field list stays fixed and a model with nothing quantized is
-    written exactly as without quantization."""
-    return dataclasses.replace(op, name=f"{op.name}Quant", quant_stages=QUANT_STAGES, base=op.name)
+    and fields, then the quantizer fields of each stage it may have (`op.quantizable`); a normalised output is in
+    its stage's dtype when that stage is on. Its own op name, so each plugin's field list stays fixed and a model
+    with nothing quantized is written exactly as without quantization."""
+    return dataclasses.replace(op, name=f"{op.name}Quant", quant_stages=op.quantizable, base=op.name)
 
 
-# The norms whose Q/DQ pairs ModelOpt's exports put around them. A QK-norm's output goes to the rotary embedding,
-# not to a quantizer, so it has no quantized op.
+# The norms whose Q/DQ pairs ModelOpt's exports put around them (a QK-norm's: Gemma3 INT8's q/k output Qs,
+# DeepSeek-V3 FP8's latent Q).
 RMS_NORM_QUANT = quantized(RMS_NORM)
 ADD_RMS_NORM_QUANT = quantized(ADD_RMS_NORM)
-OPS = {op.name: op for op in (RMS_NORM, QK_NORM, ADD_RMS_NORM, RMS_NORM_QUANT, ADD_RMS_NORM_QUANT)}
+QK_NORM_QUANT = quantized(QK_NORM)
+OPS = {op.name: op for op in (RMS_NORM, QK_NORM, ADD_RMS_NORM, RMS_NORM_QUANT, ADD_RMS_NORM_QUANT, QK_NORM_QUANT)}
 RMS_NORM_OP = RMS_NORM.name
 QK_NORM_OP = QK_NORM.name
 ADD_RMS_NORM_OP = ADD_RMS_NORM.name
 RMS_NORM_QUANT_OP = RMS_NORM_QUANT.name
 ADD_RMS_NORM_QUANT_OP = ADD_RMS_NORM_QUANT.name
+QK_NORM_QUANT_OP = QK_NORM_QUANT.name
 FUSED_OPS = tuple(OPS)
 # Each plain op and its quantized op, for what treats them alike (counts per norm, kernels, plugin classes).
 QUANTIZED_OPS = {op.base: op for op in OPS.values() if op.base is not None}

@@ -45,7 +45,7 @@ class PluginNode:
     def output_dtype(self, index: int) -> str | None:
         """The dtype output `index` has by the contract: the normalised dtype (`output_dtype`, or the output
         quantizer's) for a normalised output, else the activations'."""
-        return self.fields.normalised_dtype if self.op.normalised_outputs[index] else self.dtype
+        return self.fields.normalised_dtype(index) if self.op.normalised_outputs[index] else self.dtype
 
 
 def node_label(node: onnx.NodeProto) -> str:
@@ -112,7 +112,7 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
     for index, output in enumerate(node.output):
         declared, expected = types.dtype(output), plugin.output_dtype(index)
         if declared is not None and expected is not None and declared != expected:
-            rule = _output_rule(fields) if op.normalised_outputs[index] else "its activations' dtype"
+            rule = _output_rule(fields, index) if op.normalised_outputs[index] else "its activations' dtype"
             raise TrtfuseError(f"{where}: output '{output}' is declared {declared}, but {rule} is {expected}")
     for position, name in enumerate(given):
         part = op.activation_parts[position] if position < len(op.activations) else position - len(op.activations)
@@ -125,8 +125,9 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
     return plugin
 
 
-def _output_rule(fields: NodeFields) -> str:
-    return "output_dtype" if fields.output_quantizer is None else "output_quant_dtype"
+def _output_rule(fields: NodeFields, index: int) -> str:
+    stage = fields.op.output_stages[index]
+    return "output_dtype" if fields.output_quantizer(index) is None else stage.dtype_field
 
 
 def _check_part_shapes(op: contract.FusedOp, activations: list[str], where: str, types: TensorTypes) -> None:

@@ -99,18 +99,16 @@ class _Lowering:
             }
             role = op.activations[op.activation_parts.index(part)]
             x = activations[0] if len(activations) == 1 else self._sum(role, activations, outputs[False])
-            self._norm(role, x, weight, outputs[True], out_type)
+            self._norm(role, x, weight, outputs[True], out_type, plugin.fields.part_quant(part))
         return self.nodes
 
-    def _stage(self, stage: contract.QuantStage) -> contract.Quantizer | None:
-        quant = self.plugin.fields.quant
-        return None if quant is None else quant.at(stage)
-
-    def _fake_quant(self, tensor: str, stage: contract.QuantStage, name: str) -> str:
+    def _fake_quant(
+        self, tensor: str, stage: contract.QuantStage, name: str, quant: contract.QuantParams | None
+    ) -> str:
         """`tensor` (float32) through the stage's DQ(Q(·)), Q reading it rounded to the quantizer's input dtype
         (the rsqrt stage's r, as the graph rounded it), dequantized in float32 and rounded once to the dequant
-        dtype, back in float32; `tensor` itself where the stage is off."""
-        quantizer = self._stage(stage)
+        dtype, back in float32; `tensor` itself where the stage is off (or the norm has no quantizers, `quant`)."""
+        quantizer = None if quant is None else quant.at(stage)
         if quantizer is None:
             return tensor
         name = f"{name}/{stage.value}_quant"
@@ -149,36 +147,39 @@ class _Lowering:
             total = self._op("Add", [total, addend], f"{name}/add{index}")
         return self._cast(total, contract.OUTPUT_DTYPE_CODES[self.plugin.dtype], f"{name}/h", output=h)
 
-    def _norm(self, role: str, x: str, weight: str | None, y: str, out_type: int) -> None:
+    def _norm(
+        self, role: str, x: str, weight: str | None, y: str, out_type: int, quant: contract.QuantParams | None
+    ) -> None:
+        """One norm of x into y, with its quantizers `quant` (one norm's stages, `NodeFields.part_quant`)."""
         params = self.plugin.fields.params
         mode = params.weight_mode
         round_type = contract.OUTPUT_DTYPE_CODES[
             contract.rounding_dtype(self.plugin.dtype, self.plugin.fields.output_dtype)
         ]
         name = f"{self.prefix}/{role}"
-        x32 = self._fake_quant(self._cast(x, _FLOAT, f"{name}/x_fp32"), contract.QuantStage.INPUT, name)
+        x32 = self._fake_quant(self._cast(x, _FLOAT, f"{name}/x_fp32"), contract.QuantStage.INPUT, name, quant)
         square = self._op("Mul", [x32, x32], f"{name}/square")
         mean = self._reduce_mean(square, f"{name}/mean")
         epsilon = self._constant(f"{name}/epsilon", params.epsilon)
         variance = self._op("Add", [mean, epsilon], f"{name}/add_epsilon")
         root = self._op("Sqrt", [variance], f"{name}/sqrt")
         inverse_root = self._op("Reciprocal", [root], f"{name}/rsqrt")
-        inverse_root = self._fake_quant(inverse_root, contract.QuantStage.RSQRT, name)
+        inverse_root = self._fake_quant(inverse_root, contract.QuantStage.RSQRT, name, quant)
         normalised = self._op("Mul", [x32, inverse_root], f"{name}/normalise")
         if mode == contract.WeightMode.NONE:
-            self._output(normalised, out_type, name, y)
+            self._output(normalised, out_type, name, y, quant)
             return
         scale = self._scale(weight, params.weight_offset, name)
         if mode == contract.WeightMode.AFTER_CAST:
             rounded = self._cast(self._cast(normalised, round_type, f"{name}/round"), _FLOAT, f"{name}/round_fp32")
-            self._output(self._op("Mul", [rounded, scale], f"{name}/scale"), out_type, name, y)
+            self._output(self._op("Mul", [rounded, scale], f"{name}/scale"), out_type, name, y, quant)
         else:
-            self._output(self._op("Mul", [normalised, scale], f"{name}/scale"), out_type, name, y)
+            self._output(self._op("Mul", [normalised, scale], f"{name}/scale"), out_type, name, y, quant)
 
-    def _output(self, value: str, out_type: int, name: str, y: str) -> None:
+    def _output(self, value: str, out_type: int, name: str, y: str, quant: contract.QuantParams | None) -> None:
         """y: `value` rounded to T, then quantized where the output stage is on (Q reads the T value as the graph's
         QuantizeLinear read it)."""
-        quantizer = self._stage(contract.QuantStage.OUTPUT)
+        quantizer = None if quant is None else quant.output
         if quantizer is None:
             self._cast(value, out_type, f"{name}/y", output=y)
             return

@@ -281,25 +281,28 @@ def _sum_output(graph: gs.Graph, add: AddNormMatch, x: gs.Tensor) -> gs.Variable
 
 
 def _qk_norm_node(graph: gs.Graph, q: RmsNormMatch, k: RmsNormMatch) -> FusedNode:
+    """The pair as one TrtfuseQkNorm, or, where either norm took its output's QuantizeLinear in (stage q_output or
+    k_output), one TrtfuseQkNormQuant writing that output's codes."""
     if (q.dtype, output_dtype(q)) != (k.dtype, output_dtype(k)):
         raise TrtfuseError(
             f"q/k norms '{q.name}' and '{k.name}' cannot be one fused node: dtypes {q.dtype} -> {output_dtype(q)} "
             f"and {k.dtype} -> {output_dtype(k)} differ"
         )
-    attrs = _fields(contract.QK_NORM, q, (q.hidden_size, k.hidden_size)).onnx_attributes()
-    q_out, k_out = _detach_output(q), _detach_output(k)
-    name = f"{contract.QK_NORM_OP}/{q_out.name}"
+    hidden = (q.hidden_size, k.hidden_size)
+    fields = _quantized(_fields(contract.QK_NORM, q, hidden), (*q.quantizers, *k.quantizers))
+    outputs = [_node_output(match, _detach_output(match), match.x) for match in (q, k)]
+    name = f"{fields.op.name}/{q.y.name}"
     graph.nodes.append(
         gs.Node(
-            contract.QK_NORM_OP,
+            fields.op.name,
             name,
-            attrs=attrs,
+            attrs=fields.onnx_attributes(),
             inputs=[q.x, k.x, *_weights(q, k)],
-            outputs=[q_out, k_out],
+            outputs=outputs,
             domain=contract.ONNX_DOMAIN,
         )
     )
-    return _record(contract.QK_NORM_OP, name, (q, k), (q.hidden_size, k.hidden_size))
+    return _record(fields.op.name, name, (q, k), hidden)
 
 
 def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tuple[int, ...]) -> FusedNode:
@@ -315,7 +318,7 @@ def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tup
         dtype=first.dtype,
         output_dtype=output_dtype(first),
         tags=tuple(dict.fromkeys(tag for match in matches for tag in match.tags)),
-        quantizers=first.quantizers,
+        quantizers=tuple(taken for match in matches for taken in match.quantizers),
     )
 
 

@@ -53,13 +53,14 @@ def rms_norm_tiling(spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned:
 def qk_norm_tilings(spec: QkNormSpec, aligned: bool) -> tuple[RowTiling, RowTiling]:
     """q's and k's tilings in one block size; head-dim rows use the small-row table entry, wide rows the prefill one
     (the same in both regimes for head-dim rows, so QK-norm has one tiling whatever the row count)."""
-    x_bytes, y_bytes = DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.out_dtype]
+    x_bytes = DTYPE_BYTES[spec.dtype]
 
-    def tiling(hidden: int) -> RowTiling:
-        vector = _vector(hidden, spec.dtype, spec.out_dtype) if aligned else 1
-        return row_tiling(hidden, vector, Regime.PREFILL, x_bytes, y_bytes)
+    def tiling(hidden: int, part: int) -> RowTiling:
+        y_dtype = spec.part_y_dtype(part)
+        vector = _vector(hidden, spec.dtype, y_dtype) if aligned else 1
+        return row_tiling(hidden, vector, Regime.PREFILL, x_bytes, DTYPE_BYTES[y_dtype])
 
-    q, k = tiling(spec.q_hidden), tiling(spec.k_hidden)
+    q, k = tiling(spec.q_hidden, 0), tiling(spec.k_hidden, 1)
     block = max(q.block_threads, k.block_threads)
     return with_block_threads(q, block), with_block_threads(k, block)
 
@@ -250,8 +251,8 @@ class QkNormKernel(_Kernel):
 
     def __init__(self, spec: QkNormSpec, cache: KernelCache, device: DeviceInfo) -> None:
         super().__init__(spec, cache, device)
-        self._q_masks = _alignment_masks(spec.q_hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
-        self._k_masks = _alignment_masks(spec.k_hidden, spec.dtype, spec.out_dtype, spec.weight_dtype)
+        self._q_masks = _alignment_masks(spec.q_hidden, spec.dtype, spec.part_y_dtype(0), spec.weight_dtype)
+        self._k_masks = _alignment_masks(spec.k_hidden, spec.dtype, spec.part_y_dtype(1), spec.weight_dtype)
 
     def variant(self, aligned: bool) -> QkNormVariant:
         q, k = qk_norm_tilings(self.spec, aligned)
@@ -304,7 +305,10 @@ class QkNormKernel(_Kernel):
         if wq is not None:
             _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
             _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
-        q_out, k_out = _output("q_out", q_out, q, spec.out_dtype), _output("k_out", k_out, k, spec.out_dtype)
+        q_out, k_out = (
+            _output(name, given, like, spec.part_y_dtype(part))
+            for part, (name, given, like) in enumerate((("q_out", q_out, q), ("k_out", k_out, k)))
+        )
         self.launch(
             q.data_ptr(),
             k.data_ptr(),

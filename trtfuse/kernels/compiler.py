@@ -12,7 +12,7 @@ from cutlass import Int32
 from cutlass.cute.runtime import make_ptr
 from cutlass.runtime import make_fake_stream
 
-from trtfuse.contract import rounding_dtype
+from trtfuse.contract import QuantParams, rounding_dtype
 from trtfuse.kernels.device import FP8_MIN_SM, arch_sm
 from trtfuse.kernels.norm_kernel import (
     CUTLASS_DTYPES,
@@ -53,12 +53,22 @@ class QkNormVariant:
 Variant = RmsNormVariant | AddRmsNormVariant | QkNormVariant
 
 
-def _math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> NormMath:
+def _norm_math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, quant: QuantParams | None) -> NormMath:
+    """One norm's math with its quantizers `quant` (one norm's stages)."""
     rounding = rounding_dtype(spec.dtype, spec.out_dtype)
-    quant = getattr(spec, "quant", None)
     if quant is None:
         return NormMath(spec.params, rounding)
     return NormMath(spec.params, rounding, quant, spec.out_dtype if quant.output is not None else None)
+
+
+def _math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> NormMath | tuple[NormMath, NormMath]:
+    """The kernel's math: one NormMath, or a quantized QK-norm's pair (q's, k's), each part with its own output
+    quantizer (a plain QK-norm's one NormMath serves both parts, as its PTX always has)."""
+    if isinstance(spec, QkNormSpec):
+        if spec.quant is None:
+            return _norm_math(spec, None)
+        return (_norm_math(spec, spec.part_quant(0)), _norm_math(spec, spec.part_quant(1)))
+    return _norm_math(spec, spec.quant)
 
 
 def _check_arch(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, arch: str) -> None:
@@ -74,8 +84,9 @@ def _launch_arguments(variant: Variant, pointer: Callable[[str, RowTiling], cute
     weight = spec.weight_dtype or spec.dtype
     if isinstance(variant, QkNormVariant):
         tilings = (variant.q_tiling, variant.k_tiling)
-        # q, k; their weights; q_out, k_out: each in its part's tiling.
-        pointers = [(dtype, tiling) for dtype in (spec.dtype, weight, spec.out_dtype) for tiling in tilings]
+        # q, k; their weights; q_out, k_out: each in its part's tiling, each output in its part's stored dtype.
+        pointers = [(dtype, tiling) for dtype in (spec.dtype, weight) for tiling in tilings]
+        pointers += [(spec.part_y_dtype(part), tiling) for part, tiling in enumerate(tilings)]
     else:
         t = variant.tiling
         if isinstance(variant, AddRmsNormVariant):

@@ -440,17 +440,23 @@ def _own_block(block: Int32, first_block: Int32 | None) -> Int32:
     return block if first_block is None else block - first_block
 
 
+def _part_maths(math: NormMath | tuple[NormMath, NormMath]) -> tuple[NormMath, NormMath]:
+    """q's and k's math: a quantized QK-norm's pair (each part's own output quantizer), or one for both."""
+    return math if isinstance(math, tuple) else (math, math)
+
+
 @cute.jit
 def _normalize_q_or_k(
     block: Int32, q_blocks: Int32, q: _Rows, k: _Rows, math: cutlass.Constexpr, aligned: cutlass.Boolean | None = None
 ):
     """QK-norm's two problems in one grid: blocks [0, q_blocks) normalise q's rows, the rest k's (the branch is
     uniform per block, so the barrier of a multi-warp row stays inside one side); `aligned` as `_normalize_rows`
-    takes it, for both."""
+    takes it, for both; `math` one NormMath or (q's, k's)."""
+    q_math, k_math = _part_maths(math)
     if block < q_blocks:
-        _normalize_rows(q, block, math, aligned)
+        _normalize_rows(q, block, q_math, aligned)
     else:
-        _normalize_rows(k, block, math, aligned, q_blocks)
+        _normalize_rows(k, block, k_math, aligned, q_blocks)
 
 
 def _blocks(rows: Int32, tiling: RowTiling) -> Int32:
@@ -635,7 +641,7 @@ def qk_norm_aot_kernel(
     block, q_partials, k_partials = _block_and_partials(q_tiling, k_tiling)
     q = _Rows(q_ptr, wq_ptr, q_out_ptr, q_rows, q_tiling, q_partials)
     k = _Rows(k_ptr, wk_ptr, k_out_ptr, k_rows, k_tiling, k_partials)
-    _normalize_q_or_k(block, q_blocks, q, k, math, _aligned(math, q, k))
+    _normalize_q_or_k(block, q_blocks, q, k, math, _aligned(_part_maths(math)[0], q, k))
 
 
 @cute.jit

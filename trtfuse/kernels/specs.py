@@ -9,12 +9,16 @@ from dataclasses import dataclass
 
 from trtfuse.contract import (
     ACTIVATION_DTYPES,
+    QK_NORM,
     QUANT_DTYPE_CODES,
+    RMS_NORM,
     WEIGHT_DTYPES,
     NormParams,
     QuantParams,
+    QuantStage,
     WeightMode,
     dtype_pair_problem,
+    norm_quant,
 )
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
@@ -46,13 +50,16 @@ def _normalise(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> None:
     _check_common(spec.dtype, spec.out_dtype, spec.weight_dtype, spec.params)
 
 
-def _check_quant(quant: QuantParams | None) -> None:
-    """The quantizers a kernel can compile: the contract's (docs/plugin-nodes.md, "Quantization")."""
+def _check_quant(quant: QuantParams | None, stages: tuple[QuantStage, ...]) -> None:
+    """The quantizers a kernel can compile: the contract's (docs/plugin-nodes.md, "Quantization"), in the `stages`
+    of its op (`FusedOp.quantizable`)."""
     if quant is None:
         return
     if not quant.stages:
         raise ValueError("quant has every stage off: use quant=None for a plain kernel")
     for stage in quant.stages:
+        if stage not in stages:
+            raise ValueError(f"{stage.value} is not a stage of this kernel ({', '.join(s.value for s in stages)})")
         quantizer = quant.at(stage)
         if quantizer.dtype not in QUANT_DTYPE_CODES:
             raise ValueError(
@@ -80,6 +87,13 @@ def has_fp8_stage(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> bool:
     return quant is not None and any(quant.at(stage).dtype == "float8_e4m3fn" for stage in quant.stages)
 
 
+def _repr_without_plain_quant(spec: object) -> str:
+    """The dataclass repr, with `quant` only when set: a plain spec's repr (the compile cache's and the AOT entry
+    names' key) stays what it was before quantizers, so plain kernels keep their PTX byte for byte."""
+    fields = [f for f in dataclasses.fields(spec) if f.name != "quant" or spec.quant is not None]
+    return f"{type(spec).__qualname__}({', '.join(f'{f.name}={getattr(spec, f.name)!r}' for f in fields)})"
+
+
 @dataclass(frozen=True, repr=False)
 class _RowsSpec:
     """The fields of an RMSNorm-grid kernel's spec: rows of `hidden` elements of `dtype`, a weight of
@@ -96,13 +110,9 @@ class _RowsSpec:
     def __post_init__(self) -> None:
         _check_hidden("hidden", self.hidden)
         _normalise(self)
-        _check_quant(self.quant)
+        _check_quant(self.quant, RMS_NORM.quantizable)
 
-    def __repr__(self) -> str:
-        """The dataclass repr, with `quant` only when set: a plain spec's repr (the compile cache's and the AOT
-        entry names' key) stays what it was before quantizers, so plain kernels keep their PTX byte for byte."""
-        fields = [f for f in dataclasses.fields(self) if f.name != "quant" or self.quant is not None]
-        return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
+    __repr__ = _repr_without_plain_quant
 
     @property
     def y_dtype(self) -> str:
@@ -131,18 +141,33 @@ class AddRmsNormSpec(_RowsSpec):
         return RmsNormSpec(self.hidden, self.dtype, self.weight_dtype, self.params, self.out_dtype, self.quant)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class QkNormSpec:
-    """Two RMSNorms in one launch: q rows of `q_hidden` and k rows of `k_hidden`, each with its own weight."""
+    """Two RMSNorms in one launch: q rows of `q_hidden` and k rows of `k_hidden`, each with its own weight. `quant`
+    (None: none) holds q_out's and k_out's own output quantizers (stages q_output, k_output, each optional): a
+    quantized output is stored in its quantizer's dtype after its rounding to T."""
 
     q_hidden: int
     k_hidden: int
     dtype: str
     weight_dtype: str | None
     params: NormParams
-    out_dtype: str | None = None  # q_out's and k_out's; None: q's and k's
+    out_dtype: str | None = None  # T of q_out and k_out; None: q's and k's
+    quant: QuantParams | None = None
 
     def __post_init__(self) -> None:
         _check_hidden("q_hidden", self.q_hidden)
         _check_hidden("k_hidden", self.k_hidden)
         _normalise(self)
+        _check_quant(self.quant, QK_NORM.quantizable)
+
+    __repr__ = _repr_without_plain_quant
+
+    def part_quant(self, part: int) -> QuantParams | None:
+        """Part `part`'s (0: q, 1: k) quantizer as one norm's output stage (`contract.norm_quant`)."""
+        return norm_quant(self.quant, QK_NORM.output_stages[part])
+
+    def part_y_dtype(self, part: int) -> str:
+        """The dtype part `part`'s output is stored in: its quantizer's where it has one, else T."""
+        quant = self.part_quant(part)
+        return self.out_dtype if quant is None else quant.output.dtype

@@ -39,8 +39,7 @@ def kernel_names(op: contract.FusedOp) -> KernelNames:
 
 def kernel_spec(fields: NodeFields, dtype: str, weight_dtype: str | None) -> Any:
     """The spec of the node's kernel for activations of `dtype` and weights of `weight_dtype` (None for weight_mode
-    NONE): its hidden sizes, constants and output dtype T, and a quantized op's quantizers. The QK-norm has no
-    quantized op, and its spec no `quant`."""
+    NONE): its hidden sizes, constants and output dtype T, and a quantized op's quantizers."""
     from trtfuse.kernels import specs
 
     spec_class = getattr(specs, kernel_names(fields.op).spec)

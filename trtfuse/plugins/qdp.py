@@ -164,7 +164,7 @@ def _output_desc(op: contract.FusedOp, index: int, arguments: dict[str, Any], fi
     source = arguments[op.activations[op.activation_parts.index(op.output_parts[index])]]
     output = source.like()
     if op.normalised_outputs[index]:
-        output.dtype = _data_types()[fields.normalised_dtype]
+        output.dtype = _data_types()[fields.normalised_dtype(index)]
     return output
 
 
@@ -189,8 +189,7 @@ def _combinations(trtp: Any, op: contract.FusedOp, fields: NodeFields) -> list[A
     _artifact, tactics = _kernel_functions(op)
     combinations = []
     for dtype, weight_dtype in _dtype_choices(fields):
-        outputs = (fields.normalised_dtype if normalised else dtype for normalised in op.normalised_outputs)
-        types = (*(dtype for _ in op.activations), *(weight_dtype for _ in op.weights), *outputs)
+        types = (*(dtype for _ in op.activations), *(weight_dtype for _ in op.weights), *fields.output_dtypes(dtype))
         combinations.append(_combination(trtp, types, tactics(_spec(fields, dtype, weight_dtype))))
     return combinations
 
@@ -203,10 +202,10 @@ def _aot_kernel(
     from trtfuse.kernels.declaration import Tactic
 
     artifact, _tactics = _kernel_functions(op)
-    for name, desc, normalised in zip(op.outputs, outputs, op.normalised_outputs, strict=True):
-        chosen = _dtype_name(desc.dtype)
-        if normalised and chosen != fields.normalised_dtype:
-            raise TrtfuseError(f"{op.name}: TensorRT chose {chosen} for '{name}', which is {fields.normalised_dtype}")
+    for index, (name, desc, normalised) in enumerate(zip(op.outputs, outputs, op.normalised_outputs, strict=True)):
+        chosen, wanted = _dtype_name(desc.dtype), fields.normalised_dtype(index)
+        if normalised and chosen != wanted:
+            raise TrtfuseError(f"{op.name}: TensorRT chose {chosen} for '{name}', which is {wanted}")
     dtype = _dtype_name(inputs[0].dtype)
     spec = _spec(fields, dtype, _dtype_name(inputs[len(op.activations)].dtype))
     activations = [inputs[op.activation_parts.index(part)] for part in range(len(op.weights))]

@@ -73,11 +73,6 @@ class NormCase:
         return self.config.output_dtype
 
     @property
-    def normalised_dtype(self) -> str:
-        """The normalised outputs' dtype: T, or the output quantizer's (`NodeFields.normalised_dtype`)."""
-        return self.config.normalised_dtype
-
-    @property
     def input_dtypes(self) -> tuple[str, ...]:
         """By input position: every activation in the activations' dtype, then (unless NONE) every weight in the
         weight dtype."""
@@ -88,7 +83,7 @@ class NormCase:
     def output_dtypes(self) -> tuple[str, ...]:
         """By output position: the normalised dtype for a normalised output, the activations' dtype for the others
         (h)."""
-        return tuple(self.normalised_dtype if normalised else self.dtype for normalised in self.op.normalised_outputs)
+        return self.config.output_dtypes(self.dtype)
 
     def input_shapes(self, part_shapes: Sequence[Shape]) -> list[Shape]:
         """By input position: each activation has its part's shape, each weight is [its part's hidden size]."""

@@ -16,20 +16,23 @@ from trtfuse.contract.codec import NodeFields
 from trtfuse.verify.tolerances import output_error, tolerance_for
 
 
-def reference_norm(x: Any, weight: Any, config: NodeFields) -> Any:
-    """The plugin node's output for x (and its weight) by the shared float64 reference, computed on the CPU."""
+def reference_norm(x: Any, weight: Any, config: NodeFields, part: int = 0) -> Any:
+    """The plugin node's output for x (and its weight) of part `part` (QK-norm: 0 for q, 1 for k; its quantizers
+    are that part's) by the shared float64 reference, computed on the CPU."""
     from trtfuse.bench.reference import norm_reference  # torch: only the GPU steps need it
 
     cpu_weight = None if weight is None else weight.cpu()
-    return norm_reference(x.cpu(), cpu_weight, config.params, config.output_dtype, config.quant)
+    return norm_reference(x.cpu(), cpu_weight, config.params, config.output_dtype, config.part_quant(part))
 
 
-def reference_part(activations: Sequence[Any], weight: Any, config: NodeFields) -> tuple[Any, Any | None]:
-    """One part's outputs by the shared float64 reference, on the CPU: (normalised, sum). A part of one activation
+def reference_part(
+    activations: Sequence[Any], weight: Any, config: NodeFields, part: int = 0
+) -> tuple[Any, Any | None]:
+    """Part `part`'s outputs by the shared float64 reference, on the CPU: (normalised, sum). A part of one activation
     normalises it (no sum); a part of two (the add-norm's x and residual) normalises their sum D(x + residual),
     which `add_norm_reference` rounds once to the activations' dtype D, as the contract defines it."""
     if len(activations) == 1:
-        return reference_norm(activations[0], weight, config), None
+        return reference_norm(activations[0], weight, config, part), None
     if len(activations) != 2:
         raise ValueError(f"no reference for a part of {len(activations)} activations")
     from trtfuse.bench.reference import add_norm_reference  # torch: only the GPU steps need it
@@ -67,13 +70,13 @@ def normalised_rtol(case: NormCase) -> float:
     return max(tolerance_for(case.output_dtype).rtol, tolerance_for(coarse).rtol)
 
 
-def allowed_steps(case: NormCase) -> int:
+def allowed_steps(case: NormCase, index: int = 0) -> int:
     """How many representable values a quantized output may be from the reference's. The kernel rounds the norm to T
     once from float32 and the reference from float64, so their T values are up to two units of T's last place apart
     (`verify.tolerances.KERNEL_ELEMENTWISE`), which moves Q(y) by at most one step where T resolves the quantized
     grid (FP8's 4 significant bits, INT8's codes in fp32 or fp16), and by two for INT8 codes up to 127 in bfloat16,
-    whose 8 significant bits space them half a code apart above 64."""
-    quantizer = case.config.output_quantizer
+    whose 8 significant bits space them half a code apart above 64. `index` is the output's position."""
+    quantizer = case.config.output_quantizer(index)
     if quantizer is None:
         return 0
     return 2 if quantizer.dtype == "int8" and case.output_dtype == "bfloat16" else 1
@@ -115,7 +118,7 @@ def check_outputs(case: NormCase, tensors: DeviceTensors) -> list[OutputCheck]:
     for part in range(len(op.weights)):
         members = [tensors.inputs[i] for i, owner in enumerate(op.activation_parts) if owner == part]
         weight = tensors.inputs[activations + part] if case.config.has_weight else None
-        references.append(reference_part(members, weight, case.config))
+        references.append(reference_part(members, weight, case.config, part))
     checks = []
     for index, (name, part, normalised) in enumerate(
         zip(op.outputs, op.output_parts, op.normalised_outputs, strict=True)
@@ -123,13 +126,15 @@ def check_outputs(case: NormCase, tensors: DeviceTensors) -> list[OutputCheck]:
         normed, summed = references[part]
         actual = tensors.outputs[index].detach().cpu()
         unwritten = int(is_poison(actual).sum())
-        if normalised and case.config.output_quantizer is not None:
+        if normalised and case.config.output_quantizer(index) is not None:
             # The poison is a value INT8 outputs may hold: unwritten only where the reference holds another.
             unwritten = int((is_poison(actual) & ~is_poison(normed)).sum())
             error = output_error(name, actual.double().numpy(), normed.double().numpy())
             steps = quantized_steps(actual, normed)
             checks.append(
-                OutputCheck(name, error.max_abs, error.max_rel, math.inf, unwritten, 0, steps, allowed_steps(case))
+                OutputCheck(
+                    name, error.max_abs, error.max_rel, math.inf, unwritten, 0, steps, allowed_steps(case, index)
+                )
             )
             continue
         if normalised:

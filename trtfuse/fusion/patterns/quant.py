@@ -19,7 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import TensorProto, helper
 
-from trtfuse.contract import ACTIVATION_DTYPES, QUANT_STAGES, Quantizer, QuantStage, quant_dtype_of_code
+from trtfuse.contract import ACTIVATION_DTYPES, QK_NORM, QUANT_STAGES, Quantizer, QuantStage, quant_dtype_of_code
 from trtfuse.fusion.patterns.matches import NearMiss, NormSearch, RmsNormMatch, TakenQuantizer
 from trtfuse.fusion.patterns.queries import (
     cast_target,
@@ -47,10 +47,6 @@ LAYOUT_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose")
 LAYOUT_FP8 = (
     "a layout op moves INT8 codes only, as onnxruntime runs an FP8 Reshape or Transpose only from opset 21 and no FP8 "
     "Flatten, Squeeze or Unsqueeze, and TensorRT's Shuffle layer lists no FP8 in its 10.6 reference"
-)
-NO_QK_QUANT = (
-    "the contract has no quantized TrtfuseQkNorm (a q/k norm's outputs go to the rotary embedding in the exports it "
-    "knows), so the QuantizeLinear stays after the node"
 )
 
 
@@ -293,10 +289,12 @@ def take_quantizers(search: NormSearch, graph_outputs: set[str]) -> None:
         elif found is not None:
             add.norm = replace(add.norm, quantizers=in_stage_order((*add.norm.quantizers, found)))
     for pair in search.qk_norm_pairs:
-        for match in (pair.q, pair.k):
-            path, layout = _quantize_path(match.y, graph_outputs)
-            if path:
-                through = "" if layout is None else f" (through {describe(layout)})"
-                reason = f"not taken into the QK-norm of {match.name}{through}: {NO_QK_QUANT}"
-                misses.append(NearMiss(describe(path[-1]), reason))
+        # Each norm's output QuantizeLinear, as its output's own stage of the QK-norm (q_output, k_output).
+        for role, stage in zip(("q", "k"), QK_NORM.output_stages, strict=True):
+            match = getattr(pair, role)
+            found = _output_quantizer(match, graph_outputs)
+            if isinstance(found, NearMiss):
+                misses.append(found)
+            elif found is not None:
+                setattr(pair, role, replace(match, quantizers=(*match.quantizers, replace(found, stage=stage))))
     search.quant_near_misses = misses

@@ -4,7 +4,7 @@ A plugin's tensors are its op's (`contract.FusedOp`): the activations, then (unl
 per part; the activations of one part (the add-norm's x and residual) share one shape, and each output has the shape
 of its part's first activation. Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its
 own; normalised outputs are in the node's normalised dtype (`NodeFields.normalised_dtype`: `output_dtype`, or a
-quantized op's FP8 / INT8 when its output stage is on), the others in the activations' dtype; all tensors are
+quantized op's FP8 / INT8 where the output's stage is on), the others in the activations' dtype; all tensors are
 LINEAR. Leading dims are flattened into rows of the part's hidden size. A quantized op (`contract.quantized`) runs
 in its plain op's class with the op swapped (`plugins.python.creators`): the same tensors and launch, its
 quantizers in the kernel spec.
@@ -68,7 +68,11 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         self.node = node
         self._label = f"{self.OP.name} '{node}'" if node else self.OP.name
         self._weighted = config.has_weight
-        self._normalised_type = OUTPUT_DATA_TYPES[config.normalised_dtype]
+        # Each normalised output's TensorRT dtype (None for the others, which take the activations').
+        self._normalised_types = tuple(
+            OUTPUT_DATA_TYPES[config.normalised_dtype(index)] if normalised else None
+            for index, normalised in enumerate(self.OP.normalised_outputs)
+        )
         self._input_names = self.OP.inputs(config.has_weight)
         self._same_type_as = self._type_ties()
         self._kernel: Any = None
@@ -162,7 +166,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         if desc.format != trt.TensorFormat.LINEAR:
             return False
         if pos >= num_inputs and self.OP.normalised_outputs[pos - num_inputs]:
-            return desc.type == self._normalised_type
+            return desc.type == self._normalised_types[pos - num_inputs]
         if desc.type not in DTYPE_NAMES:
             return False
         if pos == 0 and dtype_pair_problem(DTYPE_NAMES[desc.type], self.config.output_dtype):
@@ -237,7 +241,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         problem = dtype_pair_problem(self._dtype_name(input_type, 0), self.config.output_dtype)
         if problem is not None:
             raise TrtfuseError(f"{self._label}: {problem}")
-        return self._normalised_type if self.OP.normalised_outputs[output] else input_type
+        return self._normalised_types[output] if self.OP.normalised_outputs[output] else input_type
 
     def _check_input_count(self, count: int) -> None:
         if count != len(self._input_names):
