@@ -31,8 +31,8 @@ def quantizers(draw: st.DrawFn, stage: contract.QuantStage) -> contract.Quantize
 
 
 @st.composite
-def quant_params(draw: st.DrawFn) -> contract.QuantParams:
-    stages = draw(st.sets(st.sampled_from(contract.QUANT_STAGES), min_size=1))
+def quant_params(draw: st.DrawFn, op: contract.FusedOp) -> contract.QuantParams:
+    stages = draw(st.sets(st.sampled_from(op.quant_stages), min_size=1))
     return contract.QuantParams(**{stage.value: draw(quantizers(stage)) for stage in stages})
 
 
@@ -43,7 +43,7 @@ def node_fields(draw: st.DrawFn) -> NodeFields:
         draw(float32s.filter(lambda value: value >= 0.0)), draw(float32s), draw(st.sampled_from(WeightMode))
     )
     hidden = tuple(draw(st.integers(1, 2**31 - 1)) for _ in op.hidden_fields)
-    quant = draw(quant_params()) if op.quantized else None
+    quant = draw(quant_params(op)) if op.quantized else None
     return NodeFields(op, params, hidden, draw(st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES))), quant)
 
 
@@ -95,7 +95,9 @@ def test_the_add_norm_is_one_part_of_two_activations_with_a_normalised_and_a_res
 @pytest.mark.parametrize("mode", list(WeightMode), ids=[mode.name for mode in WeightMode])
 def test_each_op_round_trips_through_every_transport(op: str, mode: WeightMode) -> None:
     """The property test samples the ops; this names each one, so a new op's round trip is never left to chance."""
-    quant = contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.5)) if OPS[op].quantized else None
+    fp8 = contract.Quantizer("float8_e4m3fn", 0.5)
+    quant = contract.QuantParams(**{stage.value: fp8 for stage in OPS[op].output_stages if stage is not None})
+    quant = quant if OPS[op].quantized else None
     fields = NodeFields(OPS[op], NormParams(EPSILON, 1.0, mode), (64,) * len(OPS[op].hidden_fields), "bfloat16", quant)
     assert from_node(_node(fields), "m.onnx: node 'n'") == fields
     assert from_plugin_fields(fields.op, _raw_fields(fields), "op 'n'") == fields
@@ -192,8 +194,9 @@ def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() ->
         plain = OPS[base]
         assert quantized.name == f"{base}Quant" and quantized.base == base
         assert quantized.fields[: len(plain.fields)] == plain.fields
+        assert quantized.quant_stages == plain.quantizable
         assert quantized.fields[len(plain.fields) :] == tuple(
-            name for stage in contract.QUANT_STAGES for name in stage.fields
+            name for stage in plain.quantizable for name in stage.fields
         )
         assert (quantized.inputs(True), quantized.outputs) == (plain.inputs(True), plain.outputs)
     assert contract.RMS_NORM_QUANT.fields[5:9] == (
@@ -210,7 +213,16 @@ def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() ->
         "rsqrt_quant_input_dtype",
     )
     assert contract.RMS_NORM_QUANT.fields[-3:] == ("output_quant_dtype", "output_quant_scale", "output_quant_saturate")
-    assert contract.QK_NORM_OP not in contract.QUANTIZED_OPS
+    # The QK-norm's quantizers are its two outputs', each with its own scale; it has no fake-quant stage.
+    assert contract.QK_NORM_QUANT.fields[6:] == (
+        "q_output_quant_dtype",
+        "q_output_quant_scale",
+        "q_output_quant_saturate",
+        "k_output_quant_dtype",
+        "k_output_quant_scale",
+        "k_output_quant_saturate",
+    )
+    assert set(contract.QUANTIZED_OPS) == {contract.RMS_NORM_OP, contract.ADD_RMS_NORM_OP, contract.QK_NORM_OP}
 
 
 def test_an_off_stage_is_written_as_code_0_and_the_output_dtype_follows_the_output_stage() -> None:
@@ -223,7 +235,7 @@ def test_an_off_stage_is_written_as_code_0_and_the_output_dtype_follows_the_outp
         10,
         1,
     )
-    assert fields.normalised_dtype == "float16" and fields.output_quantizer is None
+    assert fields.normalised_dtype(0) == "float16" and fields.output_quantizer(0) is None
     fp8 = NodeFields(
         contract.RMS_NORM_QUANT,
         GOOD.params,
@@ -231,7 +243,30 @@ def test_an_off_stage_is_written_as_code_0_and_the_output_dtype_follows_the_outp
         "float16",
         contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.25, False)),
     )
-    assert fp8.normalised_dtype == "float8_e4m3fn" and fp8.numbers()["output_quant_saturate"] == 0
+    assert fp8.normalised_dtype(0) == "float8_e4m3fn" and fp8.numbers()["output_quant_saturate"] == 0
+
+
+def test_each_qk_norm_output_has_its_own_quantizer_and_dtype() -> None:
+    """q_out quantized to INT8 at its scale, k_out left in T: each output's dtype follows its own stage, every
+    transport keeps both, and a single norm's stage on the QK-norm is refused."""
+    quant = contract.QuantParams(q_output=contract.Quantizer("int8", 0.25))
+    fields = NodeFields(contract.QK_NORM_QUANT, GOOD.params, (128, 64), "float16", quant)
+    assert fields.output_dtypes("float16") == ("int8", "float16")
+    assert (fields.output_quantizer(0), fields.output_quantizer(1)) == (quant.q_output, None)
+    assert fields.part_quant(0) == contract.QuantParams(output=quant.q_output) and fields.part_quant(1) is None
+    numbers = fields.numbers()
+    assert (numbers["q_output_quant_dtype"], numbers["q_output_quant_scale"], numbers["k_output_quant_dtype"]) == (
+        3,
+        0.25,
+        0,
+    )
+    assert from_node(_node(fields), "m.onnx: node 'n'") == fields
+    with pytest.raises(ValueError, match="has no stage output"):
+        NodeFields(
+            contract.QK_NORM_QUANT, GOOD.params, (128, 64), "float16", contract.QuantParams(output=quant.q_output)
+        )
+    with pytest.raises(TrtfuseError, match=r"q_output_quant_dtype .*every other stage is off"):
+        from_node(_node(fields, q_output_quant_dtype=0), "m.onnx: node 'n'")
 
 
 def test_the_rsqrt_stage_carries_the_dtype_its_quantizer_reads_r_in() -> None:

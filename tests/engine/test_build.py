@@ -570,7 +570,7 @@ def _quantized(model: onnx.ModelProto, quant: contract.QuantParams) -> onnx.Mode
     node.attribute.extend(onnx.helper.make_node("N", [], [], **fields.onnx_attributes()).attribute)
     for value in [*model.graph.value_info, *model.graph.output]:
         if value.name == node.output[0]:
-            value.type.tensor_type.elem_type = contract.QUANT_DTYPE_CODES.get(fields.normalised_dtype, 10)
+            value.type.tensor_type.elem_type = contract.QUANT_DTYPE_CODES.get(fields.normalised_dtype(0), 10)
     return model
 
 

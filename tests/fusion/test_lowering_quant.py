@@ -39,7 +39,7 @@ EPSILON = float(np.float32(1e-6))
 def _model(fields: NodeFields, dtype: str) -> onnx.ModelProto:
     op = fields.op
     activations = list(op.activations)
-    y_type = ELEM[fields.normalised_dtype]
+    y_type = ELEM[fields.normalised_dtype(0)]
     outputs = [helper.make_tensor_value_info("y", y_type, [ROWS, HIDDEN])]
     if len(op.outputs) == 2:
         outputs.append(helper.make_tensor_value_info("h", ELEM[dtype], [ROWS, HIDDEN]))
@@ -132,6 +132,66 @@ def _normalised_input(op: contract.FusedOp, tensors: list[torch.Tensor]) -> list
     if op is contract.ADD_RMS_NORM_QUANT:
         return [(tensors[0].float() + tensors[1].float()).to(tensors[0].dtype)]
     return tensors
+
+
+QK_CASES = {
+    "q fp8, k int8": QuantParams(
+        q_output=Quantizer("float8_e4m3fn", 0.0078125), k_output=Quantizer("int8", 0.02880859375)
+    ),
+    "k int8 alone": QuantParams(k_output=Quantizer("int8", 0.0251464843750)),
+}
+
+
+def _qk_model(fields: NodeFields, dtype: str, q_hidden: int, k_hidden: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(2)
+    weights = [
+        numpy_helper.from_array((1 + 0.1 * rng.standard_normal(width)).astype(dtype), name)
+        for name, width in (("q_weight", q_hidden), ("k_weight", k_hidden))
+    ]
+    widths = (q_hidden, k_hidden)
+    outputs = [
+        helper.make_tensor_value_info(name, ELEM[fields.normalised_dtype(index)], [ROWS, widths[index]])
+        for index, name in enumerate(("q_out", "k_out"))
+    ]
+    node = helper.make_node(
+        contract.QK_NORM_QUANT_OP,
+        ["q", "k", "q_weight", "k_weight"],
+        ["q_out", "k_out"],
+        name="qk_norm",
+        domain=contract.ONNX_DOMAIN,
+        **fields.onnx_attributes(),
+    )
+    inputs = [
+        helper.make_tensor_value_info(name, ELEM[dtype], [ROWS, width])
+        for name, width in zip("qk", widths, strict=True)
+    ]
+    graph = helper.make_graph([node], "quantized_qk", inputs, outputs, weights)
+    opsets = [helper.make_opsetid("", 19), helper.make_opsetid(contract.ONNX_DOMAIN, contract.ONNX_DOMAIN_VERSION)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=9)
+
+
+@pytest.mark.parametrize("case", sorted(QK_CASES))
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_lowered_quantized_qk_norm_quantizes_each_output_at_its_own_scale(case: str, dtype: str) -> None:
+    """q and k of different widths (DeepSeek-V3's latents), each output by its own quantizer or none: each equals
+    the contract's reference of its own norm."""
+    quant, widths = QK_CASES[case], (48, 32)
+    params = NormParams(EPSILON, 0.0, WeightMode.AFTER_CAST)
+    fields = NodeFields(contract.QK_NORM_QUANT, params, widths, dtype, quant)
+    model = _qk_model(fields, dtype, *widths)
+    rng = np.random.default_rng(0)
+    feed = {name: rng.standard_normal((ROWS, width)).astype(dtype) for name, width in zip("qk", widths, strict=True)}
+    got = _run(model, feed)
+    for part, name in enumerate("qk"):
+        weight = torch.from_numpy(numpy_helper.to_array(model.graph.initializer[part]).copy())
+        want = norm_reference(torch.from_numpy(feed[name]), weight, params, dtype, fields.part_quant(part))
+        assert got[part].dtype.itemsize == want.element_size()
+        if fields.part_quant(part) is None:
+            np.testing.assert_allclose(got[part], want.numpy(), rtol=2e-6 if dtype == "float32" else 1e-3, atol=1e-6)
+            continue
+        differ = _bits(got[part]) != _bits(want)
+        # As above: the float64 and float32 norms round apart now and then, onto a quantizer's tie at most.
+        assert differ.mean() < 1e-3 if dtype == "float32" else not differ.any(), np.flatnonzero(differ)[:5]
 
 
 def test_the_output_stage_writes_the_quantized_dtype_and_keeps_the_plain_nodes_alone() -> None:

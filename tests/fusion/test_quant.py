@@ -116,7 +116,7 @@ def test_every_pair_around_every_norm_is_taken_in_and_the_quantized_values_are_t
     input_output = (contract.QuantStage.INPUT, contract.QuantStage.OUTPUT)
     assert sorted(stages) == sorted([input_output, input_output, (contract.QuantStage.OUTPUT,)])
     for plugin in plugin_nodes(result.model):
-        assert plugin.fields.output_quantizer.saturate == (spec.quant == "int8" or spec.saturate != 0)
+        assert plugin.fields.output_quantizer(0).saturate == (spec.quant == "int8" or spec.saturate != 0)
     feed = _feed()
     want = _run(original, spec.dtype, feed)
     got = _run(lower_fused_nodes(result.model), spec.dtype, feed)
@@ -248,38 +248,89 @@ def test_a_quantize_without_zero_point_takes_its_dtype_from_output_dtype() -> No
     original = quantized_norm("output-dtype", QuantSpec(dtype="float32", opset=21))
     result = fuse_model(original)
     [plugin] = plugin_nodes(result.model)
-    assert plugin.fields.output_quantizer == contract.Quantizer("int8", float(np.float32(2.5 / 127)), True)
+    assert plugin.fields.output_quantizer(0) == contract.Quantizer("int8", float(np.float32(2.5 / 127)), True)
     feed = _feed(5)
     want, got = _run(original, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
-def test_a_quantize_on_a_qk_norm_output_stays_after_the_qk_node() -> None:
-    # MLA's latent norms (DeepSeek-V3 in ModelOpt's FP8) pair into a TrtfuseQkNorm whose outputs ModelOpt quantizes.
-    original = attention_block(AttentionSpec(layout="mla-latent"))
+QK_QUANT_LAYOUTS = {
+    # MLA's latent norms (DeepSeek-V3 in ModelOpt's FP8) pair into one QK-norm; ModelOpt quantizes the q latent.
+    "mla-latent": ("q",),
+    # Gemma3 in ModelOpt's INT8: each of the q and k norms' outputs has its own Q, at its own scale.
+    "qk-head-dim-transposed": ("q", "k"),
+    "qk-head-dim": ("k",),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(QK_QUANT_LAYOUTS))
+def test_a_quantize_on_a_qk_norm_output_is_that_output_s_own_stage(layout: str) -> None:
+    original = attention_block(AttentionSpec(layout=layout))
     [pair] = fuse_model(original).search.qk_norm_pairs
-    quantized = _quantize_readers_of(original, pair.q.y.name)
+    quantized = original
+    scales = {"q": 0.05, "k": 0.0375}
+    for role in QK_QUANT_LAYOUTS[layout]:
+        tensor = getattr(pair, role).y.name
+        if layout == "qk-head-dim":
+            # Qwen3's k norm is read by a Transpose: the Q after it is taken in, the Transpose moving the codes.
+            tensor = next(node.output[0] for node in original.graph.node if tensor in node.input)
+        quantized = _quantize_readers_of(quantized, tensor, scales[role], prefix=role)
     result = fuse_model(quantized)
-    assert _kinds(result)[contract.QK_NORM_OP] == 1
-    [miss] = result.search.quant_near_misses
-    assert miss.reason.startswith(f"not taken into the QK-norm of {pair.q.name}: the contract has no quantized")
+    assert _kinds(result)[contract.QK_NORM_QUANT_OP] == 1 and contract.QK_NORM_OP not in _kinds(result)
+    assert result.search.quant_near_misses == []
+    assert _quantize_reads_trtfuse(result.model) == []
+    [plugin] = [plugin for plugin in plugin_nodes(result.model) if plugin.op is contract.QK_NORM_QUANT]
+    for index, role in enumerate(("q", "k")):
+        quantizer = plugin.fields.output_quantizer(index)
+        if role in QK_QUANT_LAYOUTS[layout]:
+            assert quantizer == contract.Quantizer("int8", float(np.float32(scales[role])))
+        else:
+            assert quantizer is None
+    [entry] = [entry for entry in result.report()["fused"] if entry["kind"] == contract.QK_NORM_QUANT_OP]
+    assert sorted(entry["quant"]) == sorted(f"{role}_output" for role in QK_QUANT_LAYOUTS[layout])
+    feed = _feed(2)
+    want, got = _run(quantized, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_without_fused_quantizers_a_quantized_qk_norm_stays_a_plain_one_before_its_quantize() -> None:
+    original = attention_block(AttentionSpec(layout="qk-head-dim-transposed"))
+    [pair] = fuse_model(original).search.qk_norm_pairs
+    quantized = _quantize_readers_of(original, pair.q.y.name, 0.05)
+    result = fuse_model(quantized, NO_QUANT)
+    assert _kinds(result)[contract.QK_NORM_OP] == 1 and contract.QK_NORM_QUANT_OP not in _kinds(result)
     assert [node.op_type for node in result.model.graph.node].count("QuantizeLinear") == 1
 
 
-def _quantize_readers_of(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
-    """`model` with an INT8 Q -> DQ pair between `tensor` and every node that read it."""
+def _quantize_readers_of(
+    model: onnx.ModelProto, tensor: str, scale: float = 0.05, prefix: str = "q"
+) -> onnx.ModelProto:
+    """`model` with an INT8 Q -> DQ pair of scale `scale` (nodes named `{prefix}_out_Q`, `{prefix}_DQ`) between
+    `tensor` and every node that read it, and the graph output it was."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph
     for node in graph.node:
         node.input[:] = [f"{tensor}_dq" if name == tensor else name for name in node.input]
+    for output in graph.output:
+        if output.name == tensor:
+            output.name = f"{tensor}_dq"
+    scale_name, zero_name = f"{prefix}_scale", f"{prefix}_zero"
     graph.initializer.extend(
-        [onnx.numpy_helper.from_array(np.float32(0.05), "q_scale"), onnx.numpy_helper.from_array(np.int8(0), "q_zero")]
+        [
+            onnx.numpy_helper.from_array(np.float32(scale), scale_name),
+            onnx.numpy_helper.from_array(np.int8(0), zero_name),
+        ]
     )
     pair = [
-        onnx.helper.make_node("QuantizeLinear", [tensor, "q_scale", "q_zero"], [f"{tensor}_q"], name="q_out_Q"),
-        onnx.helper.make_node("DequantizeLinear", [f"{tensor}_q", "q_scale", "q_zero"], [f"{tensor}_dq"], name="q_DQ"),
+        onnx.helper.make_node(
+            "QuantizeLinear", [tensor, scale_name, zero_name], [f"{tensor}_q"], name=f"{prefix}_out_Q"
+        ),
+        onnx.helper.make_node(
+            "DequantizeLinear", [f"{tensor}_q", scale_name, zero_name], [f"{tensor}_dq"], name=f"{prefix}_DQ"
+        ),
     ]
     producer = next(index for index, node in enumerate(graph.node) if tensor in node.output)
     for offset, node in enumerate(pair, start=1):
@@ -394,7 +445,7 @@ def test_a_quantize_after_a_layout_op_is_taken_in_and_the_op_moves_the_int8_code
     assert _kinds(result) == {contract.RMS_NORM_QUANT_OP: 1}
     assert result.search.quant_near_misses == [] and result.counts().quantizers_taken == 1
     [plugin] = plugin_nodes(result.model)
-    assert plugin.fields.output_quantizer.dtype == "int8"
+    assert plugin.fields.output_quantizer(0).dtype == "int8"
     quantize = next(node for node in original.graph.node if node.op_type == "QuantizeLinear")
     [moved] = [node for node in result.model.graph.node if node.op_type == layout.split("-")[0]]
     # The op reads the node's INT8 output and writes the Q's output, which the DequantizeLinear still reads.
@@ -441,18 +492,22 @@ def test_a_quantize_after_a_layout_op_that_stays_out_names_the_op_and_says_why(c
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
-def test_a_quantize_after_a_qk_norm_reshape_stays_after_the_qk_node_and_names_the_reshape() -> None:
-    # DeepSeek-V3 in ModelOpt's FP8: the kv latent norm pairs with the q latent norm, its output reshaped, then
-    # quantized.
+def test_an_int8_quantize_after_a_qk_norm_reshape_is_taken_in_and_the_reshape_moves_the_codes() -> None:
+    # DeepSeek-V3 in ModelOpt: the kv latent norm pairs with the q latent norm, its output reshaped, then quantized.
     original = attention_block(AttentionSpec(layout="mla-latent", latent_reshape=True))
     [pair] = fuse_model(original).search.qk_norm_pairs
     [reshape] = [node for node in original.graph.node if node.op_type == "Reshape" and pair.k.y.name in node.input]
-    result = fuse_model(_quantize_readers_of(original, reshape.output[0]))
-    assert _kinds(result)[contract.QK_NORM_OP] == 1
-    [miss] = result.search.quant_near_misses
-    assert miss.node == "q_out_Q"
-    assert miss.reason.startswith(f"not taken into the QK-norm of {pair.k.name} (through {reshape.name}): "), miss
-    assert "the contract has no quantized TrtfuseQkNorm" in miss.reason
+    quantized = _quantize_readers_of(original, reshape.output[0])
+    result = fuse_model(quantized)
+    assert _kinds(result)[contract.QK_NORM_QUANT_OP] == 1 and result.search.quant_near_misses == []
+    [plugin] = [plugin for plugin in plugin_nodes(result.model) if plugin.op is contract.QK_NORM_QUANT]
+    assert plugin.fields.output_quantizer(0) is None and plugin.fields.output_quantizer(1).dtype == "int8"
+    [moved] = [node for node in result.model.graph.node if node.name == reshape.name]
+    assert moved.input[0] == plugin.node.output[1] and moved.output[0] == f"{reshape.output[0]}_q"
+    feed = _feed(2)
+    want, got = _run(quantized, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

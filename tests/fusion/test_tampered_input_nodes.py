@@ -27,14 +27,19 @@ def _quant_fields(op: str) -> dict[str, object]:
     fused = contract.OPS[op]
     if not fused.quantized:
         return {}
-    quant = contract.QuantParams(input=contract.Quantizer("int8", 0.5, True, "float16"))
-    fields = NodeFields(fused, contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST), (HIDDEN,), "float16", quant)
-    return {name: value for name, value in fields.numbers().items() if name not in contract.RMS_NORM.fields}
+    if fused.base == contract.QK_NORM_OP:
+        # The QK-norm's stages are its outputs': k_out in INT8 (`_model` declares it so).
+        quant, hidden = contract.QuantParams(k_output=contract.Quantizer("int8", 0.5)), (HEAD, HEAD)
+    else:
+        quant, hidden = contract.QuantParams(input=contract.Quantizer("int8", 0.5, True, "float16")), (HIDDEN,)
+    fields = NodeFields(fused, contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST), hidden, "float16", quant)
+    plain = contract.OPS[fused.base].fields
+    return {name: value for name, value in fields.numbers().items() if name not in plain}
 
 
 def _model(op: str, broken: str) -> onnx.ModelProto:
-    """One node of `op`, as the pass writes it (a quantized op with an INT8 input stage), then broken as `broken`
-    says."""
+    """One node of `op`, as the pass writes it (a quantized op with an INT8 input stage, the QK-norm's with k_out in
+    INT8), then broken as `broken` says."""
     plain = contract.OPS[op].base or op
     shape = ["tokens", HIDDEN]
     weight = numpy_helper.from_array(np.ones(HIDDEN, np.float16), "w")
@@ -55,7 +60,8 @@ def _model(op: str, broken: str) -> onnx.ModelProto:
         hidden = tuple(size + 1 for size in hidden)
     node = fused_node(op, inputs, outputs, WeightMode.AFTER_CAST, hidden, **extra)
     activations = {name: (F16, shape) for name in ("q", "k") if name in inputs}
-    return fused_model([node], activations, {name: (F16, shape) for name in outputs}, [weight])
+    out_types = {name: (TensorProto.INT8 if name == "k_out" and op != plain else F16, shape) for name in outputs}
+    return fused_model([node], activations, out_types, [weight])
 
 
 CASES = [(op, broken) for op in contract.FUSED_OPS for broken in ("epsilon", "missing-input", "hidden")]

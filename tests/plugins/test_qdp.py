@@ -387,13 +387,24 @@ TYPE_NAMES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16", "FP8": "
 FP8_OUT = contract.QuantParams(output=contract.Quantizer("float8_e4m3fn", 0.015625))
 INT8_OUT = contract.QuantParams(output=contract.Quantizer("int8", 0.03125))
 INPUT_ONLY = contract.QuantParams(input=contract.Quantizer("float8_e4m3fn", 0.0625, True, "bfloat16"))
-# Each op with the quantizers it is tried with: none for a plain op; an FP8 and an INT8 output and an input stage
-# alone (y stays in T) for a quantized one.
-QUANT_CHOICES = [
-    (op, quant)
-    for op in contract.FUSED_OPS
-    for quant in ((FP8_OUT, INT8_OUT, INPUT_ONLY) if contract.OPS[op].quantized else (None,))
-]
+# The QK-norm's outputs' own quantizers: q's alone in FP8 (k_out stays in T), and q in INT8 beside k in FP8.
+QK_FP8_Q = contract.QuantParams(q_output=contract.Quantizer("float8_e4m3fn", 0.015625))
+QK_INT8_Q_FP8_K = contract.QuantParams(
+    q_output=contract.Quantizer("int8", 0.03125), k_output=contract.Quantizer("float8_e4m3fn", 0.0625)
+)
+
+
+def _quant_choices(op: contract.FusedOp) -> tuple[contract.QuantParams | None, ...]:
+    """The quantizers `op` is tried with: none for a plain op; an FP8 and an INT8 output and an input stage alone (y
+    stays in T) for a quantized norm; each output's own, or one output's alone, for the quantized QK-norm."""
+    if not op.quantized:
+        return (None,)
+    if op.base == contract.QK_NORM_OP:
+        return (QK_FP8_Q, QK_INT8_Q_FP8_K)
+    return (FP8_OUT, INT8_OUT, INPUT_ONLY)
+
+
+QUANT_CHOICES = [(op, quant) for op in contract.FUSED_OPS for quant in _quant_choices(contract.OPS[op])]
 
 
 def quant_label(quant: contract.QuantParams | None) -> str:
@@ -403,7 +414,7 @@ def quant_label(quant: contract.QuantParams | None) -> str:
 
 
 def qdp_fields(op: str, mode: WeightMode, output_dtype: str, quant: contract.QuantParams | None) -> NodeFields:
-    hidden = (16, 32) if op == contract.QK_NORM_OP else (HIDDEN,)
+    hidden = (16, 32) if (contract.OPS[op].base or op) == contract.QK_NORM_OP else (HIDDEN,)
     params = contract.NormParams(float(np.float32(1e-6)), 0.0, mode)  # as a float32 attribute holds it
     return NodeFields(contract.OPS[op], params, hidden, output_dtype, quant)
 
@@ -459,8 +470,9 @@ def test_autotune_offers_exactly_the_contract_s_dtype_pairs(
         )
         assert len(set(activations)) == len(set(weights)) == 1
         dtype, weight = activations[0], weights[0]
-        normalised = fields.normalised_dtype
-        assert outputs == [normalised if norm else dtype for norm in fused_op.normalised_outputs]
+        assert outputs == [
+            fields.normalised_dtype(index) if norm else dtype for index, norm in enumerate(fused_op.normalised_outputs)
+        ]
         assert dtype in contract.ACTIVATION_DTYPES and weight in contract.WEIGHT_DTYPES
         assert contract.dtype_pair_problem(dtype, output_dtype) is None
         spec_weight = None if mode is WeightMode.NONE else weight
@@ -633,15 +645,15 @@ def test_register_called_as_tensorrt_calls_it_gives_y_in_the_normalised_dtype(
     op: str, quant: contract.QuantParams, dtype_names: None
 ) -> None:
     """tensorrt.plugin calls register as `register_function(*input_descs, **self.attrs)` (P/_plugin_class.py:69,131):
-    the fields by keyword. y takes the output quantizer's dtype (T with the input stage alone), h x's."""
+    the fields by keyword. y takes the output quantizer's dtype (T with the input stage alone), h x's; each QK-norm
+    output its own quantizer's, or T without one."""
     fields = qdp_fields(op, WeightMode.AFTER_CAST, "bfloat16", quant)
     attrs = dict(zip(contract.OPS[op].fields, field_bytes(fields), strict=True))
     x = Desc("bfloat16")
     inputs = [x, *(Desc("bfloat16") for _ in contract.OPS[op].inputs(True)[1:])]
     returned = DEFINITIONS[op].register(*inputs, **attrs)
     outputs = returned if isinstance(returned, tuple) else (returned,)
-    expected = {"y": fields.normalised_dtype, "h": "bfloat16"}
-    assert [desc.dtype for desc in outputs] == [expected[name] for name in contract.OPS[op].outputs]
+    assert [desc.dtype for desc in outputs] == list(fields.output_dtypes("bfloat16"))
     assert all(desc.shape_expr.dims == x.shape_expr.dims for desc in outputs)
 
 

@@ -115,7 +115,7 @@ def test_the_build_phase_of_a_quantized_case(case: NormCase, kernels: list[Recor
     """y in the normalised dtype (FP8 / INT8 with the output stage, else T) and nothing else quantized; the spec is the
     plain op's with `quant` the node's quantizers; the fields (every stage's) survive serialisation exactly."""
     build = build_phase(CREATORS[case.op.name](), case)
-    normalised = case.config.normalised_dtype
+    normalised = case.config.normalised_dtype(0)
     assert build.output_dtypes == case.output_dtypes
     assert build.output_dtypes[0] == normalised
     activations = len(case.op.activations)
@@ -156,20 +156,22 @@ def test_get_output_data_types_refuses_a_quantized_input_and_two_scales_give_two
 
 def test_an_input_stage_alone_leaves_y_in_t() -> None:
     case = add_case(64, "float16", "float16", quant=QuantParams(input=fp8(1 / 32, dequant_dtype="float16")))
-    assert case.config.normalised_dtype == "float16" and case.output_dtypes == ("float16", "float16")
+    assert case.config.normalised_dtype(0) == "float16" and case.output_dtypes == ("float16", "float16")
 
 
 # --- the default cases ----------------------------------------------------------------------------------------------
 
 
-def test_the_default_cases_cover_both_quantized_ops_dtypes_stages_and_saturation() -> None:
+def test_the_default_cases_cover_every_quantized_op_dtype_stage_and_saturation() -> None:
     cases = [case for case in default_cases() if case.op.quantized]
     assert cases == quant_cases() and cases == default_cases()[-len(cases) :]
-    assert {case.op.name for case in cases} == {contract.RMS_NORM_QUANT_OP, contract.ADD_RMS_NORM_QUANT_OP}
+    assert {case.op.name for case in cases} == {op.name for op in contract.QUANTIZED_OPS.values()}
     quantizers = [(stage, case.config.quant.at(stage)) for case in cases for stage in case.config.quant.stages]
+    # Every stage in both dtypes but FP8 inverse roots (ModelOpt's are INT8) and the QK-norm's per output: k_out
+    # in INT8 only, q_out in both.
     assert {(stage, quantizer.dtype) for stage, quantizer in quantizers} == {
         (stage, dtype) for stage in contract.QUANT_STAGES for dtype in contract.QUANT_DTYPE_CODES
-    } - {(QuantStage.RSQRT, "float8_e4m3fn")}
+    } - {(QuantStage.RSQRT, "float8_e4m3fn"), (QuantStage.K_OUTPUT, "float8_e4m3fn")}
     assert any(not quantizer.saturate for _stage, quantizer in quantizers)
     assert {case.dtype for case in cases} == set(FLOATS)
     assert {case.config.params.weight_mode for case in cases} == set(WeightMode)
@@ -195,7 +197,7 @@ def written(case: NormCase) -> Any:
 def test_the_checks_judge_a_quantized_y_in_steps_of_its_grid(case: NormCase) -> None:
     tensors = device_tensors(case, case.runs[0], seed=3, device="cpu")
     y = tensors.outputs[0]
-    assert y.dtype == getattr(torch, case.config.normalised_dtype)
+    assert y.dtype == getattr(torch, case.config.normalised_dtype(0))
     assert check_outputs(case, tensors)[0].unwritten > 0
     tensors = written(case)
     y = tensors.outputs[0]

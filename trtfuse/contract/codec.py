@@ -68,6 +68,13 @@ class NodeFields:
     def __post_init__(self) -> None:
         if self.op.quantized != (self.quant is not None):
             raise ValueError(f"{self.op.name}: quant must be given exactly for a quantized op")
+        if len(self.hidden_sizes) != len(self.op.hidden_fields):
+            raise ValueError(f"{self.op.name} takes {len(self.op.hidden_fields)} hidden sizes, not {self.hidden_sizes}")
+        stages = self.quant.stages if self.quant is not None else ()
+        stray = [stage.value for stage in stages if stage not in self.op.quant_stages]
+        if stray:
+            own = ", ".join(stage.value for stage in self.op.quant_stages)
+            raise ValueError(f"{self.op.name} has no stage {', '.join(stray)} (its stages: {own})")
 
     @property
     def has_weight(self) -> bool:

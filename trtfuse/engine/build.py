@@ -21,7 +21,7 @@ import onnx
 import trtfuse
 from trtfuse import contract
 from trtfuse.contract import PluginKind
-from trtfuse.contract.codec import from_node
+from trtfuse.contract.codec import NodeFields, from_node
 from trtfuse.engine.build_options import BuildOptions, aot_refusal_of, plugin_kind_for, quant_refusal_of
 from trtfuse.engine.parser_errors import ParserIssue, parser_error_line
 from trtfuse.engine.profiles import Profile
@@ -111,19 +111,19 @@ def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> i
     return flags
 
 
-def quantized_nodes(fused: LoadedModel) -> dict[str, contract.QuantParams]:
-    """Each quantized trtfuse node's quantizers, by node name."""
+def quantized_nodes(fused: LoadedModel) -> dict[str, NodeFields]:
+    """Each quantized trtfuse node's fields, by node name."""
     nodes = {}
     for node in fused.model.graph.node:
         op = contract.OPS.get(node.op_type) if node.domain == contract.ONNX_DOMAIN else None
         if op is not None and op.quantized:
-            nodes[node.name] = from_node(node, f"{fused.path}: node '{node.name}'").quant
+            nodes[node.name] = from_node(node, f"{fused.path}: node '{node.name}'")
     return nodes
 
 
 def quantized_output_dtypes(fused: LoadedModel) -> set[str]:
-    """The quantized dtypes (FP8 / INT8) of the fused graph's plugin outputs: each quantized node's output stage's."""
-    return {quant.output.dtype for quant in quantized_nodes(fused).values() if quant.output is not None}
+    """The quantized dtypes (FP8 / INT8) of the fused graph's plugin outputs: each quantized node's output stages'."""
+    return {dtype for fields in quantized_nodes(fused).values() for dtype in fields.quantized_dtypes}
 
 
 def fp8_nodes(fused: LoadedModel) -> list[str]:
@@ -131,8 +131,8 @@ def fp8_nodes(fused: LoadedModel) -> list[str]:
     sm_89 GPU."""
     return [
         name
-        for name, quant in quantized_nodes(fused).items()
-        if any(quant.at(stage).dtype == "float8_e4m3fn" for stage in quant.stages)
+        for name, fields in quantized_nodes(fused).items()
+        if any(fields.quant.at(stage).dtype == "float8_e4m3fn" for stage in fields.quant.stages)
     ]
 
 

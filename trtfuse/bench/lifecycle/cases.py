@@ -151,10 +151,13 @@ def qk_case(
     epsilon: float = 1e-6,
     max_tokens: int = 64,
     runs: Sequence[int] = (64, 5, 1),
+    quant: QuantParams | None = None,
 ) -> NormCase:
-    """A QK-norm over q [1, tokens, q_heads, head_dim] and k [1, tokens, k_heads, head_dim] (Qwen3's layout)."""
+    """A QK-norm over q [1, tokens, q_heads, head_dim] and k [1, tokens, k_heads, head_dim] (Qwen3's layout);
+    `quant` (stages q_output, k_output) makes it a case of TrtfuseQkNormQuant."""
     params = _float32_params(epsilon, weight_offset, weight_mode)
-    config = NodeFields(QK_NORM, params, (head_dim, head_dim), dtype)
+    op = QK_NORM if quant is None else QUANTIZED_OPS[QK_NORM.name]
+    config = NodeFields(op, params, (head_dim, head_dim), dtype, quant)
 
     def shapes(tokens: int) -> tuple[Shape, ...]:
         return ((1, tokens, q_heads, head_dim), (1, tokens, k_heads, head_dim))
@@ -232,8 +235,9 @@ def int8(scale: float, dequant_dtype: str | None = None) -> Quantizer:
 def quant_cases() -> list[NormCase]:
     """The quantized ops as ModelOpt's exports put them (docs/plugin-nodes.md, "Quantization"): an FP8 or INT8
     output, E4M3FN saturating and not (past ±448: ±448, NaN), the add-norm's FP8 and INT8 input fake-quant with and
-    without the output stage, INT8's rsqrt stage, an fp32 residual stream into a bf16 layer, every weight mode. The
-    scales put part of each output past the quantized range, so saturation is exercised."""
+    without the output stage, INT8's rsqrt stage, an fp32 residual stream into a bf16 layer, every weight mode, and
+    the QK-norm's outputs each at its own scale (Gemma3's INT8) or one alone (DeepSeek-V3's FP8 latent). The scales
+    put part of each output past the quantized range, so saturation is exercised."""
     return [
         rms_case(4096, "bfloat16", "bfloat16", quant=QuantParams(output=fp8(1 / 64))),
         rms_case(2048, "float16", "float32", WeightMode.BEFORE_CAST, 1.0, quant=QuantParams(output=fp8(1 / 128))),
@@ -258,4 +262,15 @@ def quant_cases() -> list[NormCase]:
         add_case(
             1000, "float32", None, WeightMode.NONE, output_dtype="bfloat16", quant=QuantParams(output=fp8(1 / 128))
         ),
+        qk_case(
+            8,
+            4,
+            256,
+            "float16",
+            "float32",
+            WeightMode.BEFORE_CAST,
+            1.0,
+            quant=QuantParams(q_output=int8(4 / 127), k_output=int8(6 / 127)),
+        ),
+        qk_case(32, 8, 128, "bfloat16", "bfloat16", quant=QuantParams(q_output=fp8(1 / 64))),
     ]
