@@ -152,7 +152,10 @@ def test_a_correct_fusion_before_an_on_the_fly_quantizer_passes_at_every_seed(tm
 @pytest.mark.parametrize("quantizer", sorted(QUANTIZERS))
 def test_a_wrong_fusion_before_an_on_the_fly_quantizer_still_fails(tmp_path: Path, quantizer: str) -> None:
     original = load_model(_model(tmp_path / "original.onnx", quantizer, fused=False))
-    wrong = load_model(_model(tmp_path / "wrong.onnx", quantizer, fused=True, epsilon=0.5))
+    # The original's own quantization error depends on the CPU onnxruntime's integer MatMul runs on: on an AVX2
+    # machine without VNNI it is 20 % from the float32 evaluation, so epsilon 0.5's 28 % passed within 1.5x it
+    # there; epsilon 2 is 47 % off.
+    wrong = load_model(_model(tmp_path / "wrong.onnx", quantizer, fused=True, epsilon=2.0))
     assert not check_fused(original, wrong, CheckInputs(dims={"batch": 2, "sequence": 64})).passed
 
 
