@@ -190,10 +190,14 @@ def count_fused(fusion: dict, entry: dict, outcome: Outcome) -> None:
     if entry["uses_rms_norm"]:
         outcome.weightless_nodes = sum(node["weight_mode"] == "NONE" for node in fusion["fused"])
     outcome.fused_norms = totals.get("norms", 0)
-    # A quantized node is its plain op's norm with the Q/DQ pairs taken in: counted with it.
-    outcome.rms_norm_nodes = totals.get("TrtfuseRmsNorm", 0) + totals.get("TrtfuseRmsNormQuant", 0)
-    outcome.qk_norm_nodes = totals.get("TrtfuseQkNorm", 0)
-    outcome.add_norm_nodes = totals.get("TrtfuseAddRmsNorm", 0) + totals.get("TrtfuseAddRmsNormQuant", 0)
+    # A quantized node (the plain op's name + "Quant") is its plain op's norm with the Q/DQ pairs taken in: counted
+    # with it.
+    def nodes_of(op: str) -> int:
+        return totals.get(op, 0) + totals.get(f"{op}Quant", 0)
+
+    outcome.rms_norm_nodes = nodes_of("TrtfuseRmsNorm")
+    outcome.qk_norm_nodes = nodes_of("TrtfuseQkNorm")
+    outcome.add_norm_nodes = nodes_of("TrtfuseAddRmsNorm")
     outcome.quantizers_taken = fusion.get("quantizers_taken", 0)
     kept_out = fusion.get("residual_near_misses", [])
     quant_kept_out = fusion.get("quant_near_misses", [])

@@ -77,3 +77,11 @@ def test_mla_latent_norms_are_expected_as_pairs(tmp_path: Path) -> None:
     (outcome,), tables = survey(exports, "--skip", "inspect", "--skip", "compile")
     assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == 2
     assert "| 9 / 9 | 2 / 2 |" in tables
+
+
+def test_quantized_qk_norms_count_as_pairs(tmp_path: Path) -> None:
+    # ModelOpt's INT8 Gemma3: both q/k pairs are TrtfuseQkNormQuant nodes, the Qs on their outputs taken in.
+    exports = corpus(tmp_path, ["gemma3-modelopt-int8-fp16.onnx"])
+    (outcome,), tables = survey(exports, "--skip", "inspect", "--skip", "compile")
+    assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == 2
+    assert "| 13 / 13 | 2 / 2 | 4 / 4 | 0 | 21 (1 kept out) |" in tables

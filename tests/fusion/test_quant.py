@@ -369,6 +369,28 @@ def test_the_modelopt_fixture_keeps_no_add_out_and_takes_every_norm_output_quant
     assert verdict.passed, verdict.to_json()
 
 
+def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantize_at_its_own_scale() -> None:
+    original = load_model(TOOL_FIXTURES / "gemma3-modelopt-int8-fp16.onnx")
+    result = fuse_model(original.model)
+    assert _kinds(result) == {
+        contract.QK_NORM_QUANT_OP: 2,
+        contract.RMS_NORM_QUANT_OP: 5,
+        contract.ADD_RMS_NORM_QUANT_OP: 4,
+    }
+    assert result.search.residual_near_misses == [] and result.search.near_misses == []
+    # The one Q kept out: the embedding's pair, whose dequantized value the first residual Add reads too.
+    [kept] = result.search.quant_near_misses
+    assert "is also read by" in kept.reason and "the node reads the dequantized x" in kept.reason
+    assert result.counts().quantizers_taken == 21 and result.counts().norms == 13
+    qk = [plugin for plugin in plugin_nodes(result.model) if plugin.op is contract.QK_NORM_QUANT]
+    for plugin in qk:
+        q_quantizer, k_quantizer = plugin.fields.output_quantizer(0), plugin.fields.output_quantizer(1)
+        assert q_quantizer.dtype == k_quantizer.dtype == "int8" and q_quantizer.scale != k_quantizer.scale
+    assert _quantize_reads_trtfuse(result.model) == []
+    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
+    assert verdict.passed, verdict.to_json()
+
+
 def test_inspect_and_fuse_report_the_quantizers(tmp_path) -> None:
     inspected = run_cli("inspect", MODELOPT_FIXTURE)
     first = inspected.stdout.splitlines()[0]

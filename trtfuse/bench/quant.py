@@ -24,6 +24,7 @@ from trtfuse.bench.timing import (
     DECODE_HIDDEN,
     LLAMA,
     PREFILL_SHAPES,
+    QK_HEADS,
     fresh_compile,
     graph_replay_us,
     input_sets,
@@ -32,9 +33,16 @@ from trtfuse.bench.timing import (
     same_size_copy_us,
 )
 from trtfuse.contract import Quantizer, QuantParams
-from trtfuse.kernels.api import RmsNormKernel, get_add_rms_norm, get_rms_norm, rms_norm_tiling, shared_cache
+from trtfuse.kernels.api import (
+    RmsNormKernel,
+    get_add_rms_norm,
+    get_qk_norm,
+    get_rms_norm,
+    rms_norm_tiling,
+    shared_cache,
+)
 from trtfuse.kernels.compiler import AddRmsNormVariant, RmsNormVariant
-from trtfuse.kernels.specs import AddRmsNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import PREFILL_BLOCK_THREADS, Regime, RowTiling
 
 # Per-tensor scales as ModelOpt calibrates them (amax / 448, amax / 127), float32 values, neither a power of two.
@@ -52,6 +60,11 @@ NORM_TARGET_PCT = 95.0
 ADD_TARGET_US = 118.0
 DECODE_TARGET_US = {1: 1.7, 32: 1.8, 128: 2.1}
 TARGET_SHAPE = "16384x4096"
+# A quantized QK-norm as Gemma3's INT8 exports have it: q_out and k_out each with its own scale.
+QK_QUANT = QuantParams(
+    q_output=Quantizer("int8", float(np.float32(5.0 / 127))), k_output=Quantizer("int8", float(np.float32(6.0 / 127)))
+)
+QK_QUANT_TOKENS = (1, 32, 4096)
 
 
 def torch_quantize(y: torch.Tensor, quantizer: Quantizer) -> torch.Tensor:
@@ -233,6 +246,59 @@ def bench_decode(rows: int, kind: str, name: str, compiled: bool) -> dict[str, A
     return row
 
 
+def qk_norm_quant(
+    q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, quant: QuantParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q and k norms, then each one's quantize: the formula torch.compile gets to fuse."""
+    return (
+        torch_quantize(llama_rms_norm(q, wq), quant.q_output),
+        torch_quantize(llama_rms_norm(k, wk), quant.k_output),
+    )
+
+
+def bench_qk_quant(tokens: int, compiled: bool) -> dict[str, Any]:
+    """µs per call of the quantized QK-norm (one launch, both outputs INT8) at QK_HEADS, beside our plain QK-norm
+    followed by torch.compile's two quantizes, and torch.compile's fused norms and quantizes: CUDA-graph replay up
+    to 32 tokens, event-timed medians over fresh inputs beyond."""
+    q_heads, k_heads, head_dim = QK_HEADS
+    spec = QkNormSpec(head_dim, head_dim, "bfloat16", "bfloat16", LLAMA, quant=QK_QUANT)
+    kernel, plain = get_qk_norm(spec), get_qk_norm(dataclasses.replace(spec, quant=None))
+    kernel.warm_up(tokens * q_heads)
+    plain.warm_up(tokens * q_heads)
+    quantizers = (QK_QUANT.q_output, QK_QUANT.k_output)
+    nbytes = 3 * tokens * (q_heads + k_heads) * head_dim + 2 * 2 * head_dim
+    small = tokens <= 32
+    n_sets = 1 if small else input_sets(nbytes)
+    shapes = ((tokens, q_heads, head_dim), (tokens, k_heads, head_dim))
+    ins = [tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16) for shape in shapes) for _ in range(n_sets)]
+    outs = [tuple(poisoned_codes(shape, quantizer) for shape, quantizer in zip(shapes, quantizers, strict=True))]
+    outs += [tuple(torch.empty_like(out) for out in outs[0]) for _ in range(n_sets - 1)]
+    plain_outs = [tuple(torch.empty_like(x) for x in pair) for pair in ins]
+    wq, wk = (torch.randn(head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    quantize = [fresh_compile(functools.partial(torch_quantize, quantizer=quantizer)) for quantizer in quantizers]
+
+    def ours(i: int) -> None:
+        kernel(*ins[i], wq, wk, *outs[i])
+
+    def separate(i: int) -> None:
+        q_out, k_out = plain(*ins[i], wq, wk, *plain_outs[i])
+        quantize[0](q_out)
+        quantize[1](k_out)
+
+    timed = {"ours_us": ours, "separate_us": separate}
+    if compiled:
+        fn = fresh_compile(functools.partial(qk_norm_quant, quant=QK_QUANT))
+        timed["compile_us"] = lambda i: fn(*ins[i], wq, wk)
+    row: dict[str, Any] = {"tokens": tokens, "bytes": nbytes, "timing": "graph" if small else "events"}
+    for key, call in timed.items():
+        row[key] = graph_replay_us(lambda call=call: call(0)) if small else median_event_us(call, n_sets)
+    ours(0)
+    for part, (x, w, quantizer) in enumerate(zip(ins[0], (wq, wk), quantizers, strict=True)):
+        reference = norm_reference(x, w, LLAMA, quant=spec.part_quant(part))
+        row[f"{'qk'[part]}_agreement"] = check_quantized(outs[0][part], reference, quantizer, f"qk tokens={tokens}")
+    return row
+
+
 def _time_tiling(kind: str, spec: RmsNormSpec | AddRmsNormSpec, tiling: RowTiling, rows: int, n_sets: int) -> float:
     """One tiling of `spec` compiled and launched as the plugins launch (raw pointers): checked, then timed (events
     over rotating inputs for many rows, graph replay for one)."""
@@ -315,6 +381,7 @@ def run_quant(compiled: bool, copy_gbs: float) -> dict[str, Any]:
             for rows in DECODE_ROWS
         ],
         "quant_tilings": bench_tilings(),
+        "quant_qk_norm": [bench_qk_quant(tokens, compiled) for tokens in QK_QUANT_TOKENS],
     }
 
 
@@ -343,6 +410,9 @@ def quant_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
         goal = DECODE_TARGET_US[r["rows"]]
         ours = min(r["ours_graph_us"], r["ours_graph_us_again"])
         checks.append((f"decode {r['kind']}->{r['out']} rows={r['rows']} <= {goal} µs", ours <= goal))
+    for r in report.get("quant_qk_norm", []):
+        faster = r["ours_us"] < r["separate_us"]
+        checks.append((f"qk-norm->int8 tokens={r['tokens']} faster than the qk-norm, then 2 quantizes", faster))
     return checks
 
 
@@ -380,6 +450,16 @@ def print_quant_report(report: dict[str, Any]) -> None:
         ours = f"ours {r['ours_graph_us']:.2f} / {r['ours_graph_us_again']:.2f}"
         compiled = _compile_cell(r, "compile_graph_us", "  torch.compile", ".2f")
         print(f"  {r['kind']:>8}->{r['out']:<4} rows {r['rows']:>3}: {ours}{compiled}")
+    q_heads, k_heads, head_dim = QK_HEADS
+    print(
+        f"\nQuantized QK-norm -> int8 (each output its own scale), bf16, {q_heads} q / {k_heads} k heads of {head_dim}"
+    )
+    for r in report.get("quant_qk_norm", []):
+        compiled = f" | compile {r['compile_us']:.2f}" if "compile_us" in r else ""
+        print(
+            f"  tokens {r['tokens']:>5} ({r['timing']}): ours {r['ours_us']:.2f} | qk-norm+2 Q {r['separate_us']:.2f}"
+            f"{compiled} µs"
+        )
     print("\nTiling of a 1-byte y (-> fp8, bf16 rows): vectors of 16 per thread, µs ('*' = the rule)")
     for r in report["quant_tilings"]:
         mark = "*" if r["rule"] else " "
