@@ -279,6 +279,7 @@ def test_a_quantize_on_a_qk_norm_output_is_that_output_s_own_stage(layout: str) 
     result = fuse_model(quantized)
     assert _kinds(result)[contract.QK_NORM_QUANT_OP] == 1 and contract.QK_NORM_OP not in _kinds(result)
     assert result.search.quant_near_misses == []
+    assert result.counts().quantizers_taken == len(QK_QUANT_LAYOUTS[layout])
     assert _quantize_reads_trtfuse(result.model) == []
     [plugin] = [plugin for plugin in plugin_nodes(result.model) if plugin.op is contract.QK_NORM_QUANT]
     for index, role in enumerate(("q", "k")):
@@ -381,7 +382,8 @@ def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantiz
     # The one Q kept out: the embedding's pair, whose dequantized value the first residual Add reads too.
     [kept] = result.search.quant_near_misses
     assert "is also read by" in kept.reason and "the node reads the dequantized x" in kept.reason
-    assert result.counts().quantizers_taken == 21 and result.counts().norms == 13
+    # The 21 around the single norms and add-norms, and the 4 on the q/k norms' outputs.
+    assert result.counts().quantizers_taken == 25 and result.counts().norms == 13
     qk = [plugin for plugin in plugin_nodes(result.model) if plugin.op is contract.QK_NORM_QUANT]
     for plugin in qk:
         q_quantizer, k_quantizer = plugin.fields.output_quantizer(0), plugin.fields.output_quantizer(1)

@@ -146,7 +146,10 @@ class NormSearch:
     def quantizers_taken(self) -> list[TakenQuantizer]:
         """Every quantizer a fused node takes in, in the order the nodes are listed."""
         taken = [quantizer for match in self.matches for quantizer in match.quantizers]
-        return taken + [quantizer for add in self.add_norms for quantizer in add.all_quantizers]
+        taken += [quantizer for add in self.add_norms for quantizer in add.all_quantizers]
+        return taken + [
+            quantizer for pair in self.qk_norm_pairs for match in (pair.q, pair.k) for quantizer in match.quantizers
+        ]
 
 
 class Rejected(Exception):
