@@ -1,4 +1,4 @@
-"""GPU: the quantizer stages of the RMSNorm and add+norm kernels bit for bit against the contract's reference
+"""GPU: the quantizer stages of the RMSNorm, add+norm and QK-norm kernels bit for bit against the contract's reference
 (trtfuse.bench.reference, itself bit for bit with onnxruntime), on fresh random inputs (run on the H200).
 
 The norm's own arithmetic is not bit-exact against float64 (tests/gpu/test_kernels_gpu.py holds it to a
@@ -17,6 +17,7 @@ left unwritten (an INT8 or FP8 poison could be a valid value)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -26,7 +27,7 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
-from trtfuse.kernels import AddRmsNormSpec, RmsNormSpec, get_add_rms_norm, get_rms_norm
+from trtfuse.kernels import AddRmsNormSpec, QkNormSpec, RmsNormSpec, get_add_rms_norm, get_qk_norm, get_rms_norm
 from trtfuse.kernels.api import shared_cache
 from trtfuse.kernels.compiler import RmsNormVariant
 from trtfuse.kernels.tiling import Regime
@@ -416,3 +417,58 @@ def test_raw_pointer_launch_of_a_quantized_add_norm_replays_from_a_cuda_graph() 
         sum_ = (x.float() + residual.float()).to(x.dtype)
         assert_same_bits(h, sum_, "h")
         assert_same_bits(y, expected(spec, sum_, w, True), "y")
+
+
+# --- the quantized QK-norm: each output its own quantizer -------------------------------------------------------------
+
+QK_QUANTS = {
+    # Gemma3's INT8: q_out and k_out at two scales.
+    "int8-both": QuantParams(q_output=INT8, k_output=Quantizer("int8", f32(0.047))),
+    # DeepSeek-V3's FP8 latent: q_out quantized, k_out left in T.
+    "fp8-q": QuantParams(q_output=FP8),
+    "fp8-k-unsat": QuantParams(k_output=FP8_UNSATURATED),
+}
+# (q width, k width, q heads, k heads): head-dim rows, and MLA latents of two widths.
+QK_SHAPES = ((128, 128, 8, 2), (256, 256, 4, 2), (48, 32, 1, 1))
+
+
+def plain_part_y(spec: QkNormSpec, part: int, v: torch.Tensor, w: torch.Tensor, aligned: bool) -> torch.Tensor:
+    """Part `part`'s y by the plain RMSNorm device code in the tiling that part runs in the quantized QK-norm (the
+    same per-row code, the same order of the sum of squares), launched on raw pointers."""
+    kernel = get_qk_norm(spec)
+    variant = kernel.variant(aligned)
+    tiling = (variant.q_tiling, variant.k_tiling)[part]
+    hidden = (spec.q_hidden, spec.k_hidden)[part]
+    plain = RmsNormSpec(hidden, spec.dtype, spec.weight_dtype, spec.params, spec.out_dtype)
+    function = shared_cache().get(RmsNormVariant(plain, tiling, kernel.device.arch))
+    v = v.contiguous()
+    y = torch.empty(tuple(v.shape), device="cuda", dtype=getattr(torch, spec.out_dtype))
+    function(v.data_ptr(), w.data_ptr(), y.data_ptr(), v.numel() // hidden, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return y
+
+
+@pytest.mark.parametrize("shape", QK_SHAPES, ids=lambda s: f"q{s[0]}x{s[2]}-k{s[1]}x{s[3]}")
+@pytest.mark.parametrize("quants", sorted(QK_QUANTS))
+def test_each_qk_norm_output_is_its_own_quantizer_of_the_plain_norms_y(quants: str, shape: tuple) -> None:
+    """Both outputs written twice over the poisons; a quantized one is Q(y) of the plain norm's y at its own scale,
+    the other the plain norm's y: 1, 7 and 300 tokens, aligned and one element off, both weight modes."""
+    quant = QK_QUANTS[quants]
+    q_hidden, k_hidden, q_heads, k_heads = shape
+    for (tokens, offset), params in zip(
+        itertools.product((1, 7, 300), (0, 1)), itertools.cycle((LLAMA, NormParams(1e-6, 1.0, BEFORE)))
+    ):
+        spec = QkNormSpec(q_hidden, k_hidden, "bfloat16", "bfloat16", params, quant=quant)
+        kernel = get_qk_norm(spec)
+        q = shifted(rand((tokens, q_heads, q_hidden), "bfloat16"), offset)
+        k = shifted(rand((tokens, k_heads, k_hidden), "bfloat16"), offset)
+        wq, wk = shifted(rand((q_hidden,), "bfloat16"), offset), shifted(rand((k_hidden,), "bfloat16"), offset)
+        outs = [buffer(tuple(x.shape), spec.part_y_dtype(part), offset) for part, x in enumerate((q, k))]
+        launch = functools.partial(kernel, q, k, wq, wk, *outs)
+        for out in outs:
+            written_twice(launch, out)
+        for part, (v, w, out) in enumerate(zip((q, k), (wq, wk), outs, strict=True)):
+            y = plain_part_y(spec, part, v, w, offset == 0)
+            part_quant = spec.part_quant(part)
+            want = y if part_quant is None else quantize_reference(y, part_quant.output)
+            assert_same_bits(out, want, f"{quants} part {part} tokens={tokens} offset={offset}")

@@ -15,21 +15,22 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
 
 from trtfuse.contract import NormParams, Quantizer, QuantParams, QuantStage, WeightMode
-from trtfuse.kernels.api import AddRmsNormKernel, RmsNormKernel, rms_norm_tiling
+from trtfuse.kernels.api import AddRmsNormKernel, QkNormKernel, RmsNormKernel, rms_norm_tiling
 from trtfuse.kernels.artifacts import (
     AOT_ARCHS,
     add_rms_norm_artifact,
     add_rms_norm_tactics,
     aot_archs,
+    qk_norm_artifact,
     rms_norm_artifact,
     rms_norm_tactics,
 )
 from trtfuse.kernels.cache import KernelCache, variant_key
 from trtfuse.kernels.compiler import AddRmsNormVariant, RmsNormVariant, compile_variant
-from trtfuse.kernels.declaration import Tactic, add_rms_norm_params, rms_norm_params
+from trtfuse.kernels.declaration import Tactic, add_rms_norm_params, qk_norm_params, rms_norm_params
 from trtfuse.kernels.device import DeviceInfo
 from trtfuse.kernels.ptx import reciprocal_applies
-from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime
 
 ARCH = "sm_90a"
@@ -312,3 +313,62 @@ def test_quant_artifacts_compile_for_every_architecture_they_can_run_on(
 def test_an_fp8_quantizer_before_sm_89_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"an FP8 quantizer needs sm_89 or newer \(its conversions\), not sm_86"):
         rms_norm_artifact(AOT_SPECS[0], Tactic.PREFILL, "sm_86", tmp_path)
+
+
+# --- the quantized QK-norm: each output's own quantizer --------------------------------------------------------------
+
+QK_QUANTS = {
+    "int8-both": QuantParams(q_output=INT8, k_output=Quantizer("int8", f32(0.047))),
+    "fp8-q": QuantParams(q_output=FP8),
+    "fp8-unsat-k": QuantParams(k_output=FP8_UNSATURATED),
+}
+
+
+def check_qk_quantizers(quant: QuantParams, ptx: str) -> None:
+    """Each output stage's quotient by its own scale (`ptx.scale_quotient`), its dtype's conversion, and the plain
+    kernel's approximate inverse root (the QK-norm has no rsqrt stage)."""
+    assert not re.search(r"\bdiv\.(approx|full)\b", ptx) and not re.search(r"\brcp\.approx", ptx)
+    assert "rsqrt.approx.ftz.f32" in ptx
+    for stage in quant.stages:
+        quantizer = quant.at(stage)
+        reciprocal = immediate(float(np.float32(1.0) / np.float32(quantizer.scale)))
+        assert re.search(rf"\bmul\.rn\.f32\s+q0, %r\d+, {reciprocal};", ptx), (stage, reciprocal)
+        assert len(re.findall(rf"\bfma\.rn\.f32\s+e, n, {immediate(quantizer.scale)}, %r\d+;", ptx)) >= 2, stage
+    dtypes = {quant.at(stage).dtype for stage in quant.stages}
+    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == ("float8_e4m3fn" in dtypes)
+
+
+@pytest.mark.parametrize(("q_hidden", "k_hidden"), [(128, 128), (256, 256), (48, 32)])
+@pytest.mark.parametrize("quants", sorted(QK_QUANTS))
+def test_the_quantized_qk_norm_compiles_each_output_with_its_own_quantizer(
+    quants: str, q_hidden: int, k_hidden: int, tmp_path: Path
+) -> None:
+    """JIT (aligned: 16-byte stores, INT8 codes packed; scalar) and AOT: each part's stored dtype and vector follow
+    its own quantizer, or T without one."""
+    quant = QK_QUANTS[quants]
+    spec = QkNormSpec(q_hidden, k_hidden, "bfloat16", "bfloat16", LLAMA, quant=quant)
+    assert [spec.part_y_dtype(part) for part in (0, 1)] == [
+        "bfloat16" if quantizer is None else quantizer.dtype for quantizer in (quant.q_output, quant.k_output)
+    ]
+    kernel = QkNormKernel(spec, KernelCache(Path("/nonexistent")), HOPPER)
+    for aligned in (True, False):
+        variant = kernel.variant(aligned)
+        ptx = compiled_ptx(variant, tmp_path / f"jit-{aligned}")
+        check_qk_quantizers(quant, ptx)
+        if aligned:
+            for part, tiling in enumerate((variant.q_tiling, variant.k_tiling)):
+                width = DTYPE_BYTES[spec.part_y_dtype(part)]
+                assert tiling.vector == min(16, (q_hidden, k_hidden)[part]) if width == 1 else tiling.vector <= 8
+            if quants == "int8-both":
+                assert len(re.findall(r"\bcvt\.pack\.sat\.s8\.s32\.b32\b", ptx)) >= 2
+            assert any(a.startswith("st.global.v4") or a.startswith("st.global.v2") for a in global_accesses(ptx))
+    artifact = qk_norm_artifact(spec, Tactic.PREFILL, ARCH, tmp_path / "aot")
+    check_qk_quantizers(quant, artifact.ptx)
+    assert [param.name for param in artifact.declaration.params] == [param.name for param in qk_norm_params()]
+
+
+def test_a_qk_norm_takes_only_its_outputs_stages() -> None:
+    with pytest.raises(ValueError, match="output is not a stage of this kernel"):
+        QkNormSpec(128, 128, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=INT8))
+    with pytest.raises(ValueError, match="q_output is not a stage of this kernel"):
+        RmsNormSpec(128, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(q_output=INT8))

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from trtfuse.bench.aot.matrix import Spec
+from trtfuse.bench.aot.matrix import Spec, part_quant
 from trtfuse.bench.aot.tensors import PartTensors, unwritten
 from trtfuse.bench.reference import add_norm_reference, norm_reference, quantize_reference
 from trtfuse.contract import Quantizer, QuantParams, WeightMode
@@ -47,9 +47,8 @@ def compare_sum(part: PartTensors, reference: torch.Tensor) -> str:
     return ""
 
 
-def _unquantized(spec: Spec) -> QuantParams | None:
-    """`spec`'s quantizers less the output stage: what y is before it is quantized."""
-    quant = getattr(spec, "quant", None)
+def _unquantized(quant: QuantParams | None) -> QuantParams | None:
+    """One norm's quantizers less the output stage: what y is before it is quantized."""
     if quant is None or quant.output is None:
         return quant
     rest = dataclasses.replace(quant, output=None)
@@ -77,7 +76,8 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
         return untouched(part)
     x = part.x.view(part.rows, part.hidden)
     weight = None if spec.weight_dtype is None else part.weight
-    quant = _unquantized(spec)
+    part_quantizers = part_quant(spec, part.names)
+    quant = _unquantized(part_quantizers)
     if part.residual is None:
         reference = norm_reference(x, weight, spec.params, spec.out_dtype, quant)
     else:
@@ -92,7 +92,7 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     name = part.names.out
     rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
     allowed = atol + rtol * reference.abs()
-    quantizer = None if getattr(spec, "quant", None) is None else spec.quant.output
+    quantizer = None if part_quantizers is None else part_quantizers.output
     if quantizer is None:
         ours, nan = out.double(), int(torch.isnan(out).sum())
         if nan:

@@ -93,6 +93,25 @@ def kind_named(name: str) -> Kind:
     raise ValueError(f"kernel kind {name!r} is not one of {list(KIND_NAMES)}")
 
 
+def _part_index(spec: Spec, names: PartPointers) -> int:
+    return list(kind_of(spec).parts.values()).index(names)
+
+
+def part_quant(spec: Spec, names: PartPointers) -> QuantParams | None:
+    """The quantizers of the norm whose pointers are `names`, as one norm's stages: a QK-norm part's own output
+    stage (`QkNormSpec.part_quant`), else the spec's."""
+    if isinstance(spec, QkNormSpec):
+        return spec.part_quant(_part_index(spec, names))
+    return getattr(spec, "quant", None)
+
+
+def part_y_dtype(spec: Spec, names: PartPointers) -> str:
+    """The dtype the norm whose pointers are `names` stores y in: its output quantizer's, else T."""
+    if isinstance(spec, QkNormSpec):
+        return spec.part_y_dtype(_part_index(spec, names))
+    return spec.y_dtype
+
+
 def part_pointers(spec: Spec, declaration: LaunchDeclaration) -> list[tuple[str, PartPointers]]:
     """Each declared row part's pointers, in the declaration's part order; raises when the kind's pointers are not
     exactly the declaration's, so a pointer the table misses is never launched as an unallocated 0."""
@@ -183,10 +202,33 @@ def quant_specs() -> list[RmsNormSpec | AddRmsNormSpec]:
     ]
 
 
+def qk_quant_entries() -> list[MatrixEntry]:
+    """Quantized QK-norms, each output with its own quantizer or none: Gemma3's INT8 pair (q and k at two scales,
+    head dim 256, BEFORE_CAST with offset 1), DeepSeek-V3's FP8 latents (q_out of 48 quantized, k_out of 32 left
+    in T, one head each) and a bf16 FP8 pair with k unsaturated."""
+    after, before = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST
+    int8_q, int8_k = Quantizer("int8", 0.03125), Quantizer("int8", 0.046875)
+    fp8, fp8_unsaturated = Quantizer("float8_e4m3fn", 0.015625), Quantizer("float8_e4m3fn", 0.25, saturate=False)
+    gemma, llama = NormParams(1e-6, 1.0, before), NormParams(1e-6, 0.0, after)
+    return [
+        MatrixEntry(
+            QkNormSpec(256, 256, "float16", "float32", gemma, quant=QuantParams(q_output=int8_q, k_output=int8_k)),
+            (8, 4),
+        ),
+        MatrixEntry(QkNormSpec(48, 32, "float16", "float16", llama, quant=QuantParams(q_output=fp8)), (1, 1)),
+        MatrixEntry(
+            QkNormSpec(
+                128, 128, "bfloat16", "bfloat16", llama, quant=QuantParams(q_output=fp8, k_output=fp8_unsaturated)
+            ),
+            (32, 8),
+        ),
+    ]
+
+
 def matrix() -> list[MatrixEntry]:
     """Every spec of tests/gpu/test_kernels_gpu.py (dtype pairs and modes, hidden sizes, prefill re-reads, unaligned
     pointers, mixed precision, the CUDA-graph specs; QK-norm with its head counts), each once; then the add+norm
-    specs of `add_norm_specs`."""
+    specs of `add_norm_specs`; the quantized ones (`quant_specs`, `qk_quant_entries`)."""
     after, before, none = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
     dtypes = ("float32", "float16", "bfloat16")
     hiddens = (64, 128, 1000, 2048, 4096, 5120, 8192)
@@ -251,6 +293,7 @@ def matrix() -> list[MatrixEntry]:
     entries = [MatrixEntry(spec) for spec in rms] + [MatrixEntry(spec, heads) for spec, heads in qk]
     entries += [MatrixEntry(spec) for spec in add_norm_specs()]
     entries += [MatrixEntry(spec) for spec in quant_specs()]
+    entries += qk_quant_entries()
     return list(dict.fromkeys(entries))
 
 

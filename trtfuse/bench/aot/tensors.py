@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from trtfuse.bench.aot.cases import LaunchCase
-from trtfuse.bench.aot.matrix import MatrixEntry, PartPointers, part_hidden, part_pointers, part_rows
+from trtfuse.bench.aot.matrix import MatrixEntry, PartPointers, part_hidden, part_pointers, part_rows, part_y_dtype
 from trtfuse.bench.reference import QUANT_TORCH_DTYPES
 from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE
 from trtfuse.kernels.declaration import LaunchDeclaration
@@ -118,14 +118,17 @@ class CaseTensors:
     ) -> None:
         spec = entry.spec
         weight = None if spec.weight_dtype is None else getattr(torch, spec.weight_dtype)
-        y_dtype = getattr(spec, "y_dtype", spec.out_dtype)
-        dtypes = (getattr(torch, spec.dtype), QUANT_TORCH_DTYPES.get(y_dtype) or getattr(torch, y_dtype), weight)
+
+        def dtypes(names: PartPointers) -> tuple[torch.dtype, torch.dtype, torch.dtype | None]:
+            y_dtype = part_y_dtype(spec, names)  # each part's own: a QK-norm's q_out may be INT8, its k_out T
+            return getattr(torch, spec.dtype), QUANT_TORCH_DTYPES.get(y_dtype) or getattr(torch, y_dtype), weight
+
         self.entry = entry
         self.null = case.null
         self.rows = part_rows(entry, case.tokens)
         pointers = part_pointers(spec, declaration)
         self.parts: dict[str, PartTensors] = {
-            part_name: part_tensors(names, rows, hidden, dtypes, case.shifted, device)
+            part_name: part_tensors(names, rows, hidden, dtypes(names), case.shifted, device)
             for (part_name, names), rows, hidden in zip(pointers, self.rows, part_hidden(entry), strict=True)
         }
 
