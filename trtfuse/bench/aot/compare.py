@@ -47,9 +47,8 @@ def compare_sum(part: PartTensors, reference: torch.Tensor) -> str:
     return ""
 
 
-def _unquantized(spec: Spec) -> QuantParams | None:
-    """`spec`'s quantizers less the output stage: what y is before it is quantized."""
-    quant = getattr(spec, "quant", None)
+def _unquantized(quant: QuantParams | None) -> QuantParams | None:
+    """One norm's quantizers less the output stage: what y is before it is quantized."""
     if quant is None or quant.output is None:
         return quant
     rest = dataclasses.replace(quant, output=None)
@@ -72,12 +71,13 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     """(passed, detail, max abs error of y, worst |error| / allowed of y) of one part's outputs against the
     reference; the detail names the failing output's parameter. A quantized y is compared dequantized, allowed one
     quantization step beyond y's own tolerance, and NaN exactly where the reference's is (an element left holding
-    the poison, E4M3FN's NaN or INT8's 127, fails unless the reference has that very value)."""
+    the poison, E4M3FN's NaN or INT8's 127, fails unless the reference has that very value). The quantizers are the
+    part's own (`PartTensors.quant`: a QK-norm part's output quantizer, or none)."""
     if part.rows == 0:
         return untouched(part)
     x = part.x.view(part.rows, part.hidden)
     weight = None if spec.weight_dtype is None else part.weight
-    quant = _unquantized(spec)
+    quant = _unquantized(part.quant)
     if part.residual is None:
         reference = norm_reference(x, weight, spec.params, spec.out_dtype, quant)
     else:
@@ -92,7 +92,7 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     name = part.names.out
     rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
     allowed = atol + rtol * reference.abs()
-    quantizer = None if getattr(spec, "quant", None) is None else spec.quant.output
+    quantizer = None if part.quant is None else part.quant.output
     if quantizer is None:
         ours, nan = out.double(), int(torch.isnan(out).sum())
         if nan:
