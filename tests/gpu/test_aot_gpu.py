@@ -43,7 +43,7 @@ from trtfuse.bench.aot.matrix import (  # noqa: E402
     part_rows,
 )
 from trtfuse.bench.aot.params import PackedParams, argument_values, pack_params, pointer_names  # noqa: E402
-from trtfuse.bench.aot.tensors import CaseTensors  # noqa: E402
+from trtfuse.bench.aot.tensors import EXACT_MAX_HIDDEN, CaseTensors  # noqa: E402
 from trtfuse.bench.reference import add_norm_reference, norm_reference  # noqa: E402
 from trtfuse.contract import NormParams, WeightMode  # noqa: E402
 from trtfuse.kernels.declaration import (  # noqa: E402
@@ -321,15 +321,67 @@ def test_the_matrix_covers_the_quantizer_stages() -> None:
         vectors = {rms_norm_tiling(s, Regime.PREFILL, aligned=True).vector for s in specs}
         assert 16 in vectors and len(vectors) > 1  # 16-byte stores of y, and a row of narrower vectors
     assert any(s.quant.input is not None and s.quant.output is None for s in quantized)
-    assert all(s.quant.rsqrt is None for s in quantized)
+    # ModelOpt INT8's inverse-root stage, of r in float32 and in float16, on RMSNorm rows the check fills with exact
+    # sums of squares (`tensors.exact_square_rows`; an add+norm's h = x + residual would not keep them exact).
+    rsqrt = [s for s in quantized if s.quant.rsqrt is not None]
+    assert {s.quant.rsqrt.input_dtype for s in rsqrt} == {"float32", "float16"}
+    assert all(kind_of(s).name == "rms_norm" and s.hidden <= EXACT_MAX_HIDDEN for s in rsqrt)
+
+
+def test_the_matrix_covers_each_qk_norm_parts_own_quantizer() -> None:
+    """QK-norm entries with q's and k's own output quantizers: INT8 and FP8 (saturating and not), two scales on one
+    node, a part left in T beside a quantized one, head-dim rows and DeepSeek-V3-like latent widths of no power of
+    two; each part's tiling in its own stored dtype (16 codes a vector, 8 of a 16-bit T)."""
+    from trtfuse.kernels.api import qk_norm_tilings
+
+    qk = [e.spec for e in matrix() if e.kind.name == "qk_norm" and e.spec.quant is not None]
+    parts = [(s, part, s.part_quant(part)) for s in qk for part in (0, 1)]
+    quantizers = {(q.output.dtype, q.output.saturate) for _, _, q in parts if q is not None}
+    assert quantizers == {("int8", True), ("float8_e4m3fn", True), ("float8_e4m3fn", False)}
+    assert any(s.quant.q_output and s.quant.k_output and s.quant.q_output != s.quant.k_output for s in qk)
+    assert any(q is None for _, _, q in parts) and {48, 64, 128} <= {s.q_hidden for s in qk}
+    for spec, part, quant in parts:
+        tiling = qk_norm_tilings(spec, aligned=True)[part]
+        assert tiling.vector == (16 if quant is not None else 8), (spec, part)
 
 
 def test_quantized_buffers_hold_y_in_the_quantized_dtype_and_are_poisoned_bytewise() -> None:
-    spec = next(e.spec for e in matrix() if getattr(e.spec, "quant", None) is not None and e.spec.quant.output)
+    spec = next(e.spec for e in matrix() if e.spec.quant is not None and e.spec.quant.output)
     entry = MatrixEntry(spec)
     tensors = CaseTensors(entry, declaration_for(entry), LaunchCase(3), device="cpu")
     out = tensors.parts["x"].out
     assert out.element_size() == 1 and bool((out.view(torch.uint8) == 0x7F).all())
+    assert tensors.parts["x"].quant == spec.quant
+
+
+def test_each_qk_norm_part_holds_its_output_in_its_own_dtype_with_its_own_quantizer() -> None:
+    """DeepSeek-V3-like FP8 q beside a k left in T: q_out FP8 codes poisoned bytewise, k_out bf16 NaN."""
+    entry = next(e for e in matrix() if e.heads and e.spec.quant is not None and e.spec.quant.k_output is None)
+    tensors = CaseTensors(entry, declaration_for(entry), LaunchCase(3), device="cpu")
+    q, k = tensors.parts["q"], tensors.parts["k"]
+    assert (q.quant, k.quant) == (entry.spec.part_quant(0), None) and q.quant.output == entry.spec.quant.q_output
+    assert q.out.dtype == torch.float8_e4m3fn and bool((q.out.view(torch.uint8) == 0x7F).all())
+    assert k.out.dtype == torch.bfloat16 and bool(torch.isnan(k.out).all())
+    assert (q.out.numel(), k.out.numel()) == (3 * entry.heads[0] * entry.spec.q_hidden, 3 * entry.heads[1] * 32)
+
+
+def test_rsqrt_stage_entries_get_rows_of_exact_sums_of_squares() -> None:
+    """Rows of m / 128 (|m| <= 63) whose float32 sum of squares, in any order, is the float64 one, after a refresh
+    too; other entries' rows are random."""
+    spec = next(e.spec for e in matrix() if e.spec.quant is not None and e.spec.quant.rsqrt is not None)
+    tensors = CaseTensors(MatrixEntry(spec), rms_declaration(spec.hidden), LaunchCase(5), device="cpu")
+    part = tensors.parts["x"]
+    for _ in range(2):
+        x = part.x.view(5, spec.hidden)
+        m = x.double() * 128
+        assert torch.equal(m, m.round()) and int(m.abs().max()) <= 63
+        squares = x.float().square()
+        exact = x.double().square().sum(-1)
+        assert torch.equal(squares.sum(-1).double(), exact) and torch.equal(squares.cumsum(-1)[:, -1].double(), exact)
+        assert torch.equal(squares.flip(-1).cumsum(-1)[:, -1].double(), exact)
+        tensors.refresh()
+    plain = CaseTensors(rms_entry(), rms_declaration(64), LaunchCase(5), device="cpu").parts["x"].x.double() * 128
+    assert not torch.equal(plain, plain.round())
 
 
 def test_the_matrix_specs_survive_the_manifest() -> None:
@@ -415,15 +467,16 @@ def test_weight_mode_none_gets_a_nan_placeholder_weight() -> None:
 
 
 def write_references(entry: MatrixEntry, tensors: CaseTensors) -> None:
-    """The float64 reference's outputs (y, and add+norm's h) written into every part's output buffers."""
+    """The float64 reference's outputs (y, with the part's quantizers, and add+norm's h) written into every part's
+    output buffers."""
     spec = entry.spec
     for part in tensors.parts.values():
         x, shape = part.x.view(part.rows, part.hidden), (part.rows, part.hidden)
         weight = None if spec.weight_dtype is None else part.weight
         if part.residual is None:
-            y = norm_reference(x, weight, spec.params, spec.out_dtype)
+            y = norm_reference(x, weight, spec.params, spec.out_dtype, part.quant)
         else:
-            y, h = add_norm_reference(x, part.residual.view(shape), weight, spec.params, spec.out_dtype)
+            y, h = add_norm_reference(x, part.residual.view(shape), weight, spec.params, spec.out_dtype, part.quant)
             part.h.view(shape).copy_(h)
         part.out.view(shape).copy_(y)
 
@@ -458,46 +511,50 @@ def test_outputs_pass_only_when_written_and_close(entry: MatrixEntry) -> None:
 
 
 def quantized_entries() -> list[MatrixEntry]:
-    """One matrix entry of each kind per output quantizer dtype and saturate setting, at a CPU-sized hidden."""
+    """One matrix entry of each kind per output quantizer dtype and saturate setting (with and without the rsqrt
+    stage; of a QK-norm, per part), at a CPU-sized hidden (QK-norm: `qk_declaration`'s)."""
     chosen = {}
     for entry in matrix():
-        quant = getattr(entry.spec, "quant", None)
-        if quant is not None and quant.output is not None:
-            key = (entry.kind.name, quant.output.dtype, quant.output.saturate)
-            chosen.setdefault(key, MatrixEntry(dataclasses.replace(entry.spec, hidden=64)))
+        spec = entry.spec
+        if spec.quant is None:
+            continue
+        if entry.heads is not None:
+            parts = tuple(
+                None if q is None else (q.output.dtype, q.output.saturate) for q in map(spec.part_quant, (0, 1))
+            )
+            small = MatrixEntry(dataclasses.replace(spec, q_hidden=128, k_hidden=128), (4, 2))
+            chosen.setdefault((entry.kind.name, parts), small)
+        elif spec.quant.output is not None:
+            key = (entry.kind.name, spec.quant.output.dtype, spec.quant.output.saturate, spec.quant.rsqrt is not None)
+            chosen.setdefault(key, MatrixEntry(dataclasses.replace(spec, hidden=64)))
     return list(chosen.values())
 
 
 @pytest.mark.parametrize("entry", quantized_entries(), ids=repr)
 def test_quantized_outputs_pass_within_one_step_and_only_when_written(entry: MatrixEntry) -> None:
     """The reference's codes pass; a poisoned (unwritten) output, a code two steps off, or a NaN the reference does
-    not have, fail."""
+    not have, fail: in each quantized part (a QK-norm part left in T is compared as an unquantized y)."""
     spec = entry.spec
     tensors = CaseTensors(entry, declaration_for(entry), LaunchCase(3), device="cpu")
-    (part,) = tensors.parts.values()
-    shape = (part.rows, part.hidden)
-    assert not compare_part(spec, part)[0]
-    weight = None if spec.weight_dtype is None else part.weight
-    x = part.x.view(shape)
-    if part.residual is None:
-        codes = norm_reference(x, weight, spec.params, spec.out_dtype, spec.quant)
-    else:
-        codes, h = add_norm_reference(x, part.residual.view(shape), weight, spec.params, spec.out_dtype, spec.quant)
-        part.h.view(shape).copy_(h)
-    part.out.view(shape).copy_(codes)
-    passed, detail, _, worst = compare_part(spec, part)
-    assert passed and worst <= 1, detail
-    flat = part.out.view(-1)
-    index = int(flat.float().abs().argmin())  # a small value: two steps up stays in range and finite
-    if spec.quant.output.dtype == "int8":
-        flat[index] = flat[index] + 3  # three steps: past one step and the tolerance of a small y
-    else:
-        flat.view(torch.uint8)[index] = (flat.view(torch.uint8)[index] & 0x80) | 0x50  # 8 s: far off a small y
-    assert not compare_part(spec, part)[0]
-    part.out.view(shape).copy_(codes)
-    if spec.quant.output.dtype != "int8":
-        flat.view(torch.uint8)[index] = 0x7F
-        assert "NaN on one side only" in compare_part(spec, part)[1]
+    parts = list(tensors.parts.values())
+    assert not any(compare_part(spec, part)[0] for part in parts)
+    write_references(entry, tensors)
+    for part in parts:
+        passed, detail, _, worst = compare_part(spec, part)
+        assert passed and worst <= 1, detail
+    for part in (p for p in parts if p.quant is not None):
+        flat = part.out.view(-1)
+        index = int(flat.float().abs().argmin())  # a small value: two steps up stays in range and finite
+        if part.quant.output.dtype == "int8":
+            flat[index] = flat[index] + 3  # three steps: past one step and the tolerance of a small y
+        else:
+            flat.view(torch.uint8)[index] = (flat.view(torch.uint8)[index] & 0x80) | 0x50  # 8 s: far off a small y
+        assert not compare_part(spec, part)[0]
+        write_references(entry, tensors)
+        if part.quant.output.dtype != "int8":
+            flat.view(torch.uint8)[index] = 0x7F
+            assert "NaN on one side only" in compare_part(spec, part)[1]
+            write_references(entry, tensors)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

@@ -1,5 +1,6 @@
-"""GPU: the quantizer stages of the RMSNorm, add+norm and QK-norm kernels bit for bit against the contract's reference
-(trtfuse.bench.reference, itself bit for bit with onnxruntime), on fresh random inputs (run on the H200).
+"""GPU: the quantizer stages of the RMSNorm and add+norm kernels, and the QK-norm's own quantizer of each output, bit
+for bit against the contract's reference (trtfuse.bench.reference, itself bit for bit with onnxruntime), on fresh
+random inputs (run on the H200).
 
 The norm's own arithmetic is not bit-exact against float64 (tests/gpu/test_kernels_gpu.py holds it to a
 tolerance), so what is exact is each stage given what reaches it:
@@ -8,7 +9,8 @@ tolerance), so what is exact is each stage given what reaches it:
   just beside them, past the range, ±inf and NaN, for both saturate settings and both dtypes;
 - on random rows: the quantized kernel's output is Q(y) of the plain kernel's y, compiled in the quantized
   variant's own tiling (the same code up to the store, the same order of the sum of squares), and with the input
-  stage the plain kernel's y of DQ(Q(x)) (of DQ(Q(h)), h itself output unquantized);
+  stage the plain kernel's y of DQ(Q(x)) (of DQ(Q(h)), h itself output unquantized); a QK-norm part's output is
+  Q(y) through that part's own quantizer, or the plain kernel's y itself for a part without one;
 - the inverse root's stage bit for bit against the reference on rows whose sum of squares is exact in float32 in
   any order (so r is one float32 value in the kernel, the graph and the reference), among them rows whose r lies
   within one float32 ulp of a step of its quantizer (where an approximate root would land on the next level).
@@ -17,7 +19,7 @@ left unwritten (an INT8 or FP8 poison could be a valid value)."""
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import itertools
 import math
 
@@ -29,7 +31,7 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
 from trtfuse.kernels import AddRmsNormSpec, QkNormSpec, RmsNormSpec, get_add_rms_norm, get_qk_norm, get_rms_norm
 from trtfuse.kernels.api import shared_cache
-from trtfuse.kernels.compiler import RmsNormVariant
+from trtfuse.kernels.compiler import QkNormVariant, RmsNormVariant
 from trtfuse.kernels.tiling import Regime
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -303,6 +305,82 @@ def test_other_row_widths(hidden: int) -> None:
         assert_same_bits(run_rms(spec, x, w, 0), expected(spec, x, w, True), f"H={hidden} rows={rows}")
 
 
+# --- QK-norm: each part's own output quantizer ------------------------------------------------------------------------
+
+QK_TOKENS = (1, 7, 300)
+INT8_K = Quantizer("int8", f32(0.0173))
+QK_STAGE_SETS = {
+    "q-int8": QuantParams(q_output=INT8),
+    "q-fp8": QuantParams(q_output=FP8),
+    "k-int8": QuantParams(k_output=INT8),
+    "k-fp8": QuantParams(k_output=FP8_UNSATURATED),
+    "both-int8": QuantParams(q_output=INT8, k_output=INT8_K),  # Gemma3 INT8's two scales
+    "both-fp8": QuantParams(q_output=FP8, k_output=FP8_UNSATURATED),
+    "q-int8-k-fp8": QuantParams(q_output=INT8, k_output=FP8),
+}
+# (q_hidden, k_hidden, q heads, k heads): head dims with GQA head counts, and rows of widths no power of two, one each
+# per token, like DeepSeek-V3's latent ones (1536 and 512).
+QK_SHAPES = ((128, 128, 8, 2), (64, 64, 4, 4), (48, 32, 1, 1))
+
+
+def run_qk(
+    spec: QkNormSpec, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, offset: int
+) -> list[torch.Tensor]:
+    """(q_out, k_out), each in the dtype its part stores, `offset` elements off alignment, each written twice."""
+    outs = [buffer(tuple(t.shape), spec.part_y_dtype(part), offset) for part, t in enumerate((q, k))]
+    kernel = get_qk_norm(spec)
+    for out in outs:
+        written_twice(lambda: kernel(q, k, wq, wk, *outs), out)
+    return outs
+
+
+def plain_qk(
+    spec: QkNormSpec, q: torch.Tensor, k: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, aligned: bool
+) -> list[torch.Tensor]:
+    """The plain QK-norm's (q_out, k_out) in T, in the tilings the quantized `spec` runs for this alignment (each
+    part's in its own stored dtype), launched as the plugins launch (raw pointers)."""
+    kernel = get_qk_norm(spec)
+    variant = kernel.variant(aligned)
+    plain = dataclasses.replace(spec, quant=None)
+    function = shared_cache().get(QkNormVariant(plain, variant.q_tiling, variant.k_tiling, kernel.device.arch))
+    outs = [torch.empty(tuple(t.shape), device="cuda", dtype=getattr(torch, spec.out_dtype)) for t in (q, k)]
+    pointers = [t.data_ptr() for t in (q, k, wq, wk, *outs)]
+    rows = (q.numel() // spec.q_hidden, k.numel() // spec.k_hidden)
+    function(*pointers, *rows, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    return outs
+
+
+# Every stage set on bf16 rows of every shape, then other dtype pairs (x's, T's).
+QK_CASES = [(shape, stages, "bfloat16", "bfloat16") for shape in QK_SHAPES for stages in QK_STAGE_SETS] + [
+    (QK_SHAPES[0], "both-int8", "float16", "float16"),
+    (QK_SHAPES[1], "q-int8-k-fp8", "float32", "bfloat16"),
+    (QK_SHAPES[2], "q-fp8", "float32", "float32"),
+]
+
+
+@pytest.mark.parametrize(("shape", "stages", "dtype", "t_dtype"), QK_CASES)
+def test_qk_norm_parts_equal_the_plain_kernels_y_through_their_own_quantizers(
+    shape: tuple[int, int, int, int], stages: str, dtype: str, t_dtype: str
+) -> None:
+    """Each part's output is Q(y) of the plain QK-norm's y through that part's own quantizer, or the plain y in T
+    for a part without one: 1, 7 and 300 tokens, Gemma's and Llama's weight modes, each aligned (16-byte vectors)
+    and one element off (the element path)."""
+    q_hidden, k_hidden, q_heads, k_heads = shape
+    weight = "bfloat16" if "bfloat16" in (dtype, t_dtype) else "float16"
+    for tokens, params in zip(QK_TOKENS, itertools.cycle((NormParams(1e-6, 1.0, BEFORE), LLAMA))):
+        spec = QkNormSpec(q_hidden, k_hidden, dtype, weight, params, t_dtype, QK_STAGE_SETS[stages])
+        for offset in (0, 1):
+            q = shifted(rand((tokens, q_heads, q_hidden), dtype), offset)
+            k = shifted(rand((tokens, k_heads, k_hidden), dtype), offset)
+            wq, wk = (shifted(rand((hidden,), weight), offset) for hidden in (q_hidden, k_hidden))
+            outs = run_qk(spec, q, k, wq, wk, offset)
+            for part, (out, y) in enumerate(zip(outs, plain_qk(spec, q, k, wq, wk, offset == 0), strict=True)):
+                quant = spec.part_quant(part)
+                what = f"{'qk'[part]}_out {stages} tokens={tokens} offset={offset} {params.weight_mode.name}"
+                assert_same_bits(out, y if quant is None else quantize_reference(y, quant.output), what)
+
+
 # ModelOpt INT8's pairs on the inverse root: of a float32 r (fp32 exports), and of r cast to float16 first (fp16).
 RSQRT_QUANTIZERS = (
     Quantizer("int8", f32(0.05), True, "float32", "float32"),
@@ -417,58 +495,3 @@ def test_raw_pointer_launch_of_a_quantized_add_norm_replays_from_a_cuda_graph() 
         sum_ = (x.float() + residual.float()).to(x.dtype)
         assert_same_bits(h, sum_, "h")
         assert_same_bits(y, expected(spec, sum_, w, True), "y")
-
-
-# --- the quantized QK-norm: each output its own quantizer -------------------------------------------------------------
-
-QK_QUANTS = {
-    # Gemma3's INT8: q_out and k_out at two scales.
-    "int8-both": QuantParams(q_output=INT8, k_output=Quantizer("int8", f32(0.047))),
-    # DeepSeek-V3's FP8 latent: q_out quantized, k_out left in T.
-    "fp8-q": QuantParams(q_output=FP8),
-    "fp8-k-unsat": QuantParams(k_output=FP8_UNSATURATED),
-}
-# (q width, k width, q heads, k heads): head-dim rows, and MLA latents of two widths.
-QK_SHAPES = ((128, 128, 8, 2), (256, 256, 4, 2), (48, 32, 1, 1))
-
-
-def plain_part_y(spec: QkNormSpec, part: int, v: torch.Tensor, w: torch.Tensor, aligned: bool) -> torch.Tensor:
-    """Part `part`'s y by the plain RMSNorm device code in the tiling that part runs in the quantized QK-norm (the
-    same per-row code, the same order of the sum of squares), launched on raw pointers."""
-    kernel = get_qk_norm(spec)
-    variant = kernel.variant(aligned)
-    tiling = (variant.q_tiling, variant.k_tiling)[part]
-    hidden = (spec.q_hidden, spec.k_hidden)[part]
-    plain = RmsNormSpec(hidden, spec.dtype, spec.weight_dtype, spec.params, spec.out_dtype)
-    function = shared_cache().get(RmsNormVariant(plain, tiling, kernel.device.arch))
-    v = v.contiguous()
-    y = torch.empty(tuple(v.shape), device="cuda", dtype=getattr(torch, spec.out_dtype))
-    function(v.data_ptr(), w.data_ptr(), y.data_ptr(), v.numel() // hidden, torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
-    return y
-
-
-@pytest.mark.parametrize("shape", QK_SHAPES, ids=lambda s: f"q{s[0]}x{s[2]}-k{s[1]}x{s[3]}")
-@pytest.mark.parametrize("quants", sorted(QK_QUANTS))
-def test_each_qk_norm_output_is_its_own_quantizer_of_the_plain_norms_y(quants: str, shape: tuple) -> None:
-    """Both outputs written twice over the poisons; a quantized one is Q(y) of the plain norm's y at its own scale,
-    the other the plain norm's y: 1, 7 and 300 tokens, aligned and one element off, both weight modes."""
-    quant = QK_QUANTS[quants]
-    q_hidden, k_hidden, q_heads, k_heads = shape
-    for (tokens, offset), params in zip(
-        itertools.product((1, 7, 300), (0, 1)), itertools.cycle((LLAMA, NormParams(1e-6, 1.0, BEFORE)))
-    ):
-        spec = QkNormSpec(q_hidden, k_hidden, "bfloat16", "bfloat16", params, quant=quant)
-        kernel = get_qk_norm(spec)
-        q = shifted(rand((tokens, q_heads, q_hidden), "bfloat16"), offset)
-        k = shifted(rand((tokens, k_heads, k_hidden), "bfloat16"), offset)
-        wq, wk = shifted(rand((q_hidden,), "bfloat16"), offset), shifted(rand((k_hidden,), "bfloat16"), offset)
-        outs = [buffer(tuple(x.shape), spec.part_y_dtype(part), offset) for part, x in enumerate((q, k))]
-        launch = functools.partial(kernel, q, k, wq, wk, *outs)
-        for out in outs:
-            written_twice(launch, out)
-        for part, (v, w, out) in enumerate(zip((q, k), (wq, wk), outs, strict=True)):
-            y = plain_part_y(spec, part, v, w, offset == 0)
-            part_quant = spec.part_quant(part)
-            want = y if part_quant is None else quantize_reference(y, part_quant.output)
-            assert_same_bits(out, want, f"{quants} part {part} tokens={tokens} offset={offset}")

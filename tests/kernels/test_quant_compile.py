@@ -1,12 +1,13 @@
-"""CPU/CI: the quantizer stages of the RMSNorm and add+norm kernels (docs/plugin-nodes.md, "Quantization") compile,
-JIT and AOT, with the instructions the contract's arithmetic needs: an IEEE division by the scale (div.rn.f32, never
-an approximation), E4M3FN's saturating round-to-nearest-even conversion, INT8's round half to even, and 16-byte
-stores of 16 quantized values where the pointers are aligned."""
+"""CPU/CI: the quantizer stages of the RMSNorm and add+norm kernels, and the QK-norm's own quantizer of each output
+(docs/plugin-nodes.md, "Quantization"), compile, JIT and AOT, with the instructions the contract's arithmetic needs:
+an IEEE division by the scale (div.rn.f32, never an approximation), E4M3FN's saturating round-to-nearest-even
+conversion, INT8's round half to even, and 16-byte stores of 16 quantized values where the pointers are aligned."""
 
 from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,8 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
 
-from trtfuse.contract import NormParams, Quantizer, QuantParams, QuantStage, WeightMode
-from trtfuse.kernels.api import AddRmsNormKernel, QkNormKernel, RmsNormKernel, rms_norm_tiling
+from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
+from trtfuse.kernels.api import AddRmsNormKernel, QkNormKernel, RmsNormKernel, qk_norm_tilings, rms_norm_tiling
 from trtfuse.kernels.artifacts import (
     AOT_ARCHS,
     add_rms_norm_artifact,
@@ -26,7 +27,7 @@ from trtfuse.kernels.artifacts import (
     rms_norm_tactics,
 )
 from trtfuse.kernels.cache import KernelCache, variant_key
-from trtfuse.kernels.compiler import AddRmsNormVariant, RmsNormVariant, compile_variant
+from trtfuse.kernels.compiler import AddRmsNormVariant, QkNormVariant, RmsNormVariant, compile_variant
 from trtfuse.kernels.declaration import Tactic, add_rms_norm_params, qk_norm_params, rms_norm_params
 from trtfuse.kernels.device import DeviceInfo
 from trtfuse.kernels.ptx import reciprocal_applies
@@ -66,7 +67,7 @@ def global_accesses(ptx: str) -> list[str]:
     return re.findall(r"\b(?:ld|st)\.global(?:\.[A-Za-z0-9:_]+)+", ptx)
 
 
-def compiled_ptx(variant: RmsNormVariant | AddRmsNormVariant, folder: Path) -> str:
+def compiled_ptx(variant: RmsNormVariant | AddRmsNormVariant | QkNormVariant, folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     compile_variant(variant, ptx_dir=folder)
     (ptx_file,) = folder.glob("*.ptx")
@@ -83,11 +84,12 @@ def immediate(value: float) -> str:
     return "0f" + np.float32(value).tobytes()[::-1].hex().upper()
 
 
-def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -> None:
+def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, ptx: str) -> None:
     """Each stage's quotient is `ptx.scale_quotient`'s (a product by the scale's float32 reciprocal, then two
     fma corrections by the scale's own bits), or div.rn.f32 by the scale for one outside its range; no approximate
     division anywhere; the conversions of each quantized dtype are there; with the rsqrt stage, r is the correctly
-    rounded root and reciprocal (`root_to_quotient`), else the approximate inverse root of the plain kernel."""
+    rounded root and reciprocal (`root_to_quotient`), else the approximate inverse root of the plain kernel. A
+    QK-norm's q_output and k_output stages are output stages, each with its own scale."""
     quant = spec.quant
     assert not re.search(r"\bdiv\.(approx|full)\b", ptx)
     assert not re.search(r"\brcp\.approx", ptx)
@@ -108,10 +110,10 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec, ptx: str) -
     dtypes = {quant.at(stage).dtype for stage in quant.stages}
     if "float8_e4m3fn" in dtypes:
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    fake_int8 = any(quant.at(stage).dtype == "int8" for stage in quant.stages if stage is not QuantStage.OUTPUT)
+    fake_int8 = any(quant.at(stage).dtype == "int8" for stage in quant.stages if stage.fake)
     if fake_int8:
         assert "cvt.rni.f32.f32" in ptx  # the level, as a float32, for DQ
-    if quant.output is not None and quant.output.dtype == "int8":
+    if any(quant.at(stage).dtype == "int8" for stage in quant.stages if stage.quantizes_output):
         # Words of 4 codes: cvt.rni to int32 and cvt.pack.sat; a scalar variant's lone codes: the float level.
         packed = "cvt.rni.s32.f32" in ptx and len(re.findall(r"\bcvt\.pack\.sat\.s8\.s32\.b32\b", ptx)) >= 2
         assert packed or "cvt.rni.f32.f32" in ptx
@@ -200,6 +202,76 @@ def test_dtype_pairs_and_row_widths_compile(spec: RmsNormSpec | AddRmsNormSpec, 
             check_y_stores(variant, ptx)
 
 
+# QK-norm: q's and k's own output quantizers (Gemma3 INT8's two scales; DeepSeek-V3 FP8's latent q alone).
+INT8_K = Quantizer("int8", f32(0.0173))
+FP8_K = Quantizer("float8_e4m3fn", f32(0.0071), saturate=False)
+QK_STAGE_SETS = {
+    "q-int8": QuantParams(q_output=INT8),
+    "q-fp8": QuantParams(q_output=FP8),
+    "k-int8": QuantParams(k_output=INT8),
+    "k-fp8": QuantParams(k_output=FP8),
+    "both-int8": QuantParams(q_output=INT8, k_output=INT8_K),
+    "both-fp8": QuantParams(q_output=FP8, k_output=FP8_K),
+}
+# Head dims of 128 and 64, and rows of widths no power of two, like DeepSeek-V3's latent ones (1536 and 512).
+QK_WIDTHS = ((128, 128), (64, 64), (48, 32))
+
+
+def qk_variant(spec: QkNormSpec, aligned: bool) -> QkNormVariant:
+    return QkNormKernel(spec, KernelCache(Path("/nonexistent")), HOPPER).variant(aligned)
+
+
+def qk_scalar_stores(spec: QkNormSpec) -> set[str]:
+    """The element path's stores: each part's in the width of the dtype it stores (its quantizer's, else T)."""
+    return {f"st.global.b{8 * DTYPE_BYTES[spec.part_y_dtype(part)]}" for part in (0, 1)}
+
+
+def check_qk_stores(variant: QkNormVariant, ptx: str) -> None:
+    """Each part's output in its own stored dtype: aligned, one 16-byte store per vector of each part (16 codes of
+    a quantized part, 16 bytes of T of the other); unaligned, stores of exactly the parts' stored widths."""
+    spec, tilings = variant.spec, (variant.q_tiling, variant.k_tiling)
+    stores = [a for a in global_accesses(ptx) if a.startswith("st.")]
+    if all(t.vector == 1 for t in tilings):
+        assert set(stores) == qk_scalar_stores(spec)
+        return
+    widths = [DTYPE_BYTES[spec.part_y_dtype(part)] for part in (0, 1)]
+    assert [t.vector * width for t, width in zip(tilings, widths, strict=True)] == [16, 16]
+    assert stores == ["st.global.v4.b32"] * sum(t.vectors_per_thread for t in tilings)
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("name", QK_STAGE_SETS)
+@pytest.mark.parametrize("widths", QK_WIDTHS, ids=str)
+def test_qk_norm_parts_compile_with_their_own_quantizers(
+    widths: tuple[int, int], name: str, aligned: bool, tmp_path: Path
+) -> None:
+    """q's, k's or both parts' quantizers (two scales), bf16 rows, the vector and element paths: each quantizer's
+    arithmetic, and a part without one stores T (`check_qk_stores`)."""
+    spec = QkNormSpec(*widths, "bfloat16", "bfloat16", LLAMA, quant=QK_STAGE_SETS[name])
+    variant = qk_variant(spec, aligned)
+    ptx = compiled_ptx(variant, tmp_path)
+    check_quantizer_instructions(spec, ptx)
+    check_qk_stores(variant, ptx)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QkNormSpec(128, 128, "float16", "float16", GEMMA, quant=QuantParams(q_output=INT8, k_output=INT8_K)),
+        QkNormSpec(128, 128, "float32", "bfloat16", LLAMA, "bfloat16", QuantParams(q_output=INT8, k_output=FP8)),
+        QkNormSpec(64, 64, "bfloat16", None, NormParams(1e-5, 0.0, WeightMode.NONE), quant=QuantParams(k_output=FP8)),
+    ],
+    ids=repr,
+)
+def test_qk_norm_dtype_pairs_and_weight_modes_compile(spec: QkNormSpec, tmp_path: Path) -> None:
+    """Gemma's fp16 BEFORE_CAST, fp32 rows with a bf16 T and one part of each quantized dtype, no weight."""
+    for aligned in (True, False):
+        variant = qk_variant(spec, aligned)
+        ptx = compiled_ptx(variant, tmp_path / str(aligned))
+        check_quantizer_instructions(spec, ptx)
+        check_qk_stores(variant, ptx)
+
+
 def test_a_one_byte_y_takes_16_element_vectors_two_per_thread_in_prefill_and_one_in_decode() -> None:
     """The tiling table's 1-byte-y rule: vectors of 16 (one 16-byte store); prefill keeps a 16-bit row's 2 vectors
     per thread (so half its threads), decode takes 1 (twice its threads), an add+norm's prefill 1."""
@@ -246,6 +318,19 @@ def test_the_spec_says_y_is_stored_in_the_output_quantizers_dtype() -> None:
     fake = AddRmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(input=FP8_INPUT))
     assert fake.y_dtype == "bfloat16"
     assert fake.norm().quant == fake.quant
+    assert (spec.part_quant(0), spec.part_y_dtype(0)) == (spec.quant, "int8")
+    with pytest.raises(ValueError, match="no row part 1"):
+        spec.part_quant(1)
+
+
+def test_each_qk_norm_part_is_stored_in_its_own_quantizers_dtype_or_in_t() -> None:
+    spec = QkNormSpec(48, 32, "bfloat16", "float32", LLAMA, "bfloat16", QuantParams(q_output=FP8))
+    assert (spec.part_quant(0), spec.part_quant(1)) == (QuantParams(output=FP8), None)
+    assert (spec.part_y_dtype(0), spec.part_y_dtype(1)) == ("float8_e4m3fn", "bfloat16")
+    both = QkNormSpec(128, 128, "float16", "float16", GEMMA, quant=QuantParams(q_output=INT8, k_output=INT8_K))
+    assert both.part_quant(1) == QuantParams(output=INT8_K) and both.part_y_dtype(1) == "int8"
+    q, k = qk_norm_tilings(spec, aligned=True)
+    assert (q.vector, k.vector) == (16, 8)  # 16 codes, 8 bf16: 16 bytes each
 
 
 def test_a_plain_specs_repr_is_unchanged_and_quant_specs_have_their_own_keys() -> None:
@@ -256,6 +341,7 @@ def test_a_plain_specs_repr_is_unchanged_and_quant_specs_have_their_own_keys() -
         "RmsNormSpec(hidden=4096, dtype='bfloat16', weight_dtype='bfloat16', params=NormParams(epsilon=1e-06, "
         "weight_offset=0.0, weight_mode=<WeightMode.AFTER_CAST: 1>), out_dtype='bfloat16')"
     )
+    assert "quant" not in repr(QkNormSpec(128, 128, "bfloat16", "bfloat16", LLAMA))
     keys = {variant_key(variant_of(plain, Regime.PREFILL, True))}
     for quant in STAGE_SETS.values():
         spec = RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=quant)
@@ -284,6 +370,32 @@ def test_a_quantizer_outside_the_contract_is_refused_in_one_line(quant: QuantPar
         RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=quant)
 
 
+def qk_spec(quant: QuantParams) -> QkNormSpec:
+    return QkNormSpec(128, 128, "bfloat16", "bfloat16", LLAMA, quant=quant)
+
+
+def rms_spec(quant: QuantParams) -> RmsNormSpec:
+    return RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=quant)
+
+
+@pytest.mark.parametrize(
+    ("make", "quant", "problem"),
+    [
+        (qk_spec, QuantParams(output=INT8), "output is not a stage of this kernel (q_output, k_output)"),
+        (qk_spec, QuantParams(input=FP8_INPUT, q_output=INT8), "input is not a stage of this kernel"),
+        (qk_spec, QuantParams(k_output=Quantizer("int8", 0.1)), "k_output quantizer scale 0.1 is not a positive"),
+        (rms_spec, QuantParams(q_output=INT8), "q_output is not a stage of this kernel (input, rsqrt, output)"),
+    ],
+    ids=["qk-output", "qk-input", "qk-scale", "rms-q_output"],
+)
+def test_a_stage_the_kernel_does_not_have_is_refused_in_one_line(
+    make: Callable[[QuantParams], object], quant: QuantParams, problem: str
+) -> None:
+    """A QK-norm quantizes only its two outputs, each in its own stage; an RMSNorm has no q or k output."""
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        make(quant)
+
+
 AOT_SPECS = [
     RmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=FP8)),
     RmsNormSpec(1001, "float16", "float32", GEMMA, quant=QuantParams(output=INT8)),
@@ -310,65 +422,32 @@ def test_quant_artifacts_compile_for_every_architecture_they_can_run_on(
             assert artifact.declaration.params == (add_rms_norm_params() if add else rms_norm_params())
 
 
+QK_AOT_SPECS = [
+    QkNormSpec(128, 128, "float16", "float16", GEMMA, quant=QuantParams(q_output=INT8, k_output=INT8_K)),
+    QkNormSpec(48, 32, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(q_output=FP8)),
+    QkNormSpec(64, 64, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(k_output=FP8_K)),
+]
+
+
+@pytest.mark.parametrize("spec", QK_AOT_SPECS, ids=repr)
+def test_qk_norm_quant_artifacts_compile_for_every_architecture_they_can_run_on(
+    spec: QkNormSpec, tmp_path: Path
+) -> None:
+    """PTX and cubin for AOT_ARCHS less the pre-sm_89 ones where a part is FP8; the AOT kernel holds both paths
+    (it tests the pointers itself): each part's quantizer, 16-byte stores and the element path's stores in each
+    part's stored dtype; the declaration's parameters are the plain QK-norm's."""
+    fp8 = any(q.dtype == "float8_e4m3fn" for q in (spec.quant.q_output, spec.quant.k_output) if q is not None)
+    archs = aot_archs(spec)
+    assert archs == (("sm_89", "sm_90a", "sm_100a") if fp8 else AOT_ARCHS)
+    for arch in archs:
+        artifact = qk_norm_artifact(spec, Tactic.PREFILL, arch, tmp_path)
+        assert artifact.cubin and f".target {arch}" in artifact.ptx
+        check_quantizer_instructions(spec, artifact.ptx)
+        stores = {a for a in global_accesses(artifact.ptx) if a.startswith("st.")}
+        assert stores == {"st.global.v4.b32"} | qk_scalar_stores(spec)
+        assert artifact.declaration.params == qk_norm_params()
+
+
 def test_an_fp8_quantizer_before_sm_89_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"an FP8 quantizer needs sm_89 or newer \(its conversions\), not sm_86"):
         rms_norm_artifact(AOT_SPECS[0], Tactic.PREFILL, "sm_86", tmp_path)
-
-
-# --- the quantized QK-norm: each output's own quantizer --------------------------------------------------------------
-
-QK_QUANTS = {
-    "int8-both": QuantParams(q_output=INT8, k_output=Quantizer("int8", f32(0.047))),
-    "fp8-q": QuantParams(q_output=FP8),
-    "fp8-unsat-k": QuantParams(k_output=FP8_UNSATURATED),
-}
-
-
-def check_qk_quantizers(quant: QuantParams, ptx: str) -> None:
-    """Each output stage's quotient by its own scale (`ptx.scale_quotient`), its dtype's conversion, and the plain
-    kernel's approximate inverse root (the QK-norm has no rsqrt stage)."""
-    assert not re.search(r"\bdiv\.(approx|full)\b", ptx) and not re.search(r"\brcp\.approx", ptx)
-    assert "rsqrt.approx.ftz.f32" in ptx
-    for stage in quant.stages:
-        quantizer = quant.at(stage)
-        reciprocal = immediate(float(np.float32(1.0) / np.float32(quantizer.scale)))
-        assert re.search(rf"\bmul\.rn\.f32\s+q0, %r\d+, {reciprocal};", ptx), (stage, reciprocal)
-        assert len(re.findall(rf"\bfma\.rn\.f32\s+e, n, {immediate(quantizer.scale)}, %r\d+;", ptx)) >= 2, stage
-    dtypes = {quant.at(stage).dtype for stage in quant.stages}
-    assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == ("float8_e4m3fn" in dtypes)
-
-
-@pytest.mark.parametrize(("q_hidden", "k_hidden"), [(128, 128), (256, 256), (48, 32)])
-@pytest.mark.parametrize("quants", sorted(QK_QUANTS))
-def test_the_quantized_qk_norm_compiles_each_output_with_its_own_quantizer(
-    quants: str, q_hidden: int, k_hidden: int, tmp_path: Path
-) -> None:
-    """JIT (aligned: 16-byte stores, INT8 codes packed; scalar) and AOT: each part's stored dtype and vector follow
-    its own quantizer, or T without one."""
-    quant = QK_QUANTS[quants]
-    spec = QkNormSpec(q_hidden, k_hidden, "bfloat16", "bfloat16", LLAMA, quant=quant)
-    assert [spec.part_y_dtype(part) for part in (0, 1)] == [
-        "bfloat16" if quantizer is None else quantizer.dtype for quantizer in (quant.q_output, quant.k_output)
-    ]
-    kernel = QkNormKernel(spec, KernelCache(Path("/nonexistent")), HOPPER)
-    for aligned in (True, False):
-        variant = kernel.variant(aligned)
-        ptx = compiled_ptx(variant, tmp_path / f"jit-{aligned}")
-        check_qk_quantizers(quant, ptx)
-        if aligned:
-            for part, tiling in enumerate((variant.q_tiling, variant.k_tiling)):
-                width = DTYPE_BYTES[spec.part_y_dtype(part)]
-                assert tiling.vector == min(16, (q_hidden, k_hidden)[part]) if width == 1 else tiling.vector <= 8
-            if quants == "int8-both":
-                assert len(re.findall(r"\bcvt\.pack\.sat\.s8\.s32\.b32\b", ptx)) >= 2
-            assert any(a.startswith("st.global.v4") or a.startswith("st.global.v2") for a in global_accesses(ptx))
-    artifact = qk_norm_artifact(spec, Tactic.PREFILL, ARCH, tmp_path / "aot")
-    check_qk_quantizers(quant, artifact.ptx)
-    assert [param.name for param in artifact.declaration.params] == [param.name for param in qk_norm_params()]
-
-
-def test_a_qk_norm_takes_only_its_outputs_stages() -> None:
-    with pytest.raises(ValueError, match="output is not a stage of this kernel"):
-        QkNormSpec(128, 128, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(output=INT8))
-    with pytest.raises(ValueError, match="q_output is not a stage of this kernel"):
-        RmsNormSpec(128, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(q_output=INT8))

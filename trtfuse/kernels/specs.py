@@ -87,6 +87,11 @@ def has_fp8_stage(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> bool:
     return quant is not None and any(quant.at(stage).dtype == "float8_e4m3fn" for stage in quant.stages)
 
 
+def _check_part(part: int, parts: int) -> None:
+    if not 0 <= part < parts:
+        raise ValueError(f"no row part {part} in a kernel of {parts}")
+
+
 def _repr_without_plain_quant(spec: object) -> str:
     """The dataclass repr, with `quant` only when set: a plain spec's repr (the compile cache's and the AOT entry
     names' key) stays what it was before quantizers, so plain kernels keep their PTX byte for byte."""
@@ -119,6 +124,17 @@ class _RowsSpec:
         """The dtype y is stored in: the output quantizer's when that stage is on, else T."""
         output = None if self.quant is None else self.quant.output
         return self.out_dtype if output is None else output.dtype
+
+    def part_quant(self, part: int) -> QuantParams | None:
+        """The quantizers of row part `part` of this one-part kernel (0): `quant`; `QkNormSpec.part_quant`'s
+        counterpart, so that code over any spec's parts reads each part's quantizers one way."""
+        _check_part(part, 1)
+        return self.quant
+
+    def part_y_dtype(self, part: int) -> str:
+        """The dtype row part `part` (0) stores y in: `y_dtype`."""
+        _check_part(part, 1)
+        return self.y_dtype
 
 
 @dataclass(frozen=True, repr=False)
@@ -165,6 +181,7 @@ class QkNormSpec:
 
     def part_quant(self, part: int) -> QuantParams | None:
         """Part `part`'s (0: q, 1: k) quantizer as one norm's output stage (`contract.norm_quant`)."""
+        _check_part(part, 2)
         return norm_quant(self.quant, QK_NORM.output_stages[part])
 
     def part_y_dtype(self, part: int) -> str:

@@ -3,14 +3,14 @@
     python -m trtfuse.bench.aot compile --out DIR [--arch ARCH] [--jobs N]
     python -m trtfuse.bench.aot check DIR [--json PATH]
 
-`compile` (imports CuTeDSL) writes every artifact of the matrix (the specs of tests/gpu/test_kernels_gpu.py and
-add+norm specs of tests/gpu/test_add_norm_gpu.py, each tactic) as `<stem>.ptx`, `<stem>.cubin` and `<stem>.json` (the
-launch declaration), plus `manifest.json`. `check` runs in a process that imports neither CuTeDSL nor TVM-FFI (it
-blocks both and asserts it): it loads each artifact with cuModuleLoadData (the PTX, then the cubin), launches it with
-cuLaunchKernel exactly as its declaration says, on torch CUDA tensors with NaN-poisoned outputs, and compares with
-the float64 reference (trtfuse/bench/reference.py; add+norm's h bit for bit): 0, 1, 3, SM-count, 4097 and 16384 rows
-(QK-norm: that many tokens, GQA head counts), pointers one element off alignment, replays of a captured CUDA graph,
-weight_mode NONE with a NaN placeholder weight (never read).
+`compile` (imports CuTeDSL) writes every artifact of the matrix (the specs of tests/gpu/test_kernels_gpu.py, add+norm
+specs of tests/gpu/test_add_norm_gpu.py and quantized ones of each kind, each tactic) as `<stem>.ptx`, `<stem>.cubin`
+and `<stem>.json` (the launch declaration), plus `manifest.json`. `check` runs in a process that imports neither CuTeDSL
+nor TVM-FFI (it blocks both and asserts it): it loads each artifact with cuModuleLoadData (the PTX, then the cubin),
+launches it with cuLaunchKernel exactly as its declaration says, on torch CUDA tensors with NaN-poisoned outputs, and
+compares with the float64 reference (trtfuse/bench/reference.py; add+norm's h bit for bit): 0, 1, 3, SM-count, 4097 and
+16384 rows (QK-norm: that many tokens, GQA head counts), pointers one element off alignment, replays of a captured CUDA
+graph, weight_mode NONE with a NaN placeholder weight (never read); rows of exact sums of squares for the rsqrt stage.
 """
 
 from __future__ import annotations

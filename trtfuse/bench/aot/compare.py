@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from trtfuse.bench.aot.matrix import Spec, part_quant
+from trtfuse.bench.aot.matrix import Spec
 from trtfuse.bench.aot.tensors import PartTensors, unwritten
 from trtfuse.bench.reference import add_norm_reference, norm_reference, quantize_reference
 from trtfuse.contract import Quantizer, QuantParams, WeightMode
@@ -71,13 +71,13 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     """(passed, detail, max abs error of y, worst |error| / allowed of y) of one part's outputs against the
     reference; the detail names the failing output's parameter. A quantized y is compared dequantized, allowed one
     quantization step beyond y's own tolerance, and NaN exactly where the reference's is (an element left holding
-    the poison, E4M3FN's NaN or INT8's 127, fails unless the reference has that very value)."""
+    the poison, E4M3FN's NaN or INT8's 127, fails unless the reference has that very value). The quantizers are the
+    part's own (`PartTensors.quant`: a QK-norm part's output quantizer, or none)."""
     if part.rows == 0:
         return untouched(part)
     x = part.x.view(part.rows, part.hidden)
     weight = None if spec.weight_dtype is None else part.weight
-    part_quantizers = part_quant(spec, part.names)
-    quant = _unquantized(part_quantizers)
+    quant = _unquantized(part.quant)
     if part.residual is None:
         reference = norm_reference(x, weight, spec.params, spec.out_dtype, quant)
     else:
@@ -92,7 +92,7 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     name = part.names.out
     rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
     allowed = atol + rtol * reference.abs()
-    quantizer = None if part_quantizers is None else part_quantizers.output
+    quantizer = None if part.quant is None else part.quant.output
     if quantizer is None:
         ours, nan = out.double(), int(torch.isnan(out).sum())
         if nan:

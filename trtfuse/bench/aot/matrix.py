@@ -93,25 +93,6 @@ def kind_named(name: str) -> Kind:
     raise ValueError(f"kernel kind {name!r} is not one of {list(KIND_NAMES)}")
 
 
-def _part_index(spec: Spec, names: PartPointers) -> int:
-    return list(kind_of(spec).parts.values()).index(names)
-
-
-def part_quant(spec: Spec, names: PartPointers) -> QuantParams | None:
-    """The quantizers of the norm whose pointers are `names`, as one norm's stages: a QK-norm part's own output
-    stage (`QkNormSpec.part_quant`), else the spec's."""
-    if isinstance(spec, QkNormSpec):
-        return spec.part_quant(_part_index(spec, names))
-    return getattr(spec, "quant", None)
-
-
-def part_y_dtype(spec: Spec, names: PartPointers) -> str:
-    """The dtype the norm whose pointers are `names` stores y in: its output quantizer's, else T."""
-    if isinstance(spec, QkNormSpec):
-        return spec.part_y_dtype(_part_index(spec, names))
-    return spec.y_dtype
-
-
 def part_pointers(spec: Spec, declaration: LaunchDeclaration) -> list[tuple[str, PartPointers]]:
     """Each declared row part's pointers, in the declaration's part order; raises when the kind's pointers are not
     exactly the declaration's, so a pointer the table misses is never launched as an unallocated 0."""
@@ -167,13 +148,15 @@ def add_norm_specs() -> list[AddRmsNormSpec]:
     return specs
 
 
-def quant_specs() -> list[RmsNormSpec | AddRmsNormSpec]:
+def quant_entries() -> list[MatrixEntry]:
     """Quantized specs (tests/gpu/test_quant_gpu.py holds them bit for bit): the output stage in FP8 (both saturate
     settings) and INT8 on dtype pairs and weight modes, ModelOpt's add+norm with the sum fake-quantized, the input
-    stage alone, head-dim, ragged and no-vector rows. No inverse-root stage: r' = DQ(Q(r)) is a step function of r,
-    which the kernel's approximate inverse root may round to the other side of a step, too rarely for the element
-    tolerance to allow it and too often for thousands of rows a case. An unsaturated FP8 scale large enough that
-    no |y| / s comes near 464, where a y within tolerance could be NaN on one side only."""
+    stage alone, head-dim, ragged and no-vector rows; ModelOpt INT8's inverse-root stage, of r in float32 and of r
+    cast to float16, at a width whose rows of exact sums of squares the check launches (`tensors.exact_square_rows`:
+    r' = DQ(Q(r)) is a step function of r, which any rounding of r's sum could move across a step); QK-norms with
+    each part's own output quantizer (Gemma3 INT8's q and k scales, DeepSeek-V3 FP8's latent q with k in T, both in
+    FP8). An unsaturated FP8 scale large enough that no |y| / s comes near 464, where a y within tolerance could be
+    NaN on one side only."""
     after, before = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST
     llama, gemma = NormParams(1e-6, 0.0, after), NormParams(1e-6, 1.0, before)
     fp8, int8 = Quantizer("float8_e4m3fn", 0.015625), Quantizer("int8", 0.03125)
@@ -182,10 +165,14 @@ def quant_specs() -> list[RmsNormSpec | AddRmsNormSpec]:
     def fake(dtype: str, quantized: str) -> Quantizer:
         return Quantizer(quantized, 0.046875, True, dtype)
 
+    def rsqrt(dtype: str) -> Quantizer:
+        # r of the exact-sum rows is about 3.5 to 11: levels 37 to 115, none clipped.
+        return Quantizer("int8", 0.09375, True, dtype, dtype)
+
     out = QuantParams(output=fp8)
     fp8_sum = QuantParams(input=fake("bfloat16", "float8_e4m3fn"), output=fp8)  # ModelOpt FP8's add-norm
     int8_sum = QuantParams(input=fake("float16", "int8"), output=int8)
-    return [
+    specs = [
         RmsNormSpec(4096, "bfloat16", "bfloat16", llama, quant=out),
         RmsNormSpec(4096, "float16", "float32", gemma, quant=QuantParams(output=int8)),
         RmsNormSpec(4096, "float32", "bfloat16", llama, "bfloat16", QuantParams(output=fp8_unsaturated)),
@@ -194,41 +181,29 @@ def quant_specs() -> list[RmsNormSpec | AddRmsNormSpec]:
         RmsNormSpec(4096, "bfloat16", "bfloat16", llama, quant=fp8_sum),
         RmsNormSpec(128, "bfloat16", "bfloat16", llama, quant=out),
         RmsNormSpec(1001, "float16", "float16", llama, quant=QuantParams(output=int8)),
+        RmsNormSpec(4096, "float32", "float32", llama, quant=QuantParams(rsqrt=rsqrt("float32"), output=int8)),
+        RmsNormSpec(4096, "float16", "float16", llama, quant=QuantParams(rsqrt=rsqrt("float16"), output=int8)),
         AddRmsNormSpec(4096, "bfloat16", "bfloat16", llama, quant=fp8_sum),
         AddRmsNormSpec(4096, "float16", "float16", gemma, quant=int8_sum),
         AddRmsNormSpec(4096, "float32", "float16", llama, "float16", QuantParams(output=fp8_unsaturated)),
         AddRmsNormSpec(4096, "bfloat16", "bfloat16", llama, quant=QuantParams(input=fake("bfloat16", "float8_e4m3fn"))),
         AddRmsNormSpec(1000, "bfloat16", "bfloat16", llama, quant=QuantParams(output=int8)),
     ]
-
-
-def qk_quant_entries() -> list[MatrixEntry]:
-    """Quantized QK-norms, each output with its own quantizer or none: Gemma3's INT8 pair (q and k at two scales,
-    head dim 256, BEFORE_CAST with offset 1), DeepSeek-V3's FP8 latents (q_out of 48 quantized, k_out of 32 left
-    in T, one head each) and a bf16 FP8 pair with k unsaturated."""
-    after, before = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST
-    int8_q, int8_k = Quantizer("int8", 0.03125), Quantizer("int8", 0.046875)
-    fp8, fp8_unsaturated = Quantizer("float8_e4m3fn", 0.015625), Quantizer("float8_e4m3fn", 0.25, saturate=False)
-    gemma, llama = NormParams(1e-6, 1.0, before), NormParams(1e-6, 0.0, after)
-    return [
-        MatrixEntry(
-            QkNormSpec(256, 256, "float16", "float32", gemma, quant=QuantParams(q_output=int8_q, k_output=int8_k)),
-            (8, 4),
-        ),
-        MatrixEntry(QkNormSpec(48, 32, "float16", "float16", llama, quant=QuantParams(q_output=fp8)), (1, 1)),
-        MatrixEntry(
-            QkNormSpec(
-                128, 128, "bfloat16", "bfloat16", llama, quant=QuantParams(q_output=fp8, k_output=fp8_unsaturated)
-            ),
-            (32, 8),
-        ),
+    int8_qk = QuantParams(q_output=int8, k_output=Quantizer("int8", 0.0625))  # Gemma3 INT8's two scales
+    fp8_qk = QuantParams(q_output=fp8, k_output=fp8_unsaturated)
+    qk = [
+        (QkNormSpec(128, 128, "float16", "float16", gemma, quant=int8_qk), (32, 16)),
+        (QkNormSpec(64, 64, "float16", "float16", gemma, quant=int8_qk), (8, 8)),
+        (QkNormSpec(48, 32, "bfloat16", "bfloat16", llama, quant=QuantParams(q_output=fp8)), (1, 1)),
+        (QkNormSpec(128, 128, "bfloat16", "bfloat16", llama, quant=fp8_qk), (32, 8)),
     ]
+    return [MatrixEntry(spec) for spec in specs] + [MatrixEntry(spec, heads) for spec, heads in qk]
 
 
 def matrix() -> list[MatrixEntry]:
     """Every spec of tests/gpu/test_kernels_gpu.py (dtype pairs and modes, hidden sizes, prefill re-reads, unaligned
     pointers, mixed precision, the CUDA-graph specs; QK-norm with its head counts), each once; then the add+norm
-    specs of `add_norm_specs`; the quantized ones (`quant_specs`, `qk_quant_entries`)."""
+    specs of `add_norm_specs` and the quantized entries of `quant_entries`."""
     after, before, none = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
     dtypes = ("float32", "float16", "bfloat16")
     hiddens = (64, 128, 1000, 2048, 4096, 5120, 8192)
@@ -292,8 +267,7 @@ def matrix() -> list[MatrixEntry]:
     ]
     entries = [MatrixEntry(spec) for spec in rms] + [MatrixEntry(spec, heads) for spec, heads in qk]
     entries += [MatrixEntry(spec) for spec in add_norm_specs()]
-    entries += [MatrixEntry(spec) for spec in quant_specs()]
-    entries += qk_quant_entries()
+    entries += quant_entries()
     return list(dict.fromkeys(entries))
 
 

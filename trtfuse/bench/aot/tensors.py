@@ -1,16 +1,17 @@
-"""The buffers of one launch case: random activations (and residuals) and weights, NaN-poisoned outputs, pointers
-shifted where the case says."""
+"""The buffers of one launch case: random activations (and residuals; rows of exact sums of squares for the rsqrt
+stage) and weights, NaN-poisoned outputs, pointers shifted where the case says."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from trtfuse.bench.aot.cases import LaunchCase
-from trtfuse.bench.aot.matrix import MatrixEntry, PartPointers, part_hidden, part_pointers, part_rows, part_y_dtype
+from trtfuse.bench.aot.matrix import MatrixEntry, PartPointers, Spec, part_hidden, part_pointers, part_rows
 from trtfuse.bench.reference import QUANT_TORCH_DTYPES
-from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE
+from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE, QuantParams
 from trtfuse.kernels.declaration import LaunchDeclaration
 
 # A quantized output's poison (INT8 has no NaN): E4M3FN's NaN code, INT8's 127.
@@ -45,10 +46,34 @@ def random_rows(rows: int, hidden: int, out: torch.Tensor) -> torch.Tensor:
     return out.view(rows, hidden).copy_(x)
 
 
+# Rows of m / EXACT_STEP, integers |m| <= EXACT_MAX: each square is a multiple of 2^-14 and up to 4096 of them sum to
+# below 2^10, so every partial sum of squares is exact in float32 (24 bits), in any order.
+EXACT_STEP, EXACT_MAX, EXACT_MAX_HIDDEN = 128, 63, 4096
+
+
+def exact_square_rows(rows: int, hidden: int, out: torch.Tensor) -> torch.Tensor:
+    """Fill `out` (rows x hidden elements, hidden <= EXACT_MAX_HIDDEN) with rows of m / 128, m uniform integers up
+    to a random bound per row (20 to 63, so rows differ in size); returns it as rows x hidden. The kernel's sum of
+    squares is then the reference's, and so its inverse root r (tests/gpu/test_quant_gpu.py's rows of exact sums)."""
+    if hidden > EXACT_MAX_HIDDEN:
+        raise ValueError(f"rows of {hidden} elements of m / {EXACT_STEP} have no exact float32 sum of squares")
+    bound = torch.randint(20, EXACT_MAX + 1, (rows, 1), device=out.device)
+    m = torch.floor(torch.rand(rows, hidden, device=out.device) * (2 * bound + 1)) - bound
+    return out.view(rows, hidden).copy_(m / EXACT_STEP)
+
+
+def activation_rows(quant: QuantParams | None) -> Callable[[int, int, torch.Tensor], torch.Tensor]:
+    """How a part's activations are filled: rows of exact sums of squares for the rsqrt stage (r' = DQ(Q(r)) is a
+    step function of r, which a sum rounded otherwise than the reference's moves across a step on some rows; the
+    step moves y by far more than its tolerance), random rows otherwise."""
+    return exact_square_rows if quant is not None and quant.rsqrt is not None else random_rows
+
+
 @dataclass
 class PartTensors:
     """One row part's buffers: activation, weight (a NaN placeholder in weight_mode NONE), output and, for
-    add+norm, the residual and the sum output h; `names` are their pointer parameters."""
+    add+norm, the residual and the sum output h; `names` are their pointer parameters, `quant` the part's quantizers
+    (one norm's stages: `part_quant` of the spec)."""
 
     names: PartPointers
     x: torch.Tensor
@@ -58,6 +83,7 @@ class PartTensors:
     hidden: int
     residual: torch.Tensor | None = None
     h: torch.Tensor | None = None
+    quant: QuantParams | None = None
 
     def inputs(self) -> list[torch.Tensor]:
         """The buffers a launch reads that hold fresh random rows (not the weight)."""
@@ -80,10 +106,11 @@ def part_tensors(
     dtypes: tuple[torch.dtype, torch.dtype, torch.dtype | None],
     shifted: tuple[str, ...],
     device: str,
+    quant: QuantParams | None = None,
 ) -> PartTensors:
     """One row part's buffers: `dtypes` are x's (and the residual's and h's), y's and the weight's (None: weight
     mode NONE, a NaN placeholder); the pointers named in `shifted` one element past an aligned allocation; the
-    outputs poisoned."""
+    activations filled as the part's quantizers `quant` need (`activation_rows`); the outputs poisoned."""
     x_dtype, out_dtype, w_dtype = dtypes
     # A 0-row launch still gets one row of every buffer: it must leave the poisoned outputs untouched.
     allocated = max(rows, 1)
@@ -94,7 +121,7 @@ def part_tensors(
     inputs = [buffer(name, allocated * hidden, x_dtype) for name in (names.x, names.residual)]
     for tensor in inputs:
         if tensor is not None:
-            random_rows(allocated, hidden, tensor)
+            activation_rows(quant)(allocated, hidden, tensor)
     weight = buffer(names.weight, hidden, w_dtype or getattr(torch, AOT_PLACEHOLDER_WEIGHT_DTYPE))
     if w_dtype is None:
         # The plugins' placeholder ([H] of AOT_PLACEHOLDER_WEIGHT_DTYPE), NaN: a read would poison y.
@@ -103,10 +130,18 @@ def part_tensors(
         random_rows(1, hidden, weight)
     out = buffer(names.out, allocated * hidden, out_dtype)
     h = buffer(names.h, allocated * hidden, x_dtype)  # h is D, x's dtype, whatever y's is
-    part = PartTensors(names, inputs[0], weight, out, rows, hidden, inputs[1], h)
+    part = PartTensors(names, inputs[0], weight, out, rows, hidden, inputs[1], h, quant)
     for output in part.outputs():
         poison(output)
     return part
+
+
+def part_dtypes(spec: Spec, part: int) -> tuple[torch.dtype, torch.dtype, torch.dtype | None]:
+    """`part_tensors`' dtypes of row part `part`: x's, the dtype the part stores y in (each QK-norm part its own)
+    and the weight's (None: weight mode NONE)."""
+    y_dtype = spec.part_y_dtype(part)
+    weight = None if spec.weight_dtype is None else getattr(torch, spec.weight_dtype)
+    return getattr(torch, spec.dtype), QUANT_TORCH_DTYPES.get(y_dtype) or getattr(torch, y_dtype), weight
 
 
 class CaseTensors:
@@ -117,19 +152,17 @@ class CaseTensors:
         self, entry: MatrixEntry, declaration: LaunchDeclaration, case: LaunchCase, device: str = "cuda"
     ) -> None:
         spec = entry.spec
-        weight = None if spec.weight_dtype is None else getattr(torch, spec.weight_dtype)
-
-        def dtypes(names: PartPointers) -> tuple[torch.dtype, torch.dtype, torch.dtype | None]:
-            y_dtype = part_y_dtype(spec, names)  # each part's own: a QK-norm's q_out may be INT8, its k_out T
-            return getattr(torch, spec.dtype), QUANT_TORCH_DTYPES.get(y_dtype) or getattr(torch, y_dtype), weight
-
         self.entry = entry
         self.null = case.null
         self.rows = part_rows(entry, case.tokens)
         pointers = part_pointers(spec, declaration)
         self.parts: dict[str, PartTensors] = {
-            part_name: part_tensors(names, rows, hidden, dtypes(names), case.shifted, device)
-            for (part_name, names), rows, hidden in zip(pointers, self.rows, part_hidden(entry), strict=True)
+            part_name: part_tensors(
+                names, rows, hidden, part_dtypes(spec, index), case.shifted, device, spec.part_quant(index)
+            )
+            for index, ((part_name, names), rows, hidden) in enumerate(
+                zip(pointers, self.rows, part_hidden(entry), strict=True)
+            )
         }
 
     def pointers(self) -> dict[str, int]:
@@ -142,6 +175,6 @@ class CaseTensors:
         """Fresh random activations and re-poisoned outputs in the same buffers (for another graph replay)."""
         for part in self.parts.values():
             for tensor in part.inputs():
-                random_rows(max(part.rows, 1), part.hidden, tensor)
+                activation_rows(part.quant)(max(part.rows, 1), part.hidden, tensor)
             for output in part.outputs():
                 poison(output)
