@@ -77,6 +77,8 @@ class Parser:
 class BuilderConfig:
     builder_optimization_level = 3
     progress_monitor = None
+    # IBuilderConfig.profiling_verbosity: TensorRT's default, kLAYER_NAMES_ONLY (NvInferRuntime.h@v10.16:2974).
+    profiling_verbosity = 0
 
     def clear_flag(self, flag):
         pass
@@ -118,12 +120,20 @@ class Network:
         return self.inputs[index]
 
 
+# An engine inspector's answer for an engine of no layers, in the JSON writer's layout (shared/trt-layer-info).
+NO_LAYERS = '{"Layers": [],\n"Bindings": []}\n'
+
+
 def fake_tensorrt(
-    version: str, calls: dict, inputs: tuple[str, ...] = (), shape_inputs: frozenset[str] = frozenset()
+    version: str,
+    calls: dict,
+    inputs: tuple[str, ...] = (),
+    shape_inputs: frozenset[str] = frozenset(),
+    layer_information: str = NO_LAYERS,
 ) -> types.ModuleType:
-    """Just enough of `tensorrt` for `build_engine` to run its calls in order; it records the network flags and how
-    the model was parsed, and builds the bytes b"engine". Its network has `inputs`, of which `shape_inputs` are
-    shape tensors."""
+    """Just enough of `tensorrt` for `build_engine` to run its calls in order; it records the network flags, how
+    the model was parsed and the builder config's profiling verbosity, and builds the bytes b"engine", whose engine
+    inspector answers `layer_information`. Its network has `inputs`, of which `shape_inputs` are shape tensors."""
 
     class Builder:
         def __init__(self, logger):
@@ -140,7 +150,21 @@ def fake_tensorrt(
             return BuilderConfig()
 
         def build_serialized_network(self, network, config):
+            calls["profiling_verbosity"] = config.profiling_verbosity
             return b"engine"
+
+    class Runtime:
+        def __init__(self, logger):
+            pass
+
+        def deserialize_cuda_engine(self, data):
+            calls["deserialized"] = bytes(data)
+            inspector = types.SimpleNamespace(get_engine_information=lambda form: _inspected(form))
+            return types.SimpleNamespace(create_engine_inspector=lambda: inspector)
+
+    def _inspected(form):
+        calls["layer_information_format"] = form
+        return layer_information
 
     class Logger:
         WARNING = 2
@@ -154,9 +178,12 @@ def fake_tensorrt(
 
     trt = types.ModuleType("tensorrt")
     trt.__version__ = version
-    trt.Builder, trt.Logger, trt.IProgressMonitor = Builder, Logger, IProgressMonitor
+    trt.Builder, trt.Logger, trt.IProgressMonitor, trt.Runtime = Builder, Logger, IProgressMonitor, Runtime
     trt.OnnxParser = lambda network, logger: Parser(calls)
     trt.NetworkDefinitionCreationFlag = AotFlags
     trt.BuilderFlag = types.SimpleNamespace(TF32=0)
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE=0)
+    # NvInferRuntime.h@v10.16: ProfilingVerbosity 2972-2977, LayerInformationFormat 5255-5259.
+    trt.ProfilingVerbosity = types.SimpleNamespace(LAYER_NAMES_ONLY=0, NONE=1, DETAILED=2)
+    trt.LayerInformationFormat = types.SimpleNamespace(ONELINE=0, JSON=1)
     return trt

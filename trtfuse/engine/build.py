@@ -26,7 +26,7 @@ from trtfuse.engine.build_options import BuildOptions, aot_refusal_of, plugin_ki
 from trtfuse.engine.parser_errors import ParserIssue, parser_error_line
 from trtfuse.engine.profiles import Profile
 from trtfuse.engine.progress import BuildProgress, progress_monitor
-from trtfuse.engine.sidecar import make_sidecar, write_sidecar
+from trtfuse.engine.sidecar import layer_information_path, make_sidecar, write_sidecar
 from trtfuse.engine.tensorrt import import_tensorrt, plugin_creation_errors, register_plugins
 from trtfuse.engine.timing_cache import read_timing_cache, write_timing_cache
 from trtfuse.errors import MissingDependencyError, TrtfuseError, first_line
@@ -48,6 +48,8 @@ class BuildResult:
     sidecar_path: Path
     sidecar: dict
     seconds: float
+    # The engine inspector's JSON (None where it could not be read), as written to `layer_information_path`.
+    layer_information: str | None = None
 
     @property
     def plugin_kind(self) -> PluginKind:
@@ -94,7 +96,7 @@ def gpu_name() -> str:
     return result.stdout.strip() or "unknown"
 
 
-def network_flags(trt: ModuleType, plugins: PluginKind = PluginKind.PYTHON) -> int:
+def network_flags(trt: ModuleType, plugins: PluginKind | None = PluginKind.PYTHON) -> int:
     """Strongly typed, so the fp16/bf16 types of the ONNX graph are kept as written: the flag below TensorRT 11, where
     it is deprecated (and every network is strongly typed). It is also what a quantized node's FP8 / INT8 outputs
     need: in a strongly typed network they are the types its getOutputDataTypes gives and the DequantizeLinear after
@@ -226,41 +228,48 @@ def _model_to_parse(plugins: PluginKind, fused: LoadedModel) -> onnx.ModelProto:
     return prepare_for_aot(fused.model, source=fused.path)
 
 
-def build_engine(
-    fused: LoadedModel,
-    engine_path: Path,
+@dataclass(frozen=True)
+class SerializedEngine:
+    """A built engine in memory: its bytes, the inputs it takes as shape tensors, and how long the build took."""
+
+    engine: memoryview
+    shape_inputs: set[str]
+    seconds: float
+
+
+def serialize_network(
+    trt: ModuleType,
+    model: onnx.ModelProto,
+    model_path: Path,
     options: BuildOptions,
+    plugins: PluginKind | None,
     emit: Callable[[str], None] = _stderr_line,
-) -> BuildResult:
-    """Parse the fused model (`fused.model`, written at `fused.path`, against which its external data resolves) with
-    one kind of trtfuse plugins registered (`options.plugins`, else the default for the installed TensorRT), build one
-    engine for all profiles, write it with a sidecar that records the kind."""
-    for path in (engine_path, options.timing_cache):
-        if path is not None and not resolved(path).parent.is_dir():
-            raise TrtfuseError(f"{path}: output folder does not exist")
-    trt = import_tensorrt()
-    quant_refusal = quant_refusal_of(trt, quantized_output_dtypes(fused))
-    if quant_refusal is not None:
-        raise MissingDependencyError(f"{fused.path}: {quant_refusal}; its quantized trtfuse nodes output FP8 or INT8")
-    refuse_fp8_on_older_gpus(fused)
-    options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
-    timing_cache_bytes, set_aside = read_timing_cache(options.timing_cache, options.plugins, trtfuse.__version__)
+) -> SerializedEngine:
+    """Parse `model` (its external data resolving beside `model_path`) and build one engine for all of `options`'
+    profiles, with `options`' optimisation level, TF32 choice, workspace and timing cache (read first, written back).
+    `plugins` is the kind of trtfuse plugins registered for the parser (None: a network of standard ops, what
+    TensorRT builds from an unfused export on its own). Every build records detailed layer information
+    (`ProfilingVerbosity.DETAILED`), which the engine inspector needs to name each layer's inputs, outputs, types and
+    tactics (docs/engine.md, "How the engine runs")."""
+    timing_cache_bytes, set_aside = read_timing_cache(
+        options.timing_cache, plugins or PluginKind.PYTHON, trtfuse.__version__
+    )
     if set_aside is not None:
         emit(set_aside)
-    model_to_parse = _model_to_parse(options.plugins, fused)
-    register_plugins(options.plugins)
     logger = trt.Logger(trt.Logger.WARNING)
     builder = create_builder(trt, logger)
-    network = builder.create_network(network_flags(trt, options.plugins))
+    network = builder.create_network(network_flags(trt, plugins))
     parser = trt.OnnxParser(network, logger)
-    plugin_creation_errors()
+    if plugins is not None:
+        plugin_creation_errors()
     # `path` is the model file, not its folder: onnx-tensorrt replaces the path's last component with each tensor's
     # location (WeightsContext::parseExternalWeights), so external data resolves as for parse_from_file.
-    parsed = parser.parse(model_to_parse.SerializeToString(), str(fused.path.absolute()))
+    parsed = parser.parse(model.SerializeToString(), str(model_path.absolute()))
     if not parsed or parser.num_errors:
         issues = [_parse_issue(parser.get_error(index)) for index in range(parser.num_errors)]
         # The parser's node indices are those of the model it read.
-        raise TrtfuseError(parser_error_line(fused.path, issues, model_to_parse, plugin_creation_errors()))
+        creation = plugin_creation_errors() if plugins is not None else []
+        raise TrtfuseError(parser_error_line(model_path, issues, model, creation))
 
     config = builder.create_builder_config()
     # Recorded in the sidecar: Triton's TensorRT backend refuses a config whose is_shape_tensor flags differ from
@@ -268,6 +277,7 @@ def build_engine(
     shape_inputs = shape_tensor_inputs(network)
     add_profiles(builder, config, options.profiles, shape_inputs)
     config.builder_optimization_level = options.optimization_level
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if not options.allow_tf32:
         config.clear_flag(trt.BuilderFlag.TF32)
     if options.workspace_bytes is not None:
@@ -280,24 +290,64 @@ def build_engine(
     monitor = progress_monitor(trt, BuildProgress(emit))
     config.progress_monitor = monitor
 
-    if options.plugins is PluginKind.AOT:
-        from trtfuse.plugins.qdp import take_embedded_ptx_isas
-
-        take_embedded_ptx_isas()  # what an earlier build in this process embedded
     started = time.monotonic()
     serialized = builder.build_serialized_network(network, config)
     seconds = time.monotonic() - started
     if serialized is None:
-        raise TrtfuseError(f"{fused.path}: TensorRT could not build an engine; its messages above say why")
+        raise TrtfuseError(f"{model_path}: TensorRT could not build an engine; its messages above say why")
     timing_cache = config.get_timing_cache()
     if options.timing_cache is not None and timing_cache is not None:
         write_timing_cache(options.timing_cache, memoryview(timing_cache.serialize()), trtfuse.__version__)
+    return SerializedEngine(memoryview(serialized), shape_inputs, seconds)
+
+
+def read_layer_information(
+    trt: ModuleType, engine: memoryview, emit: Callable[[str], None] = _stderr_line
+) -> str | None:
+    """The engine inspector's JSON of a just-built engine (`engine_runner.engine_layer_information`); None, with
+    one line saying why, where TensorRT cannot deserialise it here (the engine itself is still good)."""
+    from trtfuse.engine.engine_runner import engine_layer_information
+
+    try:
+        return engine_layer_information(trt, engine)
+    except (TrtfuseError, RuntimeError, TypeError, AttributeError) as error:
+        emit(f"the engine's layer information could not be read ({first_line(error)}); no layer report")
+        return None
+
+
+def build_engine(
+    fused: LoadedModel,
+    engine_path: Path,
+    options: BuildOptions,
+    emit: Callable[[str], None] = _stderr_line,
+) -> BuildResult:
+    """Parse the fused model (`fused.model`, written at `fused.path`, against which its external data resolves) with
+    one kind of trtfuse plugins registered (`options.plugins`, else the default for the installed TensorRT), build one
+    engine for all profiles, write it with a sidecar that records the kind, and its layer information beside it
+    (`layer_information_path`, trtexec's `--exportLayerInfo` format)."""
+    for path in (engine_path, options.timing_cache):
+        if path is not None and not resolved(path).parent.is_dir():
+            raise TrtfuseError(f"{path}: output folder does not exist")
+    trt = import_tensorrt()
+    quant_refusal = quant_refusal_of(trt, quantized_output_dtypes(fused))
+    if quant_refusal is not None:
+        raise MissingDependencyError(f"{fused.path}: {quant_refusal}; its quantized trtfuse nodes output FP8 or INT8")
+    refuse_fp8_on_older_gpus(fused)
+    options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
+    model_to_parse = _model_to_parse(options.plugins, fused)
+    register_plugins(options.plugins)
+    if options.plugins is PluginKind.AOT:
+        from trtfuse.plugins.qdp import take_embedded_ptx_isas
+
+        take_embedded_ptx_isas()  # what an earlier build in this process embedded
+    built = serialize_network(trt, model_to_parse, fused.path, options, options.plugins, emit)
     build = options.to_json()
     if options.plugins is PluginKind.AOT:
         from trtfuse.plugins.qdp import take_embedded_ptx_isas
 
         # The driver that runs the engine JIT-compiles this PTX: `trtfuse run` checks it against the driver it finds.
         build["ptx_isa"] = take_embedded_ptx_isas()
+    layers = read_layer_information(trt, built.engine, emit)
     sidecar = make_sidecar(
         engine_path=engine_path,
         fused_model_path=fused.path,
@@ -306,8 +356,10 @@ def build_engine(
         plugins=plugins_used(fused.model),
         profiles=options.profiles,
         build=build,
-        shape_tensor_inputs=shape_inputs,
+        shape_tensor_inputs=built.shape_inputs,
     )
-    write_bytes_atomic(engine_path, memoryview(serialized))
+    write_bytes_atomic(engine_path, built.engine)
+    if layers is not None:
+        write_bytes_atomic(layer_information_path(engine_path), layers.encode("utf-8"))
     sidecar_path = write_sidecar(engine_path, sidecar)
-    return BuildResult(engine_path, sidecar_path, sidecar, seconds)
+    return BuildResult(engine_path, sidecar_path, sidecar, built.seconds, layers)

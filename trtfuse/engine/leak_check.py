@@ -20,12 +20,14 @@ import numpy as np
 import onnx
 
 from trtfuse.contract import PluginKind
+from trtfuse.engine.cuda_timing import gpu_memory_in_use
 from trtfuse.engine.engine_file import EngineFile
 from trtfuse.engine.profiles import Profile, profile_holds
 from trtfuse.engine.session import EngineSession
 from trtfuse.engine.sidecar import sidecar_path_for
 from trtfuse.engine.tensorrt import import_tensorrt
-from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseError
+from trtfuse.engine.timing_cases import profile_dims
+from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.model.dims import DimRole, ModelDims, model_dims
 from trtfuse.model.feeds import make_feed
 from trtfuse.model.onnx_file import load_model
@@ -225,25 +227,12 @@ def token_range(engine: EngineFile, reading: ModelDims) -> TokenRange:
     )
 
 
-def _profile_dims(reading: ModelDims, profile: Profile, vary: Sequence[str]) -> dict[str, int]:
-    """Each plain symbol at the profile's OPT value, except the varied tokens and the totals (past + tokens), which
-    the feed works out from them."""
-    dims = {}
-    skipped = {*vary, *reading.symbols(DimRole.TOTAL)}
-    for name, parsed in reading.expressions.items():
-        for axis, expression in enumerate(parsed):
-            symbol = expression.symbol if expression is not None else None
-            if symbol is not None and symbol not in skipped and name in profile.shapes:
-                dims.setdefault(symbol, profile.shapes[name].opt[axis])
-    return dims
-
-
 def feeds_by_tokens(
     model: onnx.ModelProto, reading: ModelDims, seed: int, tokens: TokenRange, counts: Sequence[int]
 ) -> dict[int, Feed]:
     """One feed of the engine's fused model per token count, every other dim at the profile's OPT; each must fit the
     profile."""
-    base = _profile_dims(reading, tokens.profile, tokens.symbols)
+    base = profile_dims(reading, tokens.profile, tokens.symbols)
     feeds = {}
     for count in sorted(set(counts)):
         feed = make_feed(model, seed, dims={**base, **dict.fromkeys(tokens.symbols, count)})
@@ -254,22 +243,6 @@ def feeds_by_tokens(
             )
         feeds[count] = feed
     return feeds
-
-
-def gpu_memory_in_use() -> int:
-    """Bytes in use on the current GPU, device-wide (other processes count too), after the device is idle."""
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        raise MissingDependencyError(
-            "the leak check reads GPU memory through cuda-python (`pip install cuda-python`)"
-        ) from None
-    (error,) = cudart.cudaDeviceSynchronize()
-    if error == cudart.cudaError_t.cudaSuccess:
-        error, free, total = cudart.cudaMemGetInfo()
-    if error != cudart.cudaError_t.cudaSuccess:
-        raise MissingDependencyError(f"no usable NVIDIA GPU for the leak check (CUDA: {error.name})")
-    return total - free
 
 
 @contextlib.contextmanager

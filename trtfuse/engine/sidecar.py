@@ -34,6 +34,18 @@ def sidecar_path_for(engine_path: Path) -> Path:
     return engine_path.with_name(engine_path.name + ".json")
 
 
+def layer_information_path(engine_path: Path) -> Path:
+    """Where `compile` writes the engine's layer information, as `trtexec --exportLayerInfo` would:
+    NAME.engine.layers.json."""
+    return engine_path.with_name(engine_path.name + ".layers.json")
+
+
+def layer_profile_path(engine_path: Path, profile_index: int) -> Path:
+    """Where `compile --baseline` writes the per-layer profile of optimisation profile N at its OPT shapes, as
+    `trtexec --exportProfile` would: NAME.engine.profileN.json."""
+    return engine_path.with_name(f"{engine_path.name}.profile{profile_index}.json")
+
+
 @dataclass(frozen=True)
 class Sidecar:
     """What a sidecar says, validated. `fused_model` is relative to the engine's folder and stays inside it;
