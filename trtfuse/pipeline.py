@@ -8,8 +8,8 @@ TrtfuseError / MissingDependencyError lines that name the file.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import onnx
 
     from trtfuse.contract import PluginKind
+    from trtfuse.engine.baseline import BaselineRequest, BaselineRun
     from trtfuse.engine.build import BuildResult
     from trtfuse.engine.build_options import BuildOptions
     from trtfuse.engine.profiles import Profile, ProfileRequest
@@ -51,14 +52,18 @@ class FusedFile:
 
 @dataclass(frozen=True)
 class CompiledModel:
-    """What `compile_model` wrote; `engine` is None when TensorRT or a GPU is missing (`missing` says which)."""
+    """What `compile_model` wrote; `engine` is None when TensorRT or a GPU is missing (`missing` says which);
+    `baseline` is the A/B against TensorRT alone where it was asked for and ran. `fused` is the fused model written,
+    the one the engine holds (with `--never-slower`, possibly fewer nodes than the full fusion)."""
 
     fused: FusedFile
     profiles: tuple[Profile, ...]
     engine: BuildResult | None
     missing: MissingDependencyError | None
+    baseline: BaselineRun | None = None
 
     def to_json(self) -> dict:
+        ab = self.baseline
         return {
             "model": str(self.fused.input_path),
             "fused_model": str(self.fused.output_path),
@@ -67,6 +72,8 @@ class CompiledModel:
             "engine": None if self.engine is None else str(self.engine.engine_path),
             "build_seconds": None if self.engine is None else self.engine.seconds,
             "plugins": None if self.engine is None else self.engine.plugin_kind.value,
+            **({} if ab is None else {"baseline": ab.report.to_json()}),
+            **({} if ab is None or ab.choice is None else {"fusion_choice": ab.choice.to_json()}),
         }
 
 
@@ -166,6 +173,7 @@ def compile_model(
     allow_tf32: bool = False,
     plugins: PluginKind | None = None,
     fusion: FusionOptions = DEFAULT_FUSION,
+    baseline: BaselineRequest | None = None,
     notify: Notify = _silent,
     on_fused: Callable[[FusedFile], None] = lambda _fused: None,
     warn: Notify = _silent,
@@ -174,18 +182,21 @@ def compile_model(
     (`compile_outputs`), derive the profiles from `request` and build the TensorRT engine with the `plugins` kind
     (None: the installed TensorRT's default, `build_options.plugin_kind_for`). `on_fused` hears of the fused model
     before the build starts, `warn` of each profile that cannot do what its name says (`profiles.profile_warnings`;
-    the build goes on). Without TensorRT or a GPU, what was fused stays written and `missing` says why no engine was
+    the build goes on). With `baseline`, the engine TensorRT builds from the original alone is built too and timed
+    against the trtfuse engine (`engine.baseline`), and with `baseline.never_slower` the fastest configuration is the
+    one written. Without TensorRT or a GPU, what was fused stays written and `missing` says why no engine was
     built."""
     from trtfuse.engine.build_options import BuildOptions, check_plugin_kind
     from trtfuse.engine.engine_file import check_engine_output_path
     from trtfuse.engine.profiles import derive_profiles, profile_warnings
-    from trtfuse.engine.sidecar import sidecar_path_for
+    from trtfuse.engine.sidecar import layer_information_path, sidecar_path_for
     from trtfuse.engine.timing_cache import stamp_path
 
     check_engine_output_path(engine_path)
     fused_path, report_path = compile_outputs(engine_path)
     plan = OutputPlan().read(model_path)
     plan.write("engine", engine_path).write("engine sidecar", sidecar_path_for(engine_path))
+    plan.write("engine layer information", layer_information_path(engine_path))
     plan.write("fused model", fused_path).write("fusion report", report_path).write("timing cache", timing_cache)
     plan.write("timing cache stamp", None if timing_cache is None else stamp_path(timing_cache))
     plan.check()
@@ -194,6 +205,7 @@ def compile_model(
     plan_model_outputs(plan, loaded, fused_path)
     built: BuildResult | None = None
     missing: MissingDependencyError | None = None
+    ab: BaselineRun | None = None
     with Transaction():
         result = _fuse(loaded, model_path, seconds, fusion)
         options = BuildOptions(
@@ -206,11 +218,69 @@ def compile_model(
         )
         for warning in profile_warnings(result.model, request):
             warn(warning)
-        fused = write_fused(result, loaded, (model_path, fused_path, report_path), notify, seconds)
+        if baseline is not None:
+            plan_ab_outputs(plan, engine_path, options.profiles)
+        paths = (model_path, fused_path, report_path)
+        fused = write_fused(result, loaded, paths, notify, seconds)
         on_fused(fused)
         try:
-            built = build_fused(fused, engine_path, options, notify)
+            if baseline is None:
+                built = build_fused(fused, engine_path, options, notify)
+            else:
+                rewrite = lambda kept: write_fused(kept, loaded, paths, notify, seconds)  # noqa: E731
+                built, ab, fused = build_with_baseline(
+                    fused, loaded, engine_path, options, fusion, baseline, rewrite, notify
+                )
         except MissingDependencyError as error:
             # What was fused stays written: the user can check it, or build on a machine with TensorRT.
             missing = error
-    return CompiledModel(fused, options.profiles, built, missing)
+    return CompiledModel(fused, options.profiles, built, missing, ab)
+
+
+def plan_ab_outputs(plan: OutputPlan, engine_path: Path, profiles: Sequence[Profile]) -> None:
+    """The A/B's files beside the engine: each engine's per-layer profile per optimisation profile, and TensorRT
+    alone's layer information (`engine.sidecar`'s paths)."""
+    from trtfuse.engine.sidecar import baseline_path, layer_information_path, layer_profile_path
+
+    for index in range(len(profiles)):
+        plan.write("per-layer profile", layer_profile_path(engine_path, index))
+        plan.write("TensorRT alone's per-layer profile", layer_profile_path(baseline_path(engine_path), index))
+    plan.write("TensorRT alone's layer information", layer_information_path(baseline_path(engine_path)))
+    plan.check()
+
+
+def build_with_baseline(
+    fused: FusedFile,
+    original: LoadedModel,
+    engine_path: Path,
+    options: BuildOptions,
+    fusion: FusionOptions,
+    request: BaselineRequest,
+    rewrite: Callable[[FuseResult], FusedFile],
+    notify: Notify,
+) -> tuple[BuildResult, BaselineRun, FusedFile]:
+    """Build the trtfuse engine in memory, the engine of the original alone beside it, time both; write the engine
+    kept (with `never_slower`, the fused model and report of the configuration kept replace the full fusion's) with
+    the A/B in its sidecar, and the A/B's files beside it."""
+    from trtfuse.engine.ab_files import write_ab_files
+    from trtfuse.engine.baseline import compare_with_tensorrt
+    from trtfuse.engine.build import build_fused_engine, check_output_folders, prepare_build, write_engine
+    from trtfuse.model.onnx_file import LoadedModel
+
+    check_output_folders(engine_path, options)
+    written = LoadedModel(fused.model, fused.output_path)
+    trt, options = prepare_build(written, options)
+    for profile in options.profiles:
+        notify(f"profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items()))
+    full = build_fused_engine(trt, written, options, notify)
+    run = compare_with_tensorrt(trt, original, full, fusion, request, notify)
+    kept = run.kept
+    if run.kept_fusion is not None:
+        fused = rewrite(run.kept_fusion)
+        kept = replace(kept, fused=LoadedModel(fused.model, fused.output_path))
+    sections = {"baseline": run.report.to_json()}
+    if run.choice is not None:
+        sections["fusion_choice"] = run.choice.to_json()
+    built = write_engine(trt, kept, engine_path, notify, sections)
+    write_ab_files(trt, run, engine_path, notify)
+    return built, run, fused

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from trtfuse.fusion.options import FusionOptions
     from trtfuse.generate.agreement import GenerationRequest, GenerationVerdict
     from trtfuse.model.onnx_file import LoadedModel
-    from trtfuse.pipeline import FusedFile
+    from trtfuse.pipeline import CompiledModel, FusedFile
 
 PLUGIN_KINDS = tuple(kind.value for kind in PluginKind)
 COMPARE_INSTALL_HINT = (
@@ -91,6 +91,29 @@ COMPARE_INSTALL_HINT = (
     "(TensorRT >= 10.14); python: IPluginV3 plugins that call back into a Python process with trtfuse "
     "(TensorRT >= 10.8). [default: aot with TensorRT >= 10.14, else python]",
 )
+@click.option(
+    "--baseline",
+    is_flag=True,
+    help="Also build the engine TensorRT makes from MODEL.onnx alone (same profiles, optimisation level, flags and "
+    "timing cache), time both on this GPU (each profile at its OPT shapes; decode steps at the decode profile's "
+    "MIN and MAX past too) and print the table; both engines' per-layer profiles go beside the engine "
+    '(docs/engine.md, "Is it faster?").',
+)
+@click.option(
+    "--never-slower",
+    is_flag=True,
+    help="With the A/B of --baseline (implied): where the trtfuse engine loses a case beyond noise, build and time "
+    "the fusion with each kind of node left to TensorRT (--no-fuse-norm, --no-fuse-residual, --no-fuse-qk, "
+    "--no-fuse-quant; at most one build per kind the model has, plus one combination) and keep the fastest "
+    "configuration slower in no case; TensorRT alone's engine if none is.",
+)
+@click.option(
+    "--ab-rounds",
+    default=15,
+    show_default=True,
+    type=IntegerType(minimum=6, maximum=1000),
+    help="Paired timing rounds per case of the A/B (at least 6, for a 95 % interval).",
+)
 @fusion_options
 @common_options
 def compile_command(
@@ -106,11 +129,16 @@ def compile_command(
     timing_cache: Path | None,
     tf32: bool,
     plugins: str | None,
+    baseline: bool,
+    never_slower: bool,
+    ab_rounds: int,
     fusion: FusionOptions,
     as_json: bool,
 ) -> None:
     """Fuse MODEL.onnx (as `trtfuse fuse` does), write the fused model and its report beside the engine, then build
-    the TensorRT engine."""
+    the TensorRT engine; with --baseline, also time it against the engine TensorRT builds from MODEL.onnx alone."""
+    from trtfuse.engine.ab import TimingSettings
+    from trtfuse.engine.baseline import BaselineRequest
     from trtfuse.engine.profiles import request_from_options
     from trtfuse.pipeline import compile_model
 
@@ -126,6 +154,11 @@ def compile_command(
         allow_tf32=tf32,
         plugins=None if plugins is None else PluginKind(plugins),
         fusion=fusion,
+        baseline=(
+            BaselineRequest(TimingSettings(rounds=ab_rounds), never_slower=never_slower)
+            if baseline or never_slower
+            else None
+        ),
         notify=info,
         on_fused=lambda fused: _report_fused(fused, as_json),
         warn=warning,
@@ -139,9 +172,20 @@ def compile_command(
         echo_json(compiled.to_json())
     built = compiled.engine
     kind = built.plugin_kind.value
+    if compiled.baseline is not None:
+        _report_baseline(compiled, as_json)
     summary(
         f"built {built.engine_path} ({kind} plugins) in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json
     )
+
+
+def _report_baseline(compiled: CompiledModel, as_json: bool) -> None:
+    """The A/B table, then what --never-slower kept and why; with -q or --json, nothing (the JSON holds it)."""
+    ab = compiled.baseline
+    for line in ab.report.lines():
+        summary(line, as_json)
+    if ab.choice is not None:
+        summary(f"--never-slower kept {ab.choice.kept.label()}: {ab.choice.why}", as_json)
 
 
 def _report_fused(fused: FusedFile, as_json: bool) -> None:

@@ -274,12 +274,24 @@ def feed_options(command: F) -> F:
 
 
 def fusion_options(command: F) -> F:
-    """--no-fuse-residual and --no-fuse-quant, on every command that fuses (and `inspect`, which shows what they
-    would); the command receives `fusion`, a FusionOptions."""
+    """--no-fuse-residual, --no-fuse-quant, --no-fuse-qk and --no-fuse-norm, on every command that fuses (and
+    `inspect`, which shows what they would); the command receives `fusion`, a FusionOptions."""
 
     @functools.wraps(command)
-    def with_fusion(*args: object, no_fuse_residual: bool, no_fuse_quant: bool, **kwargs: object) -> object:
-        fusion = FusionOptions(fuse_residual=not no_fuse_residual, fuse_quant=not no_fuse_quant)
+    def with_fusion(
+        *args: object,
+        no_fuse_residual: bool,
+        no_fuse_quant: bool,
+        no_fuse_qk: bool,
+        no_fuse_norm: bool,
+        **kwargs: object,
+    ) -> object:
+        fusion = FusionOptions(
+            fuse_residual=not no_fuse_residual,
+            fuse_quant=not no_fuse_quant,
+            fuse_qk=not no_fuse_qk,
+            fuse_norm=not no_fuse_norm,
+        )
         return command(*args, fusion=fusion, **kwargs)
 
     options = (
@@ -296,6 +308,17 @@ def fusion_options(command: F) -> F:
             help="Keep every QuantizeLinear -> DequantizeLinear pair around a norm in the graph: no "
             "TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant, the output what trtfuse wrote before them "
             '(docs/patterns.md, "Quantized norms").',
+        ),
+        click.option(
+            "--no-fuse-qk",
+            is_flag=True,
+            help="Leave each q-norm/k-norm pair as the graph computes it, for TensorRT to compile: no TrtfuseQkNorm.",
+        ),
+        click.option(
+            "--no-fuse-norm",
+            is_flag=True,
+            help="Leave each norm that would be fused alone (a TrtfuseRmsNorm: no QK pair, no residual Add) as the "
+            "graph computes it, for TensorRT to compile.",
         ),
     )
     for option in reversed(options):

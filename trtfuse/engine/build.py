@@ -11,10 +11,11 @@ import importlib.metadata
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import onnx
 
@@ -315,6 +316,86 @@ def read_layer_information(
         return None
 
 
+@dataclass(frozen=True)
+class FusedBuild:
+    """A trtfuse engine built in memory: the fused model it was parsed from, the options with the plugin kind
+    resolved, the engine, and the sidecar's `build` section (the options, and for AOT the PTX ISAs embedded)."""
+
+    fused: LoadedModel
+    options: BuildOptions
+    serialized: SerializedEngine
+    build: dict
+
+
+def prepare_build(fused: LoadedModel, options: BuildOptions) -> tuple[ModuleType, BuildOptions]:
+    """TensorRT, after the refusals that need no build (a TensorRT too old for the model's FP8 / INT8 plugin outputs,
+    a GPU below sm_89 for FP8 stages), with one kind of trtfuse plugins registered: the options' kind, else the
+    installed TensorRT's default. The options come back with that kind."""
+    trt = import_tensorrt()
+    quant_refusal = quant_refusal_of(trt, quantized_output_dtypes(fused))
+    if quant_refusal is not None:
+        raise MissingDependencyError(f"{fused.path}: {quant_refusal}; its quantized trtfuse nodes output FP8 or INT8")
+    refuse_fp8_on_older_gpus(fused)
+    options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
+    register_plugins(options.plugins)
+    return trt, options
+
+
+def build_fused_engine(
+    trt: ModuleType, fused: LoadedModel, options: BuildOptions, emit: Callable[[str], None] = _stderr_line
+) -> FusedBuild:
+    """The engine of a fused model (`fused.model`, its external data resolving beside `fused.path`), with the plugin
+    kind `prepare_build` registered."""
+    if options.plugins is PluginKind.AOT:
+        from trtfuse.plugins.qdp import take_embedded_ptx_isas
+
+        take_embedded_ptx_isas()  # what an earlier build in this process embedded
+    serialized = serialize_network(
+        trt, _model_to_parse(options.plugins, fused), fused.path, options, options.plugins, emit
+    )
+    build = options.to_json()
+    if options.plugins is PluginKind.AOT:
+        from trtfuse.plugins.qdp import take_embedded_ptx_isas
+
+        # The driver that runs the engine JIT-compiles this PTX: `trtfuse run` checks it against the driver it finds.
+        build["ptx_isa"] = take_embedded_ptx_isas()
+    return FusedBuild(fused, options, serialized, build)
+
+
+def write_engine(
+    trt: ModuleType,
+    built: FusedBuild,
+    engine_path: Path,
+    emit: Callable[[str], None] = _stderr_line,
+    sections: Mapping[str, Any] | None = None,
+) -> BuildResult:
+    """Write a built engine with its sidecar (`sections` added to it: the A/B, the fusion choice) and its layer
+    information beside it (`layer_information_path`, trtexec's `--exportLayerInfo` format)."""
+    layers = read_layer_information(trt, built.serialized.engine, emit)
+    sidecar = make_sidecar(
+        engine_path=engine_path,
+        fused_model_path=built.fused.path,
+        versions=tool_versions(trt.__version__),
+        gpu=gpu_name(),
+        plugins=plugins_used(built.fused.model),
+        profiles=built.options.profiles,
+        build=built.build,
+        shape_tensor_inputs=built.serialized.shape_inputs,
+    )
+    sidecar.update(sections or {})
+    write_bytes_atomic(engine_path, built.serialized.engine)
+    if layers is not None:
+        write_bytes_atomic(layer_information_path(engine_path), layers.encode("utf-8"))
+    sidecar_path = write_sidecar(engine_path, sidecar)
+    return BuildResult(engine_path, sidecar_path, sidecar, built.serialized.seconds, layers)
+
+
+def check_output_folders(engine_path: Path, options: BuildOptions) -> None:
+    for path in (engine_path, options.timing_cache):
+        if path is not None and not resolved(path).parent.is_dir():
+            raise TrtfuseError(f"{path}: output folder does not exist")
+
+
 def build_engine(
     fused: LoadedModel,
     engine_path: Path,
@@ -323,43 +404,7 @@ def build_engine(
 ) -> BuildResult:
     """Parse the fused model (`fused.model`, written at `fused.path`, against which its external data resolves) with
     one kind of trtfuse plugins registered (`options.plugins`, else the default for the installed TensorRT), build one
-    engine for all profiles, write it with a sidecar that records the kind, and its layer information beside it
-    (`layer_information_path`, trtexec's `--exportLayerInfo` format)."""
-    for path in (engine_path, options.timing_cache):
-        if path is not None and not resolved(path).parent.is_dir():
-            raise TrtfuseError(f"{path}: output folder does not exist")
-    trt = import_tensorrt()
-    quant_refusal = quant_refusal_of(trt, quantized_output_dtypes(fused))
-    if quant_refusal is not None:
-        raise MissingDependencyError(f"{fused.path}: {quant_refusal}; its quantized trtfuse nodes output FP8 or INT8")
-    refuse_fp8_on_older_gpus(fused)
-    options = replace(options, plugins=plugin_kind_for(options.plugins, aot_refusal_of(trt)))
-    model_to_parse = _model_to_parse(options.plugins, fused)
-    register_plugins(options.plugins)
-    if options.plugins is PluginKind.AOT:
-        from trtfuse.plugins.qdp import take_embedded_ptx_isas
-
-        take_embedded_ptx_isas()  # what an earlier build in this process embedded
-    built = serialize_network(trt, model_to_parse, fused.path, options, options.plugins, emit)
-    build = options.to_json()
-    if options.plugins is PluginKind.AOT:
-        from trtfuse.plugins.qdp import take_embedded_ptx_isas
-
-        # The driver that runs the engine JIT-compiles this PTX: `trtfuse run` checks it against the driver it finds.
-        build["ptx_isa"] = take_embedded_ptx_isas()
-    layers = read_layer_information(trt, built.engine, emit)
-    sidecar = make_sidecar(
-        engine_path=engine_path,
-        fused_model_path=fused.path,
-        versions=tool_versions(trt.__version__),
-        gpu=gpu_name(),
-        plugins=plugins_used(fused.model),
-        profiles=options.profiles,
-        build=build,
-        shape_tensor_inputs=built.shape_inputs,
-    )
-    write_bytes_atomic(engine_path, built.engine)
-    if layers is not None:
-        write_bytes_atomic(layer_information_path(engine_path), layers.encode("utf-8"))
-    sidecar_path = write_sidecar(engine_path, sidecar)
-    return BuildResult(engine_path, sidecar_path, sidecar, built.seconds, layers)
+    engine for all profiles, write it with a sidecar that records the kind, and its layer information beside it."""
+    check_output_folders(engine_path, options)
+    trt, options = prepare_build(fused, options)
+    return write_engine(trt, build_fused_engine(trt, fused, options, emit), engine_path, emit)

@@ -21,7 +21,7 @@ import numpy as np
 
 from trtfuse.engine.cuda_timing import DeviceBuffer, Enqueue, synchronize
 from trtfuse.engine.timing_cases import TimingCase
-from trtfuse.errors import TrtfuseError
+from trtfuse.errors import TrtfuseError, first_line
 
 
 @dataclass
@@ -102,8 +102,13 @@ class LoadedEngine:
     def bind(self, case: TimingCase) -> BoundCase:
         """Switch to the case's profile, set its input shapes, upload its feed and give every output a buffer."""
         trt, engine, context = self.trt, self.engine, self.context
-        if not context.set_optimization_profile_async(case.profile_index, self.stream):
-            raise TrtfuseError(f"{self.label}: TensorRT refused optimisation profile {case.profile_index}")
+        try:
+            # The binding raises where TensorRT refuses (pyCore.cpp's context_set_optimization_profile_async).
+            context.set_optimization_profile_async(case.profile_index, self.stream)
+        except RuntimeError as error:
+            raise TrtfuseError(
+                f"{self.label}: TensorRT refused optimisation profile {case.profile_index} ({first_line(error)})"
+            ) from None
         synchronize(self.stream)
         bound = BoundCase(case, lambda stream: bool(context.execute_async_v3(stream)))
         names = [engine.get_tensor_name(index) for index in range(engine.num_io_tensors)]

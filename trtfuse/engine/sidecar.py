@@ -40,6 +40,12 @@ def layer_information_path(engine_path: Path) -> Path:
     return engine_path.with_name(engine_path.name + ".layers.json")
 
 
+def baseline_path(engine_path: Path) -> Path:
+    """The name `compile --baseline` gives TensorRT alone's engine for its files beside the trtfuse engine
+    (NAME.engine.baseline: its layer information and per-layer profiles; the engine itself is not written)."""
+    return engine_path.with_name(engine_path.name + ".baseline")
+
+
 def layer_profile_path(engine_path: Path, profile_index: int) -> Path:
     """Where `compile --baseline` writes the per-layer profile of optimisation profile N at its OPT shapes, as
     `trtexec --exportProfile` would: NAME.engine.profileN.json."""

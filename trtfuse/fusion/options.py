@@ -15,10 +15,21 @@ class FusionOptions:
     `fuse_quant`: the QuantizeLinear (-> DequantizeLinear) pairs around a norm (its input, its inverse root, the
     QuantizeLinear of its output) go into the fused node, a TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant (the
     default; docs/patterns.md, "Quantized norms"). False leaves every pair in the graph, the output exactly what the
-    pass wrote before the quantized ops existed."""
+    pass wrote before the quantized ops existed.
+
+    `fuse_qk`: a q-norm and k-norm pair of one attention block becomes one TrtfuseQkNorm (the default). False leaves
+    both norms as the graph computes them, for TensorRT to compile on its own.
+
+    `fuse_norm`: a norm fused alone (neither a QK pair nor an add-norm) becomes a TrtfuseRmsNorm (the default).
+    False leaves it as the graph computes it, for TensorRT.
+
+    The last two exist for `compile --never-slower`, which leaves to TensorRT the kinds of node that lose to it
+    (docs/engine.md, "Is it faster?"), and for a user who measured the same."""
 
     fuse_residual: bool = True
     fuse_quant: bool = True
+    fuse_qk: bool = True
+    fuse_norm: bool = True
 
 
 # The options when a caller gives none: every residual Add and every quantizer the contract computes fused.

@@ -30,6 +30,9 @@ def _reduces_integers(node: gs.Node) -> bool:
     return dtype is not None and dtype.startswith(("int", "uint", "bool"))
 
 
+LEFT_QK = "a q/k-norm pair left to TensorRT (--no-fuse-qk)"
+LEFT_NORM = "a norm fused alone left to TensorRT (--no-fuse-norm)"
+
 DEAD_REASON = (
     "its result reaches no graph output (dead code in the original, e.g. an exporter that took another projection "
     "for the LM head): nothing fused"
@@ -57,7 +60,8 @@ def live_tensors(graph: gs.Graph, also: Sequence[gs.Tensor] = ()) -> set[int]:
 def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
     """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified. With
     `options.fuse_residual`, a norm that reads a residual sum is matched with its Add (`NormSearch.add_norms`); with
-    `options.fuse_quant`, each fused norm takes the quantizers around it (`patterns/quant.py`)."""
+    `options.fuse_quant`, each fused norm takes the quantizers around it (`patterns/quant.py`); without
+    `options.fuse_qk` / `options.fuse_norm`, QK pairs / norms fused alone are near misses that name the option."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
     search = NormSearch()
     matches: list[RmsNormMatch] = []
@@ -90,10 +94,16 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
     pairing = pair_qk_norms(matches, graph)
     search.qk_norm_pairs, search.matches = pairing.pairs, pairing.unpaired
     search.near_misses.extend([*pairing.notes, *absorbed_qk_norms(graph)])
+    if not options.fuse_qk:
+        search.near_misses.extend(NearMiss(m.name, LEFT_QK) for pair in search.qk_norm_pairs for m in (pair.q, pair.k))
+        search.qk_norm_pairs = []
     if options.fuse_residual:
         residual = pair_residual_adds(search.matches, graph_outputs, shapes, options.fuse_quant)
         search.matches, search.add_norms = residual.norms, residual.add_norms
         search.residual_near_misses = residual.near_misses
+    if not options.fuse_norm:
+        search.near_misses.extend(NearMiss(match.name, LEFT_NORM) for match in search.matches)
+        search.matches = []
     if options.fuse_quant:
         take_quantizers(search, graph_outputs)
     return search
