@@ -1,15 +1,21 @@
 """`trtfuse triton-config`: the config.pbtxt of a Triton model repository, read off the engine's sidecar and fused
-model (the engine itself is a stand-in: nothing here deserialises it). Every config written is parsed back as
-Triton's ModelConfig and held to Triton's own load rules (`support.triton_rules`, from Triton's sources); what those
-rules refuse is refused in one line."""
+model (the engine itself is a stand-in: nothing here deserialises it). Each config written is loaded by Triton's own
+server (`support.triton_server`: the tritonserver 2.51.0 that nvidia-pytriton 0.7.0 bundles), which validates it and
+stops only at the missing TensorRT backend; and held to the TensorRT backend's checks against the engine, which that
+server cannot make (`support.triton_backend_rules`, from the backend's sources). What Triton refuses is refused here
+in one line."""
 
 from __future__ import annotations
 
 import json
 import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -19,26 +25,42 @@ from trtfuse.contract import PluginKind
 from trtfuse.engine.build import tool_versions
 from trtfuse.engine.build_options import BuildOptions
 from trtfuse.engine.engine_file import EngineFile
-from trtfuse.engine.profiles import Profile, ShapeRange, derive_profiles, request_from_options
+from trtfuse.engine.profiles import DimRange, Profile, ShapeRange, derive_profiles, request_from_options
 from trtfuse.engine.sidecar import make_sidecar, sidecar_path_for
 from trtfuse.engine.triton import triton_config
 from trtfuse.model.onnx_file import load_model
 from trtfuse.pipeline import fuse_file
 
 from support.cli import run_cli
-from support.engines import engine_with_sidecar, write_engine_files
+from support.engines import DECODE, PREFILL, engine_with_sidecar, write_engine_files
 from support.kv_models import genai_model
 from support.markers import needs_tritonclient
+from support.models import tiny_lm
 from support.paths import FIXTURES, REPO_ROOT
-from support.triton_rules import engine_tensors, triton_errors
+from support.triton_backend_rules import backend_errors, engine_tensors
+from support.triton_server import ServerNotStarted, TritonServer, missing_tensorrt_backend, why_no_tritonserver
 
 KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
 DEPLOY_DOC = REPO_ROOT / "docs" / "deploy.md"
+BATCH_ONE = DimRange(1, 1, 1)
 
 
 @pytest.fixture(scope="module")
 def kv_fused(tmp_path_factory) -> onnx.ModelProto:
     return load_model(fuse_file(KV_FIXTURE, tmp_path_factory.mktemp("fused") / "fused.onnx").output_path).model
+
+
+@pytest.fixture(scope="module")
+def tritonserver(tmp_path_factory):
+    """One tritonserver for the module's loads, each in its own folder of the server's repository."""
+    reason = why_no_tritonserver()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        with TritonServer(tmp_path_factory.mktemp("triton")) as server:
+            yield server
+    except ServerNotStarted as error:
+        pytest.skip(f"Triton's tritonserver could not start here: {error}")
 
 
 def _engine(folder: Path, model: onnx.ModelProto, profiles, shape_tensor_inputs=()) -> Path:
@@ -48,17 +70,15 @@ def _engine(folder: Path, model: onnx.ModelProto, profiles, shape_tensor_inputs=
     )
 
 
+def _kv_engine(folder: Path, kv_fused: onnx.ModelProto, presets=(), batch=BATCH_ONE, past=None) -> Path:
+    """The Qwen3 KV fixture's engine as `trtfuse compile --profile ... --batch ... --past ...` builds it."""
+    return _engine(folder, kv_fused, derive_profiles(kv_fused, request_from_options(presets, batch=batch, past=past)))
+
+
 @pytest.fixture
 def aot_engine(tmp_path, kv_fused) -> Path:
     """The Qwen3 KV fixture's engine as docs/deploy.md builds it: prefill and decode, batch 1."""
-    profiles = derive_profiles(kv_fused, request_from_options(presets=["prefill", "decode"], batch=_batch_one()))
-    return _engine(tmp_path / "engine", kv_fused, profiles)
-
-
-def _batch_one():
-    from trtfuse.engine.profiles import DimRange
-
-    return DimRange(1, 1, 1)
+    return _kv_engine(tmp_path / "engine", kv_fused, ["prefill", "decode"])
 
 
 def _parsed(text: str):
@@ -68,19 +88,177 @@ def _parsed(text: str):
     return text_format.Parse(text, model_config_pb2.ModelConfig())
 
 
-def _loads_in_triton(engine: Path, text: str, folder_name: str, shape_tensor_inputs=frozenset()) -> None:
-    """The text parses as Triton's ModelConfig, prints back the same, and breaks none of Triton's load rules."""
-    from google.protobuf import text_format
+def _identity_model(input_name: str, output_name: str, dims=("batch", "tokens")) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [input_name], [output_name])],
+        "g",
+        [helper.make_tensor_value_info(input_name, TensorProto.INT64, list(dims))],
+        [helper.make_tensor_value_info(output_name, TensorProto.INT64, list(dims))],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
-    config = _parsed(text)
-    assert text.endswith(text_format.MessageToString(config, use_short_repeated_primitives=True))
-    assert triton_errors(config, engine_tensors(EngineFile.open(engine), shape_tensor_inputs), folder_name) == []
+
+def _with_inputs(model: onnx.ModelProto, *values: onnx.ValueInfoProto) -> onnx.ModelProto:
+    model.graph.input.extend(values)
+    return model
+
+
+def _genai_with_lengths() -> onnx.ModelProto:
+    return _with_inputs(
+        genai_model(),
+        helper.make_tensor_value_info("past_sequence_length", TensorProto.INT32, [1]),
+        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [1]),
+    )
+
+
+# Config text a name would add to the config if it were not kept inside its string.
+INJECTION = (
+    '"\n  instance_group [ { kind: KIND_CPU } ]\n  input [ { name: "extra" data_type: TYPE_FP32 dims: [ 1 ] } ]\n#'
+)
+
+
+def _named_engine(folder: Path, input_name: str, output_name: str, profile_name: str) -> Path:
+    profile = Profile(profile_name, {input_name: ShapeRange((1, 1), (1, 4), (2, 8))})
+    return _engine(folder, _identity_model(input_name, output_name), [profile])
+
+
+@dataclass(frozen=True)
+class Served:
+    """An engine on disk, the `--name` its config is written with (None: left out) and the repository folder that
+    holds it (Triton names a model by its folder)."""
+
+    engine: Path
+    name: str | None
+    folder_name: str
+    shape_tensor_inputs: frozenset[str] = frozenset()
+
+    def config(self) -> str:
+        return triton_config(EngineFile.open(self.engine), self.name)
+
+
+def _named(engine: Path, name: str, shape_tensor_inputs: frozenset[str] = frozenset()) -> Served:
+    return Served(engine, name, name, shape_tensor_inputs)
+
+
+# What `triton-config` is given, each built as `trtfuse compile` leaves it: (a folder to build in, the fused KV
+# fixture) -> the engine served.
+CASES: dict[str, Callable[[Path, onnx.ModelProto], Served]] = {
+    "prefill-decode": lambda folder, kv: _named(_kv_engine(folder, kv, ["prefill", "decode"]), "qwen3"),
+    "past": lambda folder, kv: _named(_kv_engine(folder, kv, ["decode"], past=DimRange(1, 256, 1024)), "past"),
+    "batch-range": lambda folder, kv: _named(_kv_engine(folder, kv, ["prefill", "decode"], DimRange(1, 2, 4)), "batch"),
+    "prefill-only": lambda folder, kv: _named(_kv_engine(folder, kv, ["prefill"]), "prefill"),
+    "no-name": lambda folder, kv: Served(_kv_engine(folder, kv), None, "unnamed"),
+    "fp16": lambda folder, kv: _named(_engine(folder, tiny_lm(np.float16, fused=True), [DECODE, PREFILL]), "fp16"),
+    "bf16": lambda folder, kv: _named(
+        _engine(folder, tiny_lm(ml_dtypes.bfloat16, fused=True), [DECODE, PREFILL]), "bf16"
+    ),
+    # Both length inputs have value ranges in the profile; the build recorded only one as a shape tensor.
+    "shape-tensor": lambda folder, kv: _named(
+        _engine(
+            folder,
+            _genai_with_lengths(),
+            derive_profiles(_genai_with_lengths(), request_from_options(["decode"], batch=BATCH_ONE)),
+            shape_tensor_inputs=["total_sequence_length"],
+        ),
+        "genai",
+        frozenset({"total_sequence_length"}),
+    ),
+    "quotes": lambda folder, kv: _named(_named_engine(folder, 'ids "x"', 'out"\\', '"default"'), 'my "model"'),
+    "newlines": lambda folder, kv: _named(
+        _named_engine(folder, f"ids{INJECTION}", f"out{INJECTION}\\", f"default{INJECTION}\u2028"), "newlines"
+    ),
+    "non-ascii": lambda folder, kv: _named(_named_engine(folder, "ids é", "sortie→", "défaut 預設"), "modèle-é"),
+}
 
 
 @needs_tritonclient
-def test_the_config_is_tritons_message_and_loads_by_tritons_rules(aot_engine):
+@pytest.mark.parametrize("case", CASES)
+def test_the_config_is_tritons_message_and_keeps_the_tensorrt_backends_rules(tmp_path, kv_fused, case):
+    """The text parses as Triton's ModelConfig, prints back the same, offers one GPU instance every profile of the
+    engine, and breaks none of the checks the TensorRT backend makes against the engine."""
+    from google.protobuf import text_format
+
+    served = CASES[case](tmp_path / "engine", kv_fused)
+    engine = EngineFile.open(served.engine)
+    text = served.config()
+    config = _parsed(text)
+    assert text.endswith(text_format.MessageToString(config, use_short_repeated_primitives=True))
+    (group,) = config.instance_group
+    assert (group.kind, group.count) == (group.KIND_GPU, 1)
+    assert list(group.profile) == [str(index) for index in range(len(engine.profiles))]
+    assert backend_errors(config, engine_tensors(engine, served.shape_tensor_inputs)) == []
+
+
+@needs_tritonclient
+@pytest.mark.parametrize("case", CASES)
+def test_tritons_own_server_validates_the_config(tmp_path, kv_fused, tritonserver, case):
+    """Triton's core reads the config as written (no auto-complete) and validates it when the repository is polled;
+    the load then stops only at the TensorRT backend, which the repository lacks."""
+    served = CASES[case](tmp_path / "engine", kv_fused)
+    tritonserver.add_model(served.folder_name, served.config(), served.engine)
+    refusal = tritonserver.load(served.folder_name)
+    assert refusal == missing_tensorrt_backend(served.folder_name), tritonserver.log()
+
+
+def _broken(config, edit) -> str:
+    from google.protobuf import text_format
+
+    edit(config)
+    return text_format.MessageToString(config, use_short_repeated_primitives=True)
+
+
+def _zero_dim(config) -> None:
+    config.name = "zero-dim"
+    config.input[3].dims[2] = 0
+
+
+def _empty_reshape(config) -> None:
+    """What Triton's TensorRT backend's own auto-complete writes for a scalar input."""
+    config.name = "empty-reshape"
+    config.input[0].dims[:] = [1]
+    config.input[0].reshape.SetInParent()
+
+
+def _empty_dims(config) -> None:
+    config.name = "empty-dims"
+    del config.input[0].dims[:]
+
+
+BROKEN = {
+    "zero-dim": (
+        _zero_dim,
+        "model input 'past_key_values.0.key' dimension must be integer >= 1, or -1 to indicate a variable-size "
+        "dimension for zero-dim",
+    ),
+    "empty-reshape": (
+        _empty_reshape,
+        "model input 'input_ids' cannot have empty reshape for non-batching model as scalar tensors are not "
+        "supported for empty-reshape",
+    ),
+    "empty-dims": (_empty_dims, "model input 'input_ids' must specify 'dims' for empty-dims"),
+    # The config keeps its name, qwen3.
+    "other-folder": (
+        lambda config: None,
+        "unexpected directory name 'other-folder' for model 'qwen3', directory name must equal model name",
+    ),
+}
+
+
+@needs_tritonclient
+@pytest.mark.parametrize("broken", BROKEN)
+def test_tritons_own_server_refuses_a_broken_config(aot_engine, tritonserver, broken):
+    """The forms an earlier triton-config wrote (a scalar's empty reshape, a prefill-only past of 0), empty dims and a
+    name that is not its folder's are refused by the core's validation, with its own reason: the server's "only the
+    backend is missing" above is a verdict, not a load that checks nothing."""
+    edit, reason = BROKEN[broken]
+    text = _broken(_parsed(triton_config(EngineFile.open(aot_engine), "qwen3")), edit)
+    tritonserver.add_model(broken, text, aot_engine)
+    assert tritonserver.load(broken) == reason, tritonserver.log()
+
+
+@needs_tritonclient
+def test_the_config_writes_the_engines_dims_and_profiles(aot_engine):
     text = triton_config(EngineFile.open(aot_engine), "qwen3")
-    _loads_in_triton(aot_engine, text, "qwen3")
     config = _parsed(text)
     assert (config.name, config.platform, config.max_batch_size) == ("qwen3", "tensorrt_plan", 0)
     inputs = {io.name: list(io.dims) for io in config.input}
@@ -89,7 +267,7 @@ def test_the_config_is_tritons_message_and_loads_by_tritons_rules(aot_engine):
     assert len(config.input) == 7 and len(config.output) == 5
     assert not any(io.is_shape_tensor or io.HasField("reshape") for io in config.input)
     (group,) = config.instance_group
-    assert list(group.profile) == ["0", "1"] and group.count == 1
+    assert list(group.profile) == ["0", "1"] and group.count == 1 and group.kind == group.KIND_GPU
     assert '"0" = "prefill", "1" = "decode"' in text
     assert _parsed(triton_config(EngineFile.open(aot_engine))).name == ""
 
@@ -104,36 +282,18 @@ def test_the_docs_example_is_what_the_command_writes(aot_engine):
     assert result.stdout == "".join(line[4:] + "\n" for line in shown.rstrip("\n").split("\n"))
 
 
-def _identity_model(input_name: str, output_name: str, dims=("batch", "tokens")) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("Identity", [input_name], [output_name])],
-        "g",
-        [helper.make_tensor_value_info(input_name, TensorProto.INT64, list(dims))],
-        [helper.make_tensor_value_info(output_name, TensorProto.INT64, list(dims))],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
-INJECTION = (
-    '"\n  instance_group [ { kind: KIND_CPU } ]\n  input [ { name: "extra" data_type: TYPE_FP32 dims: [ 1 ] } ]\n#'
-)
-
-
 @needs_tritonclient
-def test_quotes_and_newlines_in_names_stay_inside_their_strings(tmp_path):
+@pytest.mark.parametrize("case", ["quotes", "newlines", "non-ascii"])
+def test_quotes_newlines_and_other_letters_in_names_stay_inside_their_strings(tmp_path, case):
     """A tensor name (from the model) and the model name hold a quote; the tensor and profile names a newline and
-    config text too, and non-ASCII letters. Each stays one string (the profile's inside its comment line): one input,
-    one instance group, every name as it was."""
-    input_name, output_name = f"ids é{INJECTION}", f"out{INJECTION}\\"
-    profile = Profile(f"default{INJECTION}\u2028", {input_name: ShapeRange((1, 1), (1, 4), (2, 8))})
-    engine = _engine(tmp_path / "e", _identity_model(input_name, output_name), [profile])
-    model_name = 'my "model"'
-    text = triton_config(EngineFile.open(engine), model_name)
-    _loads_in_triton(engine, text, model_name)
-    config = _parsed(text)
-    assert config.name == model_name
-    assert [io.name for io in config.input] == [input_name] and [io.name for io in config.output] == [output_name]
-    assert len(config.instance_group) == 1 and config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+    config text too; others non-ASCII letters. Each stays one string (the profile's inside its comment line): the
+    model's inputs and outputs, every name as it was (and one instance group, checked with every case above)."""
+    served = CASES[case](tmp_path / "engine", None)
+    model = load_model(EngineFile.open(served.engine).fused_model_path).model
+    config = _parsed(served.config())
+    assert config.name == served.name
+    assert [io.name for io in config.input] == [value.name for value in model.graph.input]
+    assert [io.name for io in config.output] == [value.name for value in model.graph.output]
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", ".", "", "qwen3\ninstance_group [ { kind: KIND_CPU } ]", "x\ty", "a\\b"])
@@ -144,16 +304,11 @@ def test_a_name_that_is_not_a_plain_folder_name_is_refused_in_one_line(aot_engin
     assert len(result.output.strip().splitlines()) == 1 and not result.stdout
 
 
-def _with_inputs(model: onnx.ModelProto, *values: onnx.ValueInfoProto) -> onnx.ModelProto:
-    model.graph.input.extend(values)
-    return model
-
-
 @needs_tritonclient
 @pytest.mark.parametrize("where", ["input", "output"])
 def test_a_scalar_input_or_output_is_refused_with_tritons_reason(tmp_path, where):
-    """Triton's core refuses empty dims, and `dims: [1]` with an empty reshape when max_batch_size is 0; its
-    TensorRT backend wants the engine's rank (0): no config serves a scalar."""
+    """Triton's core refuses empty dims, and `dims: [1]` with an empty reshape when max_batch_size is 0 (both shown by
+    its server above); its TensorRT backend wants the engine's rank (0): no config serves a scalar."""
     model = _identity_model("x", "y", dims=("n",))
     shapes = {"x": ShapeRange((1,), (2,), (4,))}
     if where == "input":
@@ -171,48 +326,26 @@ def test_a_scalar_input_or_output_is_refused_with_tritons_reason(tmp_path, where
 
 
 @needs_tritonclient
-def test_the_checker_refuses_what_the_old_writer_wrote(aot_engine):
-    """The three forms an earlier triton-config wrote break Triton's rules as its sources state them: a scalar's
-    empty reshape, a dim of 0, a length input flagged as a shape tensor the engine does not take as one."""
-    from tritonclient.grpc import model_config_pb2 as pb
-
+def test_the_backend_rules_refuse_a_needless_shape_tensor_flag_and_a_dim_outside_the_profiles(aot_engine):
+    """The backend's checks against the engine, which Triton's server cannot make without the backend, can fail: a
+    length input flagged as a shape tensor the engine does not take as one (an earlier triton-config's form), a
+    fixed batch no profile holds."""
     config = _parsed(triton_config(EngineFile.open(aot_engine), "qwen3"))
     tensors = engine_tensors(EngineFile.open(aot_engine))
-    scalar = pb.ModelConfig()
-    scalar.CopyFrom(config)
-    scalar.input[0].dims[:] = [1]
-    scalar.input[0].reshape.SetInParent()
-    assert any("cannot have empty reshape for non-batching model" in e for e in triton_errors(scalar, tensors, "qwen3"))
-    zero = pb.ModelConfig()
-    zero.CopyFrom(config)
-    zero.input[3].dims[2] = 0
-    assert any("dimension must be integer >= 1, or -1" in e for e in triton_errors(zero, tensors, "qwen3"))
-    flagged = pb.ModelConfig()
-    flagged.CopyFrom(config)
-    flagged.input[0].is_shape_tensor = True
-    assert any("incorrectly marked as a shape tensor" in e for e in triton_errors(flagged, tensors, "qwen3"))
-    assert any("directory name must equal model name" in e for e in triton_errors(config, tensors, "other"))
-
-
-def _genai_with_lengths() -> onnx.ModelProto:
-    return _with_inputs(
-        genai_model(),
-        helper.make_tensor_value_info("past_sequence_length", TensorProto.INT32, [1]),
-        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [1]),
-    )
+    config.input[0].is_shape_tensor = True
+    config.input[1].dims[0] = 2
+    errors = backend_errors(config, tensors)
+    assert any("'input_ids' is incorrectly marked as a shape tensor" in error for error in errors), errors
+    assert any("input 'attention_mask': dimension 0 to be between 1 and 1 but received 2" in e for e in errors), errors
 
 
 @needs_tritonclient
 def test_is_shape_tensor_marks_exactly_the_inputs_the_build_recorded(tmp_path):
     """Both length inputs have value ranges in the profile; the build recorded only one as a shape tensor (as the
     network reported), and only that one is flagged."""
-    model = _genai_with_lengths()
-    profiles = derive_profiles(model, request_from_options(presets=["decode"], batch=_batch_one()))
-    assert set(profiles[0].values) == {"past_sequence_length", "total_sequence_length"}
-    engine = _engine(tmp_path / "e", model, profiles, shape_tensor_inputs=["total_sequence_length"])
-    text = triton_config(EngineFile.open(engine), "genai")
-    _loads_in_triton(engine, text, "genai", frozenset({"total_sequence_length"}))
-    flagged = {io.name: (io.is_shape_tensor, list(io.dims)) for io in _parsed(text).input}
+    served = CASES["shape-tensor"](tmp_path / "engine", None)
+    assert set(EngineFile.open(served.engine).profiles[0].values) == {"past_sequence_length", "total_sequence_length"}
+    flagged = {io.name: (io.is_shape_tensor, list(io.dims)) for io in _parsed(served.config()).input}
     assert flagged["total_sequence_length"] == (True, [1])
     assert flagged["past_sequence_length"] == (False, [1])
     assert not any(shape_tensor for name, (shape_tensor, _) in flagged.items() if name != "total_sequence_length")
@@ -222,12 +355,9 @@ def test_is_shape_tensor_marks_exactly_the_inputs_the_build_recorded(tmp_path):
 def test_an_axis_fixed_at_zero_in_every_profile_is_written_as_variable(tmp_path, kv_fused):
     """A prefill-only engine's past length is 0 in every profile; Triton takes no dim of 0, and -1 lets requests
     send the empty cache."""
-    profiles = derive_profiles(kv_fused, request_from_options(presets=["prefill"], batch=_batch_one()))
-    assert profiles[0].shapes["past_key_values.0.key"].max[2] == 0
-    engine = _engine(tmp_path / "e", kv_fused, profiles)
-    text = triton_config(EngineFile.open(engine), "prefill")
-    _loads_in_triton(engine, text, "prefill")
-    dims = {io.name: list(io.dims) for io in _parsed(text).input}
+    served = CASES["prefill-only"](tmp_path / "engine", kv_fused)
+    assert EngineFile.open(served.engine).profiles[0].shapes["past_key_values.0.key"].max[2] == 0
+    dims = {io.name: list(io.dims) for io in _parsed(served.config()).input}
     assert dims["past_key_values.0.key"] == [1, 1, -1, 64]
 
 

@@ -1,22 +1,14 @@
-"""Triton's own rules for loading a `tensorrt_plan` model with `max_batch_size: 0`, as its sources write them, applied
-to a config (Triton's `ModelConfig` message) and the engine it serves. Each message is Triton's, prefixed with where
-it comes from; a config Triton would load gives none.
+"""The checks Triton's TensorRT backend makes of a `tensorrt_plan` config with `max_batch_size: 0` against the engine
+it serves, as its sources write them, applied to a config (Triton's `ModelConfig` message) and the engine trtfuse
+builds. Each message is the backend's, prefixed with where it comes from; a config the backend would take gives none.
 
-Sources read: triton-inference-server/core at 73aad7c (`src/model_config_utils.cc` = core mcu,
-`src/model_repository_manager/model_repository_manager.cc` = core mrm, `src/model.cc`) and
-triton-inference-server/tensorrt_backend at e2ef6d7 (`src/instance_state.cc` = trt is, `src/tensorrt_utils.cc` and
-`src/tensorrt_utils.h` = trt tu). What applies to this config and is checked here:
+Triton's core checks the config itself (tests/support/triton_server.py runs it); these are what it cannot: they need
+the backend and the deserialised engine, which no machine of this project has (docs/deploy.md, "What CI checks").
 
-- core mcu 1067-1074 (AutoCompleteBackendFields): an empty name becomes the folder's; mrm 1697-1710: the config's
-  name must equal the folder's ("directory name must equal model name").
-- core mcu 1130-1133: platform tensorrt_plan selects the tensorrt backend; 1479-1482: max_batch_size >= 0.
-- core mcu 1703-1818 (ValidateInstanceGroup): at least one group; KIND_AUTO is unexpected; a profile only for
-  tensorrt_plan, each one a non-negative integer (GetProfileIndex 1941-1956, C++ `stoi`).
-- core mcu 296-420 (ValidateIOShape, via ValidateModelInput/Output 1820-1879, called by model.cc 100-101 on every
-  load): a name; a data type; non-empty dims; no empty reshape when max_batch_size is 0 (323-331); every dim >= 1 or
-  -1 (333-341), reshape dims too (343-354); dims and reshape of one element count (356-372).
-- core mcu 1826-1837: NHWC/NCHW need 3 dims; is_shape_tensor only for tensorrt_plan; non-linear IO (428-451) only
-  for tensorrt_plan with 3 dims.
+Sources read: triton-inference-server/tensorrt_backend at e2ef6d7 (`src/instance_state.cc` = trt is,
+`src/tensorrt_utils.cc` and `src/tensorrt_utils.h` = trt tu) and, for what the backend calls there,
+triton-inference-server/core at 73aad7c (`src/model_config_utils.cc` = core mcu):
+
 - trt is 2212-2280 (ValidateIO): no more config inputs than engine inputs; each config input an engine input, each
   output an engine output (core mcu 1846-1905, CheckAllowedModelInput/Output).
 - trt is 2283-2366 (ValidateIOHelper): a data type TensorRT has (trt tu 106-139); is_shape_tensor exactly where the
@@ -37,7 +29,6 @@ profiles' ranges).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -96,80 +87,6 @@ def engine_tensors(engine: EngineFile, shape_tensor_inputs: frozenset[str] = fro
     return tensors
 
 
-def _stoi(text: str) -> int | None:
-    """C++ `std::stoi`: leading whitespace, a sign, digits; the rest ignored; None where it throws."""
-    match = re.match(r"\s*([+-]?\d+)", text)
-    return int(match.group(1)) if match else None
-
-
-def _element_count(dims: Sequence[int]) -> int:
-    count = 1
-    for dim in dims:
-        if dim == WILDCARD_DIM:
-            return WILDCARD_DIM
-        count *= dim
-    return count
-
-
-def _io_shape_errors(io, max_batch_size: int, prefix: str) -> list[str]:
-    """core mcu 296-420, ValidateIOShape."""
-    if not io.name:
-        return [f"core mcu 300-304: {prefix}must specify 'name'"]
-    named = f"{prefix}'{io.name}' "
-    if io.data_type == 0:
-        return [f"core mcu 309-313: {named}must specify 'data_type'"]
-    if not io.dims:
-        return [f"core mcu 315-319: {named}must specify 'dims'"]
-    has_reshape = io.HasField("reshape")
-    if has_reshape and not io.reshape.shape and max_batch_size == 0:
-        return [
-            f"core mcu 323-331: {named}cannot have empty reshape for non-batching model as scalar tensors are not "
-            "supported"
-        ]
-    if any(dim < 1 and dim != WILDCARD_DIM for dim in io.dims):
-        return [f"core mcu 333-341: {named}dimension must be integer >= 1, or -1 to indicate a variable-size dimension"]
-    if has_reshape:
-        if any(dim < 1 and dim != WILDCARD_DIM for dim in io.reshape.shape):
-            return [f"core mcu 343-354: {named}reshape dimensions must be integer >= 1, or -1"]
-        dims_size, reshape_size = _element_count(io.dims), _element_count(io.reshape.shape)
-        if dims_size != reshape_size and (reshape_size != 0 or dims_size != 1):
-            return [f"core mcu 356-372: {named}has different size for dims and reshape"]
-    return []
-
-
-def _core_errors(config, pb, folder_name: str) -> list[str]:
-    errors = []
-    name = config.name or folder_name  # core mcu 1071-1074
-    if name != folder_name:
-        errors.append(
-            f"core mrm 1703-1709: unexpected directory name '{folder_name}' for model '{name}', directory name must "
-            "equal model name"
-        )
-    if config.platform != "tensorrt_plan":
-        errors.append(f"core mcu 1130-1133: platform {config.platform!r} does not select the TensorRT backend")
-    if config.max_batch_size < 0:
-        errors.append("core mcu 1479-1482: 'max_batch_size' must be non-negative value")
-    if not config.instance_group:
-        errors.append("core mcu 1711-1715: must specify one or more 'instance group's")
-    for group in config.instance_group:
-        if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
-            errors.append("core mcu 1785-1790: instance group has unexpected kind KIND_AUTO")
-        for profile in group.profile:
-            index = _stoi(profile) if profile else None
-            if index is None or index < 0:
-                errors.append(f"core mcu 1800-1816: instance group specifies invalid profile {profile}")
-    for io in config.input:
-        errors += _io_shape_errors(io, config.max_batch_size, "model input ")
-        if io.format in (pb.ModelInput.FORMAT_NHWC, pb.ModelInput.FORMAT_NCHW) and len(io.dims) != 3:
-            errors.append("core mcu 1826-1831: model input NHWC/NCHW require 3 dims")
-    for io in config.output:
-        errors += _io_shape_errors(io, config.max_batch_size, "model output ")
-    for io in [*config.input, *config.output]:
-        if io.is_non_linear_format_io and len(io.dims) != 3:
-            errors.append(f"core mcu 442-448: Non-linear IO format '{io.name}' requires 3 dims")
-    return errors
-
-
 def _dims_errors(io, tensor: EngineTensor) -> list[str]:
     """trt tu 193-265, CompareDimsSupported without batching and not exact: the config's dims (or reshape) against the
     engine's."""
@@ -221,7 +138,11 @@ def _range_errors(io, tensor: EngineTensor) -> list[str]:
     return errors
 
 
-def _backend_errors(config, pb, tensors: Sequence[EngineTensor]) -> list[str]:
+def backend_errors(config, tensors: Sequence[EngineTensor]) -> list[str]:
+    """Every rule above that `config` (a `model_config_pb2.ModelConfig`) breaks when it serves the engine of
+    `tensors`; empty where the TensorRT backend would take it."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
     errors = []
     engine_inputs = {t.name: t for t in tensors if t.is_input}
     engine_outputs = {t.name: t for t in tensors if not t.is_input}
@@ -271,11 +192,3 @@ def _backend_errors(config, pb, tensors: Sequence[EngineTensor]) -> list[str]:
             kind = "input" if tensor.is_input else "output"
             errors.append(f"trt is 2421-2435: expected configuration for {kind} '{tensor.name}'")
     return errors
-
-
-def triton_errors(config, tensors: Sequence[EngineTensor], folder_name: str) -> list[str]:
-    """Every rule above that `config` (a `model_config_pb2.ModelConfig`, in the repository folder `folder_name`)
-    breaks when it serves the engine of `tensors`; empty where Triton would load it."""
-    from tritonclient.grpc import model_config_pb2 as pb
-
-    return _core_errors(config, pb, folder_name) + _backend_errors(config, pb, tensors)
