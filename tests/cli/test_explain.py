@@ -4,6 +4,7 @@ output reaches a GEMM through a standing dequantize or reformat, 2 bad input in 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from trtfuse.cli.options import EXIT_BAD_INPUT, EXIT_MISMATCH
 
 from support.cli import run_cli
 from support.layer_info import LAYER_INFO, fused_export
-from support.paths import FIXTURES
+from support.paths import FIXTURES, REPO_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,25 @@ def test_an_engine_profile_the_file_lacks_is_one_line(fp8: Path) -> None:
     result = run_cli("explain", LAYER_INFO / "qwen3-fp8.folded.trt10.layers.json", fp8, "--engine-profile", "2")
     assert result.exit_code == EXIT_BAD_INPUT
     assert "holds no layer of optimisation profile 2 (profiles: 0)" in result.stderr
+
+
+def test_the_docs_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/engine.md "How the engine runs": every `$ trtfuse` command in order, and the lines shown under it."""
+    monkeypatch.chdir(REPO_ROOT)
+    text = (REPO_ROOT / "docs" / "engine.md").read_text()
+    section = text[text.index("## How the engine runs") : text.index("## Optimisation profiles")]
+    examples: list[tuple[str, list[str]]] = []
+    for line in section.splitlines():
+        if line.startswith("    $ trtfuse "):
+            examples.append((line[len("    $ ") :], []))
+        elif line.startswith("    ") and examples:
+            examples[-1][1].append(line[4:])
+        elif examples and examples[-1][1]:
+            break
+    assert [command.split()[1] for command, _ in examples] == ["fuse", "explain"]
+    statuses = []
+    for command, shown in examples:
+        result = run_cli(*shlex.split(command.replace("/tmp/", f"{tmp_path}/"))[1:])
+        statuses.append(result.exit_code)
+        assert result.stdout.splitlines() == shown
+    assert statuses == [0, EXIT_MISMATCH]
