@@ -299,3 +299,15 @@ def test_the_trtfuse_engine_is_attributed_by_the_same_site_names(sites: dict[str
         assert site.average_ms == site.layers[0].time.average_ms
     untimed = attribute_sites(info, node_sites(sites))
     assert all(site.average_ms is None for site in untimed)
+
+
+def test_a_kernel_that_also_computes_is_no_standalone_dequantize(fp8: LoadedModel) -> None:
+    """A kgen reading the FP8 tensor that also runs a Mul of the model is a fused kernel, not a dequantize left
+    standing; it still stands between the tensor and the GEMM."""
+
+    def fuse_more(data: dict) -> None:
+        layer_named(data, "__myl_Dequ_myl3_1")["Metadata"] += "\x1f[ONNX Layer: node_silu]"
+
+    node = _node(analyse(edited("qwen3-fp8.unfolded.trt10.layers.json", fuse_more), fp8), FP8_NODES[1])
+    assert node.neighbours == ()
+    assert node.folds[0].verdict == NOT_FOLDED and node.folds[0].standing[0].role == "kgen"

@@ -21,7 +21,7 @@ from trtfuse.engine.layer_info import (
 )
 from trtfuse.errors import TrtfuseError
 
-from support.layer_info import LAYER_INFO
+from support.layer_info import LAYER_INFO, refusal
 
 
 @pytest.mark.parametrize(
@@ -172,12 +172,7 @@ def test_a_names_only_file_says_how_to_rebuild(tmp_path: Path) -> None:
     ],
 )
 def test_what_is_not_layer_information_is_one_line_naming_the_file(tmp_path: Path, content: str, says: str) -> None:
-    path = tmp_path / "layers.json"
-    path.write_text(content)
-    with pytest.raises(TrtfuseError) as raised:
-        read_layer_information(path)
-    assert str(raised.value).startswith(f"{path}: ") and says in str(raised.value)
-    assert "\n" not in str(raised.value)
+    assert says in refusal(read_layer_information, tmp_path / "layers.json", content)
 
 
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:

@@ -4,10 +4,14 @@ and the fused models they describe, made by the real fusion pass from ModelOpt's
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from trtfuse.engine.layer_info import LayerInformation, parse_layer_information
+from trtfuse.errors import TrtfuseError
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.pipeline import fuse_file
 
@@ -47,3 +51,13 @@ def edited(name: str, edit: Any) -> LayerInformation:
 
 def layer_named(data: dict[str, Any], name: str) -> dict[str, Any]:
     return next(layer for layer in data["Layers"] if layer["Name"] == name)
+
+
+def refusal(read: Callable[[Path], object], path: Path, content: str) -> str:
+    """The one-line error `read` raises for a file of `content` at `path`, checked to name the file."""
+    path.write_text(content)
+    with pytest.raises(TrtfuseError) as raised:
+        read(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    return message

@@ -24,7 +24,6 @@ from trtfuse.engine.layer_graph import (
     LayerGraph,
     Reach,
     Standing,
-    neighbour_role,
     quantized_reach,
     tactic_agrees,
 )
@@ -353,7 +352,7 @@ def analyse(
         raise TrtfuseError(f"{fused.path}: holds no trtfuse node; give the fused model (trtfuse fuse or compile)")
     chosen = chosen_profile(info, profile, engine_profile)
     times = layer_times(info, profile)
-    graph = LayerGraph(info.in_profile(chosen))
+    graph = LayerGraph(info.in_profile(chosen), {node_label(node): node.op_type for node in fused.model.graph.node})
     readers = _Readers(fused.model)
     nodes = tuple(_node_report(plugin, graph, chosen, readers, times, profile is not None) for plugin in plugins)
     if not any(node.found for node in nodes):
@@ -419,7 +418,7 @@ def _neighbours(graph: LayerGraph, own: tuple[Layer, ...], times: Mapping[int, L
             while pending:
                 nearby = graph.writers(pending.pop()) if side == "input" else graph.readers(pending.pop())
                 for layer in nearby:
-                    role = neighbour_role(layer)
+                    role = graph.role(layer)
                     if role is None or layer in own or layer.index in found:
                         continue
                     found[layer.index] = Neighbour(layer, role, side, tensor, times.get(layer.index))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from trtfuse.engine.layer_info import FP8, INT8, Layer, LayerTensor
@@ -30,6 +30,9 @@ _TACTIC_FLOAT_PAIR = re.compile(r"_(?:f16|bf16|f32|tf32)(?:f16|bf16|f32|tf32)_")
 _MOVING_KINDS = ("Reformat", "Shuffle", "NoOp")
 _MYELIN_OPS = re.compile(r"^__myl_((?:[A-Z][a-z]+)+)_")
 _LAYOUT_OPS = frozenset({"Resh", "Tran", "Cast", "Copy"})
+QUANTIZE = "QuantizeLinear"
+# The ONNX ops a standalone (de)quantize kernel may run: the Q/DQ and what only moves or converts data.
+_STANDALONE_OPS = frozenset({QUANTIZE, "DequantizeLinear", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze"})
 
 
 def is_gemm(layer: Layer) -> bool:
@@ -62,12 +65,17 @@ def _sides(layer: Layer) -> tuple[bool, bool, bool, bool]:
     )
 
 
-def qdq_role(layer: Layer) -> str | None:
+def qdq_role(layer: Layer, onnx_ops: Mapping[str, str]) -> str | None:
     """ "quantize" or "dequantize" for a Q or DQ left standing as a layer of its own: a Reformat of origin QDQ (as
     TensorRT 8.x shows a Q it did not fuse; "qdq" where its tensors' types do not say which), a Scale layer with a
-    quantized tensor on one side only (trex's linter rule), or a Myelin kgen whose tensors are quantized on one side
-    only (a guess: no real file shows one). None for anything else."""
-    if not (layer.origin == "QDQ" or layer.kind == "Scale" or layer.layer_type == "kgen"):
+    quantized tensor on one side only (trex's linter rule), or a Myelin kgen with a quantized tensor on one side only
+    that runs no ONNX node but Q/DQ and data movement (by `onnx_ops`, node name -> op type; a kgen that also computes,
+    a rotary embedding after a DQ, is no standalone dequantize). No real file shows a standalone (de)quantize kgen.
+    None for anything else."""
+    kgen = layer.layer_type == "kgen"
+    if not (layer.origin == "QDQ" or layer.kind == "Scale" or kgen):
+        return None
+    if kgen and any(onnx_ops.get(node, QUANTIZE) not in _STANDALONE_OPS for node in layer.onnx_nodes):
         return None
     quantized_in, float_in, quantized_out, float_out = _sides(layer)
     if quantized_in and float_out and not float_in and not quantized_out:
@@ -77,10 +85,10 @@ def qdq_role(layer: Layer) -> str | None:
     return "qdq" if layer.origin == "QDQ" else None
 
 
-def neighbour_role(layer: Layer) -> str | None:
+def neighbour_role(layer: Layer, onnx_ops: Mapping[str, str]) -> str | None:
     """What a layer next to a node is to the report: "reformat" (a copy TensorRT inserted, whatever types it
     converts), a standing quantize / dequantize (`qdq_role`), or None."""
-    return "reformat" if is_reformat(layer) else qdq_role(layer)
+    return "reformat" if is_reformat(layer) else qdq_role(layer, onnx_ops)
 
 
 def tactic_agrees(tactic: str | None, dtype: str) -> bool | None:
@@ -95,10 +103,12 @@ def tactic_agrees(tactic: str | None, dtype: str) -> bool | None:
 
 
 class LayerGraph:
-    """The layers of one profile, by the tensors they produce and consume."""
+    """The layers of one profile, by the tensors they produce and consume; `onnx_ops` gives the op type of each ONNX
+    node of the model the engine was built from (by name), where known."""
 
-    def __init__(self, layers: Sequence[Layer]) -> None:
+    def __init__(self, layers: Sequence[Layer], onnx_ops: Mapping[str, str] | None = None) -> None:
         self.layers = tuple(layers)
+        self.onnx_ops = dict(onnx_ops or {})
         self._producers: dict[str, list[Layer]] = defaultdict(list)
         self._consumers: dict[str, list[Layer]] = defaultdict(list)
         for layer in self.layers:
@@ -113,31 +123,32 @@ class LayerGraph:
     def consumers(self, tensor: str) -> tuple[Layer, ...]:
         return tuple(self._consumers.get(tensor, ()))
 
+    def role(self, layer: Layer) -> str | None:
+        """`neighbour_role` of a layer of this graph."""
+        return neighbour_role(layer, self.onnx_ops)
+
     def readers(self, tensor: str) -> tuple[Layer, ...]:
         """The layers reading `tensor`, looking through NoOp layers (which TensorRT leaves between a producer and
         its consumer, e.g. a copied squeeze)."""
-        found: list[Layer] = []
-        pending, seen = [tensor], {tensor}
-        while pending:
-            for layer in self.consumers(pending.pop()):
-                if is_noop(layer):
-                    pending.extend(name for name in _names(layer.outputs) if name not in seen)
-                    seen.update(_names(layer.outputs))
-                elif layer not in found:
-                    found.append(layer)
-        return tuple(found)
+        return self._through_noops(tensor, downstream=True)
 
     def writers(self, tensor: str) -> tuple[Layer, ...]:
         """The layers writing `tensor`, looking through NoOp layers."""
+        return self._through_noops(tensor, downstream=False)
+
+    def _through_noops(self, tensor: str, downstream: bool) -> tuple[Layer, ...]:
         found: list[Layer] = []
         pending, seen = [tensor], {tensor}
         while pending:
-            for layer in self.producers(pending.pop()):
-                if is_noop(layer):
-                    pending.extend(name for name in _names(layer.inputs) if name not in seen)
-                    seen.update(_names(layer.inputs))
-                elif layer not in found:
-                    found.append(layer)
+            name = pending.pop()
+            for layer in self.consumers(name) if downstream else self.producers(name):
+                if not is_noop(layer):
+                    if layer not in found:
+                        found.append(layer)
+                    continue
+                following = [item for item in _names(layer.outputs if downstream else layer.inputs) if item not in seen]
+                seen.update(following)
+                pending.extend(following)
         return tuple(found)
 
 
@@ -188,7 +199,7 @@ def quantized_reach(graph: LayerGraph, tensor: str, dtype: str) -> Reach:
                 pending.extend(name for name in _names(layer.outputs) if name not in seen)
                 seen.update(_names(layer.outputs))
             else:
-                role = neighbour_role(layer) or layer.layer_type or "layer"
+                role = graph.role(layer) or layer.layer_type or "layer"
                 standing.append(Standing(layer, role, _float_reach(graph, layer)))
     return Reach(tuple(dict.fromkeys(gemms)), tuple(standing), tuple(moves))
 

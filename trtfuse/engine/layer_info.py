@@ -180,14 +180,18 @@ class LayerInformation:
         return tuple(layer for layer in self.layers if layer.profile == profile)
 
 
+def read_text_file(path: Path, what: str) -> str:
+    """A UTF-8 file TensorRT's tools wrote (`what` names it in errors): one line for a missing or unreadable one."""
+    check_readable(path, what)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TrtfuseError(f"{path}: cannot read the {what}: {first_line(error)}") from None
+
+
 def read_layer_information(path: Path) -> LayerInformation:
     """The layer information in `path` (`trtexec --exportLayerInfo`'s file); one line naming it for anything else."""
-    check_readable(path, "layer information file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise TrtfuseError(f"{path}: cannot read the layer information: {first_line(error)}") from None
-    return parse_layer_information(text, str(path))
+    return parse_layer_information(read_text_file(path, "layer information file"), str(path))
 
 
 def parse_layer_information(text: str, source: str = "the layer information") -> LayerInformation:

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from trtfuse.engine.layer_info import Layer, profile_of
+from trtfuse.engine.layer_info import Layer, profile_of, read_text_file
 from trtfuse.errors import TrtfuseError, first_line
-from trtfuse.files import check_readable, write_bytes_atomic
+from trtfuse.files import write_bytes_atomic
 
 PROFILE_HINT = "expected what `trtexec --exportProfile=FILE` writes"
 
@@ -70,12 +70,7 @@ class LayerProfile:
 
 def read_profile(path: Path) -> LayerProfile:
     """The profile in `path`; one line naming it for anything that is not a per-layer profile."""
-    check_readable(path, "profile")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise TrtfuseError(f"{path}: cannot read the profile: {first_line(error)}") from None
-    return parse_profile(text, str(path))
+    return parse_profile(read_text_file(path, "profile"), str(path))
 
 
 def parse_profile(text: str, source: str = "the profile") -> LayerProfile:
