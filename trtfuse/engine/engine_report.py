@@ -166,11 +166,16 @@ class FoldVerdict:
         if self.engine_dtype in FLOAT_DTYPES:
             return f"{head} NOT folded: the engine holds {self.tensor} as {self.engine_dtype}"
         standing = "; ".join(
-            f"{item.role} {item.layer.layer_type} '{item.layer.name}' stands"
+            f"{_role_text(item)}{item.layer.layer_type} '{item.layer.name}' stands"
             + (f", feeding {_layer_names(item.gemms)}{_tactics(item.gemms)}" if item.gemms else "")
             for item in self.standing
         )
         return f"{head} NOT folded: {standing}"
+
+
+def _role_text(item: Standing) -> str:
+    """ "dequantize " / "reformat " before a standing layer's type; nothing where the role is only the type."""
+    return "" if item.role == item.layer.layer_type else f"{item.role} "
 
 
 def _names(names: Iterable[str]) -> str:
