@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from trtfuse.engine.engine_report import FEEDS_NO_GEMM, FOLDED, NOT_FOLDED, NOT_FOUND, EngineReport, analyse
-from trtfuse.engine.layer_info import read_layer_information
+from trtfuse.engine.layer_info import parse_layer_information, read_layer_information
 from trtfuse.engine.layer_profile import LayerTimes, parse_profile, profile_text, read_profile
 from trtfuse.engine.site_times import SHARE_RULE, attribute_sites, node_sites, norm_sites, report_sites
 from trtfuse.errors import TrtfuseError
 from trtfuse.fusion.fuse import fuse_model
 from trtfuse.model.onnx_file import LoadedModel, load_model
+from trtfuse.pipeline import fuse_file
 
 from support.layer_info import LAYER_INFO, edited, fused_export, fused_model, layer_named
 from support.paths import FIXTURES
@@ -311,3 +312,14 @@ def test_a_kernel_that_also_computes_is_no_standalone_dequantize(fp8: LoadedMode
     node = _node(analyse(edited("qwen3-fp8.unfolded.trt10.layers.json", fuse_more), fp8), FP8_NODES[1])
     assert node.neighbours == ()
     assert node.folds[0].verdict == NOT_FOLDED and node.folds[0].standing[0].role == "kgen"
+
+
+def test_a_model_without_quantized_outputs_has_nothing_to_fold(tmp_path: Path) -> None:
+    fused = tmp_path / "llama.fused.onnx"
+    fuse_file(FIXTURES / "llama-torchscript-fp16.onnx", fused)
+    model = load_model(fused)
+    names = [node.name for node in model.model.graph.node if node.domain == "trtfuse"]
+    layers = [{"Name": name, "LayerType": "PluginV3", "Inputs": [], "Outputs": []} for name in names]
+    report = analyse(parse_layer_information(json.dumps({"Layers": layers})), model)
+    assert report.passed and all(node.found and not node.folds for node in report.nodes)
+    assert report.verdict_line() == "no trtfuse node outputs FP8 or INT8: nothing to fold"

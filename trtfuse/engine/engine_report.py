@@ -333,7 +333,7 @@ class EngineReport:
             )
         gemm_folds = [fold for fold in folds if fold.verdict != FEEDS_NO_GEMM]
         if not folds:
-            return "no quantized trtfuse node: nothing to fold"
+            return "no trtfuse node outputs FP8 or INT8: nothing to fold"
         folded = sum(fold.verdict == FOLDED for fold in gemm_folds)
         unknown = len(gemm_folds) - folded
         missing = f", {unknown} not found in the engine" if unknown else ""
@@ -421,7 +421,8 @@ def _neighbours(graph: LayerGraph, own: tuple[Layer, ...], times: Mapping[int, L
         for tensor in dict.fromkeys(tensors):
             pending = [tensor]
             while pending:
-                nearby = graph.writers(pending.pop()) if side == "input" else graph.readers(pending.pop())
+                name = pending.pop()
+                nearby = graph.writers(name) if side == "input" else graph.readers(name)
                 for layer in nearby:
                     role = graph.role(layer)
                     if role is None or layer in own or layer.index in found:
