@@ -12,6 +12,7 @@ from trtfuse import __version__
 from trtfuse.cli.bench_commands import bench
 from trtfuse.cli.deploy_commands import triton_config_command
 from trtfuse.cli.engine_commands import compare_command, compile_command, run_command
+from trtfuse.cli.explain_commands import explain_command
 from trtfuse.cli.fuse_commands import check, fuse, inspect
 from trtfuse.cli.generate_commands import generate_command
 from trtfuse.cli.options import (
@@ -142,6 +143,7 @@ cli.add_command(check)
 cli.add_command(compile_command)
 cli.add_command(run_command)
 cli.add_command(compare_command)
+cli.add_command(explain_command)
 cli.add_command(generate_command)
 cli.add_command(triton_config_command)
 cli.add_command(bench)
