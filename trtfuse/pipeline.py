@@ -64,6 +64,7 @@ class CompiledModel:
 
     def to_json(self) -> dict:
         ab = self.baseline
+        report = None if self.engine is None else self.engine.engine_report
         return {
             "model": str(self.fused.input_path),
             "fused_model": str(self.fused.output_path),
@@ -72,6 +73,7 @@ class CompiledModel:
             "engine": None if self.engine is None else str(self.engine.engine_path),
             "build_seconds": None if self.engine is None else self.engine.seconds,
             "plugins": None if self.engine is None else self.engine.plugin_kind.value,
+            **({} if report is None else {"engine_report": report.to_json()}),
             **({} if ab is None else {"baseline": ab.report.to_json()}),
             **({} if ab is None or ab.choice is None else {"fusion_choice": ab.choice.to_json()}),
         }
@@ -262,9 +264,10 @@ def build_with_baseline(
     """Build the trtfuse engine in memory, the engine of the original alone beside it, time both; write the engine
     kept (with `never_slower`, the fused model and report of the configuration kept replace the full fusion's) with
     the A/B in its sidecar, and the A/B's files beside it."""
-    from trtfuse.engine.ab_files import write_ab_files
+    from trtfuse.engine.ab_files import ab_files
     from trtfuse.engine.baseline import compare_with_tensorrt
     from trtfuse.engine.build import build_fused_engine, check_output_folders, prepare_build, write_engine
+    from trtfuse.engine.site_times import report_sites
     from trtfuse.model.onnx_file import LoadedModel
 
     check_output_folders(engine_path, options)
@@ -273,14 +276,12 @@ def build_with_baseline(
     for profile in options.profiles:
         notify(f"profile {profile.name}: " + ", ".join(f"{n}={s}" for n, s in profile.shapes.items()))
     full = build_fused_engine(trt, written, options, notify)
-    run = compare_with_tensorrt(trt, original, full, fusion, request, notify)
+    run = compare_with_tensorrt(trt, original, full, fusion, request, report_sites(fused.report), notify)
     kept = run.kept
     if run.kept_fusion is not None:
         fused = rewrite(run.kept_fusion)
         kept = replace(kept, fused=LoadedModel(fused.model, fused.output_path))
-    sections = {"baseline": run.report.to_json()}
+    sections = {"baseline": {**run.report.to_json(), "files": ab_files(engine_path, run)}}
     if run.choice is not None:
         sections["fusion_choice"] = run.choice.to_json()
-    built = write_engine(trt, kept, engine_path, notify, sections)
-    write_ab_files(trt, run, engine_path, notify)
-    return built, run, fused
+    return write_engine(trt, kept, engine_path, notify, sections), run, fused

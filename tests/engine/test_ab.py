@@ -12,7 +12,7 @@ import pytest
 
 from trtfuse import contract
 from trtfuse.engine.ab import CaseTiming, PairMeasurement, TimingSettings, paired_rounds, runs_per_batch
-from trtfuse.engine.ab_report import ABReport, SiteTime
+from trtfuse.engine.ab_report import ABReport, SiteTotal
 from trtfuse.engine.ab_stats import MIN_ROUNDS, Comparison, Verdict, _interval_rank, compare_rounds
 from trtfuse.engine.fusion_choice import (
     Candidate,
@@ -215,7 +215,7 @@ def _report() -> ABReport:
         for name, n, value in [("prefill", 8, (0.9, Verdict.FASTER)), ("decode", 1, (1.1, Verdict.SLOWER))]
     )
     measurement = PairMeasurement(cases, (3 << 20, 2 << 20), ((), ()))
-    sites = {"prefill": (SiteTime(0.25, 12, 2), SiteTime(0.1, 5))}
+    sites = {"prefill": (SiteTotal(0.25, 12, 2), SiteTotal(0.1, 5))}
     return ABReport("NVIDIA H100 80GB HBM3", "10.16.1", TimingSettings(), measurement, (30.0, 31.5), sites)
 
 

@@ -690,3 +690,82 @@ def test_fp8_nodes_on_a_gpu_older_than_sm_89_are_one_line_before_any_work(tmp_pa
     assert calls == {} and not (tmp_path / "m.engine").exists()
     int8 = save_model_file(_quantized(tiny_lm(np.float16, fused=True), INT8_RSQRT), tmp_path / "i.fused.onnx")
     assert build.fp8_nodes(load_model(int8)) == []
+
+
+@pytest.mark.parametrize(("fixture", "passed"), [("qwen3-fp8.folded.trt10", True), ("qwen3-fp8.unfolded.trt10", False)])
+def test_every_build_records_detailed_layers_and_reports_the_folds(tmp_path, monkeypatch, fixture, passed):
+    """The builder config asks for detailed layer information (ProfilingVerbosity.DETAILED), the engine inspector's
+    JSON goes beside the engine as trtexec writes it, and its report on the quantized nodes into the sidecar. The
+    inspector's answer is a layer-information fixture in TensorRT 10's shape (tests/engine/layer_info/README.md)."""
+    from trtfuse.engine.sidecar import layer_information_path
+    from trtfuse.kernels import device
+    from trtfuse.plugins import qdp
+
+    from support.layer_info import LAYER_INFO, fused_model
+
+    calls: dict = {}
+    layers = (LAYER_INFO / f"{fixture}.layers.json").read_text(encoding="utf-8")
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    monkeypatch.setattr(qdp, "take_embedded_ptx_isas", lambda: ["8.8"])
+    monkeypatch.setattr(device, "current_device", lambda: device.DeviceInfo("sm_90a", 132, True))
+    trt = _quant_tensorrt("10.16.1", calls)
+    trt.Runtime = fakes_trt.fake_tensorrt("10.16.1", calls, layer_information=layers).Runtime
+    _use_tensorrt(monkeypatch, trt)
+    fused = fused_model("qwen3-fp8", tmp_path)
+    result = build.build_engine(fused, tmp_path / "m.engine", BuildOptions(profiles=(PROFILE,)), emit=lambda _: None)
+    assert calls["profiling_verbosity"] == 2, "ProfilingVerbosity.DETAILED"
+    assert calls["deserialized"] == b"engine" and calls["layer_information_format"] == 1, "JSON of the built engine"
+    assert layer_information_path(result.engine_path).read_text(encoding="utf-8") == layers, "written as is"
+    report = result.sidecar["engine_report"]
+    assert report["passed"] is passed
+    assert json.loads(result.sidecar_path.read_text())["engine_report"] == report
+    assert bool(report["unfolded"]) is not passed
+    if not passed:
+        assert result.engine_report.unfolded_nodes == tuple(report["unfolded"])
+
+
+def test_a_build_whose_engine_cannot_be_inspected_still_writes_the_engine(tmp_path, monkeypatch):
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=False)
+    trt = fakes_trt.fake_tensorrt("10.16.1", calls)
+    trt.Runtime = lambda logger: types.SimpleNamespace(deserialize_cuda_engine=lambda data: None)
+    _use_tensorrt(monkeypatch, trt)
+    fused = save_model_file(tiny_lm(np.float16, fused=True), tmp_path / "m.fused.onnx")
+    lines: list[str] = []
+    result = build.build_engine(
+        load_model(fused), tmp_path / "m.engine", BuildOptions(profiles=(PROFILE,)), lines.append
+    )
+    assert result.engine_path.read_bytes() == b"engine"
+    assert result.layer_information is None and "engine_report" not in result.sidecar
+    assert any(line.startswith("the engine's layer information could not be read") for line in lines)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_compile_warns_of_an_unfolded_dequantize_and_strict_folds_exits_1(tmp_path, monkeypatch, strict):
+    """The ModelOpt FP8 export compiled, the engine's layer information (a TensorRT 10 fixture) showing two
+    dequantizes left standing: a warning names the nodes; --strict-folds makes it exit 1 with the engine written."""
+    from trtfuse.engine.sidecar import layer_information_path
+    from trtfuse.kernels import device
+    from trtfuse.plugins import qdp
+
+    from support.layer_info import LAYER_INFO
+    from support.paths import TOOL_FIXTURES
+
+    calls: dict = {}
+    layers = (LAYER_INFO / "qwen3-fp8.unfolded.trt10.layers.json").read_text(encoding="utf-8")
+    _aot_modules(monkeypatch, calls, has_aot=True)
+    monkeypatch.setattr(qdp, "take_embedded_ptx_isas", lambda: ["8.8"])
+    monkeypatch.setattr(device, "current_device", lambda: device.DeviceInfo("sm_90a", 132, True))
+    trt = _quant_tensorrt("10.16.1", calls)
+    trt.Runtime = fakes_trt.fake_tensorrt("10.16.1", calls, layer_information=layers).Runtime
+    _use_tensorrt(monkeypatch, trt)
+    engine = tmp_path / "m.engine"
+    # The fixture's node names are those of the fusion in tests/support/layer_info.py: the same export, same pass.
+    args = ["compile", str(TOOL_FIXTURES / "qwen3-modelopt-fp8-kv.onnx"), "-o", str(engine), "--profile", "prefill"]
+    result = CliRunner().invoke(cli, [*args, *(["--strict-folds"] if strict else [])])
+    assert result.exit_code == (1 if strict else 0), result.output
+    (warned,) = [line for line in result.stderr.splitlines() if "trtfuse: warning:" in line]
+    assert "reach a GEMM through a dequantize or reformat left standing" in warned
+    assert "mul_382_DequantizeLinear" in warned and "mul_726_DequantizeLinear" in warned
+    assert f"(layers: {layer_information_path(engine)})" in warned
+    assert engine.is_file() and layer_information_path(engine).is_file()

@@ -23,6 +23,7 @@ from trtfuse.cli.options import (
     ShapeRangeType,
     SizeType,
     common_options,
+    detail,
     echo_json,
     exit_missing,
     feed_options,
@@ -34,11 +35,13 @@ from trtfuse.cli.options import (
     summary,
     warning,
 )
-from trtfuse.contract import PluginKind
+from trtfuse.contract import QUANTIZED_OPS, PluginKind
+from trtfuse.engine.sidecar import layer_information_path
 from trtfuse.errors import MissingDependencyError
 from trtfuse.files import OutputPlan, Transaction, write_json_atomic
 
 if TYPE_CHECKING:
+    from trtfuse.engine.build import BuildResult
     from trtfuse.engine.profiles import DimRange, ShapeRange
     from trtfuse.fusion.options import FusionOptions
     from trtfuse.generate.agreement import GenerationRequest, GenerationVerdict
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
     from trtfuse.pipeline import CompiledModel, FusedFile
 
 PLUGIN_KINDS = tuple(kind.value for kind in PluginKind)
+QUANTIZED_OP_NAMES = frozenset(op.name for op in QUANTIZED_OPS.values())
 COMPARE_INSTALL_HINT = (
     "install it with `pip install -e '.[compare]'` in a trtfuse checkout, or `pip install polygraphy`"
 )
@@ -108,6 +112,13 @@ COMPARE_INSTALL_HINT = (
     "configuration slower in no case; TensorRT alone's engine if none is.",
 )
 @click.option(
+    "--strict-folds",
+    is_flag=True,
+    help="Exit 1 (the engine still written) when a quantized trtfuse node's output reaches a GEMM through a "
+    "dequantize or reformat TensorRT left standing, or when the engine's layer information cannot show it; without "
+    'it, a warning names them (docs/engine.md, "How the engine runs").',
+)
+@click.option(
     "--ab-rounds",
     default=15,
     show_default=True,
@@ -131,6 +142,7 @@ def compile_command(
     plugins: str | None,
     baseline: bool,
     never_slower: bool,
+    strict_folds: bool,
     ab_rounds: int,
     fusion: FusionOptions,
     as_json: bool,
@@ -172,11 +184,33 @@ def compile_command(
         echo_json(compiled.to_json())
     built = compiled.engine
     kind = built.plugin_kind.value
+    folds_failed = _report_layers(built, strict_folds)
     if compiled.baseline is not None:
         _report_baseline(compiled, as_json)
     summary(
         f"built {built.engine_path} ({kind} plugins) in {built.seconds:.1f} s (sidecar {built.sidecar_path})", as_json
     )
+    if folds_failed:
+        raise SystemExit(EXIT_MISMATCH)
+
+
+def _report_layers(built: BuildResult, strict_folds: bool) -> bool:
+    """What the engine's layer information says of the trtfuse nodes: each node's layers with -v, the fold verdict
+    (a warning where a dequantize was not folded); whether --strict-folds fails the call."""
+    report = built.engine_report
+    quantized = any(plugin["name"] in QUANTIZED_OP_NAMES for plugin in built.sidecar["plugins"])
+    if report is None:
+        if strict_folds and quantized:
+            warning("--strict-folds: the engine's layer information could not be read, so no fold is shown")
+            return True
+        return False
+    for line in report.lines():
+        detail(line)
+    if report.passed:
+        info(report.verdict_line())
+        return False
+    warning(f"{report.verdict_line()} (layers: {layer_information_path(built.engine_path)})")
+    return strict_folds
 
 
 def _report_baseline(compiled: CompiledModel, as_json: bool) -> None:

@@ -25,6 +25,7 @@ from types import ModuleType
 from trtfuse.engine.ab_stats import Comparison, compare_rounds
 from trtfuse.engine.cuda_timing import cuda_stream, gpu_memory_in_use, prepare_replay, round_ms, synchronize
 from trtfuse.engine.engine_runner import LoadedEngine
+from trtfuse.engine.layer_profile import LayerTimes, profile_text
 from trtfuse.engine.timing_cases import TimingCase
 from trtfuse.errors import TrtfuseError
 
@@ -86,23 +87,18 @@ class CaseTiming:
 
 
 @dataclass(frozen=True)
-class LayerProfile:
+class ProfiledRuns:
     """One engine's per-layer times at one optimisation profile's OPT shapes: each layer TensorRT's profiler
-    reported, in engine order, with its time in each of `runs` runs (ms)."""
+    reported, in engine order, with its time in each of the `count` runs (`layer_profile.LayerTimes`)."""
 
     profile_index: int
     case: str
-    runs: int
-    layers: tuple[tuple[str, tuple[float, ...]], ...]
+    count: int
+    layers: tuple[LayerTimes, ...]
 
-    def median_ms(self) -> dict[str, float]:
-        return {name: _median(times) for name, times in self.layers}
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
+    def text(self) -> str:
+        """The profile as `trtexec --exportProfile` writes it."""
+        return profile_text(self.layers, self.count)
 
 
 @dataclass(frozen=True)
@@ -112,7 +108,7 @@ class PairMeasurement:
 
     cases: tuple[CaseTiming, ...]
     memory: tuple[int, int]
-    layer_profiles: tuple[tuple[LayerProfile, ...], tuple[LayerProfile, ...]]
+    layer_profiles: tuple[tuple[ProfiledRuns, ...], tuple[ProfiledRuns, ...]]
 
 
 def runs_per_batch(one_run_ms: float, settings: TimingSettings) -> int:
@@ -173,14 +169,13 @@ def _time_case(loaded: tuple[LoadedEngine, LoadedEngine], case: TimingCase, sett
         return CaseTiming(case, compare_rounds(baseline, candidate), runs, (replays[0].graph, replays[1].graph))
 
 
-def _layer_profile(engine: LoadedEngine, case: TimingCase, runs: int) -> LayerProfile:
+def _profiled_runs(engine: LoadedEngine, case: TimingCase, runs: int) -> ProfiledRuns:
     bound = engine.bind(case)
     try:
-        times = engine.layer_times(bound, runs)
+        layers, count = engine.layer_times(bound, runs)
     finally:
         bound.release()
-    layers = tuple((name, tuple(values)) for name, values in times.items())
-    return LayerProfile(case.profile_index, case.name, runs, layers)
+    return ProfiledRuns(case.profile_index, case.name, count, layers)
 
 
 def measure_pair(
@@ -198,7 +193,7 @@ def measure_pair(
         notify(f"loading {engine.label} alone to read its GPU memory")
         memory.append(engine_memory(trt, engine, cases))
     timings = []
-    profiles: tuple[list[LayerProfile], list[LayerProfile]] = ([], [])
+    profiles: tuple[list[ProfiledRuns], list[ProfiledRuns]] = ([], [])
     with ExitStack() as stack:
         loaded = tuple(
             stack.enter_context(LoadedEngine(trt, engine.engine, engine.label, stack.enter_context(cuda_stream())))
@@ -211,5 +206,5 @@ def measure_pair(
         for index in sorted(opt_cases):
             notify(f"per-layer profile of {opt_cases[index].name} ({settings.layer_runs} runs of each engine)")
             for engine, found in zip(loaded, profiles, strict=True):
-                found.append(_layer_profile(engine, opt_cases[index], settings.layer_runs))
+                found.append(_profiled_runs(engine, opt_cases[index], settings.layer_runs))
     return PairMeasurement(tuple(timings), (memory[0], memory[1]), (tuple(profiles[0]), tuple(profiles[1])))

@@ -7,16 +7,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trtfuse.engine.ab import PairMeasurement, TimingSettings
+from trtfuse.engine.ab import PairMeasurement, ProfiledRuns, TimingSettings
+from trtfuse.engine.layer_info import parse_layer_information
+from trtfuse.engine.layer_profile import parse_profile
+from trtfuse.engine.site_times import attribute_sites
 
 BASELINE_LABEL = "TensorRT alone"
 TRTFUSE_LABEL = "trtfuse"
 
 
 @dataclass(frozen=True)
-class SiteTime:
-    """The layers the norm sites of one profile ran in, in one engine, and their time per run (median over the
-    profiled runs, ms); `shared` of them also ran other ONNX nodes (their whole time is counted, and said so)."""
+class SiteTotal:
+    """The layers the norm sites of one profile ran in, in one engine, and their time per run (the profiled runs'
+    average, ms, shared layers by their share: `site_times.SHARE_RULE`); `shared` of them also ran other ONNX
+    nodes."""
 
     ms: float
     layers: int
@@ -40,8 +44,7 @@ class ABReport:
     settings: TimingSettings
     measurement: PairMeasurement
     build_seconds: tuple[float, float]
-    site_times: Mapping[str, tuple[SiteTime | None, SiteTime | None]] = field(default_factory=dict)
-    profile_files: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    site_times: Mapping[str, tuple[SiteTotal | None, SiteTotal | None]] = field(default_factory=dict)
 
     @property
     def slower_cases(self) -> list[str]:
@@ -102,9 +105,21 @@ class ABReport:
                 }
                 for profile, (baseline, trtfuse) in self.site_times.items()
             },
-            "layer_profiles": {label: list(files) for label, files in self.profile_files.items()},
         }
 
 
 def _mib(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
+
+
+def site_total(layer_information: str, sites: Mapping[str, Sequence[str]], runs: ProfiledRuns) -> SiteTotal | None:
+    """The norm sites' layers and time in one engine at one profile's OPT shapes, from its layer information and the
+    per-layer profile written beside it (the same text, read back); None where no layer runs a site's nodes."""
+    info = parse_layer_information(layer_information)
+    profile = parse_profile(runs.text())
+    attributed = attribute_sites(info, sites, profile, engine_profile=runs.profile_index)
+    layers = {item.layer.index: item for site in attributed for item in site.layers}
+    if not layers:
+        return None
+    shared = sum(item.shared for item in layers.values())
+    return SiteTotal(sum(site.average_ms or 0.0 for site in attributed), len(layers), shared)

@@ -24,6 +24,9 @@ from trtfuse import contract
 from trtfuse.contract import PluginKind
 from trtfuse.contract.codec import NodeFields, from_node
 from trtfuse.engine.build_options import BuildOptions, aot_refusal_of, plugin_kind_for, quant_refusal_of
+from trtfuse.engine.engine_report import EngineReport, analyse
+from trtfuse.engine.layer_info import parse_layer_information
+from trtfuse.engine.layer_profile import write_layer_information
 from trtfuse.engine.parser_errors import ParserIssue, parser_error_line
 from trtfuse.engine.profiles import Profile
 from trtfuse.engine.progress import BuildProgress, progress_monitor
@@ -49,8 +52,10 @@ class BuildResult:
     sidecar_path: Path
     sidecar: dict
     seconds: float
-    # The engine inspector's JSON (None where it could not be read), as written to `layer_information_path`.
+    # The engine inspector's JSON (None where it could not be read), as written to `layer_information_path`, and
+    # what it says of the trtfuse nodes (None without either).
     layer_information: str | None = None
+    engine_report: EngineReport | None = None
 
     @property
     def plugin_kind(self) -> PluginKind:
@@ -302,9 +307,7 @@ def serialize_network(
     return SerializedEngine(memoryview(serialized), shape_inputs, seconds)
 
 
-def read_layer_information(
-    trt: ModuleType, engine: memoryview, emit: Callable[[str], None] = _stderr_line
-) -> str | None:
+def inspected_layers(trt: ModuleType, engine: memoryview, emit: Callable[[str], None] = _stderr_line) -> str | None:
     """The engine inspector's JSON of a just-built engine (`engine_runner.engine_layer_information`); None, with
     one line saying why, where TensorRT cannot deserialise it here (the engine itself is still good)."""
     from trtfuse.engine.engine_runner import engine_layer_information
@@ -362,6 +365,21 @@ def build_fused_engine(
     return FusedBuild(fused, options, serialized, build)
 
 
+def layer_report(
+    layers: str | None, fused: LoadedModel, source: Path, emit: Callable[[str], None] = _stderr_line
+) -> EngineReport | None:
+    """How the engine runs the fused model's trtfuse nodes (`engine_report.analyse` of its layer information, read
+    as written to `source`); None without layer information or trtfuse nodes, or, with one line, where the
+    analysis finds none of the nodes (the engine itself is still good)."""
+    if layers is None or not any(plugin_node_counts(fused.model).values()):
+        return None
+    try:
+        return analyse(parse_layer_information(layers, str(source)), fused)
+    except TrtfuseError as error:
+        emit(f"no layer report: {error}")
+        return None
+
+
 def write_engine(
     trt: ModuleType,
     built: FusedBuild,
@@ -369,9 +387,12 @@ def write_engine(
     emit: Callable[[str], None] = _stderr_line,
     sections: Mapping[str, Any] | None = None,
 ) -> BuildResult:
-    """Write a built engine with its sidecar (`sections` added to it: the A/B, the fusion choice) and its layer
-    information beside it (`layer_information_path`, trtexec's `--exportLayerInfo` format)."""
-    layers = read_layer_information(trt, built.serialized.engine, emit)
+    """Write a built engine with its sidecar (`sections` added to it: the A/B, the fusion choice; always the layer
+    report, where there is one) and its layer information beside it (`layer_information_path`, trtexec's
+    `--exportLayerInfo` format)."""
+    layers = inspected_layers(trt, built.serialized.engine, emit)
+    layers_path = layer_information_path(engine_path)
+    report = layer_report(layers, built.fused, layers_path, emit)
     sidecar = make_sidecar(
         engine_path=engine_path,
         fused_model_path=built.fused.path,
@@ -382,12 +403,14 @@ def write_engine(
         build=built.build,
         shape_tensor_inputs=built.serialized.shape_inputs,
     )
+    if report is not None:
+        sidecar["engine_report"] = report.to_json()
     sidecar.update(sections or {})
     write_bytes_atomic(engine_path, built.serialized.engine)
     if layers is not None:
-        write_bytes_atomic(layer_information_path(engine_path), layers.encode("utf-8"))
+        write_layer_information(layers_path, layers)
     sidecar_path = write_sidecar(engine_path, sidecar)
-    return BuildResult(engine_path, sidecar_path, sidecar, built.serialized.seconds, layers)
+    return BuildResult(engine_path, sidecar_path, sidecar, built.serialized.seconds, layers, report)
 
 
 def check_output_folders(engine_path: Path, options: BuildOptions) -> None:

@@ -12,7 +12,6 @@ graphs, events) is `cuda_timing`.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from trtfuse.engine.cuda_timing import DeviceBuffer, Enqueue, synchronize
+from trtfuse.engine.layer_profile import LayerTimeCollector, LayerTimes
 from trtfuse.engine.timing_cases import TimingCase
 from trtfuse.errors import TrtfuseError, first_line
 
@@ -44,25 +44,15 @@ def _nbytes(shape: tuple[int, ...], itemsize: float) -> int:
     return math.ceil(math.prod(shape) * itemsize)
 
 
-class LayerTimes:
-    """Each layer's time per run as TensorRT's profiler reports it, in report order (the engine's layer order)."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, list[float]] = defaultdict(list)
-
-    def add(self, layer: str, ms: float) -> None:
-        self.times[layer].append(float(ms))
-
-
-def _profiler(trt: ModuleType, times: LayerTimes) -> Any:
-    """A `trt.IProfiler` that hands each report to `times` (made here: the class needs TensorRT to exist)."""
+def _profiler(trt: ModuleType, collector: LayerTimeCollector) -> Any:
+    """A `trt.IProfiler` that hands each report to `collector` (made here: the class needs TensorRT to exist)."""
 
     class Collector(trt.IProfiler):
         def __init__(self) -> None:
             trt.IProfiler.__init__(self)
 
         def report_layer_time(self, layer_name: str, ms: float) -> None:
-            times.add(layer_name, ms)
+            collector.report(layer_name, ms)
 
     return Collector()
 
@@ -89,6 +79,10 @@ class LoadedEngine:
         self.context = self.engine.create_execution_context()
         if self.context is None:
             raise TrtfuseError(f"{self.label}: TensorRT could not create an execution context (out of GPU memory?)")
+        # Engines are built with detailed profiling verbosity, which "will generally increase latency in enqueueV3()"
+        # (NvInferRuntime.h, IExecutionContext::setNvtxVerbosity); timed at the default level, as trtexec times them
+        # unless asked for more. The inspector's detail does not depend on it.
+        self.context.nvtx_verbosity = trt.ProfilingVerbosity.LAYER_NAMES_ONLY
         return self
 
     def __exit__(
@@ -152,13 +146,13 @@ class LoadedEngine:
         if not self.context.set_tensor_address(name, buffer.address):
             raise TrtfuseError(f"{self.label}: TensorRT refused the address of output '{name}'")
 
-    def layer_times(self, bound: BoundCase, runs: int) -> dict[str, list[float]]:
-        """Each layer's time in each of `runs` runs of the bound case, TensorRT's profiler attached; enqueue then
-        emits the profile itself and synchronises (`IExecutionContext::setEnqueueEmitsProfile`, true by default), so
-        these runs are slower than timed ones and serve only to share a run's time out among the layers."""
-        times = LayerTimes()
-        collector = _profiler(self.trt, times)
-        self.context.profiler = collector
+    def layer_times(self, bound: BoundCase, runs: int) -> tuple[tuple[LayerTimes, ...], int]:
+        """Each layer's time in each of `runs` runs of the bound case, TensorRT's profiler attached, and the count of
+        runs the profiler saw; enqueue then emits the profile itself and synchronises
+        (`IExecutionContext::setEnqueueEmitsProfile`, true by default), so these runs are slower than timed ones and
+        serve only to share a run's time out among the layers."""
+        collector = LayerTimeCollector()
+        self.context.profiler = _profiler(self.trt, collector)
         try:
             for _ in range(runs):
                 if not bound.enqueue(self.stream):
@@ -166,7 +160,7 @@ class LoadedEngine:
                 synchronize(self.stream)
         finally:
             self.context.profiler = None
-        return dict(times.times)
+        return collector.layer_times(), collector.count
 
 
 def engine_layer_information(trt: ModuleType, engine_bytes: bytes | memoryview) -> str:
