@@ -123,18 +123,18 @@ class LoadedEngine:
 
     def _bind_input(self, bound: BoundCase, name: str, array: np.ndarray) -> None:
         trt, engine, context = self.trt, self.engine, self.context
+        if not context.set_input_shape(name, array.shape):
+            raise TrtfuseError(f"{self.label}: TensorRT refused shape {array.shape} for input '{name}'")
         if engine.get_tensor_location(name) == trt.TensorLocation.HOST:
             # A shape tensor TensorRT reads on the host: its values stay in a host array the case holds.
             bound.host_inputs.append(array)
-            if not context.set_tensor_address(name, array.ctypes.data):
-                raise TrtfuseError(f"{self.label}: TensorRT refused the host address of input '{name}'")
-            return
-        if not context.set_input_shape(name, array.shape):
-            raise TrtfuseError(f"{self.label}: TensorRT refused shape {array.shape} for input '{name}'")
-        buffer = DeviceBuffer(array.nbytes)
-        bound.buffers.append(buffer)
-        buffer.upload(array)
-        if not context.set_tensor_address(name, buffer.address):
+            address = array.ctypes.data
+        else:
+            buffer = DeviceBuffer(array.nbytes)
+            bound.buffers.append(buffer)
+            buffer.upload(array)
+            address = buffer.address
+        if not context.set_tensor_address(name, address):
             raise TrtfuseError(f"{self.label}: TensorRT refused the address of input '{name}'")
 
     def _bind_output(self, bound: BoundCase, name: str) -> None:
