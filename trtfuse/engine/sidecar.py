@@ -23,7 +23,7 @@ from typing import Any
 from trtfuse.contract import PluginKind
 from trtfuse.engine.profiles import Profile, ShapeRange
 from trtfuse.errors import TrtfuseError
-from trtfuse.files import is_inside, resolved, write_json_atomic
+from trtfuse.files import is_inside, json_object, resolved, write_json_atomic
 
 SIDECAR_FORMAT = "trtfuse-engine/2"
 # Written before the sidecar recorded the engine's shape-tensor inputs; read with those unknown.
@@ -32,6 +32,18 @@ FORMAT_WITHOUT_SHAPE_TENSORS = "trtfuse-engine/1"
 
 def sidecar_path_for(engine_path: Path) -> Path:
     return engine_path.with_name(engine_path.name + ".json")
+
+
+def is_sidecar(path: Path) -> bool:
+    """Whether the file at `path` is a sidecar trtfuse wrote (its format says so), which a build may replace."""
+    data = json_object(path)
+    return data is not None and data.get("format") in (SIDECAR_FORMAT, FORMAT_WITHOUT_SHAPE_TENSORS)
+
+
+def is_engine_with_sidecar(path: Path) -> bool:
+    """Whether the file at `path` is an engine trtfuse built: the sidecar beside it is trtfuse's and names it."""
+    sidecar = sidecar_path_for(path)
+    return is_sidecar(sidecar) and (json_object(sidecar) or {}).get("engine") == path.name
 
 
 @dataclass(frozen=True)
