@@ -9,6 +9,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +38,9 @@ def _digest(path: Path) -> str:
 
 
 @pytest.fixture
-def original(tmp_path: Path) -> Path:
-    """A user's export, in a folder of its own."""
-    folder = tmp_path / "m"
-    folder.mkdir()
-    return save_model_file(llama_norm_model(), folder / "orig.onnx")
+def original(write_model: Callable[[onnx.ModelProto, str], Path]) -> Path:
+    """A user's export."""
+    return write_model(llama_norm_model(), "orig.onnx")
 
 
 @pytest.fixture
