@@ -474,7 +474,8 @@ def copy_sparse(source: Path, target: Path, notify: Callable[[str], None] | None
         notify(f"copying external data {source} ({_size_text(size)}) to {target.parent}")
     progress = _Progress(size, notify if size > PROGRESS_BYTES else None)
     zeros = bytes(_CHUNK_BYTES)
-    with atomic_file(target) as temp, source.open("rb") as reader, temp.open("r+b") as writer:
+    # Unbuffered: `_data_regions` moves the file offset, which a buffered reader would not know of.
+    with atomic_file(target) as temp, source.open("rb", buffering=0) as reader, temp.open("r+b") as writer:
         for start, end in _data_regions(reader.fileno(), size):
             progress.reached(start)
             reader.seek(start)
