@@ -102,7 +102,7 @@ class Manifest:
         self.check(())
         self.out_dir.mkdir(parents=True, exist_ok=True)
         listing = self.out_dir / MANIFEST
-        # Another file there was let go with --force, and is replaced.
+        # Not a manifest: --force let this run replace it, and nothing is read from it.
         previous = json.loads(listing.read_text()) if is_manifest(listing) else {}
         self.files.update(previous.get("files", {}))
         self.failures.update(previous.get("failures", {}))
