@@ -43,7 +43,7 @@ import click
 import numpy as np
 import onnx
 import onnxruntime
-from extras import exit_missing
+from extras import FORCE_HELP, check_exports, exit_missing
 
 from trtfuse.model.dims import POSITIONS_METADATA_KEY
 
@@ -904,6 +904,7 @@ def _report(spec: ExportSpec, entry: dict[str, object]) -> str:
     help="With --cache: a local Hugging Face checkpoint folder (config.json + weights) instead of the tiny models.",
 )
 @click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export.")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 def main(
     out_dir: Path,
     all_combinations: bool,
@@ -913,6 +914,7 @@ def main(
     cache: bool,
     checkpoint: Path | None,
     verbose: bool,
+    force: bool,
 ) -> None:
     if checkpoint is not None and not cache:
         raise click.UsageError("--checkpoint exports a KV-cache model: give --cache too")
@@ -924,6 +926,7 @@ def main(
         specs = select_cache_specs(all_combinations, archs, exporters, dtypes, checkpoint)
     else:
         specs = select_specs(all_combinations, archs, exporters, dtypes)
+    check_exports(out_dir, [name for spec in specs for name in (spec.filename, f"{spec.filename}.data")], force)
     out_dir.mkdir(parents=True, exist_ok=True)
     expected: dict[str, dict[str, object]] = {}
     failures: dict[str, str] = {}

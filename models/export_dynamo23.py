@@ -19,7 +19,7 @@ import onnx
 import onnxruntime
 import torch
 from export import CHECK_SHAPE, STACK_TRACE_KEY, LogitsOnly, random_input_ids
-from tool_exports import Manifest, first_line, norm_entry, tiny_model
+from tool_exports import FORCE_OPTION, Manifest, first_line, norm_entry, tiny_model
 
 OPSET = 23
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -80,8 +80,10 @@ def onnxruntime_error(wrapper: torch.nn.Module, path: Path) -> str:
 @click.option("--arch", "archs", multiple=True, help="Only these families (repeatable).")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(sorted(DTYPES)))
 @click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export.")
-def main(out_root: Path, archs: tuple[str, ...], dtypes: tuple[str, ...], verbose: bool) -> None:
-    Manifest("dynamo23", out_root / "dynamo23").attempt_all(archs, dtypes or DTYPES, export, verbose, TAGS.get)
+@FORCE_OPTION
+def main(out_root: Path, archs: tuple[str, ...], dtypes: tuple[str, ...], verbose: bool, force: bool) -> None:
+    manifest = Manifest("dynamo23", out_root / "dynamo23", force=force)
+    manifest.attempt_all(archs, dtypes or DTYPES, export, verbose, TAGS.get)
 
 
 if __name__ == "__main__":

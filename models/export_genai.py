@@ -105,8 +105,8 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
 
 @click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @export_options(VARIANTS)
-def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool) -> None:
-    Manifest("genai", out_root / "genai").attempt_all(archs, variants or VARIANTS, export, verbose)
+def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool, force: bool) -> None:
+    Manifest("genai", out_root / "genai", force=force).attempt_all(archs, variants or VARIANTS, export, verbose)
 
 
 if __name__ == "__main__":

@@ -164,9 +164,15 @@ def export(arch: str, variant: str, path: Path, sources: Path, exporter: str, ca
 )
 @click.option("--cache", is_flag=True, help="Start from export.py's --cache export (KV cache); tags the files `-kv`.")
 def main(
-    out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool, exporter: str, cache: bool
+    out_root: Path,
+    archs: tuple[str, ...],
+    variants: tuple[str, ...],
+    verbose: bool,
+    force: bool,
+    exporter: str,
+    cache: bool,
 ) -> None:
-    manifest = Manifest("modelopt", out_root / "modelopt")
+    manifest = Manifest("modelopt", out_root / "modelopt", force=force)
     sources = manifest.out_dir / "sources"
     sources.mkdir(exist_ok=True)
     suffix = SOURCE_TAGS[exporter] + ("-kv" if cache else "")

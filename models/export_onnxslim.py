@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 import onnx
-from tool_exports import Manifest
+from tool_exports import FORCE_OPTION, Manifest
 
 # Source tool -> the variants of its files that are slimmed.
 SOURCES = {"optimum": ("fp32", "fp16"), "dynamo23": ("fp16", "bf16")}
@@ -44,20 +44,22 @@ def slim(source: Path, entry: dict[str, object], path: Path) -> dict[str, object
 @click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", "out_root", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
 @click.option("--verbose", is_flag=True, help="Print the full traceback of a failed run.")
-def main(out_root: Path, verbose: bool) -> None:
-    manifest = Manifest("onnxslim", out_root / "onnxslim")
+@FORCE_OPTION
+def main(out_root: Path, verbose: bool, force: bool) -> None:
+    manifest = Manifest("onnxslim", out_root / "onnxslim", force=force)
+    jobs = {}
     for tool, variants in SOURCES.items():
         listing = out_root / tool / "expected.json"
         if not listing.exists():
             print(f"skipped {tool}: {listing} does not exist (run its script first)")
             continue
         for name, entry in sorted(json.loads(listing.read_text())["files"].items()):
-            if not name.endswith(tuple(f"-{variant}.onnx" for variant in variants)):
-                continue
-            slimmed = name.replace(".onnx", "-slim.onnx")
-            source = listing.parent / name
-            path = manifest.out_dir / slimmed
-            manifest.attempt(slimmed, lambda s=source, e=entry, p=path: slim(s, e, p), verbose)
+            if name.endswith(tuple(f"-{variant}.onnx" for variant in variants)):
+                jobs[name.replace(".onnx", "-slim.onnx")] = (listing.parent / name, entry)
+    manifest.check(list(jobs))
+    for slimmed, (source, entry) in jobs.items():
+        path = manifest.out_dir / slimmed
+        manifest.attempt(slimmed, lambda s=source, e=entry, p=path: slim(s, e, p), verbose)
     manifest.write()
 
 

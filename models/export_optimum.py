@@ -60,8 +60,8 @@ def export(arch: str, variant: str, path: Path) -> dict[str, object]:
 
 @click.command(help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @export_options(VARIANTS)
-def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool) -> None:
-    Manifest("optimum", out_root / "optimum").attempt_all(archs, variants or VARIANTS, export, verbose)
+def main(out_root: Path, archs: tuple[str, ...], variants: tuple[str, ...], verbose: bool, force: bool) -> None:
+    Manifest("optimum", out_root / "optimum", force=force).attempt_all(archs, variants or VARIANTS, export, verbose)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from export import (
     count_norm_calls,
     random_input_ids,
 )
-from extras import exit_missing
+from extras import FORCE_HELP, MANIFEST, check_exports, exit_missing, is_manifest
 
 try:
     import torch
@@ -64,8 +64,12 @@ RMS_FAMILIES = ("llama", "mistral", "phi3", "qwen3", "gemma3", "olmo2")
 NEGATIVES = ("gpt2", "phi")
 
 
+FORCE_OPTION = click.option("--force", is_flag=True, help=FORCE_HELP)
+
+
 def export_options(variants: Sequence[str]) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """The options every per-tool export script takes: --out, --arch, --variant (one of `variants`), --verbose."""
+    """The options every per-tool export script takes: --out, --arch, --variant (one of `variants`), --verbose,
+    --force."""
 
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
         options = (
@@ -73,6 +77,7 @@ def export_options(variants: Sequence[str]) -> Callable[[Callable[..., None]], C
             click.option("--arch", "archs", multiple=True, help="Only these families (repeatable)."),
             click.option("--variant", "variants", multiple=True, type=click.Choice(sorted(variants))),
             click.option("--verbose", is_flag=True, help="Print the full traceback of a failed export."),
+            FORCE_OPTION,
         )
         for option in reversed(options):
             command = option(command)
@@ -83,21 +88,29 @@ def export_options(variants: Sequence[str]) -> Callable[[Callable[..., None]], C
 
 @dataclass
 class Manifest:
-    """`OUT/<tool>/expected.json`: one entry per written file, and the reason for each combination that failed."""
+    """`OUT/<tool>/expected.json`: one entry per written file, and the reason for each combination that failed.
+    `force`: an export may replace a file in the folder the manifest does not list (never an ONNX model)."""
 
     tool: str
     out_dir: Path
     files: dict[str, dict[str, object]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    force: bool = False
 
     def __post_init__(self) -> None:
         """Starts from the folder's previous manifest, so a run of a few combinations keeps the others' entries."""
+        self.check(())
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        listing = self.out_dir / "expected.json"
-        if listing.exists():
-            previous = json.loads(listing.read_text())
-            self.files.update(previous["files"])
-            self.failures.update(previous["failures"])
+        listing = self.out_dir / MANIFEST
+        # Not a manifest: --force let this run replace it, and nothing is read from it.
+        previous = json.loads(listing.read_text()) if is_manifest(listing) else {}
+        self.files.update(previous.get("files", {}))
+        self.failures.update(previous.get("failures", {}))
+
+    def check(self, names: Sequence[str]) -> None:
+        """Before anything is written: `names` and the manifest may replace only what the manifest lists (or, with
+        `force`, a file that is no ONNX model); else one line and exit status 2 (`extras.check_exports`)."""
+        check_exports(self.out_dir, names, self.force)
 
     def attempt(self, name: str, export: Callable[[], dict[str, object]], verbose: bool = False) -> None:
         """Runs one export; a failure is recorded with its first line and does not stop the others."""
@@ -128,17 +141,21 @@ class Manifest:
         tag: Callable[[str], str] = str,
     ) -> None:
         """`export(arch, variant, path)` for every family (all of them when `archs` is empty) and variant, into
-        `<arch>-<tool>-<tag(variant)>.onnx`, then the manifest."""
-        for arch in archs or (*RMS_FAMILIES, *NEGATIVES):
-            for variant in variants:
-                name = f"{arch}-{self.tool}-{tag(variant)}.onnx"
-                path = self.out_dir / name
-                self.attempt(name, lambda arch=arch, variant=variant, path=path: export(arch, variant, path), verbose)
+        `<arch>-<tool>-<tag(variant)>.onnx`, then the manifest; every file checked first (`check`)."""
+        names = {
+            f"{arch}-{self.tool}-{tag(variant)}.onnx": (arch, variant)
+            for arch in archs or (*RMS_FAMILIES, *NEGATIVES)
+            for variant in variants
+        }
+        self.check(list(names))
+        for name, (arch, variant) in names.items():
+            path = self.out_dir / name
+            self.attempt(name, lambda arch=arch, variant=variant, path=path: export(arch, variant, path), verbose)
         self.write()
 
     def write(self) -> None:
         payload = {"tool": self.tool, "versions": tool_versions(), "files": self.files, "failures": self.failures}
-        (self.out_dir / "expected.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        (self.out_dir / MANIFEST).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def first_line(error: BaseException) -> str:

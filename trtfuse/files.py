@@ -1,14 +1,28 @@
 """What a command writes: checked before any work, written atomically, and removed again if the call fails.
 
-A writing command first checks its `OutputPlan` (every output against every input, external data files included, and
-against each other), then writes inside a `Transaction`. Every write goes through `atomic_file`: a temp file in the
-target's folder, renamed into place. If the call then fails, or SIGINT/SIGTERM interrupts it, the transaction removes
-the files and folders the call created and puts back the files it replaced, so the folders are as they were.
+A writing command first checks its `OutputPlan` (every output against every input, external data files included,
+against each other, and against what it would replace), then writes inside a `Transaction`. Every write goes through
+`atomic_file`: a temp file in the target's folder, renamed into place. If the call then fails, or SIGINT/SIGTERM
+interrupts it, the transaction removes the files and folders the call created and puts back the files it replaced, so
+the folders are as they were.
+
+What an output may replace is one rule (`OutputPlan.check`), the same for every command and script that writes:
+- never one of the call's inputs (the same path, a symlink to it, a hard link of it, an input's external data), nor
+  another output of the same call;
+- never an ONNX model trtfuse did not write (a user's export), whatever the caller allows;
+- a file trtfuse wrote as that output (each output's `ours` recognises one by its content: a fused model by its
+  trtfuse opset or stamp, a report or sidecar by its schema, an engine by its sidecar) is replaced, so that running a
+  command again works;
+- any other existing file only when the caller says so (`OutputPlan(force=True)`: the CLI's `--force`), except an
+  output that the call reads and writes back by design (`Overwrite.UPDATED`: a timing cache) and external data copies,
+  which are reused when they hold the same bytes and never replaced (`Overwrite.IDENTICAL`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
+import errno
 import json
 import math
 import os
@@ -19,14 +33,22 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from trtfuse.errors import Interrupted, TrtfuseError
+from trtfuse.errors import Choice, Interrupted, OptionError, TrtfuseError
+
+if TYPE_CHECKING:
+    import onnx
 
 # Copies above this size report their progress; smaller ones only say that they happen.
 PROGRESS_BYTES = 1 << 30
 _CHUNK_BYTES = 8 << 20
 _PROGRESS_STEPS = 10
 _HELD = (signal.SIGINT, signal.SIGTERM)
+# Protobuf holds no message of 2 GiB or more, so no ONNX file (its external data apart) is larger; nor is a report,
+# a sidecar or a stamp: a larger file is not read to recognise it.
+_LARGEST_MODEL_BYTES = (1 << 31) - 1
+_LARGEST_JSON_BYTES = 1 << 28
 
 
 def resolved(path: Path) -> Path:
@@ -51,41 +73,159 @@ def _identity(path: Path) -> tuple[int, int] | Path:
     return resolved_path
 
 
+Recognise = Callable[[Path], bool]
+
+
+def _nothing(_path: Path) -> bool:
+    return False
+
+
+class Overwrite(enum.Enum):
+    """What an output may do to a file already at its path, besides replacing one its `ours` recognises."""
+
+    # Replace another file (never an ONNX model) only with the caller's leave (`OutputPlan.force`).
+    ASKED = "asked"
+    # Replace it whatever it holds (never an ONNX model): the call reads it and writes it back (a timing cache).
+    UPDATED = "updated"
+    # Reuse it when it holds the same bytes, else refuse (external data copies: `save_model` compares them).
+    IDENTICAL = "identical"
+
+
+@dataclass(frozen=True)
+class PlannedOutput:
+    """One output: what it is (for the message), where, how to recognise a file trtfuse wrote as it (`ours`: such a
+    file is replaced), what else it may replace, and the folder it may make missing folders inside."""
+
+    what: str
+    path: Path
+    ours: Recognise = _nothing
+    overwrite: Overwrite = Overwrite.ASKED
+    folders_under: Path | None = None
+
+
 @dataclass
 class OutputPlan:
-    """The files a call reads and the files it will write, each output with what it is (for the message)."""
+    """The files a call reads and the files it will write; `force`: the caller's leave to replace existing files
+    trtfuse cannot tell it wrote (never an input, never an ONNX model trtfuse did not write)."""
 
+    force: bool = False
     reads: list[Path] = field(default_factory=list)
-    writes: list[tuple[str, Path]] = field(default_factory=list)
-    # Outputs whose missing folders the call makes (`make_folders`), each with the folder they must stay inside.
-    folders_under: dict[Path, Path] = field(default_factory=dict)
+    writes: list[PlannedOutput] = field(default_factory=list)
 
     def read(self, *paths: Path) -> OutputPlan:
         self.reads.extend(paths)
         return self
 
-    def write(self, what: str, path: Path | None, folders_under: Path | None = None) -> OutputPlan:
-        """Plan to write `path`; with `folders_under`, its folder may not exist yet if it would be made inside that
-        folder (an external data file `sub/dir/table.bin` copied beside a model written elsewhere)."""
+    def write(
+        self,
+        what: str,
+        path: Path | None,
+        folders_under: Path | None = None,
+        ours: Recognise = _nothing,
+        overwrite: Overwrite = Overwrite.ASKED,
+    ) -> OutputPlan:
+        """Plan to write `path` (nothing for None); `ours` recognises a file trtfuse wrote as this output. With
+        `folders_under`, its folder may not exist yet if it would be made inside that folder (an external data file
+        `sub/dir/table.bin` copied beside a model written elsewhere)."""
         if path is not None:
-            self.writes.append((what, path))
-            if folders_under is not None:
-                self.folders_under[path] = folders_under
+            self.writes.append(PlannedOutput(what, path, ours, overwrite, folders_under))
         return self
 
-    def check(self) -> None:
-        """A `TrtfuseError` for the first output that cannot be written safely; nothing is touched."""
+    def check_paths(self) -> None:
+        """A `TrtfuseError` for the first output whose path cannot be written (not a file name, no folder), is an
+        input, or is another output's; only paths are looked at, no file is read (`check` reads what is there)."""
         read_ids = {_identity(path): path for path in self.reads}
-        written: dict[object, tuple[str, Path]] = {}
-        for what, path in self.writes:
-            check_writable(path, self.folders_under.get(path))
+        written: dict[object, PlannedOutput] = {}
+        for output in self.writes:
+            path = output.path
+            check_writable(path, output.folders_under)
             identity = _identity(path)
             if identity in read_ids:
-                raise TrtfuseError(f"{path}: the {what} would overwrite the input {read_ids[identity]}; choose another")
+                raise TrtfuseError(
+                    f"{path}: the {output.what} would overwrite the input {read_ids[identity]}; choose another"
+                )
             if identity in written:
-                other, other_path = written[identity]
-                raise TrtfuseError(f"{path}: the {what} and the {other} ({other_path}) are the same file")
-            written[identity] = (what, path)
+                other = written[identity]
+                raise TrtfuseError(f"{path}: the {output.what} and the {other.what} ({other.path}) are the same file")
+            written[identity] = output
+
+    def check(self) -> None:
+        """A `TrtfuseError` for the first output that cannot be written safely (`check_paths`, then what each would
+        replace); nothing is touched."""
+        self.check_paths()
+        for output in self.writes:
+            self._check_existing(output)
+
+    def _check_existing(self, output: PlannedOutput) -> None:
+        """The rule for a file already at the output's path (module docstring)."""
+        path = output.path
+        if output.overwrite is Overwrite.IDENTICAL or not resolved(path).is_file() or output.ours(path):
+            return
+        if is_onnx_model(path):
+            swapped = any(output.ours(read) for read in self.reads)
+            hint = "; the arguments look swapped (the input first, then the output)" if swapped else ""
+            raise OptionError(
+                "force",
+                f"{path}: is an ONNX model, not {_article(output.what)} trtfuse wrote: it is never replaced, not even "
+                "with ",
+                Choice("force"),
+                f"{hint}; write the {output.what} elsewhere",
+            )
+        if output.overwrite is Overwrite.UPDATED or self.force:
+            return
+        raise OptionError(
+            "force",
+            f"{path}: exists and is not {_article(output.what)} trtfuse wrote; write the {output.what} elsewhere, or "
+            "give ",
+            Choice("force"),
+            " to replace it",
+        )
+
+
+def _article(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def is_onnx_model(path: Path) -> bool:
+    """Whether `path` holds an ONNX model (`onnx_model_at`)."""
+    return onnx_model_at(path) is not None
+
+
+def onnx_model_at(path: Path) -> onnx.ModelProto | None:
+    """The ONNX model in the file at `path`, parsed as protobuf without its external data, as `model.onnx_file` loads
+    one (an IR version and a graph); None for any other file, or one too large to be a model."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        if path.stat().st_size > _LARGEST_MODEL_BYTES:
+            return None
+        model = onnx.load_model(str(path), format="protobuf", load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return None
+    return model if model.ir_version > 0 and model.HasField("graph") else None
+
+
+def json_object(path: Path) -> dict | None:
+    """The JSON object in the file at `path`; None for anything else (no file, another JSON value, not JSON, too
+    large to be a file trtfuse wrote)."""
+    try:
+        if path.stat().st_size > _LARGEST_JSON_BYTES:
+            return None
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def json_holding(*keys: str) -> Recognise:
+    """Recognises a JSON object holding every one of `keys`: a report's schema, for `OutputPlan.write(ours=)`."""
+
+    def holds(path: Path) -> bool:
+        value = json_object(path)
+        return value is not None and all(key in value for key in keys)
+
+    return holds
 
 
 def _broken_link(path: Path) -> str | None:
@@ -98,7 +238,7 @@ def _broken_link(path: Path) -> str | None:
 def check_readable(path: Path, what: str = "file") -> None:
     """A `TrtfuseError` unless `path` is a regular file: one line for a missing path, a symlink loop or to nothing, a
     folder, a FIFO or a device (`what` names the kind of file the call expected)."""
-    expected = f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
+    expected = _article(what)
     broken = _broken_link(path)
     if broken:
         target = f" ({resolved(path)})" if broken == "a symlink to nothing" else ""
@@ -323,27 +463,66 @@ def same_content(first: Path, second: Path) -> bool:
 
 
 def copy_sparse(source: Path, target: Path, notify: Callable[[str], None] | None = None) -> None:
-    """Copy `source` to `target` atomically; runs of zeros become holes, so a sparse file stays sparse.
+    """Copy `source` to `target` atomically, keeping a sparse file sparse: only the data regions the filesystem
+    reports (`SEEK_DATA` / `SEEK_HOLE`, at its own granularity) are read, and within them a chunk of zeros becomes a
+    hole too.
 
-    `notify` hears that the copy happens and, above `PROGRESS_BYTES`, how far it got.
+    `notify` hears that the copy happens and, above `PROGRESS_BYTES`, each tenth of the file passed.
     """
     size = source.stat().st_size
     if notify is not None:
         notify(f"copying external data {source} ({_size_text(size)}) to {target.parent}")
-    next_report = size // _PROGRESS_STEPS
+    progress = _Progress(size, notify if size > PROGRESS_BYTES else None)
     zeros = bytes(_CHUNK_BYTES)
-    with atomic_file(target) as temp, source.open("rb") as reader, temp.open("r+b") as writer:
-        done = 0
-        while chunk := reader.read(_CHUNK_BYTES):
-            if chunk == zeros[: len(chunk)]:
-                writer.seek(len(chunk), os.SEEK_CUR)
-            else:
-                writer.write(chunk)
-            done += len(chunk)
-            if notify is not None and size > PROGRESS_BYTES and done >= next_report:
-                notify(f"  {_size_text(done)} of {_size_text(size)} ({100 * done // size}%)")
-                next_report += size // _PROGRESS_STEPS
+    # Unbuffered: `_data_regions` moves the file offset, which a buffered reader would not know of.
+    with atomic_file(target) as temp, source.open("rb", buffering=0) as reader, temp.open("r+b") as writer:
+        for start, end in _data_regions(reader.fileno(), size):
+            progress.reached(start)
+            reader.seek(start)
+            position = start
+            while position < end and (chunk := reader.read(min(_CHUNK_BYTES, end - position))):
+                if chunk != zeros[: len(chunk)]:
+                    writer.seek(position)
+                    writer.write(chunk)
+                position += len(chunk)
+                progress.reached(position)
         writer.truncate(size)
+    progress.reached(size)
+
+
+def _data_regions(handle: int, size: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each region of the open file that holds data, as `SEEK_DATA` / `SEEK_HOLE` report them; the
+    whole file as one region where the system or the filesystem cannot tell."""
+    if not hasattr(os, "SEEK_DATA"):
+        yield 0, size
+        return
+    position = 0
+    while position < size:
+        try:
+            start = os.lseek(handle, position, os.SEEK_DATA)
+        except OSError as error:
+            # ENXIO: nothing but a hole from `position` on; anything else: no hole is reported here.
+            if error.errno != errno.ENXIO:
+                yield position, size
+            return
+        position = min(os.lseek(handle, start, os.SEEK_HOLE), size)
+        yield start, position
+
+
+class _Progress:
+    """Says each tenth of a copy passed, once, in order (a hole passes several at a time)."""
+
+    def __init__(self, size: int, notify: Callable[[str], None] | None) -> None:
+        self.size, self.notify, self.step = size, notify, 1
+
+    def reached(self, position: int) -> None:
+        while self.notify is not None and self.step <= _PROGRESS_STEPS and position >= self._mark(self.step):
+            mark = self._mark(self.step)
+            self.notify(f"  {_size_text(mark)} of {_size_text(self.size)} ({100 * self.step // _PROGRESS_STEPS}%)")
+            self.step += 1
+
+    def _mark(self, step: int) -> int:
+        return self.size * step // _PROGRESS_STEPS
 
 
 def _size_text(size: int) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtfuse.errors import MissingDependencyError
-from trtfuse.files import OutputPlan, Transaction, write_json_atomic
+from trtfuse.files import OutputPlan, Overwrite, Transaction, write_json_atomic
 from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 
 if TYPE_CHECKING:
@@ -87,12 +87,13 @@ def compile_outputs(engine_path: Path) -> tuple[Path, Path]:
 
 def plan_model_outputs(plan: OutputPlan, loaded: LoadedModel, output_path: Path) -> None:
     """Add the loaded input's external data files to the plan's reads, and the copies of them the fused model would
-    get beside `output_path` to its writes; check the plan again."""
+    get beside `output_path` to its writes; check the plan, what its outputs would replace included."""
     from trtfuse.model.onnx_file import data_copies
 
     plan.read(*loaded.data_files)
     for target in data_copies(loaded.model, output_path, loaded):
-        plan.write("external data copy", target, folders_under=output_path.absolute().parent)
+        folder = output_path.absolute().parent
+        plan.write("external data copy", target, folders_under=folder, overwrite=Overwrite.IDENTICAL)
     plan.check()
 
 
@@ -145,18 +146,31 @@ def build_fused(fused: FusedFile, engine_path: Path, options: BuildOptions, noti
     return build_engine(LoadedModel(fused.model, fused.output_path), engine_path, options, emit=notify)
 
 
+def plan_fused_outputs(plan: OutputPlan, output_path: Path, report_path: Path | None) -> OutputPlan:
+    """The fused model and its report in `plan`, each replacing only what trtfuse wrote as such (or, with the
+    plan's `force`, another file that is no ONNX model)."""
+    from trtfuse.fusion.fuse import is_fusion_report
+    from trtfuse.model.onnx_file import is_trtfuse_model
+
+    plan.write("fused model", output_path, ours=is_trtfuse_model)
+    return plan.write("fusion report", report_path, ours=is_fusion_report)
+
+
 def fuse_file(
     input_path: Path,
     output_path: Path,
     report_path: Path | None = None,
     notify: Notify = _silent,
     fusion: FusionOptions = DEFAULT_FUSION,
+    force: bool = False,
 ) -> FusedFile:
     """Rewrite every RMSNorm and QK-norm of the model at `input_path` (and the residual Adds in front of them, as
     `fusion` says: by default they are fused) into trtfuse plugin nodes; write the fused model (and the JSON fusion
-    report). Every output is checked before any work, and none is left half written."""
-    plan = OutputPlan().read(input_path).write("fused model", output_path).write("report", report_path)
-    plan.check()
+    report). Every output is checked before any work (`force`: an output may replace an existing file trtfuse cannot
+    tell it wrote, `files.OutputPlan`), and none is left half written."""
+    plan = plan_fused_outputs(OutputPlan(force).read(input_path), output_path, report_path)
+    # The paths before the input loads; what the outputs would replace once its external data files are known too.
+    plan.check_paths()
     loaded, seconds = _load(input_path)
     plan_model_outputs(plan, loaded, output_path)
     with Transaction():
@@ -179,6 +193,7 @@ def compile_model(
     notify: Notify = _silent,
     on_fused: Callable[[FusedFile], None] = lambda _fused: None,
     warn: Notify = _silent,
+    force: bool = False,
 ) -> CompiledModel:
     """Fuse the model (the residual Adds as `fusion` says), write the fused model and its report beside the engine
     (`compile_outputs`), derive the profiles from `request` and build the TensorRT engine with the `plugins` kind
@@ -187,21 +202,30 @@ def compile_model(
     the build goes on). With `baseline`, the engine TensorRT builds from the original alone is built too and timed
     against the trtfuse engine (`engine.baseline`), and with `baseline.never_slower` the fastest configuration is the
     one written. Without TensorRT or a GPU, what was fused stays written and `missing` says why no engine was
-    built."""
+    built. Each output replaces only a file trtfuse wrote as such (`force`: also another file that is no ONNX model,
+    `files.OutputPlan`); the timing cache is read and written back whatever it holds."""
     from trtfuse.engine.build_options import BuildOptions, check_plugin_kind
     from trtfuse.engine.engine_file import check_engine_output_path
     from trtfuse.engine.profiles import derive_profiles, profile_warnings
-    from trtfuse.engine.sidecar import layer_information_path, sidecar_path_for
-    from trtfuse.engine.timing_cache import stamp_path
+    from trtfuse.engine.sidecar import (
+        is_engine_companion,
+        is_engine_with_sidecar,
+        is_sidecar,
+        layer_information_path,
+        sidecar_path_for,
+    )
+    from trtfuse.engine.timing_cache import is_stamp, stamp_path
 
     check_engine_output_path(engine_path)
     fused_path, report_path = compile_outputs(engine_path)
-    plan = OutputPlan().read(model_path)
-    plan.write("engine", engine_path).write("engine sidecar", sidecar_path_for(engine_path))
-    plan.write("engine layer information", layer_information_path(engine_path))
-    plan.write("fused model", fused_path).write("fusion report", report_path).write("timing cache", timing_cache)
-    plan.write("timing cache stamp", None if timing_cache is None else stamp_path(timing_cache))
-    plan.check()
+    plan = OutputPlan(force).read(model_path)
+    plan.write("engine", engine_path, ours=is_engine_with_sidecar)
+    plan.write("engine sidecar", sidecar_path_for(engine_path), ours=is_sidecar)
+    plan.write("engine layer information", layer_information_path(engine_path), ours=is_engine_companion)
+    plan_fused_outputs(plan, fused_path, report_path)
+    plan.write("timing cache", timing_cache, overwrite=Overwrite.UPDATED)
+    plan.write("timing cache stamp", None if timing_cache is None else stamp_path(timing_cache), ours=is_stamp)
+    plan.check_paths()
     check_plugin_kind(plugins)
     loaded, seconds = _load(model_path)
     plan_model_outputs(plan, loaded, fused_path)
@@ -242,12 +266,13 @@ def compile_model(
 def plan_ab_outputs(plan: OutputPlan, engine_path: Path, profiles: Sequence[Profile]) -> None:
     """The A/B's files beside the engine: each engine's per-layer profile per optimisation profile, and TensorRT
     alone's layer information (`engine.sidecar`'s paths)."""
-    from trtfuse.engine.sidecar import baseline_path, layer_information_path, layer_profile_path
+    from trtfuse.engine.sidecar import baseline_path, is_engine_companion, layer_information_path, layer_profile_path
 
+    alone = baseline_path(engine_path)
     for index in range(len(profiles)):
-        plan.write("per-layer profile", layer_profile_path(engine_path, index))
-        plan.write("TensorRT alone's per-layer profile", layer_profile_path(baseline_path(engine_path), index))
-    plan.write("TensorRT alone's layer information", layer_information_path(baseline_path(engine_path)))
+        plan.write("per-layer profile", layer_profile_path(engine_path, index), ours=is_engine_companion)
+        plan.write("TensorRT alone's per-layer profile", layer_profile_path(alone, index), ours=is_engine_companion)
+    plan.write("TensorRT alone's layer information", layer_information_path(alone), ours=is_engine_companion)
     plan.check()
 
 
@@ -281,7 +306,9 @@ def build_with_baseline(
     if run.kept_fusion is not None:
         fused = rewrite(run.kept_fusion)
         kept = replace(kept, fused=LoadedModel(fused.model, fused.output_path))
-    sections = {"baseline": {**run.report.to_json(), "files": ab_files(engine_path, run)}}
+    written = ab_files(engine_path, run)
+    sections = {"baseline": {**run.report.to_json(), "files": written}}
     if run.choice is not None:
         sections["fusion_choice"] = run.choice.to_json()
-    return write_engine(trt, kept, engine_path, notify, sections), run, fused
+    companions = [name for names in written.values() for name in names]
+    return write_engine(trt, kept, engine_path, notify, sections, companions), run, fused

@@ -54,6 +54,8 @@ DOMAINS = ("", "ai.onnx", "com.microsoft", "trtfuse", "local.functions", "\x00\x
 ODD_NAMES = ("", "x", "\x1b[31mred\x1b[0m", "line\nbreak", "tab\there", "\x00nul", "é" * 3, "a" * 300)
 ODD_FLOATS = (math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-30, 1e30, 2.0, 0.5)
 ODD_INTS = (-(1 << 62), -1, 0, 1, 2, 3, 7, 1 << 40)
+# A user's export, put where an output goes: no call may replace it.
+EXPORT = llama_norm_model().SerializeToString()
 
 
 def _external_seed() -> tuple[onnx.ModelProto, bytes]:
@@ -238,6 +240,11 @@ def test_no_traceback_and_no_stray_file(tmp_path: Path) -> None:
         unrelated = name in ("fuse", "compile") and rng.random() < 0.5
         if unrelated:
             (out / "weights.data").write_bytes(b"another model's weights")
+        # Nor a file of the user's where an output goes (a model of theirs, or any other file): no --force is given.
+        users = rng.choice(sorted(allowed - {"weights.data"})) if allowed and rng.random() < 0.3 else None
+        if users is not None:
+            (out / users).write_bytes(EXPORT if rng.random() < 0.5 else b"the user's own file")
+            users_bytes = (out / users).read_bytes()
         result = runner.invoke(cli, [*args, "-q"] if quiet else args)
         where = f"case {case} (TRTFUSE_FUZZ_SEED={SEED}): trtfuse {name} on {len(data)} bytes"
         text = result.stdout + result.stderr
@@ -246,10 +253,12 @@ def test_no_traceback_and_no_stray_file(tmp_path: Path) -> None:
         assert "Traceback" not in text and "internal error" not in text, f"{where}: {text}"
         if quiet:
             assert len(result.stderr.splitlines()) <= 1, f"{where}: {result.stderr}"
-        left = _listing(out) - ({"weights.data"} if unrelated else set())
+        left = _listing(out) - ({"weights.data"} if unrelated else set()) - ({users} if users else set())
         assert left <= (allowed if result.exit_code in (0, 1, EXIT_MISSING_DEPENDENCY) else set()), f"{where}: {left}"
         if unrelated:
             assert (out / "weights.data").read_bytes() == b"another model's weights", f"{where}: clobbered"
+        if users is not None:
+            assert (out / users).read_bytes() == users_bytes, f"{where}: the user's {users} clobbered"
         assert _listing(inputs) == before, f"{where}: the input folder changed"
         new_stat = (inputs / "weights.data").stat()
         assert (new_stat.st_ino, new_stat.st_mtime_ns) == (data_stat.st_ino, data_stat.st_mtime_ns), where

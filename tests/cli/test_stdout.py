@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 
 import click
+import onnx
 import pytest
 
 from trtfuse.cli import options
 from trtfuse.cli.options import EXIT_BAD_INPUT
 
 from support.cli import run_cli
+from support.graphs import Builder, NormSpec, rms_norm
 from support.paths import FIXTURES, REPO_ROOT
 
 EXIT_SIGINT = 128 + signal.SIGINT
@@ -82,3 +84,57 @@ def test_an_interruption_while_the_json_prints_leaves_one_whole_object(kv_path: 
     monkeypatch.undo()
     assert result.exit_code == EXIT_SIGINT
     assert "rms_norms" in json.loads(result.stdout)
+
+
+def _many_norms(path: Path, norms: int) -> Path:
+    """A chain of `norms` RMSNorms: its fusion report is far larger than a pipe holds (64 KiB)."""
+    b = Builder()
+    x = b.input("x", [2, 3, 64])
+    for _ in range(norms):
+        x = rms_norm(b, x, NormSpec())
+    b.output(x)
+    onnx.save(b.model(), str(path))
+    return path
+
+
+def test_an_interruption_while_a_slow_reader_takes_the_json_leaves_one_whole_object(tmp_path: Path) -> None:
+    """`fuse --json` piped to a reader that does not read, SIGINT while the object waits in the pipe: the whole
+    object comes out, then exit 130. A write to a pipe that a signal interrupts returns short, and Python's buffered
+    stdout dropped the rest: the first 64 KiB of a 170 kB object came out, and no error object either."""
+    model = _many_norms(tmp_path / "many.onnx", norms=300)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from trtfuse.cli.main import main; main()", "fuse", str(model), "-o",
+         str(tmp_path / "fused.onnx"), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO_ROOT,
+        bufsize=0,
+    )  # fmt: skip
+    # The object has begun (one byte read, no more); the pipe fills up, and the writer waits inside the write.
+    first = process.stdout.read(1)
+    process.send_signal(signal.SIGINT)
+    rest, stderr = process.communicate(timeout=300)
+    assert process.returncode == EXIT_SIGINT, stderr
+    report = json.loads(first + rest)
+    assert len(first + rest) > 1 << 17 and len(report["fused"]) == 300
+
+
+def test_onnx_graphsurgeon_never_prints_on_stdout(kv_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its logger prints with print(): while the pass runs, its errors go to stderr and its warnings nowhere, so
+    `--json` stdout stays the one object (a tensor name used twice once put ~50 warning lines there)."""
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    from trtfuse.fusion import fuse
+
+    search = fuse.find_norms
+
+    def logging_search(*args: object, **kwargs: object) -> object:
+        G_LOGGER.warning("a warning of graphsurgeon's")
+        G_LOGGER.error("an error of graphsurgeon's")
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(fuse, "find_norms", logging_search)
+    result = run_cli("inspect", kv_path, "--json")
+    assert result.exit_code == 0, result.output
+    assert "rms_norms" in json.loads(result.stdout)
+    assert "an error of graphsurgeon's" in result.stderr and "a warning of graphsurgeon's" not in result.output

@@ -769,3 +769,28 @@ def test_compile_warns_of_an_unfolded_dequantize_and_strict_folds_exits_1(tmp_pa
     assert "mul_382_DequantizeLinear" in warned and "mul_726_DequantizeLinear" in warned
     assert f"(layers: {layer_information_path(engine)})" in warned
     assert engine.is_file() and layer_information_path(engine).is_file()
+
+
+def test_compile_again_replaces_its_layer_information_but_not_a_users_file(tmp_path, monkeypatch):
+    """The sidecar lists the files trtfuse wrote beside the engine; a later compile replaces those, while a file
+    of the user's at that path (trtexec's own export, say) needs --force."""
+    calls: dict = {}
+    _aot_modules(monkeypatch, calls, has_aot=False)
+    _use_tensorrt(monkeypatch, fakes_trt.fake_tensorrt("10.8.0", calls))
+    original = save_model_file(tiny_lm(np.float16, fused=False), tmp_path / "model.onnx")
+    engine = tmp_path / "m.engine"
+    layers = tmp_path / "m.engine.layers.json"
+    args = ["compile", str(original), "-o", str(engine)]
+    first = CliRunner().invoke(cli, args)
+    assert first.exit_code == 0, first.output
+    assert json.loads((tmp_path / "m.engine.json").read_text())["files"] == [layers.name]
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0, again.output
+    layers.write_text('{"Layers": [], "Bindings": []}')  # what the user's trtexec wrote there
+    (tmp_path / "m.engine.json").unlink()
+    engine.unlink()
+    refused = CliRunner().invoke(cli, args)
+    assert refused.exit_code == 2, refused.output
+    assert str(layers) in refused.output and "--force" in refused.output
+    assert layers.read_text() == '{"Layers": [], "Bindings": []}'
+    assert CliRunner().invoke(cli, [*args, "--force"]).exit_code == 0

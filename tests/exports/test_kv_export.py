@@ -159,7 +159,8 @@ def test_a_failed_checkpoint_export_leaves_the_earlier_export_in_out(tmp_path: P
     earlier = {
         name: f"earlier {name}".encode() for name in ("ckpt-dynamo-fp32-kv.onnx", "ckpt-dynamo-fp32-kv.onnx.data")
     }
-    earlier["expected.json"] = b"{}"
+    # The earlier run's manifest lists its export: the script's own files, which it may replace.
+    earlier["expected.json"] = json.dumps({"files": {"ckpt-dynamo-fp32-kv.onnx": {}}}).encode()
     for name, data in earlier.items():
         (out / name).write_bytes(data)
     completed = subprocess.run(

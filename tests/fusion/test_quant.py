@@ -488,6 +488,34 @@ def test_a_quantize_after_a_layout_op_is_taken_in_and_the_op_moves_the_int8_code
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+def test_a_name_the_rewrite_makes_that_the_model_holds_already_gets_a_suffix(tmp_path) -> None:
+    """The model has a tensor `y/quantized` of its own, the name the rewrite gives the node's codes ahead of a layout
+    op: the new tensor gets `y/quantized_1`. Before, the two shared the name, the result failed the checker (exit 2,
+    blaming the input), onnx-graphsurgeon's warnings about it went to stdout (no JSON there) and `inspect` counted
+    a Q taken in that `fuse` could not write."""
+    model = _norm_through_layout("Reshape", QuantSpec(dtype="float16", quant="int8"))
+    y = next(node for node in model.graph.node if node.op_type == "Reshape").input[0]
+    taken = f"{y}/quantized"
+    model.graph.node.append(onnx.helper.make_node("Identity", ["x"], [taken], name="users_identity"))
+    model.graph.output.append(
+        onnx.helper.make_tensor_value_info(taken, onnx.TensorProto.FLOAT, [BATCH, SEQUENCE, HIDDEN])
+    )
+    path, out = tmp_path / "model.onnx", tmp_path / "fused.onnx"
+    onnx.save(model, str(path))
+    inspected, fused = run_cli("inspect", path, "--json"), run_cli("fuse", path, "-o", out, "--json")
+    assert (inspected.exit_code, fused.exit_code) == (0, 0), fused.output
+    inspect_json, fuse_json = json.loads(inspected.stdout), json.loads(fused.stdout)
+    for key in ("plugin_nodes", "quantizers_taken"):
+        assert inspect_json[key] == fuse_json[key]
+    assert fuse_json["quantizers_taken"] == 1
+    written = load_model(out).model
+    [plugin] = plugin_nodes(written)
+    assert list(plugin.node.output) == [f"{taken}_1"]
+    outputs = [name for node in written.graph.node for name in node.output]
+    assert len(outputs) == len(set(outputs)) and taken in outputs
+    assert run_cli("check", path, out).exit_code == 0
+
+
 LAYOUT_NEAR_MISSES = {
     # The layout op's output has another reader, which needs it unquantized.
     "also-read": (QuantSpec(dtype="float16", quant="int8"), True, "is also read by"),

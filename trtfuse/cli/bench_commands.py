@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
-from trtfuse.cli.options import HELP_OPTIONS, FilePath, common_options, echo_json
+from trtfuse.cli.options import FORCE_OPTION, HELP_OPTIONS, FilePath, common_options, echo_json
 from trtfuse.errors import MissingDependencyError
-from trtfuse.files import OutputPlan, write_json_atomic
+from trtfuse.files import OutputPlan, json_holding, write_json_atomic
 
 _GROUP_JSON = "trtfuse.bench.json"
+# A kernel benchmark report trtfuse wrote (trtfuse.bench.kernels.run's), which a later call may replace.
+_is_benchmark_report = json_holding("gpu", "copy_gbs", "launch_floor_us")
 
 
 @click.group("bench", context_settings=HELP_OPTIONS)
@@ -24,12 +26,13 @@ def bench(ctx: click.Context, as_json: bool) -> None:
 @bench.command("kernels", context_settings=HELP_OPTIONS)
 @click.option("--report", "report_path", type=FilePath(), help="Also write the full results here.")
 @click.option("--no-torch-compile", is_flag=True, help="Skip the torch.compile baselines (saves their compile time).")
+@FORCE_OPTION
 @common_options
 @click.pass_context
-def kernels(ctx: click.Context, report_path: Path | None, no_torch_compile: bool, as_json: bool) -> None:
+def kernels(ctx: click.Context, report_path: Path | None, no_torch_compile: bool, force: bool, as_json: bool) -> None:
     """RMSNorm / QK-norm kernels against the copy ceiling, torch and torch.compile (docs/performance.md)."""
     as_json = as_json or ctx.meta.get(_GROUP_JSON, False)
-    OutputPlan().write("benchmark report", report_path).check()
+    OutputPlan(force).write("benchmark report", report_path, ours=_is_benchmark_report).check()
     try:
         import torch
 

@@ -16,6 +16,7 @@ from trtfuse.cli.check_report import CheckRequest, check_options, echo_result
 from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
+    FORCE_OPTION,
     HELP_OPTIONS,
     FilePath,
     IntegerType,
@@ -125,6 +126,7 @@ COMPARE_INSTALL_HINT = (
     type=IntegerType(minimum=6, maximum=1000),
     help="Paired timing rounds per case of the A/B (at least 6, for a 95 % interval).",
 )
+@FORCE_OPTION
 @fusion_options
 @common_options
 def compile_command(
@@ -144,6 +146,7 @@ def compile_command(
     never_slower: bool,
     strict_folds: bool,
     ab_rounds: int,
+    force: bool,
     fusion: FusionOptions,
     as_json: bool,
 ) -> None:
@@ -174,6 +177,7 @@ def compile_command(
         notify=info,
         on_fused=lambda fused: _report_fused(fused, as_json),
         warn=warning,
+        force=force,
     )
     if compiled.missing is not None:
         done = f"fused, but no engine built ({engine_path})"
@@ -246,6 +250,7 @@ def _fused_line(fused: FusedFile) -> str:
     help="Instead of timing: GPU memory in use before TensorRT and after N token-count changes in one execution "
     "context, all torn down (NVIDIA/TensorRT#4849, AOT plugins); exit 1 if it leaked. Takes only --seed.",
 )
+@FORCE_OPTION
 @common_options
 def run_command(
     engine_path: Path,
@@ -257,6 +262,7 @@ def run_command(
     warmup: int,
     save_outputs: Path | None,
     leak_changes: int | None,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Run MODEL.engine with TensorRT (a Python-plugin engine's plugins registered first; an AOT engine needs none) on
@@ -278,6 +284,7 @@ def run_command(
             iterations=iterations,
             warmup=warmup,
             save_outputs=save_outputs,
+            force=force,
         )
     except MissingDependencyError as error:
         exit_missing(error, f"cannot run {engine_path}", as_json)
@@ -322,17 +329,27 @@ def _leak_check(engine_path: Path, changes: int, seed: int, as_json: bool) -> No
 @click.argument("candidate_path", metavar="MODEL.engine|FUSED.onnx", type=FilePath())
 @check_options
 @click.option("--report", "report_path", type=FilePath(), help="Write the comparison as JSON.")
+@FORCE_OPTION
 @common_options
 def compare_command(
-    original_path: Path, candidate_path: Path, request: CheckRequest, report_path: Path | None, as_json: bool
+    original_path: Path,
+    candidate_path: Path,
+    request: CheckRequest,
+    report_path: Path | None,
+    force: bool,
+    as_json: bool,
 ) -> None:
     """Judge the engine MODEL.engine (or FUSED.onnx, run exactly as `trtfuse check` runs it) against onnxruntime on
     ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails. With --generate N, also generate N
     tokens greedily on both from one prompt, as `check --generate` does."""
+    from trtfuse.engine.compare import is_comparison_report
+    from trtfuse.model.feed_files import is_trtfuse_archive
     from trtfuse.model.onnx_file import load_model
 
-    plan = OutputPlan().read(original_path, candidate_path, *request.reads)
-    plan.write("comparison report", report_path).write("saved inputs", request.save_inputs).check()
+    plan = OutputPlan(force).read(original_path, candidate_path, *request.reads)
+    plan.write("comparison report", report_path, ours=is_comparison_report)
+    # The paths now; `compare` checks what the outputs would replace once it knows every file the models read.
+    plan.write("saved inputs", request.save_inputs, ours=is_trtfuse_archive).check_paths()
     original = load_model(original_path)
     inputs = request.inputs(original)
     # Bad input is refused (exit 2) before a missing dependency is (exit 3): the user's first fix is their own.
@@ -348,7 +365,9 @@ def compare_command(
             candidate_path,
             inputs,
             loaded_original=original,
-            plan=OutputPlan().read(*request.reads).write("comparison report", report_path),
+            plan=OutputPlan(force)
+            .read(*request.reads)
+            .write("comparison report", report_path, ours=is_comparison_report),
             notify=info,
         )
         generation = None if request.generation is None else _generation(original, candidate_path, request.generation)

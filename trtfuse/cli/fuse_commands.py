@@ -13,6 +13,7 @@ import click
 
 from trtfuse.cli.check_report import CheckRequest, check_options, echo_result
 from trtfuse.cli.options import (
+    FORCE_OPTION,
     HELP_OPTIONS,
     FilePath,
     common_options,
@@ -139,14 +140,17 @@ def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
 @click.argument("input_path", metavar="IN.onnx", type=FilePath())
 @click.option("-o", "--output", "output_path", required=True, type=FilePath(), help="Fused model.")
 @click.option("--report", "report_path", type=FilePath(), help="Write the JSON fusion report here.")
+@FORCE_OPTION
 @fusion_options
 @common_options
-def fuse(input_path: Path, output_path: Path, report_path: Path | None, fusion: FusionOptions, as_json: bool) -> None:
+def fuse(
+    input_path: Path, output_path: Path, report_path: Path | None, force: bool, fusion: FusionOptions, as_json: bool
+) -> None:
     """Rewrite every RMSNorm and QK-norm of IN.onnx (with the residual Add in front of it, unless --no-fuse-residual)
     into trtfuse plugin nodes and write OUT.onnx."""
     from trtfuse.pipeline import fuse_file
 
-    fused = fuse_file(input_path, output_path, report_path, notify=info, fusion=fusion)
+    fused = fuse_file(input_path, output_path, report_path, notify=info, fusion=fusion, force=force)
     fusion_details(fused.report, fused.seconds)
     if as_json:
         echo_json({"input": str(input_path), "output": str(output_path), **fused.report})
@@ -157,22 +161,24 @@ def fuse(input_path: Path, output_path: Path, report_path: Path | None, fusion: 
 @click.argument("original_path", metavar="ORIGINAL.onnx", type=FilePath())
 @click.argument("fused_path", metavar="FUSED.onnx", type=FilePath())
 @check_options
+@FORCE_OPTION
 @common_options
-def check(original_path: Path, fused_path: Path, request: CheckRequest, as_json: bool) -> None:
+def check(original_path: Path, fused_path: Path, request: CheckRequest, force: bool, as_json: bool) -> None:
     """Run ORIGINAL.onnx twice and FUSED.onnx (plugin nodes lowered to standard ops) in onnxruntime on the same
     inputs, at a prefill and a decode step on KV-cache models; exit 1 if an output fails. Float32 graphs pass within
     the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
     the original is no worse than the original's own (docs/cli.md). With --generate N, also generate N tokens
     greedily on both from one prompt; they must be the same, but for a divergence at a near tie."""
+    from trtfuse.model.feed_files import is_trtfuse_archive
     from trtfuse.model.onnx_file import load_model
     from trtfuse.verify.check import check_fused
     from trtfuse.verify.interface import check_original_unfused, unfused_candidate_warning
 
     original, fused = load_model(original_path), load_model(fused_path)
     check_original_unfused(original)
-    plan = OutputPlan().read(original_path, fused_path, *original.data_files, *fused.data_files)
+    plan = OutputPlan(force).read(original_path, fused_path, *original.data_files, *fused.data_files)
     plan.read(*request.reads)
-    plan.write("saved inputs", request.save_inputs).check()
+    plan.write("saved inputs", request.save_inputs, ours=is_trtfuse_archive).check()
     result = check_fused(original, fused, request.inputs(original), notify=info)
     generation = None
     if request.generation is not None:

@@ -326,6 +326,14 @@ def fusion_options(command: F) -> F:
     return with_fusion  # type: ignore[return-value]
 
 
+FORCE_OPTION = click.option(
+    "--force",
+    is_flag=True,
+    help="Let an output replace an existing file trtfuse cannot tell it wrote; never an input, never an ONNX model "
+    "trtfuse did not write (a file trtfuse wrote is replaced without it: docs/cli.md).",
+)
+
+
 @dataclass
 class Verbosity:
     """-1 with -q (errors and results only), 0 by default, 1 with -v (library logs and details too)."""
@@ -446,10 +454,29 @@ JSON_OUTPUT = JsonOutput()
 def echo_json(value: object) -> None:
     """The call's JSON object on stdout, written whole: the text is made first, and SIGINT/SIGTERM wait until the
     write is done, so an interruption never leaves half an object (the interruption is raised after it)."""
-    text = json_text(value)
+    text = json_text(value) + "\n"
     with signals_held():
         JSON_OUTPUT.written = True
-        click.echo(text)
+        _write_whole(text)
+
+
+def _write_whole(text: str) -> None:
+    """Every byte of `text` on stdout. A write to a pipe that a signal interrupts returns short, and Python's buffered
+    stdout then drops the rest (CPython 3.11: 64 KiB of a larger object came out), so the bytes go to the file
+    descriptor one write after another until all are out; a stdout without one (a test's) is written as it is."""
+    stream = sys.stdout
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        click.echo(text, nl=False)
+        return
+    data = memoryview(text.encode("utf-8"))
+    try:
+        stream.flush()
+        while data:
+            data = data[os.write(descriptor, data) :]
+    except OSError as error:
+        raise StdoutLost(error.strerror or str(error)) from None
 
 
 class StdoutLost(Exception):

@@ -386,10 +386,12 @@ def write_engine(
     engine_path: Path,
     emit: Callable[[str], None] = _stderr_line,
     sections: Mapping[str, Any] | None = None,
+    companions: Sequence[str] = (),
 ) -> BuildResult:
     """Write a built engine with its sidecar (`sections` added to it: the A/B, the fusion choice; always the layer
     report, where there is one) and its layer information beside it (`layer_information_path`, trtexec's
-    `--exportLayerInfo` format)."""
+    `--exportLayerInfo` format). The sidecar's `files` lists what trtfuse wrote beside the engine (the layer
+    information and `companions`, file names in the engine's folder), so a later build replaces them."""
     layers = inspected_layers(trt, built.serialized.engine, emit)
     layers_path = layer_information_path(engine_path)
     report = layer_report(layers, built.fused, layers_path, emit)
@@ -406,6 +408,7 @@ def write_engine(
     if report is not None:
         sidecar["engine_report"] = report.to_json()
     sidecar.update(sections or {})
+    sidecar["files"] = [*([layers_path.name] if layers is not None else []), *companions]
     write_bytes_atomic(engine_path, built.serialized.engine)
     if layers is not None:
         write_layer_information(layers_path, layers)

@@ -13,7 +13,8 @@ from pathlib import Path
 from trtfuse.engine.engine_file import EngineFile, is_onnx_model_path
 from trtfuse.engine.session import ENGINE_RUNNER, engine_steps
 from trtfuse.engine.tensorrt import import_tensorrt
-from trtfuse.files import OutputPlan, check_readable
+from trtfuse.files import OutputPlan, check_readable, json_holding
+from trtfuse.model.feed_files import is_trtfuse_archive
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import CheckInputs, check_fused
 from trtfuse.verify.interface import check_original_unfused
@@ -22,6 +23,8 @@ from trtfuse.verify.verdict import CheckResult, judge_for, judge_steps
 
 ORIGINAL_RUNNER = "onnxruntime-original"
 LOWERED_RUNNER = "onnxruntime-fused-lowered"
+# A comparison report trtfuse wrote (`compare --report`), which a later call may replace.
+is_comparison_report = json_holding("original", "candidate", "runners", "steps")
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ def compare(
     check_readable(candidate_path)
     original = loaded_original if loaded_original is not None else load_model(original_path)
     check_original_unfused(original)
-    plan = (plan or OutputPlan()).read(*original.files).write("saved inputs", inputs.save_inputs)
+    plan = (plan or OutputPlan()).read(*original.files)
+    plan.write("saved inputs", inputs.save_inputs, ours=is_trtfuse_archive)
     if is_onnx_model_path(candidate_path):
         fused = load_model(candidate_path)
         plan.read(*fused.files).check()

@@ -16,7 +16,7 @@ from trtfuse.engine.sidecar import sidecar_path_for
 from trtfuse.engine.tensorrt import import_tensorrt
 from trtfuse.errors import TrtfuseError
 from trtfuse.files import OutputPlan
-from trtfuse.model.feed_files import read_arrays, write_arrays
+from trtfuse.model.feed_files import is_trtfuse_archive, read_arrays, write_arrays
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,14 @@ def run_engine_file(
     iterations: int,
     warmup: int,
     save_outputs: Path | None,
+    force: bool = False,
 ) -> EngineRun:
     """`trtfuse run`: the engine file on the inputs file (else a feed generated from its sidecar), the last run's
-    outputs saved when asked; checks every path, and that TensorRT is there, before any work."""
+    outputs saved when asked (`force`: over a file trtfuse cannot tell it wrote, `files.OutputPlan`); checks every
+    path, and that TensorRT is there, before any work."""
     check_engine_path(engine_path)
-    plan = OutputPlan().read(engine_path, sidecar_path_for(engine_path), *([inputs_path] if inputs_path else []))
-    plan.write("outputs file", save_outputs).check()
+    plan = OutputPlan(force).read(engine_path, sidecar_path_for(engine_path), *([inputs_path] if inputs_path else []))
+    plan.write("outputs file", save_outputs, ours=is_trtfuse_archive).check_paths()
     engine = EngineFile.open(engine_path)
     plan.read(*engine.files()).check()
     import_tensorrt()

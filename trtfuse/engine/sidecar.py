@@ -23,7 +23,7 @@ from typing import Any
 from trtfuse.contract import PluginKind
 from trtfuse.engine.profiles import Profile, ShapeRange
 from trtfuse.errors import TrtfuseError
-from trtfuse.files import is_inside, resolved, write_json_atomic
+from trtfuse.files import is_inside, json_object, resolved, write_json_atomic
 
 SIDECAR_FORMAT = "trtfuse-engine/2"
 # Written before the sidecar recorded the engine's shape-tensor inputs; read with those unknown.
@@ -50,6 +50,29 @@ def layer_profile_path(engine_path: Path, profile_index: int) -> Path:
     """Where `compile --baseline` writes the per-layer profile of optimisation profile N at its OPT shapes, as
     `trtexec --exportProfile` would: NAME.engine.profileN.json."""
     return engine_path.with_name(f"{engine_path.name}.profile{profile_index}.json")
+
+
+def is_sidecar(path: Path) -> bool:
+    """Whether the file at `path` is a sidecar trtfuse wrote (its format says so), which a build may replace."""
+    data = json_object(path)
+    return data is not None and data.get("format") in (SIDECAR_FORMAT, FORMAT_WITHOUT_SHAPE_TENSORS)
+
+
+def is_engine_companion(path: Path) -> bool:
+    """Whether the file at `path` is one trtfuse wrote beside an engine (its layer information, the A/B's profiles):
+    the sidecar of an engine whose name `path`'s name starts with lists it under `files`."""
+    parts = path.name.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        sidecar = sidecar_path_for(path.with_name(".".join(parts[:end])))
+        if is_sidecar(sidecar) and path.name in (json_object(sidecar) or {}).get("files", []):
+            return True
+    return False
+
+
+def is_engine_with_sidecar(path: Path) -> bool:
+    """Whether the file at `path` is an engine trtfuse built: the sidecar beside it is trtfuse's and names it."""
+    sidecar = sidecar_path_for(path)
+    return is_sidecar(sidecar) and (json_object(sidecar) or {}).get("engine") == path.name
 
 
 @dataclass(frozen=True)

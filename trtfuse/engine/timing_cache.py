@@ -10,12 +10,11 @@ cache stamped with its own version and otherwise starts a fresh one (saying so);
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trtfuse.contract import PluginKind
 from trtfuse.errors import TrtfuseError
-from trtfuse.files import write_bytes_atomic, write_json_atomic
+from trtfuse.files import json_object, write_bytes_atomic, write_json_atomic
 
 STAMP_FORMAT = "trtfuse-timing-cache/1"
 
@@ -24,13 +23,16 @@ def stamp_path(cache: Path) -> Path:
     return cache.with_name(cache.name + ".trtfuse.json")
 
 
+def is_stamp(path: Path) -> bool:
+    """Whether the file at `path` is a stamp trtfuse wrote, which a build may replace."""
+    stamp = json_object(path)
+    return stamp is not None and stamp.get("format") == STAMP_FORMAT
+
+
 def _stamped_version(cache: Path) -> str | None:
     """The trtfuse version the stamp beside `cache` names; None without a readable stamp of this format."""
-    try:
-        stamp = json.loads(stamp_path(cache).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(stamp, dict) or stamp.get("format") != STAMP_FORMAT or not isinstance(stamp.get("trtfuse"), str):
+    stamp = json_object(stamp_path(cache))
+    if stamp is None or stamp.get("format") != STAMP_FORMAT or not isinstance(stamp.get("trtfuse"), str):
         return None
     return stamp["trtfuse"]
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
+from trtfuse.files import json_holding
 from trtfuse.fusion.fused_nodes import op_counts, plugin_node_counts, plugin_nodes
 from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns import NearMiss, NormSearch, find_norms
@@ -131,6 +134,10 @@ class FuseResult:
         }
 
 
+# A fusion report trtfuse wrote, which a later call may replace: a JSON object with the keys every report holds.
+is_fusion_report = json_holding("fused", "totals", "plugin_nodes", "near_misses")
+
+
 def near_miss_json(misses: list[NearMiss]) -> list[dict[str, str]]:
     return [{"node": miss.node, "reason": miss.reason} for miss in misses]
 
@@ -142,14 +149,22 @@ def quant_near_miss_json(search: NormSearch) -> dict[str, list[dict[str, str]]]:
     return {"quant_near_misses": near_miss_json(search.quant_near_misses)}
 
 
+@contextlib.contextmanager
+def graphsurgeon_log_on_stderr() -> Iterator[None]:
+    """While the pass runs, onnx-graphsurgeon's log (which it prints on stdout, where a command's result and its
+    `--json` object go) goes to stderr, errors only: it warns about what the pass handles (every bfloat16 constant,
+    which numpy lacks), never about the result."""
+    with contextlib.redirect_stdout(sys.stderr), G_LOGGER.suppress(G_LOGGER.ERROR):
+        yield
+
+
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """The model as an onnx-graphsurgeon graph with every shape that ONNX shape inference can work out."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError) as error:
         raise TrtfuseError(f"shape inference failed: {first_line(error)}") from None
-    # graphsurgeon warns on stdout about every bfloat16 constant (numpy has no such dtype); the graph is right anyway.
-    with G_LOGGER.suppress(G_LOGGER.ERROR):
+    with graphsurgeon_log_on_stderr():
         graph = gs.import_onnx(inferred)
     _keep_overridable(model, graph)
     return graph
@@ -185,7 +200,8 @@ def _keep_overridable(model: onnx.ModelProto, graph: gs.Graph) -> None:
 
 def search_model(model: onnx.ModelProto, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
     """Every norm candidate of the model, matched or rejected, without changing it."""
-    return find_norms(import_graph(model), options)
+    with graphsurgeon_log_on_stderr():
+        return find_norms(import_graph(model), options)
 
 
 def fuse_model(
@@ -196,13 +212,13 @@ def fuse_model(
     read as `check` reads them (`fused_nodes.plugin_nodes`), so a broken one (a bad epsilon, a missing input, a
     hidden size its input does not have) is refused before anything is fused. Errors name `source`."""
     already = plugin_nodes(model, source)
-    try:
-        graph = import_graph(model)
-        search = find_norms(graph, options)
-        fused = rewrite(graph, search)
-    except TrtfuseError as error:
-        raise TrtfuseError(f"{source}: {error}") from None
-    with G_LOGGER.suppress(G_LOGGER.ERROR):
+    with graphsurgeon_log_on_stderr():
+        try:
+            graph = import_graph(model)
+            search = find_norms(graph, options)
+            fused = rewrite(graph, search)
+        except TrtfuseError as error:
+            raise TrtfuseError(f"{source}: {error}") from None
         exported = gs.export_onnx(graph, opset_imports=graph.import_domains)
     exported.ir_version = model.ir_version
     if model.ir_version < 4:

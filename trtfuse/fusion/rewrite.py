@@ -70,6 +70,43 @@ def output_dtype(match: RmsNormMatch) -> str:
     return match.output_dtype
 
 
+class _Names:
+    """The names of a graph's tensors and nodes (its subgraphs' too), and those the rewrite gives what it adds: the
+    name asked for where the graph holds none such, else with the first free `_N` suffix. So what the rewrite makes
+    never takes a name the model uses already (a tensor of its own called `y/quantized`), and the names are the same
+    on every run."""
+
+    def __init__(self, graph: gs.Graph) -> None:
+        self._tensors: set[str] = set()
+        self._nodes: set[str] = set()
+        self._collect(graph)
+
+    def _collect(self, graph: gs.Graph) -> None:
+        self._tensors.update(tensor.name for tensor in (*graph.inputs, *graph.outputs))
+        for node in graph.nodes:
+            self._nodes.add(node.name)
+            self._tensors.update(tensor.name for tensor in (*node.inputs, *node.outputs))
+            for value in node.attrs.values():
+                for subgraph in value if isinstance(value, list) else [value]:
+                    if isinstance(subgraph, gs.Graph):
+                        self._collect(subgraph)
+
+    def tensor(self, base: str) -> str:
+        return self._fresh(base, self._tensors)
+
+    def node(self, base: str) -> str:
+        return self._fresh(base, self._nodes)
+
+    @staticmethod
+    def _fresh(base: str, taken: set[str]) -> str:
+        name, count = base, 0
+        while name in taken:
+            count += 1
+            name = f"{base}_{count}"
+        taken.add(name)
+        return name
+
+
 def _fields(
     op: contract.FusedOp,
     match: RmsNormMatch,
@@ -94,7 +131,7 @@ def _quantized(fields: NodeFields, quantizers: tuple[TakenQuantizer, ...]) -> No
     return replace(fields, op=contract.QUANTIZED_OPS[fields.op.name], quant=quant)
 
 
-def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor) -> gs.Variable:
+def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor, names: _Names) -> gs.Variable:
     """The normalised output the node writes: y, or with an output quantizer the QuantizeLinear's output (FP8 or
     INT8), cut from it. Where the QuantizeLinear read y through a layout op, the node writes y's codes (a new tensor
     of y's shape) and the op, kept, moves them into the QuantizeLinear's output. The Shape nodes that read y (its only
@@ -112,7 +149,7 @@ def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor) -> gs.Variab
         quantized.shape = (layout.outputs[0] if layout is not None else y).shape
     written = quantized
     if layout is not None:
-        written = gs.Variable(f"{y.name}/quantized", dtype=quantized.dtype, shape=y.shape)
+        written = gs.Variable(names.tensor(f"{y.name}/quantized"), dtype=quantized.dtype, shape=y.shape)
         layout.inputs[0] = written
         layout.outputs[0] = quantized
     taken_in = {id(node) for node in taken.nodes}
@@ -139,17 +176,21 @@ def _variable(name: str, dtype: str, shape: object) -> gs.Variable:
     return gs.Variable(name, dtype=_graphsurgeon_dtype(dtype), shape=shape)
 
 
-def _convert(graph: gs.Graph, tensor: gs.Tensor, dtype: str, name: str, out: gs.Variable | None = None) -> gs.Tensor:
-    """`tensor` in `dtype` (as a float ONNX Cast converts it), into `out` when given; itself when already so."""
+def _convert(
+    graph: gs.Graph, names: _Names, tensor: gs.Tensor, dtype: str, name: str, out: gs.Variable | None = None
+) -> gs.Tensor:
+    """`tensor` in `dtype` (as a float ONNX Cast converts it), into `out` when given (else a new tensor named after
+    `name`); itself when already so."""
     if out is None and dtype_name(tensor) == dtype:
         return tensor
     if out is None:
-        out = _variable(name, dtype, tensor.shape)
-    graph.nodes.append(gs.Node("Cast", f"{name}/Cast", attrs={"to": _onnx_type(dtype)}, inputs=[tensor], outputs=[out]))
+        out = _variable(names.tensor(name), dtype, tensor.shape)
+    cast = gs.Node("Cast", names.node(f"{name}/Cast"), attrs={"to": _onnx_type(dtype)}, inputs=[tensor], outputs=[out])
+    graph.nodes.append(cast)
     return out
 
 
-def _normalised_input(graph: gs.Graph, match: RmsNormMatch) -> gs.Tensor:
+def _normalised_input(graph: gs.Graph, names: _Names, match: RmsNormMatch) -> gs.Tensor:
     """x itself, or for a residual norm the sum x + skip (+ bias) that the fused node reads.
 
     The sum is computed as onnxruntime's SkipSimplifiedLayerNormalization computes it: every operand widened to
@@ -159,23 +200,25 @@ def _normalised_input(graph: gs.Graph, match: RmsNormMatch) -> gs.Tensor:
     if not match.skip_inputs:
         return match.x
     activation = dtype_name(match.x) or match.dtype
-    total: gs.Tensor = _convert(graph, match.x, match.dtype, f"{match.y.name}/skip_x_{match.dtype}")
+    total: gs.Tensor = _convert(graph, names, match.x, match.dtype, f"{match.y.name}/skip_x_{match.dtype}")
     for index, addend in enumerate(match.skip_inputs):
-        addend = _convert(graph, addend, match.dtype, f"{match.y.name}/skip_addend_{index}_{match.dtype}")
+        addend = _convert(graph, names, addend, match.dtype, f"{match.y.name}/skip_addend_{index}_{match.dtype}")
         last = index == len(match.skip_inputs) - 1
         if last and match.skip_sum is not None and activation == match.dtype:
             out = match.skip_sum
             out.inputs.clear()
         else:
-            out = gs.Variable(f"{match.y.name}/skip_sum_{index}", dtype=np.dtype(match.dtype), shape=match.x.shape)
-        graph.nodes.append(gs.Node("Add", f"{match.name}/skip_add_{index}", inputs=[total, addend], outputs=[out]))
+            name = names.tensor(f"{match.y.name}/skip_sum_{index}")
+            out = gs.Variable(name, dtype=np.dtype(match.dtype), shape=match.x.shape)
+        add = gs.Node("Add", names.node(f"{match.name}/skip_add_{index}"), inputs=[total, addend], outputs=[out])
+        graph.nodes.append(add)
         total = out
     if match.skip_sum is not None:
         if match.skip_sum.dtype is None:
             match.skip_sum.dtype, match.skip_sum.shape = match.x.dtype, match.x.shape
         if total is not match.skip_sum:
             match.skip_sum.inputs.clear()
-            _convert(graph, total, activation, f"{match.y.name}/skip_sum_rounded", out=match.skip_sum)
+            _convert(graph, names, total, activation, f"{match.y.name}/skip_sum_rounded", out=match.skip_sum)
     return total
 
 
@@ -194,26 +237,26 @@ def _weights(*matches: RmsNormMatch) -> list[gs.Tensor]:
     return [match.weight for match in matches if match.params.weight_mode != contract.WeightMode.NONE]
 
 
-def _rms_norm_node(graph: gs.Graph, match: RmsNormMatch) -> FusedNode:
+def _rms_norm_node(graph: gs.Graph, names: _Names, match: RmsNormMatch) -> FusedNode:
     fields = _quantized(_fields(contract.RMS_NORM, match, (match.hidden_size,)), match.quantizers)
     op = fields.op.name
-    x = _normalised_input(graph, match)
+    x = _normalised_input(graph, names, match)
     y = _detach_output(match)
-    name = f"{op}/{y.name}"
+    name = names.node(f"{op}/{y.name}")
     graph.nodes.append(
         gs.Node(
             op,
             name,
             attrs=fields.onnx_attributes(),
             inputs=[x, *_weights(match)],
-            outputs=[_node_output(match, y, x)],
+            outputs=[_node_output(match, y, x, names)],
             domain=contract.ONNX_DOMAIN,
         )
     )
     return _record(op, name, (match,), (match.hidden_size,))
 
 
-def _add_norm_node(graph: gs.Graph, add: AddNormMatch) -> FusedNode:
+def _add_norm_node(graph: gs.Graph, names: _Names, add: AddNormMatch) -> FusedNode:
     """The residual Add (or a skip op's sum) and its norm as one TrtfuseAddRmsNorm: x and residual are the Add's
     operands in D, h keeps the sum's name (the next residual Add reads it), y the norm's."""
     norm = add.norm
@@ -222,17 +265,17 @@ def _add_norm_node(graph: gs.Graph, add: AddNormMatch) -> FusedNode:
     fields = _fields(contract.ADD_RMS_NORM, norm, hidden, dtype=add.dtype, params=add.params)
     fields = _quantized(fields, quantizers)
     roles = contract.ADD_RMS_NORM.activations
-    operands = [_operand(graph, add, role, operand) for role, operand in zip(roles, add.operands, strict=True)]
-    h = _sum_output(graph, add, operands[0])
+    operands = [_operand(graph, names, add, role, operand) for role, operand in zip(roles, add.operands, strict=True)]
+    h = _sum_output(graph, names, add, operands[0])
     y = _detach_output(norm)
-    name = f"{fields.op.name}/{y.name}"
+    name = names.node(f"{fields.op.name}/{y.name}")
     graph.nodes.append(
         gs.Node(
             fields.op.name,
             name,
             attrs=fields.onnx_attributes(),
             inputs=[*operands, *_weights(norm)],
-            outputs=[_node_output(norm, y, operands[0]), h],
+            outputs=[_node_output(norm, y, operands[0], names), h],
             domain=contract.ONNX_DOMAIN,
         )
     )
@@ -254,16 +297,16 @@ def _quantizer_nodes(quantizers: tuple[TakenQuantizer, ...]) -> list[gs.Node]:
     return [node for taken in quantizers if taken.stage is not contract.QuantStage.RSQRT for node in taken.nodes]
 
 
-def _operand(graph: gs.Graph, add: AddNormMatch, role: str, operand: gs.Tensor) -> gs.Tensor:
+def _operand(graph: gs.Graph, names: _Names, add: AddNormMatch, role: str, operand: gs.Tensor) -> gs.Tensor:
     """An Add operand as the node reads it, in D. One without an inferred dtype (a contrib op's output) is declared
     in the one dtype the Add gives all its operands, so every reader of the fused model (check, the lowering, the
     parser) knows it."""
     if operand.dtype is None:
         operand.dtype = _graphsurgeon_dtype(add.operand_dtype)
-    return _convert(graph, operand, add.dtype, f"{add.norm.y.name}/{role}_{add.dtype}")
+    return _convert(graph, names, operand, add.dtype, f"{add.norm.y.name}/{role}_{add.dtype}")
 
 
-def _sum_output(graph: gs.Graph, add: AddNormMatch, x: gs.Tensor) -> gs.Variable:
+def _sum_output(graph: gs.Graph, names: _Names, add: AddNormMatch, x: gs.Tensor) -> gs.Variable:
     """The node's h: the original sum's tensor, cut from its producer, when it is in D. A skip op's 16-bit sum output
     is h rounded once (a Cast), as onnxruntime rounds its float32 sum; a sum nobody read is a new tensor."""
     total = add.total
@@ -274,13 +317,13 @@ def _sum_output(graph: gs.Graph, add: AddNormMatch, x: gs.Tensor) -> gs.Variable
             total.dtype, total.shape = add.operands[0].dtype, add.operands[0].shape
         if dtype_name(total) == add.dtype:
             return total
-    h = _variable(f"{add.norm.y.name}/residual_sum", add.dtype, x.shape)
+    h = _variable(names.tensor(f"{add.norm.y.name}/residual_sum"), add.dtype, x.shape)
     if total is not None:
-        _convert(graph, h, dtype_name(total), f"{add.norm.y.name}/residual_sum_rounded", out=total)
+        _convert(graph, names, h, dtype_name(total), f"{add.norm.y.name}/residual_sum_rounded", out=total)
     return h
 
 
-def _qk_norm_node(graph: gs.Graph, q: RmsNormMatch, k: RmsNormMatch) -> FusedNode:
+def _qk_norm_node(graph: gs.Graph, names: _Names, q: RmsNormMatch, k: RmsNormMatch) -> FusedNode:
     """The pair as one TrtfuseQkNorm, or, where either norm took its output's QuantizeLinear in (stage q_output or
     k_output), one TrtfuseQkNormQuant writing that output's codes."""
     if (q.dtype, output_dtype(q)) != (k.dtype, output_dtype(k)):
@@ -290,8 +333,8 @@ def _qk_norm_node(graph: gs.Graph, q: RmsNormMatch, k: RmsNormMatch) -> FusedNod
         )
     hidden = (q.hidden_size, k.hidden_size)
     fields = _quantized(_fields(contract.QK_NORM, q, hidden), (*q.quantizers, *k.quantizers))
-    outputs = [_node_output(match, _detach_output(match), match.x) for match in (q, k)]
-    name = f"{fields.op.name}/{q.y.name}"
+    outputs = [_node_output(match, _detach_output(match), match.x, names) for match in (q, k)]
+    name = names.node(f"{fields.op.name}/{q.y.name}")
     graph.nodes.append(
         gs.Node(
             fields.op.name,
@@ -337,12 +380,13 @@ def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
     Only live matches are rewritten: a norm whose result reaches no graph output (`search.dead`, each also a near
     miss) stays as the original wrote it, as does all code that was dead already (with whatever it reads), so a model
     with nothing to fuse comes out as it went in. So every fused node is in the file written, and fuse reports what
-    inspect found."""
+    inspect found. Every tensor and node it adds has a name of its own in the graph (`_Names`)."""
     live = live_tensors(graph)
     dead = [node for node in graph.nodes if not any(id(tensor) in live for tensor in node.outputs)]
-    fused = [_rms_norm_node(graph, match) for match in search.matches]
-    fused += [_add_norm_node(graph, add) for add in search.add_norms]
-    fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
+    names = _Names(graph)
+    fused = [_rms_norm_node(graph, names, match) for match in search.matches]
+    fused += [_add_norm_node(graph, names, add) for add in search.add_norms]
+    fused += [_qk_norm_node(graph, names, pair.q, pair.k) for pair in search.qk_norm_pairs]
     kept = live_tensors(graph, also=[tensor for node in dead for tensor in node.outputs])
     graph.nodes = [node for node in graph.nodes if any(id(tensor) in kept for tensor in node.outputs)]
     graph.toposort()

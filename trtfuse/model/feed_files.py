@@ -4,7 +4,8 @@ the inputs of a check or comparison as one .npz, so that a run can be repeated e
 
 Each step's arrays are stored as `STEP/INPUT`, and `STEPS_KEY` lists the steps in order (input names may hold '/'
 themselves, step names do not). An .npz without `STEPS_KEY`, such as one written by `numpy.savez(**feed)`, is one
-step named `LOADED` holding one array per input.
+step named `LOADED` holding one array per input. Every .npz written here carries `ARCHIVE_COMMENT` as its zip
+comment (which numpy does not read), so that a later call knows it may replace the file (`is_trtfuse_archive`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,26 @@ from trtfuse.model.interface import fed_inputs
 
 STEPS_KEY = "__trtfuse_steps__"
 LOADED = "loaded"
+ARCHIVE_COMMENT = b"written by trtfuse"
 
 
 def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Arrays by name as one .npz at `path`, written atomically."""
+    """Arrays by name as one .npz at `path`, written atomically, with trtfuse's zip comment."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
+    with zipfile.ZipFile(buffer, "a") as archive:
+        archive.comment = ARCHIVE_COMMENT
     write_bytes_atomic(path, buffer.getbuffer())
+
+
+def is_trtfuse_archive(path: Path) -> bool:
+    """Whether the file at `path` is an .npz trtfuse wrote: its zip comment, or the step list of saved inputs (an
+    .npz written before the comment existed)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.comment == ARCHIVE_COMMENT or f"{STEPS_KEY}.npy" in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -19,6 +19,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper, helper
 
+from trtfuse import __version__, contract
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.files import (
     Transaction,
@@ -28,6 +29,7 @@ from trtfuse.files import (
     copy_sparse,
     is_inside,
     make_folders,
+    onnx_model_at,
     resolved,
     same_content,
 )
@@ -42,6 +44,10 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 # there), where onnx.checker has no schema for them; the checker then looks at them in onnxruntime's own domain.
 ONNXRUNTIME_DOMAIN = "com.microsoft"
 ONNXRUNTIME_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
+# The metadata entry (its value: the trtfuse version) a model trtfuse writes carries where it imports no trtfuse opset
+# (nothing fused), so that a later call knows it may replace the file; a fused model is known by its opset, and its
+# bytes stay what they were before the entry existed.
+WRITTEN_BY_KEY = "written_by_trtfuse"
 _UNSIZED_TYPES = {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED}
 _FOUR_BIT_TYPES = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1}
 
@@ -371,6 +377,32 @@ def _empty(tensor: onnx.TensorProto) -> None:
     tensor.dims.append(0)
 
 
+def is_trtfuse_model(path: Path) -> bool:
+    """Whether the file at `path` is a model trtfuse wrote: it imports the trtfuse opset or holds a trtfuse node (a
+    fused model), or carries trtfuse's metadata entry (one with nothing fused)."""
+    model = onnx_model_at(path)
+    if model is None:
+        return False
+    return (
+        any(entry.key == WRITTEN_BY_KEY for entry in model.metadata_props)
+        or any(opset.domain == contract.ONNX_DOMAIN for opset in model.opset_import)
+        or any(node.domain == contract.ONNX_DOMAIN for node in model.graph.node)
+    )
+
+
+def _stamped_bytes(model: onnx.ModelProto) -> bytes:
+    """`model` serialised, with trtfuse's metadata entry where it imports no trtfuse opset and lacks the entry; the
+    proto itself unchanged (a serialised message followed by another parses as their merge, repeated fields
+    appended)."""
+    data = model.SerializeToString()
+    domains = {opset.domain for opset in model.opset_import}
+    if contract.ONNX_DOMAIN in domains or any(entry.key == WRITTEN_BY_KEY for entry in model.metadata_props):
+        return data
+    stamp = onnx.ModelProto()
+    stamp.metadata_props.add(key=WRITTEN_BY_KEY, value=__version__)
+    return data + stamp.SerializeToString()
+
+
 def data_copies(model: onnx.ModelProto, path: Path, source: LoadedModel | None) -> list[Path]:
     """The external data files `save_model(model, path, source)` will write: none when `path` is in the source's
     folder, else one copy per data file the model still references."""
@@ -390,7 +422,8 @@ def save_model(
     source: LoadedModel | None = None,
     notify: Callable[[str], None] | None = None,
 ) -> None:
-    """Write `model` atomically to `path`; tensors that reference external data keep it.
+    """Write `model` atomically to `path`, recognisably trtfuse's (`is_trtfuse_model`: its trtfuse opset, else a
+    metadata entry added to the file, `model` itself left as it is); tensors that reference external data keep it.
 
     External locations are relative to `source.path`'s folder (or `path`'s when there is no source). When `path` is in
     another folder, the data files the model still references are copied there (`notify` hears of each copy); a file
@@ -431,8 +464,9 @@ def _place_data_file(source: Path, target: Path, notify: Callable[[str], None] |
 
 def _write_checked(model: onnx.ModelProto, path: Path) -> None:
     with atomic_file(path) as temp:
-        temp.write_bytes(model.SerializeToString())
+        temp.write_bytes(_stamped_bytes(model))
         try:
             check_model_file(temp, model)
         except onnx.checker.ValidationError as error:
-            raise TrtfuseError(f"{path}: result fails the ONNX checker, not written: {first_line(error)}") from None
+            # The models saved are trtfuse's results from checked inputs: one the checker refuses is trtfuse's bug.
+            raise RuntimeError(f"{path}: the model written fails the ONNX checker: {first_line(error)}") from None
