@@ -28,12 +28,14 @@ OUTPUT_RANGE, SUM_RANGE, RSQRT_RANGE = 2.5, 3.0, 1.5
 @dataclass(frozen=True)
 class QuantSpec:
     """One quantized export: the activation dtype, the quantized dtype, the QuantizeLinear's `saturate` (None: the
-    attribute is absent, ONNX's default 1), the opset, which pairs it has and, with inverse-root pairs, the dtype
-    of the r they read (`rsqrt_root`: "float32", "rounded" or "core", as `_rsqrt_quantized_norm` takes it)."""
+    attribute is absent, ONNX's default 1) and `precision` (opset 23; None: absent), the opset, which pairs it has
+    and, with inverse-root pairs, the dtype of the r they read (`rsqrt_root`: "float32", "rounded" or "core", as
+    `_rsqrt_quantized_norm` takes it)."""
 
     dtype: str = "float16"
     quant: str = "int8"
     saturate: int | None = None
+    precision: int | None = None
     opset: int = 19
     input_pairs: bool = True
     rsqrt_pairs: bool = False
@@ -61,6 +63,8 @@ class _Quantizer:
         scale = b.constant(value_range / QMAX[spec.quant], scale_dtype, base="scale")
         zero = self.zero_point()
         attrs = {} if spec.saturate is None else {"saturate": spec.saturate}
+        if spec.precision is not None:
+            attrs["precision"] = spec.precision
         return b.op("QuantizeLinear", tensor, scale, zero, **attrs), scale
 
     def zero_point(self) -> str:

@@ -59,6 +59,8 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
     `options.fuse_residual`, a norm that reads a residual sum is matched with its Add (`NormSearch.add_norms`); with
     `options.fuse_quant`, each fused norm takes the quantizers around it (`patterns/quant.py`)."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
+    # The opset whose QuantizeLinear semantics the quantizers taken in must have; None: none is taken.
+    quant_opset = graph.opset if options.fuse_quant else None
     search = NormSearch()
     matches: list[RmsNormMatch] = []
     redefined = _redefined_ops(graph)
@@ -71,7 +73,7 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
             continue
         try:
             if is_anchor:
-                match, notes = match_decomposed(node, graph_outputs, shapes, options.fuse_quant)
+                match, notes = match_decomposed(node, graph_outputs, shapes, quant_opset)
                 search.near_misses.extend(notes)
             elif is_fused_norm(node):
                 match = match_fused(node, graph_outputs, shapes)
@@ -91,9 +93,9 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
     search.qk_norm_pairs, search.matches = pairing.pairs, pairing.unpaired
     search.near_misses.extend([*pairing.notes, *absorbed_qk_norms(graph)])
     if options.fuse_residual:
-        residual = pair_residual_adds(search.matches, graph_outputs, shapes, options.fuse_quant)
+        residual = pair_residual_adds(search.matches, graph_outputs, shapes, quant_opset)
         search.matches, search.add_norms = residual.norms, residual.add_norms
         search.residual_near_misses = residual.near_misses
-    if options.fuse_quant:
-        take_quantizers(search, graph_outputs)
+    if quant_opset is not None:
+        take_quantizers(search, graph_outputs, quant_opset)
     return search
