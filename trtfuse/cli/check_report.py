@@ -271,7 +271,7 @@ def _unjudged_text(result: CheckResult) -> str:
 
 
 def _judged_by_text(result: CheckResult) -> str:
-    from trtfuse.verify.verdict import REFERENCE_MARGIN
+    from trtfuse.verify.tolerances import REFERENCE_MARGIN
 
     if result.judged_by == "tolerance":
         return "within tolerance of the original"
