@@ -180,7 +180,7 @@ def node_models(original: LoadedModel, fused: LoadedModel) -> NodeModels:
             candidates.append(_candidate_model(fused, site, candidate, after, source, target))
         except (_Unjudged, TrtfuseError) as why:
             reason = first_line(why) if isinstance(why, TrtfuseError) else str(why)
-            sites.append(NodeSite(node_label(plugin.node), plugin.op.name, prefix, notes=(f"not judged: {reason}",)))
+            sites.append(NodeSite(node_label(plugin.node), plugin.op.name, prefix, notes=(f"not judged where it stands: {reason}",)))
             continue
         site = replace(site, reference_reads=tuple(reference.reads))
         sites.append(site)
@@ -246,7 +246,7 @@ def _candidate(plugin: PluginNode, prefix: str, source: _Graph, target: _Graph) 
         try:
             outputs.append(_judged_output(plugin, position, output, copy, after, read, source, target))
         except _Unjudged as why:
-            notes.append(f"output '{output}' not judged: {why}")
+            notes.append(f"output '{output}' not judged where it stands: {why}")
     if not outputs:
         raise _Unjudged("; ".join(notes) or "it has no output")
     site = NodeSite(node_label(node), plugin.op.name, prefix, tuple(copy.reads), (), tuple(outputs), tuple(notes))
