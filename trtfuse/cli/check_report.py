@@ -256,22 +256,7 @@ def _verdict_line(result: CheckResult, generation: GenerationVerdict | None) -> 
         return generation.verdict_line()
     judged = sum(len(step.judged) for step in result.steps)
     generated = f"; {generation.agreement()}" if generation is not None else ""
-    return (
-        f"all {judged} outputs pass ({_judged_by_text(result)}){_unjudged_text(result)}{_nodes_text(result)}{generated}"
-    )
-
-
-def _nodes_text(result: CheckResult) -> str:
-    """How the fused nodes fared where they stand, for the verdict line of a check that passes."""
-    nodes = {node.node for step in result.steps for node in step.nodes}
-    unjudged = [name for name, _ in result.unjudged_nodes]
-    if not nodes and not unjudged:
-        return ""
-    text = f"; {len(nodes)} fused node(s) pass where they stand" if nodes else ""
-    if unjudged:
-        names = ", ".join(f"'{printable(name)}'" for name in unjudged)
-        text += f"{',' if nodes else ';'} judged end to end only: {names} (the notes say why)"
-    return text
+    return f"all {judged} outputs pass ({_judged_by_text(result)}){_unjudged_text(result)}{generated}"
 
 
 def _unjudged_text(result: CheckResult) -> str:

@@ -180,7 +180,8 @@ def node_models(original: LoadedModel, fused: LoadedModel) -> NodeModels:
             candidates.append(_candidate_model(fused, site, candidate, after, source, target))
         except (_Unjudged, TrtfuseError) as why:
             reason = first_line(why) if isinstance(why, TrtfuseError) else str(why)
-            sites.append(NodeSite(node_label(plugin.node), plugin.op.name, prefix, notes=(f"not judged where it stands: {reason}",)))
+            note = f"not judged where it stands: {reason}"
+            sites.append(NodeSite(node_label(plugin.node), plugin.op.name, prefix, notes=(note,)))
             continue
         site = replace(site, reference_reads=tuple(reference.reads))
         sites.append(site)

@@ -12,7 +12,8 @@ Per output of a node:
   (`widening.widen_to_float32(keep_quantizers=True)`), is at most `NODE_MARGIN` times the original's own error
   plus float32's rtol (`tolerances.ReferenceErrors`), or when it equals the original's. In a float32 original the
   original's values are the reference (its error 0). Where the reference cannot run, the value is judged within the
-  tolerance of its dtype against the original's, and the step says why.
+  tolerance of its dtype against the original's, and the step says why; where the user gives a tolerance (--rtol,
+  --atol), within that, as every float output is. Codes have no tolerance.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from trtfuse.verify.tolerances import (
     REFERENCE_FLOOR,
     OutputError,
     ReferenceErrors,
+    Tolerance,
     output_error,
     rms_error,
     tolerance_for,
@@ -144,7 +146,11 @@ class NodeOutputVerdict:
             if error is None:
                 return f"{what}: not compared"
             relation = "within" if error.passed else "beyond"
-            return f"{what} {relation} {error.dtype}'s tolerance of the original's (max rel {error.max_rel:.3e})"
+            tolerance = error.tolerance
+            return (
+                f"{what} {relation} rtol {tolerance.rtol:g} or atol {tolerance.atol:g} of the original's (max abs "
+                f"{error.max_abs:.3e}, max rel {error.max_rel:.3e})"
+            )
         if worst is None:
             return f"{what} equal to the original's"
         relation = "<=" if errors.passed else ">"
@@ -192,12 +198,15 @@ def judge_nodes(
     feeds: Sequence[StepFeed],
     exposed: Sequence[Mapping[str, np.ndarray]],
     evaluator: bool,
+    tolerance: Tolerance | None,
     seconds: Sequence[dict[str, float]],
     notes: Sequence[list[str]],
     notify: Notify,
 ) -> list[list[NodeOutputVerdict]]:
     """Each judged node's outputs at each step: the candidate model, then the reference, each run at every step in
-    turn and released after its last; `exposed` holds, per step, the original's tensors `models.exposed` names."""
+    turn and released after its last; `exposed` holds, per step, the original's tensors `models.exposed` names. A
+    `tolerance` the user gave judges the values instead of the reference, which then does not run (the codes stay
+    bit for bit)."""
     if models.candidate is None:
         return [[] for _ in feeds]
     sites = models.judged
@@ -214,7 +223,7 @@ def judge_nodes(
             feed = {name: value for site in sites for name, value in fed(index, site, site.reads).items()}
             candidates.append(timed(seconds[index], "fused nodes", candidate.run, feed))
     references: list[Mapping[str, np.ndarray] | None] = [None] * len(feeds)
-    if models.reference is not None:
+    if models.reference is not None and tolerance is None:
         reference = CpuSession(models.reference)
         notify(loading_line(REFERENCE_NAME, reference))
         try:
@@ -242,14 +251,7 @@ def judge_nodes(
                     name: _original_value(feeds[index], exposed[index], name) for name in (judged.tensor, judged.value)
                 }
                 step.append(
-                    _judged(
-                        site,
-                        judged,
-                        candidates[index],
-                        original_values,
-                        references[index],
-                        models.reference is None,
-                    )
+                    _judged(site, judged, candidates[index], original_values, references[index], models, tolerance)
                 )
         verdicts.append(step)
     return verdicts
@@ -265,8 +267,12 @@ def _judged(
     candidate: Mapping[str, np.ndarray],
     original: Mapping[str, np.ndarray],
     reference: Mapping[str, np.ndarray] | None,
-    float32_original: bool,
+    models: NodeModels,
+    tolerance: Tolerance | None,
 ) -> NodeOutputVerdict:
+    """One output judged: its codes against the original's quantizer of its values; its values within `tolerance`
+    of the original's where one is given (or where the reference of a 16-bit or quantized original did not run:
+    within their dtype's), else against the reference (the original's own values in a float32 original)."""
     node = {"node": site.name, "op": site.op, "tensor": judged.tensor, "value": judged.value}
     codes = None
     if judged.quantizer is not None:
@@ -275,8 +281,8 @@ def _judged(
     if value.shape != expected.shape:
         note = f"shape {_shape(value)}, the original's {_shape(expected)}"
         return NodeOutputVerdict(**node, values_passed=False, codes=codes, note=note)
-    if reference is None and not float32_original:
-        error = output_error(judged.value, value, expected, tolerance_for(expected.dtype))
+    if tolerance is not None or (reference is None and models.reference is not None):
+        error = output_error(judged.value, value, expected, tolerance or tolerance_for(expected.dtype))
         return NodeOutputVerdict(**node, values_passed=error.passed, error=error, codes=codes)
     evaluation = expected if reference is None else np.asarray(reference[site.fed(judged.value)])
     errors = ReferenceErrors(rms_error(expected, evaluation), rms_error(value, evaluation), NODE_MARGIN)

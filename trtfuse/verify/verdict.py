@@ -432,7 +432,7 @@ def judge_steps(
     expected_outputs = _reference_outputs(reference, feeds, seconds, notes, notify)
     node_verdicts = [[] for _ in feeds]
     if nodes is not None:
-        node_verdicts = judge_nodes(nodes, feeds, exposed, runner.evaluator, seconds, notes, notify)
+        node_verdicts = judge_nodes(nodes, feeds, exposed, runner.evaluator, judge.tolerance, seconds, notes, notify)
     windows = window_cache_outputs(original.model)
     reading = model_dims(original.model) if windows else None
     steps = []
