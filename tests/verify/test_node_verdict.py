@@ -199,8 +199,8 @@ def test_a_node_no_tensor_of_the_original_holds_is_judged_end_to_end_and_said_so
     assert note == f"output '{codes}/moved' not judged where it stands: no tensor of the original holds it"
     printed = run_cli("check", original, moved).stdout.splitlines()
     assert f"note: fused node '{name}': {note}" in printed
-    # The other two nodes are judged where they stand: the first's codes, the second's codes and sum.
-    assert "  fused nodes where they stand: 3 outputs of 2 nodes, all pass" in printed
+    # Every other output is judged where it stands: the three nodes' codes and sums, but the last one's codes.
+    assert "  fused nodes where they stand: 4 outputs of 3 nodes, all pass" in printed
 
 
 def test_the_gemma3_int8_fixture_s_float16_roots_pass_where_they_stand(tmp_path: Path) -> None:
