@@ -145,6 +145,22 @@ class _Copy:
             inputs.append(helper.make_tensor_value_info(self.name(tensor), elem_type, None))
         return inputs
 
+    def copy_up_to(
+        self, tensor: str, graph: _Graph, stop: Callable[[str], bool], rename: Mapping[str, str], limit: int
+    ) -> None:
+        """Copy the ops of `graph` that compute `tensor`, back to the tensors `stop` takes (and records)."""
+        if not tensor or stop(tensor):
+            return
+        producer = graph.producers.get(tensor)
+        if producer is None:
+            raise _Unjudged(f"'{tensor}' is computed from nothing the original holds")
+        order = graph.order[id(producer)]
+        if order in self.nodes:
+            return
+        for name in producer.input:
+            self.copy_up_to(name, graph, stop, rename, limit)
+        self.add(producer, rename, order, limit)
+
     def ordered(self) -> list[onnx.NodeProto]:
         return [node for _, node in sorted(self.nodes.items())]
 
@@ -208,27 +224,21 @@ def _candidate(plugin: PluginNode, prefix: str, source: _Graph, target: _Graph) 
     node = plugin.node
     shared = {name: name for name in target.initializers}
 
+    def held(tensor: str) -> bool:
+        """A weight of the fused model or a tensor of the original, recorded: no op of the fused graph to copy."""
+        if tensor in target.initializers:
+            copy.initializers[tensor] = target.initializers[tensor]
+        elif tensor in source.initializers:
+            copy.initializers[copy.name(tensor)] = _renamed(source.initializers[tensor], copy.name(tensor))
+        elif tensor in source.names:
+            copy.reads[tensor] = None
+        else:
+            return False
+        return True
+
     def read(tensor: str) -> None:
         """Copy what computes `tensor` in the fused graph, down to the original's tensors (fed) and weights."""
-        if not tensor or tensor in target.initializers:
-            if tensor:
-                copy.initializers[tensor] = target.initializers[tensor]
-            return
-        if tensor in source.names:
-            if tensor in source.initializers:
-                copy.initializers[copy.name(tensor)] = _renamed(source.initializers[tensor], copy.name(tensor))
-            else:
-                copy.reads[tensor] = None
-            return
-        producer = target.producers.get(tensor)
-        if producer is None:
-            raise _Unjudged(f"it reads '{tensor}', which is neither the original's nor computed from it")
-        order = target.order[id(producer)]
-        if order in copy.nodes:
-            return
-        for name in producer.input:
-            read(name)
-        copy.add(producer, shared, order, _CANDIDATE_OPS)
+        copy.copy_up_to(tensor, target, held, shared, _CANDIDATE_OPS)
 
     for name in node.input:
         read(name)
@@ -378,27 +388,17 @@ def _reference(site: NodeSite, source: _Graph) -> _Copy:
     shared = {name: name for name in source.initializers}
     stops = set(site.reads) | source.inputs
 
-    def need(tensor: str) -> None:
-        if not tensor:
-            return
+    def held(tensor: str) -> bool:
         if tensor in source.initializers:
             copy.initializers[tensor] = source.initializers[tensor]
-            return
-        if tensor in stops:
+        elif tensor in stops:
             copy.reads[tensor] = None
-            return
-        producer = source.producers.get(tensor)
-        if producer is None:
-            raise _Unjudged(f"the original computes '{tensor}' from nothing it holds")
-        order = source.order[id(producer)]
-        if order in copy.nodes:
-            return
-        for name in producer.input:
-            need(name)
-        copy.add(producer, shared, order, _REFERENCE_OPS)
+        else:
+            return False
+        return True
 
     for output in site.outputs:
-        need(output.value)
+        copy.copy_up_to(output.value, source, held, shared, _REFERENCE_OPS)
     return copy
 
 
