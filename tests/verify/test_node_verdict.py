@@ -215,3 +215,26 @@ def test_the_gemma3_int8_fixture_s_float16_roots_pass_where_they_stand(tmp_path:
         rsqrt = [node for node in result.steps[0].nodes if node.node.startswith(contract.RMS_NORM_QUANT_OP)]
         assert rsqrt and all(node.errors is not None and node.errors.original > 0 for node in rsqrt)
         assert np.isfinite([node.errors.candidate for node in result.steps[0].nodes if node.errors]).all()
+
+
+@pytest.mark.parametrize("evaluator", [False, True], ids=["onnxruntime", "evaluator"])
+def test_the_original_gives_the_tensors_asked_for_besides_its_outputs_an_output_among_them(
+    evaluator: bool, tmp_path: Path
+) -> None:
+    from onnx import helper
+
+    from trtfuse.model.onnx_file import LoadedModel
+    from trtfuse.verify.onnxrt import CpuSession
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])],
+        "exposed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    session = CpuSession(LoadedModel(model, tmp_path / "model.onnx"), evaluator=evaluator, exposed=("a", "y"))
+    outputs, exposed = session.run_exposing({"x": np.array([-1.0, 2.0], np.float32)})
+    assert list(outputs) == ["y"] and list(exposed) == ["a", "y"]
+    np.testing.assert_array_equal(exposed["a"], [0.0, 2.0])
+    np.testing.assert_array_equal(exposed["y"], outputs["y"])

@@ -121,7 +121,8 @@ class CpuSession:
 
     def run_exposing(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The outputs, and the values of the `exposed` tensors, of one run."""
-        values = self.load()._run(feed, [*self.outputs, *self.exposed])
+        # An exposed tensor may be an output too: each name is fetched once.
+        values = self.load()._run(feed, list(dict.fromkeys([*self.outputs, *self.exposed])))
         outputs = {name: values[name] for name in self.outputs}
         return outputs, {name: values[name] for name in self.exposed}
 
