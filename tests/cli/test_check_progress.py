@@ -17,6 +17,8 @@ FP16_FIXTURE = FIXTURES / "llama-dynamo-fp16.onnx"
 KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
 LOWERED = "the fused model (plugin nodes lowered)"
 FLOAT32 = "the float32 evaluation of the original"
+NODES_NAME = "each fused node on the original's tensors"
+REFERENCE_NAME = "the float32 evaluation of the original's ops at each fused node"
 
 
 def _fused(source: Path, folder: Path) -> Path:
@@ -36,17 +38,24 @@ def test_check_says_which_model_loads_and_which_step_runs(tmp_path: Path) -> Non
         f"loading {LOWERED} in onnxruntime: {fused}",
         f"{LOWERED}: step 1 of 2 (prefill)",
         f"{LOWERED}: step 2 of 2 (decode)",
+        f"loading {NODES_NAME} in onnxruntime: {fused}",
+        f"{NODES_NAME}: step 1 of 2 (prefill)",
+        f"{NODES_NAME}: step 2 of 2 (decode)",
     ]
     assert "loading" not in result.stdout
 
 
-def test_check_of_a_16_bit_model_loads_the_float32_evaluation_last(tmp_path: Path) -> None:
+def test_check_of_a_16_bit_model_loads_the_float32_evaluations_after_each_model(tmp_path: Path) -> None:
     fused = _fused(FP16_FIXTURE, tmp_path)
     result = run_cli("check", FP16_FIXTURE, fused)
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines()[-2:] == [
+    assert result.stderr.splitlines()[-6:] == [
         f"loading {FLOAT32} in onnxruntime: {FP16_FIXTURE}",
         f"{FLOAT32}: step 1 of 1 (single)",
+        f"loading {NODES_NAME} in onnxruntime: {fused}",
+        f"{NODES_NAME}: step 1 of 1 (single)",
+        f"loading {REFERENCE_NAME} in onnxruntime: {FP16_FIXTURE}",
+        f"{REFERENCE_NAME}: step 1 of 1 (single)",
     ]
 
 

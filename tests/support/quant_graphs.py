@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from support.graphs import BATCH, HIDDEN, SEQUENCE, Builder, NormSpec, rms_norm
+from support.graphs import BATCH, ELEM_TYPES, HIDDEN, SEQUENCE, Builder, NormSpec, rms_norm
 
 QUANT_TYPES = {"int8": TensorProto.INT8, "float8_e4m3fn": TensorProto.FLOAT8E4M3FN}
 # The largest magnitude of each quantized dtype: a scale of RANGE / QMAX maps [-RANGE, RANGE] onto the dtype.
@@ -28,16 +28,19 @@ OUTPUT_RANGE, SUM_RANGE, RSQRT_RANGE = 2.5, 3.0, 1.5
 @dataclass(frozen=True)
 class QuantSpec:
     """One quantized export: the activation dtype, the quantized dtype, the QuantizeLinear's `saturate` (None: the
-    attribute is absent, ONNX's default 1), the opset, which pairs it has and, with inverse-root pairs, the dtype
-    of the r they read (`rsqrt_root`: "float32", "rounded" or "core", as `_rsqrt_quantized_norm` takes it)."""
+    attribute is absent, ONNX's default 1) and `precision` (opset 23; None: absent), the opset, which pairs it has
+    and, with inverse-root pairs, the dtype of the r they read (`rsqrt_root`: "float32", "rounded" or "core", as
+    `_rsqrt_quantized_norm` takes it)."""
 
     dtype: str = "float16"
     quant: str = "int8"
     saturate: int | None = None
+    precision: int | None = None
     opset: int = 19
     input_pairs: bool = True
     rsqrt_pairs: bool = False
     rsqrt_root: str = "float32"
+    rsqrt_range: float = RSQRT_RANGE
     layers: int = 1
 
     @property
@@ -61,6 +64,8 @@ class _Quantizer:
         scale = b.constant(value_range / QMAX[spec.quant], scale_dtype, base="scale")
         zero = self.zero_point()
         attrs = {} if spec.saturate is None else {"saturate": spec.saturate}
+        if spec.precision is not None:
+            attrs["precision"] = spec.precision
         return b.op("QuantizeLinear", tensor, scale, zero, **attrs), scale
 
     def zero_point(self) -> str:
@@ -77,7 +82,9 @@ class _Quantizer:
         return self.dequantize(*self.quantize(tensor, value_range, dtype), dtype)
 
 
-def _rsqrt_quantized_norm(b: Builder, quantizer: _Quantizer, x: str, spec: NormSpec, root: str) -> str:
+def _rsqrt_quantized_norm(
+    b: Builder, quantizer: _Quantizer, x: str, spec: NormSpec, root: str, rsqrt_range: float = RSQRT_RANGE
+) -> str:
     """A Llama norm (TorchScript's spelling) with a pair on r between the root and the normalising Mul. `root`:
     "float32" (the chain in float32, the pair on the float32 r), "rounded" (the float32 r cast to the activations'
     dtype before its pair; the pair and Mul(x, r') in that dtype: `+rsqrt-cast`) or "core" (the whole chain in the
@@ -87,11 +94,11 @@ def _rsqrt_quantized_norm(b: Builder, quantizer: _Quantizer, x: str, spec: NormS
     mean = b.reduce("ReduceMean", b.op("Pow", x_core, b.constant(2.0)), [-1])
     inverse = b.op("Div", b.constant(1.0, core), b.op("Sqrt", b.op("Add", mean, b.constant(spec.epsilon, core))))
     if root == "float32":
-        normalized = b.op("Mul", x_core, quantizer.fake(inverse, RSQRT_RANGE, "float32"))
+        normalized = b.op("Mul", x_core, quantizer.fake(inverse, rsqrt_range, "float32"))
         rounded = normalized if spec.dtype == "float32" else b.cast(normalized, spec.dtype)
     else:
         rounded = b.op(
-            "Mul", x, quantizer.fake(inverse if root == "core" else b.cast(inverse, spec.dtype), RSQRT_RANGE)
+            "Mul", x, quantizer.fake(inverse if root == "core" else b.cast(inverse, spec.dtype), rsqrt_range)
         )
     return b.op("Mul", rounded, b.weight(HIDDEN, spec.dtype))
 
@@ -102,16 +109,12 @@ def quantized_decoder(spec: QuantSpec) -> onnx.ModelProto:
     of the final norm)."""
     b = Builder(opset=spec.opset)
     quantizer = _Quantizer(b, spec)
-    norm_spec = NormSpec(dtype=spec.dtype)
     stream = b.input("x", [BATCH, SEQUENCE, HIDDEN], spec.dtype)
     norms = 2 * spec.layers + 1
     for index in range(norms):
         last = index == norms - 1
         x = quantizer.fake(stream, SUM_RANGE) if spec.input_pairs and not last else stream
-        if spec.rsqrt_pairs:
-            y = _rsqrt_quantized_norm(b, quantizer, x, norm_spec, spec.rsqrt_root)
-        else:
-            y = rms_norm(b, x, norm_spec)
+        y = _norm(b, quantizer, x, spec)
         quantized, scale = quantizer.quantize(y, OUTPUT_RANGE)
         b.output(quantized, [BATCH, SEQUENCE, HIDDEN])
         dequantized = quantizer.dequantize(quantized, scale)
@@ -121,6 +124,41 @@ def quantized_decoder(spec: QuantSpec) -> onnx.ModelProto:
             b.output(projected, [BATCH, SEQUENCE, HIDDEN])
         else:
             stream = b.op("Add", stream, projected)
+    return b.model()
+
+
+def _norm(b: Builder, quantizer: _Quantizer, x: str, spec: QuantSpec) -> str:
+    norm_spec = NormSpec(dtype=spec.dtype)
+    if spec.rsqrt_pairs:
+        return _rsqrt_quantized_norm(b, quantizer, x, norm_spec, spec.rsqrt_root, spec.rsqrt_range)
+    return rms_norm(b, x, norm_spec)
+
+
+LM_VOCAB = 97
+
+
+def quantized_lm(spec: QuantSpec) -> onnx.ModelProto:
+    """input_ids -> an embedding table -> `quantized_decoder`'s layers, each norm's codes dequantized into a
+    projection (none of them an output, as in a real export) -> an LM head reading the last norm's -> logits: a
+    logits-only model that `check` and `check --generate` (recompute mode) drive."""
+    b = Builder(opset=spec.opset)
+    quantizer = _Quantizer(b, spec)
+    elem = ELEM_TYPES[spec.dtype]
+    b.inputs.append(onnx.helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]))
+    table = b.constant(b.rng.normal(0.0, 1.0, (LM_VOCAB, HIDDEN)), spec.dtype, base="embedding")
+    stream = b.op("Gather", table, "input_ids")
+    norms = 2 * spec.layers + 1
+    for index in range(norms):
+        last = index == norms - 1
+        x = quantizer.fake(stream, SUM_RANGE) if spec.input_pairs and not last else stream
+        dequantized = quantizer.dequantize(*quantizer.quantize(_norm(b, quantizer, x, spec), OUTPUT_RANGE))
+        if last:
+            head = b.constant(b.rng.normal(0.0, 0.5, (HIDDEN, LM_VOCAB)), spec.dtype, base="lm_head")
+            b.op("MatMul", dequantized, head, out="logits")
+            b.outputs.append(onnx.helper.make_tensor_value_info("logits", elem, ["batch", "sequence", LM_VOCAB]))
+        else:
+            projection = b.constant(b.rng.normal(0.0, 0.2, (HIDDEN, HIDDEN)), spec.dtype, base="proj")
+            stream = b.op("Add", stream, b.op("MatMul", dequantized, projection))
     return b.model()
 
 

@@ -239,6 +239,8 @@ def echo_result(
         origin = f"inputs from {result.inputs_file}" if result.inputs_file else f"seed {result.seed}"
         for step in result.steps:
             _echo_step(step, origin)
+        for name, note in result.unjudged_nodes:
+            click.echo(printable(f"note: fused node '{name}': {note}"))
         for line in generation_lines(generation) if generation is not None else ():
             click.echo(line)
     if not as_json:
@@ -271,7 +273,7 @@ def _unjudged_text(result: CheckResult) -> str:
 
 
 def _judged_by_text(result: CheckResult) -> str:
-    from trtfuse.verify.verdict import REFERENCE_MARGIN
+    from trtfuse.verify.tolerances import REFERENCE_MARGIN
 
     if result.judged_by == "tolerance":
         return "within tolerance of the original"
@@ -279,7 +281,17 @@ def _judged_by_text(result: CheckResult) -> str:
 
 
 def _failure_line(result: CheckResult) -> str:
+    """The first fused node that fails where it stands, named with its numbers, and how many outputs fail; else why
+    no output could be judged."""
     failed = sum(1 for step in result.steps for output in step.judged if not output.passed)
+    failure = result.first_node_failure
+    if failure is not None:
+        step, node = failure
+        nodes = len({node.node for step in result.steps for node in step.nodes if not node.passed})
+        others = f"{nodes} fused node(s) and {failed} output(s) fail in all"
+        return printable(
+            f"fused node '{node.node}' fails at step {step}: output '{node.tensor}': {node.text()}; {others}"
+        )
     empty = [step.name for step in result.steps if not step.judged]
     if empty and not failed:
         return f"no output could be judged at step {', '.join(empty)}: {_unjudged_text(result).removeprefix(', ')}"
@@ -297,11 +309,29 @@ def _echo_step(step: StepResult, origin: str) -> None:
     )
     for name, output in zip(names, step.outputs, strict=True):
         click.echo(f"  {name:<{width}}  {_row(output)}")
+    _echo_nodes(step)
     for note in step.notes:
         click.echo(f"  note: {printable(note)}")
     detail(
         f"  step {step.name}: " + ", ".join(f"{what} {seconds * 1e3:.1f} ms" for what, seconds in step.seconds.items())
     )
+
+
+def _echo_nodes(step: StepResult) -> None:
+    """One line on the fused nodes where they stand, then each node output that fails (with -v each that passes, on
+    stderr)."""
+    if not step.nodes:
+        return
+    failed = [node for node in step.nodes if not node.passed]
+    nodes = len({node.node for node in step.nodes})
+    verdict = "all pass" if not failed else click.style(f"{len(failed)} FAIL", fg="red")
+    click.echo(f"  fused nodes where they stand: {len(step.nodes)} outputs of {nodes} nodes, {verdict}")
+    for node in step.nodes:
+        line = f"    node '{node.node}' output '{node.tensor}': {node.text()}"
+        if node.passed:
+            detail(line)
+        else:
+            click.echo(f"{printable(line)}  {click.style('FAIL', fg='red')}")
 
 
 def _row(output: OutputVerdict) -> str:

@@ -8,7 +8,8 @@ A quantized node's stages are standard QuantizeLinear / DequantizeLinear nodes o
 and zero point 0 (onnxruntime's own arithmetic, which the contract's quantizers are defined to equal): the input
 stage on x (or the rounded h), the rsqrt stage on the inverse root, each dequantized in float32 and rounded once to
 its dequant dtype, the rsqrt stage's Q reading r rounded to its input dtype first (a Cast and back, where the graph
-cast r to 16 bits); the output stage quantizes y's T value into the node's output.
+cast r to 16 bits); the output stage quantizes y's T value into the node's output, that float32 value named after the
+output (`quantizer_input`) so that `check` can read what the node quantized.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ from trtfuse.fusion.fused_nodes import PluginNode, plugin_nodes
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS
 
 _FLOAT = TensorProto.FLOAT
+
+
+def quantizer_input(output: str) -> str:
+    """The name of the float32 value (y rounded to T) that the QuantizeLinear writing a node's quantized output
+    `output` reads in the lowering."""
+    return f"{output}/quantizer_input"
 
 
 def lower_fused_nodes(model: onnx.ModelProto, source: str | Path = "the fused model") -> onnx.ModelProto:
@@ -183,8 +190,9 @@ class _Lowering:
         if quantizer is None:
             self._cast(value, out_type, f"{name}/y", output=y)
             return
-        rounded = self._cast(self._cast(value, out_type, f"{name}/y_rounded"), _FLOAT, f"{name}/y_rounded_fp32")
-        self._quantize(rounded, quantizer, f"{name}/output_quant", output=y)
+        rounded = self._cast(value, out_type, f"{name}/y_rounded")
+        quantized_value = self._cast(rounded, _FLOAT, f"{name}/y_rounded_fp32", output=quantizer_input(y))
+        self._quantize(quantized_value, quantizer, f"{name}/output_quant", output=y)
 
     def _scale(self, weight: str, offset: float, name: str) -> str:
         weight32 = self._cast(weight, _FLOAT, f"{name}/weight_fp32")

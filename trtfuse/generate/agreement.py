@@ -106,11 +106,11 @@ class FlipShift:
         }
 
     def text(self) -> str:
+        """The step judged with its numbers: the candidate's distance against the bound, the bound's two parts."""
         relation = "<=" if self.passed else ">"
         return (
-            f"at step {self.step} the candidate's logits are {self.candidate:.3g} from the original's, {relation} "
-            f"{FLIP_MARGIN:g} x (rtol x max |logit| {self.rounding:.3g} + {self.quantizer:.3g}, the original's change "
-            f"with its quantizer inputs nudged by +-rtol) = {self.bound:.3g}"
+            f"at step {self.step}: {self.candidate:.3g} {relation} {FLIP_MARGIN:g} x (rounding {self.rounding:.3g} + "
+            f"quantizer flips {self.quantizer:.3g}) = {self.bound:.3g}"
         )
 
 
@@ -228,12 +228,21 @@ class GenerationVerdict:
         if divergence.flips is None:
             return f"{where}, more than a near tie (> {rule})"
         flips = divergence.flips.text()
+        checked = (
+            "fed the original's tokens up to there, the candidate's logits are compared with the original's at each "
+            f"step against {FLIP_MARGIN:g} x (the rounding allowance rtol x max |logit| + how far the original's own "
+            "logits move with every quantizer input nudged by +-rtol)"
+        )
         if divergence.flips.passed:
             return (
-                f"{where}, more than a near tie (> {rule}), but quantizer flips explain it ({flips}): passes, the "
-                "tokens before it are equal"
+                f"{where}, more than a near tie (> {rule}). Expected in a quantized graph: a value within rounding of "
+                "a quantizer's boundary lands one step off, which moves the logits further. Checked: "
+                f"{checked}; they stay within it (closest {flips}): passes, the tokens before it are equal"
             )
-        return f"{where}, more than a near tie (> {rule}), and more than quantizer flips explain ({flips})"
+        return (
+            f"{where}, more than a near tie (> {rule}), and more than quantizer flips explain: {checked}; they go past "
+            f"it {flips}"
+        )
 
 
 def judge_generations(

@@ -1,4 +1,5 @@
-"""A model's interface as a caller sees it: the inputs it feeds, and the names of ONNX element types."""
+"""A model's interface as a caller sees it: the inputs it feeds, the names of ONNX element types, and the element
+type of each tensor of its graph."""
 
 from __future__ import annotations
 
@@ -19,3 +20,17 @@ def elem_type_name(elem_type: int) -> str:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
     except (KeyError, TypeError):
         return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def value_types(model: onnx.ModelProto) -> tuple[onnx.GraphProto, dict[str, int]]:
+    """The main graph after shape inference (as it is where inference raises) and the element type of every tensor
+    it declares or infers one for."""
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        # Shape inference raises for graphs onnxruntime still runs; their tensors keep the types they declare.
+        graph = model.graph
+    types = {value.name: value.type.tensor_type.elem_type for value in [*graph.input, *graph.value_info]}
+    types.update({value.name: value.type.tensor_type.elem_type for value in graph.output})
+    types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
+    return graph, types

@@ -12,7 +12,9 @@ that reads it, not all of them at once (`onnxruntime_session`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 import onnx
@@ -20,6 +22,7 @@ from onnx import external_data_helper, helper
 
 from trtfuse.errors import Choice, MissingDependencyError, OptionError, TrtfuseError, first_line
 from trtfuse.fusion.lowering import lower_fused_nodes
+from trtfuse.model.feeds import StepFeed
 from trtfuse.model.onnx_file import LoadedModel
 from trtfuse.verify.widening import NARROW_FLOATS, is_reduced_precision, widen_to_float32
 
@@ -31,6 +34,9 @@ _EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 _SHAPE_ERROR = re.compile(r"shape|dimension|rank|broadcast|reshape|size|out of data bounds", re.IGNORECASE)
 
 StepFunction = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+R = TypeVar("R")
+# One run of a loaded model on a feed, giving the values of the tensors named.
+_Fetch = Callable[[Mapping[str, np.ndarray], Sequence[str]], dict[str, np.ndarray]]
 # Hears what a long call is doing (`trtfuse check`'s progress lines, which the CLI prints on stderr).
 Notify = Callable[[str], None]
 
@@ -84,14 +90,18 @@ def uses_bfloat16(model: onnx.ModelProto) -> bool:
 class CpuSession:
     """One model on the CPU, loaded once and run on any number of feeds: onnxruntime, or onnx's reference evaluator
     (exact per-op rounding, slow) for bfloat16 models, which onnxruntime's CPU kernels mostly lack, and where asked.
+    `exposed` names tensors of the graph that `run_exposing` gives besides the outputs (`check` reads the values
+    each fused node reads and replaces there).
 
     As a context manager it is loaded on entry and released on exit (`release`): a session holds the weights it
     read and its buffers, so a caller running several models in turn keeps one alive at a time."""
 
-    def __init__(self, model: LoadedModel, evaluator: bool = False) -> None:
+    def __init__(self, model: LoadedModel, evaluator: bool = False, exposed: Sequence[str] = ()) -> None:
         self.model = model
         self.evaluator = evaluator or uses_bfloat16(model.model)
-        self._run: StepFunction | None = None
+        self.exposed = tuple(exposed)
+        self.outputs = [output.name for output in model.model.graph.output]
+        self._run: _Fetch | None = None
 
     @property
     def loaded(self) -> bool:
@@ -107,7 +117,14 @@ class CpuSession:
         self._run = None
 
     def run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.load()._run(feed)
+        return self.load()._run(feed, self.outputs)
+
+    def run_exposing(self, feed: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The outputs, and the values of the `exposed` tensors, of one run."""
+        # An exposed tensor may be an output too: each name is fetched once.
+        values = self.load()._run(feed, list(dict.fromkeys([*self.outputs, *self.exposed])))
+        outputs = {name: values[name] for name in self.outputs}
+        return outputs, {name: values[name] for name in self.exposed}
 
     def __enter__(self) -> CpuSession:
         return self.load()
@@ -115,16 +132,14 @@ class CpuSession:
     def __exit__(self, *_exc: object) -> None:
         self.release()
 
-    def _onnxruntime(self) -> StepFunction:
-        session = onnxruntime_session(
-            LoadedModel(model=_as_onnxruntime_runs_it(self.model.model), path=self.model.path)
-        )
-        # The model's own outputs, not those `keep_16_bit_roundings` adds.
-        names = [output.name for output in self.model.model.graph.output]
+    def _onnxruntime(self) -> _Fetch:
+        # The model's own outputs and the exposed tensors, not the outputs `keep_16_bit_roundings` adds.
+        runs_it = _as_onnxruntime_runs_it(self.model.model, self.exposed)
+        session = onnxruntime_session(LoadedModel(model=runs_it, path=self.model.path))
 
-        def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        def run(feed: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
             try:
-                outputs = session.run(names, dict(feed))
+                outputs = session.run(list(names), dict(feed))
             except Exception as error:
                 # onnxruntime raises its own exception types for unsupported ops, bad graphs and bad feeds alike.
                 message = first_line(error)
@@ -138,7 +153,7 @@ class CpuSession:
 
         return run
 
-    def _evaluator(self) -> StepFunction:
+    def _evaluator(self) -> _Fetch:
         from onnx.reference import ReferenceEvaluator
 
         proto = onnx.ModelProto()
@@ -150,11 +165,11 @@ class CpuSession:
             # The evaluator raises whatever its op implementations raise.
             message = f"onnx's reference evaluator cannot load it: {first_line(error)}"
             raise TrtfuseError(f"{self.model.path}: {message}") from None
-        names = list(evaluator.output_names)
 
-        def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        def run(feed: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
             try:
-                return dict(zip(names, evaluator.run(names, dict(feed)), strict=True))
+                # The evaluator keeps every value of a run: it gives any tensor asked for.
+                return dict(zip(names, evaluator.run(list(names), dict(feed)), strict=True))
             except Exception as error:
                 message = f"onnx's reference evaluator cannot run it: {first_line(error)}"
                 raise _runtime_error(f"{self.model.path}: {message}", message) from None
@@ -162,14 +177,17 @@ class CpuSession:
         return run
 
 
-def _as_onnxruntime_runs_it(model: onnx.ModelProto) -> onnx.ModelProto:
+def _as_onnxruntime_runs_it(model: onnx.ModelProto, exposed: Sequence[str] = ()) -> onnx.ModelProto:
     """The model without its recorded intermediate shapes, which onnxruntime infers itself (an exporter's stale ones,
     such as genai's `sequence_length` where a decode step has the total length, make it re-use a buffer of the wrong
-    size), and with its 16-bit roundings kept."""
+    size), with its 16-bit roundings kept and the `exposed` tensors as outputs too (their types inferred)."""
     bare = onnx.ModelProto()
     bare.CopyFrom(model)
     del bare.graph.value_info[:]
-    return keep_16_bit_roundings(bare)
+    kept = keep_16_bit_roundings(bare)
+    outputs = {output.name for output in kept.graph.output}
+    kept.graph.output.extend(onnx.ValueInfoProto(name=name) for name in dict.fromkeys(exposed) if name not in outputs)
+    return kept
 
 
 def keep_16_bit_roundings(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -222,17 +240,34 @@ def _runtime_error(text: str, message: str) -> TrtfuseError:
     return TrtfuseError(text)
 
 
+def step_text(index: int, feeds: Sequence[StepFeed]) -> str:
+    """How progress lines name step `index` of `feeds`."""
+    return f"step {index + 1} of {len(feeds)} ({feeds[index].step})"
+
+
+def timed(
+    seconds: dict[str, float], what: str, run: Callable[[Mapping[str, np.ndarray]], R], feed: Mapping[str, np.ndarray]
+) -> R:
+    """`run(feed)`, its seconds recorded in `seconds[what]`."""
+    started = time.perf_counter()
+    outputs = run(feed)
+    seconds[what] = time.perf_counter() - started
+    return outputs
+
+
 def loading_line(what: str, session: CpuSession) -> str:
     """The progress line of `session` loading: `what` it is, in which runtime, from which file."""
     runtime = "onnx's reference evaluator" if session.evaluator else "onnxruntime"
     return f"loading {what} in {runtime}: {session.model.path}"
 
 
-def original_session(original: LoadedModel, notify: Notify = quiet) -> tuple[CpuSession, str]:
-    """The original's runner, loaded, and a note when it is not onnxruntime: where onnxruntime cannot load a model
-    (dynamo's opset-23 fp16 Gemma3 mixes fp16 and fp32 in one Mul), onnx's reference evaluator runs it, and the fused
-    model with it. `notify` hears of each load."""
-    runner = CpuSession(original)
+def original_session(
+    original: LoadedModel, notify: Notify = quiet, exposed: Sequence[str] = ()
+) -> tuple[CpuSession, str]:
+    """The original's runner (giving the `exposed` tensors too, `CpuSession.run_exposing`), loaded, and a note when
+    it is not onnxruntime: where onnxruntime cannot load a model (dynamo's opset-23 fp16 Gemma3 mixes fp16 and fp32
+    in one Mul), onnx's reference evaluator runs it, and the fused model with it. `notify` hears of each load."""
+    runner = CpuSession(original, exposed=exposed)
     notify(loading_line("the original", runner))
     try:
         return runner.load(), ""
@@ -240,7 +275,7 @@ def original_session(original: LoadedModel, notify: Notify = quiet) -> tuple[Cpu
         if runner.evaluator:
             raise
         note = f"{error}; both models run in onnx's reference evaluator instead"
-        runner = CpuSession(original, evaluator=True)
+        runner = CpuSession(original, evaluator=True, exposed=exposed)
         notify(loading_line("the original", runner))
         return runner.load(), note
 

@@ -21,11 +21,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtfuse.model.interface import elem_type_name
+from trtfuse.model.interface import elem_type_name, value_types
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
 from trtfuse.verify.onnxrt import CpuSession, StepFunction
 from trtfuse.verify.tolerances import tolerance_for
-from trtfuse.verify.verdict import computed_dtypes, value_types
+from trtfuse.verify.verdict import computed_dtypes
 
 NUDGE_INPUT = "trtfuse_quantizer_nudge"
 # The runs a measurement makes: the original itself, then every quantizer input nudged up and down.

@@ -24,7 +24,6 @@ Per output of the original:
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -37,9 +36,11 @@ from trtfuse.errors import TrtfuseError
 from trtfuse.fusion.fused_nodes import plugin_nodes
 from trtfuse.model.dims import model_dims, window_cache_outputs
 from trtfuse.model.feeds import StepFeed
-from trtfuse.model.interface import elem_type_name
+from trtfuse.model.interface import elem_type_name, value_types
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
 from trtfuse.verify.interface import check_same_inputs, declared_output_differences
+from trtfuse.verify.node_sites import NodeModels, node_models
+from trtfuse.verify.node_verdict import NodeOutputVerdict, judge_nodes
 from trtfuse.verify.onnxrt import (
     CpuSession,
     Notify,
@@ -49,33 +50,19 @@ from trtfuse.verify.onnxrt import (
     lowered_session,
     original_session,
     quiet,
+    step_text,
+    timed,
     widened_feed,
 )
-from trtfuse.verify.tolerances import OutputError, Tolerance, non_finite_mismatch, output_error, tolerance_for
-
-# Measured with every 16-bit value rounded as the graph says (`onnxrt.keep_16_bit_roundings`): on 70 outputs of real
-# exports (optimum, genai, ModelOpt int8/fp8/int4/AutoCast, dynamo opset 23, onnxslim) where a correct fusion differs
-# from the original, its RMS error against the float32 evaluation is 0.18-1.21 times the original's (the committed
-# fp16 fixtures fuse bit-exactly); a weight offset off by 0.01 on the fp16 fixtures is 14.5-18.4 times.
-REFERENCE_MARGIN = 1.5
-# Beyond the margin, float32 rounding of the evaluation itself: an output both models compute in float32 agrees to it.
-REFERENCE_FLOOR = tolerance_for("float32").rtol
-
-
-@dataclass(frozen=True)
-class ReferenceErrors:
-    """RMS errors, relative to the reference's RMS, of the original and the candidate against the float32 evaluation."""
-
-    original: float
-    candidate: float
-
-    @property
-    def bound(self) -> float:
-        return self.original * REFERENCE_MARGIN + REFERENCE_FLOOR
-
-    @property
-    def passed(self) -> bool:
-        return self.candidate <= self.bound
+from trtfuse.verify.tolerances import (
+    REFERENCE_MARGIN,
+    OutputError,
+    ReferenceErrors,
+    Tolerance,
+    output_error,
+    rms_error,
+    tolerance_for,
+)
 
 
 @dataclass(frozen=True)
@@ -119,22 +106,6 @@ class OutputVerdict:
             "passed": self.passed,
             "note": self.note,
         }
-
-
-def rms_error(actual: np.ndarray, reference: np.ndarray) -> float:
-    """RMS of `actual - reference` over RMS of `reference`, in float64; inf on a shape or NaN/inf mismatch."""
-    if actual.shape != reference.shape:
-        return math.inf
-    actual64 = np.asarray(actual, dtype=np.float64)
-    reference64 = np.asarray(reference, dtype=np.float64)
-    if non_finite_mismatch(actual64, reference64):
-        return math.inf
-    finite = np.isfinite(reference64)
-    difference = actual64[finite] - reference64[finite]
-    if difference.size == 0 or not np.any(difference):
-        return 0.0
-    scale = math.sqrt(float(np.mean(reference64[finite] ** 2)))
-    return math.sqrt(float(np.mean(difference**2))) / scale if scale > 0.0 else math.inf
 
 
 def same_runs(first: np.ndarray, second: np.ndarray) -> bool:
@@ -315,7 +286,8 @@ FLOAT32_NAME = "the float32 evaluation of the original"
 
 @dataclass(frozen=True)
 class StepResult:
-    """The verdict on every output of the original at one step; an output left out has `passed` None."""
+    """The verdict on every output of the original at one step (an output left out has `passed` None), and on each
+    output of each fused node where it stands (`nodes`, in graph order; `verify.node_verdict`)."""
 
     name: str
     input_shapes: dict[str, tuple[int, ...]]
@@ -323,6 +295,7 @@ class StepResult:
     notes: tuple[str, ...] = ()
     # Seconds each run of the step took: the original (first run), the candidate, the float32 evaluation.
     seconds: dict[str, float] = field(default_factory=dict)
+    nodes: list[NodeOutputVerdict] = field(default_factory=list)
 
     @property
     def judged(self) -> list[OutputVerdict]:
@@ -330,17 +303,23 @@ class StepResult:
 
     @property
     def passed(self) -> bool:
-        return bool(self.judged) and all(output.passed for output in self.judged)
+        return bool(self.judged) and all(output.passed for output in self.judged) and self.nodes_passed
+
+    @property
+    def nodes_passed(self) -> bool:
+        return all(node.passed for node in self.nodes)
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    """Every step's verdicts; `seed` is None when the inputs came from a file."""
+    """Every step's verdicts; `seed` is None when the inputs came from a file. `unjudged_nodes` names each fused node
+    judged end to end only, with the reason (`node_sites.NodeSite.notes`)."""
 
     steps: list[StepResult]
     seed: int | None
     inputs_file: Path | None = None
     judged_by: str = "tolerance"
+    unjudged_nodes: tuple[tuple[str, str], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -350,6 +329,11 @@ class CheckResult:
     def errors(self) -> list[OutputVerdict]:
         return [output for step in self.steps for output in step.outputs]
 
+    @property
+    def first_node_failure(self) -> tuple[str, NodeOutputVerdict] | None:
+        """The first fused node output that fails, in step order then graph order, with its step's name."""
+        return next(((step.name, node) for step in self.steps for node in step.nodes if not node.passed), None)
+
     def to_json(self) -> dict:
         return {
             "passed": self.passed,
@@ -357,6 +341,7 @@ class CheckResult:
             "inputs_file": str(self.inputs_file) if self.inputs_file else None,
             "judged_by": self.judged_by,
             "margin": REFERENCE_MARGIN,
+            "unjudged_nodes": [{"node": node, "reason": reason} for node, reason in self.unjudged_nodes],
             "steps": [
                 {
                     "step": step.name,
@@ -365,6 +350,7 @@ class CheckResult:
                     "seconds": step.seconds,
                     "passed": step.passed,
                     "outputs": [output.to_json() for output in step.outputs],
+                    "nodes": [node.to_json() for node in step.nodes],
                 }
                 for step in self.steps
             ],
@@ -386,9 +372,10 @@ def judge_lowered(
     check_same_inputs(original, fused)
     plugin_nodes(fused.model, fused.path)
     judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
-    runner, note = original_session(original, notify)
+    nodes = node_models(original, fused)
+    runner, note = original_session(original, notify, exposed=nodes.exposed)
     lowered = lowered_session(fused, evaluator=runner.evaluator)
-    return judge_steps(runner, lowered, feeds, judge, seed, inputs_file, note, notify, LOWERED_NAME)
+    return judge_steps(runner, lowered, feeds, judge, seed, inputs_file, note, notify, LOWERED_NAME, nodes)
 
 
 def judge_for(
@@ -412,9 +399,12 @@ def judge_steps(
     note: str = "",
     notify: Notify = quiet,
     candidate_name: str = "the candidate",
+    nodes: NodeModels | None = None,
 ) -> CheckResult:
     """Run the original (`runner`) twice, the candidate once and, where the verdict uses it, the float32 evaluation
-    of the original, at every step; judge each output. `note` goes with every step.
+    of the original, at every step; judge each output. `note` goes with every step. With `nodes` (the fused model's
+    nodes where they stand, `node_sites.node_models`; `runner` exposing the tensors they name), judge each fused
+    node too (`node_verdict.judge_nodes`), after the float32 evaluation.
 
     Each model runs all the steps before the next one loads, and each is released after its last step: one session
     is alive at a time. A candidate that is no `CpuSession` (an engine) is a context manager loading it on entry,
@@ -422,12 +412,13 @@ def judge_steps(
     `notify` hears which model loads and which step runs."""
     original = runner.model
     seconds: list[dict[str, float]] = [{} for _ in feeds]
-    firsts, agains = [], []
+    firsts, agains, exposed = [], [], []
     with runner:
         for index, step in enumerate(feeds):
-            notify(f"the original: {_step_text(index, feeds)}, twice")
-            first = _timed(seconds[index], "original", runner.run, step.feed)
+            notify(f"the original: {step_text(index, feeds)}, twice")
+            first, tensors = timed(seconds[index], "original", runner.run_exposing, step.feed)
             firsts.append(first)
+            exposed.append(tensors)
             agains.append(runner.run(step.feed))
     if isinstance(candidate, CpuSession):
         notify(loading_line(candidate_name, candidate))
@@ -439,6 +430,9 @@ def judge_steps(
     notes = [[note] if note else [] for _ in feeds]
     reference = float32_session(original) if judge.tolerance is None else None
     expected_outputs = _reference_outputs(reference, feeds, seconds, notes, notify)
+    node_verdicts = [[] for _ in feeds]
+    if nodes is not None:
+        node_verdicts = judge_nodes(nodes, feeds, exposed, runner.evaluator, judge.tolerance, seconds, notes, notify)
     windows = window_cache_outputs(original.model)
     reading = model_dims(original.model) if windows else None
     steps = []
@@ -460,10 +454,12 @@ def judge_steps(
                 outputs=judge.outputs(first, again, actual, expected),
                 notes=tuple(notes[index]),
                 seconds=seconds[index],
+                nodes=node_verdicts[index],
             )
         )
     judged_by = "float32 evaluation" if reference is not None else "tolerance"
-    return CheckResult(steps=steps, seed=seed, inputs_file=inputs_file, judged_by=judged_by)
+    unjudged = () if nodes is None else tuple((site.name, note) for site in nodes.sites for note in site.notes)
+    return CheckResult(steps, seed, inputs_file, judged_by, unjudged)
 
 
 def _steps_run(
@@ -472,8 +468,8 @@ def _steps_run(
     """The candidate's outputs at every step."""
     outputs = []
     for index, step in enumerate(feeds):
-        notify(f"{name}: {_step_text(index, feeds)}")
-        outputs.append(_timed(seconds[index], "candidate", run, step.feed))
+        notify(f"{name}: {step_text(index, feeds)}")
+        outputs.append(timed(seconds[index], "candidate", run, step.feed))
     return outputs
 
 
@@ -492,26 +488,13 @@ def _reference_outputs(
     notify(loading_line(FLOAT32_NAME, reference))
     try:
         for index, step in enumerate(feeds):
-            notify(f"{FLOAT32_NAME}: {_step_text(index, feeds)}")
+            notify(f"{FLOAT32_NAME}: {step_text(index, feeds)}")
             try:
-                outputs[index] = _timed(seconds[index], "float32 evaluation", reference.run, widened_feed(step.feed))
+                outputs[index] = timed(seconds[index], "float32 evaluation", reference.run, widened_feed(step.feed))
             except TrtfuseError as error:
                 notes[index].append(f"no float32 evaluation of the original ({error}): judged by tolerance")
     finally:
         reference.release()
-    return outputs
-
-
-def _step_text(index: int, feeds: Sequence[StepFeed]) -> str:
-    return f"step {index + 1} of {len(feeds)} ({feeds[index].step})"
-
-
-def _timed(
-    seconds: dict[str, float], what: str, run: StepFunction, feed: Mapping[str, np.ndarray]
-) -> Mapping[str, np.ndarray]:
-    started = time.perf_counter()
-    outputs = run(feed)
-    seconds[what] = time.perf_counter() - started
     return outputs
 
 
@@ -549,17 +532,3 @@ def computed_dtypes(model: onnx.ModelProto, names: Iterable[str] | None = None) 
         elif dtypes:
             computed[name] = dtypes[-1]
     return computed
-
-
-def value_types(model: onnx.ModelProto) -> tuple[onnx.GraphProto, dict[str, int]]:
-    """The main graph after shape inference (as it is where inference raises) and the element type of every tensor
-    it declares or infers one for."""
-    try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:
-        # Shape inference raises for graphs onnxruntime still runs; their tensors keep the types they declare.
-        graph = model.graph
-    types = {value.name: value.type.tensor_type.elem_type for value in [*graph.input, *graph.value_info]}
-    types.update({value.name: value.type.tensor_type.elem_type for value in graph.output})
-    types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
-    return graph, types

@@ -12,15 +12,24 @@ an activation QuantizeLinear -> DequantizeLinear pair that only rounds (a roundi
 stored weight; `model.qdq`) becomes an identity, while one that rescales or shifts stays, and an op that quantizes
 its activations on the fly computes them unrounded (`verify.dynamic_quantization`). Quantized weights stay as stored,
 since their float values are all the model has.
+
+`check` judges each fused node against another evaluation (`keep_quantizers`): the original's own ops from the
+tensors the node reads to those it replaces, in float32 with every QuantizeLinear and DequantizeLinear kept, each Q
+reading its input rounded as the graph last rounded it and each DQ's value rounded as the graph rounds it. The
+quantizers are the graph's own rounding points, which a fused node reproduces (docs/plugin-nodes.md); between them
+the evaluation computes in float32 as the node does, so a value near a quantizer's rounding boundary lands on the
+side the node's lands on, and the original's own 16-bit rounding is what the evaluation measures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import onnx
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
+from trtfuse.model.interface import value_types
 from trtfuse.model.qdq import QdqOperand, pair_difference
 from trtfuse.verify.dynamic_quantization import compute_activations_unrounded
 
@@ -61,17 +70,106 @@ def is_reduced_precision(model: onnx.ModelProto) -> bool:
     )
 
 
-def widen_to_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+def widen_to_float32(model: onnx.ModelProto, keep_quantizers: bool = False) -> onnx.ModelProto:
     """A copy of `model` computing the same ops on the same weights in float32, activation Q/DQ pairs removed and
-    activations quantized on the fly left unrounded."""
+    activations quantized on the fly left unrounded; with `keep_quantizers`, every QuantizeLinear and
+    DequantizeLinear kept, rounded where the graph rounds their values (`_QuantizerRoundings`)."""
     widened = onnx.ModelProto()
     widened.CopyFrom(model)
-    _widen_graph(widened.graph)
-    compute_activations_unrounded(widened.graph)
+    roundings = _QuantizerRoundings.of(model) if keep_quantizers else None
+    _widen_graph(widened.graph, drop_quantization=not keep_quantizers)
+    if roundings is not None:
+        roundings.insert(widened.graph)
+    else:
+        compute_activations_unrounded(widened.graph)
     for function in widened.functions:
         _widen_nodes(function.node)
-        _drop_activation_quantization(function.node, set(function.output), {})
+        if not keep_quantizers:
+            _drop_activation_quantization(function.node, set(function.output), {})
     return widened
+
+
+# A Cast to float32 of a float32 or 16-bit float value changes no value: the value it reads is rounded as it is.
+_LOSSLESS_TO_FLOAT32 = NARROW_FLOATS | {TensorProto.FLOAT}
+
+
+@dataclass(frozen=True)
+class _QuantizerRoundings:
+    """Where the graph rounds the values its quantizers read and write, by tensor: the 16-bit dtype each
+    QuantizeLinear's input was last rounded to (seen through Casts to float32), and the 16-bit dtype each
+    DequantizeLinear's value is rounded to (its own output's, or that of the one Cast that reads it)."""
+
+    quantizer_inputs: Mapping[str, int]
+    dequantized: Mapping[str, int]
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto) -> _QuantizerRoundings:
+        _, types = value_types(model)
+        graph = model.graph
+        producers = {output: node for node in graph.node for output in node.output}
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        quantizer_inputs, dequantized = {}, {}
+        for node in graph.node:
+            if node.op_type == "QuantizeLinear" and node.input:
+                rounded = _last_rounded(node.input[0], producers, types)
+                if types.get(rounded) in NARROW_FLOATS:
+                    quantizer_inputs[node.input[0]] = types[rounded]
+            elif node.op_type == "DequantizeLinear" and node.output:
+                value = node.output[0]
+                following = readers.get(value, [])
+                if types.get(value) in NARROW_FLOATS:
+                    dequantized[value] = types[value]
+                elif len(following) == 1 and following[0].op_type == "Cast":
+                    target = helper.get_node_attr_value(following[0], "to")
+                    if target in NARROW_FLOATS:
+                        dequantized[value] = target
+        return cls(quantizer_inputs, dequantized)
+
+    def insert(self, graph: onnx.GraphProto) -> None:
+        """In the widened `graph`: a rounding (a Cast to the dtype and back) in front of each QuantizeLinear's input
+        and after each DequantizeLinear's value."""
+        nodes: list[onnx.NodeProto] = []
+        rounded: dict[str, str] = {}
+        for node in graph.node:
+            if node.op_type == "QuantizeLinear" and node.input and node.input[0] in self.quantizer_inputs:
+                value = node.input[0]
+                if value not in rounded:
+                    rounded[value] = f"{value}/rounded"
+                    nodes += _rounding(value, rounded[value], self.quantizer_inputs[value])
+                node.input[0] = rounded[value]
+            nodes.append(node)
+            if node.op_type == "DequantizeLinear" and node.output and node.output[0] in self.dequantized:
+                value = node.output[0]
+                node.output[0] = f"{value}/unrounded"
+                nodes += _rounding(node.output[0], value, self.dequantized[value])
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+
+def _last_rounded(tensor: str, producers: Mapping[str, onnx.NodeProto], types: Mapping[str, int]) -> str:
+    """`tensor`, or the value it is a Cast to float32 of (through any number of them)."""
+    cast = producers.get(tensor)
+    while (
+        cast is not None
+        and cast.op_type == "Cast"
+        and helper.get_node_attr_value(cast, "to") == TensorProto.FLOAT
+        and types.get(cast.input[0]) in _LOSSLESS_TO_FLOAT32
+    ):
+        tensor = cast.input[0]
+        cast = producers.get(tensor)
+    return tensor
+
+
+def _rounding(value: str, output: str, dtype: int) -> list[onnx.NodeProto]:
+    """`value` (float32) rounded to `dtype` and back to float32, into `output`."""
+    narrow = f"{output}/{TensorProto.DataType.Name(dtype).lower()}"
+    return [
+        helper.make_node("Cast", [value], [narrow], to=dtype, name=narrow),
+        helper.make_node("Cast", [narrow], [output], to=TensorProto.FLOAT, name=f"{output}/float32"),
+    ]
 
 
 def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -115,16 +213,17 @@ def _names_narrow_dtype(attribute: onnx.AttributeProto) -> bool:
     )
 
 
-def _widen_graph(graph: onnx.GraphProto) -> None:
+def _widen_graph(graph: onnx.GraphProto, drop_quantization: bool = True) -> None:
     for value in [*graph.input, *graph.output]:
         _widen_value(value)
     # Recorded types of intermediate values would contradict the widened ops; onnxruntime infers them again.
     del graph.value_info[:]
     _widen_nodes(graph.node)
     _widen_initializers(graph)
-    _drop_activation_quantization(
-        graph.node, {value.name for value in graph.output}, {tensor.name: tensor for tensor in graph.initializer}
-    )
+    if drop_quantization:
+        _drop_activation_quantization(
+            graph.node, {value.name for value in graph.output}, {tensor.name: tensor for tensor in graph.initializer}
+        )
 
 
 def _widen_initializers(graph: onnx.GraphProto) -> None:

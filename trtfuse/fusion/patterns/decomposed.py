@@ -8,7 +8,7 @@ Canonical chain, every equivalent spelling accepted at each step:
     scale     Mul(a', r) in either order, r possibly cast down to the activation dtype first (T5)
 where a and a' are the same activation x seen through widening Casts. The epilogue (cast back, weight) follows.
 A QuantizeLinear -> DequantizeLinear pair on the inverse root r (ModelOpt's INT8 of TorchScript graphs) is the rsqrt
-quantizer stage of the fused node (patterns/quant.py); unless the fusion takes quantizers (`fuse_quant`), or on any
+quantizer stage of the fused node (patterns/quant.py); unless the fusion takes quantizers (`quant_opset`), or on any
 other intermediate (the x only the scaling Mul reads), the pair rounds and clips a value the fused node computes in
 float: the norm is left unfused, naming the pair (docs/patterns.md).
 Every op must be the ONNX op (default domain); every constant must broadcast to no higher rank than the tensor it
@@ -70,11 +70,11 @@ class _Core:
 class _Walk:
     """Steps along a chain of single-consumer tensors, rejecting the anchor when a step fails."""
 
-    def __init__(self, anchor: gs.Node, graph_outputs: set[str], shapes: Shapes, fuse_quant: bool) -> None:
+    def __init__(self, anchor: gs.Node, graph_outputs: set[str], shapes: Shapes, quant_opset: int | None) -> None:
         self.anchor = anchor
         self.graph_outputs = graph_outputs
         self.shapes = shapes
-        self.fuse_quant = fuse_quant
+        self.quant_opset = quant_opset
 
     def reject(self, reason: str) -> Rejected:
         return Rejected(self.anchor, reason)
@@ -245,7 +245,7 @@ def _add_epsilon(walk: _Walk, mean: gs.Tensor) -> tuple[gs.Tensor, list[gs.Node]
 
 def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.Node], str, tuple[TakenQuantizer, ...]]:
     """The nodes from variance+eps to the normalising product, that product's node (a Mul or a Div), and the rsqrt
-    quantizer the node takes in (a Q -> DQ pair on r, with `fuse_quant`)."""
+    quantizer the node takes in (a Q -> DQ pair on r, where the walk takes quantizers)."""
     root = walk.next_node(variance)
     if onnx_op(root) == "Pow":
         if root.inputs[0] is not variance:
@@ -284,7 +284,8 @@ def _inverse_root(walk: _Walk, variance: gs.Tensor) -> tuple[gs.Node, list[gs.No
     quantizers: tuple[TakenQuantizer, ...] = ()
     if onnx_op(product) == "QuantizeLinear":
         quantize, dequantize = product, only_consumer(product.outputs[0], walk.graph_outputs)
-        taken = fake_quant(QuantStage.RSQRT, quantize, dequantize) if walk.fuse_quant else None
+        opset = walk.quant_opset
+        taken = fake_quant(QuantStage.RSQRT, quantize, dequantize, opset) if opset is not None else None
         if not isinstance(taken, TakenQuantizer):
             raise walk.reject_qdq(quantize, dequantize, f"the inverse root {quantize.inputs[0].name}", taken)
         nodes += [quantize, dequantize]
@@ -378,11 +379,12 @@ def _choose_end(
 
 
 def match_decomposed(
-    anchor: gs.Node, graph_outputs: set[str], shapes: Shapes, fuse_quant: bool = False
+    anchor: gs.Node, graph_outputs: set[str], shapes: Shapes, quant_opset: int | None = None
 ) -> tuple[RmsNormMatch, list[NearMiss]]:
-    """Match the chain around a reduction node, or raise Rejected saying which condition failed. With `fuse_quant`
-    a Q -> DQ pair on the inverse root is the match's rsqrt quantizer."""
-    walk = _Walk(anchor, graph_outputs, shapes, fuse_quant)
+    """Match the chain around a reduction node, or raise Rejected saying which condition failed. With `quant_opset`
+    (the graph's opset, where the fusion takes quantizers) a Q -> DQ pair on the inverse root is the match's rsqrt
+    quantizer."""
+    walk = _Walk(anchor, graph_outputs, shapes, quant_opset)
     core = _core(walk)
     chain = _cast_chain(core.square_input)
     scaled_chain = _cast_chain(core.scaled_input)

@@ -8,6 +8,11 @@ gives back its input's dtype. The output stage takes a QuantizeLinear that is th
 reading the unquantized y read the node's input instead, which has y's shape; any other reader keeps the
 QuantizeLinear outside, with the reason (a quant near miss). The QuantizeLinear may read y through one layout op
 (LAYOUT_OPS) that only it reads: an INT8 one is taken, the op then moving the node's codes; an FP8 one stays out.
+
+The node divides by the scale in float32, as QuantizeLinear does up to opset 21 (onnxruntime divides a 16-bit input
+in float32 there). From opset 23 QuantizeLinear divides in its `precision` attribute's dtype, by default its scale's
+(onnxruntime 1.32 follows it): a quantizer whose division is 16-bit rounds the quotient to 16 bits first, which moves
+codes one step where a quotient lies near a rounding boundary, so it stays outside with the reason (`division_dtype`).
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ from trtfuse.fusion.patterns.queries import (
     scalar_constant,
     unique,
 )
+from trtfuse.model.interface import elem_type_name
 
-# QuantizeLinear's attributes up to opset 23; any other one means something the contract may not compute.
-_KNOWN_ATTRIBUTES = ("axis", "saturate", "block_size", "output_dtype")
+# QuantizeLinear's attributes up to opset 25; any other one means something the contract may not compute.
+_KNOWN_ATTRIBUTES = ("axis", "saturate", "block_size", "output_dtype", "precision")
+# The opset from which QuantizeLinear divides in its `precision` attribute's dtype, by default its scale's.
+PRECISION_OPSET = 23
 # Without a zero point and an output_dtype, QuantizeLinear quantizes to uint8.
 _DEFAULT_CODE = TensorProto.UINT8
 # Shape nodes read only y's shape: they stay correct on the node's input, which has it.
@@ -110,9 +118,21 @@ def _operand(node: gs.Node, index: int) -> gs.Tensor | None:
     return node.inputs[index]
 
 
-def quantizer_of(quantize: gs.Node, dequantize: gs.Node | None = None) -> Quantizer | str:
-    """The contract's quantizer `quantize` (and, for a fake-quant stage, `dequantize` after it) computes, or why it
-    is none (a sentence fragment)."""
+def division_dtype(quantize: gs.Node, opset: int) -> str | None:
+    """The dtype in which `quantize`, in a graph of `opset`, divides its input by its scale: float32 before
+    PRECISION_OPSET, from it the `precision` attribute's dtype, by default the scale's (None where unknown)."""
+    if opset < PRECISION_OPSET:
+        return "float32"
+    precision = int(quantize.attrs.get("precision", 0))
+    if precision:
+        return elem_type_name(precision)
+    scale = _operand(quantize, 1)
+    return None if scale is None else dtype_name(scale)
+
+
+def quantizer_of(quantize: gs.Node, opset: int, dequantize: gs.Node | None = None) -> Quantizer | str:
+    """The contract's quantizer `quantize` (and, for a fake-quant stage, `dequantize` after it) computes in a graph
+    of `opset`, or why it is none (a sentence fragment)."""
     for name in quantize.attrs:
         if name not in _KNOWN_ATTRIBUTES:
             return f"its attribute {name!r} is not one of QuantizeLinear's ({', '.join(_KNOWN_ATTRIBUTES)})"
@@ -128,6 +148,13 @@ def quantizer_of(quantize: gs.Node, dequantize: gs.Node | None = None) -> Quanti
         return f"its scale {shown} is not a one-element constant (a per-channel, blocked or computed scale)"
     if not (math.isfinite(scale) and scale > 0.0) or float(np.float32(scale)) != scale:
         return f"its scale {scale!r} is not a positive finite float32 value"
+    division = division_dtype(quantize, opset)
+    if division != "float32":
+        how = "its precision attribute" if quantize.attrs.get("precision") else "its scale's dtype, with no precision"
+        return (
+            f"at opset {opset} it divides by its scale in {division or 'an unknown dtype'} ({how}), the fused node "
+            "in float32"
+        )
     zero_point = _operand(quantize, 2)
     if zero_point is None:
         code = int(quantize.attrs.get("output_dtype", 0)) or _DEFAULT_CODE
@@ -151,11 +178,11 @@ def quantizer_of(quantize: gs.Node, dequantize: gs.Node | None = None) -> Quanti
     return Quantizer(dtype, scale, saturate, dtype_name(dequantize.outputs[0]))
 
 
-def fake_quant(stage: QuantStage, quantize: gs.Node, dequantize: gs.Node | None) -> TakenQuantizer | str:
-    """The pair as the quantizer of a fake-quant `stage`, or why it is none. The rsqrt stage records the dtype its
-    QuantizeLinear reads r in, seen through widening Casts: the dtype the graph last rounded r to (a Cast to 16
-    bits in front of the Q, or a root computed in 16 bits)."""
-    quantizer = quantizer_of(quantize, dequantize)
+def fake_quant(stage: QuantStage, quantize: gs.Node, dequantize: gs.Node | None, opset: int) -> TakenQuantizer | str:
+    """The pair as the quantizer of a fake-quant `stage` in a graph of `opset`, or why it is none. The rsqrt stage
+    records the dtype its QuantizeLinear reads r in, seen through widening Casts: the dtype the graph last rounded r
+    to (a Cast to 16 bits in front of the Q, or a root computed in 16 bits)."""
+    quantizer = quantizer_of(quantize, opset, dequantize)
     if isinstance(quantizer, str):
         return quantizer
     if stage.rounds_input:
@@ -163,9 +190,9 @@ def fake_quant(stage: QuantStage, quantize: gs.Node, dequantize: gs.Node | None)
     return TakenQuantizer(stage, quantizer, (quantize, dequantize))
 
 
-def fake_quant_pair(stage: QuantStage, pair: QdqPair) -> TakenQuantizer | str:
+def fake_quant_pair(stage: QuantStage, pair: QdqPair, opset: int) -> TakenQuantizer | str:
     """`pair`, with the Cast of its dequantized value where there is one, as the quantizer of `stage`."""
-    taken = fake_quant(stage, pair.quantize, pair.dequantize)
+    taken = fake_quant(stage, pair.quantize, pair.dequantize, opset)
     if isinstance(taken, str) or pair.rounding is None:
         return taken
     if dtype_name(pair.dequantize.outputs[0]) != "float32":
@@ -182,7 +209,7 @@ def _kept_out(quantize: gs.Node, norm: str, reason: str) -> NearMiss:
     return NearMiss(describe(quantize), f"not taken into the norm {norm}: {reason}")
 
 
-def _output_quantizer(match: RmsNormMatch, graph_outputs: set[str]) -> TakenQuantizer | NearMiss | None:
+def _output_quantizer(match: RmsNormMatch, graph_outputs: set[str], opset: int) -> TakenQuantizer | NearMiss | None:
     """The QuantizeLinear of the norm's output the node takes in; a near miss when one reads y (or a layout op's
     move of y) but stays out; None when none does."""
     y = match.y
@@ -205,7 +232,7 @@ def _output_quantizer(match: RmsNormMatch, graph_outputs: set[str]) -> TakenQuan
         if others:
             reason = f"{through}whose output {moved.name} is also read by {', '.join(others)}, unquantized"
             return _kept_out(quantize, match.name, reason)
-    quantizer = quantizer_of(quantize)
+    quantizer = quantizer_of(quantize, opset)
     if isinstance(quantizer, str):
         return _kept_out(quantize, match.name, f"{through}{quantizer}")
     if layout is not None and quantizer.dtype != "int8":
@@ -244,7 +271,7 @@ def _widened_reader(tensor: gs.Tensor, graph_outputs: set[str]) -> list[gs.Node]
     return []
 
 
-def _input_pair(match: RmsNormMatch, graph_outputs: set[str]) -> TakenQuantizer | NearMiss | None:
+def _input_pair(match: RmsNormMatch, graph_outputs: set[str], opset: int) -> TakenQuantizer | NearMiss | None:
     """The pair on a plain norm's x (x = DQ(Q(a)): the node then reads a), when the norm is its dequantized value's
     only reader; None when x is no such pair's output."""
     pair = qdq_pair(match.x)
@@ -257,15 +284,15 @@ def _input_pair(match: RmsNormMatch, graph_outputs: set[str]) -> TakenQuantizer 
     if readers:
         reason = f"{match.x.name} is also read by {', '.join(readers)}; the node reads the dequantized x"
         return _kept_out(pair.quantize, match.name, reason)
-    taken = fake_quant_pair(QuantStage.INPUT, pair)
+    taken = fake_quant_pair(QuantStage.INPUT, pair, opset)
     return _kept_out(pair.quantize, match.name, taken) if isinstance(taken, str) else taken
 
 
-def _with_quantizers(match: RmsNormMatch, graph_outputs: set[str], misses: list[NearMiss]) -> RmsNormMatch:
+def _with_quantizers(match: RmsNormMatch, graph_outputs: set[str], opset: int, misses: list[NearMiss]) -> RmsNormMatch:
     """`match` with its input pair and output QuantizeLinear taken in where it may take them."""
     taken = list(match.quantizers)
     x = match.x
-    for found in (_input_pair(match, graph_outputs), _output_quantizer(match, graph_outputs)):
+    for found in (_input_pair(match, graph_outputs, opset), _output_quantizer(match, graph_outputs, opset)):
         if isinstance(found, NearMiss):
             misses.append(found)
         elif found is not None:
@@ -277,13 +304,14 @@ def _with_quantizers(match: RmsNormMatch, graph_outputs: set[str], misses: list[
     return replace(match, x=x, quantizers=in_stage_order(tuple(taken)))
 
 
-def take_quantizers(search: NormSearch, graph_outputs: set[str]) -> None:
-    """Give every fused norm of `search` the quantizers around it that its node may take; record in
-    `search.quant_near_misses` each QuantizeLinear at a fused norm that stays outside, with the reason. In place."""
+def take_quantizers(search: NormSearch, graph_outputs: set[str], opset: int) -> None:
+    """Give every fused norm of `search` the quantizers around it that its node may take in a graph of `opset`;
+    record in `search.quant_near_misses` each QuantizeLinear at a fused norm that stays outside, with the reason.
+    In place."""
     misses: list[NearMiss] = []
-    search.matches = [_with_quantizers(match, graph_outputs, misses) for match in search.matches]
+    search.matches = [_with_quantizers(match, graph_outputs, opset, misses) for match in search.matches]
     for add in search.add_norms:
-        found = _output_quantizer(add.norm, graph_outputs)
+        found = _output_quantizer(add.norm, graph_outputs, opset)
         if isinstance(found, NearMiss):
             misses.append(found)
         elif found is not None:
@@ -292,7 +320,7 @@ def take_quantizers(search: NormSearch, graph_outputs: set[str]) -> None:
         # Each norm's output QuantizeLinear, as its output's own stage of the QK-norm (q_output, k_output).
         for role, stage in zip(("q", "k"), QK_NORM.output_stages, strict=True):
             match = getattr(pair, role)
-            found = _output_quantizer(match, graph_outputs)
+            found = _output_quantizer(match, graph_outputs, opset)
             if isinstance(found, NearMiss):
                 misses.append(found)
             elif found is not None:

@@ -8,7 +8,7 @@ other reader of the residual stream (the next residual Add) reads it as before. 
 SkipSimplifiedLayerNormalization is such a node already, its sum in float32.
 
 A norm that reads the sum through an exact QuantizeLinear -> DequantizeLinear pair (ModelOpt's FP8 and INT8 exports)
-takes the pair in as its input quantizer when the fusion takes quantizers (`fuse_quant`): the node normalises
+takes the pair in as its input quantizer when the fusion takes quantizers (`quant_opset`): the node normalises
 DQ(Q(h)) and still writes h itself, which the next residual Add reads.
 
 Only an Add of two activations of one dtype and one shape qualifies. Any other Add right before a norm (a bias, a
@@ -78,13 +78,14 @@ class _KeptOutside(Exception):
 
 
 def pair_residual_adds(
-    matches: list[RmsNormMatch], graph_outputs: set[str], shapes: Shapes, fuse_quant: bool = False
+    matches: list[RmsNormMatch], graph_outputs: set[str], shapes: Shapes, quant_opset: int | None = None
 ) -> ResidualPairing:
     """Each match (in graph order) with the residual Add whose sum it normalises, where there is one it may take;
-    with `fuse_quant`, also through a Q -> DQ pair on the sum (the node's input quantizer).
+    with `quant_opset` (the graph's opset, where the fusion takes quantizers), also through a Q -> DQ pair on the sum
+    (the node's input quantizer).
 
     Projection norms (q/k, MLA latents) never take one. A sum two norms read goes to the first: the other reads h."""
-    residuals = _Residuals(graph_outputs, shapes, fuse_quant)
+    residuals = _Residuals(graph_outputs, shapes, quant_opset)
     pairing = ResidualPairing()
     for match in matches:
         if PROJECTION_TAGS & set(match.tags):
@@ -106,17 +107,17 @@ def pair_residual_adds(
 class _Residuals:
     """The conditions on the Add in front of a norm; remembers which Adds a norm took already."""
 
-    def __init__(self, graph_outputs: set[str], shapes: Shapes, fuse_quant: bool) -> None:
+    def __init__(self, graph_outputs: set[str], shapes: Shapes, quant_opset: int | None) -> None:
         self.graph_outputs = graph_outputs
         self.shapes = shapes
-        self.fuse_quant = fuse_quant
+        self.quant_opset = quant_opset
         self.owners: dict[int, str] = {}
 
     def add_norm(self, match: RmsNormMatch) -> AddNormMatch | None:
-        """The Add whose sum `match` normalises (its x, or a widening Cast of it; with `fuse_quant` also a Q -> DQ
+        """The Add whose sum `match` normalises (its x, or a widening Cast of it; with `quant_opset` also a Q -> DQ
         pair of it), or None when x is no Add's sum."""
         total = look_through_lossless_casts(match.x)
-        quantizers = self._input_quantizer(match, total) if self.fuse_quant else ()
+        quantizers = self._input_quantizer(match, total, self.quant_opset) if self.quant_opset is not None else ()
         if quantizers:
             total = look_through_lossless_casts(quantizers[0].quantize.inputs[0])
         add = producer(total)
@@ -153,14 +154,14 @@ class _Residuals:
             quantizers=quantizers,
         )
 
-    def _input_quantizer(self, match: RmsNormMatch, x: gs.Tensor) -> tuple[TakenQuantizer, ...]:
+    def _input_quantizer(self, match: RmsNormMatch, x: gs.Tensor, opset: int) -> tuple[TakenQuantizer, ...]:
         """The pair through which the norm reads an Add's sum, as the node's input quantizer (none when x is no such
         pair's output); an exact pair that is no quantizer of the contract keeps the Add out, saying why."""
         pair = qdq_pair(x)
         add = None if pair is None else producer(pair.source)
         if onnx_op(add) != "Add":
             return ()
-        taken = fake_quant_pair(QuantStage.INPUT, pair)
+        taken = fake_quant_pair(QuantStage.INPUT, pair, opset)
         if isinstance(taken, str):
             through = f"the norm reads its sum through the pair {pair.text}"
             raise _KeptOutside(add, match, f"{through}, which is no quantizer a fused node takes: {taken}")

@@ -63,6 +63,8 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
     `options.fuse_quant`, each fused norm takes the quantizers around it (`patterns/quant.py`); without
     `options.fuse_qk` / `options.fuse_norm`, QK pairs / norms fused alone are near misses that name the option."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
+    # The opset whose QuantizeLinear semantics the quantizers taken in must have; None: none is taken.
+    quant_opset = graph.opset if options.fuse_quant else None
     search = NormSearch()
     matches: list[RmsNormMatch] = []
     redefined = _redefined_ops(graph)
@@ -75,7 +77,7 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
             continue
         try:
             if is_anchor:
-                match, notes = match_decomposed(node, graph_outputs, shapes, options.fuse_quant)
+                match, notes = match_decomposed(node, graph_outputs, shapes, quant_opset)
                 search.near_misses.extend(notes)
             elif is_fused_norm(node):
                 match = match_fused(node, graph_outputs, shapes)
@@ -98,12 +100,12 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
         search.near_misses.extend(NearMiss(m.name, LEFT_QK) for pair in search.qk_norm_pairs for m in (pair.q, pair.k))
         search.qk_norm_pairs = []
     if options.fuse_residual:
-        residual = pair_residual_adds(search.matches, graph_outputs, shapes, options.fuse_quant)
+        residual = pair_residual_adds(search.matches, graph_outputs, shapes, quant_opset)
         search.matches, search.add_norms = residual.norms, residual.add_norms
         search.residual_near_misses = residual.near_misses
     if not options.fuse_norm:
         search.near_misses.extend(NearMiss(match.name, LEFT_NORM) for match in search.matches)
         search.matches = []
-    if options.fuse_quant:
-        take_quantizers(search, graph_outputs)
+    if quant_opset is not None:
+        take_quantizers(search, graph_outputs, quant_opset)
     return search

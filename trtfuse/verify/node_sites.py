@@ -1,0 +1,460 @@
+"""Where each fused node stands in its original, and the two small models `check` judges each node with.
+
+A fused node takes the place of a chain of the original: it reads tensors the original computes too (its x and
+residual, q and k, or what the QuantizeLinear it took in read) and its outputs take the place of tensors of the
+original (the norm's y, or the codes of the QuantizeLinear after it; an add-norm's sum). So each node can be judged
+where it stands, on the original's own values of what it reads, whatever the nodes before it computed:
+
+- the candidate model: a copy of the node, with the few ops the rewrite put around it (the widening Casts of its
+  operands, a skip op's sum, a Cast or a layout op that moves an output into the original's tensor), its plugin
+  nodes lowered to standard ops (`fusion.lowering`); for a quantized output also the original's own QuantizeLinear
+  applied to the value the node quantized;
+- the reference model: the original's own ops from the tensors the node reads to those it replaces, in float32 with
+  the quantizers kept where the graph rounds (`widening.widen_to_float32(keep_quantizers=True)`); none for an
+  original that computes in float32, whose own values are the reference.
+
+Every node's copy lives under a prefix of its own (`NodeSite.prefix`) in one model of each kind, fed under that
+prefix: no node reads another's values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+import onnx
+from onnx import helper
+
+from trtfuse import contract
+from trtfuse.errors import TrtfuseError, first_line
+from trtfuse.fusion.fused_nodes import PluginNode, node_label, plugin_nodes
+from trtfuse.fusion.lowering import lower_fused_nodes, quantizer_input
+from trtfuse.fusion.patterns.quant import LAYOUT_OPS
+from trtfuse.model.interface import elem_type_name, value_types
+from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
+from trtfuse.verify.widening import is_reduced_precision, widen_to_float32
+
+PREFIX = "trtfuse_check"
+# Ops the rewrite may put between a node's output and the original's tensor it replaces: they move or convert the
+# values, computing none (a sum rounded to another dtype, an INT8 layout op moving the node's codes).
+_MOVES = ("Cast", "Identity", *LAYOUT_OPS)
+# How far a copy may reach: the rewrite puts a few ops around a node, and a norm's chain is a dozen ops. A fused
+# model whose node is farther from the original's tensors is judged only end to end.
+_CANDIDATE_OPS = 16
+_REFERENCE_OPS = 64
+
+
+class _Unjudged(Exception):
+    """Why a node (or one output of it) cannot be judged where it stands."""
+
+
+@dataclass(frozen=True)
+class JudgedOutput:
+    """One output of a fused node, judged on the original's `tensor` it takes the place of.
+
+    `value` is the original's tensor judged against the reference: `tensor` itself, or for a quantized output
+    (`quantizer`, the original's QuantizeLinear that wrote `tensor`) the y that QuantizeLinear quantized. The other
+    names are the candidate model's outputs: `candidate`, the node's `tensor`; `candidate_value`, its `value`; for a
+    quantized output `codes`, the codes the node wrote (before any op moved them), and `requantized`, the original's
+    QuantizeLinear applied to `candidate_value`, which `codes` must equal."""
+
+    tensor: str
+    value: str
+    candidate: str
+    candidate_value: str
+    quantizer: str | None = None
+    code_dtype: str | None = None
+    codes: str | None = None
+    requantized: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeSite:
+    """A fused node (`name`, `op`) where it stands: the original's tensors its copies read (`reads`; the reference's
+    in `reference_reads`), the outputs judged, and what of it is not judged, with the reason (`notes`)."""
+
+    name: str
+    op: str
+    prefix: str
+    reads: tuple[str, ...] = ()
+    reference_reads: tuple[str, ...] = ()
+    outputs: tuple[JudgedOutput, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def fed(self, tensor: str) -> str:
+        return f"{self.prefix}{tensor}"
+
+
+@dataclass(frozen=True)
+class NodeModels:
+    """Every fused node's site, the candidate and reference models (None: nothing to judge; no reference: the
+    original computes in float32), each with the path its weights resolve against, and the original's tensors its
+    run must give besides its outputs."""
+
+    sites: tuple[NodeSite, ...]
+    candidate: LoadedModel | None
+    reference: LoadedModel | None
+    exposed: tuple[str, ...]
+
+    @property
+    def judged(self) -> tuple[NodeSite, ...]:
+        return tuple(site for site in self.sites if site.outputs)
+
+
+class _Graph:
+    """One graph's tensors by name: producers, readers, initializers, inputs, every name, element types."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        self.model = model
+        self.producers = {output: node for node in graph.node for output in node.output if output}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.readers.setdefault(name, []).append(node)
+        self.initializers = {tensor.name: tensor for tensor in graph.initializer}
+        self.inputs = {value.name for value in graph.input} - set(self.initializers)
+        self.names = set(self.producers) | self.inputs | set(self.initializers)
+        self.order = {id(node): index for index, node in enumerate(graph.node)}
+        self.outputs = {value.name for value in graph.output}
+        _, self.types = value_types(model)
+
+
+@dataclass
+class _Copy:
+    """The nodes (by their place in the graph they come from), initializers and fed inputs of one site's copy in a
+    model of one kind."""
+
+    prefix: str
+    nodes: dict[int, onnx.NodeProto] = field(default_factory=dict)
+    initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    reads: dict[str, None] = field(default_factory=dict)
+    value_info: list[onnx.ValueInfoProto] = field(default_factory=list)
+
+    def name(self, tensor: str) -> str:
+        return f"{self.prefix}{tensor}" if tensor else ""
+
+    def inputs(self, graph: _Graph, declared: _Graph) -> list[onnx.ValueInfoProto]:
+        """The fed tensors as graph inputs, each of its dtype in `graph` (else as `declared` declares it: the fusion
+        declares a contrib op's output it reads, which shape inference leaves untyped)."""
+        inputs = []
+        for tensor in self.reads:
+            elem_type = graph.types.get(tensor) or declared.types.get(tensor)
+            if not elem_type:
+                raise _Unjudged(f"the original's '{tensor}' has no known dtype")
+            inputs.append(helper.make_tensor_value_info(self.name(tensor), elem_type, None))
+        return inputs
+
+    def copy_up_to(
+        self, tensor: str, graph: _Graph, stop: Callable[[str], bool], rename: Mapping[str, str], limit: int
+    ) -> None:
+        """Copy the ops of `graph` that compute `tensor`, back to the tensors `stop` takes (and records)."""
+        if not tensor or stop(tensor):
+            return
+        producer = graph.producers.get(tensor)
+        if producer is None:
+            raise _Unjudged(f"'{tensor}' is computed from nothing the original holds")
+        order = graph.order[id(producer)]
+        if order in self.nodes:
+            return
+        for name in producer.input:
+            self.copy_up_to(name, graph, stop, rename, limit)
+        self.add(producer, rename, order, limit)
+
+    def ordered(self) -> list[onnx.NodeProto]:
+        return [node for _, node in sorted(self.nodes.items())]
+
+    def add(self, node: onnx.NodeProto, rename: Mapping[str, str], order: int, limit: int) -> None:
+        """A copy of `node` whose tensors are named as `rename` says (else under the prefix)."""
+        if any(
+            attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attribute in node.attribute
+        ):
+            raise _Unjudged(f"it reaches {node.op_type} '{node_label(node)}', which holds a subgraph")
+        if len(self.nodes) >= limit:
+            raise _Unjudged(f"more than {limit} ops lie between it and the original's tensors")
+        copied = onnx.NodeProto()
+        copied.CopyFrom(node)
+        copied.name = self.name(node_label(node) or f"node{order}")
+        copied.input[:] = [rename.get(name, self.name(name)) for name in node.input]
+        copied.output[:] = [self.name(name) for name in node.output]
+        self.nodes[order] = copied
+
+
+def node_models(original: LoadedModel, fused: LoadedModel) -> NodeModels:
+    """Every fused node of `fused` where it stands in `original`, and the models that judge it there. A node that
+    cannot be judged where it stands is listed with the reason (`NodeSite.notes`), and judged end to end only."""
+    source, target = _Graph(original.model), _Graph(fused.model)
+    sites: list[NodeSite] = []
+    candidates: list[onnx.ModelProto] = []
+    references: list[tuple[NodeSite, _Copy]] = []
+    for index, plugin in enumerate(plugin_nodes(fused.model, fused.path)):
+        prefix = f"{PREFIX}/{index}/"
+        try:
+            site, candidate, after = _candidate(plugin, prefix, source, target)
+            reference = _reference(site, source)
+            reference.value_info.extend(reference.inputs(source, target))
+            candidates.append(_candidate_model(fused, site, candidate, after, source, target))
+        except (_Unjudged, TrtfuseError) as why:
+            reason = first_line(why) if isinstance(why, TrtfuseError) else str(why)
+            note = f"not judged where it stands: {reason}"
+            sites.append(NodeSite(node_label(plugin.node), plugin.op.name, prefix, notes=(note,)))
+            continue
+        site = replace(site, reference_reads=tuple(reference.reads))
+        sites.append(site)
+        references.append((site, reference))
+    if not candidates:
+        return NodeModels(tuple(sites), None, None, ())
+    reference_model = None
+    if is_reduced_precision(original.model):
+        reference_model = LoadedModel(_reference_model(original, references), original.path)
+    exposed = {
+        name: None
+        for site, _ in references
+        for name in [*site.reads, *site.reference_reads, *(t for out in site.outputs for t in (out.tensor, out.value))]
+        if name not in source.inputs
+    }
+    return NodeModels(tuple(sites), LoadedModel(_merged(candidates), fused.path), reference_model, tuple(exposed))
+
+
+def _candidate(plugin: PluginNode, prefix: str, source: _Graph, target: _Graph) -> tuple[NodeSite, _Copy, _Copy]:
+    """The node's site, its copy in the candidate model (before lowering) and the ops that go after the lowering
+    (each quantized output's QuantizeLinear of the original, reading the value the node quantized)."""
+    copy = _Copy(prefix)
+    after = _Copy(prefix)
+    node = plugin.node
+    shared = {name: name for name in target.initializers}
+
+    def held(tensor: str) -> bool:
+        """A weight of the fused model or a tensor of the original, recorded: no op of the fused graph to copy."""
+        if tensor in target.initializers:
+            copy.initializers[tensor] = target.initializers[tensor]
+        elif tensor in source.initializers:
+            copy.initializers[copy.name(tensor)] = _renamed(source.initializers[tensor], copy.name(tensor))
+        elif tensor in source.names:
+            copy.reads[tensor] = None
+        else:
+            return False
+        return True
+
+    def read(tensor: str) -> None:
+        """Copy what computes `tensor` in the fused graph, down to the original's tensors (fed) and weights."""
+        copy.copy_up_to(tensor, target, held, shared, _CANDIDATE_OPS)
+
+    for name in node.input:
+        read(name)
+    copy.add(node, shared, target.order[id(node)], _CANDIDATE_OPS)
+    for output in node.output:
+        declared = next((value for value in target.model.graph.value_info if value.name == output), None)
+        if declared is not None:
+            renamed = onnx.ValueInfoProto()
+            renamed.CopyFrom(declared)
+            renamed.name = copy.name(output)
+            copy.value_info.append(renamed)
+    outputs, notes = [], []
+    for position, output in enumerate(node.output):
+        if output not in source.names and output not in target.outputs and not target.readers.get(output):
+            continue  # a value nothing reads (an add-norm's sum at the last norm): nothing depends on it
+        try:
+            outputs.append(_judged_output(plugin, position, output, copy, after, read, source, target))
+        except _Unjudged as why:
+            notes.append(f"output '{output}' not judged where it stands: {why}")
+    if not outputs:
+        raise _Unjudged("; ".join(notes) or "it has no output")
+    site = NodeSite(node_label(node), plugin.op.name, prefix, tuple(copy.reads), (), tuple(outputs), tuple(notes))
+    return site, copy, after
+
+
+def _judged_output(
+    plugin: PluginNode,
+    position: int,
+    output: str,
+    copy: _Copy,
+    after: _Copy,
+    read: Callable[[str], None],
+    source: _Graph,
+    target: _Graph,
+) -> JudgedOutput:
+    """Output `position` of the node, followed through the ops that move it into a tensor of the original."""
+    tensor, moved = output, []
+    while tensor not in source.names:
+        readers = [
+            node for node in target.readers.get(tensor, []) if node.op_type in _MOVES and node.input[0] == tensor
+        ]
+        if not readers or len(moved) == 2:
+            raise _Unjudged("no tensor of the original holds it")
+        mover = readers[0]
+        for name in mover.input[1:]:
+            read(name)
+        copy.add(mover, {name: name for name in target.initializers}, target.order[id(mover)], _CANDIDATE_OPS)
+        moved.append(mover)
+        tensor = mover.output[0]
+    code_dtype = plugin.output_dtype(position)
+    if code_dtype not in contract.QUANT_DTYPE_CODES:
+        return JudgedOutput(tensor, tensor, copy.name(tensor), copy.name(tensor))
+    quantize = source.producers.get(tensor)
+    if quantize is None or quantize.op_type != "QuantizeLinear" or quantize.domain not in DEFAULT_DOMAINS:
+        raise _Unjudged(f"the original's '{tensor}' is written by no QuantizeLinear")
+    value = _quantized_value(quantize, {mover.name for mover in moved}, source)
+    candidate_value = quantizer_input(copy.name(output))
+    requantized = _requantize(quantize, candidate_value, tensor, after, source)
+    return JudgedOutput(
+        tensor,
+        value,
+        copy.name(tensor),
+        candidate_value,
+        node_label(quantize),
+        code_dtype,
+        copy.name(output),
+        requantized,
+    )
+
+
+def _quantized_value(quantize: onnx.NodeProto, moved: set[str], source: _Graph) -> str:
+    """The original's y that `quantize` quantizes: its input, seen through Casts to float32 of a value rounded as it
+    is and through the layout ops the fused model moves the node's codes with (`moved`, by name)."""
+    tensor = quantize.input[0]
+    producer = source.producers.get(tensor)
+    while producer is not None and (
+        (producer.op_type in LAYOUT_OPS and node_label(producer) in moved) or _widens(producer, source)
+    ):
+        tensor = producer.input[0]
+        producer = source.producers.get(tensor)
+    return tensor
+
+
+def _widens(node: onnx.NodeProto, graph: _Graph) -> bool:
+    """A Cast to float32 of a 16-bit or float32 value: it changes no value."""
+    if node.op_type != "Cast" or helper.get_node_attr_value(node, "to") != onnx.TensorProto.FLOAT:
+        return False
+    return elem_type_name(graph.types.get(node.input[0], 0)) in contract.ACTIVATION_DTYPES
+
+
+def _requantize(quantize: onnx.NodeProto, value: str, tensor: str, after: _Copy, source: _Graph) -> str:
+    """A copy of the original's `quantize` reading the candidate's `value` (float32) in the dtype the original's
+    reads; its scale and zero point copied from the original (constants only). Returns the copy's output."""
+    read_as = source.types.get(quantize.input[0], 0)
+    if elem_type_name(read_as) not in contract.ACTIVATION_DTYPES:
+        raise _Unjudged(f"the original's QuantizeLinear '{node_label(quantize)}' reads a value of unknown dtype")
+    operand = value
+    if read_as != onnx.TensorProto.FLOAT:
+        operand = after.name(f"{tensor}/requantize_input")
+        after.nodes[len(after.nodes)] = helper.make_node("Cast", [value], [operand], to=read_as, name=operand)
+    inputs = [operand, *(_original_constant(name, after, source) for name in quantize.input[1:])]
+    requantized = after.name(f"{tensor}/requantized")
+    copied = onnx.NodeProto()
+    copied.CopyFrom(quantize)
+    copied.name = requantized
+    copied.input[:] = inputs
+    copied.output[:] = [requantized]
+    after.nodes[len(after.nodes)] = copied
+    return requantized
+
+
+def _original_constant(tensor: str, after: _Copy, source: _Graph) -> str:
+    """A scale or zero point of the original, copied under the site's prefix: an initializer, or what Constant
+    nodes and ops on them compute."""
+    if not tensor:
+        return ""
+    name = after.name(f"original/{tensor}")
+    if tensor in source.initializers:
+        after.initializers[name] = _renamed(source.initializers[tensor], name)
+        return name
+    producer = source.producers.get(tensor)
+    if producer is None or any(attribute.type == onnx.AttributeProto.GRAPH for attribute in producer.attribute):
+        raise _Unjudged(f"the original's '{tensor}' is no constant")
+    inputs = [_original_constant(operand, after, source) for operand in producer.input]
+    copied = onnx.NodeProto()
+    copied.CopyFrom(producer)
+    copied.name = name
+    copied.input[:] = inputs
+    copied.output[:] = [after.name(f"original/{output}") for output in producer.output]
+    if len(after.nodes) >= _CANDIDATE_OPS:
+        raise _Unjudged(f"the original's '{tensor}' is no constant")
+    after.nodes[len(after.nodes)] = copied
+    return name
+
+
+def _renamed(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
+    renamed = onnx.TensorProto()
+    renamed.CopyFrom(tensor)
+    renamed.name = name
+    return renamed
+
+
+def _reference(site: NodeSite, source: _Graph) -> _Copy:
+    """The original's ops from what the node reads (and the model's inputs) to the values its outputs are judged on,
+    copied under the site's prefix; the original's initializers shared."""
+    copy = _Copy(site.prefix)
+    shared = {name: name for name in source.initializers}
+    stops = set(site.reads) | source.inputs
+
+    def held(tensor: str) -> bool:
+        if tensor in source.initializers:
+            copy.initializers[tensor] = source.initializers[tensor]
+        elif tensor in stops:
+            copy.reads[tensor] = None
+        else:
+            return False
+        return True
+
+    for output in site.outputs:
+        copy.copy_up_to(output.value, source, held, shared, _REFERENCE_OPS)
+    return copy
+
+
+def _model(
+    like: onnx.ModelProto,
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    initializers: Mapping[str, onnx.TensorProto],
+) -> onnx.ModelProto:
+    """A model of `nodes` with the opsets and local functions of `like`; its outputs are added later."""
+    graph = helper.make_graph(nodes, "trtfuse_check_nodes", inputs, [], list(initializers.values()))
+    model = helper.make_model(graph, opset_imports=list(like.opset_import), ir_version=like.ir_version)
+    model.functions.extend(like.functions)
+    return model
+
+
+def _add_outputs(model: onnx.ModelProto, names: Iterable[str]) -> None:
+    """Each of `names` as an output, its type left for the runtime to infer."""
+    model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in dict.fromkeys(names) if name)
+
+
+def _candidate_model(
+    fused: LoadedModel, site: NodeSite, copy: _Copy, after: _Copy, source: _Graph, target: _Graph
+) -> onnx.ModelProto:
+    """One node's copy, lowered, with the original's QuantizeLinear copies after it; its outputs those `site` names."""
+    model = _model(fused.model, copy.ordered(), copy.inputs(source, target), copy.initializers)
+    model.graph.value_info.extend(copy.value_info)
+    lowered = lower_fused_nodes(model, fused.path)
+    lowered.graph.node.extend(after.ordered())
+    lowered.graph.initializer.extend(after.initializers.values())
+    names = ("candidate", "codes", "candidate_value", "requantized")
+    _add_outputs(lowered, (getattr(out, name) for out in site.outputs for name in names))
+    return lowered
+
+
+def _merged(models: list[onnx.ModelProto]) -> onnx.ModelProto:
+    """One model holding every one of `models` (their names apart under their prefixes; shared weights once)."""
+    merged = onnx.ModelProto()
+    merged.CopyFrom(models[0])
+    names = {tensor.name for tensor in merged.graph.initializer}
+    for model in models[1:]:
+        graph = model.graph
+        merged.graph.node.extend(graph.node)
+        merged.graph.input.extend(graph.input)
+        merged.graph.output.extend(graph.output)
+        merged.graph.value_info.extend(graph.value_info)
+        merged.graph.initializer.extend(tensor for tensor in graph.initializer if tensor.name not in names)
+        names.update(tensor.name for tensor in graph.initializer)
+    return merged
+
+
+def _reference_model(original: LoadedModel, judged: list[tuple[NodeSite, _Copy]]) -> onnx.ModelProto:
+    """The original's subgraph of every judged node, in float32 with its quantizers kept."""
+    nodes = [node for _, copy in judged for node in copy.ordered()]
+    inputs = [value for _, copy in judged for value in copy.value_info]
+    initializers = {name: tensor for _, copy in judged for name, tensor in copy.initializers.items()}
+    model = _model(original.model, nodes, inputs, initializers)
+    _add_outputs(model, (site.fed(out.value) for site, _ in judged for out in site.outputs))
+    return widen_to_float32(model, keep_quantizers=True)

@@ -1,0 +1,348 @@
+"""The verdict on each fused node where it stands: `check` runs every node on the original's own values of what it
+reads and compares its outputs with the original's tensors they take the place of (`verify.node_sites`; docs/cli.md,
+"Each fused node").
+
+Per output of a node:
+- a quantized output (FP8 or INT8 codes): the codes must be, bit for bit, the original's own QuantizeLinear applied
+  to the value the node quantized (y rounded to T). That is the contract's output stage, and it leaves no room: a
+  scale, dtype or saturation other than the graph's changes codes. Where the node's codes differ from the original's
+  codes, the two quantized different values (each on its side of a rounding boundary); that value is judged next;
+- the value (a 16-bit or float32 output, or the y a quantized output quantized) passes when its RMS error against the
+  reference, the original's own ops from the same inputs in float32 with the quantizers kept where the graph rounds
+  (`widening.widen_to_float32(keep_quantizers=True)`), is at most `NODE_MARGIN` times the original's own error
+  plus float32's rtol (`tolerances.ReferenceErrors`), or when it equals the original's. In a float32 original the
+  original's values are the reference (its error 0). Where the reference cannot run, the value is judged within the
+  tolerance of its dtype against the original's, and the step says why; where the user gives a tolerance (--rtol,
+  --atol), within that, as every float output is. Codes have no tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from trtfuse.errors import TrtfuseError
+from trtfuse.model.feeds import StepFeed
+from trtfuse.verify.node_sites import JudgedOutput, NodeModels, NodeSite
+from trtfuse.verify.onnxrt import CpuSession, Notify, loading_line, step_text, timed, widened_feed
+from trtfuse.verify.tolerances import (
+    NODE_MARGIN,
+    REFERENCE_FLOOR,
+    OutputError,
+    ReferenceErrors,
+    Tolerance,
+    output_error,
+    rms_error,
+    tolerance_for,
+)
+
+# How progress lines name the two models.
+NODES_NAME = "each fused node on the original's tensors"
+REFERENCE_NAME = "the float32 evaluation of the original's ops at each fused node"
+
+
+def _index(index: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, index)) + "]"
+
+
+@dataclass(frozen=True)
+class CodeCheck:
+    """A quantized output's codes against the original's QuantizeLinear (`quantizer`) applied to the value the node
+    quantized: `wrong` of `elements` differ (none may), the first at `first` with the node's code, the quantizer's
+    and the value; `moved`, how many differ from the original's own codes (the values judged say why)."""
+
+    dtype: str
+    quantizer: str
+    elements: int
+    wrong: int
+    moved: int
+    first: tuple[int, ...] | None = None
+    code: float | None = None
+    expected: float | None = None
+    value: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.wrong == 0
+
+    def text(self) -> str:
+        if self.passed:
+            return (
+                f"{self.dtype} codes: the original {self.quantizer}'s of the node's values, bit for bit "
+                f"({self.moved} of {self.elements} differ from the original's codes)"
+            )
+        where = f", the first at {_index(self.first)}" if self.first is not None else ""
+        numbers = (
+            f": {self.code:g}, where the original's quantizer gives {self.expected:g} (value {self.value:.6g})"
+            if self.first is not None
+            else ""
+        )
+        return (
+            f"{self.wrong} of {self.elements} {self.dtype} codes are not the original {self.quantizer}'s of the "
+            f"node's own values{where}{numbers}"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "dtype": self.dtype,
+            "quantizer": self.quantizer,
+            "elements": self.elements,
+            "not_the_quantizers": self.wrong,
+            "differ_from_original": self.moved,
+            "first": None
+            if self.first is None
+            else {"index": list(self.first), "code": self.code, "quantizer_gives": self.expected, "value": self.value},
+        }
+
+
+@dataclass(frozen=True)
+class Worst:
+    """The element where the node's value is furthest from the original's, with the reference's there."""
+
+    index: tuple[int, ...]
+    candidate: float
+    original: float
+    reference: float
+
+
+@dataclass(frozen=True)
+class NodeOutputVerdict:
+    """One output of a fused node at one step: its codes (a quantized output) and its value (`values_passed`),
+    judged against the float32 evaluation (`errors`) or, where that could not run, within the tolerance of its dtype
+    (`error`); `note` says why a value could not be compared."""
+
+    node: str
+    op: str
+    tensor: str
+    value: str
+    values_passed: bool
+    errors: ReferenceErrors | None = None
+    error: OutputError | None = None
+    worst: Worst | None = None
+    codes: CodeCheck | None = None
+    note: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.values_passed and (self.codes is None or self.codes.passed)
+
+    def text(self) -> str:
+        """What was judged, the failing part first, in one line."""
+        parts = [self._values_text()] if self.codes is None else [self.codes.text(), self._values_text()]
+        if not self.values_passed:
+            parts.reverse()
+        return "; ".join(parts)
+
+    def _values_text(self) -> str:
+        what = f"values ('{self.value}')" if self.value != self.tensor else "values"
+        if self.note:
+            return f"{what}: {self.note}"
+        error, errors, worst = self.error, self.errors, self.worst
+        if errors is None:
+            if error is None:
+                return f"{what}: not compared"
+            relation = "within" if error.passed else "beyond"
+            tolerance = error.tolerance
+            return (
+                f"{what} {relation} rtol {tolerance.rtol:g} or atol {tolerance.atol:g} of the original's (max abs "
+                f"{error.max_abs:.3e}, max rel {error.max_rel:.3e})"
+            )
+        if worst is None:
+            return f"{what} equal to the original's"
+        relation = "<=" if errors.passed else ">"
+        text = (
+            f"{what}: error against the float32 evaluation {errors.candidate:.3e} {relation} {errors.margin:g} x "
+            f"the original's {errors.original:.3e} + {REFERENCE_FLOOR:g} = {errors.bound:.3e}"
+        )
+        if errors.passed:
+            return text
+        return (
+            f"{text}; the largest difference at {_index(worst.index)}: {worst.candidate:.6g}, the original's "
+            f"{worst.original:.6g}, the evaluation's {worst.reference:.6g}"
+        )
+
+    def to_json(self) -> dict:
+        errors, error, worst = self.errors, self.error, self.worst
+        return {
+            "node": self.node,
+            "op": self.op,
+            "output": self.tensor,
+            "value": self.value,
+            "passed": self.passed,
+            "codes": None if self.codes is None else self.codes.to_json(),
+            "values_passed": self.values_passed,
+            "float32_evaluation": None
+            if errors is None
+            else {"original_error": errors.original, "candidate_error": errors.candidate, "bound": errors.bound},
+            "max_abs": None if error is None else error.max_abs,
+            "max_rel": None if error is None else error.max_rel,
+            "worst": None
+            if worst is None
+            else {
+                "index": list(worst.index),
+                "candidate": worst.candidate,
+                "original": worst.original,
+                "reference": worst.reference,
+            },
+            "note": self.note,
+            "text": self.text(),
+        }
+
+
+def judge_nodes(
+    models: NodeModels,
+    feeds: Sequence[StepFeed],
+    exposed: Sequence[Mapping[str, np.ndarray]],
+    evaluator: bool,
+    tolerance: Tolerance | None,
+    seconds: Sequence[dict[str, float]],
+    notes: Sequence[list[str]],
+    notify: Notify,
+) -> list[list[NodeOutputVerdict]]:
+    """Each judged node's outputs at each step: the candidate model, then the reference, each run at every step in
+    turn and released after its last; `exposed` holds, per step, the original's tensors `models.exposed` names. A
+    `tolerance` the user gave judges the values instead of the reference, which then does not run (the codes stay
+    bit for bit)."""
+    if models.candidate is None:
+        return [[] for _ in feeds]
+    sites = models.judged
+
+    def fed(index: int, site: NodeSite, names: Sequence[str]) -> dict[str, np.ndarray]:
+        return {site.fed(name): _original_value(feeds[index], exposed[index], name) for name in names}
+
+    candidate = CpuSession(models.candidate, evaluator=evaluator)
+    notify(loading_line(NODES_NAME, candidate))
+    candidates = []
+    with candidate:
+        for index in range(len(feeds)):
+            notify(f"{NODES_NAME}: {step_text(index, feeds)}")
+            feed = {name: value for site in sites for name, value in fed(index, site, site.reads).items()}
+            candidates.append(timed(seconds[index], "fused nodes", candidate.run, feed))
+    references: list[Mapping[str, np.ndarray] | None] = [None] * len(feeds)
+    if models.reference is not None and tolerance is None:
+        reference = CpuSession(models.reference)
+        notify(loading_line(REFERENCE_NAME, reference))
+        try:
+            with reference:
+                for index in range(len(feeds)):
+                    notify(f"{REFERENCE_NAME}: {step_text(index, feeds)}")
+                    feed = {
+                        name: value for site in sites for name, value in fed(index, site, site.reference_reads).items()
+                    }
+                    references[index] = timed(
+                        seconds[index], "fused nodes' evaluation", reference.run, widened_feed(feed)
+                    )
+        except TrtfuseError as error:
+            for step_notes in notes:
+                step_notes.append(
+                    f"no float32 evaluation of the original's ops at each fused node ({error}): each node's values "
+                    "are judged within the tolerance of their dtype against the original's"
+                )
+    verdicts = []
+    for index in range(len(feeds)):
+        step = []
+        for site in sites:
+            for judged in site.outputs:
+                original_values = {
+                    name: _original_value(feeds[index], exposed[index], name) for name in (judged.tensor, judged.value)
+                }
+                step.append(
+                    _judged(site, judged, candidates[index], original_values, references[index], models, tolerance)
+                )
+        verdicts.append(step)
+    return verdicts
+
+
+def _original_value(step: StepFeed, exposed: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    return step.feed[name] if name in step.feed else exposed[name]
+
+
+def _judged(
+    site: NodeSite,
+    judged: JudgedOutput,
+    candidate: Mapping[str, np.ndarray],
+    original: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray] | None,
+    models: NodeModels,
+    tolerance: Tolerance | None,
+) -> NodeOutputVerdict:
+    """One output judged: its codes against the original's quantizer of its values; its values within `tolerance`
+    of the original's where one is given (or where the reference of a 16-bit or quantized original did not run:
+    within their dtype's), else against the reference (the original's own values in a float32 original)."""
+    node = {"node": site.name, "op": site.op, "tensor": judged.tensor, "value": judged.value}
+    codes = None
+    if judged.quantizer is not None:
+        codes = _codes(judged, candidate, original[judged.tensor])
+    value, expected = np.asarray(candidate[judged.candidate_value]), np.asarray(original[judged.value])
+    if value.shape != expected.shape:
+        note = f"shape {_shape(value)}, the original's {_shape(expected)}"
+        return NodeOutputVerdict(**node, values_passed=False, codes=codes, note=note)
+    if tolerance is not None or (reference is None and models.reference is not None):
+        error = output_error(judged.value, value, expected, tolerance or tolerance_for(expected.dtype))
+        return NodeOutputVerdict(**node, values_passed=error.passed, error=error, codes=codes)
+    evaluation = expected if reference is None else np.asarray(reference[site.fed(judged.value)])
+    errors = ReferenceErrors(rms_error(expected, evaluation), rms_error(value, evaluation), NODE_MARGIN)
+    worst = _worst(value, expected, evaluation)
+    # Values equal to the original's cannot be blamed, whatever the evaluation says.
+    return NodeOutputVerdict(
+        **node, values_passed=errors.passed or worst is None, errors=errors, worst=worst, codes=codes
+    )
+
+
+def _worst(value: np.ndarray, original: np.ndarray, reference: np.ndarray) -> Worst | None:
+    """The element where `value` is furthest from `original` (NaN where the other is not counts as furthest); None
+    where they are equal."""
+    value64, original64 = value.astype(np.float64), original.astype(np.float64)
+    same = (value64 == original64) | (np.isnan(value64) & np.isnan(original64))
+    if same.all():
+        return None
+    distance = np.where(same, 0.0, np.abs(value64 - original64))
+    distance = np.where(np.isnan(distance), math.inf, distance)
+    flat = int(np.argmax(distance))
+    index = tuple(int(position) for position in np.unravel_index(flat, value.shape))
+    return Worst(index, float(value64[index]), float(original64[index]), float(reference.astype(np.float64)[index]))
+
+
+def _code_values(codes: np.ndarray, dtype: str) -> np.ndarray:
+    """Codes as the numbers they stand for: INT8 as integers, FP8 (onnxruntime gives its bytes) as E4M3FN values."""
+    if dtype == "int8":
+        return np.asarray(codes).astype(np.float64)
+    return np.ascontiguousarray(codes).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def _same_codes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Element by element, whether two arrays of one-byte codes hold the same bits."""
+    return np.ascontiguousarray(first).view(np.uint8) == np.ascontiguousarray(second).view(np.uint8)
+
+
+def _codes(judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: np.ndarray) -> CodeCheck:
+    codes, expected = np.asarray(candidate[judged.codes]), np.asarray(candidate[judged.requantized])
+    dtype, quantizer = judged.code_dtype or "", judged.quantizer or ""
+    moved_codes = np.asarray(candidate[judged.candidate])
+    moved = int((~_same_codes(moved_codes, original)).sum()) if moved_codes.shape == original.shape else codes.size
+    if codes.shape != expected.shape:
+        return CodeCheck(dtype, quantizer, codes.size, codes.size, moved)
+    wrong = ~_same_codes(codes, expected)
+    if not wrong.any():
+        return CodeCheck(dtype, quantizer, codes.size, 0, moved)
+    first = tuple(int(position) for position in np.argwhere(wrong)[0])
+    value = float(np.asarray(candidate[judged.candidate_value]).astype(np.float64)[first])
+    code, quantized = (float(_code_values(array, dtype)[first]) for array in (codes, expected))
+    return CodeCheck(dtype, quantizer, codes.size, int(wrong.sum()), moved, first, code, quantized, value)
+
+
+def _shape(array: np.ndarray) -> str:
+    return "x".join(str(dim) for dim in array.shape) or "scalar"
+
+
+def first_failure(steps: Sequence[tuple[str, Sequence[NodeOutputVerdict]]]) -> tuple[str, NodeOutputVerdict] | None:
+    """The first node output that fails, in step order then graph order, with its step's name."""
+    for name, verdicts in steps:
+        for verdict in verdicts:
+            if not verdict.passed:
+                return name, verdict
+    return None
