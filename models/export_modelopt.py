@@ -25,7 +25,6 @@ import click
 import numpy as np
 import onnx
 import onnxruntime
-import torch
 from export import (
     EXPORTERS,
     VOCAB,
@@ -40,7 +39,13 @@ from export import (
     export_onnx,
     random_input_ids,
 )
+from extras import exit_missing
 from tool_exports import Manifest, export_facts, export_options, norm_entry, run_tool, tiny_model
+
+try:
+    import torch
+except ModuleNotFoundError as missing:
+    exit_missing(missing)
 
 QUANTIZE = "modelopt.onnx.quantization"
 AUTOCAST = "modelopt.onnx.autocast"
