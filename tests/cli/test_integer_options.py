@@ -41,6 +41,28 @@ def test_prompt_ids_take_ascii_digits_only(ids):
 
 
 def test_ascii_integers_still_parse():
-    result = run_cli("generate", "missing.onnx", "--steps", " 10 ", "--repeat", "+2", "--prompt-ids", "1,2")
+    result = run_cli(
+        "generate", "missing.onnx", "--steps", " 10 ", "--repeat", "2", "--seed", "+3", "--prompt-ids", "1,2"
+    )
     assert result.exit_code == EXIT_BAD_INPUT
     assert "missing.onnx: no such file" in result.stderr
+
+
+@pytest.mark.parametrize("spelling", ["+3", "-3", " +2"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("generate", "missing.onnx", "--steps"),
+        ("generate", "missing.onnx", "--repeat"),
+        ("check", "missing.onnx", "missing.onnx", "--generate"),
+        ("run", "missing.engine", "--warmup"),
+        ("compile", "missing.onnx", "--opt-level"),
+    ],
+    ids=lambda part: "-".join(part) if isinstance(part, tuple) else None,
+)
+def test_a_count_takes_no_sign(command, spelling):
+    """`--steps +3` ran three steps: a count is digits alone, as `--tokens` and `--dim` take it."""
+    result = run_cli(*command, spelling)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"{spelling!r} is not a count: ASCII digits alone, without a sign" in result.stderr
+    assert "no such file" not in result.stderr
