@@ -193,6 +193,16 @@ def test_short_help(args: list[str]) -> None:
     assert result.output.startswith("Usage: ")
 
 
+@pytest.mark.parametrize("command", ["inspect", "fuse", "compile"])
+def test_no_fuse_quant_help_names_every_quantized_op(command: str) -> None:
+    """It named TrtfuseRmsNormQuant and TrtfuseAddRmsNormQuant, not TrtfuseQkNormQuant, which it keeps out too."""
+    from trtfuse.contract import QUANTIZED_OPS
+
+    help_text = " ".join(_invoke(command, "-h").output.split())
+    flag = help_text[help_text.index("--no-fuse-quant") :]
+    assert all(op.name in flag[: flag.index("Quantized norms")] for op in QUANTIZED_OPS.values())
+
+
 @pytest.mark.parametrize(
     "args",
     [
