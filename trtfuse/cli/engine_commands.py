@@ -17,6 +17,7 @@ from trtfuse.cli.options import (
     EXIT_MISMATCH,
     EXIT_MISSING_DEPENDENCY,
     HELP_OPTIONS,
+    MAX_POSITIONS,
     FilePath,
     IntegerType,
     RangeType,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from trtfuse.engine.profiles import DimRange, ShapeRange
     from trtfuse.fusion.options import FusionOptions
     from trtfuse.generate.agreement import GenerationRequest, GenerationVerdict
+    from trtfuse.model.dims import Bound
     from trtfuse.model.onnx_file import LoadedModel
     from trtfuse.pipeline import FusedFile
 
@@ -91,6 +93,7 @@ COMPARE_INSTALL_HINT = (
     "(TensorRT >= 10.14); python: IPluginV3 plugins that call back into a Python process with trtfuse "
     "(TensorRT >= 10.8). [default: aot with TensorRT >= 10.14, else python]",
 )
+@MAX_POSITIONS
 @fusion_options
 @common_options
 def compile_command(
@@ -106,6 +109,7 @@ def compile_command(
     timing_cache: Path | None,
     tf32: bool,
     plugins: str | None,
+    positions: Bound | None,
     fusion: FusionOptions,
     as_json: bool,
 ) -> None:
@@ -115,7 +119,9 @@ def compile_command(
     from trtfuse.pipeline import compile_model
 
     engine_path = engine_path or model_path.with_suffix(".engine")
-    request = request_from_options(presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes)
+    request = request_from_options(
+        presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes, positions=positions
+    )
     compiled = compile_model(
         model_path,
         engine_path,

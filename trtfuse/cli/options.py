@@ -299,13 +299,31 @@ def fusion_options(command: F) -> F:
             "--no-fuse-quant",
             is_flag=True,
             help="Keep every QuantizeLinear -> DequantizeLinear pair around a norm in the graph: no "
-            "TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant, the output what trtfuse wrote before them "
-            '(docs/patterns.md, "Quantized norms").',
+            "TrtfuseRmsNormQuant, TrtfuseAddRmsNormQuant or TrtfuseQkNormQuant, the output what trtfuse wrote "
+            'before them (docs/patterns.md, "Quantized norms").',
         ),
     )
     for option in reversed(options):
         with_fusion = option(with_fusion)
     return with_fusion  # type: ignore[return-value]
+
+
+def _positions(_ctx: click.Context, _param: click.Parameter, value: int | None) -> object:
+    from trtfuse.model.dims import Bound
+
+    return None if value is None else Bound(value, f"given as --max-positions {value}")
+
+
+MAX_POSITIONS = click.option(
+    "--max-positions",
+    "positions",
+    type=IntegerType(minimum=1),
+    callback=_positions,
+    metavar="N",
+    help="The positions the model was trained for, where its export does not record them (max_position_embeddings "
+    "in its metadata, which ModelOpt's exports drop); given, it takes the metadata's place. Going past it is "
+    "warned about, as past the metadata's.",
+)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import enum
 import operator
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 from onnx import numpy_helper, shape_inference
@@ -135,8 +135,9 @@ class ModelDims:
     batch: Bound | None = None
     onnxruntime_batch: Bound | None = None
     max_total: Bound | None = None
-    # The positions the model was trained for, where its export records them (`POSITIONS_METADATA_KEY`): no limit
-    # of the graph, which computes its rotary angles for any position, so going past it is warned about, not refused.
+    # The positions the model was trained for, where its export records them (`POSITIONS_METADATA_KEY`) or its user
+    # states them (`stated_positions`): no limit of the graph, which computes its rotary angles for any position, so
+    # going past it is warned about, not refused.
     declared_positions: Bound | None = None
     expressions: Mapping[str, tuple[DimExpression | None, ...]] = field(default_factory=dict)
     # Sequence dims of window-sized caches (GroupQueryAttention with sliding_window_cache=1): named like a past
@@ -233,6 +234,12 @@ def declared_positions(model: onnx.ModelProto) -> Bound | None:
     if not value.isascii() or not value.isdigit() or int(value) == 0:
         return None
     return Bound(int(value), f"its metadata's {POSITIONS_METADATA_KEY} {int(value)}")
+
+
+def stated_positions(reading: ModelDims, positions: Bound | None) -> ModelDims:
+    """The reading with the positions the model was trained for stated by its user (`positions`, a model whose
+    export records none, or records another), or as read where None."""
+    return reading if positions is None else replace(reading, declared_positions=positions)
 
 
 def position_warning(reading: ModelDims, positions: int, what: str) -> str:
