@@ -365,6 +365,22 @@ def test_every_command_takes_json(llama_path: Path, tmp_path: Path) -> None:
         assert all(flag in _invoke(*command.split(), "-h").output for flag in ("--json", "--verbose", "--quiet"))
 
 
+@pytest.mark.parametrize("module", ["torch", "cutlass"])
+def test_bench_kernels_without_its_modules_says_how_to_install_them(module: str) -> None:
+    """It said which module was missing and nothing of how to get it, unlike every other exit 3. In a process of
+    its own: this one may hold the kernel modules already."""
+    blocked = f"import sys; sys.modules[{module!r}] = None; from trtfuse.cli.main import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, "bench", "kernels"], capture_output=True, text=True, check=False, cwd=REPO_ROOT
+    )
+    assert result.returncode == 3, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("trtfuse: the kernel benchmark needs torch and nvidia-cutlass-dsl (")
+    assert line.endswith(
+        "; install them with `pip install -e '.[gpu]'` in a trtfuse checkout, on a machine with an NVIDIA GPU"
+    )
+
+
 def test_compare_without_polygraphy_says_how_to_install_it(llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "polygraphy", None)
     result = _invoke("compare", llama_path, llama_path)

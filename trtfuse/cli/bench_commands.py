@@ -11,6 +11,10 @@ from trtfuse.errors import MissingDependencyError
 from trtfuse.files import OutputPlan, write_json_atomic
 
 _GROUP_JSON = "trtfuse.bench.json"
+# The gpu extra: the kernels extra alone has no torch, which the benchmark times against.
+BENCH_INSTALL_HINT = (
+    "install them with `pip install -e '.[gpu]'` in a trtfuse checkout, on a machine with an NVIDIA GPU"
+)
 
 
 @click.group("bench", context_settings=HELP_OPTIONS)
@@ -35,7 +39,9 @@ def kernels(ctx: click.Context, report_path: Path | None, no_torch_compile: bool
 
         from trtfuse.bench import kernels as kernel_bench
     except ImportError as error:
-        raise MissingDependencyError(f"the kernel benchmark needs torch and nvidia-cutlass-dsl: {error}") from error
+        raise MissingDependencyError(
+            f"the kernel benchmark needs torch and nvidia-cutlass-dsl ({error}); {BENCH_INSTALL_HINT}"
+        ) from error
     if not torch.cuda.is_available():
         raise MissingDependencyError("the kernel benchmark needs a CUDA GPU, and torch sees none")
     report = kernel_bench.run(compiled=not no_torch_compile)
