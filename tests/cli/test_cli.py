@@ -391,8 +391,11 @@ def test_compare_without_polygraphy_says_how_to_install_it(llama_path: Path, mon
     ]
 
 
-def test_run_on_a_missing_engine(tmp_path: Path) -> None:
-    result = _invoke("run", tmp_path / "missing.engine")
+@pytest.mark.parametrize("command", [["run"], ["generate"], ["triton-config"], ["compare", "ORIGINAL"]])
+def test_a_missing_engine_is_no_such_engine_file(command: list[str], tmp_path: Path, llama_path: Path) -> None:
+    """compare said `no such file` where the others say `no such engine file`."""
+    args = [llama_path if arg == "ORIGINAL" else arg for arg in command]
+    result = _invoke(*args, tmp_path / "missing.engine")
     assert result.exit_code == EXIT_BAD_INPUT
     assert result.stderr == f"trtfuse: error: {tmp_path / 'missing.engine'}: no such engine file\n"
 

@@ -257,17 +257,13 @@ def compare_command(
     """Judge the engine MODEL.engine (or FUSED.onnx, run exactly as `trtfuse check` runs it) against onnxruntime on
     ORIGINAL.onnx with `check`'s steps and verdict; exit 1 if an output fails. With --generate N, also generate N
     tokens greedily on both from one prompt, as `check --generate` does."""
-    from trtfuse.engine.engine_file import is_onnx_model_path
-    from trtfuse.generate.agreement import check_engine_generation
     from trtfuse.model.onnx_file import load_model
 
     plan = OutputPlan().read(original_path, candidate_path, *request.reads)
     plan.write("comparison report", report_path).write("saved inputs", request.save_inputs).check()
     original = load_model(original_path)
     inputs = request.inputs(original)
-    if request.generation is not None and not is_onnx_model_path(candidate_path):
-        # The engine's profiles must hold every step, as `generate` checks them, before the steps need TensorRT.
-        check_engine_generation(original, candidate_path, request.generation)
+    _check_engine_generation(original, candidate_path, request.generation)
     # Bad input is refused (exit 2) before a missing dependency is (exit 3): the user's first fix is their own.
     try:
         import polygraphy  # noqa: F401
@@ -296,6 +292,16 @@ def compare_command(
     # The tables' header: -q drops it with them.
     summary(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}", as_json)
     echo_result(report.result, as_json, extra_json=report.to_json(), generation=generation)
+
+
+def _check_engine_generation(original: LoadedModel, candidate_path: Path, request: GenerationRequest | None) -> None:
+    """`compare --generate` on an engine: its profiles hold every step, checked as `generate` checks them, before
+    the steps need TensorRT (a step they do not hold is bad input, exit 2, not a missing TensorRT)."""
+    from trtfuse.engine.engine_file import is_onnx_model_path
+    from trtfuse.generate.agreement import check_engine_generation
+
+    if request is not None and not is_onnx_model_path(candidate_path):
+        check_engine_generation(original, candidate_path, request)
 
 
 def _generation(original: LoadedModel, candidate_path: Path, request: GenerationRequest) -> GenerationVerdict:
