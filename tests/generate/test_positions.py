@@ -12,7 +12,7 @@ import pytest
 from trtfuse.cli.options import EXIT_BAD_INPUT
 from trtfuse.engine.profiles import DimRange, profile_warnings, request_from_options
 from trtfuse.generate.runners import generate_file
-from trtfuse.model.dims import POSITIONS_METADATA_KEY, Bound, model_dims
+from trtfuse.model.dims import POSITIONS_METADATA_KEY, model_dims
 
 from support.cli import run_cli
 from support.paths import FIXTURES, TOOL_FIXTURES
@@ -72,7 +72,7 @@ def test_generation_past_the_positions_warns_once_before_it_runs(tmp_path: Path)
 
 
 FP8_KV = TOOL_FIXTURES / "qwen3-modelopt-fp8-kv.onnx"
-STATED = "past the 128 the model was trained for (given as --max-positions 128)"
+STATED = "past the 128 the model was trained for (as stated for it)"
 
 
 def _warnings(result) -> list[str]:
@@ -99,9 +99,9 @@ def test_max_positions_states_what_a_modelopt_export_does_not_record(tmp_path: P
 def test_max_positions_takes_the_metadatas_place():
     longer = run_cli("generate", KV_FIXTURE, "--steps", "130", "--max-positions", "4096")
     assert longer.exit_code == 0 and _warnings(longer) == []
-    request = request_from_options(presets=["decode"], positions=Bound(64, "stated"))
+    request = request_from_options(presets=["decode"], positions=64)
     (line,) = profile_warnings(onnx.load(str(KV_FIXTURE)), request)
-    assert "past the 64 the model was trained for (stated)" in line
+    assert "past the 64 the model was trained for (as stated for it)" in line
 
 
 @pytest.mark.parametrize("value", ["0", "+128", "x"])

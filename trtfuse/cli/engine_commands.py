@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from trtfuse.engine.profiles import DimRange, ShapeRange
     from trtfuse.fusion.options import FusionOptions
     from trtfuse.generate.agreement import GenerationRequest, GenerationVerdict
-    from trtfuse.model.dims import Bound
     from trtfuse.model.onnx_file import LoadedModel
     from trtfuse.pipeline import FusedFile
 
@@ -109,7 +108,7 @@ def compile_command(
     timing_cache: Path | None,
     tf32: bool,
     plugins: str | None,
-    positions: Bound | None,
+    positions: int | None,
     fusion: FusionOptions,
     as_json: bool,
 ) -> None:

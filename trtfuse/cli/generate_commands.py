@@ -25,7 +25,6 @@ from trtfuse.errors import MissingDependencyError
 
 if TYPE_CHECKING:
     from trtfuse.generate.runners import GenerationRun
-    from trtfuse.model.dims import Bound
 
 
 @click.command("generate", context_settings=HELP_OPTIONS)
@@ -55,7 +54,7 @@ def generate_command(
     seed: int,
     repeat: int,
     no_cache: bool,
-    positions: Bound | None,
+    positions: int | None,
     as_json: bool,
 ) -> None:
     """Generate tokens greedily from a prompt with MODEL: an ONNX file on the CPU (a fused one with its plugin nodes

@@ -308,17 +308,10 @@ def fusion_options(command: F) -> F:
     return with_fusion  # type: ignore[return-value]
 
 
-def _positions(_ctx: click.Context, _param: click.Parameter, value: int | None) -> object:
-    from trtfuse.model.dims import Bound
-
-    return None if value is None else Bound(value, f"given as --max-positions {value}")
-
-
 MAX_POSITIONS = click.option(
     "--max-positions",
     "positions",
     type=IntegerType(minimum=1),
-    callback=_positions,
     metavar="N",
     help="The positions the model was trained for, where its export does not record them (max_position_embeddings "
     "in its metadata, which ModelOpt's exports drop); given, it takes the metadata's place. Going past it is "

@@ -18,7 +18,6 @@ import onnx
 
 from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.model.dims import (
-    Bound,
     DimExpressionError,
     DimRole,
     ModelDims,
@@ -88,7 +87,7 @@ class ProfileRequest:
     past_given: bool = False
     tokens_given: bool = False
     # The positions the model was trained for, stated where its metadata records none (`dims.stated_positions`).
-    positions: Bound | None = None
+    positions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ def request_from_options(
     batch: DimRange | None = None,
     past: DimRange | None = None,
     shapes: Mapping[str, ShapeRange] | None = None,
-    positions: Bound | None = None,
+    positions: int | None = None,
 ) -> ProfileRequest:
     """The user's view: one profile per preset and per token range; batch, past and shapes apply to all.
 

@@ -238,7 +238,7 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-def generation_interface(model: onnx.ModelProto, source: str, positions: Bound | None = None) -> GenerationInterface:
+def generation_interface(model: onnx.ModelProto, source: str, positions: int | None = None) -> GenerationInterface:
     """Read the model's generation interface; an input it cannot fill is one line naming it. `positions` states
     the positions the model was trained for (`dims.stated_positions`)."""
     reading = stated_positions(model_dims(model), positions)

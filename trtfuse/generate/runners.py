@@ -24,7 +24,6 @@ from trtfuse.errors import Choice, OptionError, TrtfuseError
 from trtfuse.fusion.fused_nodes import plugin_node_counts
 from trtfuse.generate.interface import GenerationInterface, generation_interface
 from trtfuse.generate.loop import Generation, default_prompt, greedy_generate, repeated
-from trtfuse.model.dims import Bound
 from trtfuse.model.feeds import check_seed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.onnxrt import CpuSession, Notify, loading_line, lowered_session, original_session, quiet
@@ -88,7 +87,7 @@ def generate_file(
     seed: int = 0,
     use_cache: bool = True,
     runs: int = 1,
-    positions: Bound | None = None,
+    positions: int | None = None,
     warn: Callable[[str], None] | None = None,
     notify: Notify = quiet,
 ) -> GenerationRun:
@@ -142,7 +141,7 @@ def _generate_engine(
     seed: int,
     use_cache: bool,
     runs: int,
-    positions: Bound | None,
+    positions: int | None,
     warn: Callable[[str], None] | None,
     notify: Notify,
 ) -> GenerationRun:

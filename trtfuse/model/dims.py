@@ -25,6 +25,8 @@ from trtfuse.model.interface import fed_inputs
 # The metadata key under which an export records the positions its model was trained for: Hugging Face's config
 # name, written by models/export.py --cache.
 POSITIONS_METADATA_KEY = "max_position_embeddings"
+# Why a model's trained positions are what they are when its user states them (`stated_positions`).
+STATED_POSITIONS = "as stated for it"
 # The batch of generated inputs and the OPT/MAX batch of derived profiles, unless the model allows only another:
 # 2 rather than 1, so that a batch-mixing bug shows.
 DEFAULT_BATCH = 2
@@ -236,10 +238,12 @@ def declared_positions(model: onnx.ModelProto) -> Bound | None:
     return Bound(int(value), f"its metadata's {POSITIONS_METADATA_KEY} {int(value)}")
 
 
-def stated_positions(reading: ModelDims, positions: Bound | None) -> ModelDims:
+def stated_positions(reading: ModelDims, positions: int | None) -> ModelDims:
     """The reading with the positions the model was trained for stated by its user (`positions`, a model whose
     export records none, or records another), or as read where None."""
-    return reading if positions is None else replace(reading, declared_positions=positions)
+    if positions is None:
+        return reading
+    return replace(reading, declared_positions=Bound(positions, STATED_POSITIONS))
 
 
 def position_warning(reading: ModelDims, positions: int, what: str) -> str:
