@@ -14,8 +14,8 @@ class FusionOptions:
 
     `fuse_quant`: the QuantizeLinear (-> DequantizeLinear) pairs around a norm (its input, its inverse root, the
     QuantizeLinear of its output; a QK-norm's output Qs) go into the fused node, a TrtfuseRmsNormQuant,
-    TrtfuseAddRmsNormQuant or TrtfuseQkNormQuant (the default; docs/patterns.md, "Quantized norms"). False leaves every pair in the graph, the output exactly what the
-    pass wrote before the quantized ops existed."""
+    TrtfuseAddRmsNormQuant or TrtfuseQkNormQuant (the default; docs/patterns.md, "Quantized norms"). False leaves
+    every pair in the graph, the output exactly what the pass wrote before the quantized ops existed."""
 
     fuse_residual: bool = True
     fuse_quant: bool = True
