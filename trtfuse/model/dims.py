@@ -592,6 +592,8 @@ class _PositionTables:
     def _axes(self, node: onnx.NodeProto) -> list[int] | None:
         """A Squeeze's or Unsqueeze's axes where they are constants (an attribute before opset 13)."""
         axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
-        if axes is None and len(node.input) > 1 and node.input[1] in self.constants:
-            axes = [int(a) for a in numpy_helper.to_array(self.constants[node.input[1]]).reshape(-1)]
+        stored = self.constants.get(node.input[1]) if axes is None and len(node.input) > 1 else None
+        # An axes tensor left in external data (a model read without it) is not read here.
+        if stored is not None and stored.data_location != onnx.TensorProto.EXTERNAL:
+            axes = [int(a) for a in numpy_helper.to_array(stored).reshape(-1)]
         return axes
