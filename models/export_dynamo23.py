@@ -17,9 +17,14 @@ import click
 import numpy as np
 import onnx
 import onnxruntime
-import torch
 from export import CHECK_SHAPE, STACK_TRACE_KEY, LogitsOnly, random_input_ids
+from extras import exit_missing
 from tool_exports import FORCE_OPTION, Manifest, first_line, norm_entry, tiny_model
+
+try:
+    import torch
+except ModuleNotFoundError as missing:
+    exit_missing(missing)
 
 OPSET = 23
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -5,8 +5,8 @@ model is first exported as export.py does (fp32; dynamo at opset 18 by default, 
 TorchScript exporter at opset 17, whose inverse root is `Sqrt -> Div(1, x)`; logits only, or with the KV cache as
 optimum names it with `--cache`), then given, as a user would, to `python -m modelopt.onnx.quantization` (int8 with
 fp16 and with fp32 elsewhere, fp8, int4) and to `python -m modelopt.onnx.autocast` (fp16, bf16), calibrated on the CPU
-with token ids inside the vocabulary (its own random calibration data indexes past a small vocabulary). Files are
-named `<arch>-modelopt-<variant>[-ts][-kv].onnx`.
+with token ids inside the vocabulary (its own random calibration data indexes past a small vocabulary). The source's
+metadata, which ModelOpt drops, is copied into each file. Files are named `<arch>-modelopt-<variant>[-ts][-kv].onnx`.
 
 \b
     $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS
@@ -25,7 +25,6 @@ import click
 import numpy as np
 import onnx
 import onnxruntime
-import torch
 from export import (
     EXPORTERS,
     VOCAB,
@@ -40,7 +39,13 @@ from export import (
     export_onnx,
     random_input_ids,
 )
+from extras import exit_missing
 from tool_exports import Manifest, export_facts, export_options, norm_entry, run_tool, tiny_model
+
+try:
+    import torch
+except ModuleNotFoundError as missing:
+    exit_missing(missing)
 
 QUANTIZE = "modelopt.onnx.quantization"
 AUTOCAST = "modelopt.onnx.autocast"
@@ -104,6 +109,16 @@ def one_batch(calibration: Path) -> str:
         return ",".join(f"{name}:{'x'.join(map(str, arrays[name].shape))}" for name in arrays.files)
 
 
+def copy_metadata(source: onnx.ModelProto, graph: onnx.ModelProto) -> None:
+    """The source export's metadata_props, in `graph`, which ModelOpt writes without them: among them the positions
+    the model was trained for (`max_position_embeddings`, export.py --cache), which trtfuse warns past. A key
+    ModelOpt wrote itself keeps its value."""
+    written = {entry.key for entry in graph.metadata_props}
+    for entry in source.metadata_props:
+        if entry.key not in written:
+            graph.metadata_props.add(key=entry.key, value=entry.value)
+
+
 def cache_facts(model: torch.nn.Module, layout: CacheLayout, graph: onnx.ModelProto, path: Path) -> dict[str, object]:
     """The KV interface of a quantized export, and onnxruntime's max rel error against the fp32 torch model at a
     prefill and a decode step (export.py's KV check; the quantization error, not a pass/fail)."""
@@ -142,6 +157,7 @@ def export(arch: str, variant: str, path: Path, sources: Path, exporter: str, ca
         # a fixed hash seed makes the file byte-reproducible.
         run_tool(command, env={**os.environ, "PYTHONHASHSEED": "0"})
         graph = onnx.load(str(written))
+        copy_metadata(onnx.load(str(source), load_external_data=False), graph)
         onnx.save(graph, str(path))
     entry["source"] = f"sources/{source.name}"
     if exporter != "dynamo":

@@ -193,6 +193,16 @@ def test_short_help(args: list[str]) -> None:
     assert result.output.startswith("Usage: ")
 
 
+@pytest.mark.parametrize("command", ["inspect", "fuse", "compile"])
+def test_no_fuse_quant_help_names_every_quantized_op(command: str) -> None:
+    """It named TrtfuseRmsNormQuant and TrtfuseAddRmsNormQuant, not TrtfuseQkNormQuant, which it keeps out too."""
+    from trtfuse.contract import QUANTIZED_OPS
+
+    help_text = " ".join(_invoke(command, "-h").output.split())
+    flag = help_text[help_text.index("--no-fuse-quant") :]
+    assert all(op.name in flag[: flag.index("Quantized norms")] for op in QUANTIZED_OPS.values())
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -355,6 +365,22 @@ def test_every_command_takes_json(llama_path: Path, tmp_path: Path) -> None:
         assert all(flag in _invoke(*command.split(), "-h").output for flag in ("--json", "--verbose", "--quiet"))
 
 
+@pytest.mark.parametrize("module", ["torch", "cutlass"])
+def test_bench_kernels_without_its_modules_says_how_to_install_them(module: str) -> None:
+    """It said which module was missing and nothing of how to get it, unlike every other exit 3. In a process of
+    its own: this one may hold the kernel modules already."""
+    blocked = f"import sys; sys.modules[{module!r}] = None; from trtfuse.cli.main import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, "bench", "kernels"], capture_output=True, text=True, check=False, cwd=REPO_ROOT
+    )
+    assert result.returncode == 3, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("trtfuse: the kernel benchmark needs torch and nvidia-cutlass-dsl (")
+    assert line.endswith(
+        "; install them with `pip install -e '.[gpu]'` in a trtfuse checkout, on a machine with an NVIDIA GPU"
+    )
+
+
 def test_compare_without_polygraphy_says_how_to_install_it(llama_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "polygraphy", None)
     result = _invoke("compare", llama_path, llama_path)
@@ -365,8 +391,11 @@ def test_compare_without_polygraphy_says_how_to_install_it(llama_path: Path, mon
     ]
 
 
-def test_run_on_a_missing_engine(tmp_path: Path) -> None:
-    result = _invoke("run", tmp_path / "missing.engine")
+@pytest.mark.parametrize("command", [["run"], ["generate"], ["triton-config"], ["compare", "ORIGINAL"]])
+def test_a_missing_engine_is_no_such_engine_file(command: list[str], tmp_path: Path, llama_path: Path) -> None:
+    """compare said `no such file` where the others say `no such engine file`."""
+    args = [llama_path if arg == "ORIGINAL" else arg for arg in command]
+    result = _invoke(*args, tmp_path / "missing.engine")
     assert result.exit_code == EXIT_BAD_INPUT
     assert result.stderr == f"trtfuse: error: {tmp_path / 'missing.engine'}: no such engine file\n"
 

@@ -12,20 +12,25 @@ from support.cli import run_cli
 SPELLINGS = ["1_0", "\u0661\u0660", "\uff11", "1.0", "0x10", ""]
 
 
+# Options that take a count (a minimum of 0 or more), then those that take any integer; each with its command line.
+COUNTS = [
+    ("generate", "missing.onnx", "--steps"),
+    ("generate", "missing.onnx", "--repeat"),
+    ("generate", "missing.onnx", "--max-positions"),
+    ("check", "missing.onnx", "missing.onnx", "--generate"),
+    ("run", "missing.engine", "--iterations"),
+    ("run", "missing.engine", "--warmup"),
+    ("compile", "missing.onnx", "--opt-level"),
+]
+INTEGERS = [("generate", "missing.onnx", "--seed"), ("check", "missing.onnx", "missing.onnx", "--seed")]
+
+
+def _option_id(part: object) -> str | None:
+    return "-".join(part) if isinstance(part, tuple) else None
+
+
 @pytest.mark.parametrize("spelling", SPELLINGS)
-@pytest.mark.parametrize(
-    "command",
-    [
-        ("generate", "missing.onnx", "--steps"),
-        ("generate", "missing.onnx", "--repeat"),
-        ("generate", "missing.onnx", "--seed"),
-        ("check", "missing.onnx", "missing.onnx", "--generate"),
-        ("check", "missing.onnx", "missing.onnx", "--seed"),
-        ("run", "missing.engine", "--iterations"),
-        ("compile", "missing.onnx", "--opt-level"),
-    ],
-    ids=lambda part: "-".join(part) if isinstance(part, tuple) else None,
-)
+@pytest.mark.parametrize("command", COUNTS + INTEGERS, ids=_option_id)
 def test_an_integer_not_in_ascii_digits_is_a_usage_error(command, spelling):
     result = run_cli(*command, spelling)
     assert result.exit_code == EXIT_BAD_INPUT, result.output
@@ -41,6 +46,18 @@ def test_prompt_ids_take_ascii_digits_only(ids):
 
 
 def test_ascii_integers_still_parse():
-    result = run_cli("generate", "missing.onnx", "--steps", " 10 ", "--repeat", "+2", "--prompt-ids", "1,2")
+    result = run_cli(
+        "generate", "missing.onnx", "--steps", " 10 ", "--repeat", "2", "--seed", "+3", "--prompt-ids", "1,2"
+    )
     assert result.exit_code == EXIT_BAD_INPUT
     assert "missing.onnx: no such file" in result.stderr
+
+
+@pytest.mark.parametrize("spelling", ["+3", "-3", " +2"])
+@pytest.mark.parametrize("command", COUNTS, ids=_option_id)
+def test_a_count_takes_no_sign(command, spelling):
+    """`--steps +3` ran three steps: a count is digits alone, as `--tokens` and `--dim` take it."""
+    result = run_cli(*command, spelling)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert f"{spelling!r} is not a count: ASCII digits alone, without a sign" in result.stderr
+    assert "no such file" not in result.stderr

@@ -41,3 +41,19 @@ def test_compare_refuses_bad_prompt_ids_before_a_missing_dependency(tmp_path: Pa
     result = run_cli("compare", KV_FIXTURE, engine, "--generate", "4", "--prompt-ids", "500")
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert OUTSIDE in result.stderr
+
+
+def test_compare_refuses_steps_the_engines_profiles_do_not_hold_before_a_missing_dependency(tmp_path: Path) -> None:
+    """`generate` on the engine refuses step 17 (exit 2); `compare --generate` on it gave TensorRT's exit 3 instead."""
+    from trtfuse.engine.profiles import DimRange, derive_profiles, request_from_options
+    from trtfuse.model.onnx_file import load_model
+
+    model = load_model(KV_FIXTURE).model
+    profiles = derive_profiles(model, request_from_options(presets=("decode", "prefill"), past=DimRange(0, 4, 16)))
+    engine = engine_with_sidecar(tmp_path, profiles=profiles, model=model)
+    refused = "step 17 (1 token after 17) fits none of the engine's optimisation profiles"
+    generated = run_cli("generate", engine, "--steps", "40", "--prompt-ids", "1,2")
+    compared = run_cli("compare", KV_FIXTURE, engine, "--generate", "40", "--prompt-ids", "1,2")
+    for result in (generated, compared):
+        assert result.exit_code == EXIT_BAD_INPUT, result.output
+        assert refused in result.stderr and len(result.stderr.splitlines()) == 1

@@ -26,6 +26,10 @@ runpy.run_path({script!r}, run_name="__main__")
         ("models/export.py", "torch"),
         ("models/export.py", "transformers"),
         ("models/export_optimum.py", "torch"),
+        ("models/export_genai.py", "torch"),
+        ("models/export_onnxslim.py", "torch"),
+        ("models/export_modelopt.py", "torch"),
+        ("models/export_dynamo23.py", "torch"),
         ("models/verify_exports.py", "transformers"),
     ],
 )

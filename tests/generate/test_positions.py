@@ -9,12 +9,13 @@ from pathlib import Path
 import onnx
 import pytest
 
+from trtfuse.cli.options import EXIT_BAD_INPUT
 from trtfuse.engine.profiles import DimRange, profile_warnings, request_from_options
 from trtfuse.generate.runners import generate_file
 from trtfuse.model.dims import POSITIONS_METADATA_KEY, model_dims
 
 from support.cli import run_cli
-from support.paths import FIXTURES
+from support.paths import FIXTURES, TOOL_FIXTURES
 
 KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
 WARNING = "past the 128 the model was trained for (its metadata's max_position_embeddings 128)"
@@ -68,3 +69,43 @@ def test_generation_past_the_positions_warns_once_before_it_runs(tmp_path: Path)
     fused = tmp_path / "kv.fused.onnx"
     assert run_cli("fuse", KV_FIXTURE, "-o", fused).exit_code == 0
     assert WARNING in run_cli("generate", fused, "--prompt-ids", "1,2,3", "--steps", "130").stderr
+
+
+FP8_KV = TOOL_FIXTURES / "qwen3-modelopt-fp8-kv.onnx"
+STATED = "past the 128 the model was trained for (as stated for it)"
+
+
+def _warnings(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if "warning" in line]
+
+
+def test_max_positions_states_what_a_modelopt_export_does_not_record(tmp_path: Path):
+    """ModelOpt drops the metadata: its FP8 fixture ran 200 steps and built 8192-position profiles in silence."""
+    assert model_dims(onnx.load(str(FP8_KV))).declared_positions is None
+    silent = run_cli("generate", FP8_KV, "--steps", "130")
+    assert silent.exit_code == 0 and _warnings(silent) == []
+    stated = run_cli("generate", FP8_KV, "--steps", "130", "--max-positions", "128")
+    assert stated.exit_code == 0, stated.output
+    (line,) = _warnings(stated)
+    assert f"a prompt of 5 ids and 130 steps feed 134 positions, {STATED}" in line
+    compiled = run_cli("compile", FP8_KV, "-o", tmp_path / "fp8.engine", "--max-positions", "128")
+    (line,) = _warnings(compiled)
+    assert line == (
+        f"trtfuse: warning: profile 'default' reaches up to 8192 positions, {STATED}; its outputs there are not what "
+        "the checkpoint learned; give token and past ranges whose MAX add up to at most 128"
+    )
+
+
+def test_max_positions_takes_the_metadatas_place():
+    longer = run_cli("generate", KV_FIXTURE, "--steps", "130", "--max-positions", "4096")
+    assert longer.exit_code == 0 and _warnings(longer) == []
+    request = request_from_options(presets=["decode"], positions=64)
+    (line,) = profile_warnings(onnx.load(str(KV_FIXTURE)), request)
+    assert "past the 64 the model was trained for (as stated for it)" in line
+
+
+@pytest.mark.parametrize("value", ["0", "+128", "x"])
+def test_max_positions_is_a_count(value):
+    result = run_cli("generate", FP8_KV, "--max-positions", value)
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "Invalid value for '--max-positions'" in result.stderr

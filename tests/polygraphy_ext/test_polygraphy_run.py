@@ -32,6 +32,7 @@ from trtfuse.engine.session import EngineSession
 from trtfuse.engine.sidecar import make_sidecar, sidecar_path_for
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.model.onnx_file import load_model
+from trtfuse.pipeline import fuse_file
 from trtfuse.polygraphy_ext import loaders, runners
 from trtfuse.polygraphy_ext.loaders import engine_profiles_for
 
@@ -290,6 +291,40 @@ def test_bad_model_is_one_polygraphy_error_line(tmp_path):
     errors = [line for line in output.splitlines() if line.startswith("[!]")]
     assert len(errors) == 1 and errors[0].startswith(f"[!] trtfuse: {bad}"), output
     assert "Traceback" not in output
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    output = output_of(result)
+    assert result.returncode == 1, output
+    assert "Traceback" not in output
+    (line,) = [line for line in output.splitlines() if line.startswith("[!]")]
+    return line
+
+
+def test_a_fused_model_given_to_onnxrt_says_to_use_trtfuse_onnxrt(tmp_path):
+    """Polygraphy's --onnxrt ended in onnxruntime's traceback (`TrtfuseRmsNorm(-1) is not a registered
+    function/op`); the extension sees the plugin nodes first."""
+    fused = tmp_path / "qwen3.fused.onnx"
+    fuse_file(FIXTURES / "qwen3-dynamo-fp32.onnx", fused)
+    line = _one_error_line(polygraphy_run(str(fused), "--onnxrt"))
+    assert line.startswith(f"[!] trtfuse: {fused} holds 7 trtfuse plugin nodes, which --onnxrt cannot run")
+    assert "use --trtfuse-onnxrt" in line
+    assert polygraphy_run(str(fused), "--trtfuse-onnxrt").returncode == 0
+
+
+def test_a_kv_cache_model_without_shapes_says_which_shapes_to_give():
+    """Every dynamic dim 1 makes the attention mask 1 where past + new tokens are 2: onnxruntime's traceback from
+    Polygraphy's runner. The line gives shapes that agree, and with them the run passes."""
+    fixture = str(FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx")
+    line = _one_error_line(polygraphy_run(fixture, "--onnxrt"))
+    assert "the model needs dim 1 of input 'attention_mask' ('past_sequence_length + sequence_length') to be 2" in line
+    shapes = line.split("e.g. --input-shapes ", 1)[1].split()
+    assert shapes[:2] == ["input_ids:[2,1]", "attention_mask:[2,6]"]
+    given = polygraphy_run(fixture, "--onnxrt", "--trtfuse-onnxrt", "--input-shapes", *shapes)
+    assert given.returncode == 0, output_of(given)
+    assert ALL_MATCHED in output_of(given)
+    # A model all of whose dynamic dims may be 1 runs without shapes, as Polygraphy runs it.
+    assert polygraphy_run(str(FIXTURES / "qwen3-dynamo-fp32.onnx"), "--onnxrt").returncode == 0
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")

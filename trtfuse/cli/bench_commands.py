@@ -13,6 +13,10 @@ from trtfuse.files import OutputPlan, json_holding, write_json_atomic
 _GROUP_JSON = "trtfuse.bench.json"
 # A kernel benchmark report trtfuse wrote (trtfuse.bench.kernels.run's), which a later call may replace.
 _is_benchmark_report = json_holding("gpu", "copy_gbs", "launch_floor_us")
+# The gpu extra: the kernels extra alone has no torch, which the benchmark times against.
+BENCH_INSTALL_HINT = (
+    "install them with `pip install -e '.[gpu]'` in a trtfuse checkout, on a machine with an NVIDIA GPU"
+)
 
 
 @click.group("bench", context_settings=HELP_OPTIONS)
@@ -38,7 +42,9 @@ def kernels(ctx: click.Context, report_path: Path | None, no_torch_compile: bool
 
         from trtfuse.bench import kernels as kernel_bench
     except ImportError as error:
-        raise MissingDependencyError(f"the kernel benchmark needs torch and nvidia-cutlass-dsl: {error}") from error
+        raise MissingDependencyError(
+            f"the kernel benchmark needs torch and nvidia-cutlass-dsl ({error}); {BENCH_INSTALL_HINT}"
+        ) from error
     if not torch.cuda.is_available():
         raise MissingDependencyError("the kernel benchmark needs a CUDA GPU, and torch sees none")
     report = kernel_bench.run(compiled=not no_torch_compile)

@@ -18,6 +18,7 @@ from trtfuse.cli.options import (
     EXIT_MISSING_DEPENDENCY,
     FORCE_OPTION,
     HELP_OPTIONS,
+    MAX_POSITIONS,
     FilePath,
     IntegerType,
     RangeType,
@@ -127,6 +128,7 @@ COMPARE_INSTALL_HINT = (
     help="Paired timing rounds per case of the A/B (at least 6, for a 95 % interval).",
 )
 @FORCE_OPTION
+@MAX_POSITIONS
 @fusion_options
 @common_options
 def compile_command(
@@ -147,6 +149,7 @@ def compile_command(
     strict_folds: bool,
     ab_rounds: int,
     force: bool,
+    positions: int | None,
     fusion: FusionOptions,
     as_json: bool,
 ) -> None:
@@ -158,7 +161,9 @@ def compile_command(
     from trtfuse.pipeline import compile_model
 
     engine_path = engine_path or model_path.with_suffix(".engine")
-    request = request_from_options(presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes)
+    request = request_from_options(
+        presets=presets, tokens=tokens, batch=batch, past=past, shapes=shapes, positions=positions
+    )
     compiled = compile_model(
         model_path,
         engine_path,
@@ -352,6 +357,7 @@ def compare_command(
     plan.write("saved inputs", request.save_inputs, ours=is_trtfuse_archive).check_paths()
     original = load_model(original_path)
     inputs = request.inputs(original)
+    _check_engine_generation(original, candidate_path, request.generation)
     # Bad input is refused (exit 2) before a missing dependency is (exit 3): the user's first fix is their own.
     try:
         import polygraphy  # noqa: F401
@@ -382,6 +388,16 @@ def compare_command(
     # The tables' header: -q drops it with them.
     summary(f"{ORIGINAL_RUNNER} vs {report.candidate_runner}", as_json)
     echo_result(report.result, as_json, extra_json=report.to_json(), generation=generation)
+
+
+def _check_engine_generation(original: LoadedModel, candidate_path: Path, request: GenerationRequest | None) -> None:
+    """`compare --generate` on an engine: its profiles hold every step, checked as `generate` checks them, before
+    the steps need TensorRT (a step they do not hold is bad input, exit 2, not a missing TensorRT)."""
+    from trtfuse.engine.engine_file import is_onnx_model_path
+    from trtfuse.generate.agreement import check_engine_generation
+
+    if request is not None and not is_onnx_model_path(candidate_path):
+        check_engine_generation(original, candidate_path, request)
 
 
 def _generation(original: LoadedModel, candidate_path: Path, request: GenerationRequest) -> GenerationVerdict:

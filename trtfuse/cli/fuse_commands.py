@@ -168,7 +168,8 @@ def check(original_path: Path, fused_path: Path, request: CheckRequest, force: b
     inputs, at a prefill and a decode step on KV-cache models; exit 1 if an output fails. Float32 graphs pass within
     the dtype's tolerance; 16-bit and quantized graphs when the fused model's error against a float32 evaluation of
     the original is no worse than the original's own (docs/cli.md). With --generate N, also generate N tokens
-    greedily on both from one prompt; they must be the same, but for a divergence at a near tie."""
+    greedily on both from one prompt; they must be the same, but for a divergence at a near tie or, in a quantized
+    graph, one that quantizer flips explain."""
     from trtfuse.model.feed_files import is_trtfuse_archive
     from trtfuse.model.onnx_file import load_model
     from trtfuse.verify.check import check_fused

@@ -10,6 +10,7 @@ import click
 from trtfuse.cli.check_report import PROMPT_IDS
 from trtfuse.cli.options import (
     HELP_OPTIONS,
+    MAX_POSITIONS,
     FilePath,
     IntegerType,
     common_options,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Recompute mode, for models without a KV cache: every step runs the whole sequence.",
 )
+@MAX_POSITIONS
 @common_options
 def generate_command(
     model_path: Path,
@@ -52,6 +54,7 @@ def generate_command(
     seed: int,
     repeat: int,
     no_cache: bool,
+    positions: int | None,
     as_json: bool,
 ) -> None:
     """Generate tokens greedily from a prompt with MODEL: an ONNX file on the CPU (a fused one with its plugin nodes
@@ -61,7 +64,15 @@ def generate_command(
 
     try:
         run = generate_file(
-            model_path, steps, prompt_ids, seed=seed, use_cache=not no_cache, runs=repeat, warn=warning, notify=info
+            model_path,
+            steps,
+            prompt_ids,
+            seed=seed,
+            use_cache=not no_cache,
+            runs=repeat,
+            positions=positions,
+            warn=warning,
+            notify=info,
         )
     except MissingDependencyError as error:
         exit_missing(error, f"cannot generate with {model_path}", as_json)

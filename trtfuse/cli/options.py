@@ -161,8 +161,10 @@ ASCII_INTEGER = r"[+-]?[0-9]+"
 
 
 class IntegerType(click.ParamType):
-    """An integer in ASCII digits, signed or not, from `minimum` to `maximum` where given: every integer option's one
-    parser (`int()` would also take `1_0` and other scripts' digits)."""
+    """An integer in ASCII digits from `minimum` to `maximum` where given: every integer option's one parser (`int()`
+    would also take `1_0` and other scripts' digits). A count (a `minimum` of 0 or more: steps, runs, a level) is
+    digits alone, as `--tokens` and `--dim` take them; a sign is for an integer that may be negative (a seed, whose
+    range check then names the range)."""
 
     name = "INTEGER"
 
@@ -170,12 +172,15 @@ class IntegerType(click.ParamType):
         self.minimum, self.maximum = minimum, maximum
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        text = str(value).strip()
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
-        elif re.fullmatch(ASCII_INTEGER, str(value).strip()):
-            number = int(str(value))
-        else:
+        elif not re.fullmatch(ASCII_INTEGER, text):
             self.fail(f"{value!r} is not an integer in ASCII digits (for example 16)")
+        elif self.minimum is not None and self.minimum >= 0 and not text.isdigit():
+            self.fail(f"{value!r} is not a count: ASCII digits alone, without a sign (for example 16)")
+        else:
+            number = int(text)
         if self.minimum is not None and number < self.minimum:
             self.fail(f"{number} is less than {self.minimum}")
         if self.maximum is not None and number > self.maximum:
@@ -306,8 +311,8 @@ def fusion_options(command: F) -> F:
             "--no-fuse-quant",
             is_flag=True,
             help="Keep every QuantizeLinear -> DequantizeLinear pair around a norm in the graph: no "
-            "TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant, the output what trtfuse wrote before them "
-            '(docs/patterns.md, "Quantized norms").',
+            "TrtfuseRmsNormQuant, TrtfuseAddRmsNormQuant or TrtfuseQkNormQuant, the output what trtfuse wrote "
+            'before them (docs/patterns.md, "Quantized norms").',
         ),
         click.option(
             "--no-fuse-qk",
@@ -331,6 +336,17 @@ FORCE_OPTION = click.option(
     is_flag=True,
     help="Let an output replace an existing file trtfuse cannot tell it wrote; never an input, never an ONNX model "
     "trtfuse did not write (a file trtfuse wrote is replaced without it: docs/cli.md).",
+)
+
+
+MAX_POSITIONS = click.option(
+    "--max-positions",
+    "positions",
+    type=IntegerType(minimum=1),
+    metavar="N",
+    help="The positions the model was trained for, where its export does not record them (max_position_embeddings "
+    "in its metadata, which ModelOpt's exports drop); given, it takes the metadata's place. Going past it is "
+    "warned about, as past the metadata's.",
 )
 
 

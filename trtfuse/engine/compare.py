@@ -63,7 +63,7 @@ def compare(
     report): every file read here joins its reads, and it is checked before any work. `notify` hears which model
     loads and which step runs."""
     inputs = inputs or CheckInputs()
-    check_readable(candidate_path)
+    check_readable(candidate_path, "file" if is_onnx_model_path(candidate_path) else "engine file")
     original = loaded_original if loaded_original is not None else load_model(original_path)
     check_original_unfused(original)
     plan = (plan or OutputPlan()).read(*original.files)

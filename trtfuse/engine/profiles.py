@@ -17,7 +17,14 @@ import numpy as np
 import onnx
 
 from trtfuse.errors import Choice, OptionError, TrtfuseError
-from trtfuse.model.dims import DimExpressionError, DimRole, ModelDims, model_dims, position_warning
+from trtfuse.model.dims import (
+    DimExpressionError,
+    DimRole,
+    ModelDims,
+    model_dims,
+    position_warning,
+    stated_positions,
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,8 @@ class ProfileRequest:
     shapes: Mapping[str, ShapeRange] = field(default_factory=dict)
     past_given: bool = False
     tokens_given: bool = False
+    # The positions the model was trained for, stated where its metadata records none (`dims.stated_positions`).
+    positions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +126,12 @@ def request_from_options(
     batch: DimRange | None = None,
     past: DimRange | None = None,
     shapes: Mapping[str, ShapeRange] | None = None,
+    positions: int | None = None,
 ) -> ProfileRequest:
     """The user's view: one profile per preset and per token range; batch, past and shapes apply to all.
 
-    `past` sets the past range of every profile that has one (all but `prefill`, whose past is 0 by definition).
+    `past` sets the past range of every profile that has one (all but `prefill`, whose past is 0 by definition);
+    `positions` states the positions the model was trained for, warned past as its metadata's would be.
     """
     past_range = past if past is not None else DEFAULT_PAST
     profiles = []
@@ -146,6 +157,7 @@ def request_from_options(
         shapes=dict(shapes or {}),
         past_given=past is not None,
         tokens_given=bool(tokens),
+        positions=positions,
     )
 
 
@@ -161,7 +173,7 @@ def profile_warnings(model: onnx.ModelProto, request: ProfileRequest) -> list[st
     """One line per requested profile that cannot do what its name says (a decode profile on a model without a KV
     cache), and one for the profiles that reach past the positions the model was trained for. The build still goes
     on; the caller shows the lines."""
-    reading = model_dims(model)
+    reading = stated_positions(model_dims(model), request.positions)
     lines = []
     if not reading.has_kv_cache:
         lines = [

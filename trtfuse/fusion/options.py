@@ -13,9 +13,9 @@ class FusionOptions:
     where that is as fast or faster (docs/performance.md, "Layer tail").
 
     `fuse_quant`: the QuantizeLinear (-> DequantizeLinear) pairs around a norm (its input, its inverse root, the
-    QuantizeLinear of its output) go into the fused node, a TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant (the
-    default; docs/patterns.md, "Quantized norms"). False leaves every pair in the graph, the output exactly what the
-    pass wrote before the quantized ops existed.
+    QuantizeLinear of its output; a QK-norm's output Qs) go into the fused node, a TrtfuseRmsNormQuant,
+    TrtfuseAddRmsNormQuant or TrtfuseQkNormQuant (the default; docs/patterns.md, "Quantized norms"). False leaves
+    every pair in the graph, the output exactly what the pass wrote before the quantized ops existed.
 
     `fuse_qk`: a q-norm and k-norm pair of one attention block becomes one TrtfuseQkNorm (the default). False leaves
     both norms as the graph computes them, for TensorRT to compile on its own.

@@ -305,6 +305,20 @@ def generation_request(
     return interface, chosen, use_cache, notes
 
 
+def check_engine_generation(original: LoadedModel, engine_path: Path, request: GenerationRequest) -> None:
+    """`generation_request`'s checks and the engine's profiles holding every step, refused in one line before
+    TensorRT is needed (`compare` calls this before its steps, which need TensorRT)."""
+    _engine_generation_request(original, EngineFile.open(engine_path), request)
+
+
+def _engine_generation_request(
+    original: LoadedModel, engine: EngineFile, request: GenerationRequest
+) -> tuple[GenerationInterface, list[int], bool, list[str]]:
+    interface, chosen, use_cache, notes = generation_request(original, request)
+    check_engine_holds(engine, interface, len(chosen), request.steps, use_cache)
+    return interface, chosen, use_cache, notes
+
+
 def check_generation(
     original: LoadedModel, fused: LoadedModel, request: GenerationRequest, notify: Notify = quiet
 ) -> GenerationVerdict:
@@ -336,9 +350,8 @@ def compare_generation(
     it), as `request` asks, judged by `judge_generations`; the engine's profiles are checked to hold every step
     first. The original is released before the engine loads; `notify` hears each load and token."""
     engine = EngineFile.open(engine_path)
-    interface, chosen, use_cache, notes = generation_request(original, request)
+    interface, chosen, use_cache, notes = _engine_generation_request(original, engine, request)
     steps = request.steps
-    check_engine_holds(engine, interface, len(chosen), steps, use_cache)
     import_tensorrt()
     heard = _generation_lines(notify)
     runner, note = original_session(original, heard)

@@ -19,7 +19,15 @@ import onnx
 from onnx import helper
 
 from trtfuse.errors import Choice, OptionError, TrtfuseError
-from trtfuse.model.dims import Bound, DimExpressionError, DimRole, ModelDims, model_dims, position_warning
+from trtfuse.model.dims import (
+    Bound,
+    DimExpressionError,
+    DimRole,
+    ModelDims,
+    model_dims,
+    position_warning,
+    stated_positions,
+)
 
 # Generation feeds one sequence.
 BATCH = 1
@@ -230,9 +238,10 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-def generation_interface(model: onnx.ModelProto, source: str) -> GenerationInterface:
-    """Read the model's generation interface; an input it cannot fill is one line naming it."""
-    reading = model_dims(model)
+def generation_interface(model: onnx.ModelProto, source: str, positions: int | None = None) -> GenerationInterface:
+    """Read the model's generation interface; an input it cannot fill is one line naming it. `positions` states
+    the positions the model was trained for (`dims.stated_positions`)."""
+    reading = stated_positions(model_dims(model), positions)
     if reading.batch is not None and reading.batch.value != BATCH:
         raise TrtfuseError(
             f"{source}: generation runs one sequence (batch 1), but the model allows only batch "

@@ -87,20 +87,21 @@ def generate_file(
     seed: int = 0,
     use_cache: bool = True,
     runs: int = 1,
+    positions: int | None = None,
     warn: Callable[[str], None] | None = None,
     notify: Notify = quiet,
 ) -> GenerationRun:
     """Greedy generation on an ONNX file (original or fused) or an engine: `prompt` (None: `default_prompt` from
     `seed`), then `steps` tokens; `runs` times, the latencies the medians over all runs. `warn` hears, before the
-    first step, that the steps go past the positions the model was trained for; `notify` hears the load and each
-    token."""
+    first step, that the steps go past the positions the model was trained for (its metadata's, or `positions`
+    where given); `notify` hears the load and each token."""
     if runs < 1:
         raise OptionError("repeat", f"{runs} runs: generation runs at least once")
     check_seed(seed)
     if not is_onnx_model_path(model_path):
-        return _generate_engine(model_path, steps, prompt, seed, use_cache, runs, warn, notify)
+        return _generate_engine(model_path, steps, prompt, seed, use_cache, runs, positions, warn, notify)
     loaded = load_model(model_path)
-    interface = generation_interface(loaded.model, str(model_path))
+    interface = generation_interface(loaded.model, str(model_path), positions)
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
     # The request is checked before the (slow) session is made.
     interface.check_drivable(use_cache)
@@ -140,6 +141,7 @@ def _generate_engine(
     seed: int,
     use_cache: bool,
     runs: int,
+    positions: int | None,
     warn: Callable[[str], None] | None,
     notify: Notify,
 ) -> GenerationRun:
@@ -150,7 +152,7 @@ def _generate_engine(
             "engine's inputs and profiles from it"
         )
     fused = load_model(engine.fused_model_path)
-    interface = generation_interface(fused.model, str(engine_path))
+    interface = generation_interface(fused.model, str(engine_path), positions)
     chosen = list(prompt) if prompt is not None else default_prompt(interface, seed)
     interface.check_drivable(use_cache)
     interface.check_prompt(chosen, steps, use_cache)

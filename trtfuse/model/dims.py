@@ -14,10 +14,10 @@ import enum
 import operator
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
-from onnx import shape_inference
+from onnx import numpy_helper, shape_inference
 
 from trtfuse.errors import TrtfuseError
 from trtfuse.model.interface import fed_inputs
@@ -25,6 +25,8 @@ from trtfuse.model.interface import fed_inputs
 # The metadata key under which an export records the positions its model was trained for: Hugging Face's config
 # name, written by models/export.py --cache.
 POSITIONS_METADATA_KEY = "max_position_embeddings"
+# Why a model's trained positions are what they are when its user states them (`stated_positions`).
+STATED_POSITIONS = "as stated for it"
 # The batch of generated inputs and the OPT/MAX batch of derived profiles, unless the model allows only another:
 # 2 rather than 1, so that a batch-mixing bug shows.
 DEFAULT_BATCH = 2
@@ -135,8 +137,9 @@ class ModelDims:
     batch: Bound | None = None
     onnxruntime_batch: Bound | None = None
     max_total: Bound | None = None
-    # The positions the model was trained for, where its export records them (`POSITIONS_METADATA_KEY`): no limit
-    # of the graph, which computes its rotary angles for any position, so going past it is warned about, not refused.
+    # The positions the model was trained for, where its export records them (`POSITIONS_METADATA_KEY`) or its user
+    # states them (`stated_positions`): no limit of the graph, which computes its rotary angles for any position, so
+    # going past it is warned about, not refused.
     declared_positions: Bound | None = None
     expressions: Mapping[str, tuple[DimExpression | None, ...]] = field(default_factory=dict)
     # Sequence dims of window-sized caches (GroupQueryAttention with sliding_window_cache=1): named like a past
@@ -233,6 +236,14 @@ def declared_positions(model: onnx.ModelProto) -> Bound | None:
     if not value.isascii() or not value.isdigit() or int(value) == 0:
         return None
     return Bound(int(value), f"its metadata's {POSITIONS_METADATA_KEY} {int(value)}")
+
+
+def stated_positions(reading: ModelDims, positions: int | None) -> ModelDims:
+    """The reading with the positions the model was trained for stated by its user (`positions`, a model whose
+    export records none, or records another), or as read where None."""
+    if positions is None:
+        return reading
+    return replace(reading, declared_positions=Bound(positions, STATED_POSITIONS))
 
 
 def position_warning(reading: ModelDims, positions: int, what: str) -> str:
@@ -473,15 +484,13 @@ def _onnxruntime_batch(model: onnx.ModelProto) -> Bound | None:
 
 
 def _max_total(model: onnx.ModelProto, shapes: Mapping) -> Bound | None:
-    """The most positions the model holds: rows of a 2-D rotary cos cache, or of the table position ids index."""
-    graph_inputs = {value.name for value in model.graph.input}
+    """The most positions the model holds: rows of a 2-D rotary cos cache, or of a fixed table that positions index
+    (a position-embedding table, a cos/sin table computed once at export: `_PositionTables`)."""
     bounds = []
+    tables = _PositionTables(model, shapes)
     for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in graph_inputs:
-            table = shapes.get(node.input[0])
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            if "position" in node.input[1].lower() and axis == 0 and table and table[0]:
-                bounds.append(Bound(table[0], f"the position table {node.input[0]!r} has {table[0]} rows"))
+        if node.op_type in ("Gather", "GatherND") and len(node.input) == 2:
+            bounds.extend(filter(None, [tables.bound(node)]))
             continue
         cos_index = None
         if node.op_type == "RotaryEmbedding":
@@ -494,3 +503,97 @@ def _max_total(model: onnx.ModelProto, shapes: Mapping) -> Bound | None:
         if cos_shape and len(cos_shape) == 2 and cos_shape[0]:
             bounds.append(Bound(cos_shape[0], f"the cos cache of {node.op_type} {node.name!r} has {cos_shape[0]} rows"))
     return min(bounds, key=lambda bound: bound.value, default=None)
+
+
+# Ops through which an index still holds the positions it was made of (a position input's or a Range's values).
+_POSITION_CARRIERS = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand"})
+# Ops through which a table's axis keeps at most the rows it had (Slice cuts rows, the others keep them).
+_ROW_KEEPERS = frozenset({"Cast", "Identity", "Slice"})
+
+
+class _PositionTables:
+    """Gathers that index a table by positions, and the rows that table holds.
+
+    The positions are a graph input named like `position_ids`, or a Range the graph counts them with (GPT-2's
+    `arange(past, past + tokens)`), carried through casts and reshapes. A table indexed by a position input bounds
+    the positions wherever its rows are known; one indexed by a Range only where it is a constant of rank 2 or more
+    (an initializer or Constant, reached through Cast, Slice, Squeeze and Unsqueeze: `cos_cached[:seq][position_ids]`
+    of the exports that store their rotary table), since a Range also indexes activations (the last token of each
+    batch row). Cos/sin computed from the positions and the inverse frequencies, as Hugging Face's rotary embedding
+    does, index no table: they bound nothing, and nothing is read."""
+
+    def __init__(self, model: onnx.ModelProto, shapes: Mapping) -> None:
+        self.shapes = shapes
+        self.producers = _producers(model)
+        self.graph_inputs = {value.name for value in model.graph.input}
+        self.constants = {tensor.name: tensor for tensor in model.graph.initializer}
+        for node in model.graph.node:
+            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+                self.constants[node.output[0]] = node.attribute[0].t
+
+    def bound(self, gather: onnx.NodeProto) -> Bound | None:
+        """The rows of the table a Gather (or a GatherND on positions with a last axis of 1, as dynamo writes
+        `table[position_ids]`) indexes by positions, else None."""
+        axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+        if gather.op_type == "GatherND":
+            batch_dims = next((a.i for a in gather.attribute if a.name == "batch_dims"), 0)
+            indices = self.producers.get(gather.input[1])
+            if batch_dims or indices is None or indices.op_type != "Unsqueeze" or self._axes(indices) != [-1]:
+                return None
+        source = self._positions(gather.input[1])
+        if source is None or axis < 0:
+            return None
+        table, rows = gather.input[0], None
+        if source in self.graph_inputs:
+            shape = self.shapes.get(table)
+            rows = shape[axis] if shape and axis < len(shape) and shape[axis] else None
+        if rows is None:
+            table, rows = self._constant_rows(table, axis) or (table, None)
+        if not rows:
+            return None
+        return Bound(rows, f"the position table {table!r} has {rows} rows")
+
+    def _positions(self, name: str, depth: int = 0) -> str | None:
+        """The position input or Range output `name` carries, or None."""
+        if name in self.graph_inputs:
+            return name if "position" in name.lower() else None
+        node = self.producers.get(name)
+        if node is None or depth > 8:
+            return None
+        if node.op_type == "Range":
+            return name
+        if node.op_type in _POSITION_CARRIERS and node.input:
+            return self._positions(node.input[0], depth + 1)
+        return None
+
+    def _constant_rows(self, name: str, axis: int, depth: int = 0) -> tuple[str, int] | None:
+        """The constant of rank 2 or more whose `axis` becomes `axis` of `name`, and its size there."""
+        if name in self.constants:
+            dims = tuple(self.constants[name].dims)
+            return (name, dims[axis]) if len(dims) >= 2 and axis < len(dims) else None
+        node = self.producers.get(name)
+        if node is None or depth > 8 or not node.input:
+            return None
+        if node.op_type in _ROW_KEEPERS:
+            return self._constant_rows(node.input[0], axis, depth + 1)
+        if node.op_type in ("Squeeze", "Unsqueeze"):
+            axes = self._axes(node)
+            if not axes or any(a < 0 for a in axes) or (axis in axes and node.op_type == "Unsqueeze"):
+                return None
+            if node.op_type == "Unsqueeze":
+                source_axis = axis - sum(a < axis for a in axes)
+            else:
+                source_axis = axis
+                for squeezed in sorted(axes):
+                    source_axis += squeezed <= source_axis
+            return self._constant_rows(node.input[0], source_axis, depth + 1)
+        return None
+
+    def _axes(self, node: onnx.NodeProto) -> list[int] | None:
+        """A Squeeze's or Unsqueeze's axes where they are constants (an attribute before opset 13)."""
+        axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+        stored = self.constants.get(node.input[1]) if axes is None and len(node.input) > 1 else None
+        # An axes tensor left in external data (a model read without it) is not read here.
+        if stored is not None and stored.data_location != onnx.TensorProto.EXTERNAL:
+            axes = [int(a) for a in numpy_helper.to_array(stored).reshape(-1)]
+        return axes

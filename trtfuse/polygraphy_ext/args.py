@@ -14,6 +14,7 @@ from polygraphy.tools.script import Script, make_invocable
 
 from trtfuse.contract import PluginKind
 from trtfuse.engine.profiles import PRESETS
+from trtfuse.polygraphy_ext.preflight import run_problem
 
 _MODULE = "trtfuse.polygraphy_ext"
 # TrtConfigArgs options that change how `--trt` builds but that a trtfuse engine does not take: it is strongly
@@ -27,7 +28,7 @@ class TrtfuseArgs(BaseArgs):
 
     Depends on:
 
-        - ModelArgs
+        - ModelArgs: the model, and the input shapes given
         - TrtConfigArgs: for --trtfuse, the profile shapes and build options that pass through
     """
 
@@ -108,6 +109,21 @@ class TrtfuseArgs(BaseArgs):
                 for profile in config.profile_dicts
             ]
         self.not_passed = [f"--{name.replace('_', '-')}" for name in _NOT_PASSED if getattr(config, name, None)]
+        self._refuse_what_would_fail(args)
+
+    def _refuse_what_would_fail(self, args: argparse.Namespace) -> None:
+        """One critical line, as for a bad argument, where a selected runner, Polygraphy's own included, would fail
+        on the model in a traceback (`preflight.run_problem`): parsing is the last point before the runners run."""
+        model = self.arg_groups[ModelArgs]
+        runners = args_util.get(args, "runners") or []
+        if not runners or model.path is None or model.model_type is None or not model.model_type.is_onnx():
+            return
+        sized = bool(model.input_shapes) or any(
+            args_util.get(args, name) for name in ("load_inputs_paths", "data_loader_script")
+        )
+        problem = run_problem(model.path, runners, sized)
+        if problem is not None:
+            G_LOGGER.critical(f"trtfuse: {problem}")
 
     def add_to_script_impl(self, script: Script) -> str:
         """Adds the loader that fuses the model; returns its name."""
