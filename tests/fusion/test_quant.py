@@ -27,11 +27,13 @@ from support.cli import run_cli
 from support.graphs import BATCH, HIDDEN, SEQUENCE, AttentionSpec, Builder, NormSpec, attention_block, rms_norm
 from support.paths import TOOL_FIXTURES
 from support.quant_graphs import (
+    OLMO2_RANGES,
     OUTPUT_RANGE,
     QMAX,
     QUANT_TYPES,
     RSQRT_RANGE,
     QuantSpec,
+    olmo2_attention,
     quantized_decoder,
     quantized_norm,
 )
@@ -292,6 +294,61 @@ def test_a_quantize_on_a_qk_norm_output_is_that_output_s_own_stage(layout: str) 
     assert sorted(entry["quant"]) == sorted(f"{role}_output" for role in QK_QUANT_LAYOUTS[layout])
     feed = _feed(2)
     want, got = _run(quantized, "float32", feed), _run(lower_fused_nodes(result.model), "float32", feed)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+# ModelOpt's INT8 OLMo2, fp32 and fp16 elsewhere (the fp16 export computes the root in float16: `core-float16`), and
+# the fp16 form with the root in float32, whose rsqrt stages are exact on every row.
+OLMO2_INT8 = {
+    "int8-fp32": QuantSpec(dtype="float32", rsqrt_pairs=True),
+    "int8-fp16": QuantSpec(dtype="float16", rsqrt_pairs=True, rsqrt_root="core"),
+    "int8-fp16-float32-root": QuantSpec(dtype="float16", rsqrt_pairs=True),
+}
+QK_PART_STAGES = {
+    "q": (contract.QuantStage.Q_INPUT, contract.QuantStage.Q_RSQRT, contract.QuantStage.Q_OUTPUT),
+    "k": (contract.QuantStage.K_INPUT, contract.QuantStage.K_RSQRT, contract.QuantStage.K_OUTPUT),
+}
+
+
+@pytest.mark.parametrize("output_quantizers", [False, True], ids=["as-exported", "with-output-qs"])
+@pytest.mark.parametrize("variant", sorted(OLMO2_INT8))
+def test_olmo2_int8_q_and_k_norms_pair_each_with_its_own_input_rsqrt_and_output_stages(
+    variant: str, output_quantizers: bool
+) -> None:
+    """OLMo2's full-width q and k norms of different widths, each with its input pair and its inverse-root pair (and
+    an output Q), are one TrtfuseQkNormQuant taking every pair in, each in its part's own stages at its own scale;
+    lowered, it gives the original's outputs (Q outputs included) bit for bit where the graph's root is float32."""
+    spec = OLMO2_INT8[variant]
+    original = olmo2_attention(spec, output_quantizers)
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.QK_NORM_QUANT_OP: 1}
+    assert result.search.near_misses == [] and result.search.quant_near_misses == []
+    assert result.counts().quantizers_taken == (6 if output_quantizers else 4) and result.counts().norms == 2
+    assert [node.op_type for node in result.model.graph.node].count("QuantizeLinear") == 0
+    [plugin] = plugin_nodes(result.model)
+    assert plugin.fields.hidden_sizes == (64, 32)
+    stages = tuple(stage for role in ("q", "k") for stage in QK_PART_STAGES[role][: 3 if output_quantizers else 2])
+    assert plugin.fields.quant.stages == stages
+    rsqrt_dtype = "float16" if spec.rsqrt_root == "core" else "float32"
+    for part, role in enumerate(("q", "k")):
+        quant = plugin.fields.part_quant(part)
+        input_range, rsqrt_range, output_range = OLMO2_RANGES[role]
+        scale_dtype = np.float32 if spec.dtype == "float32" else np.float16
+        assert quant.input == contract.Quantizer("int8", float(scale_dtype(input_range / 127)), True, spec.dtype)
+        rsqrt_scale = float((scale_dtype if spec.rsqrt_root == "core" else np.float32)(rsqrt_range / 127))
+        assert quant.rsqrt == contract.Quantizer("int8", rsqrt_scale, True, rsqrt_dtype, rsqrt_dtype)
+        if output_quantizers:
+            assert quant.output == contract.Quantizer("int8", float(scale_dtype(output_range / 127)))
+        assert plugin.fields.normalised_dtype(part) == ("int8" if output_quantizers else spec.dtype)
+    [entry] = result.report()["fused"]
+    assert sorted(entry["quant"]) == sorted(stage.value for stage in stages)
+    assert entry["quant"]["k_rsqrt"]["input_dtype"] == rsqrt_dtype
+    if spec.rsqrt_root == "core":
+        return  # a float16 root is not always the float16 rounding of the node's float32 r (patterns.md, "Exact")
+    feed = _feed(7)
+    want, got = _run(original, spec.dtype, feed), _run(lower_fused_nodes(result.model), spec.dtype, feed)
+    assert want.keys() == got.keys()
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
