@@ -450,6 +450,31 @@ def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantiz
     assert verdict.passed, verdict.to_json()
 
 
+def test_the_modelopt_int8_olmo2_fixture_pairs_each_q_and_k_norm_with_its_own_input_and_rsqrt_pairs() -> None:
+    """ModelOpt's INT8 of optimum's OLMo2 export: each layer's full-width q (64) and k (32) norms, each with its input
+    pair and its inverse-root pair, are one TrtfuseQkNormQuant taking those four pairs in (they were two
+    TrtfuseRmsNormQuant nodes); every Q taken in as before, and `check` passes at a prefill and a decode step."""
+    original = load_model(TOOL_FIXTURES / "olmo2-modelopt-int8-fp16-optimum.onnx")
+    result = fuse_model(original.model)
+    assert _kinds(result) == {
+        contract.QK_NORM_QUANT_OP: 2,
+        contract.RMS_NORM_QUANT_OP: 4,
+        contract.ADD_RMS_NORM_QUANT_OP: 1,
+    }
+    assert result.search.near_misses == [] and result.search.quant_near_misses == []
+    assert result.counts().quantizers_taken == 17 and result.counts().norms == 9
+    stages = (*QK_PART_STAGES["q"][:2], *QK_PART_STAGES["k"][:2])
+    for plugin in plugin_nodes(result.model):
+        if plugin.op is contract.QK_NORM_QUANT:
+            assert plugin.fields.hidden_sizes == (64, 32) and plugin.fields.quant.stages == stages
+            q, k = plugin.fields.part_quant(0), plugin.fields.part_quant(1)
+            assert q.rsqrt.scale != k.rsqrt.scale and q.input.scale != k.input.scale
+            assert q.rsqrt.input_dtype == k.rsqrt.input_dtype == "float16"
+    assert _quantize_reads_trtfuse(result.model) == []
+    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
+    assert verdict.passed, verdict.to_json()
+
+
 def test_inspect_and_fuse_report_the_quantizers(tmp_path) -> None:
     inspected = run_cli("inspect", MODELOPT_FIXTURE)
     first = inspected.stdout.splitlines()[0]
