@@ -427,15 +427,25 @@ def test_the_modelopt_fixture_keeps_no_add_out_and_takes_every_norm_output_quant
     assert verdict.passed, verdict.to_json()
 
 
-def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantize_at_its_own_scale() -> None:
-    original = load_model(TOOL_FIXTURES / "gemma3-modelopt-int8-fp16.onnx")
+def _fused_fixture(name: str, kinds: dict[str, int]) -> tuple[LoadedModel, FuseResult]:
+    """A tool fixture and its fusion, which must write exactly `kinds` (plugin op -> nodes) and reject no norm."""
+    original = load_model(TOOL_FIXTURES / name)
     result = fuse_model(original.model)
-    assert _kinds(result) == {
-        contract.QK_NORM_QUANT_OP: 2,
-        contract.RMS_NORM_QUANT_OP: 5,
-        contract.ADD_RMS_NORM_QUANT_OP: 4,
-    }
+    assert _kinds(result) == kinds
     assert result.search.residual_near_misses == [] and result.search.near_misses == []
+    return original, result
+
+
+def _assert_quantized_and_checked(original: LoadedModel, result: FuseResult) -> None:
+    """No Q left reading a fused node's output, and `check` passes on the fused model."""
+    assert _quantize_reads_trtfuse(result.model) == []
+    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
+    assert verdict.passed, verdict.to_json()
+
+
+def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantize_at_its_own_scale() -> None:
+    kinds = {contract.QK_NORM_QUANT_OP: 2, contract.RMS_NORM_QUANT_OP: 5, contract.ADD_RMS_NORM_QUANT_OP: 4}
+    original, result = _fused_fixture("gemma3-modelopt-int8-fp16.onnx", kinds)
     # The one Q kept out: the embedding's pair, whose dequantized value the first residual Add reads too.
     [kept] = result.search.quant_near_misses
     assert "is also read by" in kept.reason and "the node reads the dequantized x" in kept.reason
@@ -445,23 +455,16 @@ def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantiz
     for plugin in qk:
         q_quantizer, k_quantizer = plugin.fields.output_quantizer(0), plugin.fields.output_quantizer(1)
         assert q_quantizer.dtype == k_quantizer.dtype == "int8" and q_quantizer.scale != k_quantizer.scale
-    assert _quantize_reads_trtfuse(result.model) == []
-    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
-    assert verdict.passed, verdict.to_json()
+    _assert_quantized_and_checked(original, result)
 
 
 def test_the_modelopt_int8_olmo2_fixture_pairs_each_q_and_k_norm_with_its_own_input_and_rsqrt_pairs() -> None:
     """ModelOpt's INT8 of optimum's OLMo2 export: each layer's full-width q (64) and k (32) norms, each with its input
     pair and its inverse-root pair, are one TrtfuseQkNormQuant taking those four pairs in (they were two
     TrtfuseRmsNormQuant nodes); every Q taken in as before, and `check` passes at a prefill and a decode step."""
-    original = load_model(TOOL_FIXTURES / "olmo2-modelopt-int8-fp16-optimum.onnx")
-    result = fuse_model(original.model)
-    assert _kinds(result) == {
-        contract.QK_NORM_QUANT_OP: 2,
-        contract.RMS_NORM_QUANT_OP: 4,
-        contract.ADD_RMS_NORM_QUANT_OP: 1,
-    }
-    assert result.search.near_misses == [] and result.search.quant_near_misses == []
+    kinds = {contract.QK_NORM_QUANT_OP: 2, contract.RMS_NORM_QUANT_OP: 4, contract.ADD_RMS_NORM_QUANT_OP: 1}
+    original, result = _fused_fixture("olmo2-modelopt-int8-fp16-optimum.onnx", kinds)
+    assert result.search.quant_near_misses == []
     assert result.counts().quantizers_taken == 17 and result.counts().norms == 9
     stages = (*QK_PART_STAGES["q"][:2], *QK_PART_STAGES["k"][:2])
     for plugin in plugin_nodes(result.model):
@@ -470,9 +473,7 @@ def test_the_modelopt_int8_olmo2_fixture_pairs_each_q_and_k_norm_with_its_own_in
             q, k = plugin.fields.part_quant(0), plugin.fields.part_quant(1)
             assert q.rsqrt.scale != k.rsqrt.scale and q.input.scale != k.input.scale
             assert q.rsqrt.input_dtype == k.rsqrt.input_dtype == "float16"
-    assert _quantize_reads_trtfuse(result.model) == []
-    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
-    assert verdict.passed, verdict.to_json()
+    _assert_quantized_and_checked(original, result)
 
 
 def test_inspect_and_fuse_report_the_quantizers(tmp_path) -> None:
