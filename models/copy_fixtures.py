@@ -21,8 +21,10 @@ DESTINATION = Path(__file__).resolve().parent / "fixtures" / "tools"
 # tool -> file: KV cache with mixed-precision norms and q/k norms; onnxruntime's fused SimplifiedLayerNormalization
 # without value_info; packed QKV with int4 MatMulNBits; Q/DQ around the projections; opset-23 RMSNormalization
 # with a bf16 input and float32 scale/output (the fp16 one does not load in onnxruntime); onnxslim's rewrite of
-# the optimum export; ModelOpt's FP8 with a KV cache; and ModelOpt's INT8 Gemma3, whose q/k norms each have an output
-# Q of their own scale (a TrtfuseQkNormQuant) and whose other norms an inverse-root pair.
+# the optimum export; ModelOpt's FP8 with a KV cache; ModelOpt's INT8 Gemma3, whose q/k norms each have an output
+# Q of their own scale (a TrtfuseQkNormQuant) and whose other norms an inverse-root pair; and ModelOpt's INT8 of
+# optimum's OLMo2 export (KV cache), whose full-width q and k norms of different widths each have an input pair and
+# an inverse-root pair of their own (a TrtfuseQkNormQuant).
 PICKS = {
     "optimum": "qwen3-optimum-fp16.onnx",
     "optimum-O2": "llama-optimum-fp16-O2.onnx",
@@ -32,9 +34,15 @@ PICKS = {
     "onnxslim": "qwen3-optimum-fp16-slim.onnx",
     "modelopt-fp8-kv": "qwen3-modelopt-fp8-kv.onnx",
     "modelopt-int8-qk": "gemma3-modelopt-int8-fp16.onnx",
+    "modelopt-int8-qk-rsqrt": "olmo2-modelopt-int8-fp16-optimum.onnx",
 }
 # The folder each pick's manifest lives in, where it is not the pick's own tool name.
-FOLDERS = {"optimum-O2": "optimum", "modelopt-fp8-kv": "modelopt", "modelopt-int8-qk": "modelopt"}
+FOLDERS = {
+    "optimum-O2": "optimum",
+    "modelopt-fp8-kv": "modelopt",
+    "modelopt-int8-qk": "modelopt",
+    "modelopt-int8-qk-rsqrt": "modelopt",
+}
 MAX_BYTES = 2**20
 
 

@@ -3,15 +3,19 @@
 Runs in the modelopt virtual environment ($VENVS/modelopt, models/README.md; modelopt without its [onnx] extra). Each
 model is first exported as export.py does (fp32; dynamo at opset 18 by default, `--source torchscript` for the
 TorchScript exporter at opset 17, whose inverse root is `Sqrt -> Div(1, x)`; logits only, or with the KV cache as
-optimum names it with `--cache`), then given, as a user would, to `python -m modelopt.onnx.quantization` (int8 with
-fp16 and with fp32 elsewhere, fp8, int4) and to `python -m modelopt.onnx.autocast` (fp16, bf16), calibrated on the CPU
-with token ids inside the vocabulary (its own random calibration data indexes past a small vocabulary). The source's
-metadata, which ModelOpt drops, is copied into each file. Files are named `<arch>-modelopt-<variant>[-ts][-kv].onnx`.
+optimum names it with `--cache`), or taken from optimum's fp32 KV-cache export in the same output folder
+(`--source optimum`: `$EXPORTS/optimum/<arch>-optimum-fp32.onnx`, which export_optimum.py writes in its own venv;
+calibrated as `--cache`), then given, as a user would, to `python -m modelopt.onnx.quantization` (int8 with fp16 and
+with fp32 elsewhere, fp8, int4) and to `python -m modelopt.onnx.autocast` (fp16, bf16), calibrated on the CPU with
+token ids inside the vocabulary (its own random calibration data indexes past a small vocabulary). The source's
+metadata, which ModelOpt drops, is copied into each file. Files are named
+`<arch>-modelopt-<variant>[-ts|-optimum][-kv].onnx`.
 
 \b
     $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS
     $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS --source torchscript
     $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS --cache --arch qwen3 --variant fp8
+    $VENVS/modelopt/bin/python models/export_modelopt.py --out $EXPORTS --source optimum --arch olmo2
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ VARIANTS = {
     "autocast-bf16": ("bfloat16", AUTOCAST, ["--low_precision_type", "bf16"]),
 }
 # The exporter of the fp32 source -> what it adds to the file tag (the dynamo files predate the option).
-SOURCE_TAGS = {"dynamo": "", "torchscript": "-ts"}
+SOURCE_TAGS = {"dynamo": "", "torchscript": "-ts", "optimum": "-optimum"}
+# A source another tool exported: optimum's fp32 KV-cache export, in its folder of the same output root.
+OPTIMUM = "optimum"
 # batch x tokens of the calibration data; with --cache, CALIBRATION_SHAPE[1] new tokens after as many cached ones.
 CALIBRATION_SHAPE = (4, 16)
 # onnxruntime's type string of a cache input -> the dtype export.py's KV check feeds it in.
@@ -67,8 +73,13 @@ CACHE_DTYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16
 
 
 def source_export(arch: str, exporter: str, cache: bool, folder: Path) -> Path:
-    """export.py's fp32 export by `exporter` (with the KV cache if `cache`): the fp32 ONNX model a ModelOpt user
-    starts from."""
+    """export.py's fp32 export by `exporter` (with the KV cache if `cache`), or optimum's fp32 export beside the
+    modelopt folder: the fp32 ONNX model a ModelOpt user starts from."""
+    if exporter == OPTIMUM:
+        path = folder.parent.parent / OPTIMUM / f"{arch}-optimum-fp32.onnx"
+        if not path.exists():
+            raise RuntimeError(f"{path} is missing: run export_optimum.py --arch {arch} --variant fp32 first")
+        return path
     spec = ExportSpec(arch, exporter, "float32", cache=cache)
     path = folder / spec.filename
     if path.exists():
@@ -159,7 +170,7 @@ def export(arch: str, variant: str, path: Path, sources: Path, exporter: str, ca
         graph = onnx.load(str(written))
         copy_metadata(onnx.load(str(source), load_external_data=False), graph)
         onnx.save(graph, str(path))
-    entry["source"] = f"sources/{source.name}"
+    entry["source"] = f"../{OPTIMUM}/{source.name}" if exporter == OPTIMUM else f"sources/{source.name}"
     if exporter != "dynamo":
         entry["source_exporter"] = exporter
     entry["qdq_nodes"] = sum(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in graph.graph.node)
@@ -173,10 +184,11 @@ def export(arch: str, variant: str, path: Path, sources: Path, exporter: str, ca
 @click.option(
     "--source",
     "exporter",
-    type=click.Choice(sorted(EXPORTERS)),
+    type=click.Choice(sorted([*EXPORTERS, OPTIMUM])),
     default="dynamo",
     show_default=True,
-    help="The exporter of the fp32 source model; torchscript tags the files `-ts`.",
+    help="The exporter of the fp32 source model; torchscript tags the files `-ts`, optimum (its KV-cache export in "
+    "OUT/optimum, calibrated as --cache) `-optimum`.",
 )
 @click.option("--cache", is_flag=True, help="Start from export.py's --cache export (KV cache); tags the files `-kv`.")
 def main(
@@ -192,6 +204,7 @@ def main(
     sources = manifest.out_dir / "sources"
     sources.mkdir(exist_ok=True)
     suffix = SOURCE_TAGS[exporter] + ("-kv" if cache else "")
+    cache = cache or exporter == OPTIMUM
     manifest.attempt_all(
         archs,
         variants or VARIANTS,

@@ -213,15 +213,24 @@ def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() ->
         "rsqrt_quant_input_dtype",
     )
     assert contract.RMS_NORM_QUANT.fields[-3:] == ("output_quant_dtype", "output_quant_scale", "output_quant_saturate")
-    # The QK-norm's quantizers are its two outputs', each with its own scale; it has no fake-quant stage.
-    assert contract.QK_NORM_QUANT.fields[6:] == (
-        "q_output_quant_dtype",
-        "q_output_quant_scale",
-        "q_output_quant_saturate",
-        "k_output_quant_dtype",
-        "k_output_quant_scale",
-        "k_output_quant_saturate",
-    )
+    # The QK-norm's quantizers are its two norms', each with its own input, rsqrt and output stage: q's, then k's.
+    for part, role in enumerate(("q", "k")):
+        start = 6 + 12 * part
+        assert contract.QK_NORM_QUANT.fields[start : start + 12] == (
+            f"{role}_input_quant_dtype",
+            f"{role}_input_quant_scale",
+            f"{role}_input_quant_saturate",
+            f"{role}_input_dequant_dtype",
+            f"{role}_rsqrt_quant_dtype",
+            f"{role}_rsqrt_quant_scale",
+            f"{role}_rsqrt_quant_saturate",
+            f"{role}_rsqrt_dequant_dtype",
+            f"{role}_rsqrt_quant_input_dtype",
+            f"{role}_output_quant_dtype",
+            f"{role}_output_quant_scale",
+            f"{role}_output_quant_saturate",
+        )
+    assert len(contract.QK_NORM_QUANT.fields) == 6 + 24
     assert set(contract.QUANTIZED_OPS) == {contract.RMS_NORM_OP, contract.ADD_RMS_NORM_OP, contract.QK_NORM_OP}
 
 
@@ -265,8 +274,42 @@ def test_each_qk_norm_output_has_its_own_quantizer_and_dtype() -> None:
         NodeFields(
             contract.QK_NORM_QUANT, GOOD.params, (128, 64), "float16", contract.QuantParams(output=quant.q_output)
         )
-    with pytest.raises(TrtfuseError, match=r"q_output_quant_dtype .*every other stage is off"):
+    with pytest.raises(TrtfuseError, match=r"q_input_quant_dtype and every other stage is off"):
         from_node(_node(fields, q_output_quant_dtype=0), "m.onnx: node 'n'")
+
+
+def test_each_qk_norm_part_has_its_own_input_and_rsqrt_stages() -> None:
+    """OLMo2's INT8 q and k norms: each part's input and inverse-root pairs at its own scales, as that part's norm's
+    input and rsqrt stages (`part_quant`), kept by every transport; the outputs stay in T."""
+    fake = contract.Quantizer("int8", 0.0625, True, "float16")
+    quant = contract.QuantParams(
+        q_input=fake,
+        q_rsqrt=contract.Quantizer("int8", 0.5, True, "float16", "float16"),
+        k_input=contract.Quantizer("int8", 0.125, True, "float16"),
+        k_rsqrt=contract.Quantizer("int8", 0.25, True, "float16"),
+    )
+    assert quant.k_rsqrt.input_dtype == "float32"  # given none, r is read as computed, as a single norm's
+    fields = NodeFields(contract.QK_NORM_QUANT, GOOD.params, (64, 32), "float16", quant)
+    assert fields.output_dtypes("float16") == ("float16", "float16")
+    assert fields.part_quant(0) == contract.QuantParams(input=fake, rsqrt=quant.q_rsqrt)
+    assert fields.part_quant(1) == contract.QuantParams(input=quant.k_input, rsqrt=quant.k_rsqrt)
+    numbers = fields.numbers()
+    assert (
+        numbers["q_rsqrt_quant_scale"],
+        numbers["q_rsqrt_quant_input_dtype"],
+        numbers["k_rsqrt_quant_input_dtype"],
+    ) == (
+        0.5,
+        10,
+        1,
+    )
+    assert (numbers["k_input_quant_scale"], numbers["k_input_dequant_dtype"], numbers["q_output_quant_dtype"]) == (
+        0.125,
+        10,
+        0,
+    )
+    assert from_node(_node(fields), "m.onnx: node 'n'") == fields
+    assert decode(contract.QK_NORM_QUANT, fields.numbers()) == fields
 
 
 def test_the_rsqrt_stage_carries_the_dtype_its_quantizer_reads_r_in() -> None:

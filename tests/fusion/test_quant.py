@@ -29,11 +29,13 @@ from support.cli import run_cli
 from support.graphs import BATCH, HIDDEN, SEQUENCE, AttentionSpec, Builder, NormSpec, attention_block, rms_norm
 from support.paths import TOOL_FIXTURES
 from support.quant_graphs import (
+    OLMO2_RANGES,
     OUTPUT_RANGE,
     QMAX,
     QUANT_TYPES,
     RSQRT_RANGE,
     QuantSpec,
+    olmo2_attention,
     quantized_decoder,
     quantized_norm,
 )
@@ -325,6 +327,61 @@ def test_a_quantize_on_a_qk_norm_output_is_that_output_s_own_stage(layout: str) 
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+# ModelOpt's INT8 OLMo2, fp32 and fp16 elsewhere (the fp16 export computes the root in float16: `core-float16`), and
+# the fp16 form with the root in float32, whose rsqrt stages are exact on every row.
+OLMO2_INT8 = {
+    "int8-fp32": QuantSpec(dtype="float32", rsqrt_pairs=True),
+    "int8-fp16": QuantSpec(dtype="float16", rsqrt_pairs=True, rsqrt_root="core"),
+    "int8-fp16-float32-root": QuantSpec(dtype="float16", rsqrt_pairs=True),
+}
+QK_PART_STAGES = {
+    "q": (contract.QuantStage.Q_INPUT, contract.QuantStage.Q_RSQRT, contract.QuantStage.Q_OUTPUT),
+    "k": (contract.QuantStage.K_INPUT, contract.QuantStage.K_RSQRT, contract.QuantStage.K_OUTPUT),
+}
+
+
+@pytest.mark.parametrize("output_quantizers", [False, True], ids=["as-exported", "with-output-qs"])
+@pytest.mark.parametrize("variant", sorted(OLMO2_INT8))
+def test_olmo2_int8_q_and_k_norms_pair_each_with_its_own_input_rsqrt_and_output_stages(
+    variant: str, output_quantizers: bool
+) -> None:
+    """OLMo2's full-width q and k norms of different widths, each with its input pair and its inverse-root pair (and
+    an output Q), are one TrtfuseQkNormQuant taking every pair in, each in its part's own stages at its own scale;
+    lowered, it gives the original's outputs (Q outputs included) bit for bit where the graph's root is float32."""
+    spec = OLMO2_INT8[variant]
+    original = olmo2_attention(spec, output_quantizers)
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.QK_NORM_QUANT_OP: 1}
+    assert result.search.near_misses == [] and result.search.quant_near_misses == []
+    assert result.counts().quantizers_taken == (6 if output_quantizers else 4) and result.counts().norms == 2
+    assert [node.op_type for node in result.model.graph.node].count("QuantizeLinear") == 0
+    [plugin] = plugin_nodes(result.model)
+    assert plugin.fields.hidden_sizes == (64, 32)
+    stages = tuple(stage for role in ("q", "k") for stage in QK_PART_STAGES[role][: 3 if output_quantizers else 2])
+    assert plugin.fields.quant.stages == stages
+    rsqrt_dtype = "float16" if spec.rsqrt_root == "core" else "float32"
+    for part, role in enumerate(("q", "k")):
+        quant = plugin.fields.part_quant(part)
+        input_range, rsqrt_range, output_range = OLMO2_RANGES[role]
+        scale_dtype = np.float32 if spec.dtype == "float32" else np.float16
+        assert quant.input == contract.Quantizer("int8", float(scale_dtype(input_range / 127)), True, spec.dtype)
+        rsqrt_scale = float((scale_dtype if spec.rsqrt_root == "core" else np.float32)(rsqrt_range / 127))
+        assert quant.rsqrt == contract.Quantizer("int8", rsqrt_scale, True, rsqrt_dtype, rsqrt_dtype)
+        if output_quantizers:
+            assert quant.output == contract.Quantizer("int8", float(scale_dtype(output_range / 127)))
+        assert plugin.fields.normalised_dtype(part) == ("int8" if output_quantizers else spec.dtype)
+    [entry] = result.report()["fused"]
+    assert sorted(entry["quant"]) == sorted(stage.value for stage in stages)
+    assert entry["quant"]["k_rsqrt"]["input_dtype"] == rsqrt_dtype
+    if spec.rsqrt_root == "core":
+        return  # a float16 root is not always the float16 rounding of the node's float32 r (patterns.md, "Exact")
+    feed = _feed(7)
+    want, got = _run(original, spec.dtype, feed), _run(lower_fused_nodes(result.model), spec.dtype, feed)
+    assert want.keys() == got.keys()
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
 def test_without_fused_quantizers_a_quantized_qk_norm_stays_a_plain_one_before_its_quantize() -> None:
     original = attention_block(AttentionSpec(layout="qk-head-dim-transposed"))
     [pair] = fuse_model(original).search.qk_norm_pairs
@@ -399,15 +456,25 @@ def test_the_modelopt_fixture_keeps_no_add_out_and_takes_every_norm_output_quant
     assert verdict.passed, verdict.to_json()
 
 
-def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantize_at_its_own_scale() -> None:
-    original = load_model(TOOL_FIXTURES / "gemma3-modelopt-int8-fp16.onnx")
+def _fused_fixture(name: str, kinds: dict[str, int]) -> tuple[LoadedModel, FuseResult]:
+    """A tool fixture and its fusion, which must write exactly `kinds` (plugin op -> nodes) and reject no norm."""
+    original = load_model(TOOL_FIXTURES / name)
     result = fuse_model(original.model)
-    assert _kinds(result) == {
-        contract.QK_NORM_QUANT_OP: 2,
-        contract.RMS_NORM_QUANT_OP: 5,
-        contract.ADD_RMS_NORM_QUANT_OP: 4,
-    }
+    assert _kinds(result) == kinds
     assert result.search.residual_near_misses == [] and result.search.near_misses == []
+    return original, result
+
+
+def _assert_quantized_and_checked(original: LoadedModel, result: FuseResult) -> None:
+    """No Q left reading a fused node's output, and `check` passes on the fused model."""
+    assert _quantize_reads_trtfuse(result.model) == []
+    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
+    assert verdict.passed, verdict.to_json()
+
+
+def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantize_at_its_own_scale() -> None:
+    kinds = {contract.QK_NORM_QUANT_OP: 2, contract.RMS_NORM_QUANT_OP: 5, contract.ADD_RMS_NORM_QUANT_OP: 4}
+    original, result = _fused_fixture("gemma3-modelopt-int8-fp16.onnx", kinds)
     # The one Q kept out: the embedding's pair, whose dequantized value the first residual Add reads too.
     [kept] = result.search.quant_near_misses
     assert "is also read by" in kept.reason and "the node reads the dequantized x" in kept.reason
@@ -417,9 +484,25 @@ def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantiz
     for plugin in qk:
         q_quantizer, k_quantizer = plugin.fields.output_quantizer(0), plugin.fields.output_quantizer(1)
         assert q_quantizer.dtype == k_quantizer.dtype == "int8" and q_quantizer.scale != k_quantizer.scale
-    assert _quantize_reads_trtfuse(result.model) == []
-    verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
-    assert verdict.passed, verdict.to_json()
+    _assert_quantized_and_checked(original, result)
+
+
+def test_the_modelopt_int8_olmo2_fixture_pairs_each_q_and_k_norm_with_its_own_input_and_rsqrt_pairs() -> None:
+    """ModelOpt's INT8 of optimum's OLMo2 export: each layer's full-width q (64) and k (32) norms, each with its input
+    pair and its inverse-root pair, are one TrtfuseQkNormQuant taking those four pairs in (they were two
+    TrtfuseRmsNormQuant nodes); every Q taken in as before, and `check` passes at a prefill and a decode step."""
+    kinds = {contract.QK_NORM_QUANT_OP: 2, contract.RMS_NORM_QUANT_OP: 4, contract.ADD_RMS_NORM_QUANT_OP: 1}
+    original, result = _fused_fixture("olmo2-modelopt-int8-fp16-optimum.onnx", kinds)
+    assert result.search.quant_near_misses == []
+    assert result.counts().quantizers_taken == 17 and result.counts().norms == 9
+    stages = (*QK_PART_STAGES["q"][:2], *QK_PART_STAGES["k"][:2])
+    for plugin in plugin_nodes(result.model):
+        if plugin.op is contract.QK_NORM_QUANT:
+            assert plugin.fields.hidden_sizes == (64, 32) and plugin.fields.quant.stages == stages
+            q, k = plugin.fields.part_quant(0), plugin.fields.part_quant(1)
+            assert q.rsqrt.scale != k.rsqrt.scale and q.input.scale != k.input.scale
+            assert q.rsqrt.input_dtype == k.rsqrt.input_dtype == "float16"
+    _assert_quantized_and_checked(original, result)
 
 
 def test_inspect_and_fuse_report_the_quantizers(tmp_path) -> None:

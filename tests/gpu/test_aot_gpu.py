@@ -331,18 +331,23 @@ def test_the_matrix_covers_the_quantizer_stages() -> None:
 def test_the_matrix_covers_each_qk_norm_parts_own_quantizer() -> None:
     """QK-norm entries with q's and k's own output quantizers: INT8 and FP8 (saturating and not), two scales on one
     node, a part left in T beside a quantized one, head-dim rows and DeepSeek-V3-like latent widths of no power of
-    two; each part's tiling in its own stored dtype (16 codes a vector, 8 of a 16-bit T)."""
+    two; and each part's own input and rsqrt stages (OLMo2 INT8, fp16 and fp32, q and k of different widths, each
+    at its own scales); each part's tiling in its own stored dtype (16 codes a vector, 16 bytes of T)."""
     from trtfuse.kernels.api import qk_norm_tilings
+    from trtfuse.kernels.specs import DTYPE_BYTES
 
     qk = [e.spec for e in matrix() if e.kind.name == "qk_norm" and e.spec.quant is not None]
     parts = [(s, part, s.part_quant(part)) for s in qk for part in (0, 1)]
-    quantizers = {(q.output.dtype, q.output.saturate) for _, _, q in parts if q is not None}
-    assert quantizers == {("int8", True), ("float8_e4m3fn", True), ("float8_e4m3fn", False)}
+    outputs = {(q.output.dtype, q.output.saturate) for _, _, q in parts if q is not None and q.output is not None}
+    assert outputs == {("int8", True), ("float8_e4m3fn", True), ("float8_e4m3fn", False)}
     assert any(s.quant.q_output and s.quant.k_output and s.quant.q_output != s.quant.k_output for s in qk)
     assert any(q is None for _, _, q in parts) and {48, 64, 128} <= {s.q_hidden for s in qk}
-    for spec, part, quant in parts:
+    olmo2 = [s for s in qk if s.quant.q_rsqrt is not None and s.quant.k_rsqrt is not None]
+    assert {s.dtype for s in olmo2} == {"float16", "float32"} and all(s.q_hidden != s.k_hidden for s in olmo2)
+    assert all(s.quant.q_input.scale != s.quant.k_input.scale for s in olmo2)
+    for spec, part, _quant in parts:
         tiling = qk_norm_tilings(spec, aligned=True)[part]
-        assert tiling.vector == (16 if quant is not None else 8), (spec, part)
+        assert tiling.vector * DTYPE_BYTES[spec.part_y_dtype(part)] == 16, (spec, part)
 
 
 def test_quantized_buffers_hold_y_in_the_quantized_dtype_and_are_poisoned_bytewise() -> None:
@@ -382,6 +387,17 @@ def test_rsqrt_stage_entries_get_rows_of_exact_sums_of_squares() -> None:
         tensors.refresh()
     plain = CaseTensors(rms_entry(), rms_declaration(64), LaunchCase(5), device="cpu").parts["x"].x.double() * 128
     assert not torch.equal(plain, plain.round())
+
+
+def test_each_qk_norm_parts_rsqrt_stage_gets_rows_of_exact_sums_of_squares() -> None:
+    """OLMo2's INT8 QK entries: q's and k's rows are both m / 128, each part's rsqrt stage its own."""
+    entry = next(e for e in matrix() if e.heads and e.spec.quant is not None and e.spec.quant.k_rsqrt is not None)
+    tensors = CaseTensors(entry, declaration_for(entry), LaunchCase(3), device="cpu")
+    for part, role in enumerate(("q", "k")):
+        tensors_part = tensors.parts[role]
+        m = tensors_part.x.double() * 128
+        assert torch.equal(m, m.round()) and int(m.abs().max()) <= 63
+        assert tensors_part.quant == entry.spec.part_quant(part) and tensors_part.quant.rsqrt is not None
 
 
 def test_the_matrix_specs_survive_the_manifest() -> None:
@@ -512,16 +528,18 @@ def test_outputs_pass_only_when_written_and_close(entry: MatrixEntry) -> None:
 
 def quantized_entries() -> list[MatrixEntry]:
     """One matrix entry of each kind per output quantizer dtype and saturate setting (with and without the rsqrt
-    stage; of a QK-norm, per part), at a CPU-sized hidden (QK-norm: `qk_declaration`'s)."""
+    stage; of a QK-norm, per part, one with an output quantizer), at a CPU-sized hidden (QK-norm:
+    `qk_declaration`'s)."""
     chosen = {}
     for entry in matrix():
         spec = entry.spec
         if spec.quant is None:
             continue
         if entry.heads is not None:
-            parts = tuple(
-                None if q is None else (q.output.dtype, q.output.saturate) for q in map(spec.part_quant, (0, 1))
-            )
+            outputs = [None if q is None else q.output for q in map(spec.part_quant, (0, 1))]
+            if outputs == [None, None]:
+                continue
+            parts = tuple(None if q is None else (q.dtype, q.saturate) for q in outputs)
             small = MatrixEntry(dataclasses.replace(spec, q_hidden=128, k_hidden=128), (4, 2))
             chosen.setdefault((entry.kind.name, parts), small)
         elif spec.quant.output is not None:
@@ -542,7 +560,7 @@ def test_quantized_outputs_pass_within_one_step_and_only_when_written(entry: Mat
     for part in parts:
         passed, detail, _, worst = compare_part(spec, part)
         assert passed and worst <= 1, detail
-    for part in (p for p in parts if p.quant is not None):
+    for part in (p for p in parts if p.quant is not None and p.quant.output is not None):
         flat = part.out.view(-1)
         index = int(flat.float().abs().argmin())  # a small value: two steps up stays in range and finite
         if part.quant.output.dtype == "int8":

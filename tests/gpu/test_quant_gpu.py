@@ -468,6 +468,26 @@ def test_the_inverse_roots_stage_equals_the_reference_bit_for_bit(quantizer: Qua
                 torch.testing.assert_close(y.double(), reference.double(), rtol=rtol, atol=atol, msg=what)
 
 
+@pytest.mark.parametrize("input_dtype", ["float32", "float16"])
+def test_each_qk_norm_parts_inverse_root_stage_equals_the_reference_bit_for_bit(input_dtype: str) -> None:
+    """OLMo2's INT8 q and k norms in one launch, each with its own inverse-root quantizer (two scales): on rows of
+    exact sums each part's y = float32(x · r') is the reference's through that part's own quantizer bit for bit
+    (weight mode NONE, T = float32), rows at a step of each part's quantizer included."""
+    q_rsqrt = Quantizer("int8", f32(0.05), True, input_dtype, input_dtype)
+    k_rsqrt = Quantizer("int8", f32(0.0625), True, input_dtype, input_dtype)
+    exact = NormParams(LLAMA.epsilon, 0.0, WeightMode.NONE)
+    spec = QkNormSpec(HIDDEN, HIDDEN, "bfloat16", None, exact, "float32", QuantParams(q_rsqrt=q_rsqrt, k_rsqrt=k_rsqrt))
+    rng = np.random.default_rng(torch.initial_seed())
+    for rows in ROWS:
+        q = exact_sum_rows(rows, sums_at_steps(q_rsqrt, exact.epsilon), rng)
+        k = exact_sum_rows(max(1, rows // 3), sums_at_steps(k_rsqrt, exact.epsilon), rng)
+        outs = get_qk_norm(spec)(q, k)
+        torch.cuda.synchronize()
+        for part, (x, out) in enumerate(zip((q, k), outs, strict=True)):
+            reference = norm_reference(x, None, exact, "float32", spec.part_quant(part))
+            assert_same_bits(out, reference, f"{'qk'[part]}_out rows={rows}")
+
+
 def test_raw_pointer_launch_of_a_quantized_add_norm_replays_from_a_cuda_graph() -> None:
     """The plugin's path: warm up, capture a raw-pointer launch on a side stream, replay on new inputs."""
     quant = QuantParams(input=input_quantizer("bfloat16", "float8_e4m3fn"), output=FP8)

@@ -31,7 +31,7 @@ from trtfuse.kernels.compiler import AddRmsNormVariant, QkNormVariant, RmsNormVa
 from trtfuse.kernels.declaration import Tactic, add_rms_norm_params, qk_norm_params, rms_norm_params
 from trtfuse.kernels.device import DeviceInfo
 from trtfuse.kernels.ptx import reciprocal_applies
-from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
 from trtfuse.kernels.tiling import Regime
 
 ARCH = "sm_90a"
@@ -89,8 +89,10 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec
     fma corrections by the scale's own bits), or div.rn.f32 by the scale for one outside its range; no approximate
     division anywhere; the conversions of each quantized dtype are there; with the rsqrt stage, r is the correctly
     rounded root and reciprocal (`root_to_quotient`), else the approximate inverse root of the plain kernel. A
-    QK-norm's q_output and k_output stages are output stages, each with its own scale."""
+    QK-norm's stages are each part's own (q_output an output stage, k_rsqrt an rsqrt stage...), each at its own
+    scale: the parts' rsqrt stages are read per part."""
     quant = spec.quant
+    parts = [spec.part_quant(part) for part in range(2 if isinstance(spec, QkNormSpec) else 1)]
     assert not re.search(r"\bdiv\.(approx|full)\b", ptx)
     assert not re.search(r"\brcp\.approx", ptx)
     for stage in quant.stages:
@@ -102,11 +104,13 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec
             assert len(re.findall(rf"\bfma\.rn\.f32\s+e, n, {scale}, %r\d+;", ptx)) >= 2, (stage, scale)
         else:
             assert re.search(rf"\bdiv\.rn\.f32\s+%r\d+, %r\d+, {scale};", ptx), (stage, scale)
-    if quant.rsqrt is None:
+    roots = [part.rsqrt for part in parts if part is not None and part.rsqrt is not None]
+    if len(roots) < len(parts):
         assert "rsqrt.approx.ftz.f32" in ptx
     else:
         assert "rsqrt.approx" not in ptx
-        root_to_quotient(ptx, quant.rsqrt)
+    for root in roots:
+        root_to_quotient(ptx, root)
     dtypes = {quant.at(stage).dtype for stage in quant.stages}
     if "float8_e4m3fn" in dtypes:
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
@@ -117,7 +121,7 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec
         # Words of 4 codes: cvt.rni to int32 and cvt.pack.sat; a scalar variant's lone codes: the float level.
         packed = "cvt.rni.s32.f32" in ptx and len(re.findall(r"\bcvt\.pack\.sat\.s8\.s32\.b32\b", ptx)) >= 2
         assert packed or "cvt.rni.f32.f32" in ptx
-    if quant.input is not None and quant.input.dtype == "float8_e4m3fn":
+    if any(part is not None and part.input is not None and part.input.dtype == "float8_e4m3fn" for part in parts):
         assert "cvt.rn.f16x2.e4m3x2" in ptx  # DQ reads the FP8 codes back
 
 
@@ -202,9 +206,12 @@ def test_dtype_pairs_and_row_widths_compile(spec: RmsNormSpec | AddRmsNormSpec, 
             check_y_stores(variant, ptx)
 
 
-# QK-norm: q's and k's own output quantizers (Gemma3 INT8's two scales; DeepSeek-V3 FP8's latent q alone).
+# QK-norm: q's and k's own output quantizers (Gemma3 INT8's two scales; DeepSeek-V3 FP8's latent q alone), and
+# each norm's own input and inverse-root pairs (OLMo2's INT8, at four scales).
 INT8_K = Quantizer("int8", f32(0.0173))
 FP8_K = Quantizer("float8_e4m3fn", f32(0.0071), saturate=False)
+INT8_INPUT_K = Quantizer("int8", f32(0.0251), True, "bfloat16")
+INT8_RSQRT_K = Quantizer("int8", f32(0.0117), True, "float32")
 QK_STAGE_SETS = {
     "q-int8": QuantParams(q_output=INT8),
     "q-fp8": QuantParams(q_output=FP8),
@@ -212,6 +219,14 @@ QK_STAGE_SETS = {
     "k-fp8": QuantParams(k_output=FP8),
     "both-int8": QuantParams(q_output=INT8, k_output=INT8_K),
     "both-fp8": QuantParams(q_output=FP8, k_output=FP8_K),
+    "olmo2-int8": QuantParams(
+        q_input=Quantizer("int8", f32(0.047), True, "bfloat16"),
+        q_rsqrt=INT8_RSQRT,
+        k_input=INT8_INPUT_K,
+        k_rsqrt=INT8_RSQRT_K,
+    ),
+    "k-rsqrt-q-out": QuantParams(q_output=FP8, k_rsqrt=INT8_RSQRT_K),
+    "q-fp8-input-k-out": QuantParams(q_input=FP8_INPUT, k_output=INT8_K),
 }
 # Head dims of 128 and 64, and rows of widths no power of two, like DeepSeek-V3's latent ones (1536 and 512).
 QK_WIDTHS = ((128, 128), (64, 64), (48, 32))
@@ -245,8 +260,9 @@ def check_qk_stores(variant: QkNormVariant, ptx: str) -> None:
 def test_qk_norm_parts_compile_with_their_own_quantizers(
     widths: tuple[int, int], name: str, aligned: bool, tmp_path: Path
 ) -> None:
-    """q's, k's or both parts' quantizers (two scales), bf16 rows, the vector and element paths: each quantizer's
-    arithmetic, and a part without one stores T (`check_qk_stores`)."""
+    """q's, k's or both parts' quantizers (each at its own scale), bf16 rows, the vector and element paths: each
+    quantizer's arithmetic (a part's inverse root correctly rounded where its rsqrt stage is on, the other part's
+    approximate), and a part without an output quantizer stores T (`check_qk_stores`)."""
     spec = QkNormSpec(*widths, "bfloat16", "bfloat16", LLAMA, quant=QK_STAGE_SETS[name])
     variant = qk_variant(spec, aligned)
     ptx = compiled_ptx(variant, tmp_path)
@@ -323,6 +339,16 @@ def test_the_spec_says_y_is_stored_in_the_output_quantizers_dtype() -> None:
         spec.part_quant(1)
 
 
+def test_each_qk_norm_part_computes_its_own_norms_stages() -> None:
+    """A part's stages are that part's norm's (q_rsqrt as rsqrt...): what each part's NormMath compiles."""
+    spec = QkNormSpec(64, 32, "bfloat16", "bfloat16", LLAMA, quant=QK_STAGE_SETS["k-rsqrt-q-out"])
+    assert (spec.part_quant(0), spec.part_quant(1)) == (QuantParams(output=FP8), QuantParams(rsqrt=INT8_RSQRT_K))
+    assert (spec.part_y_dtype(0), spec.part_y_dtype(1)) == ("float8_e4m3fn", "bfloat16")
+    olmo2 = QkNormSpec(64, 32, "bfloat16", "bfloat16", LLAMA, quant=QK_STAGE_SETS["olmo2-int8"])
+    assert olmo2.part_quant(1) == QuantParams(input=INT8_INPUT_K, rsqrt=INT8_RSQRT_K)
+    assert (olmo2.part_y_dtype(0), olmo2.part_y_dtype(1)) == ("bfloat16", "bfloat16")
+
+
 def test_each_qk_norm_part_is_stored_in_its_own_quantizers_dtype_or_in_t() -> None:
     spec = QkNormSpec(48, 32, "bfloat16", "float32", LLAMA, "bfloat16", QuantParams(q_output=FP8))
     assert (spec.part_quant(0), spec.part_quant(1)) == (QuantParams(output=FP8), None)
@@ -381,7 +407,11 @@ def rms_spec(quant: QuantParams) -> RmsNormSpec:
 @pytest.mark.parametrize(
     ("make", "quant", "problem"),
     [
-        (qk_spec, QuantParams(output=INT8), "output is not a stage of this kernel (q_output, k_output)"),
+        (
+            qk_spec,
+            QuantParams(output=INT8),
+            "output is not a stage of this kernel (q_input, q_rsqrt, q_output, k_input, k_rsqrt, k_output)",
+        ),
         (qk_spec, QuantParams(input=FP8_INPUT, q_output=INT8), "input is not a stage of this kernel"),
         (qk_spec, QuantParams(k_output=Quantizer("int8", 0.1)), "k_output quantizer scale 0.1 is not a positive"),
         (rms_spec, QuantParams(q_output=INT8), "q_output is not a stage of this kernel (input, rsqrt, output)"),
@@ -391,7 +421,7 @@ def rms_spec(quant: QuantParams) -> RmsNormSpec:
 def test_a_stage_the_kernel_does_not_have_is_refused_in_one_line(
     make: Callable[[QuantParams], object], quant: QuantParams, problem: str
 ) -> None:
-    """A QK-norm quantizes only its two outputs, each in its own stage; an RMSNorm has no q or k output."""
+    """A QK-norm's quantizers are each part's own stages, never a single norm's; an RMSNorm has no q or k part."""
     with pytest.raises(ValueError, match=re.escape(problem)):
         make(quant)
 
@@ -426,6 +456,21 @@ QK_AOT_SPECS = [
     QkNormSpec(128, 128, "float16", "float16", GEMMA, quant=QuantParams(q_output=INT8, k_output=INT8_K)),
     QkNormSpec(48, 32, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(q_output=FP8)),
     QkNormSpec(64, 64, "bfloat16", "bfloat16", LLAMA, quant=QuantParams(k_output=FP8_K)),
+    # OLMo2's INT8 fp16 export: full-width q and k of different widths, each with its input and inverse-root pairs
+    # (r read in float16, as its root is computed).
+    QkNormSpec(
+        4096,
+        1024,
+        "float16",
+        "float16",
+        LLAMA,
+        quant=QuantParams(
+            q_input=Quantizer("int8", f32(0.047), True, "float16"),
+            q_rsqrt=Quantizer("int8", f32(0.0083), True, "float16", "float16"),
+            k_input=Quantizer("int8", f32(0.0251), True, "float16"),
+            k_rsqrt=Quantizer("int8", f32(0.0117), True, "float16", "float16"),
+        ),
+    ),
 ]
 
 
@@ -436,9 +481,8 @@ def test_qk_norm_quant_artifacts_compile_for_every_architecture_they_can_run_on(
     """PTX and cubin for AOT_ARCHS less the pre-sm_89 ones where a part is FP8; the AOT kernel holds both paths
     (it tests the pointers itself): each part's quantizer, 16-byte stores and the element path's stores in each
     part's stored dtype; the declaration's parameters are the plain QK-norm's."""
-    fp8 = any(q.dtype == "float8_e4m3fn" for q in (spec.quant.q_output, spec.quant.k_output) if q is not None)
     archs = aot_archs(spec)
-    assert archs == (("sm_89", "sm_90a", "sm_100a") if fp8 else AOT_ARCHS)
+    assert archs == (("sm_89", "sm_90a", "sm_100a") if has_fp8_stage(spec) else AOT_ARCHS)
     for arch in archs:
         artifact = qk_norm_artifact(spec, Tactic.PREFILL, arch, tmp_path)
         assert artifact.cubin and f".target {arch}" in artifact.ptx

@@ -85,10 +85,10 @@ class _Quantizer:
 def _rsqrt_quantized_norm(
     b: Builder, quantizer: _Quantizer, x: str, spec: NormSpec, root: str, rsqrt_range: float = RSQRT_RANGE
 ) -> str:
-    """A Llama norm (TorchScript's spelling) with a pair on r between the root and the normalising Mul. `root`:
-    "float32" (the chain in float32, the pair on the float32 r), "rounded" (the float32 r cast to the activations'
-    dtype before its pair; the pair and Mul(x, r') in that dtype: `+rsqrt-cast`) or "core" (the whole chain in the
-    activations' dtype: `core-<dtype>`)."""
+    """A Llama norm (TorchScript's spelling) over `spec.hidden` with a pair on r between the root and the normalising
+    Mul, of range `rsqrt_range`. `root`: "float32" (the chain in float32, the pair on the float32 r), "rounded" (the
+    float32 r cast to the activations' dtype before its pair; the pair and Mul(x, r') in that dtype: `+rsqrt-cast`)
+    or "core" (the whole chain in the activations' dtype: `core-<dtype>`)."""
     core = spec.dtype if root == "core" else "float32"
     x_core = x if spec.dtype == core else b.cast(x, core)
     mean = b.reduce("ReduceMean", b.op("Pow", x_core, b.constant(2.0)), [-1])
@@ -100,7 +100,7 @@ def _rsqrt_quantized_norm(
         rounded = b.op(
             "Mul", x, quantizer.fake(inverse if root == "core" else b.cast(inverse, spec.dtype), rsqrt_range)
         )
-    return b.op("Mul", rounded, b.weight(HIDDEN, spec.dtype))
+    return b.op("Mul", rounded, b.weight(spec.hidden, spec.dtype))
 
 
 def quantized_decoder(spec: QuantSpec) -> onnx.ModelProto:
@@ -196,4 +196,40 @@ def quantized_norm(case: str, spec: QuantSpec = QuantSpec()) -> onnx.ModelProto:
         b.output(y, [BATCH, SEQUENCE, HIDDEN])
     if case == "shape":
         b.outputs.append(onnx.helper.make_tensor_value_info(b.op("Shape", y), TensorProto.INT64, [3]))
+    return b.model()
+
+
+# OLMo2's q and k projections (4 and 2 heads of 16) and, per norm, the ranges ModelOpt calibrated: each its own.
+OLMO2_HEADS, OLMO2_HEAD_DIM = {"q": 4, "k": 2}, 16
+OLMO2_RANGES = {"q": (3.0, 1.5, 2.5), "k": (2.0, 1.25, 2.0)}  # input, inverse root, output
+
+
+def olmo2_attention(spec: QuantSpec, output_quantizers: bool = False) -> onnx.ModelProto:
+    """OLMo2's attention as ModelOpt's INT8 writes it: q, k and v projections of one input; q's and k's norm each over
+    its whole projection (of different widths), reading it through a pair (`MatMul -> Q -> DQ -> norm`), with a pair
+    on its inverse root (`spec.rsqrt_root` says in which dtype), its output reshaped to heads and transposed; each
+    pair at its own part's range. With `output_quantizers`, a Q on each norm's output too (each a graph output), its
+    DequantizeLinear feeding the Reshape."""
+    b = Builder(opset=spec.opset)
+    quantizer = _Quantizer(b, spec)
+    x = b.input("x", [BATCH, SEQUENCE, HIDDEN], spec.dtype)
+    for role in ("q", "k", "v"):
+        width = OLMO2_HEADS.get(role, 2) * OLMO2_HEAD_DIM
+        weight = b.constant(b.rng.normal(0.0, HIDDEN**-0.5, (HIDDEN, width)), spec.dtype, base=f"{role}_proj")
+        projected = b.op("MatMul", x, weight)
+        if role == "v":
+            b.output(projected, [BATCH, SEQUENCE, width])
+            continue
+        input_range, rsqrt_range, output_range = OLMO2_RANGES[role]
+        norm = NormSpec(dtype=spec.dtype, hidden=width)
+        y = _rsqrt_quantized_norm(
+            b, quantizer, quantizer.fake(projected, input_range), norm, spec.rsqrt_root, rsqrt_range
+        )
+        if output_quantizers:
+            quantized, scale = quantizer.quantize(y, output_range)
+            b.output(quantized, [BATCH, SEQUENCE, width])
+            y = quantizer.dequantize(quantized, scale)
+        shape = b.constant([BATCH, SEQUENCE, OLMO2_HEADS[role], OLMO2_HEAD_DIM], "int64", base="shape")
+        heads = b.op("Transpose", b.op("Reshape", y, shape), perm=[0, 2, 1, 3])
+        b.output(heads, [BATCH, OLMO2_HEADS[role], SEQUENCE, OLMO2_HEAD_DIM])
     return b.model()

@@ -87,8 +87,7 @@ class NodeFields:
 
     def part_quant(self, part: int) -> QuantParams | None:
         """The quantizers of part `part`'s norm, as one norm's stages (`contract.norm_quant`)."""
-        index = self.op.output_parts.index(part)
-        return norm_quant(self.quant, self.op.output_stages[index])
+        return norm_quant(self.quant, self.op.part_stages[part])
 
     def normalised_dtype(self, index: int) -> str:
         """Normalised output `index`'s dtype: its quantizer's where the node quantizes it, else T (`output_dtype`)."""

@@ -79,20 +79,31 @@ _DTYPES_BY_CODE = {code: name for name, code in OUTPUT_DTYPE_CODES.items()}
 
 class QuantStage(str, enum.Enum):
     """Where a quantizer of a quantized op (`quantized`) acts in the formula. Each stage has its own fields, named
-    `<stage>_quant_dtype`, `<stage>_quant_scale`, `<stage>_quant_saturate`, for the two fake-quant stages
-    `<stage>_dequant_dtype` and, for the rsqrt stage, `<stage>_quant_input_dtype` (`QuantStage.fields`)."""
+    `<stage>_quant_dtype`, `<stage>_quant_scale`, `<stage>_quant_saturate`, for the fake-quant stages (input and
+    rsqrt ones) `<stage>_dequant_dtype` and, for the rsqrt ones, `<stage>_quant_input_dtype` (`QuantStage.fields`)."""
 
     INPUT = "input"  # the normalised tensor (x; the add-norm's rounded h) becomes DQ(Q(·)) before the norm reads it
     RSQRT = "rsqrt"  # each row's inverse root r becomes DQ(Q(r)) before it scales the row
     OUTPUT = "output"  # the normalised output becomes Q(·): the node outputs the quantized dtype
-    # A QK-norm's two normalised outputs, each with its own quantizer (its own scale), each optional.
+    # A QK-norm's two norms, each with its own quantizers (its own scales), each optional: q's, then k's, each the
+    # stage of one norm it is named after (`norm_stage`).
+    Q_INPUT = "q_input"
+    Q_RSQRT = "q_rsqrt"
     Q_OUTPUT = "q_output"
+    K_INPUT = "k_input"
+    K_RSQRT = "k_rsqrt"
     K_OUTPUT = "k_output"
+
+    @property
+    def norm_stage(self) -> QuantStage:
+        """The stage of one norm this stage is (`input`, `rsqrt` or `output`): a QK-norm part's stage is that of the
+        part's own norm, which is what the kernels, the reference and the lowering compute (`norm_quant`)."""
+        return _PART_STAGES.get(self, self)
 
     @property
     def fake(self) -> bool:
         """A fake-quant stage quantizes and dequantizes again, so the formula goes on in a float dtype."""
-        return self in (QuantStage.INPUT, QuantStage.RSQRT)
+        return self.norm_stage in (QuantStage.INPUT, QuantStage.RSQRT)
 
     @property
     def quantizes_output(self) -> bool:
@@ -103,7 +114,7 @@ class QuantStage(str, enum.Enum):
     def rounds_input(self) -> bool:
         """The rsqrt stage's Q reads r as the graph rounded it (`Quantizer.input_dtype`); what the other stages'
         Q reads the formula already rounds (x in its dtype, y to T)."""
-        return self is QuantStage.RSQRT
+        return self.norm_stage is QuantStage.RSQRT
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -136,6 +147,14 @@ class QuantStage(str, enum.Enum):
         return f"{self.value}_quant_input_dtype" if self.rounds_input else None
 
 
+_PART_STAGES = {
+    QuantStage.Q_INPUT: QuantStage.INPUT,
+    QuantStage.Q_RSQRT: QuantStage.RSQRT,
+    QuantStage.Q_OUTPUT: QuantStage.OUTPUT,
+    QuantStage.K_INPUT: QuantStage.INPUT,
+    QuantStage.K_RSQRT: QuantStage.RSQRT,
+    QuantStage.K_OUTPUT: QuantStage.OUTPUT,
+}
 QUANT_STAGES = tuple(QuantStage)  # every stage, in formula order (each op's stages are a subsequence)
 # The quantized dtypes and their ONNX TensorProto element types (FLOAT8E4M3FN, INT8); a stage's dtype field is 0
 # when the stage is off.
@@ -184,12 +203,18 @@ class QuantParams:
     input: Quantizer | None = None
     rsqrt: Quantizer | None = None
     output: Quantizer | None = None
+    q_input: Quantizer | None = None
+    q_rsqrt: Quantizer | None = None
     q_output: Quantizer | None = None
+    k_input: Quantizer | None = None
+    k_rsqrt: Quantizer | None = None
     k_output: Quantizer | None = None
 
     def __post_init__(self) -> None:
-        if self.rsqrt is not None and self.rsqrt.input_dtype is None:
-            object.__setattr__(self, "rsqrt", dataclasses.replace(self.rsqrt, input_dtype="float32"))
+        for stage in QUANT_STAGES:
+            quantizer = self.at(stage)
+            if stage.rounds_input and quantizer is not None and quantizer.input_dtype is None:
+                object.__setattr__(self, stage.value, dataclasses.replace(quantizer, input_dtype="float32"))
 
     def at(self, stage: QuantStage) -> Quantizer | None:
         return getattr(self, stage.value)
@@ -200,15 +225,14 @@ class QuantParams:
         return tuple(stage for stage in QUANT_STAGES if self.at(stage) is not None)
 
 
-def norm_quant(quant: QuantParams | None, output_stage: QuantStage) -> QuantParams | None:
-    """One norm's quantizers out of a node's, as stages of a single norm (input, rsqrt, output): all of them where
-    the norm's output stage is OUTPUT (a single norm's op), else the one quantizer of the QK-norm's q or k output
-    as that norm's output stage; None where the norm quantizes nothing. What a kernel's problem, the reference and
-    the lowering compute per norm."""
-    if quant is None or output_stage is QuantStage.OUTPUT:
-        return quant
-    quantizer = quant.at(output_stage)
-    return None if quantizer is None else QuantParams(output=quantizer)
+def norm_quant(quant: QuantParams | None, stages: tuple[QuantStage, ...]) -> QuantParams | None:
+    """One norm's quantizers out of a node's: those of `stages` (its part's, `FusedOp.part_stages`), each as the
+    stage of a single norm it is (`QuantStage.norm_stage`: a QK-norm's q_rsqrt as rsqrt...); None where the norm
+    quantizes nothing. What a kernel's problem, the reference and the lowering compute per norm."""
+    if quant is None:
+        return None
+    quantizers = {stage.norm_stage.value: quant.at(stage) for stage in stages if quant.at(stage) is not None}
+    return QuantParams(**quantizers) if quantizers else None
 
 
 def quant_dtype_of_code(code: int) -> str | None:
@@ -256,12 +280,18 @@ class FusedOp:
     output_parts: tuple[int, ...]
     normalised_outputs: tuple[bool, ...]
     hidden_fields: tuple[str, ...]
-    # The stages a quantized op of this one has (`quantizable`), and per output the stage that quantizes it (None:
-    # never quantized); a quantized op (`quantized`) is its base op plus those stages' fields; a plain op has none.
-    quantizable: tuple[QuantStage, ...] = ()
+    # Per part, the stages a quantized op of this one has for that part's norm (`quantizable`: all of them), and per
+    # output the stage that quantizes it (None: never quantized); a quantized op (`quantized`) is its base op plus
+    # those stages' fields; a plain op has none.
+    part_stages: tuple[tuple[QuantStage, ...], ...] = ()
     output_stages: tuple[QuantStage | None, ...] = ()
     quant_stages: tuple[QuantStage, ...] = ()
     base: str | None = None
+
+    @property
+    def quantizable(self) -> tuple[QuantStage, ...]:
+        """Every stage a quantized op of this one has, part by part (the order of its fields)."""
+        return tuple(stage for stages in self.part_stages for stage in stages)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -292,7 +322,7 @@ RMS_NORM = FusedOp(
     output_parts=(0,),
     normalised_outputs=(True,),
     hidden_fields=(ATTR_HIDDEN,),
-    quantizable=(QuantStage.INPUT, QuantStage.RSQRT, QuantStage.OUTPUT),
+    part_stages=((QuantStage.INPUT, QuantStage.RSQRT, QuantStage.OUTPUT),),
     output_stages=(QuantStage.OUTPUT,),
 )
 # The q-norm and k-norm of one attention block: one launch, shared constants, each part with its own weight.
@@ -305,9 +335,12 @@ QK_NORM = FusedOp(
     output_parts=(0, 1),
     normalised_outputs=(True, True),
     hidden_fields=(ATTR_Q_HIDDEN, ATTR_K_HIDDEN),
-    # Each output's own quantizer (Gemma3's INT8 q/k scales differ); no fake-quant stage: a q/k norm with an
-    # inverse-root pair is fused alone (fusion/patterns/qk.py).
-    quantizable=(QuantStage.Q_OUTPUT, QuantStage.K_OUTPUT),
+    # Each norm's own quantizers: Gemma3's INT8 q/k output scales differ, OLMo2's INT8 q and k norms each have their
+    # own input and inverse-root pairs.
+    part_stages=(
+        (QuantStage.Q_INPUT, QuantStage.Q_RSQRT, QuantStage.Q_OUTPUT),
+        (QuantStage.K_INPUT, QuantStage.K_RSQRT, QuantStage.K_OUTPUT),
+    ),
     output_stages=(QuantStage.Q_OUTPUT, QuantStage.K_OUTPUT),
 )
 # The residual Add in front of a decoder layer's norm, and that norm: x and residual are summed into h (the residual
@@ -322,7 +355,7 @@ ADD_RMS_NORM = FusedOp(
     output_parts=(0, 0),
     normalised_outputs=(True, False),
     hidden_fields=(ATTR_HIDDEN,),
-    quantizable=(QuantStage.INPUT, QuantStage.RSQRT, QuantStage.OUTPUT),
+    part_stages=((QuantStage.INPUT, QuantStage.RSQRT, QuantStage.OUTPUT),),
     output_stages=(QuantStage.OUTPUT, None),
 )
 

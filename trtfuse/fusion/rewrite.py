@@ -294,7 +294,9 @@ def _add_norm_node(graph: gs.Graph, names: _Names, add: AddNormMatch) -> FusedNo
 
 def _quantizer_nodes(quantizers: tuple[TakenQuantizer, ...]) -> list[gs.Node]:
     """The Q/DQ nodes of the quantizers a match's own nodes do not list (the rsqrt pair is inside the chain)."""
-    return [node for taken in quantizers if taken.stage is not contract.QuantStage.RSQRT for node in taken.nodes]
+    return [
+        node for taken in quantizers if taken.stage.norm_stage is not contract.QuantStage.RSQRT for node in taken.nodes
+    ]
 
 
 def _operand(graph: gs.Graph, names: _Names, add: AddNormMatch, role: str, operand: gs.Tensor) -> gs.Tensor:
@@ -324,8 +326,9 @@ def _sum_output(graph: gs.Graph, names: _Names, add: AddNormMatch, x: gs.Tensor)
 
 
 def _qk_norm_node(graph: gs.Graph, names: _Names, q: RmsNormMatch, k: RmsNormMatch) -> FusedNode:
-    """The pair as one TrtfuseQkNorm, or, where either norm took its output's QuantizeLinear in (stage q_output or
-    k_output), one TrtfuseQkNormQuant writing that output's codes."""
+    """The pair as one TrtfuseQkNorm, or, where either norm took quantizers in (its part's stages: q_input, q_rsqrt,
+    q_output or the k ones), one TrtfuseQkNormQuant reading each input pair's source and writing each quantized
+    output's codes."""
     if (q.dtype, output_dtype(q)) != (k.dtype, output_dtype(k)):
         raise TrtfuseError(
             f"q/k norms '{q.name}' and '{k.name}' cannot be one fused node: dtypes {q.dtype} -> {output_dtype(q)} "

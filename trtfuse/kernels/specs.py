@@ -160,8 +160,9 @@ class AddRmsNormSpec(_RowsSpec):
 @dataclass(frozen=True, repr=False)
 class QkNormSpec:
     """Two RMSNorms in one launch: q rows of `q_hidden` and k rows of `k_hidden`, each with its own weight. `quant`
-    (None: none) holds q_out's and k_out's own output quantizers (stages q_output, k_output, each optional): a
-    quantized output is stored in its quantizer's dtype after its rounding to T."""
+    (None: none) holds each norm's own quantizers (stages q_input, q_rsqrt, q_output and k_input, k_rsqrt,
+    k_output, each optional; `part_quant`): a quantized output is stored in its quantizer's dtype after its
+    rounding to T."""
 
     q_hidden: int
     k_hidden: int
@@ -180,11 +181,11 @@ class QkNormSpec:
     __repr__ = _repr_without_plain_quant
 
     def part_quant(self, part: int) -> QuantParams | None:
-        """Part `part`'s (0: q, 1: k) quantizer as one norm's output stage (`contract.norm_quant`)."""
+        """Part `part`'s (0: q, 1: k) quantizers as one norm's stages (`contract.norm_quant`)."""
         _check_part(part, 2)
-        return norm_quant(self.quant, QK_NORM.output_stages[part])
+        return norm_quant(self.quant, QK_NORM.part_stages[part])
 
     def part_y_dtype(self, part: int) -> str:
-        """The dtype part `part`'s output is stored in: its quantizer's where it has one, else T."""
+        """The dtype part `part`'s output is stored in: its output quantizer's where it has one, else T."""
         quant = self.part_quant(part)
-        return self.out_dtype if quant is None else quant.output.dtype
+        return self.out_dtype if quant is None or quant.output is None else quant.output.dtype

@@ -155,8 +155,9 @@ def quant_entries() -> list[MatrixEntry]:
     cast to float16, at a width whose rows of exact sums of squares the check launches (`tensors.exact_square_rows`:
     r' = DQ(Q(r)) is a step function of r, which any rounding of r's sum could move across a step); QK-norms with
     each part's own output quantizer (Gemma3 INT8's q and k scales, DeepSeek-V3 FP8's latent q with k in T, both in
-    FP8). An unsaturated FP8 scale large enough that no |y| / s comes near 464, where a y within tolerance could be
-    NaN on one side only."""
+    FP8) or each part's own input and inverse-root stages (OLMo2 INT8's full-width q and k, fp16 and fp32, on rows of
+    exact sums). An unsaturated FP8 scale large enough that no |y| / s comes near 464, where a y within tolerance
+    could be NaN on one side only."""
     after, before = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST
     llama, gemma = NormParams(1e-6, 0.0, after), NormParams(1e-6, 1.0, before)
     fp8, int8 = Quantizer("float8_e4m3fn", 0.015625), Quantizer("int8", 0.03125)
@@ -191,11 +192,20 @@ def quant_entries() -> list[MatrixEntry]:
     ]
     int8_qk = QuantParams(q_output=int8, k_output=Quantizer("int8", 0.0625))  # Gemma3 INT8's two scales
     fp8_qk = QuantParams(q_output=fp8, k_output=fp8_unsaturated)
+
+    def olmo2_int8(dtype: str) -> QuantParams:
+        # Each norm's own input and inverse-root pairs; input scales of m / 128 keep the exact-sum rows exact.
+        k_rsqrt = Quantizer("int8", 0.125, True, dtype, dtype)
+        k_input = Quantizer("int8", 0.0234375, True, dtype)
+        return QuantParams(q_input=fake(dtype, "int8"), q_rsqrt=rsqrt(dtype), k_input=k_input, k_rsqrt=k_rsqrt)
+
     qk = [
         (QkNormSpec(128, 128, "float16", "float16", gemma, quant=int8_qk), (32, 16)),
         (QkNormSpec(64, 64, "float16", "float16", gemma, quant=int8_qk), (8, 8)),
         (QkNormSpec(48, 32, "bfloat16", "bfloat16", llama, quant=QuantParams(q_output=fp8)), (1, 1)),
         (QkNormSpec(128, 128, "bfloat16", "bfloat16", llama, quant=fp8_qk), (32, 8)),
+        (QkNormSpec(4096, 1024, "float16", "float16", llama, quant=olmo2_int8("float16")), (1, 1)),
+        (QkNormSpec(2048, 512, "float32", "float32", llama, quant=olmo2_int8("float32")), (1, 1)),
     ]
     return [MatrixEntry(spec) for spec in specs] + [MatrixEntry(spec, heads) for spec, heads in qk]
 

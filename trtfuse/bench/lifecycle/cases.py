@@ -154,7 +154,7 @@ def qk_case(
     quant: QuantParams | None = None,
 ) -> NormCase:
     """A QK-norm over q [1, tokens, q_heads, head_dim] and k [1, tokens, k_heads, head_dim] (Qwen3's layout);
-    `quant` (stages q_output, k_output) makes it a case of TrtfuseQkNormQuant."""
+    `quant` (each part's stages: q_input, q_rsqrt, q_output and k's) makes it a case of TrtfuseQkNormQuant."""
     params = _float32_params(epsilon, weight_offset, weight_mode)
     op = QK_NORM if quant is None else QUANTIZED_OPS[QK_NORM.name]
     config = NodeFields(op, params, (head_dim, head_dim), dtype, quant)
@@ -237,7 +237,8 @@ def quant_cases() -> list[NormCase]:
     output, E4M3FN saturating and not (past ±448: ±448, NaN), the add-norm's FP8 and INT8 input fake-quant with and
     without the output stage, INT8's rsqrt stage, an fp32 residual stream into a bf16 layer, every weight mode, and
     the QK-norm's outputs each at its own scale (Gemma3's INT8) or one alone (DeepSeek-V3's FP8 latent). The scales
-    put part of each output past the quantized range, so saturation is exercised."""
+    put part of each output past the quantized range, so saturation is exercised; and the QK-norm's norms each with
+    its own input and inverse-root pairs (OLMo2's INT8), or FP8 input pairs."""
     return [
         rms_case(4096, "bfloat16", "bfloat16", quant=QuantParams(output=fp8(1 / 64))),
         rms_case(2048, "float16", "float32", WeightMode.BEFORE_CAST, 1.0, quant=QuantParams(output=fp8(1 / 128))),
@@ -273,4 +274,29 @@ def quant_cases() -> list[NormCase]:
             quant=QuantParams(q_output=int8(4 / 127), k_output=int8(6 / 127)),
         ),
         qk_case(32, 8, 128, "bfloat16", "bfloat16", quant=QuantParams(q_output=fp8(1 / 64))),
+        qk_case(
+            16,
+            8,
+            128,
+            "float32",
+            "float32",
+            quant=QuantParams(
+                q_input=int8(6 / 127, "float32"),
+                q_rsqrt=int8(2 / 127, "float32"),
+                k_input=int8(4 / 127, "float32"),
+                k_rsqrt=int8(3 / 127, "float32"),
+            ),
+        ),
+        qk_case(
+            16,
+            4,
+            64,
+            "float16",
+            "float16",
+            quant=QuantParams(
+                q_input=fp8(1 / 32, dequant_dtype="float16"),
+                k_input=fp8(1 / 16, dequant_dtype="float16"),
+                k_output=int8(4 / 127),
+            ),
+        ),
     ]

@@ -228,9 +228,6 @@ def pair_qk_norms(matches: list[RmsNormMatch], graph: gs.Graph) -> QkPairing:
             continue
         match = replace(match, tags=(*match.tags, _layout_tag(match, ops)))
         tagged.append(match)
-        if match.quantizers:
-            # TrtfuseQkNormQuant has no rsqrt stage: a q/k norm with an inverse-root quantizer is fused alone.
-            continue
         projection_norms.append(_ProjectionNorm(match, source, min(positions[id(node)] for node in match.nodes)))
     projection_norms.sort(key=lambda norm: norm.position)
     enclosing = _enclosing_nodes(graph)

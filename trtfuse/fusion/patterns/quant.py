@@ -317,12 +317,16 @@ def take_quantizers(search: NormSearch, graph_outputs: set[str], opset: int) -> 
         elif found is not None:
             add.norm = replace(add.norm, quantizers=in_stage_order((*add.norm.quantizers, found)))
     for pair in search.qk_norm_pairs:
-        # Each norm's output QuantizeLinear, as its output's own stage of the QK-norm (q_output, k_output).
-        for role, stage in zip(("q", "k"), QK_NORM.output_stages, strict=True):
-            match = getattr(pair, role)
-            found = _output_quantizer(match, graph_outputs, opset)
-            if isinstance(found, NearMiss):
-                misses.append(found)
-            elif found is not None:
-                setattr(pair, role, replace(match, quantizers=(*match.quantizers, replace(found, stage=stage))))
+        # Each norm's quantizers as a plain norm's, each in its part's own stage of the QK-norm (q_rsqrt, k_output...).
+        for part, role in enumerate(("q", "k")):
+            match = _with_quantizers(getattr(pair, role), graph_outputs, opset, misses)
+            taken = tuple(
+                replace(quantizer, stage=_part_stage(part, quantizer.stage)) for quantizer in match.quantizers
+            )
+            setattr(pair, role, replace(match, quantizers=taken))
     search.quant_near_misses = misses
+
+
+def _part_stage(part: int, stage: QuantStage) -> QuantStage:
+    """The QK-norm's stage that is `stage` of part `part`'s norm."""
+    return next(own for own in QK_NORM.part_stages[part] if own.norm_stage is stage)
