@@ -335,8 +335,13 @@ class QkNormRopeKernel(_Kernel):
     spec: QkNormRopeSpec
 
     def variant(self) -> QkNormRopeVariant:
-        q, k = qk_norm_tilings(self.spec, aligned=True)
-        return QkNormRopeVariant(self.spec, q, k, self.device.arch)
+        return self.variant_for(self.spec, self.device.arch)
+
+    @staticmethod
+    def variant_for(spec: QkNormRopeSpec, arch: str) -> QkNormRopeVariant:
+        """The one variant of `spec` for `arch`: the JIT's, and the AOT artifact's."""
+        q, k = qk_norm_tilings(spec, aligned=True)
+        return QkNormRopeVariant(spec, q, k, arch)
 
     def _variant_of(self, key: None) -> QkNormRopeVariant:
         return self.variant()

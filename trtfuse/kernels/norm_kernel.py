@@ -374,10 +374,13 @@ def _load_rotation(
         if cutlass.const_expr(plan.source_slots[k] is not None):
             index = lane + k * tiling.threads_per_row
             position = index % plan.head_vectors
-            if index < tiling.vectors_per_row:
-                if position < plan.rotary_vectors:
-                    cute.autovec_copy(g_cos[None, position], r_cos[None, k])
-                    cute.autovec_copy(g_sin[None, position], r_sin[None, k])
+            rotated = position < plan.rotary_vectors
+            if cutlass.const_expr((k + 1) * tiling.threads_per_row > tiling.vectors_per_row):
+                # Only the last slot can fall past the row end (as in `_for_each_slot`).
+                rotated = rotated & (index < tiling.vectors_per_row)
+            if rotated:
+                cute.autovec_copy(g_cos[None, position], r_cos[None, k])
+                cute.autovec_copy(g_sin[None, position], r_sin[None, k])
 
 
 def _rotated_value(y: Float32, other: Float32, cos: cutlass.Numeric, sin: cutlass.Numeric) -> Float32:
@@ -593,9 +596,7 @@ def _normalize_block_rows_by_element(problem: _Rows, block: Int32, math: cutlass
 
 
 @cute.jit
-def _element_value(
-    g_x: cute.Tensor, g_w: cute.Tensor, index: Int32, rstd: Float32, math: cutlass.Constexpr
-) -> Float32:
+def _element_value(g_x: cute.Tensor, g_w: cute.Tensor, index: Int32, rstd: Float32, math: cutlass.Constexpr) -> Float32:
     """The float32 normalised value of element `index` of a row (`_normalized_float` of one element)."""
     one = cute.make_layout((1, 1), stride=(1, 1))
     r_x = cute.make_rmem_tensor(one, g_x.element_type)
