@@ -729,6 +729,8 @@ class CpuLaunches:
                 super().__init__(entry, declaration, case, device="cpu")
                 for part in self.parts.values():
                     launches.tensors |= {t.data_ptr(): t for t in part.by_name().values()}
+                if self.rotation is not None:
+                    launches.tensors |= {t.data_ptr(): t for t in (self.rotation.cos, self.rotation.sin)}
                 launches.spec = entry.spec
 
         class Kernel:
@@ -736,26 +738,33 @@ class CpuLaunches:
                 self.declaration = artifact.declaration
                 self.image = image
 
-            def launch(self, pointers: dict[str, int], rows: tuple[int, ...], stream: int) -> None:
-                launches.launch(self.declaration, pointers, rows)
+            def launch(
+                self, pointers: dict[str, int], rows: tuple[int, ...], stream: int, extents: tuple[int, ...] = ()
+            ) -> None:
+                launches.launch(self.declaration, pointers, rows, extents)
 
             def unload(self) -> None:
                 pass
 
         class Replay:
-            def __init__(self, kernel: Kernel, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
-                self.replay = lambda: kernel.launch(pointers, rows, 0)
+            def __init__(
+                self, kernel: Kernel, pointers: dict[str, int], rows: tuple[int, ...], extents: tuple[int, ...] = ()
+            ) -> None:
+                self.replay = lambda: kernel.launch(pointers, rows, 0, extents)
 
         self.tensors_class, self.kernel_class, self.replay_class = Tensors, Kernel, Replay
 
     def view(self, pointer: int, rows: int, hidden: int) -> torch.Tensor:
         return self.tensors[pointer].reshape(-1)[: rows * hidden].view(rows, hidden)
 
-    def launch(self, declaration: LaunchDeclaration, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
-        packed = pack_params(declaration, argument_values(declaration, pointers, rows))
+    def launch(
+        self, declaration: LaunchDeclaration, pointers: dict[str, int], rows: tuple[int, ...], extents: tuple[int, ...]
+    ) -> None:
+        packed = pack_params(declaration, argument_values(declaration, pointers, rows, extents))
         values = dict(zip([p.name for p in declaration.params], values_the_driver_reads(packed), strict=True))
         spec = self.spec
-        for (_, names), part, n in zip(part_pointers(spec, declaration), declaration.parts, rows, strict=True):
+        parts = zip(part_pointers(spec, declaration), declaration.parts, rows, strict=True)
+        for index, ((_, names), part, n) in enumerate(parts):
             if n == 0:
                 continue
 
@@ -764,7 +773,12 @@ class CpuLaunches:
 
             weight = None if spec.weight_dtype is None else self.tensors[values[names.weight]]
             outputs = [at(names.out)]
-            if names.residual is None:
+            if "cos" in values:
+                # The rotary kernel: the tables by their pointers, B and S from the extents the driver was given.
+                tables = (self.tensors[values["cos"]], self.tensors[values["sin"]])
+                shapes = (values["batch"], values["seq_len"])
+                outputs[0].copy_(qk_norm_rope_reference(at(names.x), weight, *tables, spec, index, *shapes)[0])
+            elif names.residual is None:
                 outputs[0].copy_(norm_reference(at(names.x), weight, spec.params, spec.out_dtype))
             else:
                 y, h = add_norm_reference(at(names.x), at(names.residual), weight, spec.params, spec.out_dtype)
@@ -787,6 +801,7 @@ def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: py
         (rms_entry("bfloat16", None), rms_declaration(64)),
         (qk_entry(), qk_declaration()),
         (add_entry("float32", "bfloat16", "bfloat16"), add_declaration(64)),
+        (rope_entry("head_major"), rope_declaration()),
     ]
     manifest = {"format": MANIFEST_FORMAT, "arch": "sm_90a", "entries": []}
     for i, (entry, declaration) in enumerate(entries):
@@ -810,7 +825,7 @@ def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: py
         f"e{i}": len(launch_cases(declaration, 4)) + len(NULL_POINTER_CASES)
         for i, (_, declaration) in enumerate(entries)
     }
-    assert report["cases"] == 2 * sum(cases_of.values()) and report["artifacts"] == 3
+    assert report["cases"] == 2 * sum(cases_of.values()) and report["artifacts"] == 4
     ran = {(r["artifact"], r["image"]) for r in report["results"]}
     assert ran == {(stem, image) for stem in cases_of for image in ("ptx", "cubin")}
     failed = [r for r in report["results"] if not r["passed"]]
