@@ -18,7 +18,6 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
 from trtfuse.kernels import QkNormRopeSpec, RopeParams, get_qk_norm_rope
-from trtfuse.verify.tolerances import KERNEL_ELEMENTWISE
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
@@ -27,6 +26,7 @@ from trtfuse.bench.reference import (  # noqa: E402  (needs torch)
     qk_norm_rope_reference,
     quantize_reference,
     rotary_tables,
+    rotated_tolerance,
 )
 
 pytestmark = [
@@ -103,15 +103,6 @@ def tables(spec: QkNormRopeSpec, batch: int, seq_len: int, per_batch: bool, thet
     return rotary_tables(positions, spec.rope.rotary_dim, theta, spec.rope.rotation, dt(spec.cos_dtype))
 
 
-def tolerance(spec: QkNormRopeSpec, reference: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
-    """Two units in the last place of T of the result, plus of R (AFTER_CAST's 16-bit rounding of x·r, which the
-    kernel's float32 and the float64 reference may round to neighbours) or of float32 of both rotated terms."""
-    rtol, atol = KERNEL_ELEMENTWISE[spec.out_dtype]
-    rounded = spec.dtype if spec.dtype != "float32" else spec.out_dtype
-    inner = rounded if spec.params.weight_mode is AFTER else "float32"
-    return atol + rtol * reference.double().abs() + KERNEL_ELEMENTWISE[inner][0] * magnitude
-
-
 def run(spec, tokens, batch, heads, per_batch, theta=1e6, start=0, offsets=(0,) * 6, graph=False):
     """Launch `spec` twice over two poisons on fresh inputs; returns (q, k, wq, wk, cos, sin, outputs). `offsets`
     shift q, k, cos, sin, q_out, k_out by that many elements."""
@@ -156,7 +147,7 @@ def check(spec, tokens, batch, heads, per_batch, **kwargs) -> None:
         what = f"{'qk'[part]}_out tokens={tokens} batch={batch} Bc={'B' if per_batch else 1}"
         assert not torch.isnan(out).any(), f"{what}: NaN"
         error = (out.double() - reference.double()).abs()
-        allowed = tolerance(spec, reference, magnitude)
+        allowed = rotated_tolerance(spec, reference, magnitude)
         bad = error > allowed
         if bool(bad.any()):
             at = int((error / allowed).argmax())
