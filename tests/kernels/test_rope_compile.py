@@ -1,8 +1,9 @@
 """CPU/CI: the QK-norm + rotary kernel compiles for sm_90a in every dtype pair, weight mode, layout, rotation and
 quantized output stage the QK-norm has, JIT and AOT; its PTX has the 16-byte accesses where aligned (q, k, the
-weights, cos, sin and the outputs), the shuffles of the register exchange, the explicitly rounded rotation
-(mul.rn + fma.rn), the unsigned divisions that locate a row's cos/sin row, the element path beside it, and no local
-memory; its AOT entries take the declared parameters for every architecture."""
+weights, cos, sin and the outputs), the shuffles of the register exchange, the rotation's products and sum each
+rounded (mul.rn, mul.rn, add.rn: no fused multiply-add), the unsigned divisions that locate a row's cos/sin row,
+the element path beside the vector path, and no local memory; its AOT entries take the declared parameters for
+every architecture."""
 
 from __future__ import annotations
 
@@ -50,6 +51,18 @@ def vector_accesses(ptx: str) -> set[str]:
     return {a for a in global_accesses(ptx) if ".v" in a}
 
 
+def rotated_sums(variant: QkNormRopeVariant) -> int:
+    """The rotation's sums the kernel holds: one per element of each slot the vector path rotates (where the parts
+    have a vector path), one in each part's element loop (where they have one: every vector wider than 1)."""
+    plans, tilings = variant.rope().plans, (variant.q_tiling, variant.k_tiling)
+    vector_path = all(plan is not None for plan in plans)
+    element_path = not vector_path or any(tiling.vector > 1 for tiling in tilings)
+    sums = 2 * element_path
+    if vector_path:
+        sums += sum(t.vector * sum(s is not None for s in p.source_slots) for p, t in zip(plans, tilings, strict=True))
+    return sums
+
+
 def check_rotated_ptx(spec: QkNormRopeSpec, ptx: str) -> None:
     """Both paths, the exchange and the rounding the kernel promises, nothing in local memory."""
     variant = variant_of(spec)
@@ -68,7 +81,11 @@ def check_rotated_ptx(spec: QkNormRopeSpec, ptx: str) -> None:
         if plan is not None
     )
     assert len(re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, %r\d+", ptx)) == shuffles
-    assert "mul.rn.f32" in ptx and "fma.rn.f32" in ptx
+    # Two products and their sum, each rounded (never one fma): per rotated element of the vector path's slots,
+    # and once in each part's element loop. (The quantizers round their own arithmetic too: counted without them.)
+    if spec.quant is None:
+        assert len(re.findall(r"\badd\.rn\.f32", ptx)) == rotated_sums(variant)
+        assert len(re.findall(r"\bmul\.rn\.f32", ptx)) == 2 * rotated_sums(variant)
     assert re.search(r"\bdiv\.u32\b", ptx) and not re.search(r"\bdiv\.s32\b", ptx)
     assert ".local" not in ptx, "spilled to local memory"
 

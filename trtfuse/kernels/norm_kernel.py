@@ -384,10 +384,13 @@ def _load_rotation(
 
 
 def _rotated_value(y: Float32, other: Float32, cos: cutlass.Numeric, sin: cutlass.Numeric) -> Float32:
-    """y·cos + other·sin as fma(other, sin, RN(y·cos)): the product rounded explicitly, so that no compiler pass
-    fuses the other product instead, and every kernel of the spec (a quantized one too) rounds the same way."""
-    product = cute.math.mul(y, Float32(cos), rounding=cute.math.RoundingMode.NEAREST_EVEN)
-    return cute.math.fma(other, Float32(sin), product)
+    """y·cos + other·sin as the contract computes it (docs/plugin-nodes.md, "Rotary embedding"): each product
+    rounded to float32, then their sum, three explicitly rounded operations (`.rn`), which no compiler pass
+    contracts into a fused multiply-add, so every kernel of a spec (a quantized one too) and the lowering agree."""
+    nearest = cute.math.RoundingMode.NEAREST_EVEN
+    first = cute.math.mul(y, Float32(cos), rounding=nearest)
+    second = cute.math.mul(other, Float32(sin), rounding=nearest)
+    return cute.math.add(first, second, rounding=nearest)
 
 
 @cute.jit
