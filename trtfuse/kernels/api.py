@@ -303,16 +303,7 @@ class QkNormKernel(_Kernel):
         spec = self.spec
         _check_activation("q", q, spec.dtype, spec.q_hidden)
         _check_activation("k", k, spec.dtype, spec.k_hidden)
-        none = spec.params.weight_mode is WeightMode.NONE
-        if (wq is None or wk is None) != none or (wq is None) != (wk is None):
-            raise ValueError("both weights are required exactly when weight_mode is not NONE")
-        if wq is not None:
-            _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
-            _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
-        q_out, k_out = (
-            _output(name, given, like, spec.part_y_dtype(part))
-            for part, (name, given, like) in enumerate((("q_out", q_out, q), ("k_out", k_out, k)))
-        )
+        q_out, k_out = _qk_weights_and_outputs(spec, q, k, wq, wk, q_out, k_out)
         self.launch(
             q.data_ptr(),
             k.data_ptr(),
@@ -325,6 +316,30 @@ class QkNormKernel(_Kernel):
             _current_stream(),
         )
         return q_out, k_out
+
+
+def _qk_weights_and_outputs(
+    spec: QkNormSpec,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    wq: torch.Tensor | None,
+    wk: torch.Tensor | None,
+    q_out: torch.Tensor | None,
+    k_out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A QK-norm torch call's weights checked (both exactly when weight_mode is not NONE) and its outputs: the given
+    ones checked, or new ones, each in its part's stored dtype."""
+    none = spec.params.weight_mode is WeightMode.NONE
+    if (wq is None or wk is None) != none or (wq is None) != (wk is None):
+        raise ValueError("both weights are required exactly when weight_mode is not NONE")
+    if wq is not None:
+        _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
+        _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
+    q_out, k_out = (
+        _output(name, given, like, spec.part_y_dtype(part))
+        for part, (name, given, like) in enumerate((("q_out", q_out, q), ("k_out", k_out, k)))
+    )
+    return q_out, k_out
 
 
 class QkNormRopeKernel(_Kernel):
@@ -398,16 +413,7 @@ class QkNormRopeKernel(_Kernel):
             raise ValueError(f"cos has shape {tuple(cos.shape)}, expected [1 or {batch}, {seq_len}, R]")
         _check_tensor("cos", cos, spec.cos_dtype, (cos.shape[0], seq_len, spec.rope.rotary_dim))
         _check_tensor("sin", sin, spec.cos_dtype, tuple(cos.shape))
-        none = spec.params.weight_mode is WeightMode.NONE
-        if (wq is None or wk is None) != none or (wq is None) != (wk is None):
-            raise ValueError("both weights are required exactly when weight_mode is not NONE")
-        if wq is not None:
-            _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
-            _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
-        q_out, k_out = (
-            _output(name, given, like, spec.part_y_dtype(part))
-            for part, (name, given, like) in enumerate((("q_out", q_out, q), ("k_out", k_out, k)))
-        )
+        q_out, k_out = _qk_weights_and_outputs(spec, q, k, wq, wk, q_out, k_out)
         pointers = [t.data_ptr() for t in (q, k)] + [0 if w is None else w.data_ptr() for w in (wq, wk)]
         pointers += [t.data_ptr() for t in (cos, sin, q_out, k_out)]
         rows = (q.numel() // spec.q_hidden, k.numel() // spec.k_hidden)
