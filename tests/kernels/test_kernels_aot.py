@@ -37,6 +37,10 @@ KIND_PARAMS = {
     "rms_norm": ["x", "weight", "rows", "y"],
     "add_rms_norm": ["x", "residual", "weight", "rows", "y", "h"],
     "qk_norm": ["q", "k", "q_weight", "k_weight", "q_rows", "k_rows", "q_blocks", "q_out", "k_out"],
+    "qk_norm_rope": [
+        *("q", "k", "q_weight", "k_weight", "cos", "sin"),
+        *("q_rows", "k_rows", "batch", "seq_len", "cos_batch", "q_blocks", "q_out", "k_out"),
+    ],
 }
 
 
@@ -68,6 +72,7 @@ def test_every_artifact_compiles_for_every_architecture(
     # A floor per kind, so a matrix that lost its entries of one kind fails here too.
     assert set(per_kind) == set(KIND_PARAMS)
     assert per_kind["rms_norm"] + per_kind["qk_norm"] >= 150 and per_kind["add_rms_norm"] >= 30
+    assert per_kind["qk_norm_rope"] >= 11
     # Every quantized entry where the arch runs its quantizers: FP8 from sm_89, INT8 everywhere.
     quantized = [e.spec for e, _ in manifest_entries(manifest) if getattr(e.spec, "quant", None) is not None]
     expected = [e.spec for e in matrix() if getattr(e.spec, "quant", None) is not None and arch in aot_archs(e.spec)]
