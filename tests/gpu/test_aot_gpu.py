@@ -44,14 +44,16 @@ from trtfuse.bench.aot.matrix import (  # noqa: E402
 )
 from trtfuse.bench.aot.params import PackedParams, argument_values, pack_params, pointer_names  # noqa: E402
 from trtfuse.bench.aot.tensors import EXACT_MAX_HIDDEN, CaseTensors  # noqa: E402
-from trtfuse.bench.reference import add_norm_reference, norm_reference  # noqa: E402
+from trtfuse.bench.reference import add_norm_reference, norm_reference, qk_norm_rope_reference  # noqa: E402
 from trtfuse.contract import NormParams, WeightMode  # noqa: E402
 from trtfuse.kernels.declaration import (  # noqa: E402
+    ROPE_EXTENTS,
     LaunchDeclaration,
     RowPart,
     Tactic,
     add_rms_norm_params,
     qk_norm_params,
+    qk_norm_rope_params,
     rms_norm_params,
 )
 
@@ -102,11 +104,29 @@ def add_entry(dtype: str = "bfloat16", weight_dtype: str | None = "float32", out
     return MatrixEntry(AddRmsNormSpec(64, dtype, weight_dtype, NormParams(1e-6, 0.0, mode), out))
 
 
+def rope_declaration(rows_per_block: int = 8) -> LaunchDeclaration:
+    parts = (RowPart("q", 128, rows_per_block), RowPart("k", 128, rows_per_block))
+    params = qk_norm_rope_params()
+    return LaunchDeclaration("tf_rope_0", "sm_90a", Tactic.PREFILL, 128, 64, params, parts, ROPE_EXTENTS)
+
+
+def rope_entry(layout: str = "token_major", rotation: str = "half", rotary: int = 128) -> MatrixEntry:
+    from trtfuse.kernels.specs import QkNormRopeSpec, RopeParams
+
+    rope = RopeParams(128, rotary, rotation, layout)
+    params = NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
+    return MatrixEntry(QkNormRopeSpec(128, 128, "bfloat16", "bfloat16", params, rope=rope), (4, 2))
+
+
 def declaration_for(entry: MatrixEntry) -> LaunchDeclaration:
-    """The stand-in declaration of an entry of `rms_entry`, `add_entry` or `qk_entry`."""
-    return {"rms_norm": rms_declaration(64), "add_rms_norm": add_declaration(64), "qk_norm": qk_declaration()}[
-        entry.kind.name
-    ]
+    """The stand-in declaration of an entry of `rms_entry`, `add_entry`, `qk_entry` or `rope_entry`."""
+    declarations = {
+        "rms_norm": rms_declaration(64),
+        "add_rms_norm": add_declaration(64),
+        "qk_norm": qk_declaration(),
+        "qk_norm_rope": rope_declaration(),
+    }
+    return declarations[entry.kind.name]
 
 
 # --- CPU: kernel arguments -----------------------------------------------------------------------------------------
@@ -406,7 +426,7 @@ def test_the_matrix_specs_survive_the_manifest() -> None:
         assert item["kind"] == entry.kind.name and "kind" not in item["spec"]
         assert spec_from_json(item["kind"], item["spec"]) == entry.spec
     names = [entry_name(e) for e in matrix()]
-    assert {name.split("-")[0] for name in names} == {"rms", "addrms", "qk"}
+    assert {name.split("-")[0] for name in names} == {"rms", "addrms", "qk", "qkrope"}
 
 
 def test_launch_cases_cover_the_row_counts_alignment_and_graphs() -> None:
@@ -476,6 +496,56 @@ def test_add_norm_buffers_follow_the_declaration_with_h_in_the_activation_dtype(
         CaseTensors(rms_entry(), add_declaration(64), LaunchCase(3), device="cpu")
 
 
+def test_rope_arguments_carry_the_extents_between_the_row_counts_and_the_q_block_count() -> None:
+    declaration = rope_declaration(rows_per_block=8)
+    names = ("q", "k", "q_weight", "k_weight", "cos", "sin", "q_out", "k_out")
+    pointers = {name: 0x1000 * (i + 1) for i, name in enumerate(names)}
+    values = argument_values(declaration, pointers, (12 * 4, 12 * 2), (3, 4, 1))
+    assert values == [*(pointers[n] for n in names[:6]), 48, 24, 3, 4, 1, 6, pointers["q_out"], pointers["k_out"]]
+    with pytest.raises(ValueError, match="3 extents, got 0"):
+        argument_values(declaration, pointers, (48, 24))
+
+
+@pytest.mark.parametrize(
+    ("tokens", "shape"), [(3, (3, 1, 1)), (132, (4, 33, 4)), (4097, (1, 4097, 1)), (32, (4, 8, 4))]
+)
+def test_rope_cases_get_real_tables_of_their_batch_split_and_shifted_cos(
+    tokens: int, shape: tuple[int, int, int]
+) -> None:
+    """cos/sin [Bc, S, R] of the case's (B, S, Bc) split (`matrix.rope_shape`), values of real angles (|cos| <= 1,
+    cos² + sin² = 1 to the dtype), cos one element off alignment where the case shifts it; the extents the
+    declaration asks for in its order."""
+    entry = rope_entry()
+    tensors = CaseTensors(entry, rope_declaration(), LaunchCase(tokens, ("cos",)), device="cpu")
+    batch, seq_len, cos_batch = shape
+    rotation = tensors.rotation
+    assert tensors.extents == shape and (rotation.batch, rotation.seq_len) == (batch, seq_len)
+    assert tuple(rotation.cos.shape) == tuple(rotation.sin.shape) == (cos_batch, seq_len, 128)
+    unit = rotation.cos.double().square() + rotation.sin.double().square()
+    assert bool(((unit - 1).abs() < 2e-2).all())
+    pointers = tensors.pointers()
+    assert pointers["cos"] % 16 == 2 and pointers["sin"] % 16 == 0
+    assert all(part.rotation is rotation for part in tensors.parts.values())
+    assert [part.index for part in tensors.parts.values()] == [0, 1]
+
+
+def test_the_matrix_covers_every_spec_of_the_rope_gpu_tests() -> None:
+    """Each rotary GPU test case (spec, heads) is an entry, and its quantized ones too: a failure of the AOT check
+    replays in tests/gpu/test_rope_gpu.py."""
+    pytest.importorskip("cutlass", reason="tests/gpu/test_rope_gpu.py needs nvidia-cutlass-dsl to import")
+    sys.path.insert(0, str(REPO / "tests"))
+    import test_rope_gpu as rope_tests
+
+    entries = {(e.spec, e.heads) for e in matrix() if e.kind.name == "qk_norm_rope"}
+    cases = {(spec, heads) for _, spec, heads, _ in rope_tests.CASES}
+    assert cases <= entries
+    named = {name: (spec, heads) for name, spec, heads, _ in rope_tests.CASES}
+    for quant in rope_tests.QUANTS:
+        for name in ("qwen3", "gemma3-head-major-odd-heads", "olmo2-full-width"):
+            spec, heads = named[name]
+            assert (dataclasses.replace(spec, quant=quant), heads) in entries
+
+
 def test_weight_mode_none_gets_a_nan_placeholder_weight() -> None:
     tensors = CaseTensors(rms_entry("bfloat16", None), rms_declaration(64), LaunchCase(3), device="cpu")
     weight = tensors.parts["x"].weight
@@ -489,7 +559,10 @@ def write_references(entry: MatrixEntry, tensors: CaseTensors) -> None:
     for part in tensors.parts.values():
         x, shape = part.x.view(part.rows, part.hidden), (part.rows, part.hidden)
         weight = None if spec.weight_dtype is None else part.weight
-        if part.residual is None:
+        if part.rotation is not None:
+            tables = (part.rotation.cos, part.rotation.sin, part.rotation.batch, part.rotation.seq_len)
+            y = qk_norm_rope_reference(x, weight, *tables[:2], spec, part.index, *tables[2:])[0]
+        elif part.residual is None:
             y = norm_reference(x, weight, spec.params, spec.out_dtype, part.quant)
         else:
             y, h = add_norm_reference(x, part.residual.view(shape), weight, spec.params, spec.out_dtype, part.quant)
@@ -507,6 +580,8 @@ def write_references(entry: MatrixEntry, tensors: CaseTensors) -> None:
         add_entry(),
         add_entry("float32", "float16", "float16"),
         add_entry("float16", None, "float32"),
+        rope_entry(),
+        rope_entry("head_major", "interleaved", 64),
     ],
     ids=repr,
 )
@@ -540,7 +615,12 @@ def quantized_entries() -> list[MatrixEntry]:
             if outputs == [None, None]:
                 continue
             parts = tuple(None if q is None else (q.dtype, q.saturate) for q in outputs)
-            small = MatrixEntry(dataclasses.replace(spec, q_hidden=128, k_hidden=128), (4, 2))
+            # A rotary entry as it is: its hidden sizes are whole heads (and 3 tokens of it are CPU-sized).
+            small = (
+                entry
+                if entry.kind.shared
+                else MatrixEntry(dataclasses.replace(spec, q_hidden=128, k_hidden=128), (4, 2))
+            )
             chosen.setdefault((entry.kind.name, parts), small)
         elif spec.quant.output is not None:
             key = (entry.kind.name, spec.quant.output.dtype, spec.quant.output.saturate, spec.quant.rsqrt is not None)
@@ -667,6 +747,8 @@ class CpuLaunches:
                 super().__init__(entry, declaration, case, device="cpu")
                 for part in self.parts.values():
                     launches.tensors |= {t.data_ptr(): t for t in part.by_name().values()}
+                if self.rotation is not None:
+                    launches.tensors |= {t.data_ptr(): t for t in (self.rotation.cos, self.rotation.sin)}
                 launches.spec = entry.spec
 
         class Kernel:
@@ -674,26 +756,33 @@ class CpuLaunches:
                 self.declaration = artifact.declaration
                 self.image = image
 
-            def launch(self, pointers: dict[str, int], rows: tuple[int, ...], stream: int) -> None:
-                launches.launch(self.declaration, pointers, rows)
+            def launch(
+                self, pointers: dict[str, int], rows: tuple[int, ...], stream: int, extents: tuple[int, ...] = ()
+            ) -> None:
+                launches.launch(self.declaration, pointers, rows, extents)
 
             def unload(self) -> None:
                 pass
 
         class Replay:
-            def __init__(self, kernel: Kernel, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
-                self.replay = lambda: kernel.launch(pointers, rows, 0)
+            def __init__(
+                self, kernel: Kernel, pointers: dict[str, int], rows: tuple[int, ...], extents: tuple[int, ...] = ()
+            ) -> None:
+                self.replay = lambda: kernel.launch(pointers, rows, 0, extents)
 
         self.tensors_class, self.kernel_class, self.replay_class = Tensors, Kernel, Replay
 
     def view(self, pointer: int, rows: int, hidden: int) -> torch.Tensor:
         return self.tensors[pointer].reshape(-1)[: rows * hidden].view(rows, hidden)
 
-    def launch(self, declaration: LaunchDeclaration, pointers: dict[str, int], rows: tuple[int, ...]) -> None:
-        packed = pack_params(declaration, argument_values(declaration, pointers, rows))
+    def launch(
+        self, declaration: LaunchDeclaration, pointers: dict[str, int], rows: tuple[int, ...], extents: tuple[int, ...]
+    ) -> None:
+        packed = pack_params(declaration, argument_values(declaration, pointers, rows, extents))
         values = dict(zip([p.name for p in declaration.params], values_the_driver_reads(packed), strict=True))
         spec = self.spec
-        for (_, names), part, n in zip(part_pointers(spec, declaration), declaration.parts, rows, strict=True):
+        parts = zip(part_pointers(spec, declaration), declaration.parts, rows, strict=True)
+        for index, ((_, names), part, n) in enumerate(parts):
             if n == 0:
                 continue
 
@@ -702,7 +791,12 @@ class CpuLaunches:
 
             weight = None if spec.weight_dtype is None else self.tensors[values[names.weight]]
             outputs = [at(names.out)]
-            if names.residual is None:
+            if "cos" in values:
+                # The rotary kernel: the tables by their pointers, B and S from the extents the driver was given.
+                tables = (self.tensors[values["cos"]], self.tensors[values["sin"]])
+                shapes = (values["batch"], values["seq_len"])
+                outputs[0].copy_(qk_norm_rope_reference(at(names.x), weight, *tables, spec, index, *shapes)[0])
+            elif names.residual is None:
                 outputs[0].copy_(norm_reference(at(names.x), weight, spec.params, spec.out_dtype))
             else:
                 y, h = add_norm_reference(at(names.x), at(names.residual), weight, spec.params, spec.out_dtype)
@@ -725,6 +819,7 @@ def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: py
         (rms_entry("bfloat16", None), rms_declaration(64)),
         (qk_entry(), qk_declaration()),
         (add_entry("float32", "bfloat16", "bfloat16"), add_declaration(64)),
+        (rope_entry("head_major"), rope_declaration()),
     ]
     manifest = {"format": MANIFEST_FORMAT, "arch": "sm_90a", "entries": []}
     for i, (entry, declaration) in enumerate(entries):
@@ -748,7 +843,7 @@ def test_check_runs_every_case_of_every_artifact(tmp_path: Path, monkeypatch: py
         f"e{i}": len(launch_cases(declaration, 4)) + len(NULL_POINTER_CASES)
         for i, (_, declaration) in enumerate(entries)
     }
-    assert report["cases"] == 2 * sum(cases_of.values()) and report["artifacts"] == 3
+    assert report["cases"] == 2 * sum(cases_of.values()) and report["artifacts"] == 4
     ran = {(r["artifact"], r["image"]) for r in report["results"]}
     assert ran == {(stem, image) for stem in cases_of for image in ("ptx", "cubin")}
     failed = [r for r in report["results"] if not r["passed"]]

@@ -16,6 +16,8 @@ from trtfuse.kernels.artifacts import AOT_ARCHS, ENTRY_NAME_MAX, add_rms_norm_ar
 from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
 from trtfuse.kernels.specs import AddRmsNormSpec
 
+from support.aot_ptx import entry_params, global_accesses
+
 AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
 ADD_PARAMS = ["x", "residual", "weight", "rows", "y", "h"]
 PAIRS = [(d, t) for d, t in itertools.product(ACTIVATION_DTYPES, repeat=2) if dtype_pair_problem(d, t) is None]
@@ -29,18 +31,6 @@ MATRIX = [
     AddRmsNormSpec(1001, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # no vector divides the row
     AddRmsNormSpec(128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER)),  # one warp of vectors: one tactic
 ]
-
-
-ENTRY = re.compile(r"\.visible \.entry (\w+)\((.*?)\)", re.S)
-
-
-def entry_params(ptx: str) -> tuple[str, list[str]]:
-    (match,) = ENTRY.finditer(ptx)
-    return match.group(1), [line.strip().rstrip(",") for line in match.group(2).strip().splitlines()]
-
-
-def global_accesses(ptx: str) -> set[str]:
-    return set(re.findall(r"\b(?:ld|st)\.global(?:\.[A-Za-z0-9:_]+)+", ptx))
 
 
 def check_artifact(artifact: KernelArtifact, arch: str) -> None:

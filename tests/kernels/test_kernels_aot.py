@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -25,9 +24,11 @@ from trtfuse.kernels.artifacts import (
     rms_norm_tactics,
 )
 from trtfuse.kernels.compiler import RmsNormVariant
-from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration, ParamRole, Tactic
+from trtfuse.kernels.declaration import Tactic
 from trtfuse.kernels.specs import QkNormSpec, RmsNormSpec, has_fp8_stage
 from trtfuse.kernels.tiling import Regime
+
+from support.aot_ptx import check_artifact, entry_params, global_accesses
 
 AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
 QWEN3_QK = QkNormSpec(128, 128, "bfloat16", "bfloat16", NormParams(1e-6, 0.0, AFTER))
@@ -36,41 +37,11 @@ KIND_PARAMS = {
     "rms_norm": ["x", "weight", "rows", "y"],
     "add_rms_norm": ["x", "residual", "weight", "rows", "y", "h"],
     "qk_norm": ["q", "k", "q_weight", "k_weight", "q_rows", "k_rows", "q_blocks", "q_out", "k_out"],
+    "qk_norm_rope": [
+        *("q", "k", "q_weight", "k_weight", "cos", "sin"),
+        *("q_rows", "k_rows", "batch", "seq_len", "cos_batch", "q_blocks", "q_out", "k_out"),
+    ],
 }
-ENTRY = re.compile(r"\.visible \.entry (\w+)\((.*?)\)", re.S)
-
-
-def entry_params(ptx: str) -> tuple[str, list[str]]:
-    (match,) = ENTRY.finditer(ptx)
-    return match.group(1), [line.strip().rstrip(",") for line in match.group(2).strip().splitlines()]
-
-
-def global_accesses(ptx: str) -> set[str]:
-    return set(re.findall(r"\b(?:ld|st)\.global(?:\.[A-Za-z0-9:_]+)+", ptx))
-
-
-def check_artifact(artifact: KernelArtifact, arch: str) -> None:
-    """The PTX is one entry whose name and parameters are the declaration's, for `arch`; the cubin is for `arch`."""
-    declaration = artifact.declaration
-    assert declaration.arch == arch
-    assert re.search(rf"^\.target {arch}\b", artifact.ptx, re.M)
-    name, params = entry_params(artifact.ptx)
-    assert name == declaration.kernel_name
-    # Inline in a std::string (libstdc++ keeps up to 15 characters in the object): TensorRT 10.10-10.13 read the name
-    # after the string holding it was destroyed.
-    assert len(name) <= artifacts.ENTRY_NAME_MAX == 15
-    assert len(params) == len(declaration.params)
-    for index, (text, param) in enumerate(zip(params, declaration.params, strict=True)):
-        assert text.startswith(f".param {param.ptx_type}"), (text, param)
-        assert text.endswith(f"{name}_param_{index}")
-        assert (".ptr .global" in text) == (param.role is not ParamRole.SCALAR)
-    roles = [p.role for p in declaration.params]
-    # TensorRT's order: inputs, then scalars, then outputs.
-    assert roles == sorted(roles, key=[ParamRole.INPUT, ParamRole.SCALAR, ParamRole.OUTPUT].index)
-    assert re.search(rf"\.reqntid {declaration.block_threads}, 1, 1", artifact.ptx)
-    assert artifact.cubin[:4] == b"\x7fELF"
-    assert name.encode() in artifact.cubin
-    assert LaunchDeclaration.from_json(json.loads(declaration.dumps())) == declaration
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +72,7 @@ def test_every_artifact_compiles_for_every_architecture(
     # A floor per kind, so a matrix that lost its entries of one kind fails here too.
     assert set(per_kind) == set(KIND_PARAMS)
     assert per_kind["rms_norm"] + per_kind["qk_norm"] >= 150 and per_kind["add_rms_norm"] >= 30
+    assert per_kind["qk_norm_rope"] >= 11
     # Every quantized entry where the arch runs its quantizers: FP8 from sm_89, INT8 everywhere.
     quantized = [e.spec for e, _ in manifest_entries(manifest) if getattr(e.spec, "quant", None) is not None]
     expected = [e.spec for e in matrix() if getattr(e.spec, "quant", None) is not None and arch in aot_archs(e.spec)]

@@ -8,7 +8,9 @@ input sets to exceed the L2; decode-sized calls are timed as CUDA-graph replays 
 `--sections` picks parts of it (default: all): `norm` (RMSNorm, mixed precision, QK-norm, compile and host cost),
 `add_norm` (the fused residual add+RMSNorm against today's separate add, torch.compile, QuACK and Liger),
 `layer_tail` (a GEMM, the residual add and the norm: cuBLAS's beta=1 epilogue then RMSNorm, or the fused add+norm)
-and `quant` (the norms with their quantizer stages against torch.compile's fused norm + quantize: bench/quant.py).
+`quant` (the norms with their quantizer stages against torch.compile's fused norm + quantize: bench/quant.py) and
+`rope` (the QK-norm + rotary kernel against our QK-norm alone, our QK-norm + torch.compile's rotation and
+torch.compile of both: bench/rope.py).
 """
 
 from __future__ import annotations
@@ -513,6 +515,10 @@ def run(compiled: bool, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
         from trtfuse.bench.quant import run_quant  # it imports this module's helpers
 
         report.update(run_quant(compiled, copy_gbs))
+    if "rope" in sections:
+        from trtfuse.bench.rope import run_rope
+
+        report.update(run_rope(compiled))
     report["wall_s"] = time.perf_counter() - start
     return report
 
@@ -551,9 +557,10 @@ def target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
     """The kernels' targets (docs/performance.md), each with whether this run met it, the add+norm kernel's and the
     quantized kernels' included."""
     from trtfuse.bench.quant import quant_target_checks
+    from trtfuse.bench.rope import rope_target_checks
 
     if "prefill" not in report:
-        return add_norm_target_checks(report) + quant_target_checks(report)
+        return add_norm_target_checks(report) + quant_target_checks(report) + rope_target_checks(report)
     checks = []
     for r in report["prefill"]:
         goal = PREFILL_TARGET_PCT[r["shape"]]
@@ -582,7 +589,7 @@ def target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
             checks.append((f"{key} <= 1 s", value <= 1.0))
         else:
             checks.append((f"{key} <= 50 ms", value <= 50))
-    return checks + add_norm_target_checks(report) + quant_target_checks(report)
+    return checks + add_norm_target_checks(report) + quant_target_checks(report) + rope_target_checks(report)
 
 
 def print_add_norm_report(report: dict[str, Any]) -> None:
@@ -683,10 +690,13 @@ def _print_later_sections(report: dict[str, Any], targets_heading: str) -> None:
     """The add-norm and quant sections, the targets and the wall time: what follows the norm section, or stands
     alone where `--sections` left it out."""
     from trtfuse.bench.quant import print_quant_report
+    from trtfuse.bench.rope import print_rope_report
 
     print_add_norm_report(report)
     if "quant_norm_prefill" in report:
         print_quant_report(report)
+    if "rope" in report:
+        print_rope_report(report)
     print(f"\nTargets ({targets_heading}):")
     for name, met in target_checks(report):
         print(f"  {'met   ' if met else 'MISSED'} {name}")

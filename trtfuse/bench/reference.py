@@ -15,6 +15,8 @@ from trtfuse.contract import (
     WeightMode,
     rounding_dtype,
 )
+from trtfuse.kernels.specs import QkNormRopeSpec, RopeParams
+from trtfuse.verify.tolerances import KERNEL_ELEMENTWISE
 
 # The torch dtype each quantized dtype is stored in.
 QUANT_TORCH_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "int8": torch.int8}
@@ -74,9 +76,24 @@ def norm_reference(
     first (input stage), the inverse root r after it is fake-quantized as the contract computes it in float32
     (rsqrt stage: `float32_inverse_root`), and the T value of y is quantized (output stage: the result is int8 or
     float8_e4m3fn)."""
+    out_name = output_dtype or str(x.dtype).removeprefix("torch.")
+    out = getattr(torch, out_name)
+    quant = quant or QuantParams()
+    y = normalised_reference(x, weight, params, out_name, quant).to(out)
+    return y if quant.output is None else quantize_reference(y, quant.output)
+
+
+def normalised_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    params: NormParams,
+    output_dtype: str | None = None,
+    quant: QuantParams | None = None,
+) -> torch.Tensor:
+    """`norm_reference`'s y in float64 before its final rounding to T (AFTER_CAST's rounding to R included; the
+    input and rsqrt stages of `quant` applied, its output stage not): what a rotation after the norm reads."""
     x_name = str(x.dtype).removeprefix("torch.")
-    out_name = output_dtype or x_name
-    out, rounding = getattr(torch, out_name), getattr(torch, rounding_dtype(x_name, out_name))
+    rounding = getattr(torch, rounding_dtype(x_name, output_dtype or x_name))
     quant = quant or QuantParams()
     x64 = x.detach().double() if quant.input is None else fake_quant_reference(x, quant.input).double()
     mean_square = x64.pow(2).mean(dim=-1, keepdim=True)
@@ -84,8 +101,7 @@ def norm_reference(
         inverse_root = (mean_square + params.epsilon).rsqrt()
     else:
         inverse_root = fake_quant_reference(float32_inverse_root(mean_square, params.epsilon), quant.rsqrt).double()
-    y = _weighted(x64 * inverse_root, weight, params, out, rounding)
-    return y if quant.output is None else quantize_reference(y, quant.output)
+    return _weighted(x64 * inverse_root, weight, params, rounding)
 
 
 def float32_inverse_root(mean_square: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -101,16 +117,17 @@ def float32_inverse_root(mean_square: torch.Tensor, epsilon: float) -> torch.Ten
 
 
 def _weighted(
-    normed: torch.Tensor, weight: torch.Tensor | None, params: NormParams, out: torch.dtype, rounding: torch.dtype
+    normed: torch.Tensor, weight: torch.Tensor | None, params: NormParams, rounding: torch.dtype
 ) -> torch.Tensor:
+    """y in float64 from x·r, per weight mode (AFTER_CAST rounds x·r to R first)."""
     if params.weight_mode is WeightMode.NONE:
-        return normed.to(out)
+        return normed
     if weight is None:
         raise ValueError(f"the reference of a {params.weight_mode.name} norm needs a weight")
     scale = weight.detach().double() + params.weight_offset
     if params.weight_mode is WeightMode.AFTER_CAST:
-        return (normed.to(rounding).double() * scale).to(out)
-    return (normed * scale).to(out)
+        return normed.to(rounding).double() * scale
+    return normed * scale
 
 
 def add_norm_reference(
@@ -126,3 +143,89 @@ def add_norm_reference(
     (its quantizers included: h itself is never quantized)."""
     h = (x.detach().float() + residual.detach().float()).to(x.dtype)
     return norm_reference(h, weight, params, output_dtype, quant), h
+
+
+def rotary_tables(
+    positions: torch.Tensor, rotary_dim: int, theta: float, rotation: str, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [Bc, S, R] of integer `positions` [Bc, S] as a model computes them: frequency i of the R/2 is
+    theta^(-2i/R); "half" repeats the R/2 angles as two halves (Hugging Face's cat(freqs, freqs)), "interleaved"
+    repeats each angle twice in place. In float64, rounded once to `dtype`."""
+    inverse = theta ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=positions.device) / rotary_dim)
+    angles = positions.double()[..., None] * inverse
+    angles = torch.cat((angles, angles), -1) if rotation == "half" else angles.repeat_interleave(2, -1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _heads_view(t: torch.Tensor, rope: RopeParams, batch: int, seq_len: int) -> torch.Tensor:
+    """`t` (any shape of the layout, or flat) as [B, S, H, D] (token-major) or [B, H, S, D] (head-major)."""
+    if rope.layout == "head_major":
+        return t.reshape(batch, -1, seq_len, rope.head_dim)
+    return t.reshape(batch, seq_len, -1, rope.head_dim)
+
+
+def _tables_view(table: torch.Tensor, rope: RopeParams) -> torch.Tensor:
+    """cos or sin [Bc, S, R] broadcast against `_heads_view`'s heads."""
+    return table.double()[:, :, None, :] if rope.layout == "token_major" else table.double()[:, None, :, :]
+
+
+def rotate_half_of(y: torch.Tensor, rope: RopeParams) -> torch.Tensor:
+    """rot(y) of the first R elements of each head: -y[j + R/2], y[j - R/2] (half) or -y[2i + 1], y[2i]
+    (interleaved)."""
+    rotated = y[..., : rope.rotary_dim]
+    if rope.rotation == "half":
+        first, second = rotated.chunk(2, dim=-1)
+        return torch.cat((-second, first), -1)
+    pairs = rotated.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2)
+
+
+def rope_reference(
+    y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RopeParams, batch: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, magnitude) in float64 of `y` (the float64 normalised value, of q's or k's shape or flat): out[j] =
+    y[j]·cos[j] + rot(y)[j]·sin[j] for j < R, y[j] beyond; each head row of (b, h, s) reads cos/sin row (b if
+    Bc == B else 0, s). `magnitude` is |y·cos| + |rot(y)·sin| (|y| beyond R), what a rounding of y moves out by."""
+    heads = _heads_view(y.double(), rope, batch, seq_len)
+    c, s = _tables_view(cos, rope), _tables_view(sin, rope)
+    rotary = rope.rotary_dim
+    kept, rot = heads[..., :rotary], rotate_half_of(heads, rope)
+    out, magnitude = heads.clone(), heads.abs()
+    out[..., :rotary] = kept * c + rot * s
+    magnitude[..., :rotary] = (kept * c).abs() + (rot * s).abs()
+    return out.reshape(y.shape), magnitude.reshape(y.shape)
+
+
+def qk_norm_rope_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    spec: QkNormRopeSpec,
+    part: int,
+    batch: int,
+    seq_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, magnitude) of part `part` (0: q, 1: k) of the QK-norm + rotary kernel: the norm's y in float64 before
+    its rounding (`normalised_reference`), rotated (`rope_reference`), rounded once to T and, where the part has
+    an output quantizer, quantized; `magnitude` as `rope_reference`'s. x is the part's activation (any shape of
+    the layout, or rows of its hidden size)."""
+    hidden = (spec.q_hidden, spec.k_hidden)[part]
+    rows = x.reshape(-1, hidden)
+    y = normalised_reference(rows, weight, spec.params, spec.out_dtype)
+    out, magnitude = rope_reference(y, cos, sin, spec.rope, batch, seq_len)
+    out = out.reshape(x.shape).to(getattr(torch, spec.out_dtype))
+    quant = spec.part_quant(part)
+    if quant is not None:
+        out = quantize_reference(out, quant.output)
+    return out, magnitude.reshape(x.shape)
+
+
+def rotated_tolerance(spec: QkNormRopeSpec, reference: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
+    """What a rotated output may differ from `reference` (its T value, float64) by: two units in the last place of
+    T (KERNEL_ELEMENTWISE), plus two of R times `magnitude` (the rotated terms' sizes): AFTER_CAST rounds x·r to the
+    16-bit R before the weight, and the kernel's float32 x·r and the reference's float64 one may round to
+    neighbours there, in y and in its partner alike (float32's two units without that rounding)."""
+    rtol, atol = KERNEL_ELEMENTWISE[spec.out_dtype]
+    inner = rounding_dtype(spec.dtype, spec.out_dtype) if spec.params.weight_mode is WeightMode.AFTER_CAST else None
+    return atol + rtol * reference.double().abs() + KERNEL_ELEMENTWISE[inner or "float32"][0] * magnitude

@@ -7,15 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 from trtfuse.contract import WeightMode
 from trtfuse.kernels.cache import KernelCache
-from trtfuse.kernels.compiler import AddRmsNormVariant, QkNormVariant, RmsNormVariant
+from trtfuse.kernels.compiler import AddRmsNormVariant, QkNormRopeVariant, QkNormVariant, RmsNormVariant
 from trtfuse.kernels.device import DeviceInfo, current_device
-from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormRopeSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import (
     ACCESS_BYTES,
     Regime,
     RowTiling,
     access_vector,
     regime_for,
+    rotation_vector,
     row_tiling,
     with_block_threads,
 )
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
 _shared_cache: KernelCache | None = None
-_kernels: dict[RmsNormSpec | AddRmsNormSpec | QkNormSpec, RmsNormKernel | QkNormKernel] = {}
+_kernels: dict[RmsNormSpec | AddRmsNormSpec | QkNormSpec, _Kernel] = {}
 _kernels_lock = threading.Lock()
 
 
@@ -52,12 +53,15 @@ def rms_norm_tiling(spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned:
 
 def qk_norm_tilings(spec: QkNormSpec, aligned: bool) -> tuple[RowTiling, RowTiling]:
     """q's and k's tilings in one block size; head-dim rows use the small-row table entry, wide rows the prefill one
-    (the same in both regimes for head-dim rows, so QK-norm has one tiling whatever the row count)."""
+    (the same in both regimes for head-dim rows, so QK-norm has one tiling whatever the row count). A rotated
+    spec's (`QkNormRopeSpec`) vector also divides its heads and its rotated width (`tiling.rotation_vector`)."""
     x_bytes = DTYPE_BYTES[spec.dtype]
 
     def tiling(hidden: int, part: int) -> RowTiling:
         y_dtype = spec.part_y_dtype(part)
         vector = _vector(hidden, spec.dtype, y_dtype) if aligned else 1
+        if isinstance(spec, QkNormRopeSpec):
+            vector = rotation_vector(vector, spec.rope.head_dim, spec.rope.rotary_dim, spec.rope.rotation)
         return row_tiling(hidden, vector, Regime.PREFILL, x_bytes, DTYPE_BYTES[y_dtype])
 
     q, k = tiling(spec.q_hidden, 0), tiling(spec.k_hidden, 1)
@@ -299,16 +303,7 @@ class QkNormKernel(_Kernel):
         spec = self.spec
         _check_activation("q", q, spec.dtype, spec.q_hidden)
         _check_activation("k", k, spec.dtype, spec.k_hidden)
-        none = spec.params.weight_mode is WeightMode.NONE
-        if (wq is None or wk is None) != none or (wq is None) != (wk is None):
-            raise ValueError("both weights are required exactly when weight_mode is not NONE")
-        if wq is not None:
-            _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
-            _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
-        q_out, k_out = (
-            _output(name, given, like, spec.part_y_dtype(part))
-            for part, (name, given, like) in enumerate((("q_out", q_out, q), ("k_out", k_out, k)))
-        )
+        q_out, k_out = _qk_weights_and_outputs(spec, q, k, wq, wk, q_out, k_out)
         self.launch(
             q.data_ptr(),
             k.data_ptr(),
@@ -321,6 +316,121 @@ class QkNormKernel(_Kernel):
             _current_stream(),
         )
         return q_out, k_out
+
+
+def _qk_weights_and_outputs(
+    spec: QkNormSpec,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    wq: torch.Tensor | None,
+    wk: torch.Tensor | None,
+    q_out: torch.Tensor | None,
+    k_out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A QK-norm torch call's weights checked (both exactly when weight_mode is not NONE) and its outputs: the given
+    ones checked, or new ones, each in its part's stored dtype."""
+    none = spec.params.weight_mode is WeightMode.NONE
+    if (wq is None or wk is None) != none or (wq is None) != (wk is None):
+        raise ValueError("both weights are required exactly when weight_mode is not NONE")
+    if wq is not None:
+        _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
+        _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
+    q_out, k_out = (
+        _output(name, given, like, spec.part_y_dtype(part))
+        for part, (name, given, like) in enumerate((("q_out", q_out, q), ("k_out", k_out, k)))
+    )
+    return q_out, k_out
+
+
+class QkNormRopeKernel(_Kernel):
+    """QK-norm + rotary embedding: q and k read once, each head row normalised and rotated, written once. One
+    variant (the kernel tests its pointers' alignment itself: the 16-byte path, or one element at a time)."""
+
+    _launch_args = 14
+    spec: QkNormRopeSpec
+
+    def variant(self) -> QkNormRopeVariant:
+        return self.variant_for(self.spec, self.device.arch)
+
+    @staticmethod
+    def variant_for(spec: QkNormRopeSpec, arch: str) -> QkNormRopeVariant:
+        """The one variant of `spec` for `arch`: the JIT's, and the AOT artifact's."""
+        q, k = qk_norm_tilings(spec, aligned=True)
+        return QkNormRopeVariant(spec, q, k, arch)
+
+    def _variant_of(self, key: None) -> QkNormRopeVariant:
+        return self.variant()
+
+    def warm_up(self, max_rows: int) -> None:
+        """Compile or load the variant (the tiling depends on neither the row count nor the pointers)."""
+        del max_rows
+        self._compiled(None)
+
+    def launch(
+        self,
+        q_ptr: int,
+        k_ptr: int,
+        wq_ptr: int,
+        wk_ptr: int,
+        cos_ptr: int,
+        sin_ptr: int,
+        q_out_ptr: int,
+        k_out_ptr: int,
+        q_rows: int,
+        k_rows: int,
+        batch: int,
+        seq_len: int,
+        cos_batch: int,
+        stream: int,
+    ) -> None:
+        """Enqueue on `stream`: `q_rows`, `k_rows` norm rows (q.numel() // q_hidden, ...), q's batch B, the sequence
+        length S and cos's batch Bc (1 or B) of cos and sin [Bc, S, rotary_dim]; weight pointers 0 without weights.
+        No allocation, no sync."""
+        function = self._functions.get(None) or self._compiled(None)
+        pointers = (q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr)
+        function(*pointers, q_rows, k_rows, batch, seq_len, cos_batch, stream)
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        wq: torch.Tensor | None = None,
+        wk: torch.Tensor | None = None,
+        q_out: torch.Tensor | None = None,
+        k_out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Torch convenience: q [B, S, Hq, D] or [B, S, Hq·D] (token-major), [B, Hq, S, D] (head-major), k alike;
+        cos, sin [Bc, S, rotary_dim] with Bc 1 or B. Returns (q_out, k_out) of q's and k's shapes."""
+        spec = self.spec
+        _check_activation("q", q, spec.dtype, spec.q_hidden)
+        _check_activation("k", k, spec.dtype, spec.k_hidden)
+        batch, seq_len = _batch_and_sequence(q, spec)
+        if _batch_and_sequence(k, spec) != (batch, seq_len):
+            raise ValueError(f"k has shape {tuple(k.shape)}, whose batch and sequence differ from q's {tuple(q.shape)}")
+        if cos.dim() != 3 or cos.shape[0] not in (1, batch) or cos.shape[1] != seq_len:
+            raise ValueError(f"cos has shape {tuple(cos.shape)}, expected [1 or {batch}, {seq_len}, R]")
+        _check_tensor("cos", cos, spec.cos_dtype, (cos.shape[0], seq_len, spec.rope.rotary_dim))
+        _check_tensor("sin", sin, spec.cos_dtype, tuple(cos.shape))
+        q_out, k_out = _qk_weights_and_outputs(spec, q, k, wq, wk, q_out, k_out)
+        pointers = [t.data_ptr() for t in (q, k)] + [0 if w is None else w.data_ptr() for w in (wq, wk)]
+        pointers += [t.data_ptr() for t in (cos, sin, q_out, k_out)]
+        rows = (q.numel() // spec.q_hidden, k.numel() // spec.k_hidden)
+        self.launch(*pointers, *rows, batch, seq_len, cos.shape[0], _current_stream())
+        return q_out, k_out
+
+
+def _batch_and_sequence(t: torch.Tensor, spec: QkNormRopeSpec) -> tuple[int, int]:
+    """(B, S) of an activation in the spec's layout: [B, S, H, D] or [B, S, H·D] token-major, [B, H, S, D]
+    head-major."""
+    if spec.rope.layout == "head_major":
+        if t.dim() != 4:
+            raise ValueError(f"a head-major activation is [B, H, S, D], got shape {tuple(t.shape)}")
+        return t.shape[0], t.shape[2]
+    if t.dim() not in (3, 4):
+        raise ValueError(f"a token-major activation is [B, S, H, D] or [B, S, H*D], got shape {tuple(t.shape)}")
+    return t.shape[0], t.shape[1]
 
 
 def _empty_like(t: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -353,3 +463,8 @@ def get_add_rms_norm(spec: AddRmsNormSpec) -> AddRmsNormKernel:
 def get_qk_norm(spec: QkNormSpec) -> QkNormKernel:
     """The process's one kernel object for `spec`."""
     return _get(spec, QkNormKernel)
+
+
+def get_qk_norm_rope(spec: QkNormRopeSpec) -> QkNormRopeKernel:
+    """The process's one kernel object for `spec`."""
+    return _get(spec, QkNormRopeKernel)

@@ -15,16 +15,19 @@ import tempfile
 import threading
 from pathlib import Path
 
-from trtfuse.kernels.api import qk_norm_tilings, rms_norm_tiling
+from trtfuse.kernels.api import QkNormRopeKernel, qk_norm_tilings, rms_norm_tiling
 from trtfuse.kernels.cache import cache_folder, default_cache_root, write_cache_file
 from trtfuse.kernels.compiler import (
     AddRmsNormVariant,
+    QkNormRopeVariant,
     QkNormVariant,
     RmsNormVariant,
     Variant,
     compile_aot_variant,
 )
 from trtfuse.kernels.declaration import (
+    ROPE_EXTENTS,
+    Extent,
     KernelArtifact,
     KernelParam,
     LaunchDeclaration,
@@ -32,11 +35,12 @@ from trtfuse.kernels.declaration import (
     Tactic,
     add_rms_norm_params,
     qk_norm_params,
+    qk_norm_rope_params,
     rms_norm_params,
 )
 from trtfuse.kernels.device import FP8_MIN_SM, arch_sm
 from trtfuse.kernels.norm_kernel import smem_bytes
-from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
+from trtfuse.kernels.specs import AddRmsNormSpec, QkNormRopeSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
 from trtfuse.kernels.tiling import Regime
 
 # The targets CI compiles every artifact for: Ampere (A100, A10/RTX 30, L4/RTX 40), Hopper and Blackwell datacenter.
@@ -119,13 +123,41 @@ def qk_norm_artifact(spec: QkNormSpec, tactic: Tactic, arch: str, cache_root: Pa
     tactic = Tactic(tactic)
     _check_tactic(tactic, qk_norm_tactics(spec), spec)
     q_tiling, k_tiling = qk_norm_tilings(spec, aligned=True)
-    variant = QkNormVariant(spec, q_tiling, k_tiling, arch)
+    return _qk_artifact(QkNormVariant(spec, q_tiling, k_tiling, arch), tactic, qk_norm_params(), (), cache_root)
+
+
+def qk_norm_rope_tactics(spec: QkNormRopeSpec) -> tuple[Tactic, ...]:
+    """QK-norm's one tiling."""
+    return qk_norm_tactics(spec)
+
+
+def qk_norm_rope_artifact(
+    spec: QkNormRopeSpec, tactic: Tactic, arch: str, cache_root: Path | None = None
+) -> KernelArtifact:
+    """The AOT QK-norm + rotary kernel of `spec` for `arch` (the JIT's one kernel): QK-norm's grid, cos and sin
+    after the weights, and the batch, sequence length and cos batch read off q's and cos's shapes (`ROPE_EXTENTS`)
+    after the row counts."""
+    tactic = Tactic(tactic)
+    _check_tactic(tactic, qk_norm_rope_tactics(spec), spec)
+    variant = QkNormRopeKernel.variant_for(spec, arch)
+    return _qk_artifact(variant, tactic, qk_norm_rope_params(), ROPE_EXTENTS, cache_root)
+
+
+def _qk_artifact(
+    variant: QkNormVariant | QkNormRopeVariant,
+    tactic: Tactic,
+    params: tuple[KernelParam, ...],
+    extents: tuple[Extent, ...],
+    cache_root: Path | None,
+) -> KernelArtifact:
+    """A QK-norm-grid kernel's artifact: two parts, q's rows then k's."""
+    spec, q_tiling, k_tiling = variant.spec, variant.q_tiling, variant.k_tiling
     parts = (
         RowPart("q", spec.q_hidden, q_tiling.rows_per_block),
         RowPart("k", spec.k_hidden, k_tiling.rows_per_block),
     )
     shared = smem_bytes(q_tiling) + smem_bytes(k_tiling)
-    return _artifact(variant, tactic, qk_norm_params(), parts, q_tiling.block_threads, shared, cache_root)
+    return _artifact(variant, tactic, params, parts, q_tiling.block_threads, shared, cache_root, extents)
 
 
 def artifact_key(variant: Variant) -> str:
@@ -165,6 +197,7 @@ def _artifact(
     block_threads: int,
     shared_mem: int,
     cache_root: Path | None,
+    extents: tuple[Extent, ...] = (),
 ) -> KernelArtifact:
     root = cache_root if cache_root is not None else default_cache_root()
     key = artifact_key(variant)
@@ -187,6 +220,7 @@ def _artifact(
                 shared_mem=shared_mem,
                 params=params,
                 parts=parts,
+                extents=extents,
             )
             artifact = KernelArtifact(declaration, compiled.ptx, compiled.cubin)
             _write(folder, key, artifact)

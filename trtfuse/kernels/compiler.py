@@ -17,15 +17,18 @@ from trtfuse.kernels.device import FP8_MIN_SM, arch_sm
 from trtfuse.kernels.norm_kernel import (
     CUTLASS_DTYPES,
     NormMath,
+    RopeConstants,
     add_rms_norm_aot_kernel,
     add_rms_norm_launcher,
     qk_norm_aot_kernel,
     qk_norm_launcher,
+    qk_norm_rope_kernel,
+    qk_norm_rope_launcher,
     rms_norm_aot_kernel,
     rms_norm_launcher,
 )
-from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
-from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling
+from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormRopeSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
+from trtfuse.kernels.tiling import ACCESS_BYTES, RowTiling, rotation_plan
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,26 @@ class QkNormVariant:
     arch: str
 
 
-Variant = RmsNormVariant | AddRmsNormVariant | QkNormVariant
+@dataclass(frozen=True)
+class QkNormRopeVariant:
+    """The QK-norm + rotary kernel: one variant per spec and arch (it tests its pointers' alignment itself)."""
+
+    spec: QkNormRopeSpec
+    q_tiling: RowTiling
+    k_tiling: RowTiling
+    arch: str
+
+    def rope(self) -> RopeConstants:
+        """The rotation's compile-time constants: the parameters and each part's register exchange."""
+        rope = self.spec.rope
+        plans = tuple(
+            rotation_plan(tiling, rope.head_dim, rope.rotary_dim, rope.rotation)
+            for tiling in (self.q_tiling, self.k_tiling)
+        )
+        return RopeConstants(rope, plans)
+
+
+Variant = RmsNormVariant | AddRmsNormVariant | QkNormVariant | QkNormRopeVariant
 
 
 def _norm_math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, quant: QuantParams | None) -> NormMath:
@@ -82,10 +104,16 @@ def _launch_arguments(variant: Variant, pointer: Callable[[str, RowTiling], cute
     the same calling convention), a row count per part, a stream, its tilings and its math."""
     spec = variant.spec
     weight = spec.weight_dtype or spec.dtype
-    if isinstance(variant, QkNormVariant):
+    extra: tuple = ()
+    if isinstance(variant, (QkNormVariant, QkNormRopeVariant)):
         tilings = (variant.q_tiling, variant.k_tiling)
         # q, k; their weights; q_out, k_out: each in its part's tiling, each output in its part's stored dtype.
         pointers = [(dtype, tiling) for dtype in (spec.dtype, weight) for tiling in tilings]
+        if isinstance(variant, QkNormRopeVariant):
+            # cos and sin (promised only element alignment: the kernel tests every pointer itself); then the
+            # batch, sequence length and cos batch after the row counts, and the rotation's constants last.
+            pointers += [(spec.cos_dtype, tiling) for tiling in tilings]
+            extra = (Int32(1), Int32(1), Int32(1))
         pointers += [(spec.part_y_dtype(part), tiling) for part, tiling in enumerate(tilings)]
     else:
         t = variant.tiling
@@ -95,7 +123,10 @@ def _launch_arguments(variant: Variant, pointer: Callable[[str, RowTiling], cute
             pointers = ((spec.dtype, t), (weight, t), (spec.y_dtype, t))
         tilings = (t,)
     rows = (Int32(1),) * len(tilings)
-    return (*(pointer(dtype, tiling) for dtype, tiling in pointers), *rows, make_fake_stream(), *tilings, _math(spec))
+    arguments = (*(pointer(dtype, tiling) for dtype, tiling in pointers), *rows, *extra, make_fake_stream())
+    if isinstance(variant, QkNormRopeVariant):
+        return (*arguments, *tilings, _math(spec), variant.rope())
+    return (*arguments, *tilings, _math(spec))
 
 
 def _vector_ptr(dtype: str, tiling: RowTiling) -> cute.Pointer:
@@ -116,6 +147,7 @@ _ENTRIES = {
     RmsNormVariant: (rms_norm_launcher, rms_norm_aot_kernel),
     AddRmsNormVariant: (add_rms_norm_launcher, add_rms_norm_aot_kernel),
     QkNormVariant: (qk_norm_launcher, qk_norm_aot_kernel),
+    QkNormRopeVariant: (qk_norm_rope_launcher, qk_norm_rope_kernel),
 }
 
 
@@ -126,7 +158,9 @@ def compile_variant(variant: Variant, ptx_dir: Path | None = None) -> Any:
     if ptx_dir is not None:
         options += f" --keep-ptx --dump-dir {ptx_dir}"
     launcher, _ = _ENTRIES[type(variant)]
-    return cute.compile(launcher, *_launch_arguments(variant, _vector_ptr), options=options)
+    # The rotary kernel tests its pointers itself, so its JIT compile promises what its AOT compile does.
+    pointer = _element_ptr if isinstance(variant, QkNormRopeVariant) else _vector_ptr
+    return cute.compile(launcher, *_launch_arguments(variant, pointer), options=options)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,16 @@ class RowPart:
     rows_per_block: int
 
 
+@dataclass(frozen=True)
+class Extent:
+    """A scalar argument read off an input's shape: dimension `axis` of input `tensor` (the QK-norm + rotary
+    kernel's batch, sequence length and cos batch), which the caller passes after the row counts."""
+
+    name: str
+    tensor: str
+    axis: int
+
+
 T = TypeVar("T")
 
 
@@ -66,28 +76,36 @@ class LaunchDeclaration:
     shared_mem: int  # dynamic shared memory, bytes
     params: tuple[KernelParam, ...]
     parts: tuple[RowPart, ...]
+    extents: tuple[Extent, ...] = ()
 
     def launch_values(
-        self, rows: Sequence[T], cdiv: Callable[[T, int], T], at_least_one: Callable[[T], T]
+        self,
+        rows: Sequence[T],
+        cdiv: Callable[[T, int], T],
+        at_least_one: Callable[[T], T],
+        extents: Sequence[T] = (),
     ) -> tuple[T, tuple[T, ...]]:
-        """(grid x, the scalar arguments in parameter order) from each part's row count.
+        """(grid x, the scalar arguments in parameter order) from each part's row count and each of `extents`'
+        values (the declaration's `extents`, in order, read off the inputs' shapes).
 
-        The scalars are every part's row count, then the block count of every part but the last (the block where
-        the next part starts). The grid is never empty, so a 0-row call is a valid one-block no-op.
+        The scalars are every part's row count, the extents, then the block count of every part but the last (the
+        block where the next part starts). The grid is never empty, so a 0-row call is a valid one-block no-op.
         """
         if len(rows) != len(self.parts):
             raise ValueError(f"{self.kernel_name} has {len(self.parts)} row counts, got {len(rows)}")
+        if len(extents) != len(self.extents):
+            raise ValueError(f"{self.kernel_name} has {len(self.extents)} extents, got {len(extents)}")
         blocks = [cdiv(n, part.rows_per_block) for n, part in zip(rows, self.parts, strict=True)]
         total = blocks[0]
         for more in blocks[1:]:
             total = total + more
-        return at_least_one(total), (*rows, *blocks[:-1])
+        return at_least_one(total), (*rows, *extents, *blocks[:-1])
 
     def grid_x(self, rows: Sequence[int]) -> int:
-        return self.launch_values(rows, _cdiv, _at_least_one)[0]
+        return self.launch_values(rows, _cdiv, _at_least_one, (0,) * len(self.extents))[0]
 
-    def scalars(self, rows: Sequence[int]) -> tuple[int, ...]:
-        return self.launch_values(rows, _cdiv, _at_least_one)[1]
+    def scalars(self, rows: Sequence[int], extents: Sequence[int] = ()) -> tuple[int, ...]:
+        return self.launch_values(rows, _cdiv, _at_least_one, extents)[1]
 
     def rows_of(self, element_counts: Sequence[int]) -> tuple[int, ...]:
         """Each part's row count from its activation's element count."""
@@ -112,6 +130,7 @@ class LaunchDeclaration:
             shared_mem=int(data["shared_mem"]),
             params=tuple(KernelParam(str(p["name"]), ParamRole(p["role"])) for p in data["params"]),
             parts=tuple(RowPart(str(p["name"]), int(p["hidden"]), int(p["rows_per_block"])) for p in data["parts"]),
+            extents=tuple(Extent(str(e["name"]), str(e["tensor"]), int(e["axis"])) for e in data.get("extents", ())),
         )
 
     def dumps(self) -> str:
@@ -144,6 +163,18 @@ def add_rms_norm_params() -> tuple[KernelParam, ...]:
 def qk_norm_params() -> tuple[KernelParam, ...]:
     """q, k, their weights, both row counts, the q block count (the first k block), q_out, k_out."""
     return _params(("q", "k", "q_weight", "k_weight"), ("q_rows", "k_rows", "q_blocks"), ("q_out", "k_out"))
+
+
+def qk_norm_rope_params() -> tuple[KernelParam, ...]:
+    """QK-norm's inputs, cos and sin; both row counts, the extents (`ROPE_EXTENTS`) and the q block count; q_out,
+    k_out."""
+    inputs = ("q", "k", "q_weight", "k_weight", "cos", "sin")
+    return _params(inputs, ("q_rows", "k_rows", *(e.name for e in ROPE_EXTENTS), "q_blocks"), ("q_out", "k_out"))
+
+
+# q's batch B (dimension 0 of [B, S, H, D], [B, S, H*D] and [B, H, S, D] alike), the sequence length S and cos's
+# batch Bc (1 or B) of cos [Bc, S, R]: what locates a head row's cos/sin row.
+ROPE_EXTENTS = (Extent("batch", "q", 0), Extent("seq_len", "cos", 1), Extent("cos_batch", "cos", 0))
 
 
 @dataclass(frozen=True)

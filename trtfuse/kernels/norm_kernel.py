@@ -12,6 +12,7 @@ options of the same kernels: x (or h) fake-quantized as it is read, r per row, y
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64, Uint32
 
 from trtfuse.contract import NormParams, QuantParams, WeightMode
 from trtfuse.kernels.ptx import l2_evict_policy, load_16_bytes
@@ -30,7 +31,8 @@ from trtfuse.kernels.quant import (
     fake_quantized_scalar,
     quantize_into,
 )
-from trtfuse.kernels.tiling import ACCESS_BYTES, WARP, RowTiling
+from trtfuse.kernels.specs import RopeParams
+from trtfuse.kernels.tiling import ACCESS_BYTES, WARP, RotationPlan, RowTiling
 
 CUTLASS_DTYPES = FLOAT_CUTLASS_DTYPES | QUANT_CUTLASS_DTYPES
 
@@ -63,6 +65,7 @@ class _Rows:
     partials: cute.Tensor
     res: cute.Pointer | None = None
     h: cute.Pointer | None = None
+    rotation: _Rotation | None = None  # the QK-norm + rotary kernel's rotation of each head row
 
     def thread_row(self, block: Int32) -> tuple[Int32, Int32, Int32, cutlass.Boolean]:
         """This thread's lane in its row, its row's index in the block and in the problem, and whether that row is
@@ -78,6 +81,8 @@ class _Rows:
         """The low address bits the vector path needs clear, of the activations, the outputs and (unless
         weight_mode is NONE, when the kernel never reads it) the weight; 0 when all of them are."""
         ptrs = tuple(ptr for ptr in (self.x, self.res, self.y, self.h) if ptr is not None)
+        if self.rotation is not None:
+            ptrs = (*ptrs, self.rotation.cos, self.rotation.sin)
         bits = Int64(0)
         for ptr in (*ptrs, self.w) if math.params.weight_mode != WeightMode.NONE else ptrs:
             bits = bits | (ptr.toint() & (_vector_align(ptr, self.tiling) - 1))
@@ -89,7 +94,50 @@ class _Rows:
         x, res, w, y, h = (
             None if ptr is None else _realigned(ptr, self.tiling) for ptr in (self.x, self.res, self.w, self.y, self.h)
         )
-        return _Rows(x, w, y, self.rows, self.tiling, self.partials, res, h)
+        rotation = self.rotation
+        if rotation is not None:
+            cos, sin = (_realigned(ptr, self.tiling) for ptr in (rotation.cos, rotation.sin))
+            rotation = dataclasses.replace(rotation, cos=cos, sin=sin)
+        return _Rows(x, w, y, self.rows, self.tiling, self.partials, res, h, rotation)
+
+
+@dataclass(frozen=True)
+class RopeConstants:
+    """The compile-time half of the QK-norm + rotary kernel's rotation: its parameters and, per part (q, k), the
+    register exchange of its tiling (`tiling.rotation_plan`; None: that part's rows take the element path)."""
+
+    params: RopeParams
+    plans: tuple[RotationPlan | None, RotationPlan | None]
+
+
+@dataclass(frozen=True)
+class _Rotation:
+    """The rotation of one problem's head rows, as its device code reads it: cos and sin ([Bc, S, R]), q's batch B,
+    the sequence length S and cos's batch Bc (1 or B), and the constants. Built while tracing."""
+
+    cos: cute.Pointer
+    sin: cute.Pointer
+    batch: Int32
+    seq_len: Int32
+    cos_batch: Int32
+    params: RopeParams
+    plan: RotationPlan | None
+
+    def cos_row(self, row: Int32, rows: Int32) -> Int32:
+        """The cos/sin row of norm row `row` (of `rows`): (b if Bc == B else 0)·S + s of its batch b and position s.
+        Token-major rows are B·S tokens of rows / (B·S) rows each (the heads, or one row of all of them); head-major
+        rows are B batches of H·S rows, s the fastest. Three integer divisions a row (the shapes are runtime values),
+        unsigned: every operand is a count or an index, and div.u32 needs no floor correction."""
+        row, rows, batch, seq_len = (Uint32(value) for value in (row, rows, self.batch, self.seq_len))
+        if self.params.layout == "token_major":
+            token = row // (rows // (batch * seq_len))
+            batch_index = token // seq_len
+            position = token - batch_index * seq_len
+        else:
+            batch_index = row // (rows // batch)
+            position = row % seq_len
+        first = Uint32(cutlass.select_(self.cos_batch == 1, Uint32(0), batch_index))
+        return Int32(first * seq_len + position)
 
 
 def smem_bytes(tiling: RowTiling) -> int:
@@ -270,12 +318,139 @@ def _normalized(
         # fp32, so one multiply in that dtype (packed, fewer registers) rounds exactly as the fp32 path does (for
         # fp32 the two paths are the same operations).
         return (x * rstd).to(out_dtype) * r_w.load()
+    return _weighted(x, rstd, r_w, math).to(out_dtype)
+
+
+@cute.jit
+def _weighted(x: cute.TensorSSA, rstd: Float32, r_w: cute.Tensor, math: cutlass.Constexpr) -> cute.TensorSSA:
+    """y in float32 before its rounding to T, per weight_mode (AFTER_CAST's rounding to R included)."""
     w = r_w.load().to(Float32)
     if cutlass.const_expr(math.params.weight_offset != 0.0):
         w = w + Float32(math.params.weight_offset)
     if cutlass.const_expr(math.params.weight_mode == WeightMode.AFTER_CAST):
-        return ((x * rstd).to(rounding).to(Float32) * w).to(out_dtype)
-    return (x * rstd * w).to(out_dtype)
+        return (x * rstd).to(CUTLASS_DTYPES[math.rounding]).to(Float32) * w
+    return x * rstd * w
+
+
+@cute.jit
+def _normalized_float(
+    x: cute.TensorSSA, rstd: Float32, r_w: cute.Tensor | None, math: cutlass.Constexpr
+) -> cute.TensorSSA:
+    """y in float32 before its final rounding: what the rotation reads."""
+    if cutlass.const_expr(r_w is None):
+        return x * rstd
+    return _weighted(x, rstd, r_w, math)
+
+
+@cute.jit
+def _store_float(r_y: cute.Tensor, y: cute.TensorSSA, math: cutlass.Constexpr):
+    """A float32 result into y's fragment: rounded once to T, then quantized where the output stage is on."""
+    quantizer = math.stage("output")
+    if cutlass.const_expr(quantizer is None):
+        r_y.store(y.to(r_y.element_type))
+    else:
+        quantize_into(y.to(FLOAT_CUTLASS_DTYPES[math.normalised]).to(Float32), quantizer, r_y)
+
+
+@cute.jit
+def _load_rotation(
+    rotation: _Rotation,
+    row: Int32,
+    rows: Int32,
+    lane: Int32,
+    r_cos: cute.Tensor,
+    r_sin: cute.Tensor,
+    tiling: cutlass.Constexpr,
+):
+    """cos and sin of this thread's rotated slots, from the row's cos/sin row (vector-wide, as x); a slot that is
+    not rotated keeps the zeros it was filled with."""
+    plan, vec = rotation.plan, tiling.vector
+    rotary_layout = cute.make_layout((vec, plan.rotary_vectors), stride=(1, vec))
+    # 64-bit: (cos rows) x R can pass 2^31 elements; R is a multiple of the vector, so cos rows stay vector-aligned.
+    offset = cute.assume(Int64(rotation.cos_row(row, rows)) * rotation.params.rotary_dim, divby=vec)
+    g_cos = cute.make_tensor(rotation.cos + offset, rotary_layout)
+    g_sin = cute.make_tensor(rotation.sin + offset, rotary_layout)
+    for k in cutlass.range_constexpr(tiling.vectors_per_thread):
+        if cutlass.const_expr(plan.source_slots[k] is not None):
+            index = lane + k * tiling.threads_per_row
+            position = index % plan.head_vectors
+            rotated = position < plan.rotary_vectors
+            if cutlass.const_expr((k + 1) * tiling.threads_per_row > tiling.vectors_per_row):
+                # Only the last slot can fall past the row end (as in `_for_each_slot`).
+                rotated = rotated & (index < tiling.vectors_per_row)
+            if rotated:
+                cute.autovec_copy(g_cos[None, position], r_cos[None, k])
+                cute.autovec_copy(g_sin[None, position], r_sin[None, k])
+
+
+def _rotated_value(y: Float32, other: Float32, cos: cutlass.Numeric, sin: cutlass.Numeric) -> Float32:
+    """y·cos + other·sin as the contract computes it (docs/plugin-nodes.md, "Rotary embedding"): each product
+    rounded to float32, then their sum, three explicitly rounded operations (`.rn`), which no compiler pass
+    contracts into a fused multiply-add, so every kernel of a spec (a quantized one too) and the lowering agree."""
+    nearest = cute.math.RoundingMode.NEAREST_EVEN
+    first = cute.math.mul(y, Float32(cos), rounding=nearest)
+    second = cute.math.mul(other, Float32(sin), rounding=nearest)
+    return cute.math.add(first, second, rounding=nearest)
+
+
+@cute.jit
+def _store_rotated(
+    r_y: cute.Tensor,
+    y: cute.TensorSSA,
+    r_cos: cute.Tensor,
+    r_sin: cute.Tensor,
+    lane: Int32,
+    plan: cutlass.Constexpr,
+    rotation: cutlass.Constexpr,
+    tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+):
+    """out = y·cos + rot(y)·sin on this thread's rotated slots, y elsewhere, into y's fragment (`_store_float`).
+
+    y is the float32 normalised value of every slot (vector, slot). A slot's partner values come from slot
+    `plan.source_slots[k]` of the lane its partner vector sits in: one shuffle of that slot from every lane of the
+    warp (or this lane's own register). Executed by every thread of the block (the shuffles are warp-wide)."""
+    vec, threads = tiling.vector, tiling.threads_per_row
+    layout = cute.make_layout((vec, tiling.vectors_per_thread), stride=(1, vec))
+    r_f = cute.make_rmem_tensor(layout, Float32)
+    r_f.store(y)
+    r_out = cute.make_rmem_tensor(layout, Float32)
+    r_out.store(y)
+    r_partner = cute.make_rmem_tensor(cute.make_layout(vec), Float32)
+    half = plan.rotary_vectors // 2
+    # A partial rotation passes the heads' last vectors through: each slot then tests its position.
+    partial = plan.rotary_vectors < plan.head_vectors
+    warp_lane = cute.arch.lane_idx()
+    for k in cutlass.range_constexpr(tiling.vectors_per_thread):
+        source = plan.source_slots[k]
+        if cutlass.const_expr(source is not None):
+            position = (lane + k * threads) % plan.head_vectors
+            rotated = position < plan.rotary_vectors
+            first_half = position < half
+            if cutlass.const_expr(plan.shuffles[k]):
+                # The partner vector is `half` vectors on or back in the head; its lane is that many lanes away,
+                # less the slots between (its slot is `source`). A slot passed through reads its own lane.
+                shift = Int32(cutlass.select_(first_half, Int32(half), Int32(-half))) + (k - source) * threads
+                if cutlass.const_expr(partial):
+                    shift = Int32(cutlass.select_(rotated, shift, Int32(0)))
+                for i in cutlass.range_constexpr(vec):
+                    r_partner[i] = cute.arch.shuffle_sync(r_f[i, source], warp_lane + shift)
+            else:
+                r_partner.store(r_f[None, source].load())
+            for i in cutlass.range_constexpr(vec):
+                if cutlass.const_expr(rotation.rotation == "half"):
+                    # rotate_half: -y[j + R/2] in the first half, y[j - R/2] in the second.
+                    other = r_partner[i]
+                    other = Float32(cutlass.select_(first_half, -other, other))
+                elif cutlass.const_expr(i % 2 == 0):
+                    other = -r_partner[i + 1]  # interleaved pairs: -y[2i + 1] at 2i, y[2i] at 2i + 1
+                else:
+                    other = r_partner[i - 1]
+                value = _rotated_value(r_f[i, k], other, r_cos[i, k], r_sin[i, k])
+                if cutlass.const_expr(partial):
+                    value = Float32(cutlass.select_(rotated, value, r_f[i, k]))
+                r_out[i, k] = value
+    _store_float(r_y, r_out.load(), math)
 
 
 @cute.jit
@@ -318,6 +493,15 @@ def _normalize_block_rows(problem: _Rows, block: Int32, math: cutlass.Constexpr)
     if cutlass.const_expr(ragged):
         for _, slots in inputs:
             slots[None, tiling.vectors_per_thread - 1].fill(0)
+    rotation = problem.rotation
+    if cutlass.const_expr(rotation is not None):
+        r_cos = cute.make_rmem_tensor(slots_layout, rotation.cos.dtype)
+        r_sin = cute.make_rmem_tensor(slots_layout, rotation.sin.dtype)
+        if cutlass.const_expr(rotation.plan.rotary_vectors < rotation.plan.head_vectors or ragged):
+            # Slots never loaded (passed through, or past the row end) are read by the rotation's arithmetic, whose
+            # result a select then drops: zeros rather than undefined registers.
+            r_cos.fill(0)
+            r_sin.fill(0)
     if row_ok:
         for row_in, slots in inputs:
             if cutlass.const_expr(tiling.reread):
@@ -327,6 +511,8 @@ def _normalize_block_rows(problem: _Rows, block: Int32, math: cutlass.Constexpr)
                 _load_slots(row_in, slots, lane, tiling)
         if cutlass.const_expr(has_weight):
             _load_slots(cute.make_tensor(problem.w, row_layout), r_w, lane, tiling)
+        if cutlass.const_expr(rotation is not None):
+            _load_rotation(rotation, row, problem.rows, lane, r_cos, r_sin, tiling)
     if cutlass.const_expr(has_residual):
         # h is stored before the reduction: its registers are then needed only for the sum and the output.
         r_x.store(_residual_sum(r_x, r_res))
@@ -348,7 +534,11 @@ def _normalize_block_rows(problem: _Rows, block: Int32, math: cutlass.Constexpr)
         if cutlass.const_expr(has_residual):
             r_x.store(_residual_sum(r_x, r_res))
         x = _row_values(r_x, math)
-    _store_normalized(r_y, x, rstd, r_w if cutlass.const_expr(has_weight) else None, math)
+    if cutlass.const_expr(rotation is None):
+        _store_normalized(r_y, x, rstd, r_w if cutlass.const_expr(has_weight) else None, math)
+    else:
+        y = _normalized_float(x, rstd, r_w if cutlass.const_expr(has_weight) else None, math)
+        _store_rotated(r_y, y, r_cos, r_sin, lane, rotation.plan, rotation.params, tiling, math)
 
     if cutlass.const_expr(tiling.paired_stores):
         _store_slots_paired(r_y, g_y, lane, row_ok, tiling)
@@ -393,16 +583,75 @@ def _normalize_block_rows_by_element(problem: _Rows, block: Int32, math: cutlass
             sum_sq = sum_sq + (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
     rstd = _row_rstd(sum_sq, lane, row_in_block, problem.partials, tiling, math)
     if row_ok:
-        for index in cutlass.range(lane, tiling.hidden, threads, unroll=1):
-            cute.autovec_copy(g_x[None, index], r_x[None, 0])
-            if cutlass.const_expr(has_residual):
-                cute.autovec_copy(g_res[None, index], r_res[None, 0])
-                r_x.store(_residual_sum(r_x, r_res))
-            if cutlass.const_expr(has_weight):
-                cute.autovec_copy(g_w[None, index], r_w[None, 0])
-            weight = r_w if cutlass.const_expr(has_weight) else None
-            _store_normalized(r_y, _row_values(r_x, math), rstd, weight, math)
-            cute.autovec_copy(r_y[None, 0], g_y[None, index])
+        if cutlass.const_expr(problem.rotation is not None):
+            _rotate_row_by_element(problem, row, lane, rstd, math)
+        else:
+            for index in cutlass.range(lane, tiling.hidden, threads, unroll=1):
+                cute.autovec_copy(g_x[None, index], r_x[None, 0])
+                if cutlass.const_expr(has_residual):
+                    cute.autovec_copy(g_res[None, index], r_res[None, 0])
+                    r_x.store(_residual_sum(r_x, r_res))
+                if cutlass.const_expr(has_weight):
+                    cute.autovec_copy(g_w[None, index], r_w[None, 0])
+                weight = r_w if cutlass.const_expr(has_weight) else None
+                _store_normalized(r_y, _row_values(r_x, math), rstd, weight, math)
+                cute.autovec_copy(r_y[None, 0], g_y[None, index])
+
+
+@cute.jit
+def _element_value(g_x: cute.Tensor, g_w: cute.Tensor, index: Int32, rstd: Float32, math: cutlass.Constexpr) -> Float32:
+    """The float32 normalised value of element `index` of a row (`_normalized_float` of one element)."""
+    one = cute.make_layout((1, 1), stride=(1, 1))
+    r_x = cute.make_rmem_tensor(one, g_x.element_type)
+    cute.autovec_copy(g_x[None, index], r_x[None, 0])
+    weight = None
+    if cutlass.const_expr(math.params.weight_mode != WeightMode.NONE):
+        weight = cute.make_rmem_tensor(one, g_w.element_type)
+        cute.autovec_copy(g_w[None, index], weight[None, 0])
+    r_f = cute.make_rmem_tensor(one, Float32)
+    r_f.store(_normalized_float(_row_values(r_x, math), rstd, weight, math))
+    return r_f[0]
+
+
+@cute.jit
+def _rotate_row_by_element(problem: _Rows, row: Int32, lane: Int32, rstd: Float32, math: cutlass.Constexpr):
+    """The element path's output loop for a rotated row: each element's normalised value and, where it is rotated,
+    its partner's (read and normalised by this thread too: no register exchange) and its cos and sin."""
+    tiling, rotation = problem.tiling, problem.rotation
+    params = rotation.params
+    head_dim, rotary_dim, half = params.head_dim, params.rotary_dim, params.rotary_dim // 2
+    row_layout = cute.make_layout((1, tiling.hidden), stride=(1, 1))
+    offset = Int64(row) * tiling.hidden
+    g_x = cute.make_tensor(problem.x + offset, row_layout)
+    g_y = cute.make_tensor(problem.y + offset, row_layout)
+    g_w = cute.make_tensor(problem.w, row_layout)
+    rotary_layout = cute.make_layout((1, rotary_dim), stride=(1, 1))
+    cos_offset = Int64(rotation.cos_row(row, problem.rows)) * rotary_dim
+    g_cos = cute.make_tensor(rotation.cos + cos_offset, rotary_layout)
+    g_sin = cute.make_tensor(rotation.sin + cos_offset, rotary_layout)
+    one = cute.make_layout((1, 1), stride=(1, 1))
+    r_cos = cute.make_rmem_tensor(one, rotation.cos.dtype)
+    r_sin = cute.make_rmem_tensor(one, rotation.sin.dtype)
+    r_out = cute.make_rmem_tensor(one, Float32)
+    r_y = cute.make_rmem_tensor(one, problem.y.dtype)
+    for index in cutlass.range(lane, tiling.hidden, tiling.threads_per_row, unroll=1):
+        value = _element_value(g_x, g_w, index, rstd, math)
+        r_out[0] = value
+        j = index % head_dim
+        if j < rotary_dim:
+            if cutlass.const_expr(params.rotation == "half"):
+                first = j < half
+                step = Int32(cutlass.select_(first, Int32(half), Int32(-half)))
+            else:
+                first = j % 2 == 0
+                step = Int32(cutlass.select_(first, Int32(1), Int32(-1)))
+            other = _element_value(g_x, g_w, index + step, rstd, math)
+            cute.autovec_copy(g_cos[None, j], r_cos[None, 0])
+            cute.autovec_copy(g_sin[None, j], r_sin[None, 0])
+            other = Float32(cutlass.select_(first, -other, other))
+            r_out[0] = _rotated_value(value, other, r_cos[0], r_sin[0])
+        _store_float(r_y, r_out.load(), math)
+        cute.autovec_copy(r_y[None, 0], g_y[None, index])
 
 
 def _block_and_partials(*tilings: RowTiling) -> tuple:
@@ -429,6 +678,9 @@ def _normalize_rows(
     # the AOT QK-norm kernels' PTX (tests/kernels/test_add_norm_ptx_identity.py pins it).
     if cutlass.const_expr(aligned is None):
         _normalize_block_rows(problem, _own_block(block, first_block), math)
+    elif cutlass.const_expr(aligned is False):
+        # No vector path (a rotation without a register exchange in its tiling): every pointer by element.
+        _normalize_block_rows_by_element(problem, _own_block(block, first_block), math)
     else:
         if aligned:
             _normalize_block_rows(problem.realigned(), _own_block(block, first_block), math)
@@ -499,7 +751,9 @@ def _realigned(ptr: cute.Pointer, tiling: RowTiling) -> cute.Pointer:
 def _aligned(math: NormMath, *problems: _Rows) -> cutlass.Boolean | None:
     """Whether every pointer of the problems that the vector path needs aligned is (uniform across the grid, so that
     every thread takes the same path and a row's barrier stays inside one of them); None where every tiling's
-    vector is one element, which needs no check."""
+    vector is one element, which needs no check; False where a rotated problem has no vector path."""
+    if any(problem.rotation is not None and problem.rotation.plan is None for problem in problems):
+        return False
     if all(problem.tiling.vector == 1 for problem in problems):
         return None
     return functools.reduce(operator.or_, (problem.misalignment(math) for problem in problems)) == 0
@@ -667,6 +921,75 @@ def qk_norm_launcher(
         kernel = qk_norm_aot_kernel(*inputs, q_rows, k_rows, q_blocks, *outputs, q_tiling, k_tiling, math)
     else:
         kernel = _qk_norm_kernel(*inputs, *outputs, q_rows, k_rows, q_blocks, q_tiling, k_tiling, math)
+    kernel.launch(
+        grid=[cutlass.max(q_blocks + _blocks(k_rows, k_tiling), 1), 1, 1],
+        block=[q_tiling.block_threads, 1, 1],
+        smem=smem_bytes(q_tiling) + smem_bytes(k_tiling),
+        stream=stream,
+    )
+
+
+@cute.kernel
+def qk_norm_rope_kernel(
+    q_ptr: cute.Pointer,
+    k_ptr: cute.Pointer,
+    wq_ptr: cute.Pointer,
+    wk_ptr: cute.Pointer,
+    cos_ptr: cute.Pointer,
+    sin_ptr: cute.Pointer,
+    q_rows: Int32,
+    k_rows: Int32,
+    batch: Int32,
+    seq_len: Int32,
+    cos_batch: Int32,
+    q_blocks: Int32,
+    q_out_ptr: cute.Pointer,
+    k_out_ptr: cute.Pointer,
+    q_tiling: cutlass.Constexpr,
+    k_tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+    rope: cutlass.Constexpr,
+):
+    """QK-norm + rotary embedding, in TensorRT's parameter order (the JIT launches this AOT kernel too): pointers
+    promised element alignment, the 16-byte path taken where they all allow it (`_aligned`), else the element path."""
+    block, q_partials, k_partials = _block_and_partials(q_tiling, k_tiling)
+    shapes = (batch, seq_len, cos_batch, rope.params)
+    q_rotation = _Rotation(cos_ptr, sin_ptr, *shapes, rope.plans[0])
+    k_rotation = _Rotation(cos_ptr, sin_ptr, *shapes, rope.plans[1])
+    q = _Rows(q_ptr, wq_ptr, q_out_ptr, q_rows, q_tiling, q_partials, rotation=q_rotation)
+    k = _Rows(k_ptr, wk_ptr, k_out_ptr, k_rows, k_tiling, k_partials, rotation=k_rotation)
+    _normalize_q_or_k(block, q_blocks, q, k, math, _aligned(_part_maths(math)[0], q, k))
+
+
+@cute.jit
+def qk_norm_rope_launcher(
+    q_ptr: cute.Pointer,
+    k_ptr: cute.Pointer,
+    wq_ptr: cute.Pointer,
+    wk_ptr: cute.Pointer,
+    cos_ptr: cute.Pointer,
+    sin_ptr: cute.Pointer,
+    q_out_ptr: cute.Pointer,
+    k_out_ptr: cute.Pointer,
+    q_rows: Int32,
+    k_rows: Int32,
+    batch: Int32,
+    seq_len: Int32,
+    cos_batch: Int32,
+    stream: cuda.CUstream,
+    q_tiling: cutlass.Constexpr,
+    k_tiling: cutlass.Constexpr,
+    math: cutlass.Constexpr,
+    rope: cutlass.Constexpr,
+    aot: cutlass.Constexpr = False,
+):
+    """Host entry of the QK-norm + rotary kernel: QK-norm's grid (q blocks, then k blocks). One kernel serves the
+    JIT and AOT compiles (`aot`, the other launchers' flag, changes nothing): it tests its pointers' alignment
+    itself."""
+    q_blocks = _blocks(q_rows, q_tiling)
+    inputs, outputs = (q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr), (q_out_ptr, k_out_ptr)
+    scalars = (q_rows, k_rows, batch, seq_len, cos_batch, q_blocks)
+    kernel = qk_norm_rope_kernel(*inputs, *scalars, *outputs, q_tiling, k_tiling, math, rope)
     kernel.launch(
         grid=[cutlass.max(q_blocks + _blocks(k_rows, k_tiling), 1), 1, 1],
         block=[q_tiling.block_threads, 1, 1],

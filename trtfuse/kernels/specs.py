@@ -189,3 +189,65 @@ class QkNormSpec:
         """The dtype part `part`'s output is stored in: its output quantizer's where it has one, else T."""
         quant = self.part_quant(part)
         return self.out_dtype if quant is None or quant.output is None else quant.output.dtype
+
+
+# The rotations of the rotary embedding: "half" pairs element j with j + R/2 (Hugging Face's rotate_half, ONNX
+# RotaryEmbedding's default), "interleaved" pairs 2i with 2i + 1 (GPT-J, ONNX RotaryEmbedding's interleaved=1).
+ROTATIONS = ("half", "interleaved")
+# Where a head row sits: "token_major" q [B, S, H, D] (or [B, S, H*D], one row per token for a norm over H*D),
+# "head_major" q [B, H, S, D] (Gemma3's norm after the transpose).
+HEAD_LAYOUTS = ("token_major", "head_major")
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    """The rotation applied to each head row of `head_dim` (D) elements after its norm (docs/kernels.md, "QK-norm
+    + rotary embedding"): with y the normalised value in float32 and c, s the row's cos and sin,
+    out[j] = y[j]·c[j] + rot(y)[j]·s[j] for j < `rotary_dim` (R), out[j] = y[j] beyond it; `rotation` is one of
+    ROTATIONS, `layout` one of HEAD_LAYOUTS."""
+
+    head_dim: int
+    rotary_dim: int
+    rotation: str
+    layout: str
+
+    def __post_init__(self) -> None:
+        _check_hidden("head_dim", self.head_dim)
+        if not isinstance(self.rotary_dim, int) or self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be a positive even int, got {self.rotary_dim!r}")
+        if self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim {self.rotary_dim} is wider than head_dim {self.head_dim}")
+        if self.rotation not in ROTATIONS:
+            raise ValueError(f"rotation {self.rotation!r} is not one of {ROTATIONS}")
+        if self.layout not in HEAD_LAYOUTS:
+            raise ValueError(f"layout {self.layout!r} is not one of {HEAD_LAYOUTS}")
+
+
+@dataclass(frozen=True, repr=False)
+class QkNormRopeSpec(QkNormSpec):
+    """The QK-norm of `QkNormSpec`'s fields (its quantized outputs included), each head row then rotated by `rope`
+    before its one rounding to T (or its quantizer): q and k are read once and written once. cos and sin are
+    [Bc, S, R] of `cos_dtype` (float32 or the activations' dtype; None: the activations'), Bc 1 or q's batch.
+    A part's rows are head rows (hidden = D) or, for a norm over all of a token's heads (OLMo2), whole tokens
+    (hidden = H·D, token-major only)."""
+
+    rope: RopeParams = dataclasses.field(kw_only=True)
+    cos_dtype: str | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.cos_dtype is None:
+            object.__setattr__(self, "cos_dtype", self.dtype)
+        if self.cos_dtype not in ("float32", self.dtype):
+            raise ValueError(f"cos/sin dtype {self.cos_dtype!r} is neither float32 nor the activations' {self.dtype}")
+        head_dim = self.rope.head_dim
+        for name, hidden in (("q_hidden", self.q_hidden), ("k_hidden", self.k_hidden)):
+            if hidden % head_dim:
+                raise ValueError(f"{name} {hidden} is not a whole number of heads of head_dim {head_dim}")
+            if self.rope.layout == "head_major" and hidden != head_dim:
+                raise ValueError(f"a head-major {name} must be one head ({head_dim}), got {hidden}")
+
+    def norm(self) -> QkNormSpec:
+        """The QK-norm this rotates the outputs of (the same fields, no rotation)."""
+        fields = (self.q_hidden, self.k_hidden, self.dtype, self.weight_dtype, self.params, self.out_dtype)
+        return QkNormSpec(*fields, self.quant)

@@ -152,3 +152,66 @@ def with_block_threads(tiling: RowTiling, block_threads: int) -> RowTiling:
     """The same row mapping in a block of `block_threads` threads (QK-norm's two parts share one block size, so
     neither part's residency floor holds)."""
     return dataclasses.replace(tiling, rows_per_block=block_threads // tiling.threads_per_row, min_blocks_per_sm=0)
+
+
+def rotation_vector(vector: int, head_dim: int, rotary_dim: int, rotation: str) -> int:
+    """The vector of a row whose heads are rotated: `vector` halved until it divides the head, and the rotated width
+    R (interleaved: whole pairs, so a vector is either all rotated or all passed through) or R/2 (half: a vector's
+    partner, R/2 elements away, is then a whole vector too)."""
+    span = rotary_dim // 2 if rotation == "half" else rotary_dim
+    while head_dim % vector or span % vector:
+        vector //= 2
+    return vector
+
+
+@dataclass(frozen=True)
+class RotationPlan:
+    """Where each rotated vector of a thread finds its partner's values (the rotation's other operand), in the
+    registers of its row's threads. Compile-time, from the tiling alone (`rotation_plan`).
+
+    Slot k of lane l holds vector p = l + k·threads_per_row of the row, at position h = p mod head_vectors in its
+    head; it is rotated when h < rotary_vectors. Its partner vector (half: h ± rotary_vectors/2; interleaved: p
+    itself, the elements swapped in pairs) sits in slot `source_slots[k]` of a lane of the same warp, the same slot
+    for every lane whose slot k is rotated, so one shuffle of that slot (or a register read, `shuffles[k]` False,
+    where every partner is the lane itself) brings it. None: no lane's slot k is rotated."""
+
+    head_vectors: int
+    rotary_vectors: int
+    source_slots: tuple[int | None, ...]
+    shuffles: tuple[bool, ...]
+
+
+def rotation_plan(tiling: RowTiling, head_dim: int, rotary_dim: int, rotation: str) -> RotationPlan | None:
+    """The register exchange of a rotated row in `tiling`, or None where none exists: a rotated slot whose
+    partners sit in different slots of their lanes (no one shuffle serves them), or in another warp, or a vector
+    that splits a pair (interleaved rows in 1-element vectors). Such rows take the element path."""
+    vector, threads = tiling.vector, tiling.threads_per_row
+    if head_dim % vector or rotary_dim % vector or (rotation == "interleaved" and vector % 2):
+        return None
+    head_vectors, rotary_vectors = head_dim // vector, rotary_dim // vector
+    half = rotary_vectors // 2
+    if rotation == "half" and half * 2 * vector != rotary_dim:
+        return None
+    source_slots: list[int | None] = []
+    shuffles: list[bool] = []
+    for slot in range(tiling.vectors_per_thread):
+        sources: set[int] = set()
+        shuffle = False
+        for lane in range(threads):
+            vector_index = lane + slot * threads
+            position = vector_index % head_vectors
+            if vector_index >= tiling.vectors_per_row or position >= rotary_vectors:
+                continue
+            partner = vector_index
+            if rotation == "half":
+                partner += half if position < half else -half
+            partner_lane = partner % threads
+            if partner_lane // WARP != lane // WARP:
+                return None
+            sources.add(partner // threads)
+            shuffle = shuffle or partner_lane != lane
+        if len(sources) > 1:
+            return None
+        source_slots.append(sources.pop() if sources else None)
+        shuffles.append(shuffle)
+    return RotationPlan(head_vectors, rotary_vectors, tuple(source_slots), tuple(shuffles))

@@ -44,7 +44,7 @@ def run_case(kernel: DriverKernel, entry: MatrixEntry, case: LaunchCase, stem: s
     pointers = tensors.pointers()
     replays = 1
     if case.graph:
-        graph = captured_launch(kernel, pointers, tensors.rows)
+        graph = captured_launch(kernel, pointers, tensors.rows, tensors.extents)
         replays = GRAPH_REPLAYS
     max_abs = worst = 0.0
     for replay in range(replays):
@@ -53,7 +53,7 @@ def run_case(kernel: DriverKernel, entry: MatrixEntry, case: LaunchCase, stem: s
                 tensors.refresh()
             graph.replay()
         else:
-            kernel.launch(pointers, tensors.rows, torch.cuda.current_stream().cuda_stream)
+            kernel.launch(pointers, tensors.rows, torch.cuda.current_stream().cuda_stream, tensors.extents)
         torch.cuda.synchronize()
         for part in tensors.parts.values():
             # No part prefix: the detail names the failing output's parameter (y, h, q_out, ...).

@@ -9,7 +9,13 @@ import torch
 
 from trtfuse.bench.aot.matrix import Spec
 from trtfuse.bench.aot.tensors import PartTensors, unwritten
-from trtfuse.bench.reference import add_norm_reference, norm_reference, quantize_reference
+from trtfuse.bench.reference import (
+    add_norm_reference,
+    norm_reference,
+    qk_norm_rope_reference,
+    quantize_reference,
+    rotated_tolerance,
+)
 from trtfuse.contract import Quantizer, QuantParams, WeightMode
 from trtfuse.verify.tolerances import KERNEL_ELEMENTWISE
 
@@ -78,7 +84,17 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     x = part.x.view(part.rows, part.hidden)
     weight = None if spec.weight_dtype is None else part.weight
     quant = _unquantized(part.quant)
-    if part.residual is None:
+    rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
+    rotation = part.rotation
+    if rotation is not None:
+        # The rotary kernel's part: its T value (the unquantized spec's), within `rotated_tolerance`.
+        plain = dataclasses.replace(spec, quant=None)
+        tables = (rotation.cos, rotation.sin)
+        reference, magnitude = qk_norm_rope_reference(
+            x, weight, *tables, plain, part.index, rotation.batch, rotation.seq_len
+        )
+        allowed = rotated_tolerance(plain, reference, magnitude)
+    elif part.residual is None:
         reference = norm_reference(x, weight, spec.params, spec.out_dtype, quant)
     else:
         residual = part.residual.view(part.rows, part.hidden)
@@ -90,8 +106,8 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     reference = reference.double()
     out = part.out.view(part.rows, part.hidden)
     name = part.names.out
-    rtol, atol = max(KERNEL_ELEMENTWISE[spec.out_dtype], KERNEL_ELEMENTWISE[rounded_to(spec) or "float32"])
-    allowed = atol + rtol * reference.abs()
+    if rotation is None:
+        allowed = atol + rtol * reference.abs()
     quantizer = None if part.quant is None else part.quant.output
     if quantizer is None:
         ours, nan = out.double(), int(torch.isnan(out).sum())

@@ -26,9 +26,10 @@ def compile_one(kind: str, spec_json: dict[str, Any], tactic: int, stem: str, ar
     return stem
 
 
-def compile_matrix(folder: Path, arch: str, jobs: int) -> dict[str, Any]:
+def compile_matrix(folder: Path, arch: str, jobs: int, kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Every entry's artifacts for every tactic into `folder`, and the manifest that lists them; an entry `arch`
-    cannot run (an FP8 quantizer before sm_89: `artifacts.aot_archs`) is left out of both."""
+    cannot run (an FP8 quantizer before sm_89: `artifacts.aot_archs`) is left out of both, and so is one of a kind
+    outside `kinds` (None: every kind)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -38,7 +39,7 @@ def compile_matrix(folder: Path, arch: str, jobs: int) -> dict[str, Any]:
     items = []
     tasks = []
     for index, entry in enumerate(matrix()):
-        if arch not in aot_archs(entry.spec):
+        if arch not in aot_archs(entry.spec) or (kinds is not None and entry.kind.name not in kinds):
             continue
         name = f"{index:03d}-{entry_name(entry)}"
         spec = spec_to_json(entry.spec)

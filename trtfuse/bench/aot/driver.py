@@ -61,10 +61,13 @@ class DriverKernel:
             result = cuda_driver.cuFuncSetAttribute(self._function, attribute, self.declaration.shared_mem)
             check_cu(result, "cuFuncSetAttribute")
 
-    def launch(self, pointers: Mapping[str, int], rows: Sequence[int], stream: int) -> None:
-        """Enqueue on `stream` (a CUstream as int): grid from the row counts, block and shared memory as declared."""
+    def launch(
+        self, pointers: Mapping[str, int], rows: Sequence[int], stream: int, extents: Sequence[int] = ()
+    ) -> None:
+        """Enqueue on `stream` (a CUstream as int): grid from the row counts, block and shared memory as declared;
+        `extents` the values of the declaration's extents (the rotary kernel's shapes)."""
         declaration = self.declaration
-        packed = pack_params(declaration, argument_values(declaration, pointers, rows))
+        packed = pack_params(declaration, argument_values(declaration, pointers, rows, extents))
         result = cuda_driver.cuLaunchKernel(
             self._function,
             declaration.grid_x(rows),
@@ -84,7 +87,9 @@ class DriverKernel:
         check_cu(cuda_driver.cuModuleUnload(self._module), "cuModuleUnload")
 
 
-def captured_launch(kernel: DriverKernel, pointers: Mapping[str, int], rows: Sequence[int]) -> torch.cuda.CUDAGraph:
+def captured_launch(
+    kernel: DriverKernel, pointers: Mapping[str, int], rows: Sequence[int], extents: Sequence[int] = ()
+) -> torch.cuda.CUDAGraph:
     """One launch captured into a graph on a side stream, as an enqueue is under its caller's capture. Without
     torch.cuda.graph's context manager, whose gc.collect and empty_cache per capture would cost more than the
     hundreds of captures here."""
@@ -94,7 +99,7 @@ def captured_launch(kernel: DriverKernel, pointers: Mapping[str, int], rows: Seq
     with torch.cuda.stream(stream):
         graph.capture_begin()
         try:
-            kernel.launch(pointers, rows, stream.cuda_stream)
+            kernel.launch(pointers, rows, stream.cuda_stream, extents)
         finally:
             graph.capture_end()
     return graph

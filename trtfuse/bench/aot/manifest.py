@@ -12,9 +12,11 @@ from typing import Any
 from trtfuse.bench.aot.matrix import KIND_NAMES, MatrixEntry, Spec, kind_named
 from trtfuse.contract import NormParams, Quantizer, QuantParams
 from trtfuse.kernels.declaration import KernelArtifact, LaunchDeclaration
+from trtfuse.kernels.specs import RopeParams
 
 MANIFEST = "manifest.json"
-# 2: an entry's kind is its own field ("rms_norm", "add_rms_norm", "qk_norm"), no longer a key of its spec. Format 1
+# 2: an entry's kind is its own field ("rms_norm", "add_rms_norm", "qk_norm", "qk_norm_rope"), no longer a key of
+# its spec. Format 1
 # held no add+norm entries: checking such a folder would pass without launching one, so it is refused.
 MANIFEST_FORMAT = 2
 
@@ -55,6 +57,8 @@ def spec_from_json(kind: str, data: Mapping[str, Any]) -> Spec:
     if fields.get("quant") is not None:
         stages = fields["quant"].items()
         fields["quant"] = QuantParams(**{stage: None if q is None else Quantizer(**q) for stage, q in stages})
+    if "rope" in fields:
+        fields["rope"] = RopeParams(**fields["rope"])
     return kind_named(kind).spec_type(**fields)
 
 

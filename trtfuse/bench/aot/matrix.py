@@ -3,6 +3,7 @@ holds and, per kind, which buffer each pointer parameter of a row part is."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ from trtfuse.contract import (
     dtype_pair_problem,
 )
 from trtfuse.kernels.declaration import LaunchDeclaration
-from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
+from trtfuse.kernels.specs import AddRmsNormSpec, QkNormRopeSpec, QkNormSpec, RmsNormSpec, RopeParams
 
-Spec = RmsNormSpec | AddRmsNormSpec | QkNormSpec
+Spec = RmsNormSpec | AddRmsNormSpec | QkNormSpec | QkNormRopeSpec
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Kind:
     parts: Mapping[str, PartPointers]
     build: str  # (spec, tactic, arch) -> KernelArtifact
     tactics: str  # (spec) -> tuple[Tactic, ...]
+    shared: tuple[str, ...] = ()  # pointers of no row part: the rotary kernel's cos and sin
 
 
 KINDS = (
@@ -76,6 +78,15 @@ KINDS = (
         "qk_norm_artifact",
         "qk_norm_tactics",
     ),
+    Kind(
+        "qk_norm_rope",
+        "qkrope",
+        QkNormRopeSpec,
+        {"q": PartPointers("q", "q_weight", "q_out"), "k": PartPointers("k", "k_weight", "k_out")},
+        "qk_norm_rope_artifact",
+        "qk_norm_rope_tactics",
+        shared=("cos", "sin"),
+    ),
 )
 KIND_NAMES = tuple(kind.name for kind in KINDS)
 
@@ -101,7 +112,7 @@ def part_pointers(spec: Spec, declaration: LaunchDeclaration) -> list[tuple[str,
     if missing:
         raise ValueError(f"{declaration.kernel_name}: no pointers known for part {missing[0]!r} of a {kind.name}")
     parts = [(part.name, kind.parts[part.name]) for part in declaration.parts]
-    known = sorted(name for _, pointers in parts for name in pointers.names())
+    known = sorted([*(name for _, pointers in parts for name in pointers.names()), *kind.shared])
     declared = sorted(pointer_names(declaration))
     if known != declared:
         raise ValueError(f"{declaration.kernel_name} declares pointers {declared}, a {kind.name} has {known}")
@@ -210,10 +221,55 @@ def quant_entries() -> list[MatrixEntry]:
     return [MatrixEntry(spec) for spec in specs] + [MatrixEntry(spec, heads) for spec, heads in qk]
 
 
+def rope_entries() -> list[MatrixEntry]:
+    """The QK-norm + rotary specs of tests/gpu/test_rope_gpu.py: Qwen3's (bf16 and fp32 tables), Gemma3's head-major
+    rows with odd head counts, OLMo2's full-width norm, partial rotary, interleaved pairs, mixed dtypes, no weight,
+    an odd R/2 (1-element vectors), and the quantized outputs (FP8 q with INT8 k; FP8 q alone, unsaturated)."""
+    after, before, none = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
+    llama, gemma = NormParams(1e-6, 0.0, after), NormParams(1e-6, 1.0, before)
+    olmo = NormParams(1e-6, 0.0, before)
+
+    def rope(head_dim: int, rotary: int | None = None, rotation: str = "half", layout: str = "token_major"):
+        return RopeParams(head_dim, rotary or head_dim, rotation, layout)
+
+    head_major = rope(256, layout="head_major")
+    specs = [
+        (QkNormRopeSpec(128, 128, "bfloat16", "bfloat16", llama, rope=rope(128)), (32, 8)),
+        (QkNormRopeSpec(128, 128, "bfloat16", "bfloat16", llama, rope=rope(128), cos_dtype="float32"), (32, 8)),
+        (QkNormRopeSpec(256, 256, "bfloat16", "float32", gemma, rope=head_major, cos_dtype="float32"), (7, 3)),
+        (QkNormRopeSpec(4096, 1024, "bfloat16", "bfloat16", olmo, rope=rope(128)), (1, 1)),
+        (QkNormRopeSpec(128, 128, "float16", "float16", llama, rope=rope(128, 64)), (7, 3)),
+        (QkNormRopeSpec(64, 64, "float32", "float32", gemma, rope=rope(64, None, "interleaved")), (5, 5)),
+        (
+            QkNormRopeSpec(128, 128, "float16", "float32", llama, rope=rope(128, 32, "interleaved", "head_major")),
+            (4, 2),
+        ),
+        (QkNormRopeSpec(128, 128, "float32", "bfloat16", llama, "bfloat16", rope=rope(128)), (32, 8)),
+        (QkNormRopeSpec(128, 128, "bfloat16", "float32", gemma, "float32", rope=rope(128)), (16, 4)),
+        (QkNormRopeSpec(256, 256, "float32", None, NormParams(1e-5, 0.0, none), rope=rope(256, 128)), (3, 1)),
+        (QkNormRopeSpec(64, 64, "bfloat16", "bfloat16", llama, rope=rope(64, 6)), (3, 3)),
+    ]
+    fp8, int8 = Quantizer("float8_e4m3fn", 0.015625), Quantizer("int8", 0.03125)
+    for quant in (
+        QuantParams(q_output=fp8, k_output=int8),
+        QuantParams(q_output=Quantizer("float8_e4m3fn", 0.25, False)),
+    ):
+        for spec, heads in (specs[0], specs[2], specs[3]):
+            specs.append((dataclasses.replace(spec, quant=quant), heads))
+    return [MatrixEntry(spec, heads) for spec, heads in specs]
+
+
+def rope_shape(tokens: int) -> tuple[int, int, int]:
+    """(B, S, Bc) a rotary case of `tokens` tokens launches: 4 or 3 sequences where they divide the tokens, else one;
+    cos/sin of every batch (Bc = B) for an even token count, of one batch row (Bc = 1) for an odd one."""
+    batch = 4 if tokens % 4 == 0 else 3 if tokens % 3 == 0 else 1
+    return batch, tokens // batch, batch if tokens % 2 == 0 else 1
+
+
 def matrix() -> list[MatrixEntry]:
     """Every spec of tests/gpu/test_kernels_gpu.py (dtype pairs and modes, hidden sizes, prefill re-reads, unaligned
     pointers, mixed precision, the CUDA-graph specs; QK-norm with its head counts), each once; then the add+norm
-    specs of `add_norm_specs` and the quantized entries of `quant_entries`."""
+    specs of `add_norm_specs`, the quantized entries of `quant_entries` and the rotary ones of `rope_entries`."""
     after, before, none = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
     dtypes = ("float32", "float16", "bfloat16")
     hiddens = (64, 128, 1000, 2048, 4096, 5120, 8192)
@@ -278,6 +334,7 @@ def matrix() -> list[MatrixEntry]:
     entries = [MatrixEntry(spec) for spec in rms] + [MatrixEntry(spec, heads) for spec, heads in qk]
     entries += [MatrixEntry(spec) for spec in add_norm_specs()]
     entries += quant_entries()
+    entries += rope_entries()
     return list(dict.fromkeys(entries))
 
 
@@ -294,6 +351,9 @@ def entry_name(entry: MatrixEntry) -> str:
     quant = getattr(spec, "quant", None)
     if quant is not None:
         name += "".join(f"-{stage.value}-{quant.at(stage).dtype}" for stage in quant.stages)
+    rope = getattr(spec, "rope", None)
+    if rope is not None:
+        name += f"-d{rope.head_dim}-r{rope.rotary_dim}-{rope.rotation}-{rope.layout}-cos-{spec.cos_dtype}"
     return name
 
 

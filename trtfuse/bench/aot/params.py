@@ -32,13 +32,15 @@ def pointer_names(declaration: LaunchDeclaration) -> tuple[str, ...]:
     return tuple(p.name for p in declaration.params if p.role is not ParamRole.SCALAR)
 
 
-def argument_values(declaration: LaunchDeclaration, pointers: Mapping[str, int], rows: Sequence[int]) -> list[int]:
+def argument_values(
+    declaration: LaunchDeclaration, pointers: Mapping[str, int], rows: Sequence[int], extents: Sequence[int] = ()
+) -> list[int]:
     """Each kernel parameter's value in declaration order: pointers by parameter name, the scalars from the row
-    counts (declaration.scalars)."""
+    counts and the declaration's extents (declaration.scalars)."""
     expected = set(pointer_names(declaration))
     if set(pointers) != expected:
         raise ValueError(f"{declaration.kernel_name} takes pointers {sorted(expected)}, got {sorted(pointers)}")
-    scalars = list(declaration.scalars(rows))
+    scalars = list(declaration.scalars(rows, extents))
     scalar_params = [p for p in declaration.params if p.role is ParamRole.SCALAR]
     if len(scalars) != len(scalar_params):
         raise ValueError(f"{declaration.kernel_name}: {len(scalar_params)} scalar parameters, {len(scalars)} scalars")

@@ -9,8 +9,16 @@ from dataclasses import dataclass
 import torch
 
 from trtfuse.bench.aot.cases import LaunchCase
-from trtfuse.bench.aot.matrix import MatrixEntry, PartPointers, Spec, part_hidden, part_pointers, part_rows
-from trtfuse.bench.reference import QUANT_TORCH_DTYPES
+from trtfuse.bench.aot.matrix import (
+    MatrixEntry,
+    PartPointers,
+    Spec,
+    part_hidden,
+    part_pointers,
+    part_rows,
+    rope_shape,
+)
+from trtfuse.bench.reference import QUANT_TORCH_DTYPES, rotary_tables
 from trtfuse.contract import AOT_PLACEHOLDER_WEIGHT_DTYPE, QuantParams
 from trtfuse.kernels.declaration import LaunchDeclaration
 
@@ -69,6 +77,35 @@ def activation_rows(quant: QuantParams | None) -> Callable[[int, int, torch.Tens
     return exact_square_rows if quant is not None and quant.rsqrt is not None else random_rows
 
 
+# The rotary cases' tables: Qwen3's theta, positions from a random start below 32k per batch row.
+ROPE_THETA, ROPE_MAX_START = 1e6, 32768
+
+
+@dataclass
+class RotationTables:
+    """The rotary kernel's cos and sin [Bc, S, R] of one case, with q's batch B and the sequence length S."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    batch: int
+    seq_len: int
+
+
+def rotation_tables(spec: Spec, tokens: int, shifted: tuple[str, ...], device: str) -> RotationTables:
+    """cos and sin of real positions for `tokens` tokens split as `matrix.rope_shape` says, each one element past
+    an aligned allocation where `shifted` names it."""
+    batch, seq_len, cos_batch = rope_shape(tokens)
+    starts = torch.randint(0, ROPE_MAX_START, (cos_batch, 1), device=device)
+    positions = torch.arange(max(seq_len, 1), device=device)[None, :] + starts
+    rope = spec.rope
+    tables = rotary_tables(positions, rope.rotary_dim, ROPE_THETA, rope.rotation, getattr(torch, spec.cos_dtype))
+    cos, sin = (
+        offset_view(t.numel(), t.dtype, int(name in shifted), device).view(t.shape).copy_(t)
+        for name, t in zip(("cos", "sin"), tables, strict=True)
+    )
+    return RotationTables(cos, sin, batch, seq_len)
+
+
 @dataclass
 class PartTensors:
     """One row part's buffers: activation, weight (a NaN placeholder in weight_mode NONE), output and, for
@@ -84,6 +121,8 @@ class PartTensors:
     residual: torch.Tensor | None = None
     h: torch.Tensor | None = None
     quant: QuantParams | None = None
+    rotation: RotationTables | None = None  # the rotary kernel's tables, which rotate this part's rows
+    index: int = 0  # the part's index in its spec (0: x or q, 1: k)
 
     def inputs(self) -> list[torch.Tensor]:
         """The buffers a launch reads that hold fresh random rows (not the weight)."""
@@ -164,11 +203,22 @@ class CaseTensors:
                 zip(pointers, self.rows, part_hidden(entry), strict=True)
             )
         }
+        # The rotary kernel's shared inputs, and the extents its declaration reads off q's and cos's shapes.
+        self.rotation = None
+        self.extents: tuple[int, ...] = ()
+        if entry.kind.shared:
+            self.rotation = rotation_tables(spec, case.tokens, case.shifted, device)
+            cos_batch = self.rotation.cos.shape[0]
+            self.extents = (self.rotation.batch, self.rotation.seq_len, cos_batch)
+            for index, part in enumerate(self.parts.values()):
+                part.rotation, part.index = self.rotation, index
 
     def pointers(self) -> dict[str, int]:
         result = {}
         for part in self.parts.values():
             result |= {name: tensor.data_ptr() for name, tensor in part.by_name().items()}
+        if self.rotation is not None:
+            result |= {"cos": self.rotation.cos.data_ptr(), "sin": self.rotation.sin.data_ptr()}
         return dict.fromkeys(result, 0) if self.null else result
 
     def refresh(self) -> None:

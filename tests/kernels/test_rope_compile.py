@@ -1,0 +1,206 @@
+"""CPU/CI: the QK-norm + rotary kernel compiles for sm_90a in every dtype pair, weight mode, layout, rotation and
+quantized output stage the QK-norm has, JIT and AOT; its PTX has the 16-byte accesses where aligned (q, k, the
+weights, cos, sin and the outputs), the shuffles of the register exchange, the rotation's products and sum each
+rounded (mul.rn, mul.rn, add.rn: no fused multiply-add), the unsigned divisions that locate a row's cos/sin row,
+the element path beside the vector path, and no local memory; its AOT entries take the declared parameters for
+every architecture."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed (pip install -e .[kernels])")
+
+from trtfuse.contract import ACTIVATION_DTYPES, NormParams, Quantizer, QuantParams, WeightMode, dtype_pair_problem
+from trtfuse.kernels.api import QkNormRopeKernel, get_qk_norm_rope, shared_cache
+from trtfuse.kernels.artifacts import AOT_ARCHS, aot_archs, qk_norm_rope_artifact, qk_norm_rope_tactics
+from trtfuse.kernels.cache import KernelCache
+from trtfuse.kernels.compiler import QkNormRopeVariant, compile_variant
+from trtfuse.kernels.declaration import ROPE_EXTENTS, Tactic, qk_norm_rope_params
+from trtfuse.kernels.device import DeviceInfo
+from trtfuse.kernels.specs import DTYPE_BYTES, QkNormRopeSpec, RopeParams
+
+from support.aot_ptx import check_artifact, entry_params, global_accesses
+
+ARCH = "sm_90a"
+HOPPER = DeviceInfo(arch=ARCH, sm_count=132, has_gpu=False)
+AFTER, BEFORE, NONE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST, WeightMode.NONE
+LLAMA = NormParams(1e-6, 0.0, AFTER)
+GEMMA = NormParams(1e-6, 1.0, BEFORE)
+QWEN3 = RopeParams(128, 128, "half", "token_major")
+PAIRS = [(d, t) for d, t in itertools.product(ACTIVATION_DTYPES, repeat=2) if dtype_pair_problem(d, t) is None]
+
+
+def variant_of(spec: QkNormRopeSpec) -> QkNormRopeVariant:
+    return QkNormRopeKernel(spec, KernelCache(Path("/nonexistent")), HOPPER).variant()
+
+
+def compiled_ptx(spec: QkNormRopeSpec, folder: Path) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    compile_variant(variant_of(spec), ptx_dir=folder)
+    (ptx,) = folder.glob("*.ptx")
+    return ptx.read_text()
+
+
+def vector_accesses(ptx: str) -> set[str]:
+    return {a for a in global_accesses(ptx) if ".v" in a}
+
+
+def rotated_sums(variant: QkNormRopeVariant) -> int:
+    """The rotation's sums the kernel holds: one per element of each slot the vector path rotates (where the parts
+    have a vector path), one in each part's element loop (where they have one: every vector wider than 1)."""
+    plans, tilings = variant.rope().plans, (variant.q_tiling, variant.k_tiling)
+    vector_path = all(plan is not None for plan in plans)
+    element_path = not vector_path or any(tiling.vector > 1 for tiling in tilings)
+    sums = 2 * element_path
+    if vector_path:
+        sums += sum(t.vector * sum(s is not None for s in p.source_slots) for p, t in zip(plans, tilings, strict=True))
+    return sums
+
+
+def check_rotated_ptx(spec: QkNormRopeSpec, ptx: str) -> None:
+    """Both paths, the exchange and the rounding the kernel promises, nothing in local memory."""
+    variant = variant_of(spec)
+    plans = variant.rope().plans
+    # The vector path's accesses are 16 bytes wide, never 8 or 4 bytes of several elements.
+    assert vector_accesses(ptx) <= {"st.global.v4.b32", "ld.global.v4.b32"} | {
+        a for a in global_accesses(ptx) if "L2::cache_hint" in a
+    }, global_accesses(ptx)
+    assert not any(".v2." in a for a in global_accesses(ptx))
+    if all(plan is not None for plan in plans) and min(variant.q_tiling.vector, variant.k_tiling.vector) > 1:
+        assert "ld.global.v4.b32" in global_accesses(ptx) and "st.global.v4.b32" in global_accesses(ptx)
+    # One shuffle per element of every slot the plan exchanges across lanes, in each part.
+    shuffles = sum(
+        plan.shuffles.count(True) * tiling.vector
+        for plan, tiling in zip(plans, (variant.q_tiling, variant.k_tiling), strict=True)
+        if plan is not None
+    )
+    assert len(re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, %r\d+", ptx)) == shuffles
+    # Two products and their sum, each rounded (never one fma): per rotated element of the vector path's slots,
+    # and once in each part's element loop. (The quantizers round their own arithmetic too: counted without them.)
+    if spec.quant is None:
+        assert len(re.findall(r"\badd\.rn\.f32", ptx)) == rotated_sums(variant)
+        assert len(re.findall(r"\bmul\.rn\.f32", ptx)) == 2 * rotated_sums(variant)
+    assert re.search(r"\bdiv\.u32\b", ptx) and not re.search(r"\bdiv\.s32\b", ptx)
+    assert ".local" not in ptx, "spilled to local memory"
+
+
+QWEN3_SPEC = QkNormRopeSpec(128, 128, "bfloat16", "bfloat16", LLAMA, rope=QWEN3)
+GEMMA3_SPEC = QkNormRopeSpec(256, 256, "bfloat16", "float32", GEMMA, rope=RopeParams(256, 256, "half", "head_major"))
+OLMO2_SPEC = QkNormRopeSpec(4096, 1024, "bfloat16", "bfloat16", GEMMA, rope=QWEN3)  # full width, x read twice
+FP32_HEAD256_SPEC = QkNormRopeSpec(
+    256, 256, "float32", "float32", GEMMA, rope=RopeParams(256, 256, "half", "token_major")
+)
+CASES = [
+    # Every (x, T) pair in both weight modes with a weight of the 16-bit side, Qwen3's heads.
+    QkNormRopeSpec(128, 128, d, t if d == "float32" else d, NormParams(1e-6, offset, mode), t, rope=QWEN3)
+    for (d, t), (mode, offset) in zip(PAIRS, itertools.cycle(((AFTER, 0.0), (BEFORE, 1.0))))
+] + [
+    QWEN3_SPEC,
+    GEMMA3_SPEC,
+    OLMO2_SPEC,
+    FP32_HEAD256_SPEC,
+    QkNormRopeSpec(128, 128, "bfloat16", None, NormParams(1e-5, 0.0, NONE), rope=QWEN3),
+    QkNormRopeSpec(128, 128, "bfloat16", "bfloat16", LLAMA, rope=QWEN3, cos_dtype="float32"),
+    QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=RopeParams(128, 64, "half", "token_major")),
+    QkNormRopeSpec(64, 64, "float32", "float32", GEMMA, rope=RopeParams(64, 64, "interleaved", "token_major")),
+    QkNormRopeSpec(128, 128, "float16", "float32", LLAMA, rope=RopeParams(128, 32, "interleaved", "head_major")),
+    QkNormRopeSpec(64, 64, "bfloat16", "bfloat16", LLAMA, rope=RopeParams(64, 6, "half", "token_major")),
+]
+
+
+@pytest.mark.parametrize("spec", CASES, ids=repr)
+def test_every_variant_compiles_with_its_accesses_exchange_and_rounding(spec: QkNormRopeSpec, tmp_path: Path) -> None:
+    check_rotated_ptx(spec, compiled_ptx(spec, tmp_path))
+
+
+def test_the_rotated_width_and_head_layout_reach_the_code(tmp_path: Path) -> None:
+    """Partial rotary tests each slot's head position (select on a compare of the lane's vector); a full one does
+    not; head-major rows locate their cos row with one division fewer than token-major ones need."""
+    full = compiled_ptx(QWEN3_SPEC, tmp_path / "full")
+    partial = compiled_ptx(
+        dataclasses.replace(QWEN3_SPEC, rope=RopeParams(128, 64, "half", "token_major")), tmp_path / "p"
+    )
+    head_major = compiled_ptx(
+        dataclasses.replace(QWEN3_SPEC, rope=RopeParams(128, 128, "half", "head_major")), tmp_path / "hm"
+    )
+    assert full != partial != head_major
+    divisions = [len(re.findall(r"\b(?:div|rem)\.u32\b", ptx)) for ptx in (full, head_major)]
+    # Token-major: rows / (B·S), row / that, token / S (q and k, both paths); head-major: rows / B, row / that,
+    # row % S.
+    assert divisions == [12, 12]
+
+
+def test_fp32_heads_of_256_exchange_through_registers(tmp_path: Path) -> None:
+    spec = FP32_HEAD256_SPEC
+    plans = variant_of(spec).rope().plans
+    assert all(plan.shuffles == (False, False) for plan in plans)
+    assert not re.search(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, %r\d+", compiled_ptx(spec, tmp_path))
+
+
+QUANTS = {
+    "fp8-q-int8-k": QuantParams(q_output=Quantizer("float8_e4m3fn", 0.015625), k_output=Quantizer("int8", 0.03125)),
+    "fp8-q-unsaturated": QuantParams(q_output=Quantizer("float8_e4m3fn", 0.25, saturate=False)),
+    "int8-k": QuantParams(k_output=Quantizer("int8", 0.0625)),
+}
+
+
+@pytest.mark.parametrize("stages", QUANTS)
+@pytest.mark.parametrize("base", [QWEN3_SPEC, GEMMA3_SPEC], ids=["qwen3", "gemma3-head-major"])
+def test_quantized_outputs_compile_with_16_code_vectors(stages: str, base: QkNormRopeSpec, tmp_path: Path) -> None:
+    spec = dataclasses.replace(base, quant=QUANTS[stages])
+    ptx = compiled_ptx(spec, tmp_path)
+    check_rotated_ptx(spec, ptx)
+    variant = variant_of(spec)
+    for part, tiling in enumerate((variant.q_tiling, variant.k_tiling)):
+        quantized = spec.part_quant(part) is not None
+        assert tiling.vector == (16 if quantized else 16 // DTYPE_BYTES[spec.dtype])
+    if any(spec.part_quant(part).output.dtype == "int8" for part in (0, 1) if spec.part_quant(part)):
+        assert "cvt.pack.sat.s8" in ptx
+    if spec.quant.q_output is not None:
+        assert "e4m3x2" in ptx
+
+
+def test_one_variant_serves_every_alignment_and_row_count() -> None:
+    """The kernel tests its pointers itself: `launch` calls the one compiled function with the arguments in its
+    order, whatever the pointers' alignment and the row counts."""
+    spec = dataclasses.replace(QWEN3_SPEC, params=NormParams(2e-6, 0.0, AFTER))
+    kernel = get_qk_norm_rope(spec)
+    assert kernel is get_qk_norm_rope(spec)
+    calls = []
+    kernel._functions[None] = lambda *args: calls.append(args)
+    kernel.launch(16, 32, 48, 64, 80, 96, 112, 128, 320, 80, 2, 5, 1, 7)
+    kernel.launch(17, 33, 49, 65, 81, 97, 113, 129, 32, 8, 1, 1, 1, 7)
+    assert calls == [
+        (16, 32, 48, 64, 80, 96, 112, 128, 320, 80, 2, 5, 1, 7),
+        (17, 33, 49, 65, 81, 97, 113, 129, 32, 8, 1, 1, 1, 7),
+    ]
+    assert shared_cache().compiled == 0, "launch with a compiled function at hand compiles nothing"
+
+
+@pytest.mark.parametrize("arch", AOT_ARCHS)
+def test_artifacts_compile_for_every_architecture_with_the_declared_entry(arch: str, tmp_path: Path) -> None:
+    """The artifact is the JIT's kernel (same tiling), its entry's parameters are the declaration's, the extents
+    are q's batch and cos's shape, and an FP8 part compiles only where FP8 conversions exist."""
+    specs = [QWEN3_SPEC, GEMMA3_SPEC, OLMO2_SPEC, dataclasses.replace(QWEN3_SPEC, quant=QUANTS["fp8-q-int8-k"])]
+    for spec in specs:
+        if arch not in aot_archs(spec):
+            assert arch in ("sm_80", "sm_86")
+            continue
+        assert qk_norm_rope_tactics(spec) == (Tactic.PREFILL,)
+        artifact = qk_norm_rope_artifact(spec, Tactic.PREFILL, arch, tmp_path)
+        check_artifact(artifact, arch)
+        declaration = artifact.declaration
+        assert declaration.params == qk_norm_rope_params() and declaration.extents == ROPE_EXTENTS
+        variant = variant_of(spec)
+        tilings = (variant.q_tiling, variant.k_tiling)
+        assert [p.rows_per_block for p in declaration.parts] == [t.rows_per_block for t in tilings]
+        assert declaration.block_threads == variant.q_tiling.block_threads
+        params = entry_params(artifact.ptx)[1]
+        assert len(params) == 14 and ".align 16" not in params[0]
+        assert {"ld.global.v4.b32", "st.global.v4.b32"} <= global_accesses(artifact.ptx)
