@@ -15,11 +15,16 @@ class FusionOptions:
     `fuse_quant`: the QuantizeLinear (-> DequantizeLinear) pairs around a norm (its input, its inverse root, the
     QuantizeLinear of its output) go into the fused node, a TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant (the
     default; docs/patterns.md, "Quantized norms"). False leaves every pair in the graph, the output exactly what the
-    pass wrote before the quantized ops existed."""
+    pass wrote before the quantized ops existed.
+
+    `fuse_rope`: the rotary embedding after a QK-norm pair goes into the pair's node, a TrtfuseQkNormRope (the
+    default; docs/patterns.md, "Rotary embedding"). False leaves every rotation in the graph, the output exactly what
+    the pass wrote before the rotary op existed."""
 
     fuse_residual: bool = True
     fuse_quant: bool = True
+    fuse_rope: bool = True
 
 
-# The options when a caller gives none: every residual Add and every quantizer the contract computes fused.
+# The options when a caller gives none: every residual Add, quantizer and rotation the contract computes fused.
 DEFAULT_FUSION = FusionOptions()

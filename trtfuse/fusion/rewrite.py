@@ -13,6 +13,7 @@ from trtfuse import contract
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
 from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch, TakenQuantizer
+from trtfuse.fusion.patterns.matches import QkNormRopeMatch, RotaryTable, RotatedNorm
 from trtfuse.fusion.patterns.queries import describe, dtype_name
 from trtfuse.fusion.patterns.search import live_tensors
 
@@ -20,7 +21,8 @@ from trtfuse.fusion.patterns.search import live_tensors
 @dataclass(frozen=True)
 class FusedNode:
     """One fused node, as the JSON report lists it; `kind` is its op type (one of contract.FUSED_OPS), `dtype` its
-    activations' (for an add-norm D, the dtype it sums in), `quantizers` those a quantized node took in."""
+    activations' (for an add-norm D, the dtype it sums in), `quantizers` those a quantized node took in, `rotary` a
+    rotary node's rotation."""
 
     kind: str
     name: str
@@ -31,6 +33,7 @@ class FusedNode:
     output_dtype: str
     tags: tuple[str, ...]
     quantizers: tuple[TakenQuantizer, ...] = ()
+    rotary: contract.RotaryParams | None = None
 
     def as_dict(self) -> dict:
         entry = {
@@ -47,7 +50,19 @@ class FusedNode:
         }
         if self.quantizers:
             entry["quant"] = quantizers_json(self.quantizers)
+        if self.rotary is not None:
+            entry["rotary"] = rotary_json(self.rotary)
         return entry
+
+
+def rotary_json(rotary: contract.RotaryParams) -> dict[str, int | str]:
+    """A rotation's fields, as the reports list them."""
+    return {
+        "head_dim": rotary.head_dim,
+        "rotary_dim": rotary.rotary_dim,
+        "rotation": rotary.rotation.name,
+        "layout": rotary.layout.name,
+    }
 
 
 def quantizers_json(quantizers: tuple[TakenQuantizer, ...]) -> dict[str, dict]:
@@ -76,14 +91,16 @@ def _fields(
     hidden_sizes: tuple[int, ...],
     dtype: str | None = None,
     params: contract.NormParams | None = None,
+    rotated: RotatedNorm | None = None,
 ) -> NodeFields:
     """The node's fields for `match`, read in `dtype` with `params` (the match's own unless given: an add-norm reads
-    the sum in D)."""
-    out = output_dtype(match)
+    the sum in D), its output dtype the norm's, or its rotation's where the node rotates (`rotated`)."""
+    out = output_dtype(match) if rotated is None else rotated.output_dtype
     problem = contract.dtype_pair_problem(dtype or match.dtype, out)
     if problem is not None:
         raise TrtfuseError(f"norm '{match.name}' cannot be one fused node: {problem}")
-    return NodeFields(op=op, params=params or match.params, hidden_sizes=hidden_sizes, output_dtype=out)
+    rotary = None if rotated is None else rotated.rotary
+    return NodeFields(op=op, params=params or match.params, hidden_sizes=hidden_sizes, output_dtype=out, rotary=rotary)
 
 
 def _quantized(fields: NodeFields, quantizers: tuple[TakenQuantizer, ...]) -> NodeFields:
@@ -305,6 +322,139 @@ def _qk_norm_node(graph: gs.Graph, q: RmsNormMatch, k: RmsNormMatch) -> FusedNod
     return _record(fields.op.name, name, (q, k), hidden)
 
 
+def _qk_norm_rope_node(graph: gs.Graph, rope: QkNormRopeMatch, tables: _Tables) -> FusedNode:
+    """The pair and the rotation after it as one TrtfuseQkNormRope (TrtfuseQkNormRopeQuant where it took the Q of
+    a rotated output): the norms' inputs and weights, the cos and sin tables, each output the rotated norm, under the
+    name the rotation's result has where no layout op follows (else the norm's, which the layout ops move on)."""
+    q, k = rope.q, rope.k
+    if (q.norm.dtype, q.output_dtype) != (k.norm.dtype, k.output_dtype):
+        raise TrtfuseError(
+            f"q/k norms '{q.norm.name}' and '{k.norm.name}' cannot be one fused node: dtypes {q.norm.dtype} -> "
+            f"{q.output_dtype} and {k.norm.dtype} -> {k.output_dtype} differ"
+        )
+    hidden = (q.norm.hidden_size, k.norm.hidden_size)
+    fields = _quantized(_fields(contract.QK_NORM_ROPE, q.norm, hidden, rotated=q), rope.quantizers)
+    cos, sin = (tables.table(graph, table, q.rotary) for table in (q.cos, q.sin))
+    outputs = [_rotated_output(side) for side in (q, k)]
+    name = f"{fields.op.name}/{outputs[0].name}"
+    graph.nodes.append(
+        gs.Node(
+            fields.op.name,
+            name,
+            attrs=fields.onnx_attributes(),
+            inputs=[q.norm.x, k.norm.x, *_weights(q.norm, k.norm), cos, sin],
+            outputs=outputs,
+            domain=contract.ONNX_DOMAIN,
+        )
+    )
+    record = _record(fields.op.name, name, (q.norm, k.norm), hidden)
+    rotations = tuple(describe(node) for side in (q, k) for node in side.nodes)
+    return replace(
+        record,
+        replaced=(*record.replaced, *rotations, *_quantizer_nodes(rope.quantizers)),
+        output_dtype=fields.output_dtype,
+        quantizers=rope.quantizers,
+        rotary=q.rotary,
+    )
+
+
+def _rotated_output(side: RotatedNorm) -> gs.Variable:
+    """The tensor the node writes for one rotated norm, with the graph rewired around it: the rotation's result (or
+    its Q's codes) cut from its producer; where layout ops follow the norm, the node writes the norm's y (or new
+    codes of y's shape) and the layout ops, kept, move it into the result. Shape nodes that read a tensor now gone
+    read one of its shape: the node's input for y, the result for the rotated tensor."""
+    norm, result, layout = side.norm, side.result, side.layout
+    result.inputs.clear()
+    taken = side.quantizer
+    final = result if taken is None else taken.output
+    if taken is not None:
+        final.inputs.clear()
+        if final.dtype is None:
+            final.dtype = contract.QUANT_DTYPE_CODES[taken.quantizer.dtype]
+        if final.shape is None:
+            final.shape = result.shape
+        _read_instead(result, norm.x)
+    if not layout:
+        _read_instead(norm.y, norm.x)
+        return final
+    _read_instead(side.rotated, final)
+    written = norm.y
+    if taken is not None:
+        written = gs.Variable(f"{norm.y.name}/quantized", dtype=final.dtype, shape=norm.y.shape)
+        layout[0].inputs[0] = written
+        _read_instead(norm.y, norm.x)
+    else:
+        written.inputs.clear()
+    for op in layout[:-1]:
+        op.outputs[0].dtype = final.dtype
+    written.dtype = final.dtype
+    layout[-1].outputs[0] = final
+    return written
+
+
+def _read_instead(gone: gs.Tensor, instead: gs.Tensor) -> None:
+    """The Shape nodes reading `gone` read `instead`, a tensor of its shape (the matcher let no other reader stay)."""
+    for reader in list(gone.outputs):
+        if reader.op == "Shape":
+            reader.inputs[0] = instead
+
+
+class _Tables:
+    """The node's cos and sin tables, [Bc, S, R], each made once from the graph's own (rewrite's one per model)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple, gs.Tensor] = {}
+
+    def table(self, graph: gs.Graph, table: RotaryTable, rotary: contract.RotaryParams) -> gs.Tensor:
+        key = (id(table.tensor), table.squeeze, table.unsqueeze, id(table.positions), table.half, rotary.rotation)
+        if key not in self._made:
+            self._made[key] = self._make(graph, table, rotary)
+        return self._made[key]
+
+    def _make(self, graph: gs.Graph, table: RotaryTable, rotary: contract.RotaryParams) -> gs.Tensor:
+        tensor = table.tensor
+        name = f"trtfuse_rope_table/{tensor.name}"
+        if table.squeeze is not None:
+            tensor = _axes_op(graph, "Squeeze", tensor, table.squeeze, f"{name}/squeezed")
+        if table.unsqueeze:
+            tensor = _axes_op(graph, "Unsqueeze", tensor, 0, f"{name}/batched")
+        if table.positions is not None:
+            out = _like(tensor, f"{name}/at_positions")
+            graph.nodes.append(gs.Node("Gather", out.name, {"axis": 0}, [tensor, table.positions], [out]))
+            tensor = out
+        if not table.half:
+            return tensor
+        if rotary.rotation is contract.Rotation.HALF_SPLIT:
+            return _concat(graph, [tensor, tensor], f"{name}/full")
+        column = _axes_op(graph, "Unsqueeze", tensor, -1, f"{name}/column")
+        pairs = _concat(graph, [column, column], f"{name}/pairs")
+        out = _like(tensor, f"{name}/interleaved")
+        shape = gs.Constant(f"{name}/shape", np.array([0, 0, rotary.rotary_dim], dtype=np.int64))
+        graph.nodes.append(gs.Node("Reshape", out.name, inputs=[pairs, shape], outputs=[out]))
+        return out
+
+
+def _like(tensor: gs.Tensor, name: str) -> gs.Variable:
+    return gs.Variable(name, dtype=tensor.dtype)
+
+
+def _axes_op(graph: gs.Graph, op: str, tensor: gs.Tensor, axis: int, name: str) -> gs.Variable:
+    """Squeeze or Unsqueeze of one axis, the axes an input from opset 13 on, an attribute before."""
+    out = _like(tensor, name)
+    if graph.opset >= 13:
+        axes = gs.Constant(f"{name}/axes", np.array([axis], dtype=np.int64))
+        graph.nodes.append(gs.Node(op, name, inputs=[tensor, axes], outputs=[out]))
+    else:
+        graph.nodes.append(gs.Node(op, name, {"axes": [axis]}, [tensor], [out]))
+    return out
+
+
+def _concat(graph: gs.Graph, tensors: list[gs.Tensor], name: str) -> gs.Variable:
+    out = _like(tensors[0], name)
+    graph.nodes.append(gs.Node("Concat", name, {"axis": -1}, tensors, [out]))
+    return out
+
+
 def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tuple[int, ...]) -> FusedNode:
     first = matches[0]
     return FusedNode(
@@ -343,6 +493,8 @@ def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
     fused = [_rms_norm_node(graph, match) for match in search.matches]
     fused += [_add_norm_node(graph, add) for add in search.add_norms]
     fused += [_qk_norm_node(graph, pair.q, pair.k) for pair in search.qk_norm_pairs]
+    tables = _Tables()
+    fused += [_qk_norm_rope_node(graph, rope, tables) for rope in search.qk_norm_ropes]
     kept = live_tensors(graph, also=[tensor for node in dead for tensor in node.outputs])
     graph.nodes = [node for node in graph.nodes if any(id(tensor) in kept for tensor in node.outputs)]
     graph.toposort()

@@ -15,6 +15,7 @@ from trtfuse.fusion.patterns.qk import absorbed_qk_norms, pair_qk_norms
 from trtfuse.fusion.patterns.quant import take_quantizers
 from trtfuse.fusion.patterns.queries import ONNX_DOMAINS, describe, dtype_name
 from trtfuse.fusion.patterns.residual import pair_residual_adds
+from trtfuse.fusion.patterns.rope import take_rotations
 from trtfuse.fusion.patterns.shapes import Shapes
 
 
@@ -57,7 +58,8 @@ def live_tensors(graph: gs.Graph, also: Sequence[gs.Tensor] = ()) -> set[int]:
 def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> NormSearch:
     """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified. With
     `options.fuse_residual`, a norm that reads a residual sum is matched with its Add (`NormSearch.add_norms`); with
-    `options.fuse_quant`, each fused norm takes the quantizers around it (`patterns/quant.py`)."""
+    `options.fuse_quant`, each fused norm takes the quantizers around it (`patterns/quant.py`); with
+    `options.fuse_rope`, a QK pair takes the rotary embedding after it (`patterns/rope.py`)."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
     search = NormSearch()
     matches: list[RmsNormMatch] = []
@@ -96,4 +98,6 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
         search.residual_near_misses = residual.near_misses
     if options.fuse_quant:
         take_quantizers(search, graph_outputs)
+    if options.fuse_rope:
+        take_rotations(search, graph, shapes, graph_outputs, options.fuse_quant)
     return search
