@@ -274,12 +274,16 @@ def feed_options(command: F) -> F:
 
 
 def fusion_options(command: F) -> F:
-    """--no-fuse-residual and --no-fuse-quant, on every command that fuses (and `inspect`, which shows what they
-    would); the command receives `fusion`, a FusionOptions."""
+    """--no-fuse-residual, --no-fuse-quant and --no-fuse-rope, on every command that fuses (and `inspect`, which
+    shows what they would); the command receives `fusion`, a FusionOptions."""
 
     @functools.wraps(command)
-    def with_fusion(*args: object, no_fuse_residual: bool, no_fuse_quant: bool, **kwargs: object) -> object:
-        fusion = FusionOptions(fuse_residual=not no_fuse_residual, fuse_quant=not no_fuse_quant)
+    def with_fusion(
+        *args: object, no_fuse_residual: bool, no_fuse_quant: bool, no_fuse_rope: bool, **kwargs: object
+    ) -> object:
+        fusion = FusionOptions(
+            fuse_residual=not no_fuse_residual, fuse_quant=not no_fuse_quant, fuse_rope=not no_fuse_rope
+        )
         return command(*args, fusion=fusion, **kwargs)
 
     options = (
@@ -296,6 +300,12 @@ def fusion_options(command: F) -> F:
             help="Keep every QuantizeLinear -> DequantizeLinear pair around a norm in the graph: no "
             "TrtfuseRmsNormQuant or TrtfuseAddRmsNormQuant, the output what trtfuse wrote before them "
             '(docs/patterns.md, "Quantized norms").',
+        ),
+        click.option(
+            "--no-fuse-rope",
+            is_flag=True,
+            help="Keep the rotary embedding after each QK-norm pair in the graph: the pair fused as TrtfuseQkNorm, "
+            'no TrtfuseQkNormRope, the output what trtfuse wrote before it (docs/patterns.md, "Rotary embedding").',
         ),
     )
     for option in reversed(options):
@@ -376,7 +386,7 @@ def detail(message: str) -> None:
 
 
 def fusion_details(report: dict, seconds: dict[str, float]) -> None:
-    """With -v: each fused node, each rejected candidate, each Add and each QuantizeLinear kept out of a fusion
+    """With -v: each fused node, each rejected candidate, each Add, QuantizeLinear and rotation kept out of a fusion
     report, then the time of each phase."""
     for node in report["fused"]:
         dtypes = node["dtype"] if node["output_dtype"] == node["dtype"] else f"{node['dtype']}->{node['output_dtype']}"
@@ -392,6 +402,8 @@ def fusion_details(report: dict, seconds: dict[str, float]) -> None:
         detail(f"add kept {miss['node']}: {miss['reason']}")
     for miss in report.get("quant_near_misses", []):
         detail(f"q kept {miss['node']}: {miss['reason']}")
+    for miss in report.get("rope_near_misses", []):
+        detail(f"rope kept {miss['node']}: {miss['reason']}")
     detail(", ".join(f"{phase} {seconds[phase]:.2f} s" for phase in seconds))
 
 
