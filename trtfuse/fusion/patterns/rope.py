@@ -321,8 +321,7 @@ def _only_reader(
     if product is not None and any(onnx_op(node) == "QuantizeLinear" for node in readers):
         quantize = next(node for node in readers if onnx_op(node) == "QuantizeLinear")
         raise _NotTaken(
-            f"the product {describe(product)} is quantized ({describe(quantize)}) before the sum: a rotation with "
-            "quantized products is another formula"
+            f"the product {describe(product)} is quantized ({describe(quantize)}) before the sum: another formula"
         )
     found = ", ".join(describe(node) for node in readers) or "nothing"
     raise _NotTaken(f"{tensor.name} is read by {found}" + (f", not by one {op}" if op else ""))
