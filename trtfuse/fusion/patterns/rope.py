@@ -95,14 +95,16 @@ class _Formula:
 
 def take_rotations(search: NormSearch, graph: gs.Graph, shapes: Shapes, graph_outputs: set[str], quant: bool) -> None:
     """Move each QK pair whose outputs go through one rotary embedding into `search.qk_norm_ropes`, the rotation's
-    output QuantizeLinear (where `quant`) its output stages; record why any other rotation after a pair stays out,
-    and the attention ops that rotate inside (`search.rope_near_misses`). In place."""
+    output QuantizeLinear (where `quant`) its output stages (a Q that stays out: `search.quant_near_misses`); record
+    why any other rotation after a pair stays out, and the attention ops that rotate inside
+    (`search.rope_near_misses`). In place."""
     misses: list[NearMiss] = []
     pairs: list[QkNormPair] = []
     enclosing = enclosing_nodes(graph)
+    quant_misses = search.quant_near_misses if quant else None
     for pair in search.qk_norm_pairs:
         try:
-            rope = _rope_of(pair, shapes, graph_outputs, quant, misses)
+            rope = _rope_of(pair, shapes, graph_outputs, quant_misses)
             if rope is not None:
                 _check_no_cycle(rope, enclosing)
         except _NotTaken as reason:
@@ -117,9 +119,11 @@ def take_rotations(search: NormSearch, graph: gs.Graph, shapes: Shapes, graph_ou
 
 
 def _rope_of(
-    pair: QkNormPair, shapes: Shapes, graph_outputs: set[str], quant: bool, misses: list[NearMiss]
+    pair: QkNormPair, shapes: Shapes, graph_outputs: set[str], quant_misses: list[NearMiss] | None
 ) -> QkNormRopeMatch | None:
-    """The pair with both rotations, None where neither output is rotated; _NotTaken where a rotation stays out."""
+    """The pair with both rotations, None where neither output is rotated; _NotTaken where a rotation stays out.
+    With `quant_misses` (the search's, when it takes quantizers) each rotation takes the QuantizeLinear of its
+    result, or records there why it stays out."""
     sides = []
     for role in ("q", "k"):
         norm = getattr(pair, role)
@@ -137,8 +141,10 @@ def _rope_of(
         rotated, plain = (pair.q, pair.k) if k is None else (pair.k, pair.q)
         raise _NotTaken(f"only {rotated.name}'s output is rotated, not {plain.name}'s")
     _check_same_rotation(q, k)
-    if quant:
-        q, k = (_with_output_quantizer(side, stage, graph_outputs, misses) for side, stage in _output_stages(q, k))
+    if quant_misses is not None:
+        q, k = (
+            _with_output_quantizer(side, stage, graph_outputs, quant_misses) for side, stage in _output_stages(q, k)
+        )
     return QkNormRopeMatch(q, k)
 
 
