@@ -155,6 +155,10 @@ def _check_rotary(plugin: PluginNode, types: TensorTypes) -> None:
         if len(dims) == 4 and isinstance(dims[-1], int) and dims[-1] != rotary.head_dim:
             raise TrtfuseError(f"{where}: head_dim is {rotary.head_dim}, but input '{name}' has last dim {dims[-1]}")
     allowed = {"float32", plugin.dtype} if plugin.dtype is not None else set(contract.ACTIVATION_DTYPES)
+    dtypes = {name: dtype for name in plugin.tables if (dtype := types.dtype(name)) is not None}
+    if len(set(dtypes.values())) > 1:
+        described = ", ".join(f"'{name}' {dtype}" for name, dtype in dtypes.items())
+        raise TrtfuseError(f"{where}: its cos and sin tables must share one dtype, got {described}")
     for name in plugin.tables:
         dtype, dims = types.dtype(name), types.dims(name)
         if dtype is not None and dtype not in allowed:

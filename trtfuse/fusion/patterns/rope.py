@@ -406,6 +406,8 @@ def _placed(
             return (
                 f"{table.tensor.name} is {dtype_name(table.tensor)}, neither float32 nor the activations' {norm.dtype}"
             )
+    if dtype_name(tables[0].tensor) != dtype_name(tables[1].tensor):
+        return f"cos and sin are {dtype_name(tables[0].tensor)} and {dtype_name(tables[1].tensor)}, not one dtype"
     rotary = RotaryParams(head_dim, rotary_dim, formula.rotation, layout)
     return RotatedNorm(norm, ops, formula.nodes, rotated, formula.result, *tables, rotary)
 
