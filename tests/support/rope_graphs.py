@@ -54,7 +54,7 @@ ROPE_NEAR_MISSES = {
     "other-cos": "q and k are rotated by different cos",
     "extra-reader": "is read by",
     "swapped-halves": "not Concat(-second half, first half)",
-    "subtracted": "not added by one Add",
+    "subtracted": "not by one Add",
     "quantized-product": "is quantized",
 }
 

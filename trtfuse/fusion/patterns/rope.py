@@ -174,14 +174,18 @@ def _rotated(norm: RmsNormMatch, shapes: Shapes, graph_outputs: set[str]) -> Rot
         formula = _rotary_embedding(readers[0], rotated)
     else:
         formula = _rotate_half(rotated, readers, shapes, graph_outputs)
-    for hypothesis in _HYPOTHESES.get(len(shapes.of(norm.y) or ()), ()):
-        found = _placed(norm, hypothesis, layout, rotated, formula, shapes)
-        if isinstance(found, RotatedNorm):
-            return found
-        reason = found
-    if not _HYPOTHESES.get(len(shapes.of(norm.y) or ())):
-        reason = f"{norm.y.name} has rank {len(shapes.of(norm.y) or ())}, not 3 or 4"
-    raise _NotTaken(reason)
+    rank = len(shapes.of(norm.y) or ())
+    if rank not in _HYPOTHESES:
+        raise _NotTaken(f"{norm.y.name} has rank {rank}, not 3 or 4")
+    reasons = []
+    for hypothesis in _HYPOTHESES[rank]:
+        placed = _placed(norm, hypothesis, layout, rotated, formula, shapes)
+        if isinstance(placed, str):
+            reasons.append(placed)
+            continue
+        head_dim, tables = placed
+        return _rotated_norm(norm, hypothesis, layout, rotated, formula, head_dim, tables)
+    raise _NotTaken(reasons[0])
 
 
 def _layout_ops(y: gs.Tensor, graph_outputs: set[str]) -> tuple[tuple[gs.Node, ...], gs.Tensor]:
@@ -373,9 +377,10 @@ def _placed(
     rotated: gs.Tensor,
     formula: _Formula,
     shapes: Shapes,
-) -> RotatedNorm | str:
-    """The rotation as the node computes it if the norm's y has `layout`: the layout ops carry y's axes to the
-    rotated tensor's, where the rotation must find one row of cos and sin per token; else why not."""
+) -> tuple[int | None, tuple[RotaryTable, RotaryTable]] | str:
+    """Where the rotation's axes are if the norm's y has `layout`: the layout ops carry y's axes to the rotated
+    tensor's, where the rotation must find one row of cos and sin per token; the head width and the tables, or why
+    not."""
     y_dims = shapes.of(norm.y) or ()
     axes: tuple[str, ...] = _START_AXES[(len(y_dims), layout)]
     head_dim = y_dims[-1] if len(y_dims) == 4 else None
@@ -385,29 +390,37 @@ def _placed(
             return moved
         axes, head_dim = moved
     if formula.op is not None:
-        placed = _embedding_axes(formula.op, axes, rotated, shapes, head_dim)
-    else:
-        placed = _broadcast_axes(formula, axes, rotated, shapes)
-    if isinstance(placed, str):
-        return placed
-    head_dim, tables = placed
+        return _embedding_axes(formula.op, axes, rotated, shapes, head_dim)
+    return _broadcast_axes(formula, axes, rotated, shapes)
+
+
+def _rotated_norm(
+    norm: RmsNormMatch,
+    layout: HeadLayout,
+    ops: tuple[gs.Node, ...],
+    rotated: gs.Tensor,
+    formula: _Formula,
+    head_dim: int | None,
+    tables: tuple[RotaryTable, RotaryTable],
+) -> RotatedNorm:
+    """The rotation as the node computes it, its axes found; _NotTaken where its widths or dtypes are none the
+    node has."""
     rotary_dim = formula.rotary_dim or head_dim
     if not isinstance(head_dim, int) or norm.hidden_size % head_dim:
-        return f"the head rows of {norm.y.name} have no static width dividing {norm.hidden_size}"
+        raise _NotTaken(f"the head rows of {norm.y.name} have no static width dividing {norm.hidden_size}")
     if layout is HeadLayout.HEAD_MAJOR and norm.hidden_size != head_dim:
-        return f"{norm.name} normalises {norm.hidden_size} elements, not one head row of {head_dim}"
+        raise _NotTaken(f"{norm.name} normalises {norm.hidden_size} elements, not one head row of {head_dim}")
     if rotary_dim % 2 or not 2 <= rotary_dim <= head_dim:
-        return f"the rotation turns {rotary_dim} of {head_dim} elements per head row"
+        raise _NotTaken(f"the rotation turns {rotary_dim} of {head_dim} elements per head row")
     problem = dtype_pair_problem(norm.dtype, dtype_name(formula.result) or "unknown")
     if problem is not None:
-        return f"{norm.name} and its rotation cannot be one node: {problem}"
-    for table in tables:
-        if dtype_name(table.tensor) not in ("float32", norm.dtype):
-            return (
-                f"{table.tensor.name} is {dtype_name(table.tensor)}, neither float32 nor the activations' {norm.dtype}"
-            )
-    if dtype_name(tables[0].tensor) != dtype_name(tables[1].tensor):
-        return f"cos and sin are {dtype_name(tables[0].tensor)} and {dtype_name(tables[1].tensor)}, not one dtype"
+        raise _NotTaken(f"{norm.name} and its rotation cannot be one node: {problem}")
+    dtypes = [dtype_name(table.tensor) for table in tables]
+    for table, dtype in zip(tables, dtypes, strict=True):
+        if dtype not in ("float32", norm.dtype):
+            raise _NotTaken(f"{table.tensor.name} is {dtype}, neither float32 nor the activations' {norm.dtype}")
+    if dtypes[0] != dtypes[1]:
+        raise _NotTaken(f"cos and sin are {dtypes[0]} and {dtypes[1]}, not one dtype")
     rotary = RotaryParams(head_dim, rotary_dim, formula.rotation, layout)
     return RotatedNorm(norm, ops, formula.nodes, rotated, formula.result, *tables, rotary)
 
