@@ -101,7 +101,7 @@ def _add_norm_json(add: AddNormMatch) -> dict:
 
 
 def _rope_json(rope: QkNormRopeMatch) -> dict:
-    from trtfuse.fusion.rewrite import rotary_json
+    from trtfuse.fusion.fuse import rotary_json
 
     sides = {
         role: {**_match_json(side.norm), "rotation": [node.name for node in side.nodes]}

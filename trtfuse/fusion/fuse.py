@@ -18,8 +18,10 @@ from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns import NearMiss, NormSearch, find_norms
 from trtfuse.fusion.rewrite import FusedNode, rewrite
 
-# inspect lists a match's quantizers as the fusion report lists its node's (the CLI reads the pass through here).
+# inspect lists a match's quantizers and rotation as the fusion report lists its node's (the CLI reads the pass
+# through here).
 from trtfuse.fusion.rewrite import quantizers_json as quantizers_json
+from trtfuse.fusion.rewrite import rotary_json as rotary_json
 
 # How many rejected candidates a summary line names (`trtfuse inspect` lists them all).
 SUMMARY_REASONS = 2
