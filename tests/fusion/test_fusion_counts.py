@@ -114,15 +114,25 @@ def test_quantizers_taken_in_are_counted_everywhere(tmp_path):
     assert again.endswith("(9 norms), all already in the input, 0 rejected"), again
 
 
-def test_without_the_residual_fusion_every_command_counts_the_norms_fused_alone(tmp_path):
-    expected = "5 TrtfuseRmsNorm, 0 TrtfuseQkNorm and 2 TrtfuseQkNormRope nodes (9 norms), 0 rejected"
-    flag = "--no-fuse-residual"
+def _every_command_counts(flag: str, expected: str, tmp_path: Path, **polygraphy: bool) -> None:
+    """inspect, fuse, compile and the Polygraphy loader, each with `flag` (the loader with `polygraphy`), count
+    `expected` on the KV fixture."""
     assert run_cli("inspect", KV_FIXTURE, flag).stdout.splitlines()[0] == f"{KV_FIXTURE}: {expected}"
     fused = run_cli("fuse", KV_FIXTURE, "-o", tmp_path / "fused.onnx", flag)
     assert fused.stdout.strip() == f"{KV_FIXTURE}: {expected} -> {tmp_path / 'fused.onnx'}"
     compiled = run_cli("compile", KV_FIXTURE, "-o", tmp_path / "m.engine", flag)
     assert compiled.exit_code == 3 and compiled.stdout.startswith(f"{KV_FIXTURE}: {expected} -> "), compiled.output
-    assert f"trtfuse: fused {KV_FIXTURE}: {expected}\n" in _polygraphy_log(KV_FIXTURE, fuse_residual=False)
+    assert f"trtfuse: fused {KV_FIXTURE}: {expected}\n" in _polygraphy_log(KV_FIXTURE, **polygraphy)
+
+
+def test_without_the_residual_fusion_every_command_counts_the_norms_fused_alone(tmp_path):
+    expected = "5 TrtfuseRmsNorm, 0 TrtfuseQkNorm and 2 TrtfuseQkNormRope nodes (9 norms), 0 rejected"
+    _every_command_counts("--no-fuse-residual", expected, tmp_path, fuse_residual=False)
+
+
+def test_without_the_rotary_fusion_every_command_counts_the_pairs_alone(tmp_path):
+    expected = "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected"
+    _every_command_counts("--no-fuse-rope", expected, tmp_path, fuse_rope=False)
 
 
 def test_the_line_names_the_first_rejected_candidates(write_model):
@@ -139,14 +149,3 @@ def test_the_line_names_the_first_rejected_candidates(write_model):
     assert quant.line().endswith("0 rejected, 3 Qs taken in, 2 Qs kept out (first: q: read; r: too)")
     rope = type(counts)(counts.nodes, counts.already, (), (), 0, None, (NearMiss("qk", "turned"),))
     assert rope.line().endswith("0 rejected, 1 rotation kept out (first: qk: turned)")
-
-
-def test_without_the_rotary_fusion_every_command_counts_the_pairs_alone(tmp_path):
-    expected = "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected"
-    flag = "--no-fuse-rope"
-    assert run_cli("inspect", KV_FIXTURE, flag).stdout.splitlines()[0] == f"{KV_FIXTURE}: {expected}"
-    fused = run_cli("fuse", KV_FIXTURE, "-o", tmp_path / "fused.onnx", flag)
-    assert fused.stdout.strip() == f"{KV_FIXTURE}: {expected} -> {tmp_path / 'fused.onnx'}"
-    compiled = run_cli("compile", KV_FIXTURE, "-o", tmp_path / "m.engine", flag)
-    assert compiled.exit_code == 3 and compiled.stdout.startswith(f"{KV_FIXTURE}: {expected} -> "), compiled.output
-    assert f"trtfuse: fused {KV_FIXTURE}: {expected}\n" in _polygraphy_log(KV_FIXTURE, fuse_rope=False)

@@ -16,8 +16,6 @@ runs only where their versions are the recorded ones.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.metadata
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -25,11 +23,11 @@ from pathlib import Path
 import onnx
 import pytest
 
+from support.digests import outcome, recorded, write_outcomes
 from support.paths import FIXTURES, REPO_ROOT, fixture_models
 from support.rope_graphs import ROPE_NEAR_MISSES, RopeSpec, rope_block
 
 DIGESTS = Path(__file__).with_name("test_no_fuse_rope_digests.json")
-PACKAGES = ("onnx", "onnx_graphsurgeon", "protobuf")
 SPECS = {
     "qwen3": RopeSpec(),
     "qwen3-fp16-torchscript-bounds": RopeSpec(dtype="float16", spelling="rotate-half-shapes"),
@@ -52,39 +50,15 @@ def _cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     return cases
 
 
-def _environment() -> dict[str, str]:
-    return {package: importlib.metadata.version(package) for package in PACKAGES}
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _outcome(result: object) -> dict[str, str]:
-    report = json.dumps(result.report(), sort_keys=True)
-    return {
-        "model": _sha256(result.model.SerializeToString()),
-        "report": _sha256(report.encode()),
-        "line": result.counts().line(),
-    }
-
-
-def _recorded() -> dict:
-    recorded = json.loads(DIGESTS.read_text())
-    if recorded["environment"] != _environment():
-        pytest.skip(f"recorded with {recorded['environment']}, this is {_environment()}")
-    return recorded["outcomes"]
-
-
 @pytest.mark.parametrize("name", sorted(_cases()))
 def test_without_the_rotary_fusion_the_output_and_report_are_the_old_ones(name: str) -> None:
     from trtfuse.fusion.fuse import fuse_model
     from trtfuse.fusion.options import FusionOptions
 
-    recorded = _recorded()
+    expected = recorded(DIGESTS)
     result = fuse_model(_cases()[name](), FusionOptions(fuse_rope=False))
     assert result.search.rope_near_misses is None and result.search.qk_norm_ropes == []
-    assert _outcome(result) == recorded[name]
+    assert outcome(result) == expected[name]
 
 
 def test_every_case_is_recorded() -> None:
@@ -95,8 +69,8 @@ def _record(out: Path) -> None:
     """Fuse every case with the package on the path (the commit before the rotary op, which takes no `fuse_rope`)."""
     from trtfuse.fusion.fuse import fuse_model
 
-    outcomes = {name: _outcome(fuse_model(build())) for name, build in _cases().items()}
-    out.write_text(json.dumps({"environment": _environment(), "outcomes": outcomes}, indent=1, sort_keys=True) + "\n")
+    outcomes = {name: outcome(fuse_model(build())) for name, build in _cases().items()}
+    write_outcomes(out, outcomes)
 
 
 if __name__ == "__main__":

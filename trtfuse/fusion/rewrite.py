@@ -141,6 +141,24 @@ def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor) -> gs.Variab
     return written
 
 
+def _append_node(
+    graph: gs.Graph, fields: NodeFields, name: str, inputs: list[gs.Tensor], outputs: list[gs.Variable]
+) -> None:
+    """The fused node of `fields`, in the trtfuse domain with the contract's attributes."""
+    op = fields.op.name
+    attrs = fields.onnx_attributes()
+    graph.nodes.append(gs.Node(op, name, attrs=attrs, inputs=inputs, outputs=outputs, domain=contract.ONNX_DOMAIN))
+
+
+def _check_pair_dtypes(q: RmsNormMatch, k: RmsNormMatch, q_out: str, k_out: str) -> None:
+    """q's and k's (input, output) dtypes are one pair: one node reads and writes both."""
+    if (q.dtype, q_out) != (k.dtype, k_out):
+        raise TrtfuseError(
+            f"q/k norms '{q.name}' and '{k.name}' cannot be one fused node: dtypes {q.dtype} -> {q_out} and "
+            f"{k.dtype} -> {k_out} differ"
+        )
+
+
 def _onnx_type(dtype: str) -> int:
     """A contract dtype name as an ONNX element type (NumPy has no bfloat16)."""
     return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype != "bfloat16" else onnx.TensorProto.BFLOAT16
@@ -217,16 +235,7 @@ def _rms_norm_node(graph: gs.Graph, match: RmsNormMatch) -> FusedNode:
     x = _normalised_input(graph, match)
     y = _detach_output(match)
     name = f"{op}/{y.name}"
-    graph.nodes.append(
-        gs.Node(
-            op,
-            name,
-            attrs=fields.onnx_attributes(),
-            inputs=[x, *_weights(match)],
-            outputs=[_node_output(match, y, x)],
-            domain=contract.ONNX_DOMAIN,
-        )
-    )
+    _append_node(graph, fields, name, [x, *_weights(match)], [_node_output(match, y, x)])
     return _record(op, name, (match,), (match.hidden_size,))
 
 
@@ -243,16 +252,7 @@ def _add_norm_node(graph: gs.Graph, add: AddNormMatch) -> FusedNode:
     h = _sum_output(graph, add, operands[0])
     y = _detach_output(norm)
     name = f"{fields.op.name}/{y.name}"
-    graph.nodes.append(
-        gs.Node(
-            fields.op.name,
-            name,
-            attrs=fields.onnx_attributes(),
-            inputs=[*operands, *_weights(norm)],
-            outputs=[_node_output(norm, y, operands[0]), h],
-            domain=contract.ONNX_DOMAIN,
-        )
-    )
+    _append_node(graph, fields, name, [*operands, *_weights(norm)], [_node_output(norm, y, operands[0]), h])
     return FusedNode(
         kind=fields.op.name,
         name=name,
@@ -300,25 +300,12 @@ def _sum_output(graph: gs.Graph, add: AddNormMatch, x: gs.Tensor) -> gs.Variable
 def _qk_norm_node(graph: gs.Graph, q: RmsNormMatch, k: RmsNormMatch) -> FusedNode:
     """The pair as one TrtfuseQkNorm, or, where either norm took its output's QuantizeLinear in (stage q_output or
     k_output), one TrtfuseQkNormQuant writing that output's codes."""
-    if (q.dtype, output_dtype(q)) != (k.dtype, output_dtype(k)):
-        raise TrtfuseError(
-            f"q/k norms '{q.name}' and '{k.name}' cannot be one fused node: dtypes {q.dtype} -> {output_dtype(q)} "
-            f"and {k.dtype} -> {output_dtype(k)} differ"
-        )
+    _check_pair_dtypes(q, k, output_dtype(q), output_dtype(k))
     hidden = (q.hidden_size, k.hidden_size)
     fields = _quantized(_fields(contract.QK_NORM, q, hidden), (*q.quantizers, *k.quantizers))
     outputs = [_node_output(match, _detach_output(match), match.x) for match in (q, k)]
     name = f"{fields.op.name}/{q.y.name}"
-    graph.nodes.append(
-        gs.Node(
-            fields.op.name,
-            name,
-            attrs=fields.onnx_attributes(),
-            inputs=[q.x, k.x, *_weights(q, k)],
-            outputs=outputs,
-            domain=contract.ONNX_DOMAIN,
-        )
-    )
+    _append_node(graph, fields, name, [q.x, k.x, *_weights(q, k)], outputs)
     return _record(fields.op.name, name, (q, k), hidden)
 
 
@@ -327,26 +314,13 @@ def _qk_norm_rope_node(graph: gs.Graph, rope: QkNormRopeMatch, tables: _Tables) 
     a rotated output): the norms' inputs and weights, the cos and sin tables, each output the rotated norm, under the
     name the rotation's result has where no layout op follows (else the norm's, which the layout ops move on)."""
     q, k = rope.q, rope.k
-    if (q.norm.dtype, q.output_dtype) != (k.norm.dtype, k.output_dtype):
-        raise TrtfuseError(
-            f"q/k norms '{q.norm.name}' and '{k.norm.name}' cannot be one fused node: dtypes {q.norm.dtype} -> "
-            f"{q.output_dtype} and {k.norm.dtype} -> {k.output_dtype} differ"
-        )
+    _check_pair_dtypes(q.norm, k.norm, q.output_dtype, k.output_dtype)
     hidden = (q.norm.hidden_size, k.norm.hidden_size)
     fields = _quantized(_fields(contract.QK_NORM_ROPE, q.norm, hidden, rotated=q), rope.quantizers)
     cos, sin = (tables.table(graph, table, q.rotary) for table in (q.cos, q.sin))
     outputs = [_rotated_output(side) for side in (q, k)]
     name = f"{fields.op.name}/{outputs[0].name}"
-    graph.nodes.append(
-        gs.Node(
-            fields.op.name,
-            name,
-            attrs=fields.onnx_attributes(),
-            inputs=[q.norm.x, k.norm.x, *_weights(q.norm, k.norm), cos, sin],
-            outputs=outputs,
-            domain=contract.ONNX_DOMAIN,
-        )
-    )
+    _append_node(graph, fields, name, [q.norm.x, k.norm.x, *_weights(q.norm, k.norm), cos, sin], outputs)
     record = _record(fields.op.name, name, (q.norm, k.norm), hidden)
     rotations = tuple(describe(node) for side in (q, k) for node in side.nodes)
     return replace(
