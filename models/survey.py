@@ -10,7 +10,8 @@ MLA latent norms) found / expected, rejected candidates, the check verdict, comp
 of whatever went wrong, among them `inspect` and `fuse` counting other norms or near misses; the norms fused with
 their residual Add, TrtfuseAddRmsNorm, against the manifest's `add_norm_calls` where it has them, and the residual
 Adds kept out of a norm fused alone; the QuantizeLinear nodes taken into quantized nodes, TrtfuseRmsNormQuant and
-TrtfuseAddRmsNormQuant, and those kept out of a fused norm), and the combinations a tool failed.
+TrtfuseAddRmsNormQuant, and those kept out of a fused norm; the QK pairs fused with the rotary embedding after them,
+TrtfuseQkNormRope, and the rotations kept out), and the combinations a tool failed.
 
 \b
     python models/survey.py $EXPORTS --out $EXPORTS/survey.json --markdown $EXPORTS/survey.md --jobs 2
@@ -79,6 +80,9 @@ class Outcome:
     # QuantizeLinear nodes the fused nodes took in, and those left outside a fused norm (with the reason).
     quantizers_taken: int | None = None
     quant_kept_out: list[dict[str, str]] = field(default_factory=list)
+    # QK pairs fused with their rotary embedding (TrtfuseQkNormRope, among the QK pairs), and the rotations kept out.
+    rope_nodes: int | None = None
+    rope_kept_out: list[dict[str, str]] = field(default_factory=list)
     # What `inspect` found (norms in matches and pairs): `fuse` must report the same norms and near misses.
     inspected_norms: int | None = None
     inspect_exit: int | None = None
@@ -118,8 +122,9 @@ def failure_line(output: str, result: subprocess.CompletedProcess[str]) -> str:
 
 
 def projection_norm_calls(entry: dict) -> int:
-    """The norm calls that pair into TrtfuseQkNorm nodes: q/k norms (less those inside an attention op) and MLA
-    latent norms (DeepSeek's q_a/kv_a, counted apart; manifests written before they were have none)."""
+    """The norm calls that pair into TrtfuseQkNorm (or TrtfuseQkNormRope) nodes: q/k norms (less those inside an
+    attention op) and MLA latent norms (DeepSeek's q_a/kv_a, counted apart; manifests written before they were have
+    none)."""
     return int(entry["qk_norm_calls"]) + int(entry.get("mla_norm_calls", 0)) - int(entry.get("absorbed_norm_calls", 0))
 
 
@@ -175,9 +180,11 @@ def record_inspect(trtfuse: list[str], cwd: Path | None, path: Path, outcome: Ou
         outcome.rejected = found.get("near_misses", [])
         outcome.kept_out = found.get("residual_near_misses", [])
         outcome.quant_kept_out = found.get("quant_near_misses", [])
+        outcome.rope_kept_out = found.get("rope_near_misses", [])
         outcome.inspected_norms = (
             len(found.get("rms_norms", []))
             + 2 * len(found.get("qk_norm_pairs", []))
+            + 2 * len(found.get("qk_norm_ropes", []))
             + len(found.get("add_rms_norms", []))
         )
     else:
@@ -190,24 +197,29 @@ def count_fused(fusion: dict, entry: dict, outcome: Outcome) -> None:
     if entry["uses_rms_norm"]:
         outcome.weightless_nodes = sum(node["weight_mode"] == "NONE" for node in fusion["fused"])
     outcome.fused_norms = totals.get("norms", 0)
+
     # A quantized node (the plain op's name + "Quant") is its plain op's norm with the Q/DQ pairs taken in: counted
     # with it.
     def nodes_of(op: str) -> int:
         return totals.get(op, 0) + totals.get(f"{op}Quant", 0)
 
     outcome.rms_norm_nodes = nodes_of("TrtfuseRmsNorm")
-    outcome.qk_norm_nodes = nodes_of("TrtfuseQkNorm")
+    outcome.rope_nodes = nodes_of("TrtfuseQkNormRope")
+    outcome.qk_norm_nodes = nodes_of("TrtfuseQkNorm") + outcome.rope_nodes
     outcome.add_norm_nodes = nodes_of("TrtfuseAddRmsNorm")
     outcome.quantizers_taken = fusion.get("quantizers_taken", 0)
     kept_out = fusion.get("residual_near_misses", [])
     quant_kept_out = fusion.get("quant_near_misses", [])
+    rope_kept_out = fusion.get("rope_near_misses", [])
     if outcome.inspect_exit is None:
         outcome.rejected, outcome.kept_out, outcome.quant_kept_out = fusion["near_misses"], kept_out, quant_kept_out
+        outcome.rope_kept_out = rope_kept_out
     if outcome.inspected_norms is not None and (
         outcome.inspected_norms != outcome.fused_norms
         or len(outcome.rejected) != len(fusion["near_misses"])
         or len(outcome.kept_out) != len(kept_out)
         or len(outcome.quant_kept_out) != len(quant_kept_out)
+        or len(outcome.rope_kept_out) != len(rope_kept_out)
     ):
         outcome.messages.append(
             f"inspect/fuse disagree: inspect {outcome.inspected_norms} norms, {len(outcome.rejected)} rejected, "
@@ -239,13 +251,19 @@ def quant_text(outcome: Outcome) -> str:
     return taken + (f" ({len(outcome.quant_kept_out)} kept out)" if outcome.quant_kept_out else "")
 
 
+def rope_text(outcome: Outcome) -> str:
+    """The QK pairs fused with their rotary embedding, and the rotations kept out."""
+    fused = "-" if outcome.rope_nodes is None else str(outcome.rope_nodes)
+    return fused + (f" ({len(outcome.rope_kept_out)} kept out)" if outcome.rope_kept_out else "")
+
+
 def table(outcomes: list[Outcome], generate: int = 0) -> str:
     """One row per export; a `generate N` column after check's where `--generate N` ran."""
     generating = f" generate {generate} |" if generate else ""
     rows = [
-        "| tool | export | fused / expected | QK pairs / expected | add-norms | Adds kept out | Qs taken in | rejected "
-        f"| check |{generating} compile | what went wrong |",
-        "|---|---|---|---|---|---|---|---|---|" + "---|" * bool(generate) + "---|---|",
+        "| tool | export | fused / expected | QK pairs / expected | with rotation | add-norms | Adds kept out "
+        f"| Qs taken in | rejected | check |{generating} compile | what went wrong |",
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * bool(generate) + "---|---|",
     ]
     for outcome in outcomes:
         fused = fused_text(outcome)
@@ -255,7 +273,8 @@ def table(outcomes: list[Outcome], generate: int = 0) -> str:
         )
         rows.append(
             f"| {outcome.tool} | {outcome.file} | {fused} | "
-            f"{pairs} / {outcome.expected_qk_pairs} | {add_norm_text(outcome)} | {len(outcome.kept_out)} | "
+            f"{pairs} / {outcome.expected_qk_pairs} | {rope_text(outcome)} | {add_norm_text(outcome)} | "
+            f"{len(outcome.kept_out)} | "
             f"{quant_text(outcome)} | {len(outcome.rejected)} | {outcome.verdict} | "
             + (f"{outcome.generate_verdict} | " if generate else "")
             + f"{'-' if outcome.compile_exit is None else outcome.compile_exit} | "
@@ -271,13 +290,14 @@ def summary(outcomes: list[Outcome], generate: int = 0) -> str:
     for outcome in outcomes:
         groups.setdefault((outcome.tool, outcome.architecture), []).append(outcome)
     rows = [
-        "| tool | family | exports | fused / expected | QK pairs / expected | add-norms | Adds kept out | Qs taken in "
-        "| check |" + (f" generate {generate} |" if generate else ""),
-        "|---|---|---|---|---|---|---|---|---|" + "---|" * bool(generate),
+        "| tool | family | exports | fused / expected | QK pairs / expected | with rotation | add-norms "
+        "| Adds kept out | Qs taken in | check |" + (f" generate {generate} |" if generate else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * bool(generate),
     ]
     for (tool, architecture), group in groups.items():
         fused = {fused_text(outcome) for outcome in group}
         pairs = {f"{outcome.qk_norm_nodes} / {outcome.expected_qk_pairs}" for outcome in group}
+        ropes = {rope_text(outcome) for outcome in group}
         add_norms = {add_norm_text(outcome) for outcome in group}
         kept_out = {str(len(outcome.kept_out)) for outcome in group}
         quantizers = {quant_text(outcome) for outcome in group}
@@ -285,7 +305,8 @@ def summary(outcomes: list[Outcome], generate: int = 0) -> str:
         generations = Counter(outcome.generate_verdict for outcome in group if outcome.kv_cache)
         rows.append(
             f"| {tool} | {architecture} | {', '.join(sorted(_form(outcome) for outcome in group))} | "
-            f"{'; '.join(sorted(fused))} | {'; '.join(sorted(pairs))} | {'; '.join(sorted(add_norms))} | "
+            f"{'; '.join(sorted(fused))} | {'; '.join(sorted(pairs))} | {'; '.join(sorted(ropes))} | "
+            f"{'; '.join(sorted(add_norms))} | "
             f"{'; '.join(sorted(kept_out))} | {'; '.join(sorted(quantizers))} | "
             f"{counts_text(verdicts)} |" + (f" {counts_text(generations) or '-'} |" if generate else "")
         )

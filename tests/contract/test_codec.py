@@ -37,14 +37,29 @@ def quant_params(draw: st.DrawFn, op: contract.FusedOp) -> contract.QuantParams:
 
 
 @st.composite
+def rotary_params(draw: st.DrawFn) -> contract.RotaryParams:
+    head_dim = draw(st.integers(2, 2**20))
+    rotary_dim = 2 * draw(st.integers(1, head_dim // 2))
+    return contract.RotaryParams(
+        head_dim, rotary_dim, draw(st.sampled_from(contract.Rotation)), draw(st.sampled_from(contract.HeadLayout))
+    )
+
+
+@st.composite
 def node_fields(draw: st.DrawFn) -> NodeFields:
     op = OPS[draw(st.sampled_from(contract.FUSED_OPS))]
     params = NormParams(
         draw(float32s.filter(lambda value: value >= 0.0)), draw(float32s), draw(st.sampled_from(WeightMode))
     )
-    hidden = tuple(draw(st.integers(1, 2**31 - 1)) for _ in op.hidden_fields)
+    rotary = draw(rotary_params()) if op.rotary else None
+    if rotary is None:
+        hidden = tuple(draw(st.integers(1, 2**31 - 1)) for _ in op.hidden_fields)
+    else:
+        heads = st.just(1) if rotary.layout is contract.HeadLayout.HEAD_MAJOR else st.integers(1, 2**10)
+        hidden = tuple(rotary.head_dim * draw(heads) for _ in op.hidden_fields)
     quant = draw(quant_params(op)) if op.quantized else None
-    return NodeFields(op, params, hidden, draw(st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES))), quant)
+    output_dtype = draw(st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES)))
+    return NodeFields(op, params, hidden, output_dtype, quant, rotary)
 
 
 def _node(fields: NodeFields, **changes: object) -> object:
@@ -98,13 +113,16 @@ def test_each_op_round_trips_through_every_transport(op: str, mode: WeightMode) 
     fp8 = contract.Quantizer("float8_e4m3fn", 0.5)
     quant = contract.QuantParams(**{stage.value: fp8 for stage in OPS[op].output_stages if stage is not None})
     quant = quant if OPS[op].quantized else None
-    fields = NodeFields(OPS[op], NormParams(EPSILON, 1.0, mode), (64,) * len(OPS[op].hidden_fields), "bfloat16", quant)
+    rotary = ROTARY if OPS[op].rotary else None
+    hidden = (64,) * len(OPS[op].hidden_fields)
+    fields = NodeFields(OPS[op], NormParams(EPSILON, 1.0, mode), hidden, "bfloat16", quant, rotary)
     assert from_node(_node(fields), "m.onnx: node 'n'") == fields
     assert from_plugin_fields(fields.op, _raw_fields(fields), "op 'n'") == fields
     assert from_qdp(fields.op, [array.tobytes() for array in fields.plugin_arrays().values()]) == fields
 
 
 EPSILON = float(np.float32(1e-6))
+ROTARY = contract.RotaryParams(32, 16, contract.Rotation.INTERLEAVED, contract.HeadLayout.TOKEN_MAJOR)
 GOOD = NodeFields(contract.RMS_NORM, NormParams(EPSILON, 0.0, WeightMode.AFTER_CAST), (64,), "float16")
 
 
@@ -231,7 +249,69 @@ def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() ->
             f"{role}_output_quant_saturate",
         )
     assert len(contract.QK_NORM_QUANT.fields) == 6 + 24
-    assert set(contract.QUANTIZED_OPS) == {contract.RMS_NORM_OP, contract.ADD_RMS_NORM_OP, contract.QK_NORM_OP}
+    # The rotary QK-norm's are the output stages, after its rotary fields.
+    assert contract.QK_NORM_ROPE_QUANT.fields[10:] == (
+        "q_output_quant_dtype",
+        "q_output_quant_scale",
+        "q_output_quant_saturate",
+        "k_output_quant_dtype",
+        "k_output_quant_scale",
+        "k_output_quant_saturate",
+    )
+    assert set(contract.QUANTIZED_OPS) == {
+        contract.RMS_NORM_OP,
+        contract.ADD_RMS_NORM_OP,
+        contract.QK_NORM_OP,
+        contract.QK_NORM_ROPE_OP,
+    }
+
+
+def test_the_rotary_qk_norm_is_the_qk_norm_then_cos_sin_and_its_rotary_fields() -> None:
+    op = contract.QK_NORM_ROPE
+    assert op.inputs(True) == ("q", "k", "q_weight", "k_weight", "cos", "sin")
+    assert op.inputs(False) == ("q", "k", "cos", "sin")
+    assert op.outputs == contract.QK_NORM.outputs and op.normalised_outputs == (True, True)
+    assert op.fields == (*contract.QK_NORM.fields, "head_dim", "rotary_dim", "rotation", "layout")
+    assert not op.listed_when_absent and not contract.QK_NORM_ROPE_QUANT.listed_when_absent
+    assert all(OPS[name].listed_when_absent for name in (contract.RMS_NORM_OP, contract.QK_NORM_OP))
+
+
+ROPE = NodeFields(contract.QK_NORM_ROPE, GOOD.params, (128, 64), "float16", rotary=ROTARY)
+BAD_ROTARY = [
+    ({"head_dim": 0}, "head_dim is 0, not a positive int32 length"),
+    ({"rotary_dim": 15}, "rotary_dim is 15, not an even length from 2 to head_dim 32"),
+    ({"rotary_dim": 0}, "rotary_dim is 0, not an even length from 2 to head_dim 32"),
+    ({"rotary_dim": 34}, "rotary_dim is 34, not an even length from 2 to head_dim 32"),
+    ({"head_dim": 48, "rotary_dim": 16}, "head_dim is 48, which does not divide the hidden size 128"),
+    ({"rotation": 2}, "rotation is 2, none of 0 (HALF_SPLIT), 1 (INTERLEAVED)"),
+    ({"layout": -1}, "layout is -1, none of 0 (TOKEN_MAJOR), 1 (HEAD_MAJOR)"),
+    ({"layout": 1}, "layout is 1 (HEAD_MAJOR), but hidden size 128 is not one head row of 32"),
+]
+
+
+@pytest.mark.parametrize(("changes", "problem"), BAD_ROTARY)
+def test_a_bad_rotary_field_is_the_same_problem_in_every_transport(changes: dict, problem: str) -> None:
+    numbers = {**ROPE.numbers(), **changes}
+    escaped = "^" + problem.replace("(", r"\(").replace(")", r"\)") + "$"
+    with pytest.raises(TrtfuseError, match=escaped):
+        decode(ROPE.op, numbers)
+    with pytest.raises(TrtfuseError) as onnx_error:
+        from_node(_node(ROPE, **changes), "m.onnx: node 'n'")
+    assert str(onnx_error.value) == f"m.onnx: node 'n': attribute {problem}"
+    raw = [RawField(n, "FLOAT32" if n in contract.FLOAT_FIELDS else "INT32", _array(n, v)) for n, v in numbers.items()]
+    with pytest.raises(TrtfuseError) as plugin_error:
+        from_plugin_fields(ROPE.op, raw, "TrtfuseQkNormRope 'n'")
+    assert str(plugin_error.value) == f"TrtfuseQkNormRope 'n': field {problem}"
+    with pytest.raises(TrtfuseError) as qdp_error:
+        from_qdp(ROPE.op, [_array(n, v).tobytes() for n, v in numbers.items()])
+    assert str(qdp_error.value) == f"TrtfuseQkNormRope: field {problem}"
+
+
+def test_rotary_fields_are_given_exactly_for_a_rotary_op() -> None:
+    with pytest.raises(ValueError, match="rotary must be given exactly for a rotary op"):
+        NodeFields(contract.QK_NORM, GOOD.params, (64, 64), "float16", rotary=ROTARY)
+    with pytest.raises(ValueError, match="rotary must be given exactly for a rotary op"):
+        NodeFields(contract.QK_NORM_ROPE, GOOD.params, (64, 64), "float16")
 
 
 def test_an_off_stage_is_written_as_code_0_and_the_output_dtype_follows_the_output_stage() -> None:

@@ -203,6 +203,9 @@ def test_the_kinds_present_and_the_options_that_leave_them():
     nodes = {op: 0 for op in contract.FUSED_OPS}
     nodes.update({contract.RMS_NORM_OP: 1, contract.QK_NORM_QUANT_OP: 2})
     assert kinds_present(nodes) == [FusionKind.NORM, FusionKind.QK, FusionKind.QUANT]
+    rotary = {**nodes, contract.QK_NORM_QUANT_OP: 0, contract.QK_NORM_ROPE_OP: 2}
+    assert kinds_present(rotary) == [FusionKind.NORM, FusionKind.QK, FusionKind.ROPE]
+    assert not without(DEFAULT_FUSION, [FusionKind.ROPE]).fuse_rope
     options = without(DEFAULT_FUSION, [FusionKind.QK, FusionKind.QUANT])
     assert (options.fuse_qk, options.fuse_quant, options.fuse_norm, options.fuse_residual) == (False, False, True, True)
     assert search_bound([FusionKind.NORM]) == 1

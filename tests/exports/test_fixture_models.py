@@ -109,8 +109,11 @@ def test_fusion_replaces_every_norm_call_and_nothing_else(name: str) -> None:
     plugin_nodes = [node for node in fused.graph.node if node.domain == contract.ONNX_DOMAIN]
     kinds = Counter(node.op_type for node in plugin_nodes)
     assert set(kinds) <= set(contract.FUSED_OPS)
-    norms = kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_OP] + kinds[contract.ADD_RMS_NORM_OP]
-    assert norms == entry["norm_calls"]
+    assert sum(contract.OPS[op].norm_calls * count for op, count in kinds.items()) == entry["norm_calls"]
+    # Every q/k norm of these families is rotated right after: each pair with its rotation is one TrtfuseQkNormRope;
+    # DeepSeek's MLA latent norms, which no rotation reads, pair as TrtfuseQkNorm.
+    assert 2 * kinds[contract.QK_NORM_ROPE_OP] == entry["qk_norm_calls"]
+    assert 2 * kinds[contract.QK_NORM_OP] == entry["mla_norm_calls"]
     # Every norm that reads a residual sum takes its Add: these exports put nothing between the two.
     assert kinds[contract.ADD_RMS_NORM_OP] == entry["add_norm_calls"]
     if not entry["uses_rms_norm"]:

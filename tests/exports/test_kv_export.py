@@ -110,9 +110,10 @@ def test_kv_fixture_fuses_every_norm_and_passes_check_at_prefill_and_decode() ->
     original = load_model(FIXTURES / FIXTURE)
     result = fuse_model(original.model)
     kinds = Counter(node.kind for node in result.fused)
-    norms = kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_OP] + kinds[contract.ADD_RMS_NORM_OP]
+    norms = kinds[contract.RMS_NORM_OP] + 2 * kinds[contract.QK_NORM_ROPE_OP] + kinds[contract.ADD_RMS_NORM_OP]
     assert norms == entry["norm_calls"], result.report()
-    assert 2 * kinds[contract.QK_NORM_OP] == entry["qk_norm_calls"]
+    # Each layer's q/k norms and the rotary embedding after them: one TrtfuseQkNormRope.
+    assert 2 * kinds[contract.QK_NORM_ROPE_OP] == entry["qk_norm_calls"]
     assert kinds[contract.ADD_RMS_NORM_OP] == entry["add_norm_calls"]
     verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
     assert verdict.passed, verdict.to_json()

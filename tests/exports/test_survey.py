@@ -76,12 +76,22 @@ def test_mla_latent_norms_are_expected_as_pairs(tmp_path: Path) -> None:
     exports = corpus(tmp_path, ["deepseek_v3-dynamo-fp32.onnx"], FIXTURES, "dynamo")
     (outcome,), tables = survey(exports, "--skip", "inspect", "--skip", "compile")
     assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == 2
-    assert "| 9 / 9 | 2 / 2 |" in tables
+    assert "| 9 / 9 | 2 / 2 | 0 |" in tables
+
+
+def test_pairs_with_their_rotation_count_as_pairs_and_apart(tmp_path: Path) -> None:
+    # Qwen3's q/k pairs with the rotary embedding after them: TrtfuseQkNormRope nodes, QK pairs with a rotation.
+    exports = corpus(tmp_path, ["qwen3-dynamo-fp32.onnx"], FIXTURES, "dynamo")
+    (outcome,), tables = survey(exports, "--skip", "compile")
+    assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == outcome["rope_nodes"] == 2
+    assert outcome["messages"] == [] and outcome["inspected_norms"] == 9
+    assert "| 9 / 9 | 2 / 2 | 2 | 4 / 4 |" in tables
 
 
 def test_quantized_qk_norms_count_as_pairs(tmp_path: Path) -> None:
-    # ModelOpt's INT8 Gemma3: both q/k pairs are TrtfuseQkNormQuant nodes, the Qs on their outputs taken in.
+    # ModelOpt's INT8 Gemma3: both q/k pairs are TrtfuseQkNormQuant nodes, the Qs on their outputs taken in; their
+    # rotations (which read the dequantized outputs) stay out.
     exports = corpus(tmp_path, ["gemma3-modelopt-int8-fp16.onnx"])
     (outcome,), tables = survey(exports, "--skip", "inspect", "--skip", "compile")
     assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == 2
-    assert "| 13 / 13 | 2 / 2 | 4 / 4 | 0 | 25 (1 kept out) |" in tables
+    assert "| 13 / 13 | 2 / 2 | 0 (2 kept out) | 4 / 4 | 0 | 25 (1 kept out) |" in tables

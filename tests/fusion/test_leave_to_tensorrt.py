@@ -27,7 +27,7 @@ def _counts(options: FusionOptions) -> dict[str, int]:
 def test_the_full_fusion_of_the_qwen3_fixture():
     assert _counts(FusionOptions()) == {
         contract.RMS_NORM_OP: 1,
-        contract.QK_NORM_OP: 2,
+        contract.QK_NORM_ROPE_OP: 2,
         contract.ADD_RMS_NORM_OP: 4,
     }
 
@@ -48,14 +48,14 @@ def test_no_fuse_qk_leaves_both_norms_of_each_pair_unfused():
 def test_no_fuse_norm_leaves_the_norms_fused_alone():
     result = fuse_model(onnx.load(QWEN3), FusionOptions(fuse_norm=False))
     assert {op: n for op, n in plugin_node_counts(result.model).items() if n} == {
-        contract.QK_NORM_OP: 2,
+        contract.QK_NORM_ROPE_OP: 2,
         contract.ADD_RMS_NORM_OP: 4,
     }
     assert [miss.reason for miss in result.search.near_misses].count(LEFT_NORM) == 1
 
 
 def test_with_no_fuse_residual_the_add_norms_become_norms_fused_alone_and_no_fuse_norm_leaves_them_too():
-    assert _counts(FusionOptions(fuse_residual=False, fuse_norm=False)) == {contract.QK_NORM_OP: 2}
+    assert _counts(FusionOptions(fuse_residual=False, fuse_norm=False)) == {contract.QK_NORM_ROPE_OP: 2}
 
 
 @pytest.mark.parametrize(("flag", "left"), [("--no-fuse-qk", 4), ("--no-fuse-norm", 1)])

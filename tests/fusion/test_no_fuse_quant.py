@@ -16,8 +16,6 @@ onnx, onnx-graphsurgeon and protobuf too, so the test runs only where their vers
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.metadata
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -25,12 +23,12 @@ from pathlib import Path
 import onnx
 import pytest
 
+from support.digests import outcome, recorded, write_outcomes
 from support.graphs import qdq_norm, residual_near_miss
 from support.paths import FIXTURES, REPO_ROOT
 from support.quant_graphs import QuantSpec, quantized_decoder, quantized_norm
 
 DIGESTS = Path(__file__).with_name("test_no_fuse_quant_digests.json")
-PACKAGES = ("onnx", "onnx_graphsurgeon", "protobuf")
 # The residual setting of each recording: the pass's default, and --no-fuse-residual.
 SETTINGS = {"default": True, "no-fuse-residual": False}
 NORM_CASES = ("input-pair", "shape", "output-dtype", "read", "per-channel", "zero-point", "uint8")
@@ -59,40 +57,18 @@ def _cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     return cases
 
 
-def _environment() -> dict[str, str]:
-    return {package: importlib.metadata.version(package) for package in PACKAGES}
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _outcome(result: object) -> dict[str, str]:
-    report = json.dumps(result.report(), sort_keys=True)
-    return {
-        "model": _sha256(result.model.SerializeToString()),
-        "report": _sha256(report.encode()),
-        "line": result.counts().line(),
-    }
-
-
-def _recorded() -> dict:
-    recorded = json.loads(DIGESTS.read_text())
-    if recorded["environment"] != _environment():
-        pytest.skip(f"recorded with {recorded['environment']}, this is {_environment()}")
-    return recorded["outcomes"]
-
-
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("name", sorted(_cases()))
 def test_without_the_quantizers_the_output_and_report_are_the_old_ones(name: str, setting: str) -> None:
     from trtfuse.fusion.fuse import fuse_model
     from trtfuse.fusion.options import FusionOptions
 
-    recorded = _recorded()
-    result = fuse_model(_cases()[name](), FusionOptions(fuse_residual=SETTINGS[setting], fuse_quant=False))
+    expected = recorded(DIGESTS)
+    # The pass before the quantized ops had no rotary op either (tests/fusion/test_no_fuse_rope.py has all flags).
+    options = FusionOptions(fuse_residual=SETTINGS[setting], fuse_quant=False, fuse_rope=False)
+    result = fuse_model(_cases()[name](), options)
     assert result.search.quant_near_misses is None and result.search.quantizers_taken() == []
-    assert _outcome(result) == recorded[setting][name]
+    assert outcome(result) == expected[setting][name]
 
 
 def test_every_case_is_recorded() -> None:
@@ -109,11 +85,11 @@ def _record(out: Path) -> None:
 
     outcomes = {
         setting: {
-            name: _outcome(fuse_model(build(), FusionOptions(fuse_residual=fuse))) for name, build in _cases().items()
+            name: outcome(fuse_model(build(), FusionOptions(fuse_residual=fuse))) for name, build in _cases().items()
         }
         for setting, fuse in SETTINGS.items()
     }
-    out.write_text(json.dumps({"environment": _environment(), "outcomes": outcomes}, indent=1, sort_keys=True) + "\n")
+    write_outcomes(out, outcomes)
 
 
 if __name__ == "__main__":

@@ -70,9 +70,10 @@ def test_without_the_residual_fusion_the_output_is_the_old_one_byte_for_byte(nam
     from trtfuse.fusion.options import FusionOptions
 
     recorded = _recorded()
-    # The pass before the add-norm had no quantized ops either: on a quantized model --no-fuse-residual alone still
-    # takes the Q/DQ pairs into TrtfuseRmsNormQuant nodes (tests/fusion/test_no_fuse_quant.py has both flags).
-    fused = fuse_model(_cases()[name](), FusionOptions(fuse_residual=False, fuse_quant=False))
+    # The pass before the add-norm had no quantized or rotary ops either: on a quantized model --no-fuse-residual
+    # alone still takes the Q/DQ pairs into TrtfuseRmsNormQuant nodes (tests/fusion/test_no_fuse_quant.py has both
+    # flags), and the rotations into TrtfuseQkNormRope nodes (tests/fusion/test_no_fuse_rope.py).
+    fused = fuse_model(_cases()[name](), FusionOptions(fuse_residual=False, fuse_quant=False, fuse_rope=False))
     assert fused.search.add_norms == [] and fused.search.residual_near_misses == []
     assert _digest(fused.model) == recorded[name]
 

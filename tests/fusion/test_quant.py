@@ -510,7 +510,7 @@ def test_inspect_and_fuse_report_the_quantizers(tmp_path) -> None:
     first = inspected.stdout.splitlines()[0]
     assert first.endswith(
         "0 TrtfuseRmsNorm, 2 TrtfuseQkNorm, 1 TrtfuseRmsNormQuant and 4 TrtfuseAddRmsNormQuant nodes (9 norms), "
-        "0 rejected, 9 Qs taken in"
+        "0 rejected, 9 Qs taken in, 2 rotations kept out"
     ), first
     assert "add kept" not in inspected.stdout and " quant=input:int8@" in inspected.stdout
     report = json.loads(run_cli("inspect", MODELOPT_FIXTURE, "--json").stdout)

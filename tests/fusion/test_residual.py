@@ -162,9 +162,15 @@ def test_an_operand_of_no_inferred_dtype_takes_the_adds_and_is_declared() -> Non
 
 
 def test_qk_norms_are_never_add_norms_and_a_stack_keeps_its_pairs() -> None:
-    result = fuse_model(onnx.load(str(FIXTURES / "qwen3-dynamo-fp32.onnx")))
+    result = fuse_model(onnx.load(str(FIXTURES / "qwen3-dynamo-fp32.onnx")), FusionOptions(fuse_rope=False))
     totals = result.report()["totals"]
     assert (totals[contract.QK_NORM_OP], totals[contract.ADD_RMS_NORM_OP], totals[contract.RMS_NORM_OP]) == (2, 4, 1)
+    rotated = fuse_model(onnx.load(str(FIXTURES / "qwen3-dynamo-fp32.onnx"))).report()["totals"]
+    assert (rotated[contract.QK_NORM_ROPE_OP], rotated[contract.ADD_RMS_NORM_OP], rotated[contract.RMS_NORM_OP]) == (
+        2,
+        4,
+        1,
+    )
 
 
 def test_without_the_residual_fusion_every_norm_is_fused_alone() -> None:

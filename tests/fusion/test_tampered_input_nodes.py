@@ -23,35 +23,50 @@ F16 = TensorProto.FLOAT16
 HEAD = 16
 
 
+ROTARY = contract.RotaryParams(HEAD, HEAD, contract.Rotation.HALF_SPLIT, contract.HeadLayout.TOKEN_MAJOR)
+
+
+def _rotary_fields(op: str) -> dict[str, object]:
+    if not contract.OPS[op].rotary:
+        return {}
+    return dict(zip(contract.ROTARY_FIELDS, ROTARY.numbers(), strict=True))
+
+
 def _quant_fields(op: str) -> dict[str, object]:
     fused = contract.OPS[op]
     if not fused.quantized:
         return {}
-    if fused.base == contract.QK_NORM_OP:
+    if fused.base in (contract.QK_NORM_OP, contract.QK_NORM_ROPE_OP):
         # The QK-norm's stages are its outputs': k_out in INT8 (`_model` declares it so).
         quant, hidden = contract.QuantParams(k_output=contract.Quantizer("int8", 0.5)), (HEAD, HEAD)
     else:
         quant, hidden = contract.QuantParams(input=contract.Quantizer("int8", 0.5, True, "float16")), (HIDDEN,)
-    fields = NodeFields(fused, contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST), hidden, "float16", quant)
+    rotary = ROTARY if fused.rotary else None
+    params = contract.NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
+    fields = NodeFields(fused, params, hidden, "float16", quant, rotary)
     plain = contract.OPS[fused.base].fields
     return {name: value for name, value in fields.numbers().items() if name not in plain}
 
 
 def _model(op: str, broken: str) -> onnx.ModelProto:
     """One node of `op`, as the pass writes it (a quantized op with an INT8 input stage, the QK-norm's with k_out in
-    INT8), then broken as `broken` says."""
+    INT8, a rotary one with its cos and sin tables), then broken as `broken` says."""
     plain = contract.OPS[op].base or op
     shape = ["tokens", HIDDEN]
     weight = numpy_helper.from_array(np.ones(HIDDEN, np.float16), "w")
-    if plain == contract.QK_NORM_OP:
-        shape = ["tokens", 2, HEAD]
+    tables = {}
+    if plain in (contract.QK_NORM_OP, contract.QK_NORM_ROPE_OP):
+        shape = ["batch", "tokens", 2, HEAD]
         weight = numpy_helper.from_array(np.ones(HEAD, np.float16), "w")
         inputs, outputs, hidden = ["q", "k", "w", "w"], ["q_out", "k_out"], (HEAD, HEAD)
+        if contract.OPS[op].rotary:
+            tables = {name: (F16, [1, "tokens", HEAD]) for name in ("cos", "sin")}
+            inputs += list(tables)
     elif plain == contract.ADD_RMS_NORM_OP:
         inputs, outputs, hidden = ["q", "k", "w"], ["y", "h"], (HIDDEN,)
     else:
         inputs, outputs, hidden = ["q", "w"], ["y"], (HIDDEN,)
-    extra: dict[str, object] = _quant_fields(op)
+    extra: dict[str, object] = {**_rotary_fields(op), **_quant_fields(op)}
     if broken == "epsilon":
         extra[contract.ATTR_EPSILON] = -1e-6
     elif broken == "missing-input":
@@ -59,7 +74,7 @@ def _model(op: str, broken: str) -> onnx.ModelProto:
     elif broken == "hidden":
         hidden = tuple(size + 1 for size in hidden)
     node = fused_node(op, inputs, outputs, WeightMode.AFTER_CAST, hidden, **extra)
-    activations = {name: (F16, shape) for name in ("q", "k") if name in inputs}
+    activations = {**{name: (F16, shape) for name in ("q", "k") if name in inputs}, **tables}
     out_types = {name: (TensorProto.INT8 if name == "k_out" and op != plain else F16, shape) for name in outputs}
     return fused_model([node], activations, out_types, [weight])
 

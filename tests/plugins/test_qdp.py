@@ -83,14 +83,30 @@ def test_there_is_one_qdp_per_op() -> None:
     assert [definition.op for definition in aot.qdp_definitions(STAND_INS)] == list(contract.FUSED_OPS)
 
 
-def _kernel_params(op: str) -> tuple:
-    from trtfuse.kernels.declaration import add_rms_norm_params, qk_norm_params, rms_norm_params
+def _rope_kernels() -> None:
+    """Skip a check of the rotary op's kernels where trtfuse.kernels has none yet (they come with the ropekernel
+    branch's QkNormRopeSpec, qk_norm_rope_params and qk_norm_rope_tactics)."""
+    from trtfuse.kernels import declaration
 
-    return {
-        contract.RMS_NORM_OP: rms_norm_params,
-        contract.QK_NORM_OP: qk_norm_params,
-        contract.ADD_RMS_NORM_OP: add_rms_norm_params,
-    }[contract.OPS[op].base or op]()
+    if not hasattr(declaration, "qk_norm_rope_params"):
+        pytest.skip("trtfuse.kernels has no QK-norm + rotary kernel here")
+
+
+# Each plain op's kernel parameters in trtfuse.kernels.declaration (a quantized op's are its plain op's).
+KERNEL_PARAMS = {
+    contract.RMS_NORM_OP: "rms_norm_params",
+    contract.QK_NORM_OP: "qk_norm_params",
+    contract.ADD_RMS_NORM_OP: "add_rms_norm_params",
+    contract.QK_NORM_ROPE_OP: "qk_norm_rope_params",
+}
+
+
+def _kernel_params(op: str) -> tuple:
+    from trtfuse.kernels import declaration
+
+    if contract.OPS[op].rotary:
+        _rope_kernels()
+    return getattr(declaration, KERNEL_PARAMS[contract.OPS[op].base or op])()
 
 
 def _kernel_inputs(op: str) -> list[str]:
@@ -105,7 +121,7 @@ def test_the_kernel_s_outputs_are_the_op_s_in_order(op: str) -> None:
     from trtfuse.kernels.declaration import ParamRole
 
     outputs = [param.name for param in _kernel_params(op) if param.role is ParamRole.OUTPUT]
-    expected = {contract.QK_NORM_OP: ["q_out", "k_out"]}.get(op, list(contract.OPS[op].outputs))
+    expected = list(contract.OPS[op].outputs)
     assert outputs == expected
 
 
@@ -396,10 +412,10 @@ QK_INT8_Q_FP8_K = contract.QuantParams(
 
 def _quant_choices(op: contract.FusedOp) -> tuple[contract.QuantParams | None, ...]:
     """The quantizers `op` is tried with: none for a plain op; an FP8 and an INT8 output and an input stage alone (y
-    stays in T) for a quantized norm; each output's own, or one output's alone, for the quantized QK-norm."""
+    stays in T) for a quantized norm; each output's own, or one output's alone, for the quantized QK-norms."""
     if not op.quantized:
         return (None,)
-    if op.base == contract.QK_NORM_OP:
+    if op.base in (contract.QK_NORM_OP, contract.QK_NORM_ROPE_OP):
         return (QK_FP8_Q, QK_INT8_Q_FP8_K)
     return (FP8_OUT, INT8_OUT, INPUT_ONLY)
 
@@ -413,10 +429,14 @@ def quant_label(quant: contract.QuantParams | None) -> str:
     return "+".join(f"{stage.value}-{quant.at(stage).dtype}" for stage in quant.stages)
 
 
+ROTARY = contract.RotaryParams(16, 16, contract.Rotation.HALF_SPLIT, contract.HeadLayout.TOKEN_MAJOR)
+
+
 def qdp_fields(op: str, mode: WeightMode, output_dtype: str, quant: contract.QuantParams | None) -> NodeFields:
-    hidden = (16, 32) if (contract.OPS[op].base or op) == contract.QK_NORM_OP else (HIDDEN,)
+    fused = contract.OPS[op]
+    hidden = (16, 32) if len(fused.hidden_fields) == 2 else (HIDDEN,)
     params = contract.NormParams(float(np.float32(1e-6)), 0.0, mode)  # as a float32 attribute holds it
-    return NodeFields(contract.OPS[op], params, hidden, output_dtype, quant)
+    return NodeFields(fused, params, hidden, output_dtype, quant, ROTARY if fused.rotary else None)
 
 
 def field_bytes(fields: NodeFields) -> list[bytes]:
@@ -427,13 +447,17 @@ def field_bytes(fields: NodeFields) -> list[bytes]:
     ]
 
 
-def _offered_tactics(op: str, dtype: str, weight: str | None, fields: NodeFields) -> tuple:
+def _offered_tactics(op: str, dtype: str, weight: str | None, fields: NodeFields, table: str | None) -> tuple:
     """The kernels' own tactics for the spec of an autotune combination."""
+    from trtfuse.kernels import artifacts
     from trtfuse.kernels.artifacts import add_rms_norm_tactics, qk_norm_tactics, rms_norm_tactics
     from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
+    from trtfuse.plugins.kernel_specs import kernel_spec
 
     params, output_dtype = fields.params, fields.output_dtype
     kind = contract.OPS[op].base or op
+    if kind == contract.QK_NORM_ROPE_OP:
+        return artifacts.qk_norm_rope_tactics(kernel_spec(fields, dtype, weight, table))
     if kind == contract.RMS_NORM_OP:
         return rms_norm_tactics(RmsNormSpec(HIDDEN, dtype, weight, params, output_dtype, fields.quant))
     if kind == contract.ADD_RMS_NORM_OP:
@@ -452,8 +476,10 @@ def test_autotune_offers_exactly_the_contract_s_dtype_pairs(
     Normalised outputs are in the normalised dtype (a quantized op's FP8 / INT8 with the output stage on), the others
     (the add-norm's h) in the activations' dtype."""
     fused_op = contract.OPS[op]
+    if fused_op.rotary:
+        _rope_kernels()
     fields = qdp_fields(op, mode, output_dtype, quant)
-    inputs = [None] * (len(fused_op.activations) + len(fused_op.weights))
+    inputs = [None] * len(fused_op.inputs(True))
     combinations = DEFINITIONS[op].autotune(*inputs, *field_bytes(fields), (None,) * OUTPUT_COUNTS[op])
     seen = set()
     data_type_names = {"BF16", "FP8", "INT8", "FLOAT", "HALF", "INT32"}
@@ -463,25 +489,30 @@ def test_autotune_offers_exactly_the_contract_s_dtype_pairs(
         assert all(type_name_is_read(part, data_type_names) for part in parts)
         names = [TYPE_NAMES[part] for part in parts]
         activation_count, input_count = len(fused_op.activations), len(inputs)
-        activations, weights, outputs = (
+        table_start = input_count - len(fused_op.rotary_tables)
+        activations, weights, tables, outputs = (
             names[:activation_count],
-            names[activation_count:input_count],
+            names[activation_count:table_start],
+            names[table_start:input_count],
             names[input_count:],
         )
-        assert len(set(activations)) == len(set(weights)) == 1
-        dtype, weight = activations[0], weights[0]
+        assert len(set(activations)) == len(set(weights)) == 1 and len(set(tables)) <= 1
+        dtype, weight, table = activations[0], weights[0], next(iter(tables), None)
+        assert table in (None, "float32", dtype)
         assert outputs == [
             fields.normalised_dtype(index) if norm else dtype for index, norm in enumerate(fused_op.normalised_outputs)
         ]
         assert dtype in contract.ACTIVATION_DTYPES and weight in contract.WEIGHT_DTYPES
         assert contract.dtype_pair_problem(dtype, output_dtype) is None
         spec_weight = None if mode is WeightMode.NONE else weight
-        tactics = _offered_tactics(op, dtype, spec_weight, fields)
+        tactics = _offered_tactics(op, dtype, spec_weight, fields, table)
         assert combination.tactics == [int(tactic) for tactic in tactics] and all(t > 0 for t in combination.tactics)
-        seen.add((dtype, weight))
+        seen.add((dtype, weight, table))
     weights = (contract.AOT_PLACEHOLDER_WEIGHT_DTYPE,) if mode is WeightMode.NONE else contract.WEIGHT_DTYPES
     allowed = {d for d in contract.ACTIVATION_DTYPES if contract.dtype_pair_problem(d, output_dtype) is None}
-    assert seen == {(dtype, weight) for dtype in allowed for weight in weights}
+    # A rotary op's tables: float32, or the activations' dtype.
+    tables = (lambda dtype: {"float32", dtype}) if fused_op.rotary else (lambda dtype: {None})
+    assert seen == {(dtype, weight, table) for dtype in allowed for weight in weights for table in tables(dtype)}
     assert len(seen) == len(combinations)
 
 
@@ -671,7 +702,7 @@ def test_a_quantized_aot_impl_builds_its_spec_with_the_quantizers(
     name = "rms_norm_artifact" if op == contract.RMS_NORM_QUANT_OP else "add_rms_norm_artifact"
     monkeypatch.setattr(artifacts, name, lambda spec, tactic, arch: asked.append((spec, tactic, arch)) or "artifact")
     monkeypatch.setattr(aot, "_build_arch", lambda: "sm_90a")
-    monkeypatch.setattr(aot, "_kernel", lambda trtp, artifact, activations: (artifact, activations))
+    monkeypatch.setattr(aot, "_kernel", lambda trtp, artifact, activations, extents=(): (artifact, activations))
     fields = qdp_fields(op, WeightMode.AFTER_CAST, "float16", FP8_OUT)
     fused_op = contract.OPS[op]
     inputs = [Desc("float16") for _ in fused_op.activations] + [Desc("float32", (HIDDEN,))]

@@ -54,7 +54,7 @@ FP16_TOLERANCE = ("--atol", "2e-3", "--rtol", "2e-3")
 FIXTURE_CASES = [
     (
         "qwen3-dynamo-fp32.onnx",
-        "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected",
+        "1 TrtfuseRmsNorm, 0 TrtfuseQkNorm, 4 TrtfuseAddRmsNorm and 2 TrtfuseQkNormRope nodes (9 norms), 0 rejected",
         (),
     ),
     (
@@ -69,7 +69,7 @@ FIXTURE_CASES = [
     ),
     (
         "gemma3-torchscript-fp16.onnx",
-        "5 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (13 norms), 0 rejected",
+        "5 TrtfuseRmsNorm, 0 TrtfuseQkNorm, 4 TrtfuseAddRmsNorm and 2 TrtfuseQkNormRope nodes (13 norms), 0 rejected",
         FP16_TOLERANCE,
     ),
 ]
@@ -137,7 +137,8 @@ def test_kv_cache_model_matches_with_polygraphy_shapes_and_data_loader():
     )
     output = output_of(result)
     assert result.returncode == 0, output
-    assert ": 1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected" in output
+    counts = "1 TrtfuseRmsNorm, 0 TrtfuseQkNorm, 4 TrtfuseAddRmsNorm and 2 TrtfuseQkNormRope nodes (9 norms)"
+    assert f": {counts}, 0 rejected" in output
     for name in ("logits", "present.0.key", "present.1.value"):
         assert f"PASSED | Output: '{name}'" in output
     assert ALL_MATCHED in output
@@ -199,14 +200,22 @@ FUSION_FLAGS = {
         FIXTURES / "qwen3-dynamo-fp32.onnx",
         "input_ids:[2,8]",
         "fuse_residual=False",
-        "5 TrtfuseRmsNorm and 2 TrtfuseQkNorm nodes (9 norms), 0 rejected",
+        "5 TrtfuseRmsNorm, 0 TrtfuseQkNorm and 2 TrtfuseQkNormRope nodes (9 norms), 0 rejected",
+    ),
+    # What trtfuse wrote before the rotary op: the q/k pairs without their rotation.
+    "--trtfuse-no-fuse-rope": (
+        FIXTURES / "qwen3-dynamo-fp32.onnx",
+        "input_ids:[2,8]",
+        "fuse_rope=False",
+        "1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected",
     ),
     # What trtfuse wrote before the quantized ops: the three Adds whose sums are quantized stay out.
     "--trtfuse-no-fuse-quant": (
         TOOL_FIXTURES / "qwen3-modelopt-int8-fp16.onnx",
         "input_ids:[2,5]",
         "fuse_quant=False",
-        "4 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 1 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected, 3 Adds kept out",
+        "4 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 1 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected, 3 Adds kept out, "
+        "2 rotations kept out",
     ),
 }
 

@@ -504,14 +504,14 @@ def attention_block(spec: AttentionSpec) -> onnx.ModelProto:
     q = _project(b, normed, HIDDEN, spec.q_heads * spec.head_dim, dtype, spec.bias)
     k = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype, spec.bias)
     v = _project(b, normed, HIDDEN, spec.kv_heads * spec.head_dim, dtype, spec.bias)
-    q_out = _norm_heads(b, q, spec.q_heads, spec, q_norm)
-    k_out = _norm_heads(b, k, spec.kv_heads, spec, k_norm, shape_from=q_out if spec.k_reads_q else None)
+    q_out = norm_heads(b, q, spec.q_heads, spec, q_norm)
+    k_out = norm_heads(b, k, spec.kv_heads, spec, k_norm, shape_from=q_out if spec.k_reads_q else None)
     for tensor in (q_out, k_out, v):
         b.output(tensor)
     return b.model()
 
 
-def _norm_heads(
+def norm_heads(
     b: Builder, projected: str, heads: int, spec: AttentionSpec, norm: NormSpec, shape_from: str | None = None
 ) -> str:
     """One projection reshaped to heads and normalised the way `spec.layout` does; returns [B, heads, S, D]."""

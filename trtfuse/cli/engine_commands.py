@@ -110,8 +110,8 @@ COMPARE_INSTALL_HINT = (
     is_flag=True,
     help="With the A/B of --baseline (implied): where the trtfuse engine loses a case beyond noise, build and time "
     "the fusion with each kind of node left to TensorRT (--no-fuse-norm, --no-fuse-residual, --no-fuse-qk, "
-    "--no-fuse-quant; at most one build per kind the model has, plus one combination) and keep the fastest "
-    "configuration slower in no case; TensorRT alone's engine if none is.",
+    "--no-fuse-rope, --no-fuse-quant; at most one build per kind the model has, plus one combination) and keep the "
+    "fastest configuration slower in no case; TensorRT alone's engine if none is.",
 )
 @click.option(
     "--strict-folds",

@@ -28,9 +28,9 @@ from trtfuse.cli.options import (
 from trtfuse.files import OutputPlan
 
 if TYPE_CHECKING:
-    from trtfuse.contract import NormParams
+    from trtfuse.contract import NormParams, RotaryParams
     from trtfuse.fusion.options import FusionOptions
-    from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch, TakenQuantizer
+    from trtfuse.fusion.patterns import AddNormMatch, NormSearch, QkNormRopeMatch, RmsNormMatch, TakenQuantizer
 
 
 def _match_line(match: RmsNormMatch) -> str:
@@ -39,6 +39,13 @@ def _match_line(match: RmsNormMatch) -> str:
 
 def _add_norm_line(add: AddNormMatch) -> str:
     return f"{_norm_line(add.norm, add.dtype, add.params, add.tags)} add={add.add}{_quant_text(add.all_quantizers)}"
+
+
+def _rotation_line(rotary: RotaryParams) -> str:
+    return (
+        f"head_dim={rotary.head_dim} rotary_dim={rotary.rotary_dim} {rotary.rotation.name.lower()} "
+        f"{rotary.layout.name.lower()}"
+    )
 
 
 def _quant_text(quantizers: tuple[TakenQuantizer, ...]) -> str:
@@ -94,16 +101,29 @@ def _add_norm_json(add: AddNormMatch) -> dict:
     return _with_quant(entry, add.all_quantizers)
 
 
-def _search_json(search: NormSearch) -> dict:
-    from trtfuse.fusion.fuse import near_miss_json, quant_near_miss_json
+def _rope_json(rope: QkNormRopeMatch) -> dict:
+    from trtfuse.fusion.fuse import rotary_json
 
+    sides = {
+        role: {**_match_json(side.norm), "rotation": [node.name for node in side.nodes]}
+        for role, side in (("q", rope.q), ("k", rope.k))
+    }
+    return _with_quant({**sides, "rotary": rotary_json(rope.q.rotary)}, rope.quantizers)
+
+
+def _search_json(search: NormSearch) -> dict:
+    from trtfuse.fusion.fuse import near_miss_json, quant_near_miss_json, rope_near_miss_json
+
+    ropes = {"qk_norm_ropes": [_rope_json(rope) for rope in search.qk_norm_ropes]} if search.qk_norm_ropes else {}
     return {
         "rms_norms": [_match_json(match) for match in search.matches],
         "add_rms_norms": [_add_norm_json(add) for add in search.add_norms],
         "qk_norm_pairs": [{"q": _match_json(pair.q), "k": _match_json(pair.k)} for pair in search.qk_norm_pairs],
+        **ropes,
         "near_misses": near_miss_json(search.near_misses),
         "residual_near_misses": near_miss_json(search.residual_near_misses),
         **quant_near_miss_json(search),
+        **rope_near_miss_json(search),
     }
 
 
@@ -129,9 +149,14 @@ def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
     lines += [f"  add_norm  {_add_norm_line(add)}" for add in search.add_norms]
     for pair in search.qk_norm_pairs:
         lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
+    for rope in search.qk_norm_ropes:
+        rotation = _rotation_line(rope.q.rotary)
+        lines += [f"  qk_rope   q: {_match_line(rope.q.norm)}", f"            k: {_match_line(rope.k.norm)}"]
+        lines += [f"            rotation: {rotation}"]
     lines += [f"  rejected  {miss.node}: {miss.reason}" for miss in search.near_misses]
     lines += [f"  add kept  {miss.node}: {miss.reason}" for miss in search.residual_near_misses]
     lines += [f"  q kept    {miss.node}: {miss.reason}" for miss in search.quant_near_misses or ()]
+    lines += [f"  rope kept {miss.node}: {miss.reason}" for miss in search.rope_near_misses or ()]
     for line in lines:
         click.echo(printable(line))
 

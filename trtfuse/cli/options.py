@@ -15,6 +15,7 @@ from typing import NoReturn, TypeVar
 
 import click
 
+from trtfuse.contract import QUANTIZED_OPS
 from trtfuse.files import json_text, signals_held
 from trtfuse.fusion.options import FusionOptions
 
@@ -278,9 +279,14 @@ def feed_options(command: F) -> F:
     return command
 
 
+# The quantized ops --no-fuse-quant leaves out, in the op table's order: "A, B or C".
+_QUANTIZED = [op.name for op in QUANTIZED_OPS.values()]
+_QUANTIZED_OP_NAMES = f"{', '.join(_QUANTIZED[:-1])} or {_QUANTIZED[-1]}"
+
+
 def fusion_options(command: F) -> F:
-    """--no-fuse-residual, --no-fuse-quant, --no-fuse-qk and --no-fuse-norm, on every command that fuses (and
-    `inspect`, which shows what they would); the command receives `fusion`, a FusionOptions."""
+    """--no-fuse-residual, --no-fuse-quant, --no-fuse-qk, --no-fuse-norm and --no-fuse-rope, on every command that
+    fuses (and `inspect`, which shows what they would); the command receives `fusion`, a FusionOptions."""
 
     @functools.wraps(command)
     def with_fusion(
@@ -289,6 +295,7 @@ def fusion_options(command: F) -> F:
         no_fuse_quant: bool,
         no_fuse_qk: bool,
         no_fuse_norm: bool,
+        no_fuse_rope: bool,
         **kwargs: object,
     ) -> object:
         fusion = FusionOptions(
@@ -296,6 +303,7 @@ def fusion_options(command: F) -> F:
             fuse_quant=not no_fuse_quant,
             fuse_qk=not no_fuse_qk,
             fuse_norm=not no_fuse_norm,
+            fuse_rope=not no_fuse_rope,
         )
         return command(*args, fusion=fusion, **kwargs)
 
@@ -311,8 +319,8 @@ def fusion_options(command: F) -> F:
             "--no-fuse-quant",
             is_flag=True,
             help="Keep every QuantizeLinear -> DequantizeLinear pair around a norm in the graph: no "
-            "TrtfuseRmsNormQuant, TrtfuseAddRmsNormQuant or TrtfuseQkNormQuant, the output what trtfuse wrote "
-            'before them (docs/patterns.md, "Quantized norms").',
+            f"{_QUANTIZED_OP_NAMES}, the output what trtfuse wrote before them "
+            '(docs/patterns.md, "Quantized norms").',
         ),
         click.option(
             "--no-fuse-qk",
@@ -324,6 +332,12 @@ def fusion_options(command: F) -> F:
             is_flag=True,
             help="Leave each norm that would be fused alone (a TrtfuseRmsNorm: no QK pair, no residual Add) as the "
             "graph computes it, for TensorRT to compile.",
+        ),
+        click.option(
+            "--no-fuse-rope",
+            is_flag=True,
+            help="Keep the rotary embedding after each QK-norm pair in the graph: the pair fused as TrtfuseQkNorm, "
+            'no TrtfuseQkNormRope, the output what trtfuse wrote before it (docs/patterns.md, "Rotary embedding").',
         ),
     )
     for option in reversed(options):
@@ -423,7 +437,7 @@ def detail(message: str) -> None:
 
 
 def fusion_details(report: dict, seconds: dict[str, float]) -> None:
-    """With -v: each fused node, each rejected candidate, each Add and each QuantizeLinear kept out of a fusion
+    """With -v: each fused node, each rejected candidate, each Add, QuantizeLinear and rotation kept out of a fusion
     report, then the time of each phase."""
     for node in report["fused"]:
         dtypes = node["dtype"] if node["output_dtype"] == node["dtype"] else f"{node['dtype']}->{node['output_dtype']}"
@@ -439,6 +453,8 @@ def fusion_details(report: dict, seconds: dict[str, float]) -> None:
         detail(f"add kept {miss['node']}: {miss['reason']}")
     for miss in report.get("quant_near_misses", []):
         detail(f"q kept {miss['node']}: {miss['reason']}")
+    for miss in report.get("rope_near_misses", []):
+        detail(f"rope kept {miss['node']}: {miss['reason']}")
     detail(", ".join(f"{phase} {seconds[phase]:.2f} s" for phase in seconds))
 
 

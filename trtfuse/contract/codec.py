@@ -26,21 +26,27 @@ from trtfuse.contract.nodes import (
     OUTPUT_DTYPE_CODES,
     QUANT_DTYPE_CODES,
     QUANT_OFF,
+    ROTARY_FIELDS,
     FusedOp,
+    HeadLayout,
     NormParams,
     Quantizer,
     QuantParams,
     QuantStage,
+    RotaryParams,
+    Rotation,
     WeightMode,
     dtype_of_code,
     norm_quant,
     quant_dtype_of_code,
+    rotary_problem,
 )
 from trtfuse.errors import TrtfuseError
 
 INT32_MAX = 2**31 - 1
 _MODES = ", ".join(f"{mode.value} ({mode.name})" for mode in WeightMode)
 _CODES = ", ".join(f"{code} ({name})" for name, code in OUTPUT_DTYPE_CODES.items())
+_ROTARY_ENUMS = dict(zip(ROTARY_FIELDS[2:], (Rotation, HeadLayout), strict=True))
 _QUANT_CODES = ", ".join([f"{QUANT_OFF} (off)", *(f"{code} ({name})" for name, code in QUANT_DTYPE_CODES.items())])
 
 
@@ -56,18 +62,22 @@ class FieldError(TrtfuseError):
 @dataclass(frozen=True)
 class NodeFields:
     """A fused node's fields, validated: `hidden_sizes` follows the op's parts, `output_dtype` is the normalised
-    value's dtype T (a contract dtype name), `quant` the quantizers of a quantized op (None for a plain op). Each
-    output's dtype is in `output_dtypes`: a normalised one's is T, or its output quantizer's dtype."""
+    value's dtype T (a contract dtype name), `quant` the quantizers of a quantized op (None for a plain op),
+    `rotary` the rotation of a rotary op (None for the others). Each output's dtype is in `output_dtypes`: a
+    normalised one's is T, or its output quantizer's dtype."""
 
     op: FusedOp
     params: NormParams
     hidden_sizes: tuple[int, ...]
     output_dtype: str
     quant: QuantParams | None = None
+    rotary: RotaryParams | None = None
 
     def __post_init__(self) -> None:
         if self.op.quantized != (self.quant is not None):
             raise ValueError(f"{self.op.name}: quant must be given exactly for a quantized op")
+        if self.op.rotary != (self.rotary is not None):
+            raise ValueError(f"{self.op.name}: rotary must be given exactly for a rotary op")
         if len(self.hidden_sizes) != len(self.op.hidden_fields):
             raise ValueError(f"{self.op.name} takes {len(self.op.hidden_fields)} hidden sizes, not {self.hidden_sizes}")
         stages = self.quant.stages if self.quant is not None else ()
@@ -118,6 +128,7 @@ class NodeFields:
             int(params.weight_mode),
             *self.hidden_sizes,
             OUTPUT_DTYPE_CODES[self.output_dtype],
+            *(self.rotary.numbers() if self.rotary is not None else ()),
             *(number for stage in self.op.quant_stages for number in _stage_numbers(stage, self.quant)),
         )
         return dict(zip(self.op.fields, values, strict=True))
@@ -176,13 +187,30 @@ def decode(op: FusedOp, values: Mapping[str, float | int]) -> NodeFields:
     output_dtype = dtype_of_code(int(values[ATTR_OUTPUT_DTYPE]))
     if output_dtype is None:
         raise FieldError(ATTR_OUTPUT_DTYPE, f"is {values[ATTR_OUTPUT_DTYPE]}, none of {_CODES}")
+    hidden_sizes = tuple(int(values[name]) for name in op.hidden_fields)
     return NodeFields(
         op=op,
         params=NormParams(epsilon, offset, WeightMode(mode)),
-        hidden_sizes=tuple(int(values[name]) for name in op.hidden_fields),
+        hidden_sizes=hidden_sizes,
         output_dtype=output_dtype,
         quant=_decode_quant(op, values) if op.quantized else None,
+        rotary=_decode_rotary(values, hidden_sizes) if op.rotary else None,
     )
+
+
+def _decode_rotary(values: Mapping[str, float | int], hidden_sizes: tuple[int, ...]) -> RotaryParams:
+    head_dim, rotary_dim, *codes = (int(values[name]) for name in ROTARY_FIELDS)
+    if not 1 <= head_dim <= INT32_MAX:
+        raise FieldError(ROTARY_FIELDS[0], f"is {head_dim}, not a positive int32 length")
+    for (name, kind), code in zip(_ROTARY_ENUMS.items(), codes, strict=True):
+        if code not in {member.value for member in kind}:
+            named = ", ".join(f"{member.value} ({member.name})" for member in kind)
+            raise FieldError(name, f"is {code}, none of {named}")
+    rotary = RotaryParams(head_dim, rotary_dim, *codes)
+    problem = rotary_problem(rotary, hidden_sizes)
+    if problem is not None:
+        raise FieldError(*problem)
+    return rotary
 
 
 def _decode_quant(op: FusedOp, values: Mapping[str, float | int]) -> QuantParams:

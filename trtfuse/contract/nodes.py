@@ -51,6 +51,56 @@ class NormParams:
         object.__setattr__(self, "weight_mode", WeightMode(self.weight_mode))
 
 
+class Rotation(enum.IntEnum):
+    """Which elements of a head row's rotated part (its first R) turn together, as one pair (y[a], y[b]) becoming
+    (y[a]·cos - y[b]·sin, y[b]·cos + y[a]·sin) with the cos and sin of a's column (docs/plugin-nodes.md, "Rotary
+    embedding")."""
+
+    HALF_SPLIT = 0  # a = j, b = j + R/2 (j < R/2): Hugging Face's rotate_half, ONNX RotaryEmbedding interleaved=0
+    INTERLEAVED = 1  # a = 2i, b = 2i + 1: GPT-J's rotate_every_two, ONNX RotaryEmbedding interleaved=1
+
+
+class HeadLayout(enum.IntEnum):
+    """How a rotary node's q and k hold heads and tokens: which token a head row belongs to, so which row of cos
+    and sin rotates it."""
+
+    TOKEN_MAJOR = 0  # [B, S, H, D], or [B, S, H·D] (a norm over the whole projection: OLMo2)
+    HEAD_MAJOR = 1  # [B, H, S, D] (the norm after the attention's transpose: Gemma3)
+
+
+@dataclass(frozen=True)
+class RotaryParams:
+    """The rotary embedding a node applies after its norm (ATTR_HEAD_DIM, ATTR_ROTARY_DIM, ATTR_ROTATION,
+    ATTR_LAYOUT): each normalised row is cut into head rows of `head_dim` D, and the first `rotary_dim` R elements
+    of each are rotated by the cos and sin of the head row's token, as `rotation` pairs them."""
+
+    head_dim: int
+    rotary_dim: int
+    rotation: Rotation
+    layout: HeadLayout
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rotation", Rotation(self.rotation))
+        object.__setattr__(self, "layout", HeadLayout(self.layout))
+
+    def numbers(self) -> tuple[int, int, int, int]:
+        """The fields' values, in ROTARY_FIELDS order."""
+        return (self.head_dim, self.rotary_dim, int(self.rotation), int(self.layout))
+
+
+def rotary_problem(rotary: RotaryParams, hidden_sizes: tuple[int, ...]) -> tuple[str, str] | None:
+    """(field, why) for rotary fields outside the contract given the node's hidden sizes, or None: R even and
+    within D, D dividing every normalised width, and a head-major node normalising single head rows."""
+    if not 2 <= rotary.rotary_dim <= rotary.head_dim or rotary.rotary_dim % 2:
+        return ATTR_ROTARY_DIM, f"is {rotary.rotary_dim}, not an even length from 2 to head_dim {rotary.head_dim}"
+    for hidden in hidden_sizes:
+        if hidden % rotary.head_dim:
+            return ATTR_HEAD_DIM, f"is {rotary.head_dim}, which does not divide the hidden size {hidden}"
+        if rotary.layout is HeadLayout.HEAD_MAJOR and hidden != rotary.head_dim:
+            return ATTR_LAYOUT, f"is 1 (HEAD_MAJOR), but hidden size {hidden} is not one head row of {rotary.head_dim}"
+    return None
+
+
 # The parser looks a plugin up by these two string attributes (and the op type); the pass writes both.
 ATTR_NAMESPACE = "plugin_namespace"
 ATTR_VERSION = "plugin_version"
@@ -63,6 +113,12 @@ ATTR_HIDDEN = "hidden_size"  # int: length of the normalised (last) axis
 ATTR_Q_HIDDEN = "q_hidden_size"
 ATTR_K_HIDDEN = "k_hidden_size"
 ATTR_OUTPUT_DTYPE = "output_dtype"  # int, an ONNX TensorProto code (OUTPUT_DTYPE_CODES): the normalised outputs' dtype
+# The rotary embedding's fields (an op with `rotary_tables`), ints: RotaryParams.
+ATTR_HEAD_DIM = "head_dim"  # D: the width of one head row, the rotation's unit
+ATTR_ROTARY_DIM = "rotary_dim"  # R: the rotated leading elements of each head row (even, <= D)
+ATTR_ROTATION = "rotation"  # a Rotation
+ATTR_LAYOUT = "layout"  # a HeadLayout
+ROTARY_FIELDS = (ATTR_HEAD_DIM, ATTR_ROTARY_DIM, ATTR_ROTATION, ATTR_LAYOUT)
 FLOAT_FIELDS = frozenset({ATTR_EPSILON, ATTR_WEIGHT_OFFSET})  # with every quantizer's scale (below)
 # `aot` (INT, 1) is the ONNX parser's node attribute that asks for a QDP's AOT implementation (fusion/aot_form.py);
 # weight_mode NONE nodes built as AOT get a never-read weight of [H] zeros in this dtype, as a QDP's input count is
@@ -287,6 +343,9 @@ class FusedOp:
     output_stages: tuple[QuantStage | None, ...] = ()
     quant_stages: tuple[QuantStage, ...] = ()
     base: str | None = None
+    # An op that rotates its normalised outputs (a rotary embedding after the norm) reads these tables after the
+    # weights, always present, and has the ROTARY_FIELDS after output_dtype.
+    rotary_tables: tuple[str, ...] = ()
 
     @property
     def quantizable(self) -> tuple[QuantStage, ...]:
@@ -297,11 +356,24 @@ class FusedOp:
     def fields(self) -> tuple[str, ...]:
         """Every field, in the order the plugins serialise them and tensorrt.plugin hands them to a QDP."""
         quant = tuple(name for stage in self.quant_stages for name in stage.fields)
-        return (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, *self.hidden_fields, ATTR_OUTPUT_DTYPE, *quant)
+        rotary = ROTARY_FIELDS if self.rotary else ()
+        head = (ATTR_EPSILON, ATTR_WEIGHT_OFFSET, ATTR_WEIGHT_MODE, *self.hidden_fields, ATTR_OUTPUT_DTYPE)
+        return (*head, *rotary, *quant)
 
     @property
     def quantized(self) -> bool:
         return bool(self.quant_stages)
+
+    @property
+    def rotary(self) -> bool:
+        return bool(self.rotary_tables)
+
+    @property
+    def listed_when_absent(self) -> bool:
+        """Whether reports list the op with a count of 0: the three plain norm ops. A quantized or rotary op is
+        listed where a model has one, so a model without quantizers or rotations reports what it did before those
+        ops existed."""
+        return not (self.quantized or self.rotary)
 
     @property
     def norm_calls(self) -> int:
@@ -309,8 +381,9 @@ class FusedOp:
         return sum(self.normalised_outputs)
 
     def inputs(self, weighted: bool) -> tuple[str, ...]:
-        """The input names by position: activations, then (unless weight_mode is NONE) the weights."""
-        return self.activations + (self.weights if weighted else ())
+        """The input names by position: activations, then (unless weight_mode is NONE) the weights, then a rotary
+        op's cos and sin tables."""
+        return self.activations + (self.weights if weighted else ()) + self.rotary_tables
 
 
 RMS_NORM = FusedOp(
@@ -343,6 +416,16 @@ QK_NORM = FusedOp(
     ),
     output_stages=(QuantStage.Q_OUTPUT, QuantStage.K_OUTPUT),
 )
+# A QK-norm and the rotary embedding after it (docs/plugin-nodes.md, "Rotary embedding"): TrtfuseQkNorm's tensors and
+# fields, then the cos and sin tables ([Bc, S, R], Bc 1 or B) and the rotary fields; each output the rotated norm.
+# Its quantized form has the output stages only (a Q on the rotation's result): no export seen rotates a norm with
+# input or inverse-root pairs, which the matcher keeps out with that reason.
+QK_NORM_ROPE = dataclasses.replace(
+    QK_NORM,
+    name="TrtfuseQkNormRope",
+    rotary_tables=("cos", "sin"),
+    part_stages=((QuantStage.Q_OUTPUT,), (QuantStage.K_OUTPUT,)),
+)
 # The residual Add in front of a decoder layer's norm, and that norm: x and residual are summed into h (the residual
 # stream's next value, an output of its own), and y is the RMSNorm of h. x and residual are one part: rows of the same
 # shape, normalised over the one hidden size.
@@ -373,13 +456,29 @@ def quantized(op: FusedOp) -> FusedOp:
 RMS_NORM_QUANT = quantized(RMS_NORM)
 ADD_RMS_NORM_QUANT = quantized(ADD_RMS_NORM)
 QK_NORM_QUANT = quantized(QK_NORM)
-OPS = {op.name: op for op in (RMS_NORM, QK_NORM, ADD_RMS_NORM, RMS_NORM_QUANT, ADD_RMS_NORM_QUANT, QK_NORM_QUANT)}
+# A Q on the rotation's result (FP8 / INT8 attention inputs): each rotated output its own quantizer.
+QK_NORM_ROPE_QUANT = quantized(QK_NORM_ROPE)
+OPS = {
+    op.name: op
+    for op in (
+        RMS_NORM,
+        QK_NORM,
+        ADD_RMS_NORM,
+        RMS_NORM_QUANT,
+        ADD_RMS_NORM_QUANT,
+        QK_NORM_QUANT,
+        QK_NORM_ROPE,
+        QK_NORM_ROPE_QUANT,
+    )
+}
 RMS_NORM_OP = RMS_NORM.name
 QK_NORM_OP = QK_NORM.name
 ADD_RMS_NORM_OP = ADD_RMS_NORM.name
 RMS_NORM_QUANT_OP = RMS_NORM_QUANT.name
 ADD_RMS_NORM_QUANT_OP = ADD_RMS_NORM_QUANT.name
 QK_NORM_QUANT_OP = QK_NORM_QUANT.name
+QK_NORM_ROPE_OP = QK_NORM_ROPE.name
+QK_NORM_ROPE_QUANT_OP = QK_NORM_ROPE_QUANT.name
 FUSED_OPS = tuple(OPS)
 # Each plain op and its quantized op, for what treats them alike (counts per norm, kernels, plugin classes).
 QUANTIZED_OPS = {op.base: op for op in OPS.values() if op.base is not None}

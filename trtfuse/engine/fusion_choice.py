@@ -2,11 +2,12 @@
 of node lose, with a bounded number of extra builds, and keep the fastest configuration.
 
 The kinds are the fusion's switches (`FusionOptions`): norms fused alone (`--no-fuse-norm`), residual add-norms
-(`--no-fuse-residual`: the norm stays fused, the Add goes back to TensorRT), q/k pairs (`--no-fuse-qk`) and the
+(`--no-fuse-residual`: the norm stays fused, the Add goes back to TensorRT), q/k pairs (`--no-fuse-qk`, their
+rotations with them), rotary embeddings (`--no-fuse-rope`: the pair stays fused, the rotation goes back) and the
 quantized forms (`--no-fuse-quant`: the Q/DQ pairs go back to the graph). The search, given the full fusion's A/B:
 
 1. no case slower beyond noise: keep the full fusion (no extra build);
-2. else one build per kind the model has, that kind left to TensorRT (K builds, K <= 4);
+2. else one build per kind the model has, that kind left to TensorRT (K builds, K <= 5);
 3. then, where two or more of those were better than the full fusion, one build with all of them left (1 build);
 
 and keeps, of everything measured and of TensorRT alone (every kind left), the configuration with no slower case
@@ -34,6 +35,7 @@ class FusionKind(enum.Enum):
     NORM = "--no-fuse-norm"
     ADD_NORM = "--no-fuse-residual"
     QK = "--no-fuse-qk"
+    ROPE = "--no-fuse-rope"
     QUANT = "--no-fuse-quant"
 
     @property
@@ -42,6 +44,7 @@ class FusionKind(enum.Enum):
             FusionKind.NORM: "norms fused alone",
             FusionKind.ADD_NORM: "residual add-norms",
             FusionKind.QK: "q/k-norm pairs",
+            FusionKind.ROPE: "rotary embeddings",
             FusionKind.QUANT: "quantized forms",
         }[self]
 
@@ -54,22 +57,22 @@ def without(options: FusionOptions, kinds: Iterable[FusionKind]) -> FusionOption
         fuse_norm=options.fuse_norm and FusionKind.NORM not in off,
         fuse_residual=options.fuse_residual and FusionKind.ADD_NORM not in off,
         fuse_qk=options.fuse_qk and FusionKind.QK not in off,
+        fuse_rope=options.fuse_rope and FusionKind.ROPE not in off,
         fuse_quant=options.fuse_quant and FusionKind.QUANT not in off,
     )
 
 
 def kinds_present(nodes: Mapping[str, int]) -> list[FusionKind]:
-    """The kinds a fused model's plugin nodes (counted per op) hold, in FusionKind order."""
-
-    def count(*ops: str) -> int:
-        return sum(nodes.get(op, 0) for op in ops)
-
-    plain = {
-        FusionKind.NORM: contract.RMS_NORM_OP,
-        FusionKind.ADD_NORM: contract.ADD_RMS_NORM_OP,
-        FusionKind.QK: contract.QK_NORM_OP,
+    """The kinds a fused model's plugin nodes (counted per op, a quantized op with its plain one) hold, in
+    FusionKind order; a rotary QK-norm is both a q/k pair and a rotary embedding."""
+    counts = {op: nodes.get(op, 0) + nodes.get(contract.QUANTIZED_OPS[op].name, 0) for op in contract.QUANTIZED_OPS}
+    ops = {
+        FusionKind.NORM: (contract.RMS_NORM_OP,),
+        FusionKind.ADD_NORM: (contract.ADD_RMS_NORM_OP,),
+        FusionKind.QK: (contract.QK_NORM_OP, contract.QK_NORM_ROPE_OP),
+        FusionKind.ROPE: (contract.QK_NORM_ROPE_OP,),
     }
-    present = [kind for kind, op in plain.items() if count(op, contract.quantized(contract.OPS[op]).name)]
+    present = [kind for kind, names in ops.items() if any(counts[name] for name in names)]
     if any(nodes.get(op.name, 0) for op in contract.OPS.values() if op.quantized):
         present.append(FusionKind.QUANT)
     return present

@@ -5,8 +5,8 @@ The file `trtfuse fuse` writes is unchanged; the copy made here for an AOT build
 
 - every node's attributes are the lookup strings, then every field in the op's field order (tensorrt.plugin hands
   the fields to aot_impl by position);
-- weight_mode NONE nodes get a placeholder weight per part (zeros of `[H]`, never read), since a QDP's input count
-  is fixed by its signature;
+- weight_mode NONE nodes get a placeholder weight per part (zeros of `[H]`, never read) after the activations (before
+  a rotary op's cos and sin), since a QDP's input count is fixed by its signature;
 - the parser's `aot` attribute is 1, which asks for the AOT implementation.
 
 Imports onnx, not TensorRT: it runs before the parser, and its tests run anywhere.
@@ -44,7 +44,10 @@ def prepare_for_aot(model: onnx.ModelProto, source: str | Path = "the fused mode
 def _prepare_node(node: onnx.NodeProto, plugin: PluginNode, placeholders: _Placeholders) -> None:
     fields = plugin.fields
     if not fields.has_weight:
-        node.input.extend(placeholders.weight(hidden) for hidden in fields.hidden_sizes)
+        weights = [placeholders.weight(hidden) for hidden in fields.hidden_sizes]
+        inputs = [*plugin.activations, *weights, *plugin.tables]
+        del node.input[:]
+        node.input.extend(inputs)
     ordered = [helper.make_attribute(name, value) for name, value in fields.onnx_attributes().items()]
     placed = {*fields.onnx_attributes(), contract.ATTR_AOT}
     ordered += [_copied(attribute) for attribute in node.attribute if attribute.name not in placed]

@@ -21,8 +21,10 @@ from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.fusion.patterns import NearMiss, NormSearch, find_norms
 from trtfuse.fusion.rewrite import FusedNode, rewrite
 
-# inspect lists a match's quantizers as the fusion report lists its node's (the CLI reads the pass through here).
+# inspect lists a match's quantizers and rotation as the fusion report lists its node's (the CLI reads the pass
+# through here).
 from trtfuse.fusion.rewrite import quantizers_json as quantizers_json
+from trtfuse.fusion.rewrite import rotary_json as rotary_json
 
 # How many rejected candidates a summary line names (`trtfuse inspect` lists them all).
 SUMMARY_REASONS = 2
@@ -34,9 +36,9 @@ def norm_calls(nodes: Mapping[str, int]) -> int:
 
 
 def listed(nodes: Mapping[str, int]) -> dict[str, int]:
-    """The counts a report lists: every plain op, and a quantized op where there is one (a model with nothing
-    quantized reports what it did before the quantized ops existed)."""
-    return {op: count for op, count in nodes.items() if count or not contract.OPS[op].quantized}
+    """The counts a report lists: every plain norm op, and a quantized or rotary op where there is one (a model with
+    nothing quantized or rotated reports what it did before those ops existed)."""
+    return {op: count for op, count in nodes.items() if count or contract.OPS[op].listed_when_absent}
 
 
 def _plural(count: int, noun: str) -> str:
@@ -49,7 +51,8 @@ class FusionCounts:
     included, so a model fused twice reports the same), how many of them the input held, the rejected candidates,
     the residual Adds left outside a norm that was fused alone (no rejected norm: they are counted apart), how many
     QuantizeLinear nodes the fused nodes took in, and those left outside a fused norm (None when the fusion took no
-    quantizers, `fuse_quant` off). `line` is the one summary every command and the Polygraphy loader print."""
+    quantizers, `fuse_quant` off), the rotations left outside a fused QK pair (None with `fuse_rope` off). `line` is
+    the one summary every command and the Polygraphy loader print."""
 
     nodes: Mapping[str, int]
     already: Mapping[str, int]
@@ -57,6 +60,7 @@ class FusionCounts:
     residual_near_misses: tuple[NearMiss, ...] = ()
     quantizers_taken: int = 0
     quant_near_misses: tuple[NearMiss, ...] | None = None
+    rope_near_misses: tuple[NearMiss, ...] | None = None
 
     @property
     def norms(self) -> int:
@@ -64,9 +68,10 @@ class FusionCounts:
 
     def line(self, reasons: int = SUMMARY_REASONS) -> str:
         """`1 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 4 TrtfuseAddRmsNorm nodes (9 norms), 1 rejected, 1 Add kept out,
-        9 Qs taken in, 1 Q kept out (first: NODE: REASON; NODE: REASON)`; the ops after the first two only where the
-        model has them, the Adds and QuantizeLinear nodes only where there are any; the reasons are the rejected
-        candidates' first, then the Adds', then the QuantizeLinear nodes'."""
+        9 Qs taken in, 1 Q kept out, 2 rotations kept out (first: NODE: REASON; NODE: REASON)`; the ops after the
+        first two only where the model has them, the Adds, QuantizeLinear nodes and rotations only where there are
+        any; the reasons are the rejected candidates' first, then the Adds', the QuantizeLinear nodes', the
+        rotations'."""
         shown = [op for index, op in enumerate(contract.FUSED_OPS) if index < 2 or self.nodes[op]]
         counts = [f"{self.nodes[op]} {op}" for op in shown]
         text = f"{', '.join(counts[:-1])} and {counts[-1]} nodes ({self.norms} norms)"
@@ -81,7 +86,10 @@ class FusionCounts:
             text += f", {_plural(self.quantizers_taken, 'Q')} taken in"
         if quant_misses:
             text += f", {_plural(len(quant_misses), 'Q')} kept out"
-        misses = [*self.near_misses, *self.residual_near_misses, *quant_misses]
+        rope_misses = self.rope_near_misses or ()
+        if rope_misses:
+            text += f", {_plural(len(rope_misses), 'rotation')} kept out"
+        misses = [*self.near_misses, *self.residual_near_misses, *quant_misses, *rope_misses]
         if reasons and misses:
             first = "; ".join(f"{miss.node}: {miss.reason}" for miss in misses[:reasons])
             more = f"; {len(misses) - reasons} more" if len(misses) > reasons else ""
@@ -117,12 +125,14 @@ class FuseResult:
             tuple(search.residual_near_misses),
             quantizers_taken=len(search.quantizers_taken()),
             quant_near_misses=None if quant_misses is None else tuple(quant_misses),
+            rope_near_misses=None if search.rope_near_misses is None else tuple(search.rope_near_misses),
         )
 
     def report(self) -> dict:
         """The JSON report: one entry per node fused now, their totals per node kind, the plugin nodes of the model
         that comes out, the rejected candidates, the residual Adds kept out of a norm fused alone, and (when the
-        fusion takes quantizers) the QuantizeLinear nodes kept out of a fused norm."""
+        fusion takes quantizers) the QuantizeLinear nodes kept out of a fused norm and (when it takes rotations) the
+        rotations kept out of a fused QK pair."""
         totals = listed({op: sum(node.kind == op for node in self.fused) for op in contract.FUSED_OPS})
         return {
             "fused": [node.as_dict() for node in self.fused],
@@ -131,6 +141,7 @@ class FuseResult:
             "near_misses": near_miss_json(self.search.near_misses),
             "residual_near_misses": near_miss_json(self.search.residual_near_misses),
             **quant_near_miss_json(self.search),
+            **rope_near_miss_json(self.search),
         }
 
 
@@ -156,6 +167,13 @@ def graphsurgeon_log_on_stderr() -> Iterator[None]:
     which numpy lacks), never about the result."""
     with contextlib.redirect_stdout(sys.stderr), G_LOGGER.suppress(G_LOGGER.ERROR):
         yield
+
+
+def rope_near_miss_json(search: NormSearch) -> dict[str, list[dict[str, str]]]:
+    """The rotations kept out of a fused QK pair, under their key; nothing when the fusion took no rotations."""
+    if search.rope_near_misses is None:
+        return {}
+    return {"rope_near_misses": near_miss_json(search.rope_near_misses)}
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:

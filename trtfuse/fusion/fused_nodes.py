@@ -40,7 +40,14 @@ class PluginNode:
 
     @property
     def weights(self) -> tuple[str, ...]:
-        return tuple(self.node.input[len(self.op.activations) :])
+        """The weight inputs: one per part, none when weight_mode is NONE."""
+        start = len(self.op.activations)
+        return tuple(self.node.input[start : start + (len(self.op.weights) if self.fields.has_weight else 0)])
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """A rotary op's cos and sin inputs (none for the other ops)."""
+        return tuple(self.node.input[len(self.node.input) - len(self.op.rotary_tables) :]) if self.op.rotary else ()
 
     def output_dtype(self, index: int) -> str | None:
         """The dtype output `index` has by the contract: the normalised dtype (`output_dtype`, or the output
@@ -114,7 +121,7 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
         if declared is not None and expected is not None and declared != expected:
             rule = _output_rule(fields, index) if op.normalised_outputs[index] else "its activations' dtype"
             raise TrtfuseError(f"{where}: output '{output}' is declared {declared}, but {rule} is {expected}")
-    for position, name in enumerate(given):
+    for position, name in enumerate(given[: len(given) - len(op.rotary_tables)]):
         part = op.activation_parts[position] if position < len(op.activations) else position - len(op.activations)
         hidden = fields.hidden_sizes[part]
         last = types.last_dim(name)
@@ -122,7 +129,46 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
             what = "last dim" if position < len(op.activations) else "length"
             raise TrtfuseError(f"{where}: {op.hidden_fields[part]} is {hidden}, but input '{name}' has {what} {last}")
     _check_part_shapes(op, given[: len(op.activations)], where, types)
+    if fields.rotary is not None:
+        _check_rotary(plugin, types)
     return plugin
+
+
+# The ranks a rotary op's activations may have in each layout: [B, S, H, D] or [B, S, H·D]; [B, H, S, D].
+_ROTARY_RANKS = {contract.HeadLayout.TOKEN_MAJOR: (3, 4), contract.HeadLayout.HEAD_MAJOR: (4,)}
+
+
+def _check_rotary(plugin: PluginNode, types: TensorTypes) -> None:
+    """A rotary op's activations have a rank of their layout (and D as the last dim where it is 4), and its cos and
+    sin tables are [Bc, S, R] in float32 or the activations' dtype."""
+    rotary, where = plugin.fields.rotary, plugin.where
+    for name in plugin.activations:
+        dims = types.dims(name)
+        if dims is None:
+            continue
+        ranks = _ROTARY_RANKS[rotary.layout]
+        if len(dims) not in ranks:
+            shown = " or ".join(map(str, ranks))
+            raise TrtfuseError(
+                f"{where}: input '{name}' has rank {len(dims)}, not {shown} as layout {rotary.layout.name}"
+            )
+        if len(dims) == 4 and isinstance(dims[-1], int) and dims[-1] != rotary.head_dim:
+            raise TrtfuseError(f"{where}: head_dim is {rotary.head_dim}, but input '{name}' has last dim {dims[-1]}")
+    allowed = {"float32", plugin.dtype} if plugin.dtype is not None else set(contract.ACTIVATION_DTYPES)
+    dtypes = {name: dtype for name in plugin.tables if (dtype := types.dtype(name)) is not None}
+    if len(set(dtypes.values())) > 1:
+        described = ", ".join(f"'{name}' {dtype}" for name, dtype in dtypes.items())
+        raise TrtfuseError(f"{where}: its cos and sin tables must share one dtype, got {described}")
+    for name in plugin.tables:
+        dtype, dims = types.dtype(name), types.dims(name)
+        if dtype is not None and dtype not in allowed:
+            raise TrtfuseError(f"{where}: table '{name}' is {dtype}, not float32 or its activations' dtype")
+        if dims is not None and len(dims) != 3:
+            raise TrtfuseError(f"{where}: table '{name}' has rank {len(dims)}, not 3 ([batch, tokens, rotary_dim])")
+        if dims is not None and isinstance(dims[-1], int) and dims[-1] != rotary.rotary_dim:
+            raise TrtfuseError(
+                f"{where}: rotary_dim is {rotary.rotary_dim}, but table '{name}' has last dim {dims[-1]}"
+            )
 
 
 def _output_rule(fields: NodeFields, index: int) -> str:

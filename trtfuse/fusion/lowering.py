@@ -9,7 +9,10 @@ and zero point 0 (onnxruntime's own arithmetic, which the contract's quantizers 
 stage on x (or the rounded h), the rsqrt stage on the inverse root, each dequantized in float32 and rounded once to
 its dequant dtype, the rsqrt stage's Q reading r rounded to its input dtype first (a Cast and back, where the graph
 cast r to 16 bits); the output stage quantizes y's T value into the node's output, that float32 value named after the
-output (`quantizer_input`) so that `check` can read what the node quantized.
+output (`quantizer_input`) so that `check` can read what the node quantized. A rotary node rotates the float32 y
+(before its rounding to T) by its cos and sin tables, widened to float32: each head row's first R elements become
+y·cos + rotate(y)·sin (each product and the sum a float32 op, as the contract rounds them), the rest pass through,
+and the result is rounded to T once.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from trtfuse.fusion.fused_nodes import PluginNode, plugin_nodes
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS
 
 _FLOAT = TensorProto.FLOAT
+# A Slice end past any axis: to the end.
+_END = np.iinfo(np.int64).max
 
 
 def quantizer_input(output: str) -> str:
@@ -84,6 +89,7 @@ class _Lowering:
         self.constants: list[onnx.TensorProto] = []
         node = plugin.node
         self.prefix = f"{node.name or node.output[0]}/reference"
+        self._tables: tuple[str, str] | None = None
 
     def lower(self) -> list[onnx.NodeProto]:
         plugin = self.plugin
@@ -174,14 +180,79 @@ class _Lowering:
         inverse_root = self._fake_quant(inverse_root, contract.QuantStage.RSQRT, name, quant)
         normalised = self._op("Mul", [x32, inverse_root], f"{name}/normalise")
         if mode == contract.WeightMode.NONE:
-            self._output(normalised, out_type, name, y, quant)
-            return
-        scale = self._scale(weight, params.weight_offset, name)
-        if mode == contract.WeightMode.AFTER_CAST:
+            value = normalised
+        elif mode == contract.WeightMode.AFTER_CAST:
             rounded = self._cast(self._cast(normalised, round_type, f"{name}/round"), _FLOAT, f"{name}/round_fp32")
-            self._output(self._op("Mul", [rounded, scale], f"{name}/scale"), out_type, name, y, quant)
+            value = self._op("Mul", [rounded, self._scale(weight, params.weight_offset, name)], f"{name}/scale")
         else:
-            self._output(self._op("Mul", [normalised, scale], f"{name}/scale"), out_type, name, y, quant)
+            value = self._op("Mul", [normalised, self._scale(weight, params.weight_offset, name)], f"{name}/scale")
+        self._output(self._rotated(value, x, name), out_type, name, y, quant)
+
+    def _rotated(self, y: str, x: str, name: str) -> str:
+        """The float32 y of a rotary node rotated (docs/plugin-nodes.md, "Rotary embedding"), else y itself. Token-
+        major rows are viewed as [B, S, H, D] (a [B, S, H·D] one reshaped, and back to x's shape after), head-major
+        ones are [B, H, S, D]; the tables, [Bc, S, R], get a head axis of 1 and broadcast over the heads."""
+        rotary = self.plugin.fields.rotary
+        if rotary is None:
+            return y
+        head, rotary_dim = rotary.head_dim, rotary.rotary_dim
+        half = rotary_dim // 2
+        name = f"{name}/rope"
+        token_major = rotary.layout is contract.HeadLayout.TOKEN_MAJOR
+        rows = self._reshaped(y, [0, 0, -1, head], f"{name}/heads") if token_major else y
+        cos, sin = self._rotary_tables(head_axis=2 if token_major else 1)
+        turned = rows if rotary_dim == head else self._slice(rows, 0, rotary_dim, f"{name}/rotated_part")
+        if rotary.rotation is contract.Rotation.HALF_SPLIT:
+            first, second = (
+                self._slice(turned, 0, half, f"{name}/first"),
+                self._slice(turned, half, None, f"{name}/second"),
+            )
+            partner = self._op("Concat", [self._op("Neg", [second], f"{name}/neg"), first], f"{name}/partner", axis=-1)
+        else:
+            pairs = self._reshaped(turned, [0, 0, 0, half, 2], f"{name}/pairs")
+            even, odd = self._slice(pairs, 0, 1, f"{name}/even"), self._slice(pairs, 1, 2, f"{name}/odd")
+            swapped = self._op("Concat", [self._op("Neg", [odd], f"{name}/neg"), even], f"{name}/swapped", axis=-1)
+            partner = self._reshaped(swapped, [0, 0, 0, rotary_dim], f"{name}/partner")
+        cos_term = self._op("Mul", [turned, cos], f"{name}/cos_term")
+        sin_term = self._op("Mul", [partner, sin], f"{name}/sin_term")
+        out = self._op("Add", [cos_term, sin_term], f"{name}/rotate")
+        if rotary_dim < head:
+            passed = self._slice(rows, rotary_dim, None, f"{name}/passed")
+            out = self._op("Concat", [out, passed], f"{name}/with_passed", axis=-1)
+        if not token_major:
+            return out
+        shape = self._op("Shape", [x], f"{name}/shape", elem_type=TensorProto.INT64)
+        return self._op("Reshape", [out, shape], f"{name}/rows")
+
+    def _rotary_tables(self, head_axis: int) -> tuple[str, str]:
+        """cos and sin in float32 with a head axis of 1 at `head_axis`, made once per node (both parts read them)."""
+        if self._tables is None:
+            cos, sin = self.plugin.tables
+            self._tables = tuple(
+                self._unsqueezed(
+                    self._cast(table, _FLOAT, f"{self.prefix}/{role}_fp32"), head_axis, f"{self.prefix}/{role}"
+                )
+                for role, table in (("cos", cos), ("sin", sin))
+            )
+        return self._tables
+
+    def _slice(self, tensor: str, start: int, end: int | None, name: str) -> str:
+        """`tensor[..., start:end]` (to the end where `end` is None)."""
+        bounds = [self._ints(f"{name}/{role}", [value]) for role, value in (("start", start), ("end", end or _END))]
+        return self._op("Slice", [tensor, *bounds, self._ints(f"{name}/axes", [-1])], name)
+
+    def _reshaped(self, tensor: str, shape: list[int], name: str) -> str:
+        return self._op("Reshape", [tensor, self._ints(f"{name}/shape", shape)], name)
+
+    def _unsqueezed(self, tensor: str, axis: int, name: str) -> str:
+        if self.opset >= 13:
+            return self._op("Unsqueeze", [tensor, self._ints(f"{name}/axes", [axis])], name)
+        return self._op("Unsqueeze", [tensor], name, axes=[axis])
+
+    def _ints(self, name: str, values: list[int]) -> str:
+        self.constants.append(numpy_helper.from_array(np.array(values, dtype=np.int64), name))
+        self.elem_types[name] = TensorProto.INT64
+        return name
 
     def _output(self, value: str, out_type: int, name: str, y: str, quant: contract.QuantParams | None) -> None:
         """y: `value` rounded to T, then quantized where the output stage is on (Q reads the T value as the graph's

@@ -13,6 +13,7 @@ from trtfuse import contract
 from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
 from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch, TakenQuantizer
+from trtfuse.fusion.patterns.matches import QkNormRopeMatch, RotaryTable, RotatedNorm
 from trtfuse.fusion.patterns.queries import describe, dtype_name
 from trtfuse.fusion.patterns.search import live_tensors
 
@@ -20,7 +21,8 @@ from trtfuse.fusion.patterns.search import live_tensors
 @dataclass(frozen=True)
 class FusedNode:
     """One fused node, as the JSON report lists it; `kind` is its op type (one of contract.FUSED_OPS), `dtype` its
-    activations' (for an add-norm D, the dtype it sums in), `quantizers` those a quantized node took in."""
+    activations' (for an add-norm D, the dtype it sums in), `quantizers` those a quantized node took in, `rotary` a
+    rotary node's rotation."""
 
     kind: str
     name: str
@@ -31,6 +33,7 @@ class FusedNode:
     output_dtype: str
     tags: tuple[str, ...]
     quantizers: tuple[TakenQuantizer, ...] = ()
+    rotary: contract.RotaryParams | None = None
 
     def as_dict(self) -> dict:
         entry = {
@@ -47,7 +50,19 @@ class FusedNode:
         }
         if self.quantizers:
             entry["quant"] = quantizers_json(self.quantizers)
+        if self.rotary is not None:
+            entry["rotary"] = rotary_json(self.rotary)
         return entry
+
+
+def rotary_json(rotary: contract.RotaryParams) -> dict[str, int | str]:
+    """A rotation's fields, as the reports list them."""
+    return {
+        "head_dim": rotary.head_dim,
+        "rotary_dim": rotary.rotary_dim,
+        "rotation": rotary.rotation.name,
+        "layout": rotary.layout.name,
+    }
 
 
 def quantizers_json(quantizers: tuple[TakenQuantizer, ...]) -> dict[str, dict]:
@@ -113,14 +128,16 @@ def _fields(
     hidden_sizes: tuple[int, ...],
     dtype: str | None = None,
     params: contract.NormParams | None = None,
+    rotated: RotatedNorm | None = None,
 ) -> NodeFields:
     """The node's fields for `match`, read in `dtype` with `params` (the match's own unless given: an add-norm reads
-    the sum in D)."""
-    out = output_dtype(match)
+    the sum in D), its output dtype the norm's, or its rotation's where the node rotates (`rotated`)."""
+    out = output_dtype(match) if rotated is None else rotated.output_dtype
     problem = contract.dtype_pair_problem(dtype or match.dtype, out)
     if problem is not None:
         raise TrtfuseError(f"norm '{match.name}' cannot be one fused node: {problem}")
-    return NodeFields(op=op, params=params or match.params, hidden_sizes=hidden_sizes, output_dtype=out)
+    rotary = None if rotated is None else rotated.rotary
+    return NodeFields(op=op, params=params or match.params, hidden_sizes=hidden_sizes, output_dtype=out, rotary=rotary)
 
 
 def _quantized(fields: NodeFields, quantizers: tuple[TakenQuantizer, ...]) -> NodeFields:
@@ -159,6 +176,24 @@ def _node_output(match: RmsNormMatch, y: gs.Variable, x: gs.Tensor, names: _Name
                 if operand is y:
                     reader.inputs[index] = x
     return written
+
+
+def _append_node(
+    graph: gs.Graph, fields: NodeFields, name: str, inputs: list[gs.Tensor], outputs: list[gs.Variable]
+) -> None:
+    """The fused node of `fields`, in the trtfuse domain with the contract's attributes."""
+    op = fields.op.name
+    attrs = fields.onnx_attributes()
+    graph.nodes.append(gs.Node(op, name, attrs=attrs, inputs=inputs, outputs=outputs, domain=contract.ONNX_DOMAIN))
+
+
+def _check_pair_dtypes(q: RmsNormMatch, k: RmsNormMatch, q_out: str, k_out: str) -> None:
+    """q's and k's (input, output) dtypes are one pair: one node reads and writes both."""
+    if (q.dtype, q_out) != (k.dtype, k_out):
+        raise TrtfuseError(
+            f"q/k norms '{q.name}' and '{k.name}' cannot be one fused node: dtypes {q.dtype} -> {q_out} and "
+            f"{k.dtype} -> {k_out} differ"
+        )
 
 
 def _onnx_type(dtype: str) -> int:
@@ -243,16 +278,7 @@ def _rms_norm_node(graph: gs.Graph, names: _Names, match: RmsNormMatch) -> Fused
     x = _normalised_input(graph, names, match)
     y = _detach_output(match)
     name = names.node(f"{op}/{y.name}")
-    graph.nodes.append(
-        gs.Node(
-            op,
-            name,
-            attrs=fields.onnx_attributes(),
-            inputs=[x, *_weights(match)],
-            outputs=[_node_output(match, y, x, names)],
-            domain=contract.ONNX_DOMAIN,
-        )
-    )
+    _append_node(graph, fields, name, [x, *_weights(match)], [_node_output(match, y, x, names)])
     return _record(op, name, (match,), (match.hidden_size,))
 
 
@@ -269,16 +295,8 @@ def _add_norm_node(graph: gs.Graph, names: _Names, add: AddNormMatch) -> FusedNo
     h = _sum_output(graph, names, add, operands[0])
     y = _detach_output(norm)
     name = names.node(f"{fields.op.name}/{y.name}")
-    graph.nodes.append(
-        gs.Node(
-            fields.op.name,
-            name,
-            attrs=fields.onnx_attributes(),
-            inputs=[*operands, *_weights(norm)],
-            outputs=[_node_output(norm, y, operands[0], names), h],
-            domain=contract.ONNX_DOMAIN,
-        )
-    )
+    outputs = [_node_output(norm, y, operands[0], names), h]
+    _append_node(graph, fields, name, [*operands, *_weights(norm)], outputs)
     return FusedNode(
         kind=fields.op.name,
         name=name,
@@ -329,26 +347,124 @@ def _qk_norm_node(graph: gs.Graph, names: _Names, q: RmsNormMatch, k: RmsNormMat
     """The pair as one TrtfuseQkNorm, or, where either norm took quantizers in (its part's stages: q_input, q_rsqrt,
     q_output or the k ones), one TrtfuseQkNormQuant reading each input pair's source and writing each quantized
     output's codes."""
-    if (q.dtype, output_dtype(q)) != (k.dtype, output_dtype(k)):
-        raise TrtfuseError(
-            f"q/k norms '{q.name}' and '{k.name}' cannot be one fused node: dtypes {q.dtype} -> {output_dtype(q)} "
-            f"and {k.dtype} -> {output_dtype(k)} differ"
-        )
+    _check_pair_dtypes(q, k, output_dtype(q), output_dtype(k))
     hidden = (q.hidden_size, k.hidden_size)
     fields = _quantized(_fields(contract.QK_NORM, q, hidden), (*q.quantizers, *k.quantizers))
     outputs = [_node_output(match, _detach_output(match), match.x, names) for match in (q, k)]
     name = names.node(f"{fields.op.name}/{q.y.name}")
-    graph.nodes.append(
-        gs.Node(
-            fields.op.name,
-            name,
-            attrs=fields.onnx_attributes(),
-            inputs=[q.x, k.x, *_weights(q, k)],
-            outputs=outputs,
-            domain=contract.ONNX_DOMAIN,
-        )
-    )
+    _append_node(graph, fields, name, [q.x, k.x, *_weights(q, k)], outputs)
     return _record(fields.op.name, name, (q, k), hidden)
+
+
+def _qk_norm_rope_node(graph: gs.Graph, names: _Names, rope: QkNormRopeMatch, tables: _Tables) -> FusedNode:
+    """The pair and the rotation after it as one TrtfuseQkNormRope (TrtfuseQkNormRopeQuant where it took the Q of
+    a rotated output): the norms' inputs and weights, the cos and sin tables, each output the rotated norm, under the
+    name the rotation's result has where no layout op follows (else the norm's, which the layout ops move on)."""
+    q, k = rope.q, rope.k
+    _check_pair_dtypes(q.norm, k.norm, q.output_dtype, k.output_dtype)
+    hidden = (q.norm.hidden_size, k.norm.hidden_size)
+    fields = _quantized(_fields(contract.QK_NORM_ROPE, q.norm, hidden, rotated=q), rope.quantizers)
+    cos, sin = (tables.table(graph, table, q.rotary) for table in (q.cos, q.sin))
+    outputs = [_rotated_output(side, names) for side in (q, k)]
+    name = names.node(f"{fields.op.name}/{outputs[0].name}")
+    _append_node(graph, fields, name, [q.norm.x, k.norm.x, *_weights(q.norm, k.norm), cos, sin], outputs)
+    record = _record(fields.op.name, name, (q.norm, k.norm), hidden)
+    rotations = tuple(describe(node) for side in (q, k) for node in side.nodes)
+    return replace(
+        record,
+        replaced=(*record.replaced, *rotations, *_quantizer_nodes(rope.quantizers)),
+        output_dtype=fields.output_dtype,
+        quantizers=rope.quantizers,
+        rotary=q.rotary,
+    )
+
+
+def _rotated_output(side: RotatedNorm, names: _Names) -> gs.Variable:
+    """The tensor the node writes for one rotated norm, with the graph rewired around it: the rotation's result (or
+    its Q's codes) cut from its producer; where layout ops follow the norm, the node writes a new tensor of y's shape
+    (`Y/rotated`, or its codes `Y/quantized`) and the layout ops, kept, move it into the result, each tensor between
+    them renamed likewise: a name the original gives an unrotated value never holds a rotated one, so what `check`
+    compares by name stays the same value. Shape nodes that read a tensor now gone read one of its shape: the node's
+    input for y, the result for the rotated tensor."""
+    norm, result, layout = side.norm, side.result, side.layout
+    result.inputs.clear()
+    taken = side.quantizer
+    final = result if taken is None else taken.output
+    if taken is not None:
+        final.inputs.clear()
+        if final.dtype is None:
+            final.dtype = contract.QUANT_DTYPE_CODES[taken.quantizer.dtype]
+        if final.shape is None:
+            final.shape = result.shape
+        _read_instead(result, norm.x)
+    _read_instead(norm.y, norm.x)
+    if not layout:
+        return final
+    _read_instead(side.rotated, final)
+    suffix = "rotated" if taken is None else "quantized"
+    written = gs.Variable(names.tensor(f"{norm.y.name}/{suffix}"), dtype=final.dtype, shape=norm.y.shape)
+    layout[0].inputs[0] = written
+    for op in layout[:-1]:
+        moved = op.outputs[0]
+        moved.name = names.tensor(f"{moved.name}/{suffix}")
+        moved.dtype = final.dtype
+    layout[-1].outputs[0] = final
+    return written
+
+
+def _read_instead(gone: gs.Tensor, instead: gs.Tensor) -> None:
+    """The Shape nodes reading `gone` read `instead`, a tensor of its shape (the matcher let no other reader stay)."""
+    for reader in list(gone.outputs):
+        if reader.op == "Shape":
+            reader.inputs[0] = instead
+
+
+class _Tables:
+    """The node's cos and sin tables, [Bc, S, R], each made once from the graph's own (rewrite's one per model), every
+    tensor and node they add named by `names`."""
+
+    def __init__(self, names: _Names) -> None:
+        self._made: dict[tuple, gs.Tensor] = {}
+        self._names = names
+
+    def table(self, graph: gs.Graph, table: RotaryTable, rotary: contract.RotaryParams) -> gs.Tensor:
+        key = (id(table.tensor), table.squeeze, table.unsqueeze, id(table.positions), table.half, rotary.rotation)
+        if key not in self._made:
+            self._made[key] = self._make(graph, table, rotary)
+        return self._made[key]
+
+    def _make(self, graph: gs.Graph, table: RotaryTable, rotary: contract.RotaryParams) -> gs.Tensor:
+        tensor = table.tensor
+        name = f"trtfuse_rope_table/{tensor.name}"
+        if table.squeeze is not None:
+            tensor = self._axes_op(graph, "Squeeze", tensor, table.squeeze, f"{name}/squeezed")
+        if table.unsqueeze:
+            tensor = self._axes_op(graph, "Unsqueeze", tensor, 0, f"{name}/batched")
+        if table.positions is not None:
+            tensor = self._op(graph, "Gather", [tensor, table.positions], f"{name}/at_positions", {"axis": 0})
+        if not table.half:
+            return tensor
+        if rotary.rotation is contract.Rotation.HALF_SPLIT:
+            return self._op(graph, "Concat", [tensor, tensor], f"{name}/full", {"axis": -1})
+        column = self._axes_op(graph, "Unsqueeze", tensor, -1, f"{name}/column")
+        pairs = self._op(graph, "Concat", [column, column], f"{name}/pairs", {"axis": -1})
+        shape = gs.Constant(self._names.tensor(f"{name}/shape"), np.array([0, 0, rotary.rotary_dim], dtype=np.int64))
+        return self._op(graph, "Reshape", [pairs, shape], f"{name}/interleaved")
+
+    def _op(
+        self, graph: gs.Graph, op: str, inputs: list[gs.Tensor], name: str, attrs: dict | None = None
+    ) -> gs.Variable:
+        """One node `op` of `inputs`, its output of the first input's dtype; both named after `name`, made unique."""
+        out = gs.Variable(self._names.tensor(name), dtype=inputs[0].dtype)
+        graph.nodes.append(gs.Node(op, self._names.node(name), attrs or {}, inputs, [out]))
+        return out
+
+    def _axes_op(self, graph: gs.Graph, op: str, tensor: gs.Tensor, axis: int, name: str) -> gs.Variable:
+        """Squeeze or Unsqueeze of one axis, the axes an input from opset 13 on, an attribute before."""
+        if graph.opset >= 13:
+            axes = gs.Constant(self._names.tensor(f"{name}/axes"), np.array([axis], dtype=np.int64))
+            return self._op(graph, op, [tensor, axes], name)
+        return self._op(graph, op, [tensor], name, {"axes": [axis]})
 
 
 def _record(kind: str, name: str, matches: tuple[RmsNormMatch, ...], hidden: tuple[int, ...]) -> FusedNode:
@@ -390,6 +506,8 @@ def rewrite(graph: gs.Graph, search: NormSearch) -> list[FusedNode]:
     fused = [_rms_norm_node(graph, names, match) for match in search.matches]
     fused += [_add_norm_node(graph, names, add) for add in search.add_norms]
     fused += [_qk_norm_node(graph, names, pair.q, pair.k) for pair in search.qk_norm_pairs]
+    tables = _Tables(names)
+    fused += [_qk_norm_rope_node(graph, names, rope, tables) for rope in search.qk_norm_ropes]
     kept = live_tensors(graph, also=[tensor for node in dead for tensor in node.outputs])
     graph.nodes = [node for node in graph.nodes if any(id(tensor) in kept for tensor in node.outputs)]
     graph.toposort()

@@ -176,22 +176,36 @@ def _kernel_functions(op: contract.FusedOp) -> tuple[Callable[..., Any], Callabl
     return getattr(artifacts, names.artifact), getattr(artifacts, names.tactics)
 
 
-def _spec(fields: NodeFields, dtype: str, weight_dtype: str) -> Any:
+def _spec(fields: NodeFields, dtype: str, weight_dtype: str, table_dtype: str | None = None) -> Any:
     """The node's kernel spec for one (activation, weight input) dtype pair (no weight dtype for weight_mode NONE,
-    whose kernel never reads the placeholder)."""
-    return kernel_spec(fields, dtype, _spec_weight_dtype(fields, weight_dtype))
+    whose kernel never reads the placeholder), and a rotary op's table dtype."""
+    return kernel_spec(fields, dtype, _spec_weight_dtype(fields, weight_dtype), table_dtype)
 
 
 def _combinations(trtp: Any, op: contract.FusedOp, fields: NodeFields) -> list[Any]:
-    """autotune: every (activation, weight) dtype pair the kernels take for the node's output dtype, in the op's
-    tensor order (activations share D, weights one dtype; normalised outputs in the normalised dtype, the others in
-    D), each with its spec's tactics."""
+    """autotune: every (activation, weight) dtype pair the kernels take for the node's output dtype (and, for a
+    rotary op, each table dtype: float32 or the activations'), in the op's tensor order (activations share D,
+    weights one dtype, tables one; normalised outputs in the normalised dtype, the others in D), each with its
+    spec's tactics."""
     _artifact, tactics = _kernel_functions(op)
     combinations = []
     for dtype, weight_dtype in _dtype_choices(fields):
-        types = (*(dtype for _ in op.activations), *(weight_dtype for _ in op.weights), *fields.output_dtypes(dtype))
-        combinations.append(_combination(trtp, types, tactics(_spec(fields, dtype, weight_dtype))))
+        for table_dtype in _table_dtypes(op, dtype):
+            tables = (table_dtype for _ in op.rotary_tables)
+            types = (
+                *(dtype for _ in op.activations),
+                *(weight_dtype for _ in op.weights),
+                *tables,
+                *fields.output_dtypes(dtype),
+            )
+            spec = _spec(fields, dtype, weight_dtype, table_dtype)
+            combinations.append(_combination(trtp, types, tactics(spec)))
     return combinations
+
+
+def _table_dtypes(op: contract.FusedOp, dtype: str) -> list[str | None]:
+    """A rotary op's table dtypes for activations of `dtype` (float32, or theirs); [None] for another op."""
+    return list(dict.fromkeys(("float32", dtype))) if op.rotary else [None]
 
 
 def _aot_kernel(
@@ -207,9 +221,15 @@ def _aot_kernel(
         if normalised and chosen != wanted:
             raise TrtfuseError(f"{op.name}: TensorRT chose {chosen} for '{name}', which is {wanted}")
     dtype = _dtype_name(inputs[0].dtype)
-    spec = _spec(fields, dtype, _dtype_name(inputs[len(op.activations)].dtype))
+    table_dtype = _dtype_name(inputs[-1].dtype) if op.rotary else None
+    spec = _spec(fields, dtype, _dtype_name(inputs[len(op.activations)].dtype), table_dtype)
     activations = [inputs[op.activation_parts.index(part)] for part in range(len(op.weights))]
-    return _kernel(trtp, artifact(spec, Tactic(tactic), _build_arch()), activations)
+    built = artifact(spec, Tactic(tactic), _build_arch())
+    extents = ()
+    if op.rotary:
+        named = dict(zip(op.inputs(True), inputs, strict=True))
+        extents = tuple(named[extent.tensor].shape_expr[extent.axis] for extent in built.declaration.extents)
+    return _kernel(trtp, built, activations, extents)
 
 
 def _dtype_choices(fields: NodeFields) -> list[tuple[str, str]]:
@@ -259,9 +279,12 @@ def _build_arch() -> str:
     return current_device().arch
 
 
-def _kernel(trtp: Any, artifact: Any, activations: Sequence[Any]) -> tuple[str, str, Any, Any]:
+def _kernel(
+    trtp: Any, artifact: Any, activations: Sequence[Any], extents: Sequence[Any] = ()
+) -> tuple[str, str, Any, Any]:
     """aot_impl's result for `artifact`: its entry name, its PTX, and its launch as expressions of the activations'
-    symbolic shapes (rows = element count // hidden), by the declaration's own formula.
+    symbolic shapes (rows = element count // hidden) and, for a rotary op, of the dims its declaration reads off its
+    inputs (`extents`: q's batch, the tokens, the tables' batch), by the declaration's own formula.
 
     Refused when this machine's driver cannot JIT the PTX (CuTeDSL built against a newer CUDA than the driver):
     TensorRT would fail to time it with a bare CUDA error."""
@@ -273,7 +296,9 @@ def _kernel(trtp: Any, artifact: Any, activations: Sequence[Any]) -> tuple[str, 
     _embedded_ptx_isas.add(ptx_isa(artifact.ptx))
     declaration = artifact.declaration
     rows = declaration.rows_of([activation.shape_expr.numel() for activation in activations])
-    grid_x, scalars = declaration.launch_values(rows, trtp.cdiv, lambda blocks: trtp.max(blocks, 1))
+    formula = (rows, trtp.cdiv, lambda blocks: trtp.max(blocks, 1))
+    # Only the rotary kernel's declaration reads extents; the others' take none.
+    grid_x, scalars = declaration.launch_values(*formula, extents) if extents else declaration.launch_values(*formula)
     launch = trtp.KernelLaunchParams()
     launch.grid_x = grid_x
     launch.block_x = declaration.block_threads

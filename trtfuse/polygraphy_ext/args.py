@@ -69,6 +69,14 @@ class TrtfuseArgs(BaseArgs):
             "nodes), as `trtfuse fuse --no-fuse-quant`.",
         )
         self.group.add_argument(
+            "--trtfuse-no-fuse-rope",
+            dest="trtfuse_no_fuse_rope",
+            action="store_true",
+            default=None,
+            help="Keep the rotary embedding after each QK-norm pair in the graph (no TrtfuseQkNormRope), as "
+            "`trtfuse fuse --no-fuse-rope`.",
+        )
+        self.group.add_argument(
             "--trtfuse-cache",
             dest="trtfuse_cache",
             metavar="DIR",
@@ -90,6 +98,8 @@ class TrtfuseArgs(BaseArgs):
                     --trtfuse-no-fuse-residual), or None for the default (they are).
             fuse_quant (bool): Whether the Q/DQ pairs around a norm go into its node (False with
                     --trtfuse-no-fuse-quant), or None for the default (they do).
+            fuse_rope (bool): Whether the rotary embedding after a QK-norm pair goes into its node (False with
+                    --trtfuse-no-fuse-rope), or None for the default (it does).
             polygraphy_profiles (List[Dict[str, List[List[int]]]]):
                     Per profile given with --trt-min/opt/max-shapes, each input's [MIN, OPT, MAX] shapes; empty when
                     none was given (Polygraphy's profile from --input-shapes alone is not one).
@@ -100,6 +110,7 @@ class TrtfuseArgs(BaseArgs):
         self.cache_dir = args_util.get(args, "trtfuse_cache")
         self.fuse_residual = False if args_util.get(args, "trtfuse_no_fuse_residual") else None
         self.fuse_quant = False if args_util.get(args, "trtfuse_no_fuse_quant") else None
+        self.fuse_rope = False if args_util.get(args, "trtfuse_no_fuse_rope") else None
         given = any(args_util.get(args, f"trt_{bound}_shapes") for bound in ("min", "opt", "max"))
         config = self.arg_groups[TrtConfigArgs]
         self.polygraphy_profiles = []
@@ -129,7 +140,11 @@ class TrtfuseArgs(BaseArgs):
         """Adds the loader that fuses the model; returns its name."""
         script.add_import(imports=["FuseModel"], frm=_MODULE)
         loader = make_invocable(
-            "FuseModel", self.arg_groups[ModelArgs].path, fuse_residual=self.fuse_residual, fuse_quant=self.fuse_quant
+            "FuseModel",
+            self.arg_groups[ModelArgs].path,
+            fuse_residual=self.fuse_residual,
+            fuse_quant=self.fuse_quant,
+            fuse_rope=self.fuse_rope,
         )
         return script.add_loader(loader, "fuse_with_trtfuse")
 

@@ -62,13 +62,21 @@ class FuseModel(BaseLoader):
     """Functor that loads an ONNX model with `trtfuse.model.onnx_file.load_model` and fuses its norms with
     `trtfuse.fusion.fuse.fuse_model`, returning a `FusedModel`. `fuse_residual=False` keeps each residual Add outside
     the norm after it (`trtfuse fuse --no-fuse-residual`), `fuse_quant=False` every Q/DQ pair around a norm outside its
-    node (`--no-fuse-quant`); by default both are fused."""
+    node (`--no-fuse-quant`), `fuse_rope=False` the rotary embedding after a QK pair outside its node
+    (`--no-fuse-rope`); by default all are fused."""
 
-    def __init__(self, model_path: str, fuse_residual: bool | None = None, fuse_quant: bool | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        fuse_residual: bool | None = None,
+        fuse_quant: bool | None = None,
+        fuse_rope: bool | None = None,
+    ) -> None:
         self.model_path = model_path
         self.fusion = FusionOptions(
             fuse_residual=util.default(fuse_residual, DEFAULT_FUSION.fuse_residual),
             fuse_quant=util.default(fuse_quant, DEFAULT_FUSION.fuse_quant),
+            fuse_rope=util.default(fuse_rope, DEFAULT_FUSION.fuse_rope),
         )
 
     @util.check_called_by("__call__")

@@ -6,9 +6,21 @@ from trtfuse.fusion.patterns.matches import (
     NearMiss,
     NormSearch,
     QkNormPair,
+    QkNormRopeMatch,
     RmsNormMatch,
+    RotatedNorm,
     TakenQuantizer,
 )
 from trtfuse.fusion.patterns.search import find_norms
 
-__all__ = ["AddNormMatch", "NearMiss", "NormSearch", "QkNormPair", "RmsNormMatch", "TakenQuantizer", "find_norms"]
+__all__ = [
+    "AddNormMatch",
+    "NearMiss",
+    "NormSearch",
+    "QkNormPair",
+    "QkNormRopeMatch",
+    "RmsNormMatch",
+    "RotatedNorm",
+    "TakenQuantizer",
+    "find_norms",
+]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import onnx_graphsurgeon as gs
 
-from trtfuse.contract import NormParams, Quantizer, QuantStage, WeightMode
+from trtfuse.contract import NormParams, Quantizer, QuantStage, RotaryParams, WeightMode
 from trtfuse.fusion.patterns.queries import describe, dtype_name
 
 
@@ -83,6 +83,59 @@ class QkNormPair:
     k: RmsNormMatch
 
 
+@dataclass(frozen=True)
+class RotaryTable:
+    """cos or sin as a rotation reads it (`tensor`), and the standard ops that make it the node's [Bc, S, R] table
+    (docs/plugin-nodes.md, "Rotary embedding"): squeeze axis `squeeze` of a 4-D operand (its head axis), or prepend a
+    batch axis to a 2-D one (`unsqueeze`); gather a cache's rows by `positions`; widen a half-width cache (`half`) to R
+    as the rotation pairs its elements. `tensor` itself where it is the table already."""
+
+    tensor: gs.Tensor
+    squeeze: int | None = None
+    unsqueeze: bool = False
+    positions: gs.Tensor | None = None
+    half: bool = False
+
+
+@dataclass
+class RotatedNorm:
+    """One norm of a QK pair and the rotary embedding its output goes through: `layout` are the ops between them
+    (Reshape, Transpose), which stay in the graph after the fused node and then move the rotated values; `nodes` the
+    rotation's own, which the node replaces; `rotated` the tensor the rotation reads (the layout's last output, or
+    the norm's y); `result` what it computes, under the graph's name (after the Casts that end it); `quantizer` the
+    QuantizeLinear of the result the node takes in as its output stage, if any."""
+
+    norm: RmsNormMatch
+    layout: tuple[gs.Node, ...]
+    nodes: tuple[gs.Node, ...]
+    rotated: gs.Tensor
+    result: gs.Variable
+    cos: RotaryTable
+    sin: RotaryTable
+    rotary: RotaryParams
+    quantizer: TakenQuantizer | None = None
+
+    @property
+    def output_dtype(self) -> str:
+        return dtype_name(self.result) or self.norm.output_dtype
+
+
+@dataclass
+class QkNormRopeMatch:
+    """A QK pair and the rotary embedding of both its outputs, with the same cos and sin: one TrtfuseQkNormRope."""
+
+    q: RotatedNorm
+    k: RotatedNorm
+
+    @property
+    def name(self) -> str:
+        return self.q.norm.name
+
+    @property
+    def quantizers(self) -> tuple[TakenQuantizer, ...]:
+        return tuple(side.quantizer for side in (self.q, self.k) if side.quantizer is not None)
+
+
 @dataclass
 class AddNormMatch:
     """A residual Add and the norm that reads its sum: one TrtfuseAddRmsNorm (docs/patterns.md, "Residual Add").
@@ -142,14 +195,20 @@ class NormSearch:
     # QuantizeLinear nodes at a fused norm that stay outside it, with the reason; None when the search left every
     # quantizer out (`FusionOptions(fuse_quant=False)`), so that the reports are what they were without the option.
     quant_near_misses: list[NearMiss] | None = None
+    # QK pairs fused with the rotary embedding after them (none of them is also in `qk_norm_pairs`).
+    qk_norm_ropes: list[QkNormRopeMatch] = field(default_factory=list)
+    # Rotations after a fused QK pair that stay outside its node, with the reason; None when the search took no
+    # rotations (`FusionOptions(fuse_rope=False)`), so that the reports are what they were without the option.
+    rope_near_misses: list[NearMiss] | None = None
 
     def quantizers_taken(self) -> list[TakenQuantizer]:
         """Every quantizer a fused node takes in, in the order the nodes are listed."""
         taken = [quantizer for match in self.matches for quantizer in match.quantizers]
         taken += [quantizer for add in self.add_norms for quantizer in add.all_quantizers]
-        return taken + [
+        taken += [
             quantizer for pair in self.qk_norm_pairs for match in (pair.q, pair.k) for quantizer in match.quantizers
         ]
+        return taken + [quantizer for rope in self.qk_norm_ropes for quantizer in rope.quantizers]
 
 
 class Rejected(Exception):

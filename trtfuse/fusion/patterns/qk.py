@@ -133,7 +133,7 @@ def _layout_tag(match: RmsNormMatch, ops: list[str]) -> str:
     return FULL_WIDTH
 
 
-def _enclosing_nodes(graph: gs.Graph) -> dict[int, gs.Node]:
+def enclosing_nodes(graph: gs.Graph) -> dict[int, gs.Node]:
     """For every node inside an If/Loop/Scan body (at any depth), the top-level node that holds that body.
 
     A body may read any outer tensor without listing it among its node's inputs: through this map, whatever
@@ -146,7 +146,7 @@ def _enclosing_nodes(graph: gs.Graph) -> dict[int, gs.Node]:
     return enclosing
 
 
-def _depends(starts: Iterable[gs.Tensor], targets: Iterable[gs.Tensor], enclosing: dict[int, gs.Node]) -> bool:
+def depends(starts: Iterable[gs.Tensor], targets: Iterable[gs.Tensor], enclosing: dict[int, gs.Node]) -> bool:
     """Whether any target is computed from any start, through any path (subgraph bodies' outer reads included)."""
     wanted = {id(tensor) for tensor in targets}
     queue = deque(starts)
@@ -197,7 +197,7 @@ def _why_not_paired(q: RmsNormMatch, k: RmsNormMatch, enclosing: dict[int, gs.No
     difference = _numerics_differ(q, k)
     if difference is not None:
         return difference
-    if _depends([*_computed(q), *_computed(k)], [*_fused_inputs(q), *_fused_inputs(k)], enclosing):
+    if depends([*_computed(q), *_computed(k)], [*_fused_inputs(q), *_fused_inputs(k)], enclosing):
         return "one depends on the other, so one node computing both would be a cycle"
     return None
 
@@ -230,7 +230,7 @@ def pair_qk_norms(matches: list[RmsNormMatch], graph: gs.Graph) -> QkPairing:
         tagged.append(match)
         projection_norms.append(_ProjectionNorm(match, source, min(positions[id(node)] for node in match.nodes)))
     projection_norms.sort(key=lambda norm: norm.position)
-    enclosing = _enclosing_nodes(graph)
+    enclosing = enclosing_nodes(graph)
     pairs: list[QkNormPair] = []
     paired: set[int] = set()
     refusals: dict[int, str] = {}

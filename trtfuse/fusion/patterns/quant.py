@@ -241,20 +241,20 @@ def _output_quantizer(match: RmsNormMatch, graph_outputs: set[str], opset: int) 
 
 
 def _quantize_path(y: gs.Tensor, graph_outputs: set[str]) -> tuple[list[gs.Node], gs.Node | None]:
-    """The QuantizeLinear reading y with the widening Casts before it (`_widened_reader`) and the layout op reading
+    """The QuantizeLinear reading y with the widening Casts before it (`widened_reader`) and the layout op reading
     y that the path starts after, if any; ([], None) when no QuantizeLinear reads y or one layout op's output."""
-    path = _widened_reader(y, graph_outputs)
+    path = widened_reader(y, graph_outputs)
     if path:
         return path, None
     for layout in y.outputs:
         if onnx_op(layout) in LAYOUT_OPS and layout.inputs[0] is y and len(layout.outputs) == 1:
-            path = _widened_reader(layout.outputs[0], graph_outputs)
+            path = widened_reader(layout.outputs[0], graph_outputs)
             if path:
                 return path, layout
     return [], None
 
 
-def _widened_reader(tensor: gs.Tensor, graph_outputs: set[str]) -> list[gs.Node]:
+def widened_reader(tensor: gs.Tensor, graph_outputs: set[str]) -> list[gs.Node]:
     """The first QuantizeLinear reading `tensor` (y, or a layout op's move of it), after the widening Casts between
     them that only it reads (the contract quantizes float32(y): a bfloat16 y goes to float32 for onnxruntime's
     QuantizeLinear), with those Casts; [] when none does."""

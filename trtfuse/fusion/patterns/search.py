@@ -15,6 +15,7 @@ from trtfuse.fusion.patterns.qk import absorbed_qk_norms, pair_qk_norms
 from trtfuse.fusion.patterns.quant import take_quantizers
 from trtfuse.fusion.patterns.queries import ONNX_DOMAINS, describe, dtype_name
 from trtfuse.fusion.patterns.residual import pair_residual_adds
+from trtfuse.fusion.patterns.rope import take_rotations
 from trtfuse.fusion.patterns.shapes import Shapes
 
 
@@ -61,7 +62,8 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
     """Match every RMSNorm in a shape-inferred, topologically sorted graph; the graph is not modified. With
     `options.fuse_residual`, a norm that reads a residual sum is matched with its Add (`NormSearch.add_norms`); with
     `options.fuse_quant`, each fused norm takes the quantizers around it (`patterns/quant.py`); without
-    `options.fuse_qk` / `options.fuse_norm`, QK pairs / norms fused alone are near misses that name the option."""
+    `options.fuse_qk` / `options.fuse_norm`, QK pairs / norms fused alone are near misses that name the option; with
+    `options.fuse_rope`, a QK pair takes the rotary embedding after it (`patterns/rope.py`)."""
     graph_outputs = {tensor.name for tensor in graph.outputs}
     # The opset whose QuantizeLinear semantics the quantizers taken in must have; None: none is taken.
     quant_opset = graph.opset if options.fuse_quant else None
@@ -108,4 +110,6 @@ def find_norms(graph: gs.Graph, options: FusionOptions = DEFAULT_FUSION) -> Norm
         search.matches = []
     if quant_opset is not None:
         take_quantizers(search, graph_outputs, quant_opset)
+    if options.fuse_rope:
+        take_rotations(search, graph, shapes, graph_outputs, quant_opset)
     return search

@@ -1,9 +1,11 @@
 """What the plugins share: TensorRT's IPluginV3 lifecycle around one cached norm kernel, for any op of the contract.
 
 A plugin's tensors are its op's (`contract.FusedOp`): the activations, then (unless weight_mode is NONE) one weight
-per part; the activations of one part (the add-norm's x and residual) share one shape, and each output has the shape
-of its part's first activation. Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its
-own; normalised outputs are in the node's normalised dtype (`NodeFields.normalised_dtype`: `output_dtype`, or a
+per part, then a rotary op's cos and sin tables; the activations of one part (the add-norm's x and residual) share
+one shape, and each output has the shape of its part's first activation. The tables ([Bc, S, R], float32 or the
+activations' dtype, one dtype for both) give the launch its extents: q's batch, the tokens, the tables' batch
+(`plugins.rotary`). Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its own;
+normalised outputs are in the node's normalised dtype (`NodeFields.normalised_dtype`: `output_dtype`, or a
 quantized op's FP8 / INT8 where the output's stage is on), the others in the activations' dtype; all tensors are
 LINEAR. Leading dims are flattened into rows of the part's hidden size. A quantized op (`contract.quantized`) runs
 in its plain op's class with the op swapped (`plugins.python.creators`): the same tensors and launch, its
@@ -28,6 +30,7 @@ from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.creation_errors import record_creation_error
 from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
 from trtfuse.plugins.python.fields import advertised_fields, parse_fields, serialize_fields
+from trtfuse.plugins.rotary import rotary_extents
 from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
 
 trt = load_trt()
@@ -74,12 +77,14 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
             for index, normalised in enumerate(self.OP.normalised_outputs)
         )
         self._input_names = self.OP.inputs(config.has_weight)
+        self._table_count = len(self.OP.rotary_tables)
         self._same_type_as = self._type_ties()
         self._kernel: Any = None
-        self._kernel_dtypes: tuple[str, str | None] | None = None
+        self._kernel_dtypes: tuple[str, str | None, str | None] | None = None
         self._warm_rows = 0
         self._rows: tuple[int, ...] = (0,) * len(self.OP.activations)
         self._part_rows: tuple[int, ...] = (0,) * len(self.OP.weights)
+        self._extents: tuple[int, ...] = ()
         self._activation_count = len(self.OP.activations)
         self._no_weights = (0,) * len(self.OP.weights)
         self._has_shapes = False
@@ -98,19 +103,30 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
 
     # --- the kernel -----------------------------------------------------------------------------------------------
 
-    def _make_kernel(self, dtype: str, weight_dtype: str | None) -> Any:
-        """The op's JIT kernel for these dtypes, its spec the node's fields (a quantized op's with its quantizers)."""
+    def _make_kernel(self, dtypes: tuple[str, str | None, str | None]) -> Any:
+        """The op's JIT kernel for these (activation, weight, table) dtypes, its spec the node's fields (a quantized
+        op's with its quantizers, a rotary op's with its rotation)."""
         factory = getattr(self._kernels(), kernel_names(self.OP).jit)
-        return factory(kernel_spec(self.config, dtype, weight_dtype))
+        return factory(kernel_spec(self.config, *dtypes))
 
     def launch_args(self, inputs: Sequence[int], outputs: Sequence[int], stream: int) -> tuple[int, ...]:
         """The kernel's launch arguments (trtfuse/kernels/api.py), for any op: the activations, one weight per part
-        (0 each without weights), the outputs, one row count per part (its first activation's: the others have its
-        shape), the stream. RMSNorm: (x, w, y, rows, stream); QK-norm: (q, k, q_w, k_w, q_out, k_out, q_rows,
-        k_rows, stream); add-norm: (x, residual, w, y, h, rows, stream)."""
-        activations = self._activation_count
-        weights = inputs[activations:] if self._weighted else self._no_weights
-        return (*inputs[:activations], *weights, *outputs, *self._part_rows, stream)
+        (0 each without weights), a rotary op's tables, the outputs, one row count per part (its first activation's:
+        the others have its shape), a rotary op's extents, the stream. RMSNorm: (x, w, y, rows, stream); QK-norm:
+        (q, k, q_w, k_w, q_out, k_out, q_rows, k_rows, stream); add-norm: (x, residual, w, y, h, rows, stream);
+        QK-norm + rotary: (q, k, q_w, k_w, cos, sin, q_out, k_out, q_rows, k_rows, batch, seq_len, cos_batch,
+        stream)."""
+        activations, tables = self._activation_count, self._table_count
+        weights = inputs[activations : len(inputs) - tables] if self._weighted else self._no_weights
+        return (
+            *inputs[:activations],
+            *weights,
+            *inputs[len(inputs) - tables :],
+            *outputs,
+            *self._part_rows,
+            *self._extents,
+            stream,
+        )
 
     def _kernels(self) -> ModuleType:
         """trtfuse.kernels, imported on first use so the plugins import (and deserialise) without CuTeDSL."""
@@ -135,6 +151,7 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         twin._kernel_dtypes = self._kernel_dtypes
         twin._warm_rows = self._warm_rows
         twin._set_rows(self._rows)
+        twin._extents = self._extents
         twin._has_shapes = self._has_shapes
         twin._bind_launch()
         return twin
@@ -171,22 +188,28 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
             return False
         if pos == 0 and dtype_pair_problem(DTYPE_NAMES[desc.type], self.config.output_dtype):
             return False
+        if pos == num_inputs - self._table_count and self._table_count:
+            # cos (sin is tied to it): float32, or the activations' dtype.
+            return DTYPE_NAMES[desc.type] == "float32" or desc.type == in_out[0].desc.type
         tied_to = self._same_type_as[pos]
         return tied_to is None or desc.type == in_out[tied_to].desc.type
 
     def configure_plugin(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
         """Build phase: check the profile's shapes and warm the kernel up for its largest row count."""
         self._check_input_count(len(inputs))
-        self._check_inputs([desc.min for desc in inputs])
-        max_rows = self._check_inputs([desc.max for desc in inputs])
-        self._prepare([desc.desc.type for desc in inputs], max(max_rows))
+        for bound in ([desc.min for desc in inputs], [desc.max for desc in inputs]):
+            rows = self._check_inputs(bound)
+            rotary_extents(self.config, self._label, self._input_names, bound)
+        self._prepare([desc.desc.type for desc in inputs], max(rows))
 
     # --- runtime --------------------------------------------------------------------------------------------------
 
     def on_shape_change(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
         """Concrete shapes for the enqueues that follow: keep their row counts, warm up if they grew."""
         self._check_input_count(len(inputs))
-        rows = self._check_inputs([desc.dims for desc in inputs])
+        shapes = [desc.dims for desc in inputs]
+        rows = self._check_inputs(shapes)
+        self._extents = rotary_extents(self.config, self._label, self._input_names, shapes)
         self._prepare([desc.type for desc in inputs], max(rows))
         self._set_rows(rows)
         self._has_shapes = True
@@ -225,11 +248,14 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
 
     def _type_ties(self) -> tuple[int | None, ...]:
         """For each position of inputs then outputs: the earlier position whose dtype it must share, or None (the
-        first activation, the first weight, and the normalised outputs, whose dtype is the node's)."""
+        first activation, the first weight, a rotary op's cos, and the normalised outputs, whose dtype is the
+        node's)."""
         activations = len(self.OP.activations)
         ties: list[int | None] = [None] + [0] * (activations - 1)
         if self.config.has_weight:
             ties += [None] + [activations] * (len(self.OP.weights) - 1)
+        if self._table_count:
+            ties += [None] + [len(ties)] * (self._table_count - 1)
         return (*ties, *(None if normalised else 0 for normalised in self.OP.normalised_outputs))
 
     def _shape_source(self, output: int) -> int:
@@ -262,11 +288,11 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
     def _check_inputs(self, shapes: Sequence[Any]) -> tuple[int, ...]:
         """Row counts of the activations (product of leading dims) after checking every input's shape: each
         activation ends in its part's hidden size, the activations of one part (x and residual) share one shape,
-        each weight holds exactly one row of its part's."""
+        each weight holds exactly one row of its part's (a rotary op's tables: `rotary_extents`)."""
         activations = len(self.OP.activations)
         rows = []
         part_shapes: dict[int, tuple[str, list[int]]] = {}
-        for position, dims in enumerate(shapes):
+        for position, dims in enumerate(shapes[: len(shapes) - self._table_count]):
             part = self.OP.activation_parts[position] if position < activations else position - activations
             hidden = self.config.hidden_sizes[part]
             shape = [int(dims[i]) for i in range(len(dims))]
@@ -294,9 +320,12 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         activations = len(self.OP.activations)
         dtype = self._dtype_name(input_types[0], 0)
         weight_dtype = self._dtype_name(input_types[activations], activations) if self.config.has_weight else None
-        if self._kernel is None or self._kernel_dtypes != (dtype, weight_dtype):
-            self._kernel = self._make_kernel(dtype, weight_dtype)
-            self._kernel_dtypes = (dtype, weight_dtype)
+        first_table = len(input_types) - self._table_count
+        table_dtype = self._dtype_name(input_types[first_table], first_table) if self._table_count else None
+        dtypes = (dtype, weight_dtype, table_dtype)
+        if self._kernel is None or self._kernel_dtypes != dtypes:
+            self._kernel = self._make_kernel(dtypes)
+            self._kernel_dtypes = dtypes
             self._warm_rows = 0
         if rows > self._warm_rows:
             self._kernel.warm_up(rows)

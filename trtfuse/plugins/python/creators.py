@@ -1,4 +1,4 @@
-"""One Python creator per op of the contract (`contract.OPS`), by op name: the three plain ops' own classes, and for
+"""One Python creator per op of the contract (`contract.OPS`), by op name: the plain ops' own classes, and for
 each quantized op (`contract.quantized`) its plain op's classes with the op swapped.
 
 A quantized op has its plain op's tensors, launch and lifecycle; what differs is carried by the node's fields, which
@@ -11,11 +11,12 @@ from __future__ import annotations
 from trtfuse.contract import OPS, FusedOp
 from trtfuse.plugins.python.add_rms_norm import AddRmsNormPluginCreator
 from trtfuse.plugins.python.base import NormPlugin, NormPluginCreator
-from trtfuse.plugins.python.qk_norm import QkNormPluginCreator
+from trtfuse.plugins.python.qk_norm import QkNormPluginCreator, QkNormRopePluginCreator
 from trtfuse.plugins.python.rms_norm import RmsNormPluginCreator
 
 _PLAIN = {
-    creator.PLUGIN.OP.name: creator for creator in (RmsNormPluginCreator, QkNormPluginCreator, AddRmsNormPluginCreator)
+    creator.PLUGIN.OP.name: creator
+    for creator in (RmsNormPluginCreator, QkNormPluginCreator, AddRmsNormPluginCreator, QkNormRopePluginCreator)
 }
 
 

@@ -1,4 +1,5 @@
 """TrtfuseQkNorm: inputs (q, k, q_weight, k_weight), or (q, k) when weight_mode is NONE; outputs (q_out, k_out).
+TrtfuseQkNormRope: the same, then cos and sin; each output rotated.
 
 q and k share one dtype, q_out and k_out one output_dtype, and both one epsilon / weight_offset / weight_mode; each
 is normalised over its own last axis (q_hidden_size, k_hidden_size) with its own weight, both in one kernel launch.
@@ -6,7 +7,7 @@ is normalised over its own last axis (q_hidden_size, k_hidden_size) with its own
 
 from __future__ import annotations
 
-from trtfuse.contract import QK_NORM
+from trtfuse.contract import QK_NORM, QK_NORM_ROPE
 from trtfuse.plugins.python.base import NormPlugin, NormPluginCreator
 
 
@@ -19,3 +20,14 @@ class QkNormPlugin(NormPlugin):
 
 class QkNormPluginCreator(NormPluginCreator):
     PLUGIN = QkNormPlugin
+
+
+class QkNormRopePlugin(QkNormPlugin):
+    """The QK-norm and the rotary embedding of both outputs (TrtfuseQkNormRope): one launch of
+    `trtfuse.kernels.get_qk_norm_rope`, which also reads cos and sin and the extents that locate their rows."""
+
+    OP = QK_NORM_ROPE
+
+
+class QkNormRopePluginCreator(NormPluginCreator):
+    PLUGIN = QkNormRopePlugin

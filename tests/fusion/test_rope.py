@@ -1,0 +1,249 @@
+"""The rotary embedding after a QK-norm pair (docs/patterns.md, "Rotary embedding"): every spelling the exporters write
+fuses into one TrtfuseQkNormRope whose lowering computes the original, every form one node cannot compute stays in the
+graph with its reason, the fixtures that have rotations fuse them, and `check` catches a node that rotates wrongly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from trtfuse import contract
+from trtfuse.contract import HeadLayout, Rotation
+from trtfuse.fusion.fuse import FuseResult, fuse_model
+from trtfuse.fusion.lowering import lower_fused_nodes
+from trtfuse.fusion.options import FusionOptions
+
+from support.cli import run_cli
+from support.graphs import BATCH, HIDDEN, SEQUENCE
+from support.paths import FIXTURES
+from support.rope_graphs import HEAD_DIM, ROPE_NEAR_MISSES, RopeSpec, rope_block
+
+ACCEPTED = {
+    "qwen3": RopeSpec(),
+    "qwen3-fp16": RopeSpec(dtype="float16"),
+    "qwen3-bf16": RopeSpec(dtype="bfloat16"),
+    "qwen3-torchscript-bounds": RopeSpec(spelling="rotate-half-shapes", dtype="float16"),
+    "qwen3-per-batch-tables": RopeSpec(per_batch=True),
+    "gemma3": RopeSpec(layout="qk-head-dim-transposed", weight="before-cast"),
+    "gemma3-fp16": RopeSpec(layout="qk-head-dim-transposed", dtype="float16", weight="before-cast"),
+    "olmo2": RopeSpec(layout="qk-full-width", weight="before-cast"),
+    "olmo2-bf16-float32-rotation": RopeSpec(
+        layout="qk-full-width", dtype="bfloat16", table_dtype="float32", weight="before-cast"
+    ),
+    "partial": RopeSpec(rotary_dim=8),
+    "partial-fp16": RopeSpec(rotary_dim=8, dtype="float16", layout="qk-head-dim-transposed"),
+    "rotary-embedding": RopeSpec(spelling="rotary-embedding"),
+    "rotary-embedding-per-batch": RopeSpec(spelling="rotary-embedding", per_batch=True),
+    "rotary-embedding-positions": RopeSpec(spelling="rotary-embedding", positions=True),
+    "rotary-embedding-interleaved-partial": RopeSpec(spelling="rotary-embedding", interleaved=True, rotary_dim=8),
+    "rotary-embedding-olmo2": RopeSpec(spelling="rotary-embedding", layout="qk-full-width", weight="before-cast"),
+    "rotary-embedding-gemma3-fp16": RopeSpec(
+        spelling="rotary-embedding", layout="qk-head-dim-transposed", dtype="float16"
+    ),
+    "int8-after-transpose": RopeSpec(quant="int8"),
+    "fp8-gemma3": RopeSpec(layout="qk-head-dim-transposed", quant="float8_e4m3fn"),
+    "fp8-gemma3-bf16": RopeSpec(layout="qk-head-dim-transposed", quant="float8_e4m3fn", dtype="bfloat16"),
+}
+# The norm's float32 y may differ by an ulp (onnxruntime reduces the graph's and the lowering's ReduceMean in its
+# own order; tests/fusion/test_lowering_rope.py has the bit-exact rotation), 16-bit graphs round y before rotating.
+TOLERANCE = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1e-2}
+
+
+def _feed(spec: RopeSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    batch = BATCH if spec.per_batch else 1
+    feed = {
+        "x": rng.standard_normal((BATCH, SEQUENCE, HIDDEN)).astype(np.float32),
+        "positions": (np.arange(SEQUENCE, dtype=np.float32) + rng.integers(0, 20, (batch, 1))).astype(np.float32),
+    }
+    if spec.positions:
+        feed["position_ids"] = (np.arange(SEQUENCE) + rng.integers(0, 20, (BATCH, 1))).astype(np.int64)
+    return feed
+
+
+def _run(model: onnx.ModelProto, spec: RopeSpec, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime, or onnx's reference evaluator where onnxruntime runs no such graph (bfloat16 MatMuls; a
+    RotaryEmbedding whose caches broadcast over the batch, which onnxruntime 1.32 refuses)."""
+    broadcast_caches = spec.spelling == "rotary-embedding" and not (spec.positions or spec.per_batch)
+    if spec.dtype == "bfloat16" or broadcast_caches:
+        return [np.asarray(out) for out in ReferenceEvaluator(model).run(None, feed)]
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feed)
+
+
+def _kinds(result: FuseResult) -> dict[str, int]:
+    return {kind: count for kind, count in result.counts().nodes.items() if count}
+
+
+@pytest.mark.parametrize("name", sorted(ACCEPTED))
+def test_each_spelling_fuses_into_one_rotary_node_that_computes_the_original(name: str) -> None:
+    spec = ACCEPTED[name]
+    original = rope_block(spec)
+    result = fuse_model(original)
+    op = contract.QK_NORM_ROPE_QUANT_OP if spec.quant else contract.QK_NORM_ROPE_OP
+    assert _kinds(result) == {op: 1}, result.counts().line()
+    assert result.search.rope_near_misses == [] and result.search.quant_near_misses == []
+    [node] = result.fused
+    rotary = node.rotary
+    layout = HeadLayout.HEAD_MAJOR if spec.layout == "qk-head-dim-transposed" else HeadLayout.TOKEN_MAJOR
+    rotation = Rotation.INTERLEAVED if spec.interleaved else Rotation.HALF_SPLIT
+    assert (rotary.head_dim, rotary.rotary_dim, rotary.rotation, rotary.layout) == (
+        HEAD_DIM,
+        spec.rotary_dim or HEAD_DIM,
+        rotation,
+        layout,
+    )
+    assert not any(n.op_type in ("Neg", "RotaryEmbedding") for n in result.model.graph.node)
+    onnx.checker.check_model(result.model, full_check=False)
+    feed = _feed(spec)
+    expected = _run(original, spec, feed)
+    actual = _run(lower_fused_nodes(result.model), spec, feed)
+    for want, got in zip(expected, actual, strict=True):
+        if spec.quant:
+            # Codes of values the node rounds once and the graph twice: a rare code one step away.
+            steps = np.abs(got - want) / (0.02 if spec.quant == "int8" else 0.005)
+            assert np.mean(got != want) < 0.05 and np.max(steps) <= 64 * (spec.quant != "int8") + 1
+        else:
+            np.testing.assert_allclose(got, want, rtol=TOLERANCE[spec.dtype], atol=TOLERANCE[spec.dtype])
+
+
+@pytest.mark.parametrize("case", sorted(ROPE_NEAR_MISSES))
+def test_a_rotation_one_node_cannot_compute_stays_with_its_reason(case: str) -> None:
+    spec = RopeSpec(case=case)
+    original = rope_block(spec)
+    result = fuse_model(original)
+    assert _kinds(result) == {contract.QK_NORM_OP: 1}, result.counts().line()
+    [miss] = result.search.rope_near_misses
+    assert miss.reason.startswith("rotation not fused: ") and ROPE_NEAR_MISSES[case] in miss.reason, miss.reason
+    assert "1 rotation kept out" in result.counts().line()
+    feed = _feed(spec)
+    for want, got in zip(_run(original, spec, feed), _run(lower_fused_nodes(result.model), spec, feed), strict=True):
+        np.testing.assert_allclose(got, want, rtol=TOLERANCE["float32"], atol=TOLERANCE["float32"])
+
+
+def test_an_fp8_quantizer_after_a_layout_op_stays_out_and_the_rotation_fuses() -> None:
+    result = fuse_model(rope_block(RopeSpec(quant="float8_e4m3fn")))
+    assert _kinds(result) == {contract.QK_NORM_ROPE_OP: 1}
+    assert len(result.search.quant_near_misses) == 2 and result.search.rope_near_misses == []
+    assert all("would move FLOAT8E4M3FN codes" in miss.reason for miss in result.search.quant_near_misses)
+
+
+def test_without_the_option_the_pair_is_fused_alone_and_nothing_is_reported() -> None:
+    result = fuse_model(rope_block(RopeSpec()), FusionOptions(fuse_rope=False))
+    assert _kinds(result) == {contract.QK_NORM_OP: 1} and result.search.rope_near_misses is None
+    assert "rope_near_misses" not in result.report()
+    quant = fuse_model(rope_block(RopeSpec(quant="int8")), FusionOptions(fuse_quant=False))
+    assert _kinds(quant) == {contract.QK_NORM_ROPE_OP: 1} and quant.search.quantizers_taken() == []
+
+
+# The fixtures with rotations after their q/k norms: every one fuses them.
+ROTATED_FIXTURES = [
+    "qwen3-dynamo-fp32.onnx",
+    "qwen3-dynamo-fp16.onnx",
+    "qwen3-torchscript-fp16.onnx",
+    "gemma3-dynamo-fp16.onnx",
+    "gemma3-dynamo-fp32.onnx",
+    "gemma3-torchscript-fp16.onnx",
+    "olmo2-dynamo-fp32.onnx",
+    "olmo2-torchscript-fp16.onnx",
+    "kv/qwen3-dynamo-fp32-kv.onnx",
+    "tools/qwen3-optimum-fp16.onnx",
+    "tools/qwen3-optimum-fp16-slim.onnx",
+    "tools/olmo2-dynamo23-bf16.onnx",
+]
+
+
+@pytest.mark.parametrize("name", ROTATED_FIXTURES)
+def test_every_fixture_rotation_fuses_and_layers_share_their_tables(name: str) -> None:
+    result = fuse_model(onnx.load(str(FIXTURES / name)))
+    nodes = [node for node in result.model.graph.node if node.op_type == contract.QK_NORM_ROPE_OP]
+    assert len(nodes) == 2 and result.counts().nodes[contract.QK_NORM_OP] == 0
+    assert result.search.rope_near_misses == []
+    tables = {tuple(node.input[-2:]) for node in nodes}
+    # Gemma3's local and global layers rotate by tables of their own; the others share one pair.
+    assert len(tables) == (2 if name.startswith("gemma3") else 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("tools/qwen3-modelopt-fp8-kv.onnx", "the product node_mul_186 is quantized (mul_186_QuantizeLinear)"),
+        ("tools/gemma3-modelopt-int8-fp16.onnx", "output is quantized (mul_225_QuantizeLinear) before the rotation"),
+        ("tools/qwen3-genai-cpu-int4.onnx", "the rotary embedding is inside the attention op (do_rotary=1)"),
+    ],
+)
+def test_rotations_of_modelopt_and_genai_stay_with_their_reasons(name: str, reason: str) -> None:
+    result = fuse_model(onnx.load(str(FIXTURES / name)))
+    assert result.counts().nodes[contract.QK_NORM_ROPE_OP] == 0
+    misses = result.search.rope_near_misses
+    assert len(misses) == 2 and reason in misses[0].reason, misses
+
+
+def test_inspect_and_fuse_report_the_rotation(tmp_path: Path) -> None:
+    model = FIXTURES / "qwen3-dynamo-fp32.onnx"
+    text = run_cli("inspect", model).stdout
+    assert "  qk_rope   q: " in text and "rotation: head_dim=64 rotary_dim=64 half_split token_major" in text
+    report = json.loads(run_cli("inspect", model, "--json").stdout)
+    assert len(report["qk_norm_ropes"]) == 2 and report["rope_near_misses"] == []
+    assert report["qk_norm_ropes"][0]["rotary"] == {
+        "head_dim": 64,
+        "rotary_dim": 64,
+        "rotation": "HALF_SPLIT",
+        "layout": "TOKEN_MAJOR",
+    }
+    assert report["plugin_nodes"][contract.QK_NORM_ROPE_OP] == 2
+    fused = json.loads(run_cli("fuse", model, "-o", tmp_path / "f.onnx", "--json").stdout)
+    entry = next(node for node in fused["fused"] if node["kind"] == contract.QK_NORM_ROPE_OP)
+    assert entry["rotary"]["layout"] == "TOKEN_MAJOR" and "node_neg" in entry["replaced"]
+    plain = json.loads(run_cli("inspect", model, "--json", "--no-fuse-rope").stdout)
+    assert "rope_near_misses" not in plain and contract.QK_NORM_ROPE_OP not in plain["plugin_nodes"]
+    kept = run_cli("inspect", FIXTURES / "tools" / "qwen3-modelopt-int8-fp16.onnx").stdout
+    assert "  rope kept node_mean_1: rotation not fused: the product node_mul_168 is quantized" in kept
+
+
+def _tampered(fused: Path, tmp_path: Path, change: str) -> Path:
+    model = onnx.load(str(fused))
+    node = next(node for node in model.graph.node if node.op_type == contract.QK_NORM_ROPE_OP)
+    attributes = {attribute.name: attribute for attribute in node.attribute}
+    if change == "swapped-tables":
+        node.input[-2], node.input[-1] = node.input[-1], node.input[-2]
+    elif change == "interleaved":
+        attributes[contract.ATTR_ROTATION].i = int(Rotation.INTERLEAVED)
+    elif change == "layout":
+        attributes[contract.ATTR_LAYOUT].i = 1 - attributes[contract.ATTR_LAYOUT].i
+    elif change == "half-rotated":
+        attributes[contract.ATTR_ROTARY_DIM].i //= 2
+    path = tmp_path / f"{change}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+# A node that rotates otherwise fails the comparison (exit 1); one whose rotary_dim its tables do not have is refused
+# before anything runs, one whose layout puts the tokens where its tables' rows do not fit fails to run (exit 2).
+TAMPERED = {"swapped-tables": 1, "interleaved": 1, "layout": 2, "half-rotated": 2}
+
+
+@pytest.mark.parametrize("fixture", ["qwen3-dynamo-fp32.onnx", "gemma3-torchscript-fp16.onnx"])
+@pytest.mark.parametrize("change", sorted(TAMPERED))
+def test_check_fails_a_node_that_rotates_otherwise(tmp_path: Path, fixture: str, change: str) -> None:
+    original = FIXTURES / fixture
+    fused = tmp_path / "fused.onnx"
+    assert run_cli("fuse", original, "-o", fused).exit_code == 0
+    assert run_cli("check", original, fused).exit_code == 0
+    result = run_cli("check", original, _tampered(fused, tmp_path, change))
+    assert result.exit_code == TAMPERED[change], result.output
+
+
+def test_a_bfloat16_table_of_a_float16_model_is_refused() -> None:
+    """The tables are float32 or the activations' dtype: fp16 activations with bf16 tables stay out."""
+    model = rope_block(RopeSpec(dtype="float16", table_dtype="bfloat16"))
+    result = fuse_model(model)
+    assert _kinds(result) == {contract.QK_NORM_OP: 1}
+    [miss] = result.search.rope_near_misses
+    assert "neither float32 nor the activations' float16" in miss.reason
