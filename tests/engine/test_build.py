@@ -692,25 +692,36 @@ def test_fp8_nodes_on_a_gpu_older_than_sm_89_are_one_line_before_any_work(tmp_pa
     assert build.fp8_nodes(load_model(int8)) == []
 
 
-@pytest.mark.parametrize(("fixture", "passed"), [("qwen3-fp8.folded.trt10", True), ("qwen3-fp8.unfolded.trt10", False)])
-def test_every_build_records_detailed_layers_and_reports_the_folds(tmp_path, monkeypatch, fixture, passed):
-    """The builder config asks for detailed layer information (ProfilingVerbosity.DETAILED), the engine inspector's
-    JSON goes beside the engine as trtexec writes it, and its report on the quantized nodes into the sidecar. The
-    inspector's answer is a layer-information fixture in TensorRT 10's shape (tests/engine/layer_info/README.md)."""
-    from trtfuse.engine.sidecar import layer_information_path
+def _inspecting_tensorrt(monkeypatch, layer_fixture: str) -> tuple[dict, str]:
+    """A TensorRT stand-in of 10.16 with FP8 and INT8 plugin outputs and AOT plugins on an sm_90a GPU, whose engine
+    inspector answers the layer-information fixture `layer_fixture` (tests/engine/layer_info); its calls and that
+    text."""
     from trtfuse.kernels import device
     from trtfuse.plugins import qdp
 
-    from support.layer_info import LAYER_INFO, fused_model
+    from support.layer_info import LAYER_INFO
 
     calls: dict = {}
-    layers = (LAYER_INFO / f"{fixture}.layers.json").read_text(encoding="utf-8")
+    layers = (LAYER_INFO / layer_fixture).read_text(encoding="utf-8")
     _aot_modules(monkeypatch, calls, has_aot=True)
     monkeypatch.setattr(qdp, "take_embedded_ptx_isas", lambda: ["8.8"])
     monkeypatch.setattr(device, "current_device", lambda: device.DeviceInfo("sm_90a", 132, True))
     trt = _quant_tensorrt("10.16.1", calls)
     trt.Runtime = fakes_trt.fake_tensorrt("10.16.1", calls, layer_information=layers).Runtime
     _use_tensorrt(monkeypatch, trt)
+    return calls, layers
+
+
+@pytest.mark.parametrize(("fixture", "passed"), [("qwen3-fp8.folded.trt10", True), ("qwen3-fp8.unfolded.trt10", False)])
+def test_every_build_records_detailed_layers_and_reports_the_folds(tmp_path, monkeypatch, fixture, passed):
+    """The builder config asks for detailed layer information (ProfilingVerbosity.DETAILED), the engine inspector's
+    JSON goes beside the engine as trtexec writes it, and its report on the quantized nodes into the sidecar. The
+    inspector's answer is a layer-information fixture in TensorRT 10's shape (tests/engine/layer_info/README.md)."""
+    from trtfuse.engine.sidecar import layer_information_path
+
+    from support.layer_info import fused_model
+
+    calls, layers = _inspecting_tensorrt(monkeypatch, f"{fixture}.layers.json")
     fused = fused_model("qwen3-fp8", tmp_path)
     result = build.build_engine(fused, tmp_path / "m.engine", BuildOptions(profiles=(PROFILE,)), emit=lambda _: None)
     assert calls["profiling_verbosity"] == 2, "ProfilingVerbosity.DETAILED"
@@ -745,20 +756,10 @@ def test_compile_warns_of_an_unfolded_dequantize_and_strict_folds_exits_1(tmp_pa
     """The ModelOpt FP8 export compiled, the engine's layer information (a TensorRT 10 fixture) showing two
     dequantizes left standing: a warning names the nodes; --strict-folds makes it exit 1 with the engine written."""
     from trtfuse.engine.sidecar import layer_information_path
-    from trtfuse.kernels import device
-    from trtfuse.plugins import qdp
 
-    from support.layer_info import LAYER_INFO
     from support.paths import TOOL_FIXTURES
 
-    calls: dict = {}
-    layers = (LAYER_INFO / "qwen3-fp8.unfolded.trt10.layers.json").read_text(encoding="utf-8")
-    _aot_modules(monkeypatch, calls, has_aot=True)
-    monkeypatch.setattr(qdp, "take_embedded_ptx_isas", lambda: ["8.8"])
-    monkeypatch.setattr(device, "current_device", lambda: device.DeviceInfo("sm_90a", 132, True))
-    trt = _quant_tensorrt("10.16.1", calls)
-    trt.Runtime = fakes_trt.fake_tensorrt("10.16.1", calls, layer_information=layers).Runtime
-    _use_tensorrt(monkeypatch, trt)
+    _inspecting_tensorrt(monkeypatch, "qwen3-fp8.unfolded.trt10.layers.json")
     engine = tmp_path / "m.engine"
     # The fixture's node names are those of the fusion in tests/support/layer_info.py: the same export, same pass.
     args = ["compile", str(TOOL_FIXTURES / "qwen3-modelopt-fp8-kv.onnx"), "-o", str(engine), "--profile", "prefill"]
