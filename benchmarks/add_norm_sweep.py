@@ -44,7 +44,7 @@ PREFILL = (
     ("llama-bf16-fp32w", AddRmsNormSpec(4096, "bfloat16", "float32", LLAMA), 16384,
      ((256, 6, True), (256, 0, False), (256, 6, False))),
     ("llama-bf16", AddRmsNormSpec(4096, "bfloat16", "bfloat16", LLAMA), 4096,
-     ((256, 6, True), (256, 0, False), (128, 0, True), (512, 0, True))),
+     ((256, 6, True), (256, 0, False), (128, 0, True), (128, 0, False), (512, 0, True), (512, 0, False))),
     ("llama-bf16", AddRmsNormSpec(8192, "bfloat16", "bfloat16", LLAMA), 8192,
      ((256, 0, False), (512, 0, True), (512, 3, True), (512, 0, False), (1024, 0, True))),
     ("llama-fp16", AddRmsNormSpec(8192, "float16", "float16", LLAMA), 8192,
@@ -169,12 +169,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--only", nargs="*", default=None, help="prefill shapes as ROWSxHIDDEN (no decode rows)")
     args = parser.parse_args()
     cache = KernelCache()
     copy = copy_bandwidth_gbs()
     print(f"D2D copy (read + write): {copy:.0f} GB/s", flush=True)
-    prefill = [r for case in PREFILL for r in sweep_prefill(*case, args.reps, copy, cache)]
-    decode = [r for rows in DECODE_ROWS for r in sweep_decode(rows, args.reps, cache)]
+    cases = [case for case in PREFILL if args.only is None or f"{case[2]}x{case[1].hidden}" in args.only]
+    prefill = [r for case in cases for r in sweep_prefill(*case, args.reps, copy, cache)]
+    decode = [] if args.only is not None else [r for rows in DECODE_ROWS for r in sweep_decode(rows, args.reps, cache)]
     print("\nPrefill add+norm, bf16: µs and % of copy per repetition")
     for r in prefill:
         runs = "  ".join(f"{us:7.2f} ({pct:5.1f}%)" for us, pct in zip(r["us"], r["pct_copy"], strict=True))

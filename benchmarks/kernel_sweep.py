@@ -51,7 +51,14 @@ SHAPES: dict[tuple[int, int], tuple[tuple[str, str, WeightMode], ...]] = {
 # hidden -> candidates beyond the table's own choice: RowTiling fields (threads per row; rows per block, 1 unless
 # given; the rest off unless given). Here: x held in registers (the first session's table) and a 512-thread reread.
 CANDIDATES: dict[int, tuple[dict[str, Any], ...]] = {
-    4096: ({"threads": 256, "floor": 6}, {"threads": 256, "reread": True}, {"threads": 128, "reread": True}),
+    4096: (
+        {"threads": 256, "floor": 6},
+        {"threads": 256, "reread": True},
+        {"threads": 128, "reread": True},
+        {"threads": 128},
+        {"threads": 512, "reread": True},
+        {"threads": 512},
+    ),
     8192: ({"threads": 256}, {"threads": 512, "reread": True, "floor": 4}),
     2048: ({"threads": 128}, {"threads": 64, "reread": True}),
     5120: ({"threads": 256},),

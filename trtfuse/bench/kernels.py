@@ -6,11 +6,12 @@ inputs, with outputs poisoned (NaN) beforehand and checked afterwards; bandwidth
 input sets to exceed the L2; decode-sized calls are timed as CUDA-graph replays of many captured calls.
 
 `--sections` picks parts of it (default: all): `norm` (RMSNorm, mixed precision, QK-norm, compile and host cost),
-`add_norm` (the fused residual add+RMSNorm against today's separate add, torch.compile, QuACK and Liger),
+`add_norm` (the fused residual add+RMSNorm against today's separate add and torch.compile),
 `layer_tail` (a GEMM, the residual add and the norm: cuBLAS's beta=1 epilogue then RMSNorm, or the fused add+norm)
 `quant` (the norms with their quantizer stages against torch.compile's fused norm + quantize: bench/quant.py) and
 `rope` (the QK-norm + rotary kernel against our QK-norm alone, our QK-norm + torch.compile's rotation and
-torch.compile of both: bench/rope.py).
+torch.compile of both: bench/rope.py) and `anchors` (every RMSNorm, add+RMSNorm and QK-norm shape beside QuACK, Liger
+and torch.compile, one table per GPU: bench/anchors.py; run last, since importing QuACK patches CuTe process-wide).
 """
 
 from __future__ import annotations
@@ -213,31 +214,6 @@ def llama_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor)
     return llama_rms_norm(h, w), h
 
 
-AddNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-def add_norm_peers() -> tuple[dict[str, AddNorm], list[str]]:
-    """QuACK's and Liger's fused add+RMSNorm where they import, and one line for each that does not. Imported only
-    after our kernels are compiled: QuACK patches CuTe's tensor classes process-wide when imported."""
-    peers: dict[str, AddNorm] = {}
-    skipped = []
-    try:
-        from quack.rmsnorm import rmsnorm_fwd
-
-        # y = x·rstd·w in fp32 (the rstd of the unrounded fp32 sum), h = D(x + residual).
-        peers["quack"] = lambda x, r, w: rmsnorm_fwd(x, w, residual=r, eps=EPS)[:2]
-    except Exception as error:  # a missing or broken peer is a line, not a failure
-        skipped.append(f"QuACK skipped: {type(error).__name__}: {error}")
-    try:
-        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
-
-        # casting_mode "llama": h in D, rstd in fp32, (h·rstd → D) · w: the contract's AFTER_CAST.
-        peers["liger"] = lambda x, r, w: fused_add_rms_norm_forward(x, r, w, EPS, 0.0, "llama")[:2]
-    except Exception as error:
-        skipped.append(f"Liger skipped: {type(error).__name__}: {error}")
-    return peers, skipped
-
-
 def _add_norm_specs(hidden: int) -> tuple[AddRmsNormSpec, RmsNormSpec]:
     return AddRmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA), RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA)
 
@@ -257,17 +233,7 @@ def check_add_norm(y: torch.Tensor, h: torch.Tensor, ref: tuple[torch.Tensor, to
         raise AssertionError(f"{what}: h differs from D(x + residual)")
 
 
-def _try_peer(name: str, run: Callable[[], float], skipped: list[str]) -> float | None:
-    try:
-        return run()
-    except Exception as error:  # a peer that fails on this GPU or shape is skipped, with a line
-        skipped.append(f"{name} failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
-        return None
-
-
-def bench_add_norm_prefill(
-    rows: int, hidden: int, compiled: bool, peers: dict[str, AddNorm], skipped: list[str], copy_gbs: float
-) -> dict[str, Any]:
+def bench_add_norm_prefill(rows: int, hidden: int, compiled: bool, copy_gbs: float) -> dict[str, Any]:
     """Bytes: x and the residual read, y and h written, the weight read once."""
     dtype = torch.bfloat16
     fused_spec, norm_spec = _add_norm_specs(hidden)
@@ -298,22 +264,13 @@ def bench_add_norm_prefill(
         fn = fresh_compile(llama_add_rms_norm)
         check_add_norm(*fn(xs[0], rs[0], w), ref, f"torch.compile {row['shape']}")
         row["compile_us"] = median_event_us(lambda i: fn(xs[i], rs[i], w), n_sets)
-    for name, peer in peers.items():
-
-        def timed(peer: AddNorm = peer, name: str = name) -> float:
-            check_add_norm(*peer(xs[0], rs[0], w), ref, f"{name} {row['shape']}")
-            return median_event_us(lambda i: peer(xs[i], rs[i], w), n_sets)
-
-        us = _try_peer(f"{name} {row['shape']}", timed, skipped)
-        if us is not None:
-            row[f"{name}_us"] = us
-    for key in ("ours", "separate", "compile", *peers):
+    for key in ("ours", "separate", "compile"):
         if f"{key}_us" in row:
             row[f"{key}_pct_copy"] = 100 * nbytes / row[f"{key}_us"] / 1e3 / copy_gbs
     return row
 
 
-def bench_add_norm_decode(rows: int, compiled: bool, peers: dict[str, AddNorm], skipped: list[str]) -> dict[str, Any]:
+def bench_add_norm_decode(rows: int, compiled: bool) -> dict[str, Any]:
     """bf16, H=4096, µs per call in CUDA-graph replay; ours as the plugin calls it (raw pointers, captured stream)."""
     hidden, dtype = DECODE_HIDDEN, torch.bfloat16
     fused_spec, norm_spec = _add_norm_specs(hidden)
@@ -344,15 +301,6 @@ def bench_add_norm_decode(rows: int, compiled: bool, peers: dict[str, AddNorm], 
         fn = fresh_compile(llama_add_rms_norm)
         check_add_norm(*fn(x, r, w), ref, f"torch.compile decode rows={rows}")
         row["compile_graph_us"] = graph_replay_us(lambda: fn(x, r, w))
-    for name, peer in peers.items():
-
-        def timed(peer: AddNorm = peer, name: str = name) -> float:
-            check_add_norm(*peer(x, r, w), ref, f"{name} decode rows={rows}")
-            return graph_replay_us(lambda: peer(x, r, w))
-
-        us = _try_peer(f"{name} decode rows={rows}", timed, skipped)
-        if us is not None:
-            row[f"{name}_graph_us"] = us
     return row
 
 
@@ -500,15 +448,10 @@ def run(compiled: bool, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
     if "add_norm" in sections or "layer_tail" in sections:
         warm_add_norm_kernels(max(r for r, _ in ADD_PREFILL_SHAPES))
     if "add_norm" in sections:
-        peers, skipped = add_norm_peers()
-        for line in skipped:
-            print(line, flush=True)
         report["add_norm_prefill"] = [
-            bench_add_norm_prefill(rows, hidden, compiled, peers, skipped, copy_gbs)
-            for rows, hidden in ADD_PREFILL_SHAPES
+            bench_add_norm_prefill(rows, hidden, compiled, copy_gbs) for rows, hidden in ADD_PREFILL_SHAPES
         ]
-        report["add_norm_decode"] = [bench_add_norm_decode(rows, compiled, peers, skipped) for rows in ADD_DECODE_ROWS]
-        report["add_norm_skipped"] = skipped
+        report["add_norm_decode"] = [bench_add_norm_decode(rows, compiled) for rows in ADD_DECODE_ROWS]
     if "layer_tail" in sections:
         report["layer_tail"] = [bench_layer_tail(tokens) for tokens in TAIL_TOKENS]
     if "quant" in sections:
@@ -519,6 +462,10 @@ def run(compiled: bool, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
         from trtfuse.bench.rope import run_rope
 
         report.update(run_rope(compiled))
+    if "anchors" in sections:
+        from trtfuse.bench.anchors import run_anchors  # last: importing QuACK patches CuTe process-wide
+
+        report.update(run_anchors())
     report["wall_s"] = time.perf_counter() - start
     return report
 
@@ -542,10 +489,8 @@ def add_norm_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
             )
             if "compile_us" in r:
                 checks.append((f"add+norm {shape} no slower than torch.compile", ours <= r["compile_us"]))
-        else:
-            peers = [r[k] for k in ("compile_us", "quack_us", "liger_us") if k in r]
-            if peers:
-                checks.append((f"add+norm {shape} no slower than the fastest peer", ours <= min(peers)))
+        elif "compile_us" in r:
+            checks.append((f"add+norm {shape} no slower than torch.compile", ours <= r["compile_us"]))
     for r in report.get("add_norm_decode", []):
         goal = ADD_DECODE_TARGET_US[r["rows"]]
         ours = min(r["ours_graph_us"], r["ours_graph_us_again"])
@@ -556,11 +501,14 @@ def add_norm_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
 def target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
     """The kernels' targets (docs/performance.md), each with whether this run met it, the add+norm kernel's and the
     quantized kernels' included."""
+    from trtfuse.bench.anchors import anchor_target_checks
     from trtfuse.bench.quant import quant_target_checks
     from trtfuse.bench.rope import rope_target_checks
 
+    later = add_norm_target_checks(report) + quant_target_checks(report) + rope_target_checks(report)
+    later += anchor_target_checks(report)
     if "prefill" not in report:
-        return add_norm_target_checks(report) + quant_target_checks(report) + rope_target_checks(report)
+        return later
     checks = []
     for r in report["prefill"]:
         goal = PREFILL_TARGET_PCT[r["shape"]]
@@ -589,12 +537,12 @@ def target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
             checks.append((f"{key} <= 1 s", value <= 1.0))
         else:
             checks.append((f"{key} <= 50 ms", value <= 50))
-    return checks + add_norm_target_checks(report) + quant_target_checks(report) + rope_target_checks(report)
+    return checks + later
 
 
 def print_add_norm_report(report: dict[str, Any]) -> None:
     copy_gbs, floor = report["copy_gbs"], report["launch_floor_us"]
-    names = {"ours": "ours", "separate": "add+ours", "compile": "compile", "quack": "QuACK", "liger": "Liger"}
+    names = {"ours": "ours", "separate": "add+ours", "compile": "compile"}
     if "add_norm_prefill" in report:
         print("\nFused residual add + RMSNorm, bf16 (Llama), event-timed medians, µs and % of copy")
         print("(bytes: x and residual read, y and h written, weight once; 'ours' twice: first and last timing;")
@@ -603,7 +551,7 @@ def print_add_norm_report(report: dict[str, Any]) -> None:
             reach = attainable_pct(r["bytes"], copy_gbs, floor)
             line = f"{r['shape']:>12} reach {reach:5.1f} | copy {r['same_size_copy_us']:7.1f}"
             line += f" | ours {r['ours_us']:7.1f} {r['ours_us_again']:7.1f} ({r['ours_pct_copy']:5.1f}%)"
-            for key in ("separate", "compile", "quack", "liger"):
+            for key in ("separate", "compile"):
                 if f"{key}_us" in r:
                     line += f" | {names[key]} {r[f'{key}_us']:7.1f} ({r[f'{key}_pct_copy']:5.1f}%)"
             print(line)
@@ -611,12 +559,10 @@ def print_add_norm_report(report: dict[str, Any]) -> None:
         print(f"\nFused residual add + RMSNorm decode, bf16, H={DECODE_HIDDEN}: µs per call in CUDA-graph replay")
         for r in report["add_norm_decode"]:
             line = f"  rows {r['rows']:>3}: ours {r['ours_graph_us']:.2f} / {r['ours_graph_us_again']:.2f}"
-            for key in ("separate", "compile", "quack", "liger"):
+            for key in ("separate", "compile"):
                 if f"{key}_graph_us" in r:
                     line += f"  {names[key]} {r[f'{key}_graph_us']:.2f}"
             print(line)
-    for line in report.get("add_norm_skipped", []):
-        print(f"  {line}")
     if "layer_tail" in report:
         print(f"\nLayer tail, bf16, hidden {TAIL_HIDDEN}: GEMM + residual add + RMSNorm, µs per call")
         print("  (a) cuBLAS beta=1 epilogue (residual.addmm_ in place / torch.addmm out of place) + our RMSNorm;")
@@ -689,6 +635,7 @@ def print_report(report: dict[str, Any]) -> None:
 def _print_later_sections(report: dict[str, Any], targets_heading: str) -> None:
     """The add-norm and quant sections, the targets and the wall time: what follows the norm section, or stands
     alone where `--sections` left it out."""
+    from trtfuse.bench.anchors import print_anchors_report
     from trtfuse.bench.quant import print_quant_report
     from trtfuse.bench.rope import print_rope_report
 
@@ -697,6 +644,8 @@ def _print_later_sections(report: dict[str, Any], targets_heading: str) -> None:
         print_quant_report(report)
     if "rope" in report:
         print_rope_report(report)
+    if "anchors" in report:
+        print_anchors_report(report)
     print(f"\nTargets ({targets_heading}):")
     for name, met in target_checks(report):
         print(f"  {'met   ' if met else 'MISSED'} {name}")
