@@ -4,6 +4,7 @@ where it came from and the field, with the same problem text whatever the transp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -31,9 +32,18 @@ def quantizers(draw: st.DrawFn, stage: contract.QuantStage) -> contract.Quantize
 
 
 @st.composite
-def quant_params(draw: st.DrawFn, op: contract.FusedOp) -> contract.QuantParams:
+def quant_params(draw: st.DrawFn, op: contract.FusedOp, output_dtype: str) -> contract.QuantParams:
+    """Some of the op's stages on; a rotation's product stages two by two (a part's cos and sin products), each
+    dequantized to T as the contract has it (`contract.product_problem`)."""
     stages = draw(st.sets(st.sampled_from(op.quant_stages), min_size=1))
-    return contract.QuantParams(**{stage.value: draw(quantizers(stage)) for stage in stages})
+    for part in op.part_stages:
+        if any(stage.product for stage in stages.intersection(part)):
+            stages |= {stage for stage in part if stage.product}
+    quantizers_on = {stage: draw(quantizers(stage)) for stage in stages}
+    for stage in stages:
+        if stage.product:
+            quantizers_on[stage] = dataclasses.replace(quantizers_on[stage], dequant_dtype=output_dtype)
+    return contract.QuantParams(**{stage.value: quantizer for stage, quantizer in quantizers_on.items()})
 
 
 @st.composite
@@ -57,8 +67,8 @@ def node_fields(draw: st.DrawFn) -> NodeFields:
     else:
         heads = st.just(1) if rotary.layout is contract.HeadLayout.HEAD_MAJOR else st.integers(1, 2**10)
         hidden = tuple(rotary.head_dim * draw(heads) for _ in op.hidden_fields)
-    quant = draw(quant_params(op)) if op.quantized else None
     output_dtype = draw(st.sampled_from(sorted(contract.OUTPUT_DTYPE_CODES)))
+    quant = draw(quant_params(op, output_dtype)) if op.quantized else None
     return NodeFields(op, params, hidden, output_dtype, quant, rotary)
 
 
@@ -249,21 +259,26 @@ def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() ->
             f"{role}_output_quant_saturate",
         )
     assert len(contract.QK_NORM_QUANT.fields) == 6 + 24
-    # The rotary QK-norm's are the output stages, after its rotary fields.
-    assert contract.QK_NORM_ROPE_QUANT.fields[10:] == (
-        "q_output_quant_dtype",
-        "q_output_quant_scale",
-        "q_output_quant_saturate",
-        "k_output_quant_dtype",
-        "k_output_quant_scale",
-        "k_output_quant_saturate",
-    )
+    # The rotary QK-norm's, after its rotary fields, per part: the rotation's cos and sin product stages, then the
+    # output stage.
+    for part, role in enumerate(("q", "k")):
+        start = 10 + 11 * part
+        assert contract.QK_NORM_ROPE_QUANT.fields[start : start + 11] == (
+            *(f"{role}_{product}_product_{name}" for product in ("cos", "sin") for name in PRODUCT_FIELDS),
+            f"{role}_output_quant_dtype",
+            f"{role}_output_quant_scale",
+            f"{role}_output_quant_saturate",
+        )
+    assert len(contract.QK_NORM_ROPE_QUANT.fields) == 10 + 22
     assert set(contract.QUANTIZED_OPS) == {
         contract.RMS_NORM_OP,
         contract.ADD_RMS_NORM_OP,
         contract.QK_NORM_OP,
         contract.QK_NORM_ROPE_OP,
     }
+
+
+PRODUCT_FIELDS = ("quant_dtype", "quant_scale", "quant_saturate", "dequant_dtype")
 
 
 def test_the_rotary_qk_norm_is_the_qk_norm_then_cos_sin_and_its_rotary_fields() -> None:
@@ -448,3 +463,57 @@ def test_quant_must_be_given_exactly_for_a_quantized_op() -> None:
         NodeFields(contract.RMS_NORM_QUANT, GOOD.params, (64,), "float16")
     with pytest.raises(ValueError, match="quant must be given exactly for a quantized op"):
         NodeFields(contract.RMS_NORM, GOOD.params, (64,), "float16", QUANT_GOOD.quant)
+
+
+FP8_PRODUCT = contract.Quantizer("float8_e4m3fn", 0.09283447265625, True, "float16")
+
+
+def test_each_rotated_part_quantizes_its_two_products_at_their_own_scales() -> None:
+    """ModelOpt's FP8 Qwen3 rotation: q's and k's cos and sin products each through a pair of its own, q's result
+    quantized, k's not: each part's product stages are that part's norm's cos_product and sin_product, every
+    transport keeps them, and q_out alone is FP8."""
+    quant = contract.QuantParams(
+        q_cos_product=FP8_PRODUCT,
+        q_sin_product=contract.Quantizer("float8_e4m3fn", float(np.float16(0.0735)), True, "float16"),
+        q_output=contract.Quantizer("float8_e4m3fn", float(np.float16(0.0992))),
+        k_cos_product=contract.Quantizer("float8_e4m3fn", float(np.float16(0.0962)), True, "float16"),
+        k_sin_product=contract.Quantizer("float8_e4m3fn", float(np.float16(0.07275)), True, "float16"),
+    )
+    fields = NodeFields(contract.QK_NORM_ROPE_QUANT, GOOD.params, (128, 64), "float16", quant, ROTARY)
+    assert fields.output_dtypes("float16") == ("float8_e4m3fn", "float16")
+    assert fields.part_quant(0) == contract.QuantParams(
+        cos_product=quant.q_cos_product, sin_product=quant.q_sin_product, output=quant.q_output
+    )
+    assert fields.part_quant(1) == contract.QuantParams(
+        cos_product=quant.k_cos_product, sin_product=quant.k_sin_product
+    )
+    numbers = fields.numbers()
+    assert (numbers["q_cos_product_quant_dtype"], numbers["k_sin_product_dequant_dtype"]) == (17, 10)
+    assert numbers["q_cos_product_quant_scale"] == FP8_PRODUCT.scale
+    assert from_node(_node(fields), "m.onnx: node 'n'") == fields
+    assert from_plugin_fields(fields.op, _raw_fields(fields), "op 'n'") == fields
+    assert from_qdp(fields.op, [array.tobytes() for array in fields.plugin_arrays().values()]) == fields
+
+
+def test_a_parts_products_are_quantized_together_and_dequantized_to_t() -> None:
+    """One product quantized alone, or dequantized to another dtype than T (the dtype the rotation sums them in),
+    is no node of the contract: one line naming the field, in every transport; a stray product stage on the plain
+    QK-norm is refused."""
+    quant = contract.QuantParams(q_cos_product=FP8_PRODUCT, q_sin_product=FP8_PRODUCT)
+    fields = NodeFields(contract.QK_NORM_ROPE_QUANT, GOOD.params, (128, 64), "float16", quant, ROTARY)
+    with pytest.raises(TrtfuseError, match=r"node 'n': attribute q_sin_product_quant_dtype is 0 \(off\), but q_cos_"):
+        from_node(_node(fields, q_sin_product_quant_dtype=0), "m.onnx: node 'n'")
+    arrays = {**fields.plugin_arrays(), "q_cos_product_dequant_dtype": np.array([1], dtype=np.int32)}
+    with pytest.raises(TrtfuseError, match=r"q_cos_product_dequant_dtype is 1 \(float32\), not output_dtype's 10"):
+        from_qdp(fields.op, [array.tobytes() for array in arrays.values()])
+    with pytest.raises(ValueError, match="products are quantized together"):
+        NodeFields(
+            contract.QK_NORM_ROPE_QUANT,
+            GOOD.params,
+            (128, 64),
+            "float16",
+            contract.QuantParams(k_sin_product=FP8_PRODUCT),
+            ROTARY,
+        )
+    with pytest.raises(ValueError, match="has no stage q_cos_product"):
+        NodeFields(contract.QK_NORM_QUANT, GOOD.params, (128, 64), "float16", quant)

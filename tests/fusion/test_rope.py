@@ -22,7 +22,7 @@ from trtfuse.fusion.options import FusionOptions
 from support.cli import run_cli
 from support.graphs import BATCH, HIDDEN, SEQUENCE
 from support.paths import FIXTURES
-from support.rope_graphs import HEAD_DIM, ROPE_NEAR_MISSES, RopeSpec, rope_block
+from support.rope_graphs import HEAD_DIM, PRODUCT_SCALES, ROPE_NEAR_MISSES, RopeSpec, rope_block
 
 ACCEPTED = {
     "qwen3": RopeSpec(),
@@ -49,6 +49,10 @@ ACCEPTED = {
     "int8-after-transpose": RopeSpec(quant="int8"),
     "fp8-gemma3": RopeSpec(layout="qk-head-dim-transposed", quant="float8_e4m3fn"),
     "fp8-gemma3-bf16": RopeSpec(layout="qk-head-dim-transposed", quant="float8_e4m3fn", dtype="bfloat16"),
+    # ModelOpt's rotations: a pair on each product; with the Q of the result (INT8 moved by the Transpose).
+    "modelopt-fp8-products-fp16": RopeSpec(dtype="float16", products="float8_e4m3fn"),
+    "modelopt-int8-products-gemma3": RopeSpec(layout="qk-head-dim-transposed", dtype="float16", products="int8"),
+    "modelopt-int8-products-and-output": RopeSpec(products="int8", quant="int8"),
 }
 # The norm's float32 y may differ by an ulp (onnxruntime reduces the graph's and the lowering's ReduceMean in its
 # own order; tests/fusion/test_lowering_rope.py has the bit-exact rotation), 16-bit graphs round y before rotating.
@@ -69,9 +73,10 @@ def _feed(spec: RopeSpec, seed: int = 0) -> dict[str, np.ndarray]:
 
 def _run(model: onnx.ModelProto, spec: RopeSpec, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     """onnxruntime, or onnx's reference evaluator where onnxruntime runs no such graph (bfloat16 MatMuls; a
-    RotaryEmbedding whose caches broadcast over the batch, which onnxruntime 1.32 refuses)."""
+    RotaryEmbedding whose caches broadcast over the batch, which onnxruntime 1.32 refuses) or rewrites it (its QDQ
+    optimisations sum a rotation's dequantized products in float32)."""
     broadcast_caches = spec.spelling == "rotary-embedding" and not (spec.positions or spec.per_batch)
-    if spec.dtype == "bfloat16" or broadcast_caches:
+    if spec.dtype == "bfloat16" or broadcast_caches or spec.products:
         return [np.asarray(out) for out in ReferenceEvaluator(model).run(None, feed)]
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, feed)
@@ -86,7 +91,7 @@ def test_each_spelling_fuses_into_one_rotary_node_that_computes_the_original(nam
     spec = ACCEPTED[name]
     original = rope_block(spec)
     result = fuse_model(original)
-    op = contract.QK_NORM_ROPE_QUANT_OP if spec.quant else contract.QK_NORM_ROPE_OP
+    op = contract.QK_NORM_ROPE_QUANT_OP if spec.quant or spec.products else contract.QK_NORM_ROPE_OP
     assert _kinds(result) == {op: 1}, result.counts().line()
     assert result.search.rope_near_misses == [] and result.search.quant_near_misses == []
     [node] = result.fused
@@ -104,13 +109,43 @@ def test_each_spelling_fuses_into_one_rotary_node_that_computes_the_original(nam
     feed = _feed(spec)
     expected = _run(original, spec, feed)
     actual = _run(lower_fused_nodes(result.model), spec, feed)
+    if spec.products:
+        stages = {taken.stage for taken in node.quantizers if taken.stage.product}
+        assert len(stages) == 4 and not any(n.op_type == "QuantizeLinear" for n in _rotations(result.model))
     for want, got in zip(expected, actual, strict=True):
-        if spec.quant:
+        if spec.products and not spec.quant:
+            # The graph's own rounding, from a y that may differ by a float32 ulp (ReduceMean's order): a rare code
+            # of a product one step away.
+            assert np.mean(got != want) < 0.05
+            np.testing.assert_allclose(got, want, atol=2 * max(PRODUCT_SCALES[spec.products]) * 16)
+        elif spec.quant:
             # Codes of values the node rounds once and the graph twice: a rare code one step away.
             steps = np.abs(got - want) / (0.02 if spec.quant == "int8" else 0.005)
             assert np.mean(got != want) < 0.05 and np.max(steps) <= 64 * (spec.quant != "int8") + 1
         else:
             np.testing.assert_allclose(got, want, rtol=TOLERANCE[spec.dtype], atol=TOLERANCE[spec.dtype])
+
+
+def _rotations(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes between the rotary node's outputs and the graph's outputs (what the node's rotation left)."""
+    rotary = next(node for node in model.graph.node if node.domain == contract.ONNX_DOMAIN)
+    frontier, seen = set(rotary.output), []
+    for node in model.graph.node:
+        if frontier.intersection(node.input):
+            seen.append(node)
+            frontier.update(node.output)
+    return seen
+
+
+def test_modelopt_products_need_the_quantizers_and_a_norm_rounded_as_the_graph_rounds() -> None:
+    """Without --no-fuse-quant's quantizers the pairs cannot go into the node; a norm computed in float16 (the
+    graph rounds its y otherwise than the node) keeps the rotation out: a quantizer would move its last-bit
+    difference a whole step."""
+    result = fuse_model(rope_block(RopeSpec(dtype="float16", products="int8")), FusionOptions(fuse_quant=False))
+    assert _kinds(result) == {contract.QK_NORM_OP: 1}
+    assert "and quantizers are not taken" in result.search.rope_near_misses[0].reason
+    result = fuse_model(onnx.load(str(FIXTURES / "tools/qwen3-modelopt-fp8-kv.onnx")))
+    assert "rounds otherwise than its node (core-float16)" in result.search.rope_near_misses[0].reason
 
 
 @pytest.mark.parametrize("case", sorted(ROPE_NEAR_MISSES))
@@ -173,7 +208,8 @@ def test_every_fixture_rotation_fuses_and_layers_share_their_tables(name: str) -
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
-        ("tools/qwen3-modelopt-fp8-kv.onnx", "the product node_mul_186 is quantized (mul_186_QuantizeLinear)"),
+        ("tools/qwen3-modelopt-fp8-kv.onnx", "the product node_mul_186 is quantized (mul_186_QuantizeLinear) before"),
+        ("tools/qwen3-modelopt-int8-fp16.onnx", "node_mean_1 rounds otherwise than its node (core-float16)"),
         ("tools/gemma3-modelopt-int8-fp16.onnx", "output is quantized (mul_225_QuantizeLinear) before the rotation"),
         ("tools/qwen3-genai-cpu-int4.onnx", "the rotary embedding is inside the attention op (do_rotary=1)"),
     ],

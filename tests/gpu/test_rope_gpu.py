@@ -286,3 +286,27 @@ def test_quantized_outputs_are_the_plain_kernels_out_through_their_quantizers(na
             expected = y if spec.part_quant(part) is None else quantize_reference(y, spec.part_quant(part).output)
             same = out.view(torch.uint8) == expected.view(torch.uint8)
             assert bool(same.all()), f"{'qk'[part]}_out tokens={tokens}: {int((~same).sum())} codes differ"
+
+
+@pytest.mark.parametrize("q_output", [None, Quantizer("int8", 0.029388427734375)], ids=["products", "with-q-output"])
+def test_modelopt_product_stages_are_the_graphs_rounding_of_the_kernels_own_y(q_output: Quantizer | None) -> None:
+    """ModelOpt's FP8 Qwen3 rotation (float16, every product through an FP8 pair): each output is, bit for bit,
+    `quantized_products_reference` of the kernel's own y rounded to T (the plain kernel in the same tilings with
+    cos 1 and sin 0 writes exactly that), then q's output quantizer; aligned and one element off."""
+    from trtfuse.bench.aot.matrix import MODELOPT_FP8_PRODUCTS
+    from trtfuse.bench.reference import quantized_products_reference
+
+    plain_spec = QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=rope(128))
+    spec = dataclasses.replace(plain_spec, quant=dataclasses.replace(MODELOPT_FP8_PRODUCTS, q_output=q_output))
+    for (tokens, batch), offset in zip(TOKENS[:3], (0, 1, 0), strict=True):
+        torch.manual_seed(tokens)
+        q, k, wq, wk, cos, sin, outs = run(spec, tokens, batch, (32, 8), True, offsets=(offset,) * 6)
+        unrotated = (torch.ones_like(cos), torch.zeros_like(sin))
+        y_t = plain_in_the_same_tilings(spec, (q, k, wq, wk, *unrotated), batch, tokens // batch)
+        for part, (out, y) in enumerate(zip(outs, y_t, strict=True)):
+            quant = spec.part_quant(part)
+            expected = quantized_products_reference(y, cos, sin, spec.rope, quant, batch, tokens // batch)
+            if quant.output is not None:
+                expected = quantize_reference(expected, quant.output)
+            same = out.view(torch.uint8) == expected.view(torch.uint8)
+            assert bool(same.all()), f"{'qk'[part]}_out tokens={tokens}: {int((~same).sum())} values differ"

@@ -23,7 +23,7 @@ from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import QkNormRopeVariant, compile_variant
 from trtfuse.kernels.declaration import ROPE_EXTENTS, Tactic, qk_norm_rope_params
 from trtfuse.kernels.device import DeviceInfo
-from trtfuse.kernels.specs import DTYPE_BYTES, QkNormRopeSpec, RopeParams
+from trtfuse.kernels.specs import DTYPE_BYTES, QkNormRopeSpec, QkNormSpec, RopeParams
 
 from support.aot_ptx import check_artifact, entry_params, global_accesses
 
@@ -204,3 +204,38 @@ def test_artifacts_compile_for_every_architecture_with_the_declared_entry(arch: 
         params = entry_params(artifact.ptx)[1]
         assert len(params) == 14 and ".align 16" not in params[0]
         assert {"ld.global.v4.b32", "st.global.v4.b32"} <= global_accesses(artifact.ptx)
+
+
+def test_modelopt_product_stages_compile_rounded_and_fake_quantized(tmp_path: Path) -> None:
+    """ModelOpt's FP8 Qwen3 rotation (every product through an FP8 pair, q's result quantized to INT8): y and each
+    product rounded to float16, each product's FP8 code formed and dequantized in float16, the products and their
+    sum still each rounded (mul.rn, add.rn: no fma in the rotation), JIT and AOT; without the stages none of it."""
+    from trtfuse.bench.aot.matrix import MODELOPT_FP8_PRODUCTS
+
+    plain = QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=QWEN3)
+    spec = dataclasses.replace(
+        plain, quant=dataclasses.replace(MODELOPT_FP8_PRODUCTS, q_output=Quantizer("int8", 0.25))
+    )
+    ptx = compiled_ptx(spec, tmp_path / "products")
+    check_rotated_ptx(spec, ptx)
+    variant = variant_of(spec)
+    assert len(re.findall(r"\badd\.rn\.f32", ptx)) == rotated_sums(variant)
+    # Each rotated element forms two FP8 codes (cvt ... e4m3x2) and reads them back; the plain kernel none.
+    assert "e4m3x2" in ptx and "e4m3x2" not in compiled_ptx(plain, tmp_path / "plain")
+    assert "cvt.rn.f16x2.f32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.pack.sat.s8" in ptx
+    artifact = qk_norm_rope_artifact(spec, Tactic.PREFILL, ARCH, tmp_path / "aot")
+    check_artifact(artifact, ARCH)
+    assert "e4m3x2" in artifact.ptx
+
+
+def test_a_parts_products_are_quantized_together_and_dequantized_to_t() -> None:
+    one = QuantParams(q_cos_product=Quantizer("float8_e4m3fn", 0.25, True, "float16"))
+    with pytest.raises(ValueError, match="products are quantized together"):
+        QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=QWEN3, quant=one)
+    both = dataclasses.replace(one, q_sin_product=Quantizer("float8_e4m3fn", 0.25, True, "float32"))
+    with pytest.raises(ValueError, match="products are summed in T"):
+        QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=QWEN3, quant=both)
+    with pytest.raises(ValueError, match="q_cos_product"):
+        QkNormSpec(
+            128, 128, "float16", "float16", LLAMA, quant=dataclasses.replace(both, q_sin_product=one.q_cos_product)
+        )

@@ -41,11 +41,16 @@ class RopeSpec:
     per_batch: bool = False
     weight: str = "after-cast"  # the q/k norms' weight mode (NormSpec.weight)
     quant: str | None = None
+    products: str | None = None  # ModelOpt's rotation: a Q/DQ pair of this dtype on each product (PRODUCT_SCALES)
     case: str | None = None
 
     @property
     def opset(self) -> int:
-        return 23 if self.spelling == "rotary-embedding" else 19 if self.quant else 17
+        return 23 if self.spelling == "rotary-embedding" else 19 if self.quant or self.products else 17
+
+
+# The scales of the pairs on the cos and sin products (ModelOpt's: float16 values, each product its own).
+PRODUCT_SCALES = {"float8_e4m3fn": (0.0928, 0.0735), "int8": (0.0271, 0.0202)}
 
 
 # case -> what the rope near miss says
@@ -55,7 +60,9 @@ ROPE_NEAR_MISSES = {
     "extra-reader": "is read by",
     "swapped-halves": "not Concat(-second half, first half)",
     "subtracted": "not by one Add",
-    "quantized-product": "is quantized",
+    "quantized-product": "is quantized before the sum, Mul",
+    "quantized-product-read-again": "is read by",
+    "quantized-product-per-channel": "is not a one-element constant",
 }
 
 
@@ -169,12 +176,33 @@ def _rotate(b: Builder, spec: RopeSpec, tensor: str, tables: _Tables, frequency:
     if spec.case == "quantized-product":
         scale, zero = b.constant(0.05, table_dtype), b.constant(0, "int8")
         products[0] = b.op("DequantizeLinear", b.op("QuantizeLinear", products[0], scale, zero), scale, zero)
+    if spec.case == "quantized-product-per-channel":
+        scale = b.constant(np.full(rotary_dim, 0.02), table_dtype, base="scale")
+        zero = b.constant(np.zeros(rotary_dim), "int8", base="zero_point")
+        channels = b.op("QuantizeLinear", products[1], scale, zero, axis=-1)
+        products = [_fake_quantized(b, products[0], "int8", 0.0271, table_dtype)]
+        products.append(b.op("DequantizeLinear", channels, scale, zero, axis=-1))
+    elif spec.products or spec.case == "quantized-product-read-again":
+        products = [
+            _fake_quantized(b, product, spec.products or "int8", scale, table_dtype)
+            for product, scale in zip(products, PRODUCT_SCALES[spec.products or "int8"], strict=True)
+        ]
+    if spec.case == "quantized-product-read-again":
+        b.output(products[1])
     out = b.op("Sub" if spec.case == "subtracted" else "Add", *products)
     if table_dtype != spec.dtype:
         out = b.cast(out, spec.dtype)
     if passed is not None:
         out = b.op("Concat", out, passed, axis=-1)
     return out
+
+
+def _fake_quantized(b: Builder, tensor: str, quant: str, scale: float, dtype: str) -> str:
+    """DQ(Q(tensor)) at a scale of `dtype`, zero point 0 of `quant`."""
+    scale_name = b.constant(scale, dtype, base="scale")
+    zero = helper.make_tensor(b.fresh("zero_point"), QUANT_TYPES[quant], [], [0])
+    b.initializers.append(zero)
+    return b.op("DequantizeLinear", b.op("QuantizeLinear", tensor, scale_name, zero.name), scale_name, zero.name)
 
 
 def _slice(b: Builder, tensor: str, start: int, end: int) -> str:

@@ -164,9 +164,9 @@ def _heads_view(t: torch.Tensor, rope: RopeParams, batch: int, seq_len: int) -> 
     return t.reshape(batch, seq_len, -1, rope.head_dim)
 
 
-def _tables_view(table: torch.Tensor, rope: RopeParams) -> torch.Tensor:
-    """cos or sin [Bc, S, R] broadcast against `_heads_view`'s heads."""
-    return table.double()[:, :, None, :] if rope.layout == "token_major" else table.double()[:, None, :, :]
+def _tables_view(table: torch.Tensor, rope: RopeParams, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """cos or sin [Bc, S, R] broadcast against `_heads_view`'s heads, widened to `dtype`."""
+    return table.to(dtype)[:, :, None, :] if rope.layout == "token_major" else table.to(dtype)[:, None, :, :]
 
 
 def rotate_half_of(y: torch.Tensor, rope: RopeParams) -> torch.Tensor:
@@ -196,6 +196,36 @@ def rope_reference(
     return out.reshape(y.shape), magnitude.reshape(y.shape)
 
 
+def quantized_products_reference(
+    y: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rope: RopeParams,
+    quant: QuantParams,
+    batch: int,
+    seq_len: int,
+) -> torch.Tensor:
+    """out in T of `y`, the normalised value already rounded to T (its dtype), rotated with a part's product stages
+    (`quant.cos_product`, `quant.sin_product`; docs/plugin-nodes.md, "Rotary embedding"): each product y·c and
+    rot(y)·s a float32 product rounded to T, through its stage's DQ(Q(·)) into T, the two added in float32 and
+    rounded to T; y itself beyond R. Float32 arithmetic, as the contract rounds it, so a kernel's codes and this
+    agree bit for bit on the same rounded y."""
+    out_dtype = y.dtype
+    heads = _heads_view(y.float(), rope, batch, seq_len)
+    c, s = (_tables_view(table, rope, torch.float32) for table in (cos, sin))
+    rotary = rope.rotary_dim
+    cos_term, sin_term = (
+        fake_quant_reference((part * table).to(out_dtype), quantizer).float()
+        for part, table, quantizer in (
+            (heads[..., :rotary], c, quant.cos_product),
+            (rotate_half_of(heads, rope), s, quant.sin_product),
+        )
+    )
+    out = heads.clone()
+    out[..., :rotary] = (cos_term + sin_term).to(out_dtype).float()
+    return out.reshape(y.shape).to(out_dtype)
+
+
 def qk_norm_rope_reference(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -207,16 +237,21 @@ def qk_norm_rope_reference(
     seq_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, magnitude) of part `part` (0: q, 1: k) of the QK-norm + rotary kernel: the norm's y in float64 before
-    its rounding (`normalised_reference`), rotated (`rope_reference`), rounded once to T and, where the part has
-    an output quantizer, quantized; `magnitude` as `rope_reference`'s. x is the part's activation (any shape of
+    its rounding (`normalised_reference`), rotated (`rope_reference`), rounded once to T (with the part's product
+    stages: y rounded to T, then `quantized_products_reference`) and, where the part has an output quantizer,
+    quantized; `magnitude` as `rope_reference`'s. x is the part's activation (any shape of
     the layout, or rows of its hidden size)."""
     hidden = (spec.q_hidden, spec.k_hidden)[part]
     rows = x.reshape(-1, hidden)
+    out_dtype = getattr(torch, spec.out_dtype)
     y = normalised_reference(rows, weight, spec.params, spec.out_dtype)
     out, magnitude = rope_reference(y, cos, sin, spec.rope, batch, seq_len)
-    out = out.reshape(x.shape).to(getattr(torch, spec.out_dtype))
+    out = out.reshape(x.shape).to(out_dtype)
     quant = spec.part_quant(part)
-    if quant is not None:
+    if quant is not None and quant.cos_product is not None:
+        out = quantized_products_reference(y.to(out_dtype), cos, sin, spec.rope, quant, batch, seq_len)
+        out = out.reshape(x.shape)
+    if quant is not None and quant.output is not None:
         out = quantize_reference(out, quant.output)
     return out, magnitude.reshape(x.shape)
 

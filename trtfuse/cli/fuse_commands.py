@@ -150,7 +150,7 @@ def inspect(model_path: Path, fusion: FusionOptions, as_json: bool) -> None:
     for pair in search.qk_norm_pairs:
         lines += [f"  qk_norm   q: {_match_line(pair.q)}", f"            k: {_match_line(pair.k)}"]
     for rope in search.qk_norm_ropes:
-        rotation = _rotation_line(rope.q.rotary)
+        rotation = _rotation_line(rope.q.rotary) + _quant_text(rope.quantizers)
         lines += [f"  qk_rope   q: {_match_line(rope.q.norm)}", f"            k: {_match_line(rope.k.norm)}"]
         lines += [f"            rotation: {rotation}"]
     lines += [f"  rejected  {miss.node}: {miss.reason}" for miss in search.near_misses]

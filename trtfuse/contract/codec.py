@@ -38,6 +38,7 @@ from trtfuse.contract.nodes import (
     WeightMode,
     dtype_of_code,
     norm_quant,
+    product_problem,
     quant_dtype_of_code,
     rotary_problem,
 )
@@ -85,6 +86,9 @@ class NodeFields:
         if stray:
             own = ", ".join(stage.value for stage in self.op.quant_stages)
             raise ValueError(f"{self.op.name} has no stage {', '.join(stray)} (its stages: {own})")
+        problem = product_problem(self.quant, self.op.part_stages, self.output_dtype)
+        if problem is not None:
+            raise ValueError(f"{self.op.name}: {' '.join(problem)}")
 
     @property
     def has_weight(self) -> bool:
@@ -188,12 +192,16 @@ def decode(op: FusedOp, values: Mapping[str, float | int]) -> NodeFields:
     if output_dtype is None:
         raise FieldError(ATTR_OUTPUT_DTYPE, f"is {values[ATTR_OUTPUT_DTYPE]}, none of {_CODES}")
     hidden_sizes = tuple(int(values[name]) for name in op.hidden_fields)
+    quant = _decode_quant(op, values) if op.quantized else None
+    problem = product_problem(quant, op.part_stages, output_dtype)
+    if problem is not None:
+        raise FieldError(*problem)
     return NodeFields(
         op=op,
         params=NormParams(epsilon, offset, WeightMode(mode)),
         hidden_sizes=hidden_sizes,
         output_dtype=output_dtype,
-        quant=_decode_quant(op, values) if op.quantized else None,
+        quant=quant,
         rotary=_decode_rotary(values, hidden_sizes) if op.rotary else None,
     )
 

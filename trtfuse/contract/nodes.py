@@ -140,14 +140,22 @@ class QuantStage(str, enum.Enum):
 
     INPUT = "input"  # the normalised tensor (x; the add-norm's rounded h) becomes DQ(Q(·)) before the norm reads it
     RSQRT = "rsqrt"  # each row's inverse root r becomes DQ(Q(r)) before it scales the row
+    # A rotation's two products (ModelOpt's FP8 and INT8 rotations): y·cos and rot(y)·sin, each rounded to T, become
+    # DQ(Q(·)) before their sum. One norm's stages only as a rotary op's part stages are (q_cos_product...).
+    COS_PRODUCT = "cos_product"
+    SIN_PRODUCT = "sin_product"
     OUTPUT = "output"  # the normalised output becomes Q(·): the node outputs the quantized dtype
     # A QK-norm's two norms, each with its own quantizers (its own scales), each optional: q's, then k's, each the
     # stage of one norm it is named after (`norm_stage`).
     Q_INPUT = "q_input"
     Q_RSQRT = "q_rsqrt"
+    Q_COS_PRODUCT = "q_cos_product"
+    Q_SIN_PRODUCT = "q_sin_product"
     Q_OUTPUT = "q_output"
     K_INPUT = "k_input"
     K_RSQRT = "k_rsqrt"
+    K_COS_PRODUCT = "k_cos_product"
+    K_SIN_PRODUCT = "k_sin_product"
     K_OUTPUT = "k_output"
 
     @property
@@ -159,7 +167,12 @@ class QuantStage(str, enum.Enum):
     @property
     def fake(self) -> bool:
         """A fake-quant stage quantizes and dequantizes again, so the formula goes on in a float dtype."""
-        return self.norm_stage in (QuantStage.INPUT, QuantStage.RSQRT)
+        return self.norm_stage in (QuantStage.INPUT, QuantStage.RSQRT, *PRODUCT_STAGES)
+
+    @property
+    def product(self) -> bool:
+        """The stage rounds a product of the rotation (`cos_product`, `sin_product`) before the sum."""
+        return self.norm_stage in PRODUCT_STAGES
 
     @property
     def quantizes_output(self) -> bool:
@@ -206,11 +219,17 @@ class QuantStage(str, enum.Enum):
 _PART_STAGES = {
     QuantStage.Q_INPUT: QuantStage.INPUT,
     QuantStage.Q_RSQRT: QuantStage.RSQRT,
+    QuantStage.Q_COS_PRODUCT: QuantStage.COS_PRODUCT,
+    QuantStage.Q_SIN_PRODUCT: QuantStage.SIN_PRODUCT,
     QuantStage.Q_OUTPUT: QuantStage.OUTPUT,
     QuantStage.K_INPUT: QuantStage.INPUT,
     QuantStage.K_RSQRT: QuantStage.RSQRT,
+    QuantStage.K_COS_PRODUCT: QuantStage.COS_PRODUCT,
+    QuantStage.K_SIN_PRODUCT: QuantStage.SIN_PRODUCT,
     QuantStage.K_OUTPUT: QuantStage.OUTPUT,
 }
+# A rotation's product stages, as one norm's: both on or both off in a part (their dequantized values are added).
+PRODUCT_STAGES = (QuantStage.COS_PRODUCT, QuantStage.SIN_PRODUCT)
 QUANT_STAGES = tuple(QuantStage)  # every stage, in formula order (each op's stages are a subsequence)
 # The quantized dtypes and their ONNX TensorProto element types (FLOAT8E4M3FN, INT8); a stage's dtype field is 0
 # when the stage is off.
@@ -258,12 +277,18 @@ class QuantParams:
 
     input: Quantizer | None = None
     rsqrt: Quantizer | None = None
+    cos_product: Quantizer | None = None
+    sin_product: Quantizer | None = None
     output: Quantizer | None = None
     q_input: Quantizer | None = None
     q_rsqrt: Quantizer | None = None
+    q_cos_product: Quantizer | None = None
+    q_sin_product: Quantizer | None = None
     q_output: Quantizer | None = None
     k_input: Quantizer | None = None
     k_rsqrt: Quantizer | None = None
+    k_cos_product: Quantizer | None = None
+    k_sin_product: Quantizer | None = None
     k_output: Quantizer | None = None
 
     def __post_init__(self) -> None:
@@ -289,6 +314,33 @@ def norm_quant(quant: QuantParams | None, stages: tuple[QuantStage, ...]) -> Qua
         return None
     quantizers = {stage.norm_stage.value: quant.at(stage) for stage in stages if quant.at(stage) is not None}
     return QuantParams(**quantizers) if quantizers else None
+
+
+def product_problem(
+    quant: QuantParams | None, part_stages: tuple[tuple[QuantStage, ...], ...], output_dtype: str
+) -> tuple[str, str] | None:
+    """(field, why) where a node's product stages are outside the contract, or None: in each part the cos and sin
+    products are quantized together or not at all (their dequantized values are what the rotation adds), each
+    dequantized to T (`output_dtype`), the dtype the graph's Add sums them in and its result's."""
+    if quant is None:
+        return None
+    for stages in part_stages:
+        products = [stage for stage in stages if stage.product]
+        on = [stage for stage in products if quant.at(stage) is not None]
+        if on and len(on) != len(products):
+            off = next(stage for stage in products if quant.at(stage) is None)
+            return (
+                off.dtype_field,
+                f"is 0 (off), but {on[0].value} is on: a rotation's two products are quantized together",
+            )
+        for stage in on:
+            dequant = quant.at(stage).dequant_dtype
+            if dequant != output_dtype:
+                return stage.dequant_field, (
+                    f"is {OUTPUT_DTYPE_CODES.get(dequant, dequant)} ({dequant}), not output_dtype's "
+                    f"{OUTPUT_DTYPE_CODES[output_dtype]} ({output_dtype}): the products are summed in T"
+                )
+    return None
 
 
 def quant_dtype_of_code(code: int) -> str | None:
@@ -418,13 +470,17 @@ QK_NORM = FusedOp(
 )
 # A QK-norm and the rotary embedding after it (docs/plugin-nodes.md, "Rotary embedding"): TrtfuseQkNorm's tensors and
 # fields, then the cos and sin tables ([Bc, S, R], Bc 1 or B) and the rotary fields; each output the rotated norm.
-# Its quantized form has the output stages only (a Q on the rotation's result): no export seen rotates a norm with
-# input or inverse-root pairs, which the matcher keeps out with that reason.
+# Its quantized form has per part the rotation's product stages (ModelOpt's FP8 and INT8 rotations round y·cos and
+# rot(y)·sin each through a Q/DQ pair before the sum) and the output stage (a Q on the rotation's result): no export
+# seen rotates a norm with input or inverse-root pairs, which the matcher keeps out with that reason.
 QK_NORM_ROPE = dataclasses.replace(
     QK_NORM,
     name="TrtfuseQkNormRope",
     rotary_tables=("cos", "sin"),
-    part_stages=((QuantStage.Q_OUTPUT,), (QuantStage.K_OUTPUT,)),
+    part_stages=(
+        (QuantStage.Q_COS_PRODUCT, QuantStage.Q_SIN_PRODUCT, QuantStage.Q_OUTPUT),
+        (QuantStage.K_COS_PRODUCT, QuantStage.K_SIN_PRODUCT, QuantStage.K_OUTPUT),
+    ),
 )
 # The residual Add in front of a decoder layer's norm, and that norm: x and residual are summed into h (the residual
 # stream's next value, an output of its own), and y is the RMSNorm of h. x and residual are one part: rows of the same

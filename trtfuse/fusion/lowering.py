@@ -12,7 +12,8 @@ cast r to 16 bits); the output stage quantizes y's T value into the node's outpu
 output (`quantizer_input`) so that `check` can read what the node quantized. A rotary node rotates the float32 y
 (before its rounding to T) by its cos and sin tables, widened to float32: each head row's first R elements become
 y·cos + rotate(y)·sin (each product and the sum a float32 op, as the contract rounds them), the rest pass through,
-and the result is rounded to T once.
+and the result is rounded to T once; with a part's product stages, as the graph rounds them: y to T, each product
+to T and through its stage's DQ(Q(·)) into T, and the sum to T.
 """
 
 from __future__ import annotations
@@ -186,15 +187,20 @@ class _Lowering:
             value = self._op("Mul", [rounded, self._scale(weight, params.weight_offset, name)], f"{name}/scale")
         else:
             value = self._op("Mul", [normalised, self._scale(weight, params.weight_offset, name)], f"{name}/scale")
-        self._output(self._rotated(value, x, name), out_type, name, y, quant)
+        self._output(self._rotated(value, x, name, out_type, quant), out_type, name, y, quant)
 
-    def _rotated(self, y: str, x: str, name: str) -> str:
+    def _rotated(self, y: str, x: str, name: str, out_type: int, quant: contract.QuantParams | None) -> str:
         """The float32 y of a rotary node rotated (docs/plugin-nodes.md, "Rotary embedding"), else y itself. Token-
         major rows are viewed as [B, S, H, D] (a [B, S, H·D] one reshaped, and back to x's shape after), head-major
-        ones are [B, H, S, D]; the tables, [Bc, S, R], get a head axis of 1 and broadcast over the heads."""
+        ones are [B, H, S, D]; the tables, [Bc, S, R], get a head axis of 1 and broadcast over the heads. With the
+        part's product stages on, y is rounded to T first and each product rounded to T and through its stage's
+        DQ(Q(·)) before the sum, which is rounded to T (`_products`)."""
         rotary = self.plugin.fields.rotary
         if rotary is None:
             return y
+        products = quant is not None and quant.cos_product is not None
+        if products:
+            y = self._round_to(y, out_type, f"{name}/rope/y")
         head, rotary_dim = rotary.head_dim, rotary.rotary_dim
         half = rotary_dim // 2
         name = f"{name}/rope"
@@ -215,7 +221,17 @@ class _Lowering:
             partner = self._reshaped(swapped, [0, 0, 0, rotary_dim], f"{name}/partner")
         cos_term = self._op("Mul", [turned, cos], f"{name}/cos_term")
         sin_term = self._op("Mul", [partner, sin], f"{name}/sin_term")
+        if products:
+            cos_term, sin_term = (
+                self._fake_quant(self._round_to(term, out_type, term), stage, name, quant)
+                for term, stage in (
+                    (cos_term, contract.QuantStage.COS_PRODUCT),
+                    (sin_term, contract.QuantStage.SIN_PRODUCT),
+                )
+            )
         out = self._op("Add", [cos_term, sin_term], f"{name}/rotate")
+        if products:
+            out = self._round_to(out, out_type, out)
         if rotary_dim < head:
             passed = self._slice(rows, rotary_dim, None, f"{name}/passed")
             out = self._op("Concat", [out, passed], f"{name}/with_passed", axis=-1)
@@ -264,6 +280,10 @@ class _Lowering:
         rounded = self._cast(value, out_type, f"{name}/y_rounded")
         quantized_value = self._cast(rounded, _FLOAT, f"{name}/y_rounded_fp32", output=quantizer_input(y))
         self._quantize(quantized_value, quantizer, f"{name}/output_quant", output=y)
+
+    def _round_to(self, tensor: str, to: int, name: str) -> str:
+        """A float32 `tensor` rounded once to `to`, back in float32."""
+        return self._cast(self._cast(tensor, to, f"{name}/rounded"), _FLOAT, f"{name}/rounded_fp32")
 
     def _scale(self, weight: str, offset: float, name: str) -> str:
         weight32 = self._cast(weight, _FLOAT, f"{name}/weight_fp32")

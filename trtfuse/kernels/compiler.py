@@ -80,7 +80,8 @@ def _norm_math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, quant: QuantPara
     rounding = rounding_dtype(spec.dtype, spec.out_dtype)
     if quant is None:
         return NormMath(spec.params, rounding)
-    return NormMath(spec.params, rounding, quant, spec.out_dtype if quant.output is not None else None)
+    rounds_to_t = quant.output is not None or quant.cos_product is not None
+    return NormMath(spec.params, rounding, quant, spec.out_dtype if rounds_to_t else None)
 
 
 def _math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> NormMath | tuple[NormMath, NormMath]:

@@ -44,7 +44,7 @@ class NormMath:
     params: NormParams
     rounding: str  # the dtype AFTER_CAST rounds x·r to before the weight multiply (contract.rounding_dtype)
     quant: QuantParams | None = None  # the quantizer stages; None: a plain kernel, which traces none of them
-    normalised: str | None = None  # T, y's dtype before the output quantizer (set with that stage only)
+    normalised: str | None = None  # T, y's dtype before the output quantizer (set with that stage or the products')
 
     def stage(self, name: str) -> object:
         """The quantizer of stage `name` ("input", "rsqrt", "output"), None when off."""
@@ -383,14 +383,35 @@ def _load_rotation(
                 cute.autovec_copy(g_sin[None, position], r_sin[None, k])
 
 
-def _rotated_value(y: Float32, other: Float32, cos: cutlass.Numeric, sin: cutlass.Numeric) -> Float32:
+def _rotated_value(y: Float32, other: Float32, cos: cutlass.Numeric, sin: cutlass.Numeric, math: NormMath) -> Float32:
     """y·cos + other·sin as the contract computes it (docs/plugin-nodes.md, "Rotary embedding"): each product
     rounded to float32, then their sum, three explicitly rounded operations (`.rn`), which no compiler pass
-    contracts into a fused multiply-add, so every kernel of a spec (a quantized one too) and the lowering agree."""
+    contracts into a fused multiply-add, so every kernel of a spec (a quantized one too) and the lowering agree.
+    With the part's product stages (`math.stage("cos_product")`), as the graph computes ModelOpt's rotation: y and
+    its partner rounded to T first, each product rounded to T and through its stage's DQ(Q(·)) (in T), and the
+    sum rounded to T."""
     nearest = cute.math.RoundingMode.NEAREST_EVEN
+    products = math.stage("cos_product") is not None
+    if products:
+        y, other = _rounded(y, math.normalised), _rounded(other, math.normalised)
     first = cute.math.mul(y, Float32(cos), rounding=nearest)
     second = cute.math.mul(other, Float32(sin), rounding=nearest)
-    return cute.math.add(first, second, rounding=nearest)
+    if products:
+        first = fake_quantized_scalar(_rounded(first, math.normalised), math.stage("cos_product"))
+        second = fake_quantized_scalar(_rounded(second, math.normalised), math.stage("sin_product"))
+    total = cute.math.add(first, second, rounding=nearest)
+    if products:
+        total = _rounded(total, math.normalised)
+    return total
+
+
+def _rounded(value: Float32, dtype: str) -> Float32:
+    """`value` rounded once to the float dtype `dtype` (to nearest even), as float32."""
+    one = cute.make_layout(1)
+    fragment = cute.make_rmem_tensor(one, Float32)
+    fragment[0] = value
+    fragment.store(fragment.load().to(FLOAT_CUTLASS_DTYPES[dtype]).to(Float32))
+    return fragment[0]
 
 
 @cute.jit
@@ -446,7 +467,7 @@ def _store_rotated(
                     other = -r_partner[i + 1]  # interleaved pairs: -y[2i + 1] at 2i, y[2i] at 2i + 1
                 else:
                     other = r_partner[i - 1]
-                value = _rotated_value(r_f[i, k], other, r_cos[i, k], r_sin[i, k])
+                value = _rotated_value(r_f[i, k], other, r_cos[i, k], r_sin[i, k], math)
                 if cutlass.const_expr(partial):
                     value = Float32(cutlass.select_(rotated, value, r_f[i, k]))
                 r_out[i, k] = value
@@ -649,7 +670,7 @@ def _rotate_row_by_element(problem: _Rows, row: Int32, lane: Int32, rstd: Float3
             cute.autovec_copy(g_cos[None, j], r_cos[None, 0])
             cute.autovec_copy(g_sin[None, j], r_sin[None, 0])
             other = Float32(cutlass.select_(first, -other, other))
-            r_out[0] = _rotated_value(value, other, r_cos[0], r_sin[0])
+            r_out[0] = _rotated_value(value, other, r_cos[0], r_sin[0], math)
         _store_float(r_y, r_out.load(), math)
         cute.autovec_copy(r_y[None, 0], g_y[None, index])
 

@@ -10,15 +10,18 @@ from dataclasses import dataclass
 from trtfuse.contract import (
     ACTIVATION_DTYPES,
     QK_NORM,
+    QK_NORM_ROPE,
     QUANT_DTYPE_CODES,
     RMS_NORM,
     WEIGHT_DTYPES,
+    FusedOp,
     NormParams,
     QuantParams,
     QuantStage,
     WeightMode,
     dtype_pair_problem,
     norm_quant,
+    product_problem,
 )
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
@@ -176,14 +179,22 @@ class QkNormSpec:
         _check_hidden("q_hidden", self.q_hidden)
         _check_hidden("k_hidden", self.k_hidden)
         _normalise(self)
-        _check_quant(self.quant, QK_NORM.quantizable)
+        _check_quant(self.quant, self.fused_op.quantizable)
+        problem = product_problem(self.quant, self.fused_op.part_stages, self.out_dtype)
+        if problem is not None:
+            raise ValueError(" ".join(problem))
 
     __repr__ = _repr_without_plain_quant
+
+    @property
+    def fused_op(self) -> FusedOp:
+        """The plugin op this kernel computes: its part stages are the quantizers it may have."""
+        return QK_NORM
 
     def part_quant(self, part: int) -> QuantParams | None:
         """Part `part`'s (0: q, 1: k) quantizers as one norm's stages (`contract.norm_quant`)."""
         _check_part(part, 2)
-        return norm_quant(self.quant, QK_NORM.part_stages[part])
+        return norm_quant(self.quant, self.fused_op.part_stages[part])
 
     def part_y_dtype(self, part: int) -> str:
         """The dtype part `part`'s output is stored in: its output quantizer's where it has one, else T."""
@@ -247,7 +258,13 @@ class QkNormRopeSpec(QkNormSpec):
             if self.rope.layout == "head_major" and hidden != head_dim:
                 raise ValueError(f"a head-major {name} must be one head ({head_dim}), got {hidden}")
 
+    @property
+    def fused_op(self) -> FusedOp:
+        return QK_NORM_ROPE
+
     def norm(self) -> QkNormSpec:
-        """The QK-norm this rotates the outputs of (the same fields, no rotation)."""
+        """The QK-norm this rotates the outputs of (the same fields, no rotation, and the quantizers a QK-norm has:
+        not the rotation's product stages)."""
         fields = (self.q_hidden, self.k_hidden, self.dtype, self.weight_dtype, self.params, self.out_dtype)
-        return QkNormSpec(*fields, self.quant)
+        kept = {} if self.quant is None else {s.value: self.quant.at(s) for s in self.quant.stages if not s.product}
+        return QkNormSpec(*fields, QuantParams(**kept) if kept else None)

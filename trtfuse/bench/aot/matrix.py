@@ -256,7 +256,27 @@ def rope_entries() -> list[MatrixEntry]:
     ):
         for spec, heads in (specs[0], specs[2], specs[3]):
             specs.append((dataclasses.replace(spec, quant=quant), heads))
+    # ModelOpt's FP8 Qwen3 rotation (float16): each product through an FP8 pair of its own scale, q's result alone
+    # quantized (INT8 here: an FP8 one after the Transpose stays in the graph).
+    qwen3_fp16 = QkNormRopeSpec(128, 128, "float16", "float16", llama, rope=rope(128))
+    specs.append((dataclasses.replace(qwen3_fp16, quant=MODELOPT_FP8_PRODUCTS), (32, 8)))
+    with_output = dataclasses.replace(MODELOPT_FP8_PRODUCTS, q_output=Quantizer("int8", 0.029388427734375))
+    specs.append((dataclasses.replace(qwen3_fp16, quant=with_output), (32, 8)))
     return [MatrixEntry(spec, heads) for spec, heads in specs]
+
+
+def _product(scale: float) -> Quantizer:
+    """A pair on a rotation's product as ModelOpt's float16 exports write it: FP8, a float16 scale."""
+    return Quantizer("float8_e4m3fn", scale, True, "float16")
+
+
+# The product stages of ModelOpt's FP8 Qwen3 export (models/fixtures/tools/qwen3-modelopt-fp8-kv.onnx's first layer).
+MODELOPT_FP8_PRODUCTS = QuantParams(
+    q_cos_product=_product(0.09283447265625),
+    q_sin_product=_product(0.073486328125),
+    k_cos_product=_product(0.09619140625),
+    k_sin_product=_product(0.07275390625),
+)
 
 
 def rope_shape(tokens: int) -> tuple[int, int, int]:

@@ -74,6 +74,12 @@ class RmsNormMatch:
         """y's dtype; a y the graph leaves untyped (onnx infers no contrib op) has x's, as every norm op gives it."""
         return dtype_name(self.y) or dtype_name(self.x) or "unknown"
 
+    @property
+    def rounds_otherwise(self) -> str | None:
+        """The tag of a norm the graph rounds otherwise than its node (`t5`, `core-float16`...: docs/patterns.md),
+        whose y may then differ from the graph's in its last bit; None where the node's y is the graph's."""
+        return next((tag for tag in self.tags if tag == "t5" or tag.startswith("core-")), None)
+
 
 @dataclass
 class QkNormPair:
@@ -103,7 +109,8 @@ class RotatedNorm:
     (Reshape, Transpose), which stay in the graph after the fused node and then move the rotated values; `nodes` the
     rotation's own, which the node replaces; `rotated` the tensor the rotation reads (the layout's last output, or
     the norm's y); `result` what it computes, under the graph's name (after the Casts that end it); `quantizer` the
-    QuantizeLinear of the result the node takes in as its output stage, if any."""
+    QuantizeLinear of the result the node takes in as its output stage, if any; `products` the QuantizeLinear ->
+    DequantizeLinear pairs on the rotation's cos and sin products it takes in as its product stages (ModelOpt)."""
 
     norm: RmsNormMatch
     layout: tuple[gs.Node, ...]
@@ -114,6 +121,12 @@ class RotatedNorm:
     sin: RotaryTable
     rotary: RotaryParams
     quantizer: TakenQuantizer | None = None
+    products: tuple[TakenQuantizer, ...] = ()
+
+    @property
+    def quantizers(self) -> tuple[TakenQuantizer, ...]:
+        """The pairs on its cos and sin products, then its output's QuantizeLinear: the part's stages in order."""
+        return (*self.products, *([self.quantizer] if self.quantizer is not None else []))
 
     @property
     def output_dtype(self) -> str:
@@ -133,7 +146,7 @@ class QkNormRopeMatch:
 
     @property
     def quantizers(self) -> tuple[TakenQuantizer, ...]:
-        return tuple(side.quantizer for side in (self.q, self.k) if side.quantizer is not None)
+        return (*self.q.quantizers, *self.k.quantizers)
 
 
 @dataclass

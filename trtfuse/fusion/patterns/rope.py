@@ -44,7 +44,7 @@ from trtfuse.fusion.patterns.matches import (
     TakenQuantizer,
 )
 from trtfuse.fusion.patterns.qk import depends, enclosing_nodes
-from trtfuse.fusion.patterns.quant import LAYOUT_FP8, quantizer_of, widened_reader
+from trtfuse.fusion.patterns.quant import LAYOUT_FP8, fake_quant, pair_text, quantizer_of, widened_reader
 from trtfuse.fusion.patterns.queries import (
     ONNX_DOMAINS,
     cast_target,
@@ -91,6 +91,8 @@ class _Formula:
     rotary_dim: int | None
     rotation: Rotation
     op: gs.Node | None = None
+    # ModelOpt's rotations: the QuantizeLinear -> DequantizeLinear pair on the cos product and on the sin product.
+    products: tuple[tuple[gs.Node, gs.Node], tuple[gs.Node, gs.Node]] | None = None
 
 
 def take_rotations(
@@ -144,7 +146,7 @@ def _rope_of(
         if norm.quantizers:
             stages = ", ".join(taken.stage.norm_stage.value for taken in norm.quantizers)
             raise _NotTaken(f"{norm.name} takes quantizer pairs ({stages}) that the rotary node has no stage for")
-        sides.append(_rotated(norm, shapes, graph_outputs))
+        sides.append(_rotated(norm, shapes, graph_outputs, quant_opset, _PRODUCT_STAGES[role]))
     q, k = sides
     if q is None and k is None:
         return None
@@ -158,6 +160,13 @@ def _rope_of(
             for side, stage in _output_stages(q, k)
         )
     return QkNormRopeMatch(q, k)
+
+
+# Each part's stages for the Q/DQ pairs on its rotation's cos and sin products.
+_PRODUCT_STAGES = {
+    "q": (QuantStage.Q_COS_PRODUCT, QuantStage.Q_SIN_PRODUCT),
+    "k": (QuantStage.K_COS_PRODUCT, QuantStage.K_SIN_PRODUCT),
+}
 
 
 def _output_stages(q: RotatedNorm, k: RotatedNorm) -> Iterator[tuple[RotatedNorm, QuantStage]]:
@@ -176,8 +185,15 @@ def _rotation_ahead(y: gs.Tensor) -> bool:
     return False
 
 
-def _rotated(norm: RmsNormMatch, shapes: Shapes, graph_outputs: set[str]) -> RotatedNorm:
-    """The norm with the rotation of its output, or _NotTaken."""
+def _rotated(
+    norm: RmsNormMatch,
+    shapes: Shapes,
+    graph_outputs: set[str],
+    quant_opset: int | None,
+    product_stages: tuple[QuantStage, QuantStage],
+) -> RotatedNorm:
+    """The norm with the rotation of its output (the pairs on its products, where the graph has them, as
+    `product_stages` of a graph of `quant_opset`), or _NotTaken."""
     layout, rotated = _layout_ops(norm.y, graph_outputs)
     readers = _real_readers(rotated)
     if rotated.name in graph_outputs:
@@ -196,7 +212,8 @@ def _rotated(norm: RmsNormMatch, shapes: Shapes, graph_outputs: set[str]) -> Rot
             reasons.append(placed)
             continue
         head_dim, tables = placed
-        return _rotated_norm(norm, hypothesis, layout, rotated, formula, head_dim, tables)
+        side = _rotated_norm(norm, hypothesis, layout, rotated, formula, head_dim, tables)
+        return replace(side, products=_product_quantizers(formula, norm, rotated, product_stages, quant_opset))
     raise _NotTaken(reasons[0])
 
 
@@ -272,22 +289,31 @@ def _rotate_half(rotated: gs.Tensor, readers: list[gs.Node], shapes: Shapes, gra
         raise _NotTaken(f"{describe(concat)} concatenates along axis {concat.attrs.get('axis')}, not the last")
     cos_mul, cos_casts = _product(base, others[0], graph_outputs)
     sin_mul, sin_casts = _product(concat.outputs[0], _only_reader(concat.outputs[0], graph_outputs), graph_outputs)
-    add = _only_reader(cos_mul.outputs[0], graph_outputs, "Add", product=cos_mul)
-    if _only_reader(sin_mul.outputs[0], graph_outputs, "Add", product=sin_mul) is not add:
+    (add, cos_pair), (sin_add, sin_pair) = (_summed(mul, graph_outputs) for mul in (cos_mul, sin_mul))
+    if sin_add is not add:
         raise _NotTaken(f"{describe(cos_mul)} and {describe(sin_mul)} are not added by one Add")
+    if (cos_pair is None) != (sin_pair is None):
+        quantized, plain = (cos_mul, sin_mul) if sin_pair is None else (sin_mul, cos_mul)
+        raise _NotTaken(
+            f"the product {describe(quantized)} is quantized before the sum, {describe(plain)} is not: another formula"
+        )
+    products = None if cos_pair is None else (cos_pair, sin_pair)
     nodes += [first, second, neg, concat, *cos_casts, cos_mul, *sin_casts, sin_mul, add]
-    result, tail_casts = _cast_tail(add.outputs[0], graph_outputs)
+    # A rotation with quantized products ends at its sum, in T: Casts after it stay in the graph (the node rounds the
+    # sum to the products' dtype, and a Cast of that is no rounding the contract moves into the node).
+    ends = _cast_tail if products is None else _no_casts
+    result, tail_casts = ends(add.outputs[0], graph_outputs)
     nodes += tail_casts
     if passed is not None:
         joined = _only_reader(result, graph_outputs, "Concat")
         if not _reads(joined, result, passed) or joined.attrs.get("axis") not in (-1, shapes.rank(base) - 1):
             raise _NotTaken(f"{describe(joined)} is not Concat(rotated part, {passed.name}) along the last axis")
         nodes.append(joined)
-        result, more_casts = _cast_tail(joined.outputs[0], graph_outputs)
+        result, more_casts = ends(joined.outputs[0], graph_outputs)
         nodes += more_casts
     cos = other_input(cos_mul, _cast_to(base, cos_casts))
     sin = other_input(sin_mul, _cast_to(concat.outputs[0], sin_casts))
-    return _Formula(tuple(nodes), result, cos, sin, width, Rotation.HALF_SPLIT)
+    return _Formula(tuple(nodes), result, cos, sin, width, Rotation.HALF_SPLIT, products=products)
 
 
 def _reads(node: gs.Node, *tensors: gs.Tensor) -> bool:
@@ -330,23 +356,28 @@ def _slice_bounds(node: gs.Node, shapes: Shapes) -> tuple[int, int] | None:
     return tuple(max(0, min(width, bound + width if bound < 0 else bound)) for bound in (starts[0], ends[0]))
 
 
-def _only_reader(
-    tensor: gs.Tensor, graph_outputs: set[str], op: str | None = None, product: gs.Node | None = None
-) -> gs.Node:
-    """The one node reading `tensor` (of `op`, where given); _NotTaken naming what reads it otherwise. A product
-    read by a QuantizeLinear is named as quantized: ModelOpt rounds each product of its rotations."""
+def _only_reader(tensor: gs.Tensor, graph_outputs: set[str], op: str | None = None) -> gs.Node:
+    """The one node reading `tensor` (of `op`, where given); _NotTaken naming what reads it otherwise."""
     readers = _real_readers(tensor)
     if tensor.name in graph_outputs:
         raise _NotTaken(f"{tensor.name} is a graph output")
     if len(readers) == 1 and (op is None or onnx_op(readers[0]) == op):
         return readers[0]
-    if product is not None and any(onnx_op(node) == "QuantizeLinear" for node in readers):
-        quantize = next(node for node in readers if onnx_op(node) == "QuantizeLinear")
-        raise _NotTaken(
-            f"the product {describe(product)} is quantized ({describe(quantize)}) before the sum: another formula"
-        )
     found = ", ".join(describe(node) for node in readers) or "nothing"
     raise _NotTaken(f"{tensor.name} is read by {found}" + (f", not by one {op}" if op else ""))
+
+
+def _summed(product: gs.Node, graph_outputs: set[str]) -> tuple[gs.Node, tuple[gs.Node, gs.Node] | None]:
+    """The Add that sums the product `product` computes, and the QuantizeLinear -> DequantizeLinear pair it goes
+    through first where it goes through one (ModelOpt's rotations round each product to a quantizer's grid), each
+    the one reader of what it reads; else None."""
+    value = product.outputs[0]
+    readers = _real_readers(value)
+    if len(readers) != 1 or onnx_op(readers[0]) != "QuantizeLinear" or value.name in graph_outputs:
+        return _only_reader(value, graph_outputs, "Add"), None
+    quantize = readers[0]
+    dequantize = _only_reader(quantize.outputs[0], graph_outputs, "DequantizeLinear")
+    return _only_reader(dequantize.outputs[0], graph_outputs, "Add"), (quantize, dequantize)
 
 
 def _product(operand: gs.Tensor, reader: gs.Node, graph_outputs: set[str]) -> tuple[gs.Node, list[gs.Node]]:
@@ -366,6 +397,11 @@ def _cast_to(operand: gs.Tensor, casts: list[gs.Node]) -> gs.Tensor:
     return casts[-1].outputs[0] if casts else operand
 
 
+def _no_casts(tensor: gs.Variable, graph_outputs: set[str]) -> tuple[gs.Variable, list[gs.Node]]:
+    """`tensor` itself, with no Casts taken after it."""
+    return tensor, []
+
+
 def _cast_tail(tensor: gs.Variable, graph_outputs: set[str]) -> tuple[gs.Variable, list[gs.Node]]:
     """`tensor` through the float Casts that are its one reader in turn (the rotation cast back to the activations'
     dtype), and those Casts."""
@@ -377,6 +413,49 @@ def _cast_tail(tensor: gs.Variable, graph_outputs: set[str]) -> tuple[gs.Variabl
         casts.append(readers[0])
         tensor = readers[0].outputs[0]
     return tensor, casts
+
+
+def _product_quantizers(
+    formula: _Formula,
+    norm: RmsNormMatch,
+    rotated: gs.Tensor,
+    stages: tuple[QuantStage, QuantStage],
+    opset: int | None,
+) -> tuple[TakenQuantizer, ...]:
+    """The pairs on the rotation's cos and sin products as the node's product `stages` in a graph of `opset` (None:
+    quantizers are not taken); _NotTaken where the node cannot compute them as the graph does: it rounds y, each
+    product and their sum to one dtype T (docs/plugin-nodes.md, "Rotary embedding"), from a y that is the graph's
+    bit for bit (a quantizer turns a last-bit difference of y into a step of its grid)."""
+    if formula.products is None:
+        return ()
+    quantize = formula.products[0][0]
+    product = describe(producer(quantize.inputs[0]))
+    if opset is None:
+        raise _NotTaken(
+            f"the product {product} is quantized ({describe(quantize)}) before the sum, and quantizers are not taken"
+        )
+    if norm.rounds_otherwise is not None:
+        raise _NotTaken(
+            f"the product {product} is quantized ({describe(quantize)}) before the sum, and {norm.name} rounds "
+            f"otherwise than its node ({norm.rounds_otherwise}): where y differs in its last bit, a product's code "
+            "moves a step of its grid"
+        )
+    computed = (
+        rotated,
+        *(tensor for pair in formula.products for tensor in (pair[0].inputs[0], pair[1].outputs[0])),
+        formula.result,
+    )
+    dtypes = {tensor.name: dtype_name(tensor) or "unknown" for tensor in computed}
+    if len(set(dtypes.values())) != 1:
+        shown = ", ".join(f"{name} {dtype}" for name, dtype in dtypes.items())
+        raise _NotTaken(f"its quantized products are not rounded in one dtype with the rotated tensor ({shown})")
+    taken = []
+    for stage, (quantize, dequantize) in zip(stages, formula.products, strict=True):
+        found = fake_quant(stage, quantize, dequantize, opset)
+        if isinstance(found, str):
+            raise _NotTaken(f"the pair {pair_text(quantize, dequantize)} on a product: {found}")
+        taken.append(found)
+    return tuple(taken)
 
 
 # --- where the rotation's axes are ----------------------------------------------------------------------------------
