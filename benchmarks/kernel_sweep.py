@@ -60,7 +60,14 @@ CANDIDATES: dict[int, tuple[dict[str, Any], ...]] = {
         {"threads": 512},
     ),
     8192: ({"threads": 256}, {"threads": 512, "reread": True, "floor": 4}),
-    2048: ({"threads": 128}, {"threads": 64, "reread": True}),
+    2048: (
+        {"threads": 128},
+        {"threads": 64, "reread": True},
+        {"threads": 256},
+        {"threads": 256, "reread": True},
+        {"threads": 128, "rows": 2, "reread": True},
+        {"threads": 64, "rows": 2, "reread": True},
+    ),
     5120: ({"threads": 256},),
 }
 

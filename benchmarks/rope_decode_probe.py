@@ -7,7 +7,7 @@ H100 run measured 0.32-0.34 µs. Each probe is the same kernel compiled with one
 cache of its own, and timed as the benchmark times decode (CUDA-graph replay of raw-pointer launches, bench/rope.py):
 
 - `rotary`: the kernel as it is; `qk`: our QK-norm alone (the target's baseline);
-- `row 0`: every row reads cos/sin row 0 (the three integer divisions that find a row's position are gone);
+- `row 0`: every row reads cos/sin row 0 (the integer divisions that find a row's table row are gone);
 - `no tables`: cos and sin are never loaded (the rotation multiplies by whatever the registers hold);
 - `no rotation`: y is stored as the QK-norm stores it (cos/sin still loaded, no shuffles, no products).
 
@@ -47,7 +47,7 @@ def replaced(owner: object, name: str, value: object) -> Iterator[None]:
         setattr(owner, name, original)
 
 
-def _row_zero(self: Any, row: Any, rows: Any) -> Any:
+def _row_zero(rotation: Any, row: Any) -> Any:
     return norm_kernel.Int32(0)
 
 
@@ -61,7 +61,7 @@ def _plain_store(r_y: Any, y: Any, r_cos: Any, r_sin: Any, lane: Any, plan: Any,
 
 PROBES: dict[str, tuple[object, str, object] | None] = {
     "rotary": None,
-    "row 0": (norm_kernel._Rotation, "cos_row", _row_zero),
+    "row 0": (norm_kernel, "_cos_row", norm_kernel.cute.jit(_row_zero)),
     "no tables": (norm_kernel, "_load_rotation", _no_tables),
     "no rotation": (norm_kernel, "_store_rotated", norm_kernel.cute.jit(_plain_store)),
 }

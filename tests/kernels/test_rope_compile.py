@@ -121,7 +121,8 @@ def test_every_variant_compiles_with_its_accesses_exchange_and_rounding(spec: Qk
 
 def test_the_rotated_width_and_head_layout_reach_the_code(tmp_path: Path) -> None:
     """Partial rotary tests each slot's head position (select on a compare of the lane's vector); a full one does
-    not; head-major rows locate their cos row with one division fewer than token-major ones need."""
+    not; rows locate their cos row with the divisions their layout needs and no more (the rows per token come from
+    the launch)."""
     full = compiled_ptx(QWEN3_SPEC, tmp_path / "full")
     partial = compiled_ptx(
         dataclasses.replace(QWEN3_SPEC, rope=RopeParams(128, 64, "half", "token_major")), tmp_path / "p"
@@ -131,9 +132,9 @@ def test_the_rotated_width_and_head_layout_reach_the_code(tmp_path: Path) -> Non
     )
     assert full != partial != head_major
     divisions = [len(re.findall(r"\b(?:div|rem)\.u32\b", ptx)) for ptx in (full, head_major)]
-    # Token-major: rows / (B·S), row / that, token / S (q and k, both paths); head-major: rows / B, row / that,
-    # row % S.
-    assert divisions == [12, 12]
+    # Per part and path (q and k, the vector and the element path: 4): token-major row / H, then t mod S for tables
+    # shared by several sequences; head-major row mod S, then row / (H·S) for per-batch tables.
+    assert divisions == [8, 8]
 
 
 def test_fp32_heads_of_256_exchange_through_registers(tmp_path: Path) -> None:
@@ -202,7 +203,7 @@ def test_artifacts_compile_for_every_architecture_with_the_declared_entry(arch: 
         assert [p.rows_per_block for p in declaration.parts] == [t.rows_per_block for t in tilings]
         assert declaration.block_threads == variant.q_tiling.block_threads
         params = entry_params(artifact.ptx)[1]
-        assert len(params) == 14 and ".align 16" not in params[0]
+        assert len(params) == 16 and ".align 16" not in params[0]
         assert {"ld.global.v4.b32", "st.global.v4.b32"} <= global_accesses(artifact.ptx)
 
 

@@ -134,9 +134,12 @@ def test_the_declaration_passes_the_extents_after_the_row_counts() -> None:
     )
     names = [p.name for p in declaration.params]
     inputs = ["q", "k", "q_weight", "k_weight", "cos", "sin"]
-    assert names == [*inputs, "q_rows", "k_rows", "batch", "seq_len", "cos_batch", "q_blocks", "q_out", "k_out"]
+    scalars = ["q_rows", "k_rows", "batch", "seq_len", "cos_batch", "q_rows_per_token", "k_rows_per_token"]
+    assert names == [*inputs, *scalars, "q_blocks", "q_out", "k_out"]
     assert [(e.tensor, e.axis) for e in declaration.extents] == [("q", 0), ("cos", 1), ("cos", 0)]
-    assert declaration.scalars((96, 24), (3, 1, 3)) == (96, 24, 3, 1, 3, 12)
+    # 3 sequences of one token: 32 q heads and 8 k heads a token, 12 q blocks of 8 rows.
+    assert declaration.scalars((96, 24), (3, 1, 3)) == (96, 24, 3, 1, 3, 32, 8, 12)
+    assert declaration.scalars((0, 0), (0, 0, 1)) == (0, 0, 0, 0, 1, 0, 0, 0)  # an empty call divides by nothing
     assert declaration.grid_x((96, 24)) == 12 + 3
     with pytest.raises(ValueError, match="3 extents, got 0"):
         declaration.scalars((96, 24))

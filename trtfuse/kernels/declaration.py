@@ -88,8 +88,9 @@ class LaunchDeclaration:
         """(grid x, the scalar arguments in parameter order) from each part's row count and each of `extents`'
         values (the declaration's `extents`, in order, read off the inputs' shapes).
 
-        The scalars are every part's row count, the extents, then the block count of every part but the last (the
-        block where the next part starts). The grid is never empty, so a 0-row call is a valid one-block no-op.
+        The scalars are every part's row count, the extents, with extents each part's rows per token (its row count
+        over batch x seq_len), then the block count of every part but the last (the block where the next part
+        starts). The grid is never empty, so a 0-row call is a valid one-block no-op.
         """
         if len(rows) != len(self.parts):
             raise ValueError(f"{self.kernel_name} has {len(self.parts)} row counts, got {len(rows)}")
@@ -99,7 +100,13 @@ class LaunchDeclaration:
         total = blocks[0]
         for more in blocks[1:]:
             total = total + more
-        return at_least_one(total), (*rows, *extents, *blocks[:-1])
+        per_token: tuple[T, ...] = ()
+        if self.extents:
+            # The rotary kernel's rows per token of each part (its heads), so that no thread divides by B·S.
+            named = dict(zip((e.name for e in self.extents), extents, strict=True))
+            tokens = at_least_one(named["batch"] * named["seq_len"])
+            per_token = tuple(n // tokens for n in rows)
+        return at_least_one(total), (*rows, *extents, *per_token, *blocks[:-1])
 
     def grid_x(self, rows: Sequence[int]) -> int:
         return self.launch_values(rows, _cdiv, _at_least_one, (0,) * len(self.extents))[0]
@@ -166,10 +173,11 @@ def qk_norm_params() -> tuple[KernelParam, ...]:
 
 
 def qk_norm_rope_params() -> tuple[KernelParam, ...]:
-    """QK-norm's inputs, cos and sin; both row counts, the extents (`ROPE_EXTENTS`) and the q block count; q_out,
-    k_out."""
+    """QK-norm's inputs, cos and sin; both row counts, the extents (`ROPE_EXTENTS`), both parts' rows per token and
+    the q block count; q_out, k_out."""
     inputs = ("q", "k", "q_weight", "k_weight", "cos", "sin")
-    return _params(inputs, ("q_rows", "k_rows", *(e.name for e in ROPE_EXTENTS), "q_blocks"), ("q_out", "k_out"))
+    scalars = ("q_rows", "k_rows", *(e.name for e in ROPE_EXTENTS), "q_rows_per_token", "k_rows_per_token", "q_blocks")
+    return _params(inputs, scalars, ("q_out", "k_out"))
 
 
 # q's batch B (dimension 0 of [B, S, H, D], [B, S, H*D] and [B, H, S, D] alike), the sequence length S and cos's

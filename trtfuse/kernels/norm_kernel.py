@@ -113,31 +113,40 @@ class RopeConstants:
 @dataclass(frozen=True)
 class _Rotation:
     """The rotation of one problem's head rows, as its device code reads it: cos and sin ([Bc, S, R]), q's batch B,
-    the sequence length S and cos's batch Bc (1 or B), and the constants. Built while tracing."""
+    the sequence length S, cos's batch Bc (1 or B), the part's rows per token (its heads: rows / (B·S), computed by
+    the launch, so no thread divides by B·S) and the constants. Built while tracing."""
 
     cos: cute.Pointer
     sin: cute.Pointer
     batch: Int32
     seq_len: Int32
     cos_batch: Int32
+    rows_per_token: Int32
     params: RopeParams
     plan: RotationPlan | None
 
-    def cos_row(self, row: Int32, rows: Int32) -> Int32:
-        """The cos/sin row of norm row `row` (of `rows`): (b if Bc == B else 0)·S + s of its batch b and position s.
-        Token-major rows are B·S tokens of rows / (B·S) rows each (the heads, or one row of all of them); head-major
-        rows are B batches of H·S rows, s the fastest. Three integer divisions a row (the shapes are runtime values),
-        unsigned: every operand is a count or an index, and div.u32 needs no floor correction."""
-        row, rows, batch, seq_len = (Uint32(value) for value in (row, rows, self.batch, self.seq_len))
-        if self.params.layout == "token_major":
-            token = row // (rows // (batch * seq_len))
-            batch_index = token // seq_len
-            position = token - batch_index * seq_len
-        else:
-            batch_index = row // (rows // batch)
-            position = row % seq_len
-        first = Uint32(cutlass.select_(self.cos_batch == 1, Uint32(0), batch_index))
-        return Int32(first * seq_len + position)
+
+@cute.jit
+def _cos_row(rotation: _Rotation, row: Int32) -> Int32:
+    """The cos/sin row of norm row `row`: (b if Bc == B else 0)·S + s of its batch b and position s. Integer
+    divisions by runtime values lie on the decode latency path (a row's tables are loaded after them), so each
+    layout takes as few as its tables need, behind branches every thread of the launch takes alike. Unsigned: every
+    operand is a count or an index, and div.u32 needs no floor correction.
+
+    Token-major rows are B·S tokens of H rows: the token t = row / H is b·S + s itself, the table row when the
+    tables have q's batch or there is one sequence; a table shared by B > 1 sequences takes s = t mod S. Head-major
+    rows are B batches of H·S rows, s the fastest: s = row mod S, and b = row / (H·S) only for per-batch tables."""
+    row, per_token, seq_len = Uint32(row), Uint32(rotation.rows_per_token), Uint32(rotation.seq_len)
+    shared = (rotation.cos_batch == 1) & (rotation.batch != 1)
+    table_row = row // per_token
+    if cutlass.const_expr(rotation.params.layout == "token_major"):
+        if shared:
+            table_row = table_row % seq_len
+    else:
+        table_row = row % seq_len
+        if rotation.cos_batch != 1:
+            table_row = row // (per_token * seq_len) * seq_len + table_row
+    return Int32(table_row)
 
 
 def smem_bytes(tiling: RowTiling) -> int:
@@ -367,7 +376,7 @@ def _load_rotation(
     plan, vec = rotation.plan, tiling.vector
     rotary_layout = cute.make_layout((vec, plan.rotary_vectors), stride=(1, vec))
     # 64-bit: (cos rows) x R can pass 2^31 elements; R is a multiple of the vector, so cos rows stay vector-aligned.
-    offset = cute.assume(Int64(rotation.cos_row(row, rows)) * rotation.params.rotary_dim, divby=vec)
+    offset = cute.assume(Int64(_cos_row(rotation, row)) * rotation.params.rotary_dim, divby=vec)
     g_cos = cute.make_tensor(rotation.cos + offset, rotary_layout)
     g_sin = cute.make_tensor(rotation.sin + offset, rotary_layout)
     for k in cutlass.range_constexpr(tiling.vectors_per_thread):
@@ -647,7 +656,7 @@ def _rotate_row_by_element(problem: _Rows, row: Int32, lane: Int32, rstd: Float3
     g_y = cute.make_tensor(problem.y + offset, row_layout)
     g_w = cute.make_tensor(problem.w, row_layout)
     rotary_layout = cute.make_layout((1, rotary_dim), stride=(1, 1))
-    cos_offset = Int64(rotation.cos_row(row, problem.rows)) * rotary_dim
+    cos_offset = Int64(_cos_row(rotation, row)) * rotary_dim
     g_cos = cute.make_tensor(rotation.cos + cos_offset, rotary_layout)
     g_sin = cute.make_tensor(rotation.sin + cos_offset, rotary_layout)
     one = cute.make_layout((1, 1), stride=(1, 1))
@@ -963,6 +972,8 @@ def qk_norm_rope_kernel(
     batch: Int32,
     seq_len: Int32,
     cos_batch: Int32,
+    q_rows_per_token: Int32,
+    k_rows_per_token: Int32,
     q_blocks: Int32,
     q_out_ptr: cute.Pointer,
     k_out_ptr: cute.Pointer,
@@ -974,9 +985,9 @@ def qk_norm_rope_kernel(
     """QK-norm + rotary embedding, in TensorRT's parameter order (the JIT launches this AOT kernel too): pointers
     promised element alignment, the 16-byte path taken where they all allow it (`_aligned`), else the element path."""
     block, q_partials, k_partials = _block_and_partials(q_tiling, k_tiling)
-    shapes = (batch, seq_len, cos_batch, rope.params)
-    q_rotation = _Rotation(cos_ptr, sin_ptr, *shapes, rope.plans[0])
-    k_rotation = _Rotation(cos_ptr, sin_ptr, *shapes, rope.plans[1])
+    shapes = (cos_ptr, sin_ptr, batch, seq_len, cos_batch)
+    q_rotation = _Rotation(*shapes, q_rows_per_token, rope.params, rope.plans[0])
+    k_rotation = _Rotation(*shapes, k_rows_per_token, rope.params, rope.plans[1])
     q = _Rows(q_ptr, wq_ptr, q_out_ptr, q_rows, q_tiling, q_partials, rotation=q_rotation)
     k = _Rows(k_ptr, wk_ptr, k_out_ptr, k_rows, k_tiling, k_partials, rotation=k_rotation)
     _normalize_q_or_k(block, q_blocks, q, k, math, _aligned(_part_maths(math)[0], q, k))
@@ -1009,7 +1020,9 @@ def qk_norm_rope_launcher(
     itself."""
     q_blocks = _blocks(q_rows, q_tiling)
     inputs, outputs = (q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr), (q_out_ptr, k_out_ptr)
-    scalars = (q_rows, k_rows, batch, seq_len, cos_batch, q_blocks)
+    # Rows per token, here on the host as the AOT declaration computes them (`LaunchDeclaration.launch_values`).
+    tokens = cutlass.max(batch * seq_len, 1)
+    scalars = (q_rows, k_rows, batch, seq_len, cos_batch, q_rows // tokens, k_rows // tokens, q_blocks)
     kernel = qk_norm_rope_kernel(*inputs, *scalars, *outputs, q_tiling, k_tiling, math, rope)
     kernel.launch(
         grid=[cutlass.max(q_blocks + _blocks(k_rows, k_tiling), 1), 1, 1],
