@@ -366,9 +366,12 @@ def _products(
 ) -> tuple[JudgedOutput, ...]:
     """The product stages of the part whose rotated output is `position`, each judged where the original's
     QuantizeLinear on that product reads (its rotation's sum is the original's `value`); none where the part has
-    no product stages."""
-    quant = plugin.fields.part_quant(plugin.op.output_parts[position]) if plugin.fields.rotary else None
-    if quant is None or quant.cos_product is None:
+    no product stages or rotates part of each head row."""
+    rotary = plugin.fields.rotary
+    quant = plugin.fields.part_quant(plugin.op.output_parts[position]) if rotary else None
+    if rotary is None or quant is None or quant.cos_product is None or rotary.rotary_dim < rotary.head_dim:
+        # A partial rotation's products cover R of y's D elements: it is judged as any output (the matcher takes
+        # one only where y is the graph's bit for bit).
         return ()
     pairs = _rotation_pairs(value, source)
     judged = []
