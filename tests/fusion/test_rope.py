@@ -290,3 +290,12 @@ def test_a_bfloat16_table_of_a_float16_model_is_refused() -> None:
     assert _kinds(result) == {contract.QK_NORM_OP: 1}
     [miss] = result.search.rope_near_misses
     assert "neither float32 nor the activations' float16" in miss.reason
+
+
+def test_fuse_reports_the_product_pairs_a_rotary_node_replaced(tmp_path: Path) -> None:
+    """The report names each Q/DQ pair on the products among what the node replaced (names, not graph nodes)."""
+    model = FIXTURES / "tools" / "qwen3-modelopt-fp8-kv.onnx"
+    result = run_cli("fuse", model, "-o", tmp_path / "f.onnx", "--json")
+    assert result.exit_code == 0, result.output
+    entry = next(node for node in json.loads(result.stdout)["fused"] if node["kind"] == contract.QK_NORM_ROPE_QUANT_OP)
+    assert {"mul_186_QuantizeLinear", "mul_186_DequantizeLinear"} <= set(entry["replaced"])
