@@ -13,7 +13,10 @@ Per output of a node:
   plus float32's rtol (`tolerances.ReferenceErrors`), or when it equals the original's. In a float32 original the
   original's values are the reference (its error 0). Where the reference cannot run, the value is judged within the
   tolerance of its dtype against the original's, and the step says why; where the user gives a tolerance (--rtol,
-  --atol), within that, as every float output is. Codes have no tolerance.
+  --atol), within that, as every float output is. Codes have no tolerance;
+- a rotation's product stage: its codes as a quantized output's, each besides at most `PRODUCT_STEPS` step of its
+  grid from the original's codes, its product value as any value; the rotated output its products sum into, element
+  by element within the two products' DequantizeLinear differences plus one ulp of its dtype (`_sum_bound`).
 """
 
 from __future__ import annotations
