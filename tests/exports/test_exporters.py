@@ -34,12 +34,10 @@ KEPT_OUT_WITHOUT_QUANT = {
 }
 # The nodes a q/k pair fuses into: with or without the rotation after it, with or without its outputs' Qs.
 PAIR_OPS = (contract.QK_NORM_OP, contract.QK_NORM_QUANT_OP, contract.QK_NORM_ROPE_OP, contract.QK_NORM_ROPE_QUANT_OP)
-# Rotations that stay outside the q/k pair's node, one per layer (docs/patterns.md, "Rotary embedding"): ModelOpt's
-# INT8 and FP8 exports quantize each product of the rotation (and Gemma3's INT8 the norms' outputs before it), genai's
-# builder rotates inside GroupQueryAttention.
+# Rotations that stay outside the q/k pair's node, one per layer (docs/patterns.md, "Rotary embedding"): Gemma3's
+# INT8 export quantizes the norms' outputs before the rotation, genai's builder rotates inside GroupQueryAttention.
+# (ModelOpt's Qwen3 exports quantize each product of the rotation: the node takes those pairs in as product stages.)
 ROTATIONS_KEPT_OUT = {
-    "qwen3-modelopt-int8-fp16.onnx": 2,
-    "qwen3-modelopt-fp8-kv.onnx": 2,
     "gemma3-modelopt-int8-fp16.onnx": 2,
     "qwen3-genai-cpu-int4.onnx": 2,
     # Its q/k norms take input and inverse-root pairs, stages the rotary node does not have.
@@ -89,13 +87,14 @@ def test_tool_fixture_pairs_every_qk_norm(name: str) -> None:
 
 @pytest.mark.parametrize("name", [name for name in NAMES if EXPECTED[name]["qk_norm_calls"]])
 def test_tool_fixture_fuses_every_rotation_one_node_computes(name: str) -> None:
-    """Each layer's q/k norms are rotated right after: the pair and its rotation are one TrtfuseQkNormRope, but where
-    the tool quantized the rotation (ModelOpt rounds each product, or the norms' outputs before it) or moved it into
-    the attention op (genai), which stays, with its reason."""
+    """Each layer's q/k norms are rotated right after: the pair and its rotation are one TrtfuseQkNormRope (a
+    TrtfuseQkNormRopeQuant where ModelOpt rounds each product), but where the tool quantized the norms' outputs
+    before the rotation or moved it into the attention op (genai), which stays, with its reason."""
     _, result = _fused(name)
     kinds = Counter(node.kind for node in result.fused)
     kept_out = ROTATIONS_KEPT_OUT.get(name, 0)
-    assert 2 * kinds[contract.QK_NORM_ROPE_OP] == EXPECTED[name]["qk_norm_calls"] - 2 * kept_out
+    rotated = kinds[contract.QK_NORM_ROPE_OP] + kinds[contract.QK_NORM_ROPE_QUANT_OP]
+    assert 2 * rotated == EXPECTED[name]["qk_norm_calls"] - 2 * kept_out
     assert len(result.search.rope_near_misses) == kept_out, result.report()["rope_near_misses"]
 
 

@@ -5,6 +5,7 @@ graph with its reason, the fixtures that have rotations fuse them, and `check` c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -137,15 +138,23 @@ def _rotations(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return seen
 
 
-def test_modelopt_products_need_the_quantizers_and_a_norm_rounded_as_the_graph_rounds() -> None:
-    """Without --no-fuse-quant's quantizers the pairs cannot go into the node; a norm computed in float16 (the
-    graph rounds its y otherwise than the node) keeps the rotation out: a quantizer would move its last-bit
-    difference a whole step."""
+def test_modelopt_products_need_the_quantizers_and_a_full_rotation_where_the_norm_rounds_otherwise() -> None:
+    """Without --no-fuse-quant's quantizers the pairs cannot go into the node. A norm computed in float16 (the graph
+    rounds its y otherwise than the node: a product's code may move one step, which check allows) is taken with its
+    rotation, ModelOpt's fixture's among them, but not where the rotation passes some of y's elements through."""
     result = fuse_model(rope_block(RopeSpec(dtype="float16", products="int8")), FusionOptions(fuse_quant=False))
     assert _kinds(result) == {contract.QK_NORM_OP: 1}
     assert "and quantizers are not taken" in result.search.rope_near_misses[0].reason
-    result = fuse_model(onnx.load(str(FIXTURES / "tools/qwen3-modelopt-fp8-kv.onnx")))
-    assert "rounds otherwise than its node (core-float16)" in result.search.rope_near_misses[0].reason
+    float16_norms = RopeSpec(dtype="float16", products="int8", core_dtype="float16")
+    assert _kinds(fuse_model(rope_block(float16_norms))) == {contract.QK_NORM_ROPE_QUANT_OP: 1}
+    result = fuse_model(rope_block(replace(float16_norms, rotary_dim=HEAD_DIM // 2)))
+    assert _kinds(result) == {contract.QK_NORM_OP: 1}
+    assert "rounds otherwise than its node (core-float16) and the rotation passes" in (
+        result.search.rope_near_misses[0].reason
+    )
+    for name in ("tools/qwen3-modelopt-fp8-kv.onnx", "tools/qwen3-modelopt-int8-fp16.onnx"):
+        result = fuse_model(onnx.load(str(FIXTURES / name)))
+        assert _kinds(result).get(contract.QK_NORM_ROPE_QUANT_OP) == 2 and not result.search.rope_near_misses
 
 
 @pytest.mark.parametrize("case", sorted(ROPE_NEAR_MISSES))
@@ -208,8 +217,6 @@ def test_every_fixture_rotation_fuses_and_layers_share_their_tables(name: str) -
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
-        ("tools/qwen3-modelopt-fp8-kv.onnx", "the product node_mul_186 is quantized (mul_186_QuantizeLinear) before"),
-        ("tools/qwen3-modelopt-int8-fp16.onnx", "node_mean_1 rounds otherwise than its node (core-float16)"),
         ("tools/gemma3-modelopt-int8-fp16.onnx", "output is quantized (mul_225_QuantizeLinear) before the rotation"),
         ("tools/qwen3-genai-cpu-int4.onnx", "the rotary embedding is inside the attention op (do_rotary=1)"),
     ],
@@ -239,7 +246,7 @@ def test_inspect_and_fuse_report_the_rotation(tmp_path: Path) -> None:
     assert entry["rotary"]["layout"] == "TOKEN_MAJOR" and "node_neg" in entry["replaced"]
     plain = json.loads(run_cli("inspect", model, "--json", "--no-fuse-rope").stdout)
     assert "rope_near_misses" not in plain and contract.QK_NORM_ROPE_OP not in plain["plugin_nodes"]
-    kept = run_cli("inspect", FIXTURES / "tools" / "qwen3-modelopt-int8-fp16.onnx").stdout
+    kept = run_cli("inspect", FIXTURES / "tools" / "qwen3-modelopt-int8-fp16.onnx", "--no-fuse-quant").stdout
     assert "  rope kept node_mean_1: rotation not fused: the product node_mul_168 is quantized" in kept
 
 
@@ -283,3 +290,12 @@ def test_a_bfloat16_table_of_a_float16_model_is_refused() -> None:
     assert _kinds(result) == {contract.QK_NORM_OP: 1}
     [miss] = result.search.rope_near_misses
     assert "neither float32 nor the activations' float16" in miss.reason
+
+
+def test_fuse_reports_the_product_pairs_a_rotary_node_replaced(tmp_path: Path) -> None:
+    """The report names each Q/DQ pair on the products among what the node replaced (names, not graph nodes)."""
+    model = FIXTURES / "tools" / "qwen3-modelopt-fp8-kv.onnx"
+    result = run_cli("fuse", model, "-o", tmp_path / "f.onnx", "--json")
+    assert result.exit_code == 0, result.output
+    entry = next(node for node in json.loads(result.stdout)["fused"] if node["kind"] == contract.QK_NORM_ROPE_QUANT_OP)
+    assert {"mul_186_QuantizeLinear", "mul_186_DequantizeLinear"} <= set(entry["replaced"])

@@ -12,6 +12,7 @@ import pytest
 
 from trtfuse.engine.layer_info import LayerInformation, parse_layer_information
 from trtfuse.errors import TrtfuseError
+from trtfuse.fusion.options import FusionOptions
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.pipeline import fuse_file
 
@@ -27,10 +28,11 @@ EXPORTS = {
 
 
 def fused_export(model: str, folder: Path) -> tuple[Path, Path]:
-    """The fused model of EXPORTS[model] and its fusion report, written into `folder` by `trtfuse fuse`'s code."""
+    """The fused model of EXPORTS[model] and its fusion report, written into `folder` by `trtfuse fuse`'s code with
+    the rotations left in the graph (`--no-fuse-rope`): the layer information files name that fusion's nodes."""
     fused, report = folder / f"{model}.fused.onnx", folder / f"{model}.fusion.json"
     if not fused.exists():
-        fuse_file(FIXTURES / "tools" / f"{EXPORTS[model]}.onnx", fused, report)
+        fuse_file(FIXTURES / "tools" / f"{EXPORTS[model]}.onnx", fused, report, fusion=FusionOptions(fuse_rope=False))
     return fused, report
 
 

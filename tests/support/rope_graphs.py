@@ -42,6 +42,7 @@ class RopeSpec:
     weight: str = "after-cast"  # the q/k norms' weight mode (NormSpec.weight)
     quant: str | None = None
     products: str | None = None  # ModelOpt's rotation: a Q/DQ pair of this dtype on each product (PRODUCT_SCALES)
+    core_dtype: str | None = None  # the dtype the q/k norms compute in, where not the activations' (NormSpec)
     case: str | None = None
 
     @property
@@ -73,7 +74,7 @@ def rope_block(spec: RopeSpec) -> onnx.ModelProto:
     batch = BATCH if spec.per_batch else 1
     positions = b.input("positions", [batch, SEQUENCE])
     attention = AttentionSpec(spec.layout, dtype=dtype, q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM)
-    norm = NormSpec(dtype=dtype, weight=spec.weight)
+    norm = NormSpec(dtype=dtype, weight=spec.weight, core_dtype=spec.core_dtype or "float32")
     projected = [_project(b, x, heads * HEAD_DIM, dtype) for heads in (Q_HEADS, KV_HEADS, KV_HEADS)]
     q = norm_heads(b, projected[0], Q_HEADS, attention, norm)
     k = norm_heads(b, projected[1], KV_HEADS, attention, norm)

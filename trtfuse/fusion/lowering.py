@@ -13,11 +13,13 @@ output (`quantizer_input`) so that `check` can read what the node quantized. A r
 (before its rounding to T) by its cos and sin tables, widened to float32: each head row's first R elements become
 y·cos + rotate(y)·sin (each product and the sum a float32 op, as the contract rounds them), the rest pass through,
 and the result is rounded to T once; with a part's product stages, as the graph rounds them: y to T, each product
-to T and through its stage's DQ(Q(·)) into T, and the sum to T.
+to T and through its stage's DQ(Q(·)) into T (what each stage's Q reads, its codes and its DQ value named after the
+output, `product_tensors`), and the sum to T.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +40,23 @@ def quantizer_input(output: str) -> str:
     """The name of the float32 value (y rounded to T) that the QuantizeLinear writing a node's quantized output
     `output` reads in the lowering."""
     return f"{output}/quantizer_input"
+
+
+@dataclass(frozen=True)
+class ProductTensors:
+    """The lowering's names of one product stage of a rotary node's part, so that `check` can judge the stage where
+    its quantizer reads: `value`, the float32 product rounded to T that the stage's Q reads; `codes`, what that Q
+    writes; `dequantized`, the stage's DQ value (rounded to its dequant dtype) in float32."""
+
+    value: str
+    codes: str
+    dequantized: str
+
+
+def product_tensors(output: str, stage: contract.QuantStage) -> ProductTensors:
+    """The names of product stage `stage` (`cos_product` or `sin_product`) of the part whose output is `output`."""
+    base = f"{output}/{stage.norm_stage.value}"
+    return ProductTensors(f"{base}/quantizer_input", f"{base}/codes", f"{base}/dequantized")
 
 
 def lower_fused_nodes(model: onnx.ModelProto, source: str | Path = "the fused model") -> onnx.ModelProto:
@@ -117,22 +136,33 @@ class _Lowering:
         return self.nodes
 
     def _fake_quant(
-        self, tensor: str, stage: contract.QuantStage, name: str, quant: contract.QuantParams | None
+        self,
+        tensor: str,
+        stage: contract.QuantStage,
+        name: str,
+        quant: contract.QuantParams | None,
+        exposed: ProductTensors | None = None,
     ) -> str:
         """`tensor` (float32) through the stage's DQ(Q(·)), Q reading it rounded to the quantizer's input dtype
         (the rsqrt stage's r, as the graph rounded it), dequantized in float32 and rounded once to the dequant
-        dtype, back in float32; `tensor` itself where the stage is off (or the norm has no quantizers, `quant`)."""
+        dtype, back in float32; `tensor` itself where the stage is off (or the norm has no quantizers, `quant`).
+        `exposed` names what Q reads, its codes and the result (a product stage's, for `check`)."""
         quantizer = None if quant is None else quant.at(stage)
         if quantizer is None:
             return tensor
         name = f"{name}/{stage.value}_quant"
         input_type = contract.OUTPUT_DTYPE_CODES[quantizer.input_dtype or "float32"]
-        rounded = self._cast(self._cast(tensor, input_type, f"{name}/round_input"), _FLOAT, f"{name}/round_input_fp32")
-        quantized = self._quantize(rounded, quantizer, name)
+        rounded = self._cast(
+            self._cast(tensor, input_type, f"{name}/round_input"),
+            _FLOAT,
+            f"{name}/round_input_fp32",
+            output=exposed and exposed.value,
+        )
+        quantized = self._quantize(rounded, quantizer, name, output=exposed and exposed.codes)
         scale, zero_point = self._quantizer_operands(quantizer, name)
         dequantized = self._op("DequantizeLinear", [quantized, scale, zero_point], f"{name}/dequantize")
         rounded = self._cast(dequantized, contract.OUTPUT_DTYPE_CODES[quantizer.dequant_dtype], f"{name}/round")
-        return self._cast(rounded, _FLOAT, f"{name}/round_fp32")
+        return self._cast(rounded, _FLOAT, f"{name}/round_fp32", output=exposed and exposed.dequantized)
 
     def _quantize(self, tensor: str, quantizer: contract.Quantizer, name: str, output: str | None = None) -> str:
         scale, zero_point = self._quantizer_operands(quantizer, name)
@@ -187,14 +217,17 @@ class _Lowering:
             value = self._op("Mul", [rounded, self._scale(weight, params.weight_offset, name)], f"{name}/scale")
         else:
             value = self._op("Mul", [normalised, self._scale(weight, params.weight_offset, name)], f"{name}/scale")
-        self._output(self._rotated(value, x, name, out_type, quant), out_type, name, y, quant)
+        self._output(self._rotated(value, x, name, out_type, quant, y), out_type, name, y, quant)
 
-    def _rotated(self, y: str, x: str, name: str, out_type: int, quant: contract.QuantParams | None) -> str:
+    def _rotated(
+        self, y: str, x: str, name: str, out_type: int, quant: contract.QuantParams | None, output: str
+    ) -> str:
         """The float32 y of a rotary node rotated (docs/plugin-nodes.md, "Rotary embedding"), else y itself. Token-
         major rows are viewed as [B, S, H, D] (a [B, S, H·D] one reshaped, and back to x's shape after), head-major
         ones are [B, H, S, D]; the tables, [Bc, S, R], get a head axis of 1 and broadcast over the heads. With the
         part's product stages on, y is rounded to T first and each product rounded to T and through its stage's
-        DQ(Q(·)) before the sum, which is rounded to T (`_products`)."""
+        DQ(Q(·)) before the sum, which is rounded to T; each product stage's tensors named after the part's
+        `output` (`product_tensors`)."""
         rotary = self.plugin.fields.rotary
         if rotary is None:
             return y
@@ -223,7 +256,9 @@ class _Lowering:
         sin_term = self._op("Mul", [partner, sin], f"{name}/sin_term")
         if products:
             cos_term, sin_term = (
-                self._fake_quant(self._round_to(term, out_type, term), stage, name, quant)
+                self._fake_quant(
+                    self._round_to(term, out_type, term), stage, name, quant, product_tensors(output, stage)
+                )
                 for term, stage in (
                     (cos_term, contract.QuantStage.COS_PRODUCT),
                     (sin_term, contract.QuantStage.SIN_PRODUCT),

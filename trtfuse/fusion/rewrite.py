@@ -372,7 +372,7 @@ def _qk_norm_rope_node(graph: gs.Graph, names: _Names, rope: QkNormRopeMatch, ta
     rotations = tuple(describe(node) for side in (q, k) for node in side.nodes)
     return replace(
         record,
-        replaced=(*record.replaced, *rotations, *_quantizer_nodes(rope.quantizers)),
+        replaced=(*record.replaced, *rotations, *(describe(node) for node in _quantizer_nodes(rope.quantizers))),
         output_dtype=fields.output_dtype,
         quantizers=rope.quantizers,
         rotary=q.rotary,

@@ -28,7 +28,7 @@ from onnx import helper
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.fusion.fused_nodes import PluginNode, node_label, plugin_nodes
-from trtfuse.fusion.lowering import lower_fused_nodes, quantizer_input
+from trtfuse.fusion.lowering import lower_fused_nodes, product_tensors, quantizer_input
 from trtfuse.fusion.patterns.quant import LAYOUT_OPS
 from trtfuse.model.interface import elem_type_name, value_types
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
@@ -42,6 +42,7 @@ _MOVES = ("Cast", "Identity", *LAYOUT_OPS)
 # model whose node is farther from the original's tensors is judged only end to end.
 _CANDIDATE_OPS = 16
 _REFERENCE_OPS = 64
+_PARTNER_DEPTH = 4
 
 
 class _Unjudged(Exception):
@@ -54,9 +55,15 @@ class JudgedOutput:
 
     `value` is the original's tensor judged against the reference: `tensor` itself, or for a quantized output
     (`quantizer`, the original's QuantizeLinear that wrote `tensor`) the y that QuantizeLinear quantized. The other
-    names are the candidate model's outputs: `candidate`, the node's `tensor`; `candidate_value`, its `value`; for a
-    quantized output `codes`, the codes the node wrote (before any op moved them), and `requantized`, the original's
-    QuantizeLinear applied to `candidate_value`, which `codes` must equal."""
+    names are the candidate model's outputs: `candidate`, the node's `tensor`; `candidate_value`, its `value` (in the
+    original's layout); for a quantized output `codes`, the codes the node wrote (before any op moved them),
+    `quantized`, the value the node quantized (in the node's layout), and `requantized`, the original's
+    QuantizeLinear applied to `quantized`, which `codes` must equal.
+
+    A rotation's product stage is judged as an output of its own: `tensor` is the codes of the original's
+    QuantizeLinear on the product (`value`), `candidate` the node's codes in float32 and the original's layout, and
+    `dequantized` / `original_dequantized` the two DequantizeLinear values. The rotated output the products sum into
+    lists them (`products`): its value is judged within what their steps allow (docs/cli.md, "Each fused node")."""
 
     tensor: str
     value: str
@@ -66,6 +73,14 @@ class JudgedOutput:
     code_dtype: str | None = None
     codes: str | None = None
     requantized: str | None = None
+    quantized: str | None = None
+    dequantized: str | None = None
+    original_dequantized: str | None = None
+    products: tuple[JudgedOutput, ...] = ()
+
+    @property
+    def is_product(self) -> bool:
+        return self.original_dequantized is not None
 
 
 @dataclass(frozen=True)
@@ -210,7 +225,11 @@ def node_models(original: LoadedModel, fused: LoadedModel) -> NodeModels:
     exposed = {
         name: None
         for site, _ in references
-        for name in [*site.reads, *site.reference_reads, *(t for out in site.outputs for t in (out.tensor, out.value))]
+        for name in [
+            *site.reads,
+            *site.reference_reads,
+            *(t for out in site.outputs for t in (out.tensor, out.value, out.original_dequantized) if t),
+        ]
         if name not in source.inputs
     }
     return NodeModels(tuple(sites), LoadedModel(_merged(candidates), fused.path), reference_model, tuple(exposed))
@@ -255,7 +274,7 @@ def _candidate(plugin: PluginNode, prefix: str, source: _Graph, target: _Graph) 
         if output not in source.names and output not in target.outputs and not target.readers.get(output):
             continue  # a value nothing reads (an add-norm's sum at the last norm): nothing depends on it
         try:
-            outputs.append(_judged_output(plugin, position, output, copy, after, read, source, target))
+            outputs.extend(_judged_outputs(plugin, position, output, copy, after, read, source, target))
         except _Unjudged as why:
             notes.append(f"output '{output}' not judged where it stands: {why}")
     if not outputs:
@@ -264,7 +283,7 @@ def _candidate(plugin: PluginNode, prefix: str, source: _Graph, target: _Graph) 
     return site, copy, after
 
 
-def _judged_output(
+def _judged_outputs(
     plugin: PluginNode,
     position: int,
     output: str,
@@ -273,8 +292,9 @@ def _judged_output(
     read: Callable[[str], None],
     source: _Graph,
     target: _Graph,
-) -> JudgedOutput:
-    """Output `position` of the node, followed through the ops that move it into a tensor of the original."""
+) -> list[JudgedOutput]:
+    """Output `position` of the node, followed through the ops that move it into a tensor of the original; before
+    it, the product stages of its rotation (`_products`)."""
     tensor, moved = output, []
     while tensor not in source.names:
         readers = [
@@ -290,36 +310,152 @@ def _judged_output(
         tensor = mover.output[0]
     code_dtype = plugin.output_dtype(position)
     if code_dtype not in contract.QUANT_DTYPE_CODES:
-        return JudgedOutput(tensor, tensor, copy.name(tensor), copy.name(tensor))
-    quantize = source.producers.get(tensor)
-    if quantize is None or quantize.op_type != "QuantizeLinear" or quantize.domain not in DEFAULT_DOMAINS:
-        raise _Unjudged(f"the original's '{tensor}' is written by no QuantizeLinear")
-    value = _quantized_value(quantize, {mover.name for mover in moved}, source)
-    candidate_value = quantizer_input(copy.name(output))
-    requantized = _requantize(quantize, candidate_value, tensor, after, source)
-    return JudgedOutput(
-        tensor,
-        value,
-        copy.name(tensor),
-        candidate_value,
-        node_label(quantize),
-        code_dtype,
-        copy.name(output),
-        requantized,
-    )
+        judged = JudgedOutput(tensor, tensor, copy.name(tensor), copy.name(tensor))
+        pending = moved
+    else:
+        quantize = source.producers.get(tensor)
+        if quantize is None or quantize.op_type != "QuantizeLinear" or quantize.domain not in DEFAULT_DOMAINS:
+            raise _Unjudged(f"the original's '{tensor}' is written by no QuantizeLinear")
+        value, walked = _quantized_value(quantize, {node_label(mover) for mover in moved}, source)
+        # The layout ops the original applies before its QuantizeLinear's input move the node's value too (a rotated
+        # output's Transpose stands before the rotation in the original): judged in the original's layout.
+        pending = [mover for mover in moved if node_label(mover) not in walked]
+        quantized = quantizer_input(copy.name(output))
+        judged = JudgedOutput(
+            tensor,
+            value,
+            copy.name(tensor),
+            _moved(quantized, pending, copy, after, target),
+            node_label(quantize),
+            code_dtype,
+            copy.name(output),
+            _requantize(quantize, quantized, tensor, after, source),
+            quantized,
+        )
+    products = _products(plugin, position, judged.value, pending, copy, after, source, target)
+    if not products:
+        return [judged]
+    return [*products, replace(judged, products=products)]
 
 
-def _quantized_value(quantize: onnx.NodeProto, moved: set[str], source: _Graph) -> str:
+def _moved(value: str, movers: list[onnx.NodeProto], copy: _Copy, after: _Copy, target: _Graph) -> str:
+    """`value` of the candidate moved by a copy of each of `movers` in turn (their other operands as `copy` holds
+    them), into the original's layout; `value` itself where there are none."""
+    for mover in movers:
+        moved = f"{value}/{node_label(mover)}"
+        copied = onnx.NodeProto()
+        copied.CopyFrom(mover)
+        copied.name = moved
+        operands = [name if not name or name in target.initializers else copy.name(name) for name in mover.input[1:]]
+        copied.input[:] = [value, *operands]
+        copied.output[:] = [moved]
+        after.nodes[len(after.nodes)] = copied
+        value = moved
+    return value
+
+
+def _products(
+    plugin: PluginNode,
+    position: int,
+    value: str,
+    movers: list[onnx.NodeProto],
+    copy: _Copy,
+    after: _Copy,
+    source: _Graph,
+    target: _Graph,
+) -> tuple[JudgedOutput, ...]:
+    """The product stages of the part whose rotated output is `position`, each judged where the original's
+    QuantizeLinear on that product reads (its rotation's sum is the original's `value`); none where the part has
+    no product stages or rotates part of each head row."""
+    rotary = plugin.fields.rotary
+    quant = plugin.fields.part_quant(plugin.op.output_parts[position]) if rotary else None
+    if rotary is None or quant is None or quant.cos_product is None or rotary.rotary_dim < rotary.head_dim:
+        # A partial rotation's products cover R of y's D elements: it is judged as any output (the matcher takes
+        # one only where y is the graph's bit for bit).
+        return ()
+    pairs = _rotation_pairs(value, source)
+    judged = []
+    for stage in (contract.QuantStage.COS_PRODUCT, contract.QuantStage.SIN_PRODUCT):
+        quantize, dequantize = pairs[stage]
+        quantizer = quant.at(stage)
+        names = product_tensors(copy.name(plugin.node.output[position]), stage)
+        codes = f"{names.codes}/fp32"
+        after.nodes[len(after.nodes)] = helper.make_node(
+            "Cast", [names.codes], [codes], to=onnx.TensorProto.FLOAT, name=codes
+        )
+        judged.append(
+            JudgedOutput(
+                quantize.output[0],
+                _quantized_value(quantize, set(), source)[0],
+                _moved(codes, movers, copy, after, target),
+                _moved(names.value, movers, copy, after, target),
+                node_label(quantize),
+                None if quantizer is None else quantizer.dtype,
+                names.codes,
+                _requantize(quantize, names.value, quantize.output[0], after, source),
+                names.value,
+                _moved(names.dequantized, movers, copy, after, target),
+                dequantize.output[0],
+            )
+        )
+    return tuple(judged)
+
+
+def _rotation_pairs(value: str, source: _Graph) -> dict[contract.QuantStage, tuple[onnx.NodeProto, onnx.NodeProto]]:
+    """The QuantizeLinear -> DequantizeLinear pairs on the two products the original's Add `value` sums, by stage:
+    the sin product's is the one whose Mul reads the rotated half (a Neg a few layout ops up), read off the
+    original's graph, not the node's fields."""
+    add = source.producers.get(value)
+    pairs = {}
+    for operand in add.input if add is not None and add.op_type == "Add" else ():
+        dequantize = source.producers.get(operand)
+        quantize = None if dequantize is None else source.producers.get(dequantize.input[0])
+        if dequantize is None or dequantize.op_type != "DequantizeLinear" or quantize is None:
+            break
+        if quantize.op_type != "QuantizeLinear":
+            break
+        turned = _reads_negated(quantize.input[0], source)
+        pairs[contract.QuantStage.SIN_PRODUCT if turned else contract.QuantStage.COS_PRODUCT] = (quantize, dequantize)
+    if len(pairs) != 2:
+        raise _Unjudged(f"the original's '{value}' is no sum of a cos and a sin product, each quantized")
+    return pairs
+
+
+# The ops between the rotated half's Neg and the Mul by sin (the partner built by Concat, perhaps reshaped or cast).
+_PARTNER_OPS = ("Cast", "Concat", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice")
+
+
+def _reads_negated(product: str, source: _Graph) -> bool:
+    """Whether the Mul computing `product` reads a value made from a Neg through a few partner ops."""
+    mul = source.producers.get(product)
+    if mul is None or mul.op_type != "Mul":
+        return False
+    frontier = list(mul.input)
+    for _ in range(_PARTNER_DEPTH):
+        producers = [source.producers.get(name) for name in frontier]
+        if any(node is not None and node.op_type == "Neg" for node in producers):
+            return True
+        frontier = [
+            name for node in producers if node is not None and node.op_type in _PARTNER_OPS for name in node.input
+        ]
+    return False
+
+
+def _quantized_value(quantize: onnx.NodeProto, moved: set[str], source: _Graph) -> tuple[str, set[str]]:
     """The original's y that `quantize` quantizes: its input, seen through Casts to float32 of a value rounded as it
-    is and through the layout ops the fused model moves the node's codes with (`moved`, by name)."""
+    is and through the layout ops the fused model moves the node's codes with (`moved`, by name); and the names of
+    those layout ops it was seen through."""
     tensor = quantize.input[0]
     producer = source.producers.get(tensor)
+    walked = set()
     while producer is not None and (
         (producer.op_type in LAYOUT_OPS and node_label(producer) in moved) or _widens(producer, source)
     ):
+        if producer.op_type in LAYOUT_OPS:
+            walked.add(node_label(producer))
         tensor = producer.input[0]
         producer = source.producers.get(tensor)
-    return tensor
+    return tensor, walked
 
 
 def _widens(node: onnx.NodeProto, graph: _Graph) -> bool:
@@ -429,7 +565,7 @@ def _candidate_model(
     lowered = lower_fused_nodes(model, fused.path)
     lowered.graph.node.extend(after.ordered())
     lowered.graph.initializer.extend(after.initializers.values())
-    names = ("candidate", "codes", "candidate_value", "requantized")
+    names = ("candidate", "codes", "candidate_value", "requantized", "quantized", "dequantized")
     _add_outputs(lowered, (getattr(out, name) for out in site.outputs for name in names))
     return lowered
 

@@ -13,7 +13,10 @@ Per output of a node:
   plus float32's rtol (`tolerances.ReferenceErrors`), or when it equals the original's. In a float32 original the
   original's values are the reference (its error 0). Where the reference cannot run, the value is judged within the
   tolerance of its dtype against the original's, and the step says why; where the user gives a tolerance (--rtol,
-  --atol), within that, as every float output is. Codes have no tolerance.
+  --atol), within that, as every float output is. Codes have no tolerance;
+- a rotation's product stage: its codes as a quantized output's, each besides at most `PRODUCT_STEPS` step of its
+  grid from the original's codes, its product value as any value; the rotated output its products sum into, element
+  by element within the two products' DequantizeLinear differences plus one ulp of its dtype (`_sum_bound`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ from trtfuse.verify.tolerances import (
 # How progress lines name the two models.
 NODES_NAME = "each fused node on the original's tensors"
 REFERENCE_NAME = "the float32 evaluation of the original's ops at each fused node"
+# How many steps of its quantizer's grid a rotation's product code may move from the original's: where the node's y
+# and the graph's differ in their last bit, a product near a rounding boundary lands on the other side, one step.
+PRODUCT_STEPS = 1
 
 
 def _index(index: tuple[int, ...]) -> str:
@@ -50,10 +56,34 @@ def _index(index: tuple[int, ...]) -> str:
 
 
 @dataclass(frozen=True)
+class StepCheck:
+    """A product stage's codes against the original's own codes: at most `PRODUCT_STEPS` steps of the quantizer's
+    grid apart; `steps` the most, at `index` (the original's layout) with the node's code and the original's."""
+
+    steps: int
+    index: tuple[int, ...] | None = None
+    code: float | None = None
+    original: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.steps <= PRODUCT_STEPS
+
+    def text(self) -> str:
+        if self.passed:
+            return f"at most {PRODUCT_STEPS} step from the original's"
+        return (
+            f"a code {self.steps} steps from the original's at {_index(self.index or ())}: {self.code:g}, the "
+            f"original's {self.original:g} (a product may move {PRODUCT_STEPS} step)"
+        )
+
+
+@dataclass(frozen=True)
 class CodeCheck:
     """A quantized output's codes against the original's QuantizeLinear (`quantizer`) applied to the value the node
     quantized: `wrong` of `elements` differ (none may), the first at `first` with the node's code, the quantizer's
-    and the value; `moved`, how many differ from the original's own codes (the values judged say why)."""
+    and the value; `moved`, how many differ from the original's own codes (the values judged say why); for a
+    rotation's product stage, how far they moved (`steps`)."""
 
     dtype: str
     quantizer: str
@@ -64,16 +94,18 @@ class CodeCheck:
     code: float | None = None
     expected: float | None = None
     value: float | None = None
+    steps: StepCheck | None = None
 
     @property
     def passed(self) -> bool:
-        return self.wrong == 0
+        return self.wrong == 0 and (self.steps is None or self.steps.passed)
 
     def text(self) -> str:
-        if self.passed:
+        if self.wrong == 0:
+            steps = "" if self.steps is None else f", {self.steps.text()}"
             return (
                 f"{self.dtype} codes: the original {self.quantizer}'s of the node's values, bit for bit "
-                f"({self.moved} of {self.elements} differ from the original's codes)"
+                f"({self.moved} of {self.elements} differ from the original's codes{steps})"
             )
         where = f", the first at {_index(self.first)}" if self.first is not None else ""
         numbers = (
@@ -96,6 +128,52 @@ class CodeCheck:
             "first": None
             if self.first is None
             else {"index": list(self.first), "code": self.code, "quantizer_gives": self.expected, "value": self.value},
+            "steps_from_original": None if self.steps is None else self.steps.steps,
+        }
+
+
+@dataclass(frozen=True)
+class SumBound:
+    """A rotated output whose products are quantized, against the original's element by element: `beyond` of
+    `elements` differ by more than `allowed` there (none may: the two products' differences plus one unit in the
+    last place of the sum's dtype `dtype`), the first at `first`, with the node's value and the original's."""
+
+    dtype: str
+    elements: int
+    differ: int
+    beyond: int
+    first: tuple[int, ...] | None = None
+    candidate: float | None = None
+    original: float | None = None
+    allowed: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.beyond == 0
+
+    def text(self) -> str:
+        rule = f"its products' differences plus one {self.dtype} ulp"
+        if self.passed:
+            return f"within {rule} of the original's ({self.differ} of {self.elements} differ)"
+        return (
+            f"{self.beyond} of {self.elements} further from the original's than {rule}, the first at "
+            f"{_index(self.first or ())}: {self.candidate:.6g}, the original's {self.original:.6g}, allowed "
+            f"{self.allowed:.3e}"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "elements": self.elements,
+            "differ": self.differ,
+            "beyond": self.beyond,
+            "first": None
+            if self.first is None
+            else {
+                "index": list(self.first),
+                "candidate": self.candidate,
+                "original": self.original,
+                "allowed": self.allowed,
+            },
         }
 
 
@@ -125,6 +203,7 @@ class NodeOutputVerdict:
     worst: Worst | None = None
     codes: CodeCheck | None = None
     note: str = ""
+    bound: SumBound | None = None
 
     @property
     def passed(self) -> bool:
@@ -141,6 +220,8 @@ class NodeOutputVerdict:
         what = f"values ('{self.value}')" if self.value != self.tensor else "values"
         if self.note:
             return f"{what}: {self.note}"
+        if self.bound is not None:
+            return f"{what} {self.bound.text()}"
         error, errors, worst = self.error, self.errors, self.worst
         if errors is None:
             if error is None:
@@ -189,6 +270,7 @@ class NodeOutputVerdict:
                 "reference": worst.reference,
             },
             "note": self.note,
+            "sum_bound": None if self.bound is None else self.bound.to_json(),
             "text": self.text(),
         }
 
@@ -247,9 +329,8 @@ def judge_nodes(
         step = []
         for site in sites:
             for judged in site.outputs:
-                original_values = {
-                    name: _original_value(feeds[index], exposed[index], name) for name in (judged.tensor, judged.value)
-                }
+                names = (judged.tensor, judged.value, *(product.original_dequantized for product in judged.products))
+                original_values = {name: _original_value(feeds[index], exposed[index], name) for name in names}
                 step.append(
                     _judged(site, judged, candidates[index], original_values, references[index], models, tolerance)
                 )
@@ -281,6 +362,9 @@ def _judged(
     if value.shape != expected.shape:
         note = f"shape {_shape(value)}, the original's {_shape(expected)}"
         return NodeOutputVerdict(**node, values_passed=False, codes=codes, note=note)
+    if judged.products and tolerance is None:
+        bound = _sum_bound(judged, value, expected, candidate, original)
+        return NodeOutputVerdict(**node, values_passed=bound.passed, codes=codes, bound=bound)
     if tolerance is not None or (reference is None and models.reference is not None):
         error = output_error(judged.value, value, expected, tolerance or tolerance_for(expected.dtype))
         return NodeOutputVerdict(**node, values_passed=error.passed, error=error, codes=codes)
@@ -307,11 +391,80 @@ def _worst(value: np.ndarray, original: np.ndarray, reference: np.ndarray) -> Wo
     return Worst(index, float(value64[index]), float(original64[index]), float(reference.astype(np.float64)[index]))
 
 
+def _sum_bound(
+    judged: JudgedOutput,
+    value: np.ndarray,
+    expected: np.ndarray,
+    candidate: Mapping[str, np.ndarray],
+    original: Mapping[str, np.ndarray],
+) -> SumBound:
+    """The rotated output `value` against the original's `expected`, element by element: the sum of two products
+    rounded to T differs from the original's by at most the products' differences (each DequantizeLinear's value
+    the node's against the original's, at most one step each as the products' verdicts check) plus the two
+    roundings to T, each half a unit in the last place (docs/cli.md, "Each fused node")."""
+    value64, expected64 = value.astype(np.float64), expected.astype(np.float64)
+    allowed = np.zeros(expected.shape)
+    for product in judged.products:
+        difference = np.abs(
+            np.asarray(candidate[product.dequantized]).astype(np.float64)
+            - np.asarray(original[product.original_dequantized]).astype(np.float64)
+        )
+        allowed += difference
+    allowed += _ulp(np.maximum(np.abs(value64), np.abs(expected64)), expected.dtype)
+    distance = np.abs(value64 - expected64)
+    beyond = ~(distance <= allowed)
+    dtype = np.dtype(expected.dtype).name
+    differ = int((value64 != expected64).sum())
+    if not beyond.any():
+        return SumBound(dtype, value.size, differ, 0)
+    first = tuple(int(position) for position in np.argwhere(beyond)[0])
+    return SumBound(
+        dtype,
+        value.size,
+        differ,
+        int(beyond.sum()),
+        first,
+        float(value64[first]),
+        float(expected64[first]),
+        float(allowed[first]),
+    )
+
+
+def _ulp(magnitude: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """One unit in the last place of `dtype` at each of `magnitude` (float64 values of that dtype): the spacing of
+    its binade, the subnormals' below the smallest normal."""
+    info = ml_dtypes.finfo(dtype)
+    _, exponent = np.frexp(magnitude)
+    return np.ldexp(1.0, np.maximum(exponent - 1, int(info.minexp)) - int(info.nmant))
+
+
 def _code_values(codes: np.ndarray, dtype: str) -> np.ndarray:
-    """Codes as the numbers they stand for: INT8 as integers, FP8 (onnxruntime gives its bytes) as E4M3FN values."""
-    if dtype == "int8":
-        return np.asarray(codes).astype(np.float64)
+    """Codes as the numbers they stand for: INT8 as integers, FP8 (onnxruntime gives its bytes) as E4M3FN values;
+    codes given as float32 values (a product stage's, moved into the original's layout) as they are."""
+    codes = np.asarray(codes)
+    if dtype == "int8" or codes.dtype == np.float32:
+        return codes.astype(np.float64)
     return np.ascontiguousarray(codes).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def _ordinals(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Each code's place on its dtype's grid, counted from 0 (both zeros), negative below: INT8 codes are their
+    own; an E4M3FN code's is its magnitude bits, signed."""
+    if dtype == "int8":
+        return values.astype(np.int64)
+    bits = values.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).astype(np.int64)
+    return np.where(bits & 0x80, -(bits & 0x7F), bits & 0x7F)
+
+
+def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray) -> StepCheck:
+    """How far a product stage's codes moved from the original's, in steps of their grid."""
+    dtype = judged.code_dtype or ""
+    node, theirs = _code_values(moved_codes, dtype), _code_values(original, dtype)
+    distance = np.abs(_ordinals(node, dtype) - _ordinals(theirs, dtype))
+    if not distance.size or distance.max() <= PRODUCT_STEPS:
+        return StepCheck(int(distance.max(initial=0)))
+    index = tuple(int(position) for position in np.unravel_index(int(np.argmax(distance)), distance.shape))
+    return StepCheck(int(distance[index]), index, float(node[index]), float(theirs[index]))
 
 
 def _same_codes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -323,16 +476,21 @@ def _codes(judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: 
     codes, expected = np.asarray(candidate[judged.codes]), np.asarray(candidate[judged.requantized])
     dtype, quantizer = judged.code_dtype or "", judged.quantizer or ""
     moved_codes = np.asarray(candidate[judged.candidate])
-    moved = int((~_same_codes(moved_codes, original)).sum()) if moved_codes.shape == original.shape else codes.size
+    steps = None
+    if moved_codes.shape != original.shape:
+        moved = codes.size
+    else:
+        moved = int((_code_values(moved_codes, dtype) != _code_values(original, dtype)).sum())
+        steps = _steps(judged, moved_codes, original) if judged.is_product else None
     if codes.shape != expected.shape:
-        return CodeCheck(dtype, quantizer, codes.size, codes.size, moved)
+        return CodeCheck(dtype, quantizer, codes.size, codes.size, moved, steps=steps)
     wrong = ~_same_codes(codes, expected)
     if not wrong.any():
-        return CodeCheck(dtype, quantizer, codes.size, 0, moved)
+        return CodeCheck(dtype, quantizer, codes.size, 0, moved, steps=steps)
     first = tuple(int(position) for position in np.argwhere(wrong)[0])
-    value = float(np.asarray(candidate[judged.candidate_value]).astype(np.float64)[first])
+    value = float(np.asarray(candidate[judged.quantized or judged.candidate_value]).astype(np.float64)[first])
     code, quantized = (float(_code_values(array, dtype)[first]) for array in (codes, expected))
-    return CodeCheck(dtype, quantizer, codes.size, int(wrong.sum()), moved, first, code, quantized, value)
+    return CodeCheck(dtype, quantizer, codes.size, int(wrong.sum()), moved, first, code, quantized, value, steps)
 
 
 def _shape(array: np.ndarray) -> str:

@@ -213,7 +213,8 @@ def _rotated(
             continue
         head_dim, tables = placed
         side = _rotated_norm(norm, hypothesis, layout, rotated, formula, head_dim, tables)
-        return replace(side, products=_product_quantizers(formula, norm, rotated, product_stages, quant_opset))
+        products = _product_quantizers(formula, norm, rotated, product_stages, quant_opset, head_dim)
+        return replace(side, products=products)
     raise _NotTaken(reasons[0])
 
 
@@ -421,11 +422,13 @@ def _product_quantizers(
     rotated: gs.Tensor,
     stages: tuple[QuantStage, QuantStage],
     opset: int | None,
+    head_dim: int,
 ) -> tuple[TakenQuantizer, ...]:
     """The pairs on the rotation's cos and sin products as the node's product `stages` in a graph of `opset` (None:
     quantizers are not taken); _NotTaken where the node cannot compute them as the graph does: it rounds y, each
-    product and their sum to one dtype T (docs/plugin-nodes.md, "Rotary embedding"), from a y that is the graph's
-    bit for bit (a quantizer turns a last-bit difference of y into a step of its grid)."""
+    product and their sum to one dtype T (docs/plugin-nodes.md, "Rotary embedding"). A y that differs from the
+    graph's in its last bit (a norm rounded otherwise) may move a product's code one step of its grid, which `check`
+    allows (docs/cli.md, "Each fused node"), but not where the rotation passes some of y's elements through."""
     if formula.products is None:
         return ()
     quantize = formula.products[0][0]
@@ -434,11 +437,12 @@ def _product_quantizers(
         raise _NotTaken(
             f"the product {product} is quantized ({describe(quantize)}) before the sum, and quantizers are not taken"
         )
-    if norm.rounds_otherwise is not None:
+    if norm.rounds_otherwise is not None and formula.rotary_dim is not None and formula.rotary_dim < head_dim:
         raise _NotTaken(
-            f"the product {product} is quantized ({describe(quantize)}) before the sum, and {norm.name} rounds "
-            f"otherwise than its node ({norm.rounds_otherwise}): where y differs in its last bit, a product's code "
-            "moves a step of its grid"
+            f"the product {product} is quantized ({describe(quantize)}) before the sum, {norm.name} rounds "
+            f"otherwise than its node ({norm.rounds_otherwise}) and the rotation passes {head_dim - formula.rotary_dim}"
+            f" of {head_dim} elements through: check judges a rotated output with quantized products element by "
+            "element, and y's own elements may differ from the graph's in more than their last bit"
         )
     computed = (
         rotated,
