@@ -7,7 +7,8 @@ compile` leaves the check columns alone (the near misses then come from fuse's r
 the exports whose file name matches. Writes OUT (a JSON list: everything, messages verbatim) and prints Markdown
 tables (also into --markdown): one row per tool and family, one per export (fused / expected norms, QK pairs (q/k and
 MLA latent norms) found / expected, rejected candidates, the check verdict, compile's exit status, the first message
-of whatever went wrong, among them `inspect` and `fuse` counting other norms or near misses; the norms fused with
+of whatever went wrong, among them `inspect` and `fuse` counting other norms or near misses (else the first reason a
+candidate, Add, Q or rotation was kept out); the norms fused with
 their residual Add, TrtfuseAddRmsNorm, against the manifest's `add_norm_calls` where it has them, and the residual
 Adds kept out of a norm fused alone; the QuantizeLinear nodes taken into quantized nodes, TrtfuseRmsNormQuant and
 TrtfuseAddRmsNormQuant, and those kept out of a fused norm; the QK pairs fused with the rotary embedding after them,
@@ -269,7 +270,8 @@ def table(outcomes: list[Outcome], generate: int = 0) -> str:
         fused = fused_text(outcome)
         pairs = "-" if outcome.qk_norm_nodes is None else str(outcome.qk_norm_nodes)
         wrong = "; ".join(outcome.messages) or "; ".join(
-            r["reason"] for r in [*outcome.rejected, *outcome.kept_out, *outcome.quant_kept_out][:1]
+            r["reason"]
+            for r in [*outcome.rejected, *outcome.kept_out, *outcome.quant_kept_out, *outcome.rope_kept_out][:1]
         )
         rows.append(
             f"| {outcome.tool} | {outcome.file} | {fused} | "
