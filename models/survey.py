@@ -7,7 +7,8 @@ compile` leaves the check columns alone (the near misses then come from fuse's r
 the exports whose file name matches. Writes OUT (a JSON list: everything, messages verbatim) and prints Markdown
 tables (also into --markdown): one row per tool and family, one per export (fused / expected norms, QK pairs (q/k and
 MLA latent norms) found / expected, rejected candidates, the check verdict, compile's exit status, the first message
-of whatever went wrong, among them `inspect` and `fuse` counting other norms or near misses; the norms fused with
+of whatever went wrong, among them `inspect` and `fuse` counting other norms or near misses (else the first reason a
+candidate, Add, Q or rotation was kept out); the norms fused with
 their residual Add, TrtfuseAddRmsNorm, against the manifest's `add_norm_calls` where it has them, and the residual
 Adds kept out of a norm fused alone; the QuantizeLinear nodes taken into quantized nodes, TrtfuseRmsNormQuant and
 TrtfuseAddRmsNormQuant, and those kept out of a fused norm; the QK pairs fused with the rotary embedding after them,
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import click
+import onnx
 
 COMMAND_TIMEOUT_S = 900
 VERDICTS = {0: "pass", 1: "FAIL (numerics)", 2: "error (exit 2)"}
@@ -64,7 +66,7 @@ class Outcome:
     expected_qk_pairs: int
     # Norm module calls the tool moved into an attention op (genai's GroupQueryAttention): nothing left to fuse.
     absorbed: int = 0
-    # The manifest has a `cache` entry: `--generate` runs on it.
+    # A KV cache (has_kv_cache): `--generate` runs on it.
     kv_cache: bool = False
     fused_norms: int | None = None
     rms_norm_nodes: int | None = None
@@ -128,6 +130,15 @@ def projection_norm_calls(entry: dict) -> int:
     return int(entry["qk_norm_calls"]) + int(entry.get("mla_norm_calls", 0)) - int(entry.get("absorbed_norm_calls", 0))
 
 
+def has_kv_cache(path: Path, entry: dict) -> bool:
+    """The manifest's `cache` entry (export.py's and ModelOpt's `--cache`), else a `past_key_values.*` graph input:
+    optimum's and genai's manifests record none, nor do onnxslim's copies of optimum's exports."""
+    if "cache" in entry:
+        return True
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return any(value.name.startswith("past_key_values.") for value in graph.input)
+
+
 def survey_one(
     trtfuse: list[str], cwd: Path | None, steps: Steps, tool: str, path: Path, entry: dict, scratch: Path
 ) -> Outcome:
@@ -139,7 +150,7 @@ def survey_one(
         expected_qk_pairs=projection_norm_calls(entry) // 2,
         absorbed=int(entry.get("absorbed_norm_calls", 0)),
         expected_add_norms=entry.get("add_norm_calls"),
-        kv_cache="cache" in entry,
+        kv_cache=has_kv_cache(path, entry),
     )
     if steps.inspect:
         record_inspect(trtfuse, cwd, path, outcome)
@@ -269,7 +280,8 @@ def table(outcomes: list[Outcome], generate: int = 0) -> str:
         fused = fused_text(outcome)
         pairs = "-" if outcome.qk_norm_nodes is None else str(outcome.qk_norm_nodes)
         wrong = "; ".join(outcome.messages) or "; ".join(
-            r["reason"] for r in [*outcome.rejected, *outcome.kept_out, *outcome.quant_kept_out][:1]
+            r["reason"]
+            for r in [*outcome.rejected, *outcome.kept_out, *outcome.quant_kept_out, *outcome.rope_kept_out][:1]
         )
         rows.append(
             f"| {outcome.tool} | {outcome.file} | {fused} | "

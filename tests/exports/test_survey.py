@@ -95,3 +95,27 @@ def test_quantized_qk_norms_count_as_pairs(tmp_path: Path) -> None:
     (outcome,), tables = survey(exports, "--skip", "inspect", "--skip", "compile")
     assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == 2
     assert "| 13 / 13 | 2 / 2 | 0 (2 kept out) | 4 / 4 | 0 | 25 (1 kept out) |" in tables
+
+
+def test_a_rotation_kept_out_gives_its_reason_in_the_export_row(tmp_path: Path) -> None:
+    # ModelOpt's INT8 Qwen3 quantizes each product of the rotation: both rotations stay out, and with nothing else
+    # kept out or rejected the row's last column says why.
+    exports = corpus(tmp_path, [LOGITS_EXPORT])
+    (outcome,), tables = survey(exports, "--skip", "compile")
+    assert outcome["rope_nodes"] == 0 and len(outcome["rope_kept_out"]) == 2
+    row = next(line for line in tables.splitlines() if f"| {LOGITS_EXPORT} |" in line)
+    assert "| 0 (2 kept out) |" in row
+    assert row.endswith("before the sum: another formula; the pair was fused without it |")
+
+
+def test_generation_runs_on_kv_exports_whose_manifest_records_no_cache(tmp_path: Path) -> None:
+    # optimum's manifests, and onnxslim's copies of its exports, have no `cache` entry: the past_key_values inputs
+    # say there is a cache, so `--generate` runs on them as on ModelOpt's --cache exports.
+    names = ["qwen3-optimum-fp16.onnx", "qwen3-optimum-fp16-slim.onnx"]
+    exports = corpus(tmp_path, names, tool_name="optimum")
+    outcomes, tables = survey(exports, "--skip", "inspect", "--skip", "compile", "--generate", "2")
+    assert {outcome["file"] for outcome in outcomes} == set(names)
+    for outcome in outcomes:
+        assert outcome["kv_cache"] and outcome["generate_exit"] == 0
+        assert "the 2 generated tokens agree" in outcome["generate_output"]
+    assert "| optimum | qwen3 | fp16, fp16-slim |" in tables and tables.count("| pass | pass |") == 2
