@@ -89,11 +89,20 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
     if rotation is not None:
         # The rotary kernel's part: its T value (the unquantized spec's), within `rotated_tolerance`.
         plain = dataclasses.replace(spec, quant=None)
-        tables = (rotation.cos, rotation.sin)
-        reference, magnitude = qk_norm_rope_reference(
-            x, weight, *tables, plain, part.index, rotation.batch, rotation.seq_len
-        )
+        extents = (rotation.cos, rotation.sin, part.index, rotation.batch, rotation.seq_len)
+        reference, magnitude = qk_norm_rope_reference(x, weight, *extents[:2], plain, *extents[2:])
         allowed = rotated_tolerance(plain, reference, magnitude)
+        products = part.quant is not None and part.quant.cos_product is not None
+        if products:
+            # With product stages, the T value the part's quantizers leave before any output stage. y may differ
+            # from the reference's within the tolerance above, which a product's quantizer can turn into one step
+            # of its grid (check's rule for product stages, docs/cli.md): one step of each, at the rotated terms'
+            # size (no product is larger, and a grid's step grows with the value).
+            before_output = dataclasses.replace(spec.quant, q_output=None, k_output=None)
+            rounded = dataclasses.replace(spec, quant=before_output)
+            reference = qk_norm_rope_reference(x, weight, *extents[:2], rounded, *extents[2:])[0]
+            for stage in (part.quant.cos_product, part.quant.sin_product):
+                allowed = allowed + quantization_step(magnitude.double(), stage)
     elif part.residual is None:
         reference = norm_reference(x, weight, spec.params, spec.out_dtype, quant)
     else:
