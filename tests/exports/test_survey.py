@@ -14,6 +14,7 @@ from support.paths import FIXTURES, REPO_ROOT, TOOL_FIXTURES
 
 KV_EXPORT = "qwen3-modelopt-fp8-kv.onnx"
 LOGITS_EXPORT = "qwen3-modelopt-int8-fp16.onnx"
+OLMO2_INT8_EXPORT = "olmo2-modelopt-int8-fp16-optimum.onnx"
 
 
 def corpus(folder: Path, names: list[str], fixtures: Path = TOOL_FIXTURES, tool_name: str = "modelopt") -> Path:
@@ -98,14 +99,18 @@ def test_quantized_qk_norms_count_as_pairs(tmp_path: Path) -> None:
 
 
 def test_a_rotation_kept_out_gives_its_reason_in_the_export_row(tmp_path: Path) -> None:
-    # ModelOpt's INT8 Qwen3 quantizes each product of the rotation: both rotations stay out, and with nothing else
-    # kept out or rejected the row's last column says why.
-    exports = corpus(tmp_path, [LOGITS_EXPORT])
-    (outcome,), tables = survey(exports, "--skip", "compile")
-    assert outcome["rope_nodes"] == 0 and len(outcome["rope_kept_out"]) == 2
-    row = next(line for line in tables.splitlines() if f"| {LOGITS_EXPORT} |" in line)
+    # ModelOpt's INT8 OLMo2 (optimum's export): its q/k norms take input and inverse-root pairs, for which the rotary
+    # node has no stage: both rotations stay out, and with nothing else kept out or rejected the row's last column
+    # says why. ModelOpt's INT8 Qwen3 quantizes each product of the rotation: both fuse, with their product stages.
+    exports = corpus(tmp_path, [OLMO2_INT8_EXPORT, LOGITS_EXPORT])
+    outcomes, tables = survey(exports, "--skip", "compile")
+    by_file = {outcome["file"]: outcome for outcome in outcomes}
+    assert by_file[OLMO2_INT8_EXPORT]["rope_nodes"] == 0 and len(by_file[OLMO2_INT8_EXPORT]["rope_kept_out"]) == 2
+    row = next(line for line in tables.splitlines() if f"| {OLMO2_INT8_EXPORT} |" in line)
     assert "| 0 (2 kept out) |" in row
-    assert row.endswith("before the sum: another formula; the pair was fused without it |")
+    assert row.endswith("that the rotary node has no stage for; the pair was fused without it |")
+    assert by_file[LOGITS_EXPORT]["rope_nodes"] == by_file[LOGITS_EXPORT]["qk_norm_nodes"] == 2
+    assert by_file[LOGITS_EXPORT]["rope_kept_out"] == []
 
 
 def test_generation_runs_on_kv_exports_whose_manifest_records_no_cache(tmp_path: Path) -> None:

@@ -26,18 +26,19 @@ KV_FIXTURE = FIXTURES / "kv" / "qwen3-dynamo-fp32-kv.onnx"
 # The q/k norms with the rotary embedding after them: TrtfuseQkNormRope (2 norms each).
 COUNTS = "1 TrtfuseRmsNorm, 0 TrtfuseQkNorm, 4 TrtfuseAddRmsNorm and 2 TrtfuseQkNormRope nodes (9 norms)"
 # ModelOpt's int8 Qwen3: the sum three norms read is quantized first; without the quantizers taken in
-# (--no-fuse-quant) those Adds stay out (no rejected norm). Its rotations quantize each product (ModelOpt): another
-# formula, kept out of the q/k norms' nodes.
+# (--no-fuse-quant) those Adds stay out (no rejected norm). Its rotations quantize each product (ModelOpt): without
+# the quantizers, kept out of the q/k norms' nodes.
 KEPT_OUT_FIXTURE = FIXTURES / "tools" / "qwen3-modelopt-int8-fp16.onnx"
 KEPT_OUT_COUNTS = (
     "4 TrtfuseRmsNorm, 2 TrtfuseQkNorm and 1 TrtfuseAddRmsNorm nodes (9 norms), 0 rejected, 3 Adds kept out, "
     "2 rotations kept out"
 )
 FIRST_KEPT_OUT = " (first: node_add_399: not fused into the norm node_mean_3: the norm reads its sum through the pair "
-# With them taken in (the default): 5 output QuantizeLinears and 4 input pairs in the nodes, no Add out.
+# With them taken in (the default): 5 output QuantizeLinears and 4 input pairs in the norm nodes, no Add out, and the
+# rotations fused with their quantized products (4 pairs and q's output Q a layer).
 QUANT_COUNTS = (
-    "0 TrtfuseRmsNorm, 2 TrtfuseQkNorm, 1 TrtfuseRmsNormQuant and 4 TrtfuseAddRmsNormQuant nodes (9 norms), "
-    "0 rejected, 9 Qs taken in, 2 rotations kept out"
+    "0 TrtfuseRmsNorm, 0 TrtfuseQkNorm, 1 TrtfuseRmsNormQuant, 4 TrtfuseAddRmsNormQuant and 2 TrtfuseQkNormRopeQuant "
+    "nodes (9 norms), 0 rejected, 19 Qs taken in"
 )
 
 
@@ -103,12 +104,11 @@ def test_quantizers_taken_in_are_counted_everywhere(tmp_path):
     model = KEPT_OUT_FIXTURE
     assert run_cli("inspect", model).stdout.splitlines()[0] == f"{model}: {QUANT_COUNTS}"
     fused = run_cli("fuse", model, "-o", tmp_path / "fused.onnx").stdout.strip()
-    assert fused.startswith(f"{model}: {QUANT_COUNTS} (first: node_mean_1: rotation not fused")
-    assert fused.endswith(f" -> {tmp_path / 'fused.onnx'}")
+    assert fused == f"{model}: {QUANT_COUNTS} -> {tmp_path / 'fused.onnx'}"
     compiled = run_cli("compile", model, "-o", tmp_path / "m.engine")
     assert compiled.exit_code == 3, compiled.output
-    assert compiled.stdout.startswith(f"{model}: {QUANT_COUNTS} (first: ")
-    assert f"trtfuse: fused {model}: {QUANT_COUNTS} (first: " in _polygraphy_log(model)
+    assert compiled.stdout.startswith(f"{model}: {QUANT_COUNTS} -> ")
+    assert f"trtfuse: fused {model}: {QUANT_COUNTS}\n" in _polygraphy_log(model)
     # Fused again, the input's quantized nodes are counted as the output's, and nothing is taken in anew.
     again = run_cli("inspect", tmp_path / "fused.onnx").stdout.splitlines()[0]
     assert again.endswith("(9 norms), all already in the input, 0 rejected"), again

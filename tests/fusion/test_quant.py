@@ -442,18 +442,25 @@ def test_the_modelopt_fixture_keeps_no_add_out_and_takes_every_norm_output_quant
     original = load_model(MODELOPT_FIXTURE)
     result = fuse_model(original.model)
     assert result.search.residual_near_misses == [] and result.search.near_misses == []
-    assert result.search.quant_near_misses == []
-    # 9 norms: 4 QK-norms (no quantizer on them) and 5 hidden norms, each with its output Q and, but for the final
-    # norm, the pair on its input.
+    assert result.search.quant_near_misses == [] and result.search.rope_near_misses == []
+    # 9 norms: 5 hidden norms, each with its output Q and, but for the final norm, the pair on its input (9 Qs), and
+    # 4 QK-norms (no quantizer on them) with their rotations, each taking in the pairs on its cos and sin products and
+    # q's the Q on its rotated output (5 per layer).
     assert _kinds(result) == {
-        contract.QK_NORM_OP: 2,
+        contract.QK_NORM_ROPE_QUANT_OP: 2,
         contract.RMS_NORM_QUANT_OP: 1,
         contract.ADD_RMS_NORM_QUANT_OP: 4,
     }
-    assert result.counts().quantizers_taken == 9 and result.counts().norms == 9
+    assert result.counts().quantizers_taken == 19 and result.counts().norms == 9
     assert _quantize_reads_trtfuse(result.model) == []
     verdict = check_fused(original, LoadedModel(model=result.model, path=original.path))
     assert verdict.passed, verdict.to_json()
+    # Without the rotations (--no-fuse-rope) the q/k norms are plain pairs and the hidden norms take the same 9 Qs.
+    pairs = fuse_model(original.model, FusionOptions(fuse_rope=False))
+    assert pairs.search.residual_near_misses == [] and pairs.search.quant_near_misses == []
+    assert _kinds(pairs) == {contract.QK_NORM_OP: 2, contract.RMS_NORM_QUANT_OP: 1, contract.ADD_RMS_NORM_QUANT_OP: 4}
+    assert pairs.counts().quantizers_taken == 9 and pairs.counts().norms == 9
+    assert _quantize_reads_trtfuse(pairs.model) == []
 
 
 def _fused_fixture(name: str, kinds: dict[str, int]) -> tuple[LoadedModel, FuseResult]:
@@ -509,19 +516,28 @@ def test_inspect_and_fuse_report_the_quantizers(tmp_path) -> None:
     inspected = run_cli("inspect", MODELOPT_FIXTURE)
     first = inspected.stdout.splitlines()[0]
     assert first.endswith(
-        "0 TrtfuseRmsNorm, 2 TrtfuseQkNorm, 1 TrtfuseRmsNormQuant and 4 TrtfuseAddRmsNormQuant nodes (9 norms), "
-        "0 rejected, 9 Qs taken in, 2 rotations kept out"
+        "0 TrtfuseRmsNorm, 0 TrtfuseQkNorm, 1 TrtfuseRmsNormQuant, 4 TrtfuseAddRmsNormQuant and "
+        "2 TrtfuseQkNormRopeQuant nodes (9 norms), 0 rejected, 19 Qs taken in"
     ), first
     assert "add kept" not in inspected.stdout and " quant=input:int8@" in inspected.stdout
+    assert " quant=q_cos_product:int8@" in inspected.stdout
     report = json.loads(run_cli("inspect", MODELOPT_FIXTURE, "--json").stdout)
-    assert report["quant_near_misses"] == [] and report["quantizers_taken"] == 9
+    assert report["quant_near_misses"] == [] and report["quantizers_taken"] == 19
     assert report["plugin_nodes"][contract.ADD_RMS_NORM_QUANT_OP] == 4
+    assert report["plugin_nodes"][contract.QK_NORM_ROPE_QUANT_OP] == 2
     assert all(set(entry["quant"]) >= {"output"} for entry in report["add_rms_norms"])
+    stages = {"q_cos_product", "q_sin_product", "q_output", "k_cos_product", "k_sin_product"}
+    assert all(set(entry["quant"]) == stages for entry in report["qk_norm_ropes"])
+    pairs = run_cli("inspect", MODELOPT_FIXTURE, "--no-fuse-rope").stdout.splitlines()[0]
+    assert pairs.endswith(
+        "0 TrtfuseRmsNorm, 2 TrtfuseQkNorm, 1 TrtfuseRmsNormQuant and 4 TrtfuseAddRmsNormQuant nodes (9 norms), "
+        "0 rejected, 9 Qs taken in"
+    ), pairs
     plain = json.loads(run_cli("inspect", MODELOPT_FIXTURE, "--json", "--no-fuse-quant").stdout)
     assert "quant_near_misses" not in plain and "quantizers_taken" not in plain
     assert set(plain["plugin_nodes"]) == {contract.RMS_NORM_OP, contract.QK_NORM_OP, contract.ADD_RMS_NORM_OP}
     fused = json.loads(run_cli("fuse", MODELOPT_FIXTURE, "-o", tmp_path / "f.onnx", "--json").stdout)
-    assert fused["totals"]["norms"] == 9 and fused["quantizers_taken"] == 9
+    assert fused["totals"]["norms"] == 9 and fused["quantizers_taken"] == 19
     [entry] = [node for node in fused["fused"] if node["kind"] == contract.RMS_NORM_QUANT_OP]
     assert entry["quant"]["input"]["dequant_dtype"] == "float16" and entry["quant"]["output"]["dtype"] == "int8"
     assert run_cli("check", MODELOPT_FIXTURE, tmp_path / "f.onnx").exit_code == 0
