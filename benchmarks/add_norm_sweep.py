@@ -30,7 +30,7 @@ from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import AddRmsNormVariant
 from trtfuse.kernels.device import current_device
 from trtfuse.kernels.specs import AddRmsNormSpec
-from trtfuse.kernels.tiling import Regime, RowTiling
+from trtfuse.kernels.tiling import Regime, RowTiling, gpu_table
 
 VECTOR = 8
 GEMMA = NormParams(1e-6, 1.0, WeightMode.BEFORE_CAST)
@@ -67,7 +67,7 @@ def label(t: RowTiling) -> str:
 
 
 def candidates(spec: AddRmsNormSpec, regime: Regime, extra: tuple[tuple[int, int, bool], ...]) -> dict[str, RowTiling]:
-    table = rms_norm_tiling(spec, regime, aligned=True)
+    table = rms_norm_tiling(spec, regime, aligned=True, table=gpu_table(current_device().name))
     found = {label(table) + " (table)": table}
     for threads, floor, reread in extra:
         t = tiling(spec.hidden, threads, floor, reread, regime)

@@ -35,7 +35,7 @@ from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import RmsNormVariant
 from trtfuse.kernels.device import current_device
 from trtfuse.kernels.specs import RmsNormSpec
-from trtfuse.kernels.tiling import Regime, RowTiling, full_vector, row_tiling
+from trtfuse.kernels.tiling import Regime, RowTiling, full_vector, gpu_table, row_tiling
 
 AFTER, BEFORE = WeightMode.AFTER_CAST, WeightMode.BEFORE_CAST
 PAIRS_16 = (("bfloat16", "bfloat16", AFTER), ("float16", "float16", AFTER))
@@ -99,7 +99,7 @@ def time_candidates(
     dtype, wdtype = getattr(torch, name), getattr(torch, wname)
     vector = full_vector(hidden, dtype.itemsize)
     spec = RmsNormSpec(hidden, name, wname, NormParams(EPS, 0.0, mode))
-    tilings = [row_tiling(hidden, vector, Regime.PREFILL, dtype.itemsize)]
+    tilings = [row_tiling(hidden, vector, Regime.PREFILL, dtype.itemsize, table=gpu_table(current_device().name))]
     tilings += [candidate_tiling(hidden, vector, **c) for c in CANDIDATES.get(hidden, ())]
     nbytes = 2 * rows * hidden * dtype.itemsize + hidden * wdtype.itemsize
     n_sets = input_sets(nbytes)

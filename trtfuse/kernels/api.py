@@ -12,9 +12,12 @@ from trtfuse.kernels.device import DeviceInfo, current_device
 from trtfuse.kernels.specs import DTYPE_BYTES, AddRmsNormSpec, QkNormRopeSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import (
     ACCESS_BYTES,
+    H200_TABLE,
+    GpuTable,
     Regime,
     RowTiling,
     access_vector,
+    gpu_table,
     regime_for,
     rotation_vector,
     row_tiling,
@@ -41,14 +44,16 @@ def _vector(hidden: int, dtype: str, out_dtype: str) -> int:
     return access_vector(hidden, DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype])
 
 
-def rms_norm_tiling(spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned: bool) -> RowTiling:
-    """The row tiling of `spec` in `regime`: full vectors for aligned pointers, one element per access otherwise.
-    An add+norm spec's rows carry the residual's extra read and h's write (`row_tiling`'s `residual`)."""
+def rms_norm_tiling(
+    spec: RmsNormSpec | AddRmsNormSpec, regime: Regime, aligned: bool, table: GpuTable = H200_TABLE
+) -> RowTiling:
+    """The row tiling of `spec` in `regime` on a GPU of `table`: full vectors for aligned pointers, one element per
+    access otherwise. An add+norm spec's rows carry the residual's extra read and h's write (`row_tiling`'s
+    `residual`)."""
     vector = _vector(spec.hidden, spec.dtype, spec.y_dtype) if aligned else 1
     x_bytes, y_bytes = DTYPE_BYTES[spec.dtype], DTYPE_BYTES[spec.y_dtype]
-    if isinstance(spec, AddRmsNormSpec):
-        return row_tiling(spec.hidden, vector, regime, x_bytes, y_bytes, residual=True)
-    return row_tiling(spec.hidden, vector, regime, x_bytes, y_bytes)
+    residual = isinstance(spec, AddRmsNormSpec)
+    return row_tiling(spec.hidden, vector, regime, x_bytes, y_bytes, residual=residual, table=table)
 
 
 def qk_norm_tilings(spec: QkNormSpec, aligned: bool) -> tuple[RowTiling, RowTiling]:
@@ -172,7 +177,8 @@ class RmsNormKernel(_Kernel):
         self._decode_max_rows = device.sm_count
 
     def variant(self, regime: Regime, aligned: bool) -> RmsNormVariant:
-        return RmsNormVariant(self.spec, rms_norm_tiling(self.spec, regime, aligned), self.device.arch)
+        tiling = rms_norm_tiling(self.spec, regime, aligned, gpu_table(self.device.name))
+        return RmsNormVariant(self.spec, tiling, self.device.arch)
 
     def _variant_of(self, key: tuple[bool, bool]) -> RmsNormVariant:
         decode, aligned = key
@@ -216,7 +222,8 @@ class AddRmsNormKernel(RmsNormKernel):
     spec: AddRmsNormSpec
 
     def variant(self, regime: Regime, aligned: bool) -> AddRmsNormVariant:
-        return AddRmsNormVariant(self.spec, rms_norm_tiling(self.spec, regime, aligned), self.device.arch)
+        tiling = rms_norm_tiling(self.spec, regime, aligned, gpu_table(self.device.name))
+        return AddRmsNormVariant(self.spec, tiling, self.device.arch)
 
     def launch(  # type: ignore[override]
         self, x_ptr: int, residual_ptr: int, w_ptr: int, y_ptr: int, h_ptr: int, rows: int, stream: int

@@ -38,10 +38,10 @@ from trtfuse.kernels.declaration import (
     qk_norm_rope_params,
     rms_norm_params,
 )
-from trtfuse.kernels.device import FP8_MIN_SM, arch_sm
+from trtfuse.kernels.device import FP8_MIN_SM, arch_sm, current_device
 from trtfuse.kernels.norm_kernel import smem_bytes
 from trtfuse.kernels.specs import AddRmsNormSpec, QkNormRopeSpec, QkNormSpec, RmsNormSpec, has_fp8_stage
-from trtfuse.kernels.tiling import Regime
+from trtfuse.kernels.tiling import GpuTable, Regime, gpu_table
 
 # The targets CI compiles every artifact for: Ampere (A100, A10/RTX 30, L4/RTX 40), Hopper and Blackwell datacenter.
 AOT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
@@ -65,6 +65,13 @@ def aot_archs(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec) -> tuple[str, ...
     if not has_fp8_stage(spec):
         return AOT_ARCHS
     return tuple(arch for arch in AOT_ARCHS if arch_sm(arch) >= FP8_MIN_SM)
+
+
+def table_for_arch(arch: str) -> GpuTable:
+    """The tiling table of an artifact for `arch`: the GPU in this machine's when it is of that architecture (the
+    engine is built on the GPU it runs on), else the default (`tiling.gpu_table`)."""
+    device = current_device()
+    return gpu_table(device.name if device.has_gpu and device.arch == arch else "")
 
 
 def rms_norm_tactics(spec: RmsNormSpec | AddRmsNormSpec) -> tuple[Tactic, ...]:
@@ -112,7 +119,7 @@ def _rows_artifact(
     """An RMSNorm-grid kernel's artifact: one part, the rows of x."""
     tactic = Tactic(tactic)
     _check_tactic(tactic, rms_norm_tactics(spec), spec)
-    tiling = rms_norm_tiling(spec, _REGIMES[tactic], aligned=True)
+    tiling = rms_norm_tiling(spec, _REGIMES[tactic], aligned=True, table=table_for_arch(arch))
     parts = (RowPart("x", spec.hidden, tiling.rows_per_block),)
     variant = variant_type(spec, tiling, arch)
     return _artifact(variant, tactic, params, parts, tiling.block_threads, smem_bytes(tiling), cache_root)

@@ -28,6 +28,7 @@ class DeviceInfo:
     arch: str  # CuTeDSL's --gpu-arch, e.g. "sm_90a"
     sm_count: int
     has_gpu: bool
+    name: str = ""  # the driver's name of the GPU ("NVIDIA H100 80GB HBM3"); "" without one
 
 
 def arch_for(major: int, minor: int) -> str:
@@ -60,7 +61,9 @@ def current_device() -> DeviceInfo:
     major = _attribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)
     minor = _attribute(attrs.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
     sms = _attribute(attrs.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
-    return DeviceInfo(arch=arch_for(major, minor), sm_count=sms, has_gpu=True)
+    err, name = cuda.cuDeviceGetName(256, device)
+    name = name.split(b"\0", 1)[0].decode(errors="replace") if err == cuda.CUresult.CUDA_SUCCESS else ""
+    return DeviceInfo(arch=arch_for(major, minor), sm_count=sms, has_gpu=True, name=name)
 
 
 def fp8_refusal(device: DeviceInfo) -> str | None:

@@ -25,6 +25,32 @@ PREFILL_RESIDENT_THREADS = 1536  # 256 x 2-vector prefill rows fit 6 blocks per 
 DECODE_VECTORS_PER_THREAD = 4
 
 
+@dataclass(frozen=True)
+class GpuTable:
+    """The table's choices that differ between GPUs of one architecture, each measured on the part it names
+    (docs/performance.md, "One table per GPU"). Only 16-bit rows of one dtype (x and y alike) take them: the others
+    were measured on the H200 alone."""
+
+    name: str
+    # A plain (no residual) prefill row reads x twice from this many threads per row.
+    reread_min_threads: int
+    # An add+norm prefill row spreads over at most this many threads (2 vectors each).
+    residual_max_row_threads: int
+
+
+H200_TABLE = GpuTable("H200", reread_min_threads=PREFILL_BLOCK_THREADS, residual_max_row_threads=256)
+# The H100 (HBM3, 3.35 TB/s against the H200's 4.8): 16384x2048 bf16/fp16 RMSNorm 47.1-47.6 µs with x held in
+# registers against 48.3-48.7 read twice; add+norm 8192x8192 180.5 µs in 512 threads x 2 vectors against 183.6 in
+# 256 x 4 (the same run, 2026-12-07).
+H100_TABLE = GpuTable("H100", reread_min_threads=2 * PREFILL_BLOCK_THREADS, residual_max_row_threads=512)
+
+
+def gpu_table(device_name: str) -> GpuTable:
+    """The table of the GPU named `device_name` (the driver's name, e.g. "NVIDIA H100 80GB HBM3"): the H100's for an
+    H100, the H200's (where the table was first measured) for every other GPU and for compiling without one."""
+    return H100_TABLE if "H100" in device_name else H200_TABLE
+
+
 class Regime(enum.Enum):
     """Few rows (decode: spread rows over the SMs, one row per block) or many rows (prefill: pack rows into blocks)."""
 
@@ -91,7 +117,13 @@ def regime_for(rows: int, sm_count: int) -> Regime:
 
 
 def row_tiling(
-    hidden: int, vector: int, regime: Regime, x_bytes: int = 2, y_bytes: int | None = None, residual: bool = False
+    hidden: int,
+    vector: int,
+    regime: Regime,
+    x_bytes: int = 2,
+    y_bytes: int | None = None,
+    residual: bool = False,
+    table: GpuTable = H200_TABLE,
 ) -> RowTiling:
     """The table: threads per row from the vectors each thread should hold; rows per block from the block size.
 
@@ -111,6 +143,8 @@ def row_tiling(
     - `residual` (the add+norm kernel: a residual row read and h written beside x and y): the same table without
       the register cap. A thread also holds the residual's slots; at 40 registers ptxas spills 8-16 bytes for
       BEFORE_CAST and for an fp32 weight, and Llama's 16-bit rows stay at 39-40 registers uncapped.
+    - `table`: the GPU's own choices for 16-bit rows of one dtype (`GpuTable`): from how many threads a plain row
+      is read twice, and up to how many threads an add+norm row spreads.
     """
     vectors = hidden // vector
     min_blocks = 0
@@ -126,12 +160,15 @@ def row_tiling(
         per_block = PREFILL_BLOCK_THREADS
     elif regime is Regime.PREFILL:
         per_thread = prefill_per_thread
-        threads = min(PREFILL_MAX_ROW_THREADS, _next_pow2(-(-vectors // per_thread)))
+        sixteen_bit = x_bytes == 2 and not mixed
+        max_threads = table.residual_max_row_threads if residual and sixteen_bit else PREFILL_MAX_ROW_THREADS
+        threads = min(max_threads, _next_pow2(-(-vectors // per_thread)))
         per_block = max(PREFILL_BLOCK_THREADS, threads)
         if vectors == PREFILL_MAX_ROW_THREADS * PREFILL_VECTORS_PER_THREAD and not mixed and not residual:
             min_blocks = PREFILL_RESIDENT_THREADS // per_block
         # Measured for fp16/bf16 rows of 128 threads or more (H >= 2048) only.
-        reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES and threads >= PREFILL_BLOCK_THREADS
+        reread_from = table.reread_min_threads if sixteen_bit and not residual else PREFILL_BLOCK_THREADS
+        reread = x_bytes == 2 and vector * x_bytes == ACCESS_BYTES and threads >= reread_from
     else:
         per_thread = decode_per_thread
         threads = min(MAX_BLOCK_THREADS, max(WARP, _next_pow2(-(-vectors // per_thread))))
