@@ -501,8 +501,9 @@ def test_rope_arguments_carry_the_extents_between_the_row_counts_and_the_q_block
     names = ("q", "k", "q_weight", "k_weight", "cos", "sin", "q_out", "k_out")
     pointers = {name: 0x1000 * (i + 1) for i, name in enumerate(names)}
     values = argument_values(declaration, pointers, (12 * 4, 12 * 2), (3, 4, 1))
-    # 12 tokens (B 3 x S 4): 4 q rows and 2 k rows a token, after the extents.
-    assert values == [*(pointers[n] for n in names[:6]), 48, 24, 3, 4, 1, 4, 2, 6, pointers["q_out"], pointers["k_out"]]
+    # 12 tokens (B 3 x S 4): 4 q rows and 2 k rows a token and their multipliers 2^30 / 4 and / 2, after the extents.
+    scalars = [48, 24, 3, 4, 1, 4, 2, 1 << 28, 1 << 29, 6]
+    assert values == [*(pointers[n] for n in names[:6]), *scalars, pointers["q_out"], pointers["k_out"]]
     with pytest.raises(ValueError, match="3 extents, got 0"):
         argument_values(declaration, pointers, (48, 24))
 

@@ -39,8 +39,8 @@ KIND_PARAMS = {
     "qk_norm": ["q", "k", "q_weight", "k_weight", "q_rows", "k_rows", "q_blocks", "q_out", "k_out"],
     "qk_norm_rope": [
         *("q", "k", "q_weight", "k_weight", "cos", "sin"),
-        *("q_rows", "k_rows", "batch", "seq_len", "cos_batch", "q_rows_per_token", "k_rows_per_token", "q_blocks"),
-        *("q_out", "k_out"),
+        *("q_rows", "k_rows", "batch", "seq_len", "cos_batch", "q_rows_per_token", "k_rows_per_token"),
+        *("q_token_magic", "k_token_magic", "q_blocks", "q_out", "k_out"),
     ],
 }
 

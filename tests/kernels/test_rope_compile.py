@@ -132,8 +132,9 @@ def test_the_rotated_width_and_head_layout_reach_the_code(tmp_path: Path) -> Non
     )
     assert full != partial != head_major
     divisions = [len(re.findall(r"\b(?:div|rem)\.u32\b", ptx)) for ptx in (full, head_major)]
-    # Per part and path (q and k, the vector and the element path: 4): token-major row / H, then t mod S for tables
-    # shared by several sequences; head-major row mod S, then row / (H·S) for per-batch tables.
+    # Per part and path (q and k, the vector and the element path: 4): token-major row / H where rows · H passes
+    # 2^30 (else a multiply-shift), then t mod S for tables shared by several sequences; head-major row mod S,
+    # then row / (H·S) for per-batch tables.
     assert divisions == [8, 8]
 
 
@@ -203,7 +204,7 @@ def test_artifacts_compile_for_every_architecture_with_the_declared_entry(arch: 
         assert [p.rows_per_block for p in declaration.parts] == [t.rows_per_block for t in tilings]
         assert declaration.block_threads == variant.q_tiling.block_threads
         params = entry_params(artifact.ptx)[1]
-        assert len(params) == 16 and ".align 16" not in params[0]
+        assert len(params) == 18 and ".align 16" not in params[0]
         assert {"ld.global.v4.b32", "st.global.v4.b32"} <= global_accesses(artifact.ptx)
 
 

@@ -12,6 +12,7 @@ import pytest
 from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.declaration import (
     ROPE_EXTENTS,
+    TOKEN_SHIFT,
     LaunchDeclaration,
     RowPart,
     Tactic,
@@ -135,15 +136,31 @@ def test_the_declaration_passes_the_extents_after_the_row_counts() -> None:
     names = [p.name for p in declaration.params]
     inputs = ["q", "k", "q_weight", "k_weight", "cos", "sin"]
     scalars = ["q_rows", "k_rows", "batch", "seq_len", "cos_batch", "q_rows_per_token", "k_rows_per_token"]
-    assert names == [*inputs, *scalars, "q_blocks", "q_out", "k_out"]
+    assert names == [*inputs, *scalars, "q_token_magic", "k_token_magic", "q_blocks", "q_out", "k_out"]
     assert [(e.tensor, e.axis) for e in declaration.extents] == [("q", 0), ("cos", 1), ("cos", 0)]
-    # 3 sequences of one token: 32 q heads and 8 k heads a token, 12 q blocks of 8 rows.
-    assert declaration.scalars((96, 24), (3, 1, 3)) == (96, 24, 3, 1, 3, 32, 8, 12)
-    assert declaration.scalars((0, 0), (0, 0, 1)) == (0, 0, 0, 0, 1, 0, 0, 0)  # an empty call divides by nothing
+    # 3 sequences of one token: 32 q heads and 8 k heads a token, their multipliers 2^30 / 32 and / 8, 12 q blocks.
+    assert declaration.scalars((96, 24), (3, 1, 3)) == (96, 24, 3, 1, 3, 32, 8, 1 << 25, 1 << 27, 12)
+    # An empty call divides by nothing.
+    assert declaration.scalars((0, 0), (0, 0, 1)) == (0, 0, 0, 0, 1, 0, 0, (1 << 30) - 1, (1 << 30) - 1, 0)
     assert declaration.grid_x((96, 24)) == 12 + 3
     with pytest.raises(ValueError, match="3 extents, got 0"):
         declaration.scalars((96, 24))
     assert LaunchDeclaration.from_json(json.loads(declaration.dumps())) == declaration
+
+
+@pytest.mark.parametrize("heads", [1, 3, 7, 8, 28, 40, 64, 96, 255, 1000, 32767])
+def test_the_token_multiplier_finds_every_rows_token_while_rows_times_heads_fit_2_to_the_30(heads: int) -> None:
+    """The kernel's t = (row · m) >> 30 with the declaration's m, against row // H, at the largest launch that takes
+    the multiply-shift (rows · H <= 2^30) and around every multiple of H near both ends."""
+    parts = (RowPart("q", 128, 8), RowPart("k", 128, 8))
+    declaration = LaunchDeclaration(
+        "tf0123456789a_0", "sm_90a", Tactic.PREFILL, 128, 64, qk_norm_rope_params(), parts, ROPE_EXTENTS
+    )
+    rows = (1 << TOKEN_SHIFT) // heads
+    tokens = rows // heads
+    magic = declaration.scalars((tokens * heads, heads), (1, tokens, 1))[7]
+    for row in [*range(4 * heads), *range(max(0, tokens * heads - 4 * heads), tokens * heads)]:
+        assert (row * magic) >> TOKEN_SHIFT == row // heads, row
 
 
 def test_a_declaration_without_extents_reads_back_from_json_written_before_them() -> None:

@@ -89,8 +89,9 @@ class LaunchDeclaration:
         values (the declaration's `extents`, in order, read off the inputs' shapes).
 
         The scalars are every part's row count, the extents, with extents each part's rows per token (its row count
-        over batch x seq_len), then the block count of every part but the last (the block where the next part
-        starts). The grid is never empty, so a 0-row call is a valid one-block no-op.
+        over batch x seq_len) and each one's multiplier ceil(2^30 / rows per token), then the block count of every
+        part but the last (the block where the next part starts). The grid is never empty, so a 0-row call is a
+        valid one-block no-op.
         """
         if len(rows) != len(self.parts):
             raise ValueError(f"{self.kernel_name} has {len(self.parts)} row counts, got {len(rows)}")
@@ -102,10 +103,12 @@ class LaunchDeclaration:
             total = total + more
         per_token: tuple[T, ...] = ()
         if self.extents:
-            # The rotary kernel's rows per token of each part (its heads), so that no thread divides by B·S.
+            # The rotary kernel's rows per token of each part (its heads) and their multipliers ceil(2^30 / H)
+            # (norm_kernel.TOKEN_SHIFT), so that no thread divides by B·S or by H.
             named = dict(zip((e.name for e in self.extents), extents, strict=True))
             tokens = at_least_one(named["batch"] * named["seq_len"])
-            per_token = tuple(n // tokens for n in rows)
+            heads = tuple(n // tokens for n in rows)
+            per_token = (*heads, *((n + (TOKEN_MAGIC_NUMERATOR - 1)) // at_least_one(n) for n in heads))
         return at_least_one(total), (*rows, *extents, *per_token, *blocks[:-1])
 
     def grid_x(self, rows: Sequence[int]) -> int:
@@ -174,14 +177,21 @@ def qk_norm_params() -> tuple[KernelParam, ...]:
 
 def qk_norm_rope_params() -> tuple[KernelParam, ...]:
     """QK-norm's inputs, cos and sin; both row counts, the extents (`ROPE_EXTENTS`), both parts' rows per token and
-    the q block count; q_out, k_out."""
+    their multipliers, the q block count; q_out, k_out."""
     inputs = ("q", "k", "q_weight", "k_weight", "cos", "sin")
-    scalars = ("q_rows", "k_rows", *(e.name for e in ROPE_EXTENTS), "q_rows_per_token", "k_rows_per_token", "q_blocks")
+    per_token = ("q_rows_per_token", "k_rows_per_token", "q_token_magic", "k_token_magic")
+    scalars = ("q_rows", "k_rows", *(e.name for e in ROPE_EXTENTS), *per_token, "q_blocks")
     return _params(inputs, scalars, ("q_out", "k_out"))
 
 
 # q's batch B (dimension 0 of [B, S, H, D], [B, S, H*D] and [B, H, S, D] alike), the sequence length S and cos's
 # batch Bc (1 or B) of cos [Bc, S, R]: what locates a head row's cos/sin row.
+# The rotary kernel finds a token-major row's token by a multiply-shift: t = (row · m) >> TOKEN_SHIFT with
+# m = ceil(2^30 / H) (each part's `token_magic`, an int32 expression in TensorRT's aot_impl), exact for every row
+# while rows · H <= 2^30 (m·H = 2^30 + e with e < H, so row·e < 2^30 and the error stays below 1/H); larger
+# launches divide.
+TOKEN_SHIFT = 30
+TOKEN_MAGIC_NUMERATOR = 1 << TOKEN_SHIFT
 ROPE_EXTENTS = (Extent("batch", "q", 0), Extent("seq_len", "cos", 1), Extent("cos_batch", "cos", 0))
 
 

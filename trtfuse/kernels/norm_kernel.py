@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Int64, Uint32, Uint64
 
 from trtfuse.contract import NormParams, QuantParams, WeightMode
+from trtfuse.kernels.declaration import TOKEN_MAGIC_NUMERATOR, TOKEN_SHIFT
 from trtfuse.kernels.ptx import l2_evict_policy, load_16_bytes
 from trtfuse.kernels.quant import (
     FLOAT_CUTLASS_DTYPES,
@@ -113,33 +114,41 @@ class RopeConstants:
 @dataclass(frozen=True)
 class _Rotation:
     """The rotation of one problem's head rows, as its device code reads it: cos and sin ([Bc, S, R]), q's batch B,
-    the sequence length S, cos's batch Bc (1 or B), the part's rows per token (its heads: rows / (B·S), computed by
-    the launch, so no thread divides by B·S) and the constants. Built while tracing."""
+    the sequence length S, cos's batch Bc (1 or B), the part's row count, its rows per token (its heads: rows /
+    (B·S)) and that count's multiplier (`declaration.TOKEN_SHIFT`), both computed by the launch so that no thread
+    divides by B·S, and the constants. Built while tracing."""
 
     cos: cute.Pointer
     sin: cute.Pointer
     batch: Int32
     seq_len: Int32
     cos_batch: Int32
+    rows: Int32
     rows_per_token: Int32
+    token_magic: Int32
     params: RopeParams
     plan: RotationPlan | None
 
 
 @cute.jit
 def _cos_row(rotation: _Rotation, row: Int32) -> Int32:
-    """The cos/sin row of norm row `row`: (b if Bc == B else 0)·S + s of its batch b and position s. Integer
-    divisions by runtime values lie on the decode latency path (a row's tables are loaded after them), so each
-    layout takes as few as its tables need, behind branches every thread of the launch takes alike. Unsigned: every
-    operand is a count or an index, and div.u32 needs no floor correction.
+    """The cos/sin row of norm row `row`: (b if Bc == B else 0)·S + s of its batch b and position s. A row's tables
+    are loaded only once it is known, so this lies on the decode latency path, where each integer division by a
+    runtime value costs about 0.1 µs (docs/performance.md): each layout takes as few as its tables need, behind
+    branches every thread of the launch takes alike. Unsigned: every operand is a count or an index.
 
-    Token-major rows are B·S tokens of H rows: the token t = row / H is b·S + s itself, the table row when the
-    tables have q's batch or there is one sequence; a table shared by B > 1 sequences takes s = t mod S. Head-major
-    rows are B batches of H·S rows, s the fastest: s = row mod S, and b = row / (H·S) only for per-batch tables."""
+    Token-major rows are B·S tokens of H rows: the token t = row / H (a multiply-shift, `TOKEN_SHIFT`) is b·S + s
+    itself, the table row when the tables have q's batch or there is one sequence; a table shared by B > 1 sequences
+    takes s = t mod S. Head-major rows are B batches of H·S rows, s the fastest: s = row mod S, and b = row / (H·S)
+    only for per-batch tables."""
     row, per_token, seq_len = Uint32(row), Uint32(rotation.rows_per_token), Uint32(rotation.seq_len)
     shared = (rotation.cos_batch == 1) & (rotation.batch != 1)
-    table_row = row // per_token
+    table_row = Uint32(0)
     if cutlass.const_expr(rotation.params.layout == "token_major"):
+        if Int64(rotation.rows) * Int64(rotation.rows_per_token) <= Int64(TOKEN_MAGIC_NUMERATOR):
+            table_row = Uint32((Uint64(row) * Uint64(Uint32(rotation.token_magic))) >> TOKEN_SHIFT)
+        else:
+            table_row = row // per_token
         if shared:
             table_row = table_row % seq_len
     else:
@@ -974,6 +983,8 @@ def qk_norm_rope_kernel(
     cos_batch: Int32,
     q_rows_per_token: Int32,
     k_rows_per_token: Int32,
+    q_token_magic: Int32,
+    k_token_magic: Int32,
     q_blocks: Int32,
     q_out_ptr: cute.Pointer,
     k_out_ptr: cute.Pointer,
@@ -986,8 +997,8 @@ def qk_norm_rope_kernel(
     promised element alignment, the 16-byte path taken where they all allow it (`_aligned`), else the element path."""
     block, q_partials, k_partials = _block_and_partials(q_tiling, k_tiling)
     shapes = (cos_ptr, sin_ptr, batch, seq_len, cos_batch)
-    q_rotation = _Rotation(*shapes, q_rows_per_token, rope.params, rope.plans[0])
-    k_rotation = _Rotation(*shapes, k_rows_per_token, rope.params, rope.plans[1])
+    q_rotation = _Rotation(*shapes, q_rows, q_rows_per_token, q_token_magic, rope.params, rope.plans[0])
+    k_rotation = _Rotation(*shapes, k_rows, k_rows_per_token, k_token_magic, rope.params, rope.plans[1])
     q = _Rows(q_ptr, wq_ptr, q_out_ptr, q_rows, q_tiling, q_partials, rotation=q_rotation)
     k = _Rows(k_ptr, wk_ptr, k_out_ptr, k_rows, k_tiling, k_partials, rotation=k_rotation)
     _normalize_q_or_k(block, q_blocks, q, k, math, _aligned(_part_maths(math)[0], q, k))
@@ -1020,9 +1031,12 @@ def qk_norm_rope_launcher(
     itself."""
     q_blocks = _blocks(q_rows, q_tiling)
     inputs, outputs = (q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr), (q_out_ptr, k_out_ptr)
-    # Rows per token, here on the host as the AOT declaration computes them (`LaunchDeclaration.launch_values`).
+    # Rows per token and their multipliers, here on the host as the AOT declaration computes them
+    # (`LaunchDeclaration.launch_values`).
     tokens = cutlass.max(batch * seq_len, 1)
-    scalars = (q_rows, k_rows, batch, seq_len, cos_batch, q_rows // tokens, k_rows // tokens, q_blocks)
+    per_token = (q_rows // tokens, k_rows // tokens)
+    magic = tuple((n + (TOKEN_MAGIC_NUMERATOR - 1)) // cutlass.max(n, 1) for n in per_token)
+    scalars = (q_rows, k_rows, batch, seq_len, cos_batch, *per_token, *magic, q_blocks)
     kernel = qk_norm_rope_kernel(*inputs, *scalars, *outputs, q_tiling, k_tiling, math, rope)
     kernel.launch(
         grid=[cutlass.max(q_blocks + _blocks(k_rows, k_tiling), 1), 1, 1],
