@@ -159,7 +159,8 @@ def test_the_token_multiplier_finds_every_rows_token_while_rows_times_heads_fit_
     rows = (1 << TOKEN_SHIFT) // heads
     tokens = rows // heads
     magic = declaration.scalars((tokens * heads, heads), (1, tokens, 1))[7]
-    for row in [*range(4 * heads), *range(max(0, tokens * heads - 4 * heads), tokens * heads)]:
+    launch = tokens * heads
+    for row in [*range(min(4 * heads, launch)), *range(max(0, launch - 4 * heads), launch)]:
         assert (row * magic) >> TOKEN_SHIFT == row // heads, row
 
 
