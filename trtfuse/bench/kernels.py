@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trtfuse.bench import SECTIONS
 from trtfuse.bench.reference import add_norm_reference, norm_reference
 from trtfuse.bench.timing import (
     ADD_DECODE_ROWS,
@@ -42,7 +43,6 @@ from trtfuse.bench.timing import (
     PREFILL_SHAPES,
     QK_HEADS,
     QK_TOKENS,
-    SECTIONS,
     TAIL_HIDDEN,
     TAIL_TOKENS,
     attainable_pct,

@@ -30,7 +30,6 @@ ADD_PREFILL_SHAPES = ((16384, 4096), (8192, 8192), (4096, 4096))
 ADD_DECODE_ROWS = (1, 32, 128)
 TAIL_TOKENS = (1, 8, 128, 4096)
 TAIL_HIDDEN = 4096
-SECTIONS = ("norm", "add_norm", "layer_tail", "quant", "rope", "anchors")
 GRAPH_CALLS = 50  # calls captured per graph: replay time / 50 is the per-call cost without host launch gaps
 TIMED_CALLS = 60
 HOST_RUN_AHEAD_CYCLES = 100_000_000  # ~50 ms at H200 clocks: longer than the host needs to queue TIMED_CALLS calls

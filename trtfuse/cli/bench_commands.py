@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from trtfuse.bench import SECTIONS
 from trtfuse.cli.options import FORCE_OPTION, HELP_OPTIONS, FilePath, common_options, echo_json
 from trtfuse.errors import MissingDependencyError
 from trtfuse.files import OutputPlan, json_holding, write_json_atomic
@@ -30,10 +31,24 @@ def bench(ctx: click.Context, as_json: bool) -> None:
 @bench.command("kernels", context_settings=HELP_OPTIONS)
 @click.option("--report", "report_path", type=FilePath(), help="Also write the full results here.")
 @click.option("--no-torch-compile", is_flag=True, help="Skip the torch.compile baselines (saves their compile time).")
+@click.option(
+    "--section",
+    "sections",
+    multiple=True,
+    type=click.Choice(SECTIONS),
+    help="Run this part only (repeatable; default: all). 'anchors' puts ours beside QuACK, Liger and torch.compile.",
+)
 @FORCE_OPTION
 @common_options
 @click.pass_context
-def kernels(ctx: click.Context, report_path: Path | None, no_torch_compile: bool, force: bool, as_json: bool) -> None:
+def kernels(
+    ctx: click.Context,
+    report_path: Path | None,
+    no_torch_compile: bool,
+    sections: tuple[str, ...],
+    force: bool,
+    as_json: bool,
+) -> None:
     """RMSNorm / QK-norm kernels against the copy ceiling, torch and torch.compile (docs/performance.md)."""
     as_json = as_json or ctx.meta.get(_GROUP_JSON, False)
     OutputPlan(force).write("benchmark report", report_path, ours=_is_benchmark_report).check()
@@ -47,7 +62,7 @@ def kernels(ctx: click.Context, report_path: Path | None, no_torch_compile: bool
         ) from error
     if not torch.cuda.is_available():
         raise MissingDependencyError("the kernel benchmark needs a CUDA GPU, and torch sees none")
-    report = kernel_bench.run(compiled=not no_torch_compile)
+    report = kernel_bench.run(compiled=not no_torch_compile, sections=sections or SECTIONS)
     if as_json:
         echo_json(report)
     else:
