@@ -164,6 +164,17 @@ def test_the_token_multiplier_finds_every_rows_token_while_rows_times_heads_fit_
         assert (row * magic) >> TOKEN_SHIFT == row // heads, row
 
 
+def test_a_declaration_of_the_format_before_the_rows_per_token_is_refused() -> None:
+    parts = (RowPart("q", 128, 8), RowPart("k", 128, 8))
+    declaration = LaunchDeclaration(
+        "tf0123456789a_0", "sm_90a", Tactic.PREFILL, 128, 64, qk_norm_rope_params(), parts, ROPE_EXTENTS
+    )
+    data = json.loads(declaration.dumps())
+    data["format"] = 1
+    with pytest.raises(ValueError, match="launch declaration format 1, expected 2"):
+        LaunchDeclaration.from_json(data)
+
+
 def test_a_declaration_without_extents_reads_back_from_json_written_before_them() -> None:
     parts = (RowPart("x", 4096, 1),)
     declaration = LaunchDeclaration("tf0123456789b_0", "sm_90a", Tactic.PREFILL, 256, 32, (), parts)

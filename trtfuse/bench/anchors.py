@@ -4,12 +4,14 @@ anchors`; docs/performance.md, "Beside QuACK, Liger and torch.compile").
 
 Every implementation of a row runs on the same fresh inputs: prefill rows are event-timed medians over input sets
 that move 3x the L2, decode rows per-call times of CUDA-graph replays (ours as a plugin launches it: raw pointers on
-the captured stream). Each implementation is timed `REPEATS` times, interleaved with the others, so drift shows as
-spread; a row's noise is the largest relative spread of any implementation's repeats (at least `NOISE_FLOOR`), and
-its verdict compares our best repeat with the fastest peer's. Every output is checked against the float64 reference
-after its first timing (h of an add+norm bit for bit). QuACK and Liger come from their wheels where they import (a
-missing one is a line, not a failure); QuACK is imported only after every kernel of ours is compiled, since importing
-it patches CuTe's tensor classes process-wide.
+the captured stream). The peers allocate their outputs in each call (their public functions do), so the caching
+allocator hands them the same block each time and their writes may hit lines the previous call left in L2, while
+ours rotate through one output per input set: if anything, in the peers' favour. Each implementation is timed
+`REPEATS` times, interleaved with the others, so drift shows as spread; a row's verdict compares our best repeat
+with the fastest peer's, within the larger relative spread of those two's repeats (at least `NOISE_FLOOR`). Every
+output is checked against the float64 reference after its first timing (h of an add+norm bit for bit). QuACK and
+Liger come from their wheels where they import (a missing one is a line, not a failure); QuACK is imported only
+after every kernel of ours is compiled, since importing it patches CuTe's tensor classes process-wide.
 """
 
 from __future__ import annotations
@@ -231,13 +233,14 @@ def warm_anchor_kernels() -> None:
 
 def verdict(times: dict[str, list[float]]) -> dict[str, Any]:
     """Ours against the fastest peer: 'fastest', 'within noise' (slower by no more than the row's noise) or
-    'slower'; the noise is the largest relative spread of any implementation's repeats, at least NOISE_FLOOR."""
+    'slower'; the noise is the larger relative spread of ours' and that peer's repeats, at least NOISE_FLOOR (a
+    third implementation's spread says nothing about these two)."""
     best = {name: min(values) for name, values in times.items()}
-    noise = max([NOISE_FLOOR] + [(max(v) - min(v)) / min(v) for v in times.values()])
     peers = {name: us for name, us in best.items() if name != "trtfuse"}
     if not peers:
-        return {"verdict": "no peer", "noise": noise}
+        return {"verdict": "no peer", "noise": NOISE_FLOOR}
     fastest_peer = min(peers, key=peers.__getitem__)
+    noise = max([NOISE_FLOOR] + [(max(v) - min(v)) / min(v) for v in (times["trtfuse"], times[fastest_peer])])
     ratio = best["trtfuse"] / peers[fastest_peer]
     if ratio < 1:
         word = "fastest"
@@ -339,8 +342,11 @@ def print_anchors_report(report: dict[str, Any]) -> None:
 
 
 def anchor_target_checks(report: dict[str, Any]) -> list[tuple[str, bool]]:
-    """Issue 29: ours fastest or within noise at every row."""
+    """Issue 29: ours fastest or within noise at every row (a row no peer ran is not met: nothing was compared)."""
     return [
-        (f"{r['workload']}: fastest or within noise of QuACK, Liger and torch.compile", r["verdict"] != "slower")
+        (
+            f"{r['workload']}: fastest or within noise of QuACK, Liger and torch.compile",
+            r["verdict"] in ("fastest", "within noise"),
+        )
         for r in report.get("anchors", [])
     ]

@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-DECLARATION_FORMAT = 1
+# 2: the rotary kernel's scalars gained each part's rows per token and token multiplier (a format-1 rotary declaration
+# would be launched with too few scalars).
+DECLARATION_FORMAT = 2
 POINTER_PTX_TYPE = ".u64"
 SCALAR_PTX_TYPE = ".u32"  # CuTeDSL's Int32 parameters are declared .u32 in the PTX
 
