@@ -34,16 +34,18 @@ from trtfuse.bench.timing import (
     PREFILL_SHAPES,
     QK_HEADS,
     QK_TOKENS,
+    check_add_norm,
+    check_close,
     fresh_compile,
     graph_replay_us,
     input_sets,
+    llama_add_rms_norm,
     llama_rms_norm,
     median_event_us,
     same_size_copy_us,
 )
 from trtfuse.kernels.api import get_add_rms_norm, get_qk_norm, get_rms_norm
 from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
-from trtfuse.verify.tolerances import output_error
 
 REPEATS = 3  # timings per implementation and row, interleaved
 NOISE_FLOOR = 0.01  # a row's noise is never taken below 1 %
@@ -97,14 +99,6 @@ class AnchorRow:
     check: Callable[[str, Any], None]
 
 
-def _checked_close(name: str, y: torch.Tensor, ref: torch.Tensor) -> None:
-    if torch.isnan(y).any():
-        raise AssertionError(f"{name}: NaN in the output")
-    err = output_error(name, y.double().cpu().numpy(), ref.double().cpu().numpy()).max_rel
-    if err > 2e-2:
-        raise AssertionError(f"{name}: max rel error {err:.3g} against the float64 reference")
-
-
 def rms_norm_row(rows: int, hidden: int, dtype: torch.dtype, peers: Peers, graph: bool) -> AnchorRow:
     name = str(dtype).removeprefix("torch.")
     kernel = get_rms_norm(RmsNormSpec(hidden, name, name, LLAMA))
@@ -126,9 +120,7 @@ def rms_norm_row(rows: int, hidden: int, dtype: torch.dtype, peers: Peers, graph
     compiled = fresh_compile()
     calls["compile"] = lambda i: compiled(xs[i], w)
     shape = f"{rows} rows" if graph else f"{rows}x{hidden}"
-    return AnchorRow(
-        f"RMSNorm {name} {shape}", nbytes, n_sets, graph, calls, lambda who, y: _checked_close(who, y, ref)
-    )
+    return AnchorRow(f"RMSNorm {name} {shape}", nbytes, n_sets, graph, calls, lambda who, y: check_close(y, ref, who))
 
 
 def add_rms_norm_row(rows: int, hidden: int, peers: Peers, graph: bool) -> AnchorRow:
@@ -148,10 +140,6 @@ def add_rms_norm_row(rows: int, hidden: int, peers: Peers, graph: bool) -> Ancho
         kernel.launch(*pointers, rows, torch.cuda.current_stream().cuda_stream)
         return ys[i], hs[i]
 
-    def llama_add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = x + r
-        return llama_rms_norm(h, w), h
-
     calls: dict[str, Call] = {"trtfuse": ours}
     for peer, fn in peers.add_rms_norm.items():
         calls[peer] = lambda i, fn=fn: fn(xs[i], rs[i], w)
@@ -159,9 +147,7 @@ def add_rms_norm_row(rows: int, hidden: int, peers: Peers, graph: bool) -> Ancho
     calls["compile"] = lambda i: compiled(xs[i], rs[i], w)
 
     def check(who: str, outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
-        _checked_close(f"{who} y", outputs[0], ref[0])
-        if not torch.equal(outputs[1], ref[1]):
-            raise AssertionError(f"{who}: h differs from D(x + residual)")
+        check_add_norm(*outputs, ref, who)
 
     shape = f"{rows} rows" if graph else f"{rows}x{hidden}"
     return AnchorRow(f"add+RMSNorm bf16 {shape}", nbytes, n_sets, graph, calls, check)
@@ -199,8 +185,8 @@ def qk_norm_row(tokens: int, peers: Peers) -> AnchorRow:
     calls["compile"] = lambda i: compiled(qs[i], ks[i], wq, wk)
 
     def check(who: str, outputs: tuple[torch.Tensor, torch.Tensor]) -> None:
-        _checked_close(f"{who} q", outputs[0], refs[0])
-        _checked_close(f"{who} k", outputs[1], refs[1])
+        check_close(outputs[0], refs[0], f"{who} q")
+        check_close(outputs[1], refs[1], f"{who} k")
 
     return AnchorRow(f"QK-norm bf16 {tokens} tokens", nbytes, n_sets, graph, calls, check)
 

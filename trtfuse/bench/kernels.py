@@ -46,12 +46,14 @@ from trtfuse.bench.timing import (
     TAIL_HIDDEN,
     TAIL_TOKENS,
     attainable_pct,
+    check_add_norm,
+    check_close,
     copy_bandwidth_gbs,
     fresh_compile,
     graph_replay_us,
     input_sets,
     launch_floor_us,
-    llama_rms_norm,
+    llama_add_rms_norm,
     median_event_us,
     mixed_rms_norm,
     same_size_copy_us,
@@ -61,16 +63,6 @@ from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.device import current_device
 from trtfuse.kernels.specs import AddRmsNormSpec, QkNormSpec, RmsNormSpec
 from trtfuse.kernels.tiling import Regime
-from trtfuse.verify.tolerances import output_error
-
-
-def check_close(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    """A benchmarked output against the reference: no NaN left, relative error within 2e-2."""
-    if torch.isnan(y).any():
-        raise AssertionError(f"{what}: NaN in output (unwritten poisoned elements?)")
-    err = output_error(what, y.double().cpu().numpy(), ref.double().cpu().numpy()).max_rel
-    if err > 2e-2:
-        raise AssertionError(f"{what}: max rel error {err:.3g} against torch")
 
 
 def bench_prefill(dtype: torch.dtype, rows: int, hidden: int, compiled: bool, copy_gbs: float) -> dict[str, Any]:
@@ -208,12 +200,6 @@ def bench_qk(tokens: int, copy_gbs: float) -> dict[str, Any]:
     return row
 
 
-def llama_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Hugging Face decoder layer's `hidden_states = residual + hidden_states` then its RMSNorm: (y, h)."""
-    h = x + residual
-    return llama_rms_norm(h, w), h
-
-
 def _add_norm_specs(hidden: int) -> tuple[AddRmsNormSpec, RmsNormSpec]:
     return AddRmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA), RmsNormSpec(hidden, "bfloat16", "bfloat16", LLAMA)
 
@@ -224,13 +210,6 @@ def warm_add_norm_kernels(max_rows: int) -> None:
         fused, norm = _add_norm_specs(hidden)
         get_add_rms_norm(fused).warm_up(max_rows)
         get_rms_norm(norm).warm_up(max_rows)
-
-
-def check_add_norm(y: torch.Tensor, h: torch.Tensor, ref: tuple[torch.Tensor, torch.Tensor], what: str) -> None:
-    """y within check_close's 2e-2, h exactly D(x + residual) (peers may compute y from the unrounded sum)."""
-    check_close(y, ref[0], f"{what} y")
-    if not torch.equal(h, ref[1]):
-        raise AssertionError(f"{what}: h differs from D(x + residual)")
 
 
 def bench_add_norm_prefill(rows: int, hidden: int, compiled: bool, copy_gbs: float) -> dict[str, Any]:

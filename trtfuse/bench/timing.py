@@ -13,6 +13,7 @@ import torch
 from trtfuse.contract import NormParams, WeightMode
 from trtfuse.kernels.api import get_rms_norm
 from trtfuse.kernels.specs import RmsNormSpec
+from trtfuse.verify.tolerances import output_error
 
 EPS = 1e-6
 LLAMA = NormParams(EPS, 0.0, WeightMode.AFTER_CAST)  # the semantics every benchmark row runs
@@ -40,6 +41,12 @@ def llama_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return w * h.to(x.dtype)
+
+
+def llama_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Hugging Face decoder layer's `hidden_states = residual + hidden_states` then its RMSNorm: (y, h)."""
+    h = x + residual
+    return llama_rms_norm(h, w), h
 
 
 def mixed_rms_norm(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, eps: float = EPS) -> torch.Tensor:
@@ -134,3 +141,19 @@ def same_size_copy_us(nbytes: int) -> float:
     srcs = [torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda") for _ in range(n_sets)]
     dsts = [torch.empty_like(srcs[0]) for _ in range(n_sets)]
     return median_event_us(lambda i: dsts[i].copy_(srcs[i]), n_sets)
+
+
+def check_close(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """A benchmarked output against the reference: no NaN left, relative error within 2e-2."""
+    if torch.isnan(y).any():
+        raise AssertionError(f"{what}: NaN in output (unwritten poisoned elements?)")
+    err = output_error(what, y.double().cpu().numpy(), ref.double().cpu().numpy()).max_rel
+    if err > 2e-2:
+        raise AssertionError(f"{what}: max rel error {err:.3g} against torch")
+
+
+def check_add_norm(y: torch.Tensor, h: torch.Tensor, ref: tuple[torch.Tensor, torch.Tensor], what: str) -> None:
+    """y within check_close's 2e-2, h exactly D(x + residual) (peers may compute y from the unrounded sum)."""
+    check_close(y, ref[0], f"{what} y")
+    if not torch.equal(h, ref[1]):
+        raise AssertionError(f"{what}: h differs from D(x + residual)")
