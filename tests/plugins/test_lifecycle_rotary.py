@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from trtfuse import contract
+from trtfuse.bench.aot.compare import quantization_step
 from trtfuse.bench.lifecycle.cases import (
     NormCase,
     RotaryTables,
@@ -48,11 +49,27 @@ PER_BATCH = RotaryTables("float32", per_batch=True, theta=1e4)
 ROPE_SMALL = [
     rope_case(4, 2, 64, "bfloat16", "bfloat16", **SIZES),
     rope_case(
-        2, 1, 64, "float16", None, WeightMode.NONE, rotary_dim=32, rotation=Rotation.INTERLEAVED, tables=PER_BATCH,
+        2,
+        1,
+        64,
+        "float16",
+        None,
+        WeightMode.NONE,
+        rotary_dim=32,
+        rotation=Rotation.INTERLEAVED,
+        tables=PER_BATCH,
         **SIZES,
     ),
     rope_case(
-        2, 2, 64, "float32", "float32", WeightMode.BEFORE_CAST, 1.0, layout=HeadLayout.HEAD_MAJOR, tables=PER_BATCH,
+        2,
+        2,
+        64,
+        "float32",
+        "float32",
+        WeightMode.BEFORE_CAST,
+        1.0,
+        layout=HeadLayout.HEAD_MAJOR,
+        tables=PER_BATCH,
         **SIZES,
     ),
     rope_case(4, 2, 32, "bfloat16", "float32", full_width=True, **SIZES),
@@ -194,3 +211,134 @@ def test_a_refill_leaves_the_tables_and_changes_the_activations() -> None:
     assert tensors.tables == 2 and len(tensors.random_inputs) == 2
     assert all(not torch.equal(a, b) for a, b in zip(before[:2], tensors.inputs[:2], strict=True))
     assert all(torch.equal(a, b) for a, b in zip(before[2:], tensors.inputs[2:], strict=True))
+
+
+# --- output checks --------------------------------------------------------------------------------------------------
+
+
+def extents(case: NormCase, shapes: tuple[tuple[int, ...], ...]) -> tuple[int, int]:
+    """(B, S) of a run, read off q's shape by the layout, independently of the plugin."""
+    q = shapes[0]
+    return q[0], q[2] if case.config.rotary.layout is HeadLayout.HEAD_MAJOR else q[1]
+
+
+def written(case: NormCase, spec: Any = None, tables: Any = None) -> DeviceTensors:
+    """A run's host tensors with every output written as `qk_norm_rope_reference` says for `spec` (default: the
+    case's kernel spec) and `tables` (default: the run's own cos and sin)."""
+    tensors = device_tensors(case, case.runs[0], seed=3, device="cpu")
+    cos, sin = tables or tensors.inputs[-2:]
+    batch, seq_len = extents(case, case.runs[0])
+    weighted = case.config.has_weight
+    for part, (x, out) in enumerate(zip(tensors.inputs[:2], tensors.outputs, strict=True)):
+        weight = tensors.inputs[2 + part] if weighted else None
+        reference, _magnitude = qk_norm_rope_reference(
+            x, weight, cos, sin, spec or case.kernel_spec, part, batch, seq_len
+        )
+        out.copy_(reference)
+    return tensors
+
+
+ROPE_CHECKED = ROPE_SMALL + ROPE_QUANT_SMALL
+
+
+@pytest.mark.parametrize("case", ROPE_CHECKED, ids=ids(ROPE_CHECKED))
+def test_rope_outputs_start_poisoned_and_pass_when_written_as_the_reference(case: NormCase) -> None:
+    tensors = device_tensors(case, case.runs[0], seed=3, device="cpu")
+    checks = check_outputs(case, tensors)
+    assert [check.unwritten for check in checks] == [out.numel() for out in tensors.outputs]
+    assert not any(check.passed for check in checks)
+    tensors = written(case)
+    checks = check_outputs(case, tensors)
+    assert [check.name for check in checks] == ["q_out", "k_out"]
+    assert all(check.passed for check in checks), checks
+    assert all(check.rtol == 1.0 and check.max_rel == 0.0 and check.unwritten == 0 for check in checks)
+    assert tensors.guards_intact()
+
+
+@pytest.mark.parametrize("case", ROPE_SMALL[:3], ids=ids(ROPE_SMALL[:3]))
+def test_the_rope_checks_catch_an_unrotated_output_swapped_tables_and_the_wrong_table_row(case: NormCase) -> None:
+    spec = case.kernel_spec
+    # The QK-norm's own output, not rotated: a rotation by the identity table (cos 1, sin 0).
+    run_tables = device_tensors(case, case.runs[0], seed=3, device="cpu").inputs[-2:]
+    identity = (torch.ones_like(run_tables[0]), torch.zeros_like(run_tables[1]))
+    assert not any(check.passed for check in check_outputs(case, written(case, tables=identity)))
+    swapped = (run_tables[1], run_tables[0])
+    assert not any(check.passed for check in check_outputs(case, written(case, tables=swapped)))
+    # The other rotation's pairs.
+    other = "half" if spec.rope.rotation == "interleaved" else "interleaved"
+    paired = replace(spec, rope=replace(spec.rope, rotation=other))
+    assert not any(check.passed for check in check_outputs(case, written(case, spec=paired)))
+    if case.tables.per_batch:
+        # Every batch row rotated by the first row's table, as a kernel that took Bc for 1 would.
+        first = tuple(table[:1] for table in run_tables)
+        assert not any(check.passed for check in check_outputs(case, written(case, tables=first)))
+
+
+def test_the_rope_checks_allow_a_product_s_grid_step_and_catch_more_and_a_quantized_poison() -> None:
+    """With product stages, an output may be one step of each product's grid off (at the rotated terms' size, the
+    AOT check's rule), far more than the rotation's own tolerance: one step passes, four fail."""
+    case = ROPE_QUANT_SMALL[1]  # q: FP8 products; k: INT8 products and an INT8 output
+    tensors = written(case)
+    q_out, k_out = tensors.outputs
+    assert q_out.dtype == torch.bfloat16 and k_out.dtype == torch.int8
+    cos, sin = tensors.inputs[-2:]
+    batch, seq_len = extents(case, case.runs[0])
+    _q, magnitude = qk_norm_rope_reference(
+        tensors.inputs[0], tensors.inputs[2], cos, sin, case.kernel_spec, 0, batch, seq_len
+    )
+    index = int((magnitude.view(-1) - 1.5).abs().argmin())
+    step = float(quantization_step(magnitude.view(-1)[index : index + 1].double(), PRODUCTS.q_cos_product))
+    original = q_out.view(-1)[index].clone()
+    q_out.view(-1)[index] = original + step
+    q_check, k_check = check_outputs(case, tensors)
+    assert q_check.passed and 0.3 < q_check.max_rel < 1 and k_check.passed
+    q_out.view(-1)[index] = original + 4 * step
+    q_check = check_outputs(case, tensors)[0]
+    assert not q_check.passed and q_check.failure.startswith("q_out: 1 elements outside")
+    tensors = written(case)
+    codes = tensors.outputs[1].view(-1)
+    position = int((codes != -128).nonzero()[0])
+    codes[position] = -128  # the INT8 poison where the reference holds another code
+    k_check = check_outputs(case, tensors)[1]
+    assert k_check.unwritten == 1 and not k_check.passed
+
+
+# --- whole drives ---------------------------------------------------------------------------------------------------
+
+DRIVEN = [*rope_cases(), *rope_quant_cases(), *ROPE_SMALL]
+
+
+@pytest.mark.parametrize("case", DRIVEN, ids=ids(DRIVEN))
+def test_drive_a_rope_case_with_cpu_stand_in_kernels(case: NormCase, host_kernels: list[HostKernel]) -> None:
+    """Every rotary case of `python -m trtfuse.bench.lifecycle` (and the small ones) through the whole drive; the
+    stand-in reads cos and sin at the extents the plugin launches with."""
+    report = drive(case, device="cpu")
+    assert report.passed, [(run.shapes, run.checks, run.guards_intact) for run in report.runs]
+    assert all(check.max_rel == 0.0 for run in report.runs for check in run.checks)
+    _build_kernel, attached_kernel, clone_kernel = host_kernels
+    launches = [attached_kernel.launches[0], clone_kernel.launches[0], attached_kernel.launches[1]]
+    for args, shapes in zip(launches, case.runs, strict=True):
+        batch, seq_len = extents(case, shapes)
+        rows = tuple(math.prod(shape[:-1]) for shape in shapes)
+        cos_batch = batch if case.tables.per_batch else 1
+        assert args[-6:] == (*rows, batch, seq_len, cos_batch, 0x5EED)
+    assert {kernel.spec for kernel in host_kernels} == {case.kernel_spec}
+
+
+def test_a_drive_catches_a_plugin_that_reads_one_table_row_for_the_batch(
+    monkeypatch: pytest.MonkeyPatch, host_kernels: list[HostKernel]
+) -> None:
+    """A plugin that launched with Bc = 1 for per-batch tables rotates the second batch row by the first's table:
+    the prefill run (B = 2) and the decode of the batch fail, the decode of one token passes."""
+    import trtfuse.plugins.python.base as base
+
+    original = base.rotary_extents
+
+    def one_row(*args: Any) -> tuple[int, ...]:
+        batch, seq_len, _cos_batch = original(*args)
+        return batch, seq_len, 1
+
+    monkeypatch.setattr(base, "rotary_extents", one_row)
+    case = ROPE_SMALL[1]
+    report = drive(case, device="cpu")
+    assert [all(check.passed for check in run.checks) for run in report.runs] == [False, False, True]

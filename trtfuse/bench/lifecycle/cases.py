@@ -132,7 +132,8 @@ class NormCase:
         of a rotary op's tables is [Bc, S, R] (`table_shape`)."""
         activations = [tuple(part_shapes[part]) for part in self.op.activation_parts]
         weights = [(hidden,) for hidden in self.config.hidden_sizes] if self.config.has_weight else []
-        return [*activations, *weights, *[self.table_shape(part_shapes)] * self.table_count]
+        tables = [self.table_shape(part_shapes)] * self.table_count if self.table_count else []
+        return [*activations, *weights, *tables]
 
     def table_shape(self, part_shapes: Sequence[Shape]) -> Shape:
         """cos's and sin's shape [Bc, S, R]: B and S are the first activation's batch and tokens (its token axis is
