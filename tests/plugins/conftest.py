@@ -24,6 +24,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> list[RecordingKernel]:
     monkeypatch.setattr(trtfuse.kernels, "get_rms_norm", make)
     monkeypatch.setattr(trtfuse.kernels, "get_qk_norm", make)
     monkeypatch.setattr(trtfuse.kernels, "get_add_rms_norm", make)
+    monkeypatch.setattr(trtfuse.kernels, "get_qk_norm_rope", make)
     return made
 
 

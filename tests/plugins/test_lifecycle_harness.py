@@ -17,14 +17,14 @@ import torch
 
 from trtfuse import contract
 from trtfuse import kernels as kernels_module
-from trtfuse.bench.lifecycle.cases import NormCase, add_case, default_cases, qk_case, rms_case
+from trtfuse.bench.lifecycle.cases import NormCase, RotaryTables, add_case, default_cases, qk_case, rms_case, rope_case
 from trtfuse.bench.lifecycle.descriptors import profile_descs, run_descs
 from trtfuse.bench.lifecycle.drive import drive
 from trtfuse.bench.lifecycle.outputs import check_outputs, normalised_rtol, reference_part
 from trtfuse.bench.lifecycle.phases import build_phase, recreate, runtime_phase, shape_change
 from trtfuse.bench.lifecycle.tensors import device_tensors
 from trtfuse.bench.reference import add_norm_reference
-from trtfuse.contract import ADD_RMS_NORM, ADD_RMS_NORM_OP, WeightMode
+from trtfuse.contract import ADD_RMS_NORM, ADD_RMS_NORM_OP, HeadLayout, WeightMode
 from trtfuse.plugins.python.add_rms_norm import AddRmsNormPluginCreator
 from trtfuse.plugins.python.base import DTYPE_NAMES
 from trtfuse.plugins.python.creators import CREATORS
@@ -64,6 +64,19 @@ SMALL_CASES = [
     add_case(40, "bfloat16", "float32", output_dtype="float32"),
     add_case(1000, "float16", None, WeightMode.NONE),
     add_case(64, "float32", None, WeightMode.NONE, output_dtype="bfloat16"),
+    rope_case(4, 2, 64, "bfloat16", "bfloat16", max_size=(2, 8), runs=((2, 8), (2, 1), (1, 1))),
+    rope_case(
+        2,
+        2,
+        64,
+        "float16",
+        None,
+        WeightMode.NONE,
+        layout=HeadLayout.HEAD_MAJOR,
+        tables=RotaryTables("float32", per_batch=True, theta=1e4),
+        max_size=(3, 8),
+        runs=((3, 8), (3, 1), (1, 1)),
+    ),
 ]
 ADD_CASES = [case for case in SMALL_CASES if case.op is ADD_RMS_NORM]
 
@@ -185,10 +198,25 @@ def test_the_build_phase_of_an_add_case(case: NormCase, kernels: list[RecordingK
 # --- launch arguments -------------------------------------------------------------------------------------------
 
 
-def spelled_out(case: NormCase, inputs: list[int], outputs: list[int], rows: tuple[int, ...], stream: int) -> tuple:
-    """Each kernel's launch signature (trtfuse/kernels/api.py), written out per op, independently of the harness."""
+def spelled_out(
+    case: NormCase,
+    inputs: list[int],
+    outputs: list[int],
+    rows: tuple[int, ...],
+    stream: int,
+    rows_shape: tuple[tuple[int, ...], ...],
+) -> tuple:
+    """Each kernel's launch signature (trtfuse/kernels/api.py), written out per op, independently of the harness
+    (the rotary kernel's extents B, S and Bc read off q's shape `rows_shape[0]` by the layout)."""
     weighted = case.config.has_weight
     kind = case.op.base or case.op.name  # a quantized op launches as its plain op
+    if kind == contract.QK_NORM_ROPE_OP:
+        q, k, *weights, cos, sin = inputs
+        q_w, k_w = weights if weighted else (0, 0)
+        layout = case.config.rotary.layout
+        batch, seq_len = rows_shape[0][0], rows_shape[0][2 if layout is HeadLayout.HEAD_MAJOR else 1]
+        cos_batch = batch if case.tables.per_batch else 1
+        return (q, k, q_w, k_w, cos, sin, *outputs, rows[0], rows[1], batch, seq_len, cos_batch, stream)
     if kind == contract.RMS_NORM_OP:
         x, *weight = inputs
         return (x, weight[0] if weighted else 0, outputs[0], rows[0], stream)
@@ -204,7 +232,8 @@ def spelled_out(case: NormCase, inputs: list[int], outputs: list[int], rows: tup
 @pytest.mark.parametrize("case", SMALL_CASES, ids=ids(SMALL_CASES))
 def test_launch_args_are_exactly_what_enqueue_passes(case: NormCase, kernels: list[RecordingKernel]) -> None:
     """What host_cost times as the bare launch is what enqueue launches, for every op; both follow the kernel's
-    signature. The add-norm's one row count is x's (the residual has its shape)."""
+    signature. The add-norm's one row count is x's (the residual has its shape); the rotary kernel's extents follow
+    the row counts."""
     creator = CREATORS[case.op.name]()
     attached, clone = runtime_phase(creator, build_phase(creator, case))
     recorded, replayed = [], []
@@ -216,7 +245,8 @@ def test_launch_args_are_exactly_what_enqueue_passes(case: NormCase, kernels: li
         stream = 0x5000 + index
         plugin.enqueue(descs[0], descs[1], inputs, outputs, 0, stream)
         rows = tuple(math.prod(shape[:-1]) for shape in shapes)
-        assert plugin.launch_args(inputs, outputs, stream) == spelled_out(case, inputs, outputs, rows, stream)
+        expected = spelled_out(case, inputs, outputs, rows, stream, shapes)
+        assert plugin.launch_args(inputs, outputs, stream) == expected
         replayed.append(plugin.launch_args(inputs, outputs, stream))
         recorded.append(plugin.kernel.launches[-1])
     assert recorded == replayed

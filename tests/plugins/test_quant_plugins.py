@@ -21,7 +21,7 @@ from trtfuse.bench.lifecycle.drive import drive
 from trtfuse.bench.lifecycle.outputs import allowed_steps, check_outputs, quantized_steps, reference_part
 from trtfuse.bench.lifecycle.phases import build_phase, recreate
 from trtfuse.bench.lifecycle.tensors import device_tensors, is_poison, poison
-from trtfuse.contract import QuantParams, QuantStage, WeightMode
+from trtfuse.contract import QuantParams, WeightMode
 from trtfuse.plugins.python.add_rms_norm import AddRmsNormPlugin, AddRmsNormPluginCreator
 from trtfuse.plugins.python.base import DTYPE_NAMES, OUTPUT_DTYPE_NAMES
 from trtfuse.plugins.python.creators import CREATORS
@@ -165,16 +165,15 @@ def test_an_input_stage_alone_leaves_y_in_t() -> None:
 def test_the_default_cases_cover_every_quantized_op_dtype_stage_and_saturation() -> None:
     cases = [case for case in default_cases() if case.op.quantized]
     assert cases == quant_cases() and cases == default_cases()[-len(cases) :]
-    # The rotary QK-norm's cases need its kernels' float64 reference (trtfuse.bench.reference's rotation), which the
-    # lifecycle stand-ins do not have yet.
-    assert {case.op.name for case in cases} == {op.name for op in contract.QUANTIZED_OPS.values() if not op.rotary}
+    assert {case.op.name for case in cases} == {op.name for op in contract.QUANTIZED_OPS.values()}
     quantizers = [(stage, case.config.quant.at(stage)) for case in cases for stage in case.config.quant.stages]
-    # Every stage in both dtypes but FP8 inverse roots (ModelOpt's are INT8), the rotation's products (rotary ops
-    # only, left out above) and the QK-norm's per output: k_out in INT8 only, q_out in both.
+    # Every stage of an op in both dtypes (the rotary QK-norm's products and outputs included) but FP8 inverse roots
+    # (ModelOpt's are INT8).
     fp8_roots = {(stage, "float8_e4m3fn") for stage in contract.QUANT_STAGES if stage.rounds_input}
+    stages = {stage for op in contract.QUANTIZED_OPS.values() for stage in op.quant_stages}
     assert {(stage, quantizer.dtype) for stage, quantizer in quantizers} == {
-        (stage, dtype) for stage in contract.QUANT_STAGES for dtype in contract.QUANT_DTYPE_CODES if not stage.product
-    } - {*fp8_roots, (QuantStage.K_OUTPUT, "float8_e4m3fn")}
+        (stage, dtype) for stage in stages for dtype in contract.QUANT_DTYPE_CODES
+    } - fp8_roots
     assert any(not quantizer.saturate for _stage, quantizer in quantizers)
     assert {case.dtype for case in cases} == set(FLOATS)
     assert {case.config.params.weight_mode for case in cases} == set(WeightMode)

@@ -2,8 +2,9 @@
 
 Each takes its kernel's exact launch signature (trtfuse/kernels/api.py), reads its inputs from the raw host pointers
 enqueue hands it, computes its outputs with the shared float64 reference (trtfuse/bench/reference.py) rounded to the
-outputs' dtypes (a quantized spec's normalised output in its output quantizer's dtype), and writes them through the
-output pointers. A pointer out of place, a wrong row count or an output
+outputs' dtypes (a quantized spec's normalised output in its output quantizer's dtype; the rotary kernel's rotated
+outputs by `qk_norm_rope_reference`, cos and sin read at the extents it is launched with), and writes them through
+the output pointers. A pointer out of place, a wrong row count or an output
 written in the wrong dtype therefore shows in the harness's own checks, as it would on the GPU; the numbers say
 nothing about the real kernels.
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trtfuse.bench.reference import add_norm_reference, norm_reference
+from trtfuse.bench.reference import add_norm_reference, norm_reference, qk_norm_rope_reference
 from trtfuse.contract import WeightMode
 
 
@@ -101,9 +102,45 @@ class HostQkNormKernel(HostKernel):
             self._rows(out_ptr, rows, hidden, spec.out_dtype).copy_(out)
 
 
+class HostQkNormRopeKernel(HostKernel):
+    def launch(
+        self,
+        q_ptr: int,
+        k_ptr: int,
+        wq_ptr: int,
+        wk_ptr: int,
+        cos_ptr: int,
+        sin_ptr: int,
+        q_out_ptr: int,
+        k_out_ptr: int,
+        q_rows: int,
+        k_rows: int,
+        batch: int,
+        seq_len: int,
+        cos_batch: int,
+        stream: int,
+    ) -> None:
+        args = (q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, q_rows, k_rows)
+        self.launches.append((*args, batch, seq_len, cos_batch, stream))
+        spec = self.spec
+        rotary = spec.rope.rotary_dim
+        cos, sin = (
+            self._rows(pointer, cos_batch * seq_len, rotary, spec.cos_dtype).view(cos_batch, seq_len, rotary)
+            for pointer in (cos_ptr, sin_ptr)
+        )
+        for part, (x_ptr, w_ptr, out_ptr, rows, hidden) in enumerate(
+            ((q_ptr, wq_ptr, q_out_ptr, q_rows, spec.q_hidden), (k_ptr, wk_ptr, k_out_ptr, k_rows, spec.k_hidden))
+        ):
+            x = self._rows(x_ptr, rows, hidden, spec.dtype)
+            weight = self._weight(w_ptr, hidden)
+            out, _magnitude = qk_norm_rope_reference(x, weight, cos, sin, spec, part, batch, seq_len)
+            self._rows(out_ptr, rows, hidden, spec.part_y_dtype(part)).copy_(out)
+
+
 # trtfuse.kernels' factory for each stand-in.
 HOST_KERNELS = {
     "get_rms_norm": HostRmsNormKernel,
     "get_add_rms_norm": HostAddRmsNormKernel,
     "get_qk_norm": HostQkNormKernel,
+    "get_qk_norm_rope": HostQkNormRopeKernel,
 }

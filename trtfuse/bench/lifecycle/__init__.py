@@ -16,7 +16,10 @@ outside a network build, so get_output_shapes sees expression-less DimsExprs) an
 
 Every op of the contract goes through the same steps: a case, its descriptors, the launch arguments and the output
 checks read the op's tables (`contract.FusedOp`), so the residual add + RMSNorm (two activations in one part, a
-normalised y and the sum h, which must match the reference's rounded sum bit for bit) needs no step of its own.
+normalised y and the sum h, which must match the reference's rounded sum bit for bit) needs no step of its own. A
+rotary op's tables (`FusedOp.rotary_tables`) are inputs like the others: [Bc, S, R] from the first activation's shape
+and the node's layout, filled as real rotary tables, and its rotated outputs are judged by the AOT check's rule for
+rotary parts against `qk_norm_rope_reference` (`outputs.rotated_check`).
 
 Run `python -m trtfuse.bench.lifecycle` on a GPU machine for a report of every case.
 """

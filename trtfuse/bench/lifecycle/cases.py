@@ -4,34 +4,52 @@ A case describes its tensors through its op's tables (`contract.FusedOp`), so no
 are given per part (the activations of one part, the add-norm's x and residual, share one shape), and the
 op's tables say which activation, weight and output each part has, and which outputs are normalised. A quantized op
 (`contract.quantized`) is a case of its plain op with the node's quantizers: the same tensors, the normalised
-outputs in the output stage's dtype when it is on."""
+outputs in the output stage's dtype when it is on. A rotary op's cos and sin (`FusedOp.rotary_tables`) follow from
+the first activation's shape and the node's rotation (`RotaryTables`): [1 or B, S, R]."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from trtfuse.contract import (
     ADD_RMS_NORM,
     QK_NORM,
+    QK_NORM_ROPE,
     QUANT_STAGES,
     QUANTIZED_OPS,
     RMS_NORM,
     FusedOp,
+    HeadLayout,
     NormParams,
     Quantizer,
     QuantParams,
+    RotaryParams,
+    Rotation,
     WeightMode,
 )
 from trtfuse.contract.codec import NodeFields
+from trtfuse.plugins.kernel_specs import kernel_spec
+from trtfuse.plugins.rotary import TOKEN_AXIS
 
 Shape = tuple[int, ...]
 # What a case's sizes are given in: a row op's leading dims, a QK-norm's token count.
 S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class RotaryTables:
+    """A rotary case's cos and sin: their dtype (float32 or the activations'), whether each batch row has its own
+    (Bc = B, optimum's tables from position_ids) or one serves the batch (Bc = 1), and the base theta of their
+    angles (`bench.reference.rotary_tables`)."""
+
+    dtype: str
+    per_batch: bool
+    theta: float
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,7 @@ class NormCase:
     opt_shapes: tuple[Shape, ...]
     max_shapes: tuple[Shape, ...]
     runs: tuple[tuple[Shape, ...], ...]
+    tables: RotaryTables | None = None  # a rotary op's cos and sin (None for the other ops)
 
     @property
     def name(self) -> str:
@@ -60,7 +79,18 @@ class NormCase:
         )
         return (
             f"{self.config.op.name}-{self.dtype}{out}-w{weight}-{self.config.params.weight_mode.name}-"
-            f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.params.weight_offset:g}{stages}"
+            f"h{'x'.join(map(str, self.config.hidden_sizes))}-off{self.config.params.weight_offset:g}"
+            f"{self._rotary_label}{stages}"
+        )
+
+    @property
+    def _rotary_label(self) -> str:
+        rotary, tables = self.config.rotary, self.tables
+        if rotary is None or tables is None:
+            return ""
+        return (
+            f"-rope-d{rotary.head_dim}r{rotary.rotary_dim}-{rotary.rotation.name}-{rotary.layout.name}"
+            f"-cos{tables.dtype}-bc{'B' if tables.per_batch else '1'}"
         )
 
     @property
@@ -75,9 +105,21 @@ class NormCase:
     @property
     def input_dtypes(self) -> tuple[str, ...]:
         """By input position: every activation in the activations' dtype, then (unless NONE) every weight in the
-        weight dtype."""
+        weight dtype, then a rotary op's tables in theirs."""
         weights = (self.weight_dtype,) * len(self.op.weights) if self.config.has_weight else ()
-        return (self.dtype,) * len(self.op.activations) + weights
+        tables = (self.tables.dtype,) * len(self.op.rotary_tables) if self.tables is not None else ()
+        return (self.dtype,) * len(self.op.activations) + weights + tables
+
+    @property
+    def table_count(self) -> int:
+        """How many inputs, at the end, are a rotary op's tables rather than random activations and weights."""
+        return len(self.op.rotary_tables)
+
+    @property
+    def kernel_spec(self) -> Any:
+        """The spec of the kernel the plugin builds for this case (`plugins.kernel_specs.kernel_spec`)."""
+        table_dtype = self.tables.dtype if self.tables is not None else None
+        return kernel_spec(self.config, self.dtype, self.weight_dtype, table_dtype)
 
     @property
     def output_dtypes(self) -> tuple[str, ...]:
@@ -86,10 +128,21 @@ class NormCase:
         return self.config.output_dtypes(self.dtype)
 
     def input_shapes(self, part_shapes: Sequence[Shape]) -> list[Shape]:
-        """By input position: each activation has its part's shape, each weight is [its part's hidden size]."""
+        """By input position: each activation has its part's shape, each weight is [its part's hidden size], each
+        of a rotary op's tables is [Bc, S, R] (`table_shape`)."""
         activations = [tuple(part_shapes[part]) for part in self.op.activation_parts]
         weights = [(hidden,) for hidden in self.config.hidden_sizes] if self.config.has_weight else []
-        return [*activations, *weights]
+        tables = [self.table_shape(part_shapes)] * self.table_count if self.table_count else []
+        return [*activations, *weights, *tables]
+
+    def table_shape(self, part_shapes: Sequence[Shape]) -> Shape:
+        """cos's and sin's shape [Bc, S, R]: B and S are the first activation's batch and tokens (its token axis is
+        the layout's, `plugins.rotary.TOKEN_AXIS`), Bc is B or 1 as the tables say."""
+        rotary, tables = self.config.rotary, self.tables
+        if rotary is None or tables is None:
+            raise ValueError(f"{self.name}: not a rotary case")
+        first = part_shapes[0]
+        return (first[0] if tables.per_batch else 1, first[TOKEN_AXIS[rotary.layout]], rotary.rotary_dim)
 
     def output_shapes(self, part_shapes: Sequence[Shape]) -> list[Shape]:
         """By output position: each output has its part's shape."""
@@ -165,6 +218,48 @@ def qk_case(
     return _case(config, dtype, weight_dtype, shapes, 1, max_tokens, runs)
 
 
+def rope_case(
+    q_heads: int,
+    k_heads: int,
+    head_dim: int,
+    dtype: str,
+    weight_dtype: str | None,
+    weight_mode: WeightMode = WeightMode.AFTER_CAST,
+    weight_offset: float = 0.0,
+    epsilon: float = 1e-6,
+    rotary_dim: int | None = None,
+    rotation: Rotation = Rotation.HALF_SPLIT,
+    layout: HeadLayout = HeadLayout.TOKEN_MAJOR,
+    full_width: bool = False,
+    tables: RotaryTables | None = None,
+    max_size: tuple[int, int] = (2, 32),
+    runs: Sequence[tuple[int, int]] = ((2, 32), (2, 1), (1, 1)),
+    quant: QuantParams | None = None,
+) -> NormCase:
+    """A QK-norm + rotary embedding (TrtfuseQkNormRope) over q and k of `layout`: TOKEN_MAJOR [B, S, H, D] (Qwen3),
+    or with `full_width` [B, S, H·D] normalised over a token's whole width (OLMo2); HEAD_MAJOR [B, H, S, D] (Gemma3).
+    The first `rotary_dim` R (default D) of each head row rotate, paired as `rotation` says, by `tables` (default:
+    the activations' dtype, one row for the batch, Qwen3's theta 1e6). Sizes are (B, S): the profile from (1, 1) to
+    `max_size`, then `runs` (prefill, then decode of B tokens and of one). `quant` (each part's product stages and
+    output stage) makes it a case of TrtfuseQkNormRopeQuant."""
+    params = _float32_params(epsilon, weight_offset, weight_mode)
+    op = QK_NORM_ROPE if quant is None else QUANTIZED_OPS[QK_NORM_ROPE.name]
+    widths = (q_heads * head_dim, k_heads * head_dim) if full_width else (head_dim, head_dim)
+    rotary = RotaryParams(head_dim, rotary_dim or head_dim, rotation, layout)
+    config = NodeFields(op, params, widths, dtype, quant, rotary)
+
+    def shapes(size: tuple[int, int]) -> tuple[Shape, ...]:
+        batch, tokens = size
+        if full_width:
+            return tuple((batch, tokens, width) for width in widths)
+        if layout is HeadLayout.HEAD_MAJOR:
+            return tuple((batch, heads, tokens, head_dim) for heads in (q_heads, k_heads))
+        return tuple((batch, tokens, heads, head_dim) for heads in (q_heads, k_heads))
+
+    tables = tables or RotaryTables(dtype, per_batch=False, theta=1e6)
+    return _case(config, dtype, weight_dtype, shapes, (1, 1), max_size, runs, tables)
+
+
 def _case(
     config: NodeFields,
     dtype: str,
@@ -173,9 +268,10 @@ def _case(
     smallest: S,
     largest: S,
     runs: Sequence[S],
+    tables: RotaryTables | None = None,
 ) -> NormCase:
     """The case of `config`: its part shapes `shapes(size)`, the profile from `smallest` to `largest` (OPT and MAX),
-    then one run per size in `runs`; no weight dtype in WeightMode.NONE."""
+    then one run per size in `runs`; no weight dtype in WeightMode.NONE; a rotary op's `tables`."""
     return NormCase(
         config=config,
         dtype=dtype,
@@ -184,6 +280,7 @@ def _case(
         opt_shapes=shapes(largest),
         max_shapes=shapes(largest),
         runs=tuple(shapes(size) for size in runs),
+        tables=tables,
     )
 
 
@@ -202,8 +299,8 @@ def _per_dtype_cases(factory: Callable[..., NormCase]) -> list[NormCase]:
 def default_cases() -> list[NormCase]:
     """Every activation dtype with an fp32 and a same-dtype weight, every weight mode, Gemma's offset, an odd hidden
     size, Qwen3- and Gemma-like QK-norms, and fp32 -> bf16 and bf16 -> fp32 norms; then the same for the residual
-    add + RMSNorm (RMSNorm's and QK-norm's cases first, in their earlier order); then the quantized ops'
-    (`quant_cases`)."""
+    add + RMSNorm (RMSNorm's and QK-norm's cases first, in their earlier order); then the QK-norm + rotary ones
+    (`rope_cases`); then the quantized ops' (`quant_cases`)."""
     cases = _per_dtype_cases(rms_case)
     cases.append(qk_case(32, 8, 128, "bfloat16", "bfloat16"))
     cases.append(qk_case(8, 4, 256, "float16", "float32", WeightMode.BEFORE_CAST, weight_offset=1.0))
@@ -215,8 +312,45 @@ def default_cases() -> list[NormCase]:
     # An fp32 residual stream (x, residual and h fp32) feeding a bf16 layer, and its reverse.
     cases.append(add_case(4096, "float32", "bfloat16", WeightMode.AFTER_CAST, output_dtype="bfloat16"))
     cases.append(add_case(4096, "bfloat16", "float32", WeightMode.AFTER_CAST, output_dtype="float32"))
+    cases.extend(rope_cases())
     cases.extend(quant_cases())
     return cases
+
+
+def rope_cases() -> list[NormCase]:
+    """The QK-norm + rotary embedding as the QK-norm models put it (docs/plugin-nodes.md, "Rotary embedding"):
+    Qwen3's token-major heads with bf16 tables for the batch, and with optimum's fp32 tables per batch row
+    (Bc = B); Gemma3's head-major heads (BEFORE_CAST, offset 1, theta 1e4); OLMo2's norm over the full width, cut
+    into heads after it (theta 5e5); a partial rotation (R = D/2: the rest passes through) without a weight; and
+    GPT-J's interleaved pairs."""
+    per_batch_fp32 = RotaryTables("float32", per_batch=True, theta=1e6)
+    return [
+        rope_case(32, 8, 128, "bfloat16", "bfloat16"),
+        rope_case(32, 8, 128, "float16", "float32", tables=per_batch_fp32),
+        rope_case(
+            8,
+            4,
+            256,
+            "bfloat16",
+            "float32",
+            WeightMode.BEFORE_CAST,
+            1.0,
+            layout=HeadLayout.HEAD_MAJOR,
+            tables=RotaryTables("float32", per_batch=False, theta=1e4),
+        ),
+        rope_case(
+            16,
+            16,
+            128,
+            "float32",
+            "float32",
+            WeightMode.BEFORE_CAST,
+            full_width=True,
+            tables=RotaryTables("float32", per_batch=True, theta=5e5),
+        ),
+        rope_case(16, 4, 128, "float16", None, WeightMode.NONE, rotary_dim=64),
+        rope_case(16, 4, 64, "bfloat16", "float32", rotation=Rotation.INTERLEAVED, tables=per_batch_fp32),
+    ]
 
 
 def _scale(value: float) -> float:
@@ -238,7 +372,8 @@ def quant_cases() -> list[NormCase]:
     without the output stage, INT8's rsqrt stage, an fp32 residual stream into a bf16 layer, every weight mode, and
     the QK-norm's outputs each at its own scale (Gemma3's INT8) or one alone (DeepSeek-V3's FP8 latent). The scales
     put part of each output past the quantized range, so saturation is exercised; and the QK-norm's norms each with
-    its own input and inverse-root pairs (OLMo2's INT8), or FP8 input pairs."""
+    its own input and inverse-root pairs (OLMo2's INT8), or FP8 input pairs; then the QK-norm + rotary's
+    (`rope_quant_cases`)."""
     return [
         rms_case(4096, "bfloat16", "bfloat16", quant=QuantParams(output=fp8(1 / 64))),
         rms_case(2048, "float16", "float32", WeightMode.BEFORE_CAST, 1.0, quant=QuantParams(output=fp8(1 / 128))),
@@ -298,5 +433,55 @@ def quant_cases() -> list[NormCase]:
                 k_input=fp8(1 / 16, dequant_dtype="float16"),
                 k_output=int8(4 / 127),
             ),
+        ),
+        *rope_quant_cases(),
+    ]
+
+
+def rope_quant_cases() -> list[NormCase]:
+    """The QK-norm + rotary's quantizers as ModelOpt's exports put them: FP8 attention inputs (a Q on each rotated
+    output), INT8 ones at their own scales on head-major heads, and the rotation's products each through a Q/DQ
+    pair before the sum (FP8 with per-batch fp32 tables; INT8 on OLMo2's full width, q's output also quantized).
+    A product stage dequantizes to T (`contract.product_problem`)."""
+
+    def products(quantize: Callable[..., Quantizer], q_scale: float, k_scale: float, dtype: str) -> dict[str, Any]:
+        return {
+            "q_cos_product": quantize(q_scale, dequant_dtype=dtype),
+            "q_sin_product": quantize(q_scale, dequant_dtype=dtype),
+            "k_cos_product": quantize(k_scale, dequant_dtype=dtype),
+            "k_sin_product": quantize(k_scale, dequant_dtype=dtype),
+        }
+
+    return [
+        rope_case(32, 8, 128, "bfloat16", "bfloat16", quant=QuantParams(q_output=fp8(1 / 64), k_output=fp8(1 / 32))),
+        rope_case(
+            8,
+            4,
+            256,
+            "float16",
+            "float32",
+            WeightMode.BEFORE_CAST,
+            1.0,
+            layout=HeadLayout.HEAD_MAJOR,
+            quant=QuantParams(q_output=int8(4 / 127), k_output=int8(6 / 127)),
+        ),
+        rope_case(
+            32,
+            8,
+            128,
+            "bfloat16",
+            "bfloat16",
+            tables=RotaryTables("float32", per_batch=True, theta=1e6),
+            quant=QuantParams(**products(fp8, 1 / 64, 1 / 32, "bfloat16")),
+        ),
+        rope_case(
+            16,
+            16,
+            128,
+            "float16",
+            "float32",
+            WeightMode.BEFORE_CAST,
+            full_width=True,
+            quant=QuantParams(**products(int8, 4 / 127, 6 / 127, "float16"), q_output=int8(4 / 127)),
         ),
     ]

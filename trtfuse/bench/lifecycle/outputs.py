@@ -1,6 +1,7 @@
 """A run's outputs against the shared float64 reference: written everywhere; a normalised output within the tolerance
 of the coarser of the output dtype and AFTER_CAST's intermediate, or, quantized (FP8 / INT8), within the quantized
-steps the norm's rounding to T can move it (`allowed_steps`); the add-norm's sum h bit for bit."""
+steps the norm's rounding to T can move it (`allowed_steps`); the add-norm's sum h bit for bit; a rotary op's
+rotated outputs by the AOT check's rule for rotary parts (`rotated_check`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from trtfuse.bench.lifecycle.cases import NormCase
 from trtfuse.bench.lifecycle.tensors import DeviceTensors, is_poison
 from trtfuse.contract import WeightMode, rounding_dtype
 from trtfuse.contract.codec import NodeFields
+from trtfuse.plugins.rotary import rotary_extents
 from trtfuse.verify.tolerances import output_error, tolerance_for
 
 
@@ -52,6 +54,7 @@ class OutputCheck:
     differing: int = 0  # a bit-exact output's elements whose bits differ from the reference (-0 for +0 included)
     max_steps: int = 0  # a quantized output: the most representable values between an element and its reference
     allowed_steps: int = 0
+    failure: str = ""  # why a rotated output failed the AOT check's rule ("" when it passed)
 
     @property
     def passed(self) -> bool:
@@ -60,6 +63,7 @@ class OutputCheck:
             and self.differing == 0
             and self.max_rel <= self.rtol
             and self.max_steps <= self.allowed_steps
+            and not self.failure
         )
 
 
@@ -110,9 +114,50 @@ def _same_width_int(tensor: Any) -> Any:
     return tensor.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
 
 
+def rotated_check(case: NormCase, tensors: DeviceTensors, index: int) -> OutputCheck:
+    """Output `index` of a rotary op (`FusedOp.rotary_tables`), judged as the AOT check judges a rotary kernel's part
+    (`bench.aot.compare.compare_part`: within `rotated_tolerance` of `qk_norm_rope_reference`'s T value, one step of
+    each product stage's grid more, and of the output quantizer's where it has one), the tables' rows located by the
+    plugin's own `rotary_extents`. `max_rel` is the worst error over its allowance, so `rtol` is 1; `unwritten`
+    counts poison where the reference holds another value."""
+    from trtfuse.bench.aot.compare import compare_part
+    from trtfuse.bench.aot.matrix import PartPointers
+    from trtfuse.bench.aot.tensors import PartTensors, RotationTables
+    from trtfuse.bench.reference import qk_norm_rope_reference
+
+    op, config, spec = case.op, case.config, case.kernel_spec
+    part = op.output_parts[index]
+    activation = op.activation_parts.index(part)
+    names = op.inputs(config.has_weight)
+    batch, seq_len, _cos_batch = rotary_extents(config, case.name, names, [t.shape for t in tensors.inputs])
+    cos, sin = (table.cpu() for table in tensors.inputs[len(names) - case.table_count :])
+    x = tensors.inputs[activation].cpu()
+    weight = tensors.inputs[len(op.activations) + part].cpu() if config.has_weight else None
+    out = tensors.outputs[index].detach().cpu()
+    hidden = config.hidden_sizes[part]
+    pointers = PartPointers(op.activations[activation], op.weights[part], op.outputs[index])
+    rotated = PartTensors(
+        pointers,
+        x.reshape(-1),
+        weight,
+        out.reshape(-1),
+        x.numel() // hidden,
+        hidden,
+        quant=spec.part_quant(part),
+        rotation=RotationTables(cos, sin, batch, seq_len),
+        index=part,
+    )
+    passed, detail, max_abs, worst = compare_part(spec, rotated)
+    reference = qk_norm_rope_reference(x, weight, cos, sin, spec, part, batch, seq_len)[0]
+    unwritten = int((is_poison(out) & ~is_poison(reference)).sum())
+    return OutputCheck(op.outputs[index], max_abs, worst, 1.0, unwritten, failure="" if passed else detail)
+
+
 def check_outputs(case: NormCase, tensors: DeviceTensors) -> list[OutputCheck]:
     """Every output of a run, in the op's output order (its names: y; q_out, k_out; y, h)."""
     op = case.op
+    if op.rotary:
+        return [rotated_check(case, tensors, index) for index in range(len(op.outputs))]
     activations = len(op.activations)
     references = []
     for part in range(len(op.weights)):
