@@ -1,8 +1,8 @@
 """`check` judges every rotary node of the committed QK-norm fixtures where it stands (docs/cli.md, "Each fused
-node"). TorchScript's and optimum's rotations compute each `rotate_half` Slice bound from the tensor's Shape, so the original's ops
-between a rotary node's inputs and its rotated outputs are some 85 (OLMo2); with fewer allowed, those nodes were
-judged end to end only and a weight offset of 0.001 on one (2 fp16 ulps, failing 1.4x over the limit where the node
-is judged) passed `check`."""
+node"). TorchScript's and optimum's rotations compute each `rotate_half` Slice bound from the tensor's Shape, so
+the original's ops between a rotary node's inputs and its rotated outputs are some 85 (OLMo2); with fewer allowed,
+those nodes were judged end to end only and a weight offset of 0.001 on one (2 fp16 ulps, failing 1.4x over the
+limit where the node is judged) passed `check`."""
 
 from __future__ import annotations
 
