@@ -39,9 +39,9 @@ PREFIX = "trtfuse_check"
 # values, computing none (a sum rounded to another dtype, an INT8 layout op moving the node's codes).
 _MOVES = ("Cast", "Identity", *LAYOUT_OPS)
 # How far a copy may reach: the rewrite puts a few ops around a node, and a norm's chain is a dozen ops; a QK-norm
-# with its rotation is two of each, and TorchScript's rotate_half slices at indices it computes from Shape (78 ops in
-# tools' Qwen3 exports, Constants counted). A fused model whose node is farther from the original's tensors is
-# judged only end to end.
+# with its rotation is two of each, and TorchScript's and optimum's rotate_half slice at bounds computed from Shape
+# ops: 78-85 of the original's ops from q and k to the rotated outputs (Qwen3, OLMo2; Constants counted). A fused
+# model whose node is farther from the original's tensors is judged only end to end.
 _CANDIDATE_OPS = 16
 _REFERENCE_OPS = 160
 _PARTNER_DEPTH = 4
