@@ -30,7 +30,7 @@ from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.creation_errors import record_creation_error
 from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
 from trtfuse.plugins.python.fields import advertised_fields, parse_fields, serialize_fields
-from trtfuse.plugins.rotary import rotary_extents
+from trtfuse.contract.rotary_shapes import rotary_extents
 from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
 
 trt = load_trt()
