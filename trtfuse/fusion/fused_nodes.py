@@ -129,6 +129,7 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
             what = "last dim" if position < len(op.activations) else "length"
             raise TrtfuseError(f"{where}: {op.hidden_fields[part]} is {hidden}, but input '{name}' has {what} {last}")
     _check_part_shapes(op, given[: len(op.activations)], where, types)
+    _check_output_shapes(plugin, types)
     if fields.rotary is not None:
         _check_rotary(plugin, types)
     return plugin
@@ -186,14 +187,33 @@ def _check_part_shapes(op: contract.FusedOp, activations: list[str], where: str,
             dims = types.dims(other)
             if first is None or dims is None:
                 continue
-            static_clash = any(
-                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(first, dims, strict=False)
-            )
-            if len(first) != len(dims) or static_clash:
+            if len(first) != len(dims) or _static_clash(first, dims):
                 raise TrtfuseError(
                     f"{where}: inputs '{members[0]}' {_shape_text(first)} and '{other}' {_shape_text(dims)} must have "
                     "one shape (no broadcasting)"
                 )
+
+
+def _check_output_shapes(plugin: PluginNode, types: TensorTypes) -> None:
+    """Each output has the shape of its part's (first) activation: its declared dims, where both are static, must
+    agree with the activation's. An output declared with the other part's shape is a node whose inputs were swapped
+    (q for k) or rewired."""
+    op, node = plugin.op, plugin.node
+    for output, part in zip(node.output, op.output_parts, strict=True):
+        activation = plugin.activations[op.activation_parts.index(part)]
+        declared, dims = types.dims(output), types.dims(activation)
+        if declared is None or dims is None:
+            continue
+        if len(declared) != len(dims) or _static_clash(declared, dims):
+            raise TrtfuseError(
+                f"{plugin.where}: input '{activation}' {_shape_text(dims)} and its output '{output}' "
+                f"{_shape_text(declared)} must have one shape (inputs swapped?)"
+            )
+
+
+def _static_clash(first: tuple[int | str | None, ...], second: tuple[int | str | None, ...]) -> bool:
+    """Whether two dims lists hold different static values at one axis."""
+    return any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(first, second, strict=False))
 
 
 def _shape_text(dims: tuple[int | str | None, ...]) -> str:

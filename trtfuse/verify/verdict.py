@@ -33,7 +33,6 @@ import numpy as np
 import onnx
 
 from trtfuse.errors import TrtfuseError
-from trtfuse.fusion.fused_nodes import plugin_nodes
 from trtfuse.model.dims import model_dims, window_cache_outputs
 from trtfuse.model.feeds import StepFeed
 from trtfuse.model.interface import elem_type_name, value_types
@@ -54,6 +53,7 @@ from trtfuse.verify.onnxrt import (
     timed,
     widened_feed,
 )
+from trtfuse.verify.rotary_shapes import check_rotary_shapes
 from trtfuse.verify.tolerances import (
     REFERENCE_MARGIN,
     OutputError,
@@ -367,10 +367,10 @@ def judge_lowered(
     notify: Notify = quiet,
 ) -> CheckResult:
     """Judge `fused`, its plugin nodes lowered to standard ops, against `original` at each of `feeds`: what `check`
-    runs, and `compare` without an engine. The fused model's plugin nodes are read before any session loads, so a
-    broken one is one line and nothing else."""
+    runs, and `compare` without an engine. The fused model's plugin nodes are read, and its rotary nodes held to
+    their shape rule at the feeds' shapes, before any session loads, so a broken one is one line and nothing else."""
     check_same_inputs(original, fused)
-    plugin_nodes(fused.model, fused.path)
+    check_rotary_shapes(fused, [step.feed for step in feeds])
     judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
     nodes = node_models(original, fused)
     runner, note = original_session(original, notify, exposed=nodes.exposed)

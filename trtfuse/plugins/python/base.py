@@ -26,11 +26,11 @@ from typing import Any, ClassVar
 import trtfuse
 from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION, FusedOp, dtype_pair_problem
 from trtfuse.contract.codec import NodeFields
+from trtfuse.contract.rotary_shapes import rotary_extents
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.creation_errors import record_creation_error
 from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
 from trtfuse.plugins.python.fields import advertised_fields, parse_fields, serialize_fields
-from trtfuse.plugins.rotary import rotary_extents
 from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
 
 trt = load_trt()

@@ -1,5 +1,6 @@
-"""What both plugin kinds read off a rotary node's shapes (`plugins.rotary.rotary_extents`): q's batch, the tokens
-and the tables' batch, after checking q, k and the tables against each other; one line naming the input otherwise."""
+"""What both plugin kinds read off a rotary node's shapes (`contract.rotary_shapes.rotary_extents`): q's batch, the
+tokens and the tables' batch, after checking q, k and the tables against each other; one line naming the input
+otherwise."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from trtfuse import contract
 from trtfuse.contract import HeadLayout, NormParams, RotaryParams, Rotation, WeightMode
 from trtfuse.contract.codec import NodeFields
+from trtfuse.contract.rotary_shapes import rotary_extents
 from trtfuse.errors import TrtfuseError
-from trtfuse.plugins.rotary import rotary_extents
 
 NAMES = ("q", "k", "q_weight", "k_weight", "cos", "sin")
 PARAMS = NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)

@@ -1,0 +1,69 @@
+"""`check` on a fused model whose rotary node was edited so that its inputs no longer fit it: a flipped `layout`
+(its heads read as its tokens) or q and k swapped at equal widths. Each is one line naming the node and its inputs,
+exit 2, before onnxruntime runs (whose broadcast error, with a misleading `--dim` hint, was all a user saw)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+import pytest
+
+from trtfuse import contract
+
+from support.cli import run_cli
+from support.paths import FIXTURES
+
+ORIGINAL = FIXTURES / "qwen3-dynamo-fp32.onnx"
+ROTARY_OPS = (contract.QK_NORM_ROPE.name, contract.quantized(contract.QK_NORM_ROPE).name)
+
+
+def _flip_layout(node: onnx.NodeProto) -> None:
+    (layout,) = [attribute for attribute in node.attribute if attribute.name == contract.ATTR_LAYOUT]
+    layout.i = 1 - layout.i
+
+
+def _swap_q_and_k(node: onnx.NodeProto) -> None:
+    node.input[0], node.input[1] = node.input[1], node.input[0]
+
+
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("rotary") / "fused.onnx"
+    result = run_cli("fuse", ORIGINAL, "-o", path)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def _edited(fused: Path, edit: Callable[[onnx.NodeProto], None], tmp_path: Path) -> tuple[Path, str]:
+    model = onnx.load(str(fused))
+    (first, *_rest) = [node for node in model.graph.node if node.op_type in ROTARY_OPS]
+    edit(first)
+    path = tmp_path / "edited.onnx"
+    onnx.save(model, str(path))
+    return path, first.name
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (_flip_layout, "differ in batch or tokens as layout HEAD_MAJOR reads them"),
+        (_swap_q_and_k, "must have one shape (inputs swapped?)"),
+    ],
+)
+def test_a_rotary_node_its_inputs_do_not_fit_is_one_line_naming_it(
+    fused: Path, tmp_path: Path, edit: Callable[[onnx.NodeProto], None], problem: str
+) -> None:
+    edited, name = _edited(fused, edit, tmp_path)
+    result = run_cli("check", ORIGINAL, edited)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert f"{edited}: node '{name}': input" in line
+    assert problem in line
+    assert "onnxruntime" not in line and "--dim" not in line
+
+
+def test_the_fused_model_as_written_passes(fused: Path) -> None:
+    result = run_cli("check", ORIGINAL, fused)
+    assert result.exit_code == 0, result.output
