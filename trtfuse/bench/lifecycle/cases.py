@@ -33,8 +33,8 @@ from trtfuse.contract import (
     WeightMode,
 )
 from trtfuse.contract.codec import NodeFields
+from trtfuse.contract.rotary_shapes import TOKEN_AXIS
 from trtfuse.plugins.kernel_specs import kernel_spec
-from trtfuse.plugins.rotary import TOKEN_AXIS
 
 Shape = tuple[int, ...]
 # What a case's sizes are given in: a row op's leading dims, a QK-norm's token count.
@@ -137,7 +137,7 @@ class NormCase:
 
     def table_shape(self, part_shapes: Sequence[Shape]) -> Shape:
         """cos's and sin's shape [Bc, S, R]: B and S are the first activation's batch and tokens (its token axis is
-        the layout's, `plugins.rotary.TOKEN_AXIS`), Bc is B or 1 as the tables say."""
+        the layout's, `contract.rotary_shapes.TOKEN_AXIS`), Bc is B or 1 as the tables say."""
         rotary, tables = self.config.rotary, self.tables
         if rotary is None or tables is None:
             raise ValueError(f"{self.name}: not a rotary case")

@@ -14,7 +14,7 @@ from trtfuse.bench.lifecycle.cases import NormCase
 from trtfuse.bench.lifecycle.tensors import DeviceTensors, is_poison
 from trtfuse.contract import WeightMode, rounding_dtype
 from trtfuse.contract.codec import NodeFields
-from trtfuse.plugins.rotary import rotary_extents
+from trtfuse.contract.rotary_shapes import rotary_extents
 from trtfuse.verify.tolerances import output_error, tolerance_for
 
 

@@ -4,7 +4,7 @@ A plugin's tensors are its op's (`contract.FusedOp`): the activations, then (unl
 per part, then a rotary op's cos and sin tables; the activations of one part (the add-norm's x and residual) share
 one shape, and each output has the shape of its part's first activation. The tables ([Bc, S, R], float32 or the
 activations' dtype, one dtype for both) give the launch its extents: q's batch, the tokens, the tables' batch
-(`plugins.rotary`). Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its own;
+(`contract.rotary_shapes`). Every activation shares one dtype (fp32, fp16 or bf16), every weight one dtype of its own;
 normalised outputs are in the node's normalised dtype (`NodeFields.normalised_dtype`: `output_dtype`, or a
 quantized op's FP8 / INT8 where the output's stage is on), the others in the activations' dtype; all tensors are
 LINEAR. Leading dims are flattened into rows of the part's hidden size. A quantized op (`contract.quantized`) runs
