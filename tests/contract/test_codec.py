@@ -262,14 +262,14 @@ def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() ->
     # The rotary QK-norm's, after its rotary fields, per part: the rotation's cos and sin product stages, then the
     # output stage.
     for part, role in enumerate(("q", "k")):
-        start = 10 + 11 * part
+        start = 11 + 11 * part
         assert contract.QK_NORM_ROPE_QUANT.fields[start : start + 11] == (
             *(f"{role}_{product}_product_{name}" for product in ("cos", "sin") for name in PRODUCT_FIELDS),
             f"{role}_output_quant_dtype",
             f"{role}_output_quant_scale",
             f"{role}_output_quant_saturate",
         )
-    assert len(contract.QK_NORM_ROPE_QUANT.fields) == 10 + 22
+    assert len(contract.QK_NORM_ROPE_QUANT.fields) == 11 + 22
     assert set(contract.QUANTIZED_OPS) == {
         contract.RMS_NORM_OP,
         contract.ADD_RMS_NORM_OP,
@@ -286,7 +286,8 @@ def test_the_rotary_qk_norm_is_the_qk_norm_then_cos_sin_and_its_rotary_fields() 
     assert op.inputs(True) == ("q", "k", "q_weight", "k_weight", "cos", "sin")
     assert op.inputs(False) == ("q", "k", "cos", "sin")
     assert op.outputs == contract.QK_NORM.outputs and op.normalised_outputs == (True, True)
-    assert op.fields == (*contract.QK_NORM.fields, "head_dim", "rotary_dim", "rotation", "layout")
+    rotary = ("head_dim", "rotary_dim", "rotation", "layout", "output_layout")
+    assert op.fields == (*contract.QK_NORM.fields, *rotary)
     assert not op.listed_when_absent and not contract.QK_NORM_ROPE_QUANT.listed_when_absent
     assert all(OPS[name].listed_when_absent for name in (contract.RMS_NORM_OP, contract.QK_NORM_OP))
 
@@ -301,7 +302,23 @@ BAD_ROTARY = [
     ({"rotation": 2}, "rotation is 2, none of 0 (HALF_SPLIT), 1 (INTERLEAVED)"),
     ({"layout": -1}, "layout is -1, none of 0 (TOKEN_MAJOR), 1 (HEAD_MAJOR)"),
     ({"layout": 1}, "layout is 1 (HEAD_MAJOR), but hidden size 128 is not one head row of 32"),
+    ({"output_layout": 2}, "output_layout is 2, none of 0 (TOKEN_MAJOR), 1 (HEAD_MAJOR)"),
 ]
+
+
+def test_a_head_major_node_writes_head_major_and_a_token_major_one_either_layout() -> None:
+    """output_layout: the inputs' layout, or HEAD_MAJOR after TOKEN_MAJOR (the node writes [B, H, S, D] itself);
+    never TOKEN_MAJOR after HEAD_MAJOR. Given as None it is the inputs' layout."""
+    token, head = contract.HeadLayout.TOKEN_MAJOR, contract.HeadLayout.HEAD_MAJOR
+    moving = contract.RotaryParams(32, 32, contract.Rotation.HALF_SPLIT, token, head)
+    assert moving.moves_heads and moving.numbers() == (32, 32, 0, 0, 1)
+    assert contract.rotary_problem(moving, (128, 64)) is None
+    assert not contract.RotaryParams(32, 32, contract.Rotation.HALF_SPLIT, head).moves_heads
+    backwards = contract.RotaryParams(32, 32, contract.Rotation.HALF_SPLIT, head, token)
+    assert contract.rotary_problem(backwards, (32, 32)) == (
+        "output_layout",
+        "is 0 (TOKEN_MAJOR), but layout is 1 (HEAD_MAJOR): a node moves heads only forward",
+    )
 
 
 @pytest.mark.parametrize(("changes", "problem"), BAD_ROTARY)

@@ -54,7 +54,15 @@ ACCEPTED = {
     "modelopt-fp8-products-fp16": RopeSpec(dtype="float16", products="float8_e4m3fn"),
     "modelopt-int8-products-gemma3": RopeSpec(layout="qk-head-dim-transposed", dtype="float16", products="int8"),
     "modelopt-int8-products-and-output": RopeSpec(products="int8", quant="int8"),
+    # A Q after the layout ops (ModelOpt FP8's attention input): the node writes their [B, H, S, D] itself.
+    "fp8-after-transpose": RopeSpec(quant="float8_e4m3fn"),
+    "fp8-after-reshape-and-transpose-olmo2": RopeSpec(
+        layout="qk-full-width", quant="float8_e4m3fn", weight="before-cast"
+    ),
+    "modelopt-fp8-products-and-output": RopeSpec(dtype="float16", products="float8_e4m3fn", quant="float8_e4m3fn"),
 }
+# Where the node writes the attention's [B, H, S, D] itself: a Q taken after layout ops.
+WRITES_HEAD_MAJOR = {name for name, spec in ACCEPTED.items() if spec.quant and spec.layout != "qk-head-dim-transposed"}
 # The norm's float32 y may differ by an ulp (onnxruntime reduces the graph's and the lowering's ReduceMean in its
 # own order; tests/fusion/test_lowering_rope.py has the bit-exact rotation), 16-bit graphs round y before rotating.
 TOLERANCE = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1e-2}
@@ -99,12 +107,16 @@ def test_each_spelling_fuses_into_one_rotary_node_that_computes_the_original(nam
     rotary = node.rotary
     layout = HeadLayout.HEAD_MAJOR if spec.layout == "qk-head-dim-transposed" else HeadLayout.TOKEN_MAJOR
     rotation = Rotation.INTERLEAVED if spec.interleaved else Rotation.HALF_SPLIT
-    assert (rotary.head_dim, rotary.rotary_dim, rotary.rotation, rotary.layout) == (
+    output_layout = HeadLayout.HEAD_MAJOR if name in WRITES_HEAD_MAJOR else layout
+    assert (rotary.head_dim, rotary.rotary_dim, rotary.rotation, rotary.layout, rotary.output_layout) == (
         HEAD_DIM,
         spec.rotary_dim or HEAD_DIM,
         rotation,
         layout,
+        output_layout,
     )
+    if name in WRITES_HEAD_MAJOR:
+        assert not any(n.op_type in ("Transpose", "Reshape") for n in _rotations(result.model))
     assert not any(n.op_type in ("Neg", "RotaryEmbedding") for n in result.model.graph.node)
     onnx.checker.check_model(result.model, full_check=False)
     feed = _feed(spec)
@@ -171,11 +183,28 @@ def test_a_rotation_one_node_cannot_compute_stays_with_its_reason(case: str) -> 
         np.testing.assert_allclose(got, want, rtol=TOLERANCE["float32"], atol=TOLERANCE["float32"])
 
 
-def test_an_fp8_quantizer_after_a_layout_op_stays_out_and_the_rotation_fuses() -> None:
-    result = fuse_model(rope_block(RopeSpec(quant="float8_e4m3fn")))
+def test_an_fp8_quantizer_after_layout_ops_a_shape_reads_between_stays_out_and_the_rotation_fuses() -> None:
+    """A node writing [B, H, S, D] would leave no tensor for a Shape of the Reshape's [B, S, H, D] between OLMo2's
+    layout ops: the FP8 Qs stay in the graph (the Transpose cannot move FP8 codes) and the rotation fuses."""
+    original = rope_block(RopeSpec(layout="qk-full-width", quant="float8_e4m3fn", weight="before-cast"))
+    reshapes = [node for node in original.graph.node if node.op_type == "Reshape" and _reads_norm(original, node)]
+    assert len(reshapes) == 2
+    for index, reshape in enumerate(reshapes):
+        shape = onnx.helper.make_node("Shape", [reshape.output[0]], [f"heads_shape_{index}"], name=f"shape_{index}")
+        original.graph.node.append(shape)
+        original.graph.output.append(onnx.helper.make_tensor_value_info(shape.output[0], onnx.TensorProto.INT64, [4]))
+    result = fuse_model(original)
     assert _kinds(result) == {contract.QK_NORM_ROPE_OP: 1}
+    assert result.fused[0].rotary.output_layout is HeadLayout.TOKEN_MAJOR
     assert len(result.search.quant_near_misses) == 2 and result.search.rope_near_misses == []
     assert all("would move FLOAT8E4M3FN codes" in miss.reason for miss in result.search.quant_near_misses)
+
+
+def _reads_norm(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:
+    """Whether `node` reads a q/k norm's output (a Mul by the weight, in these graphs)."""
+    producers = {output: producer for producer in model.graph.node for output in producer.output}
+    producer = producers.get(node.input[0])
+    return producer is not None and producer.op_type == "Mul"
 
 
 def test_without_the_option_the_pair_is_fused_alone_and_nothing_is_reported() -> None:
@@ -239,6 +268,7 @@ def test_inspect_and_fuse_report_the_rotation(tmp_path: Path) -> None:
         "rotary_dim": 64,
         "rotation": "HALF_SPLIT",
         "layout": "TOKEN_MAJOR",
+        "output_layout": "TOKEN_MAJOR",
     }
     assert report["plugin_nodes"][contract.QK_NORM_ROPE_OP] == 2
     fused = json.loads(run_cli("fuse", model, "-o", tmp_path / "f.onnx", "--json").stdout)

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
 from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
+from trtfuse.contract.rotary_shapes import attention_dims
 from trtfuse.kernels import QkNormRopeSpec, RopeParams, get_qk_norm_rope
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -95,6 +96,12 @@ def activation_shape(spec: QkNormRopeSpec, part: int, tokens: int, batch: int, h
     return (batch, seq_len, heads, hidden)
 
 
+def output_shape(spec: QkNormRopeSpec, part: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of part `part`'s output for an activation of `shape`: its own, or its [B, H, S, D]."""
+    hidden = (spec.q_hidden, spec.k_hidden)[part]
+    return tuple(attention_dims(shape, hidden, spec.rope.head_dim)) if spec.rope.moves_heads else tuple(shape)
+
+
 def tables(spec: QkNormRopeSpec, batch: int, seq_len: int, per_batch: bool, theta: float, start: int):
     """cos, sin [Bc, S, R] of positions start.. (each batch row its own random offset when per_batch)."""
     cos_batch = batch if per_batch else 1
@@ -116,7 +123,7 @@ def run(spec, tokens, batch, heads, per_batch, theta=1e6, start=0, offsets=(0,) 
         placed(t, o) for t, o in zip(tables(spec, batch, seq_len, per_batch, theta, start), offsets[2:4], strict=True)
     )
     outs = [
-        empty(shape, spec.part_y_dtype(part), o)
+        empty(output_shape(spec, part, shape), spec.part_y_dtype(part), o)
         for part, (shape, o) in enumerate(zip(shapes, offsets[4:], strict=True))
     ]
     kernel = get_qk_norm_rope(spec)
@@ -155,8 +162,18 @@ def check(spec, tokens, batch, heads, per_batch, **kwargs) -> None:
             pytest.fail(f"{what}: {int(bad.sum())} elements off; worst at {at}: {got!r} for {expected!r}")
 
 
-def rope(head_dim: int, rotary_dim: int | None = None, rotation: str = "half", layout: str = "token_major"):
-    return RopeParams(head_dim, rotary_dim or head_dim, rotation, layout)
+def rope(
+    head_dim: int,
+    rotary_dim: int | None = None,
+    rotation: str = "half",
+    layout: str = "token_major",
+    output_layout: str | None = None,
+):
+    return RopeParams(head_dim, rotary_dim or head_dim, rotation, layout, output_layout)
+
+
+# Token-major rows written in the attention's [B, H, S, D] (the node that takes ModelOpt FP8's Q after the rotation).
+HEAD_MAJOR_OUT = "head_major"
 
 
 # (name, spec, (q heads, k heads), rope theta)
@@ -199,6 +216,41 @@ CASES = [
         1e4,
     ),
     ("odd-half-rotary", QkNormRopeSpec(64, 64, "bfloat16", "bfloat16", LLAMA, rope=rope(64, 6)), (3, 3), 1e4),
+    (
+        "qwen3-writes-head-major",
+        QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=rope(128, output_layout=HEAD_MAJOR_OUT)),
+        (32, 8),
+        1e6,
+    ),
+    (
+        "olmo2-full-width-writes-head-major",
+        QkNormRopeSpec(4096, 1024, "bfloat16", "bfloat16", OLMO, rope=rope(128, output_layout=HEAD_MAJOR_OUT)),
+        (1, 1),
+        5e5,
+    ),
+    (
+        # fp32 y of a 16-bit x: the tiling's paired stores, which a row of heads S·D apart does without.
+        "olmo2-bf16-to-fp32-writes-head-major",
+        QkNormRopeSpec(
+            2048, 512, "bfloat16", "float32", OLMO, "float32", rope=rope(128, 64, output_layout=HEAD_MAJOR_OUT)
+        ),
+        (1, 1),
+        1e4,
+    ),
+    (
+        "interleaved-odd-heads-writes-head-major",
+        QkNormRopeSpec(
+            64,
+            64,
+            "float32",
+            "bfloat16",
+            GEMMA,
+            "bfloat16",
+            rope=rope(64, 32, "interleaved", output_layout=HEAD_MAJOR_OUT),
+        ),
+        (5, 3),
+        1e4,
+    ),
 ]
 
 
@@ -220,7 +272,8 @@ def test_long_positions() -> None:
 def test_each_pointer_off_alignment_takes_the_element_path(name: str) -> None:
     names = ("q", "k", "cos", "sin", "q_out", "k_out")
     offsets = tuple(int(name in (n, "all")) for n in names)
-    for spec, heads in ((CASES[0][1], (32, 8)), (CASES[2][1], (7, 3)), (CASES[3][1], (1, 1))):
+    writes_head_major = [(case[1], case[2]) for case in CASES if case[0].endswith("writes-head-major")]
+    for spec, heads in ((CASES[0][1], (32, 8)), (CASES[2][1], (7, 3)), (CASES[3][1], (1, 1)), *writes_head_major):
         for tokens, batch in TOKENS[:3]:
             check(spec, tokens, batch, heads, True, offsets=offsets)
 
@@ -261,7 +314,10 @@ def plain_in_the_same_tilings(spec: QkNormRopeSpec, tensors: tuple, batch: int, 
     variant = QkNormRopeKernel.variant_for(spec, kernel.device.arch)
     plain = dataclasses.replace(spec, quant=None)
     function = shared_cache().get(QkNormRopeVariant(plain, variant.q_tiling, variant.k_tiling, kernel.device.arch))
-    outs = [torch.empty(tuple(t.shape), device="cuda", dtype=getattr(torch, spec.out_dtype)) for t in (q, k)]
+    outs = [
+        torch.empty(output_shape(spec, part, tuple(t.shape)), device="cuda", dtype=getattr(torch, spec.out_dtype))
+        for part, t in enumerate((q, k))
+    ]
     weights = [0 if w is None else w.data_ptr() for w in (wq, wk)]
     pointers = [q.data_ptr(), k.data_ptr(), *weights, cos.data_ptr(), sin.data_ptr(), *(o.data_ptr() for o in outs)]
     rows = (q.numel() // spec.q_hidden, k.numel() // spec.k_hidden)
@@ -271,7 +327,16 @@ def plain_in_the_same_tilings(spec: QkNormRopeSpec, tensors: tuple, batch: int, 
 
 
 @pytest.mark.parametrize("quant", QUANTS, ids=["fp8-q-int8-k", "fp8-q-unsaturated"])
-@pytest.mark.parametrize("name", ["qwen3", "gemma3-head-major-odd-heads", "olmo2-full-width"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "qwen3",
+        "gemma3-head-major-odd-heads",
+        "olmo2-full-width",
+        "qwen3-writes-head-major",
+        "olmo2-full-width-writes-head-major",
+    ],
+)
 def test_quantized_outputs_are_the_plain_kernels_out_through_their_quantizers(name: str, quant: QuantParams) -> None:
     """Each quantized output is, bit for bit, its quantizer of the plain kernel's out in the same tilings (where
     the tilings differ, so may the order of a row's sum of squares, and a code then flip at a rounding boundary)."""
@@ -288,16 +353,21 @@ def test_quantized_outputs_are_the_plain_kernels_out_through_their_quantizers(na
             assert bool(same.all()), f"{'qk'[part]}_out tokens={tokens}: {int((~same).sum())} codes differ"
 
 
+@pytest.mark.parametrize("output_layout", [None, HEAD_MAJOR_OUT], ids=["token-major", "writes-head-major"])
 @pytest.mark.parametrize("q_output", [None, Quantizer("int8", 0.029388427734375)], ids=["products", "with-q-output"])
-def test_modelopt_product_stages_are_the_graphs_rounding_of_the_kernels_own_y(q_output: Quantizer | None) -> None:
+def test_modelopt_product_stages_are_the_graphs_rounding_of_the_kernels_own_y(
+    q_output: Quantizer | None, output_layout: str | None
+) -> None:
     """ModelOpt's FP8 Qwen3 rotation (float16, every product through an FP8 pair): each output is, bit for bit,
     `quantized_products_reference` of the kernel's own y rounded to T (the plain kernel in the same tilings with
     cos 1 and sin 0 writes exactly that), then q's output quantizer; aligned and one element off."""
     from trtfuse.bench.aot.matrix import MODELOPT_FP8_PRODUCTS
     from trtfuse.bench.reference import quantized_products_reference
 
-    plain_spec = QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=rope(128))
+    plain_spec = QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=rope(128, output_layout=output_layout))
     spec = dataclasses.replace(plain_spec, quant=dataclasses.replace(MODELOPT_FP8_PRODUCTS, q_output=q_output))
+    # The outputs' layout, as the reference reads them (y_t below is written in it too).
+    written = dataclasses.replace(spec.rope, layout=spec.rope.output_layout)
     for (tokens, batch), offset in zip(TOKENS[:3], (0, 1, 0), strict=True):
         torch.manual_seed(tokens)
         q, k, wq, wk, cos, sin, outs = run(spec, tokens, batch, (32, 8), True, offsets=(offset,) * 6)
@@ -305,7 +375,7 @@ def test_modelopt_product_stages_are_the_graphs_rounding_of_the_kernels_own_y(q_
         y_t = plain_in_the_same_tilings(spec, (q, k, wq, wk, *unrotated), batch, tokens // batch)
         for part, (out, y) in enumerate(zip(outs, y_t, strict=True)):
             quant = spec.part_quant(part)
-            expected = quantized_products_reference(y, cos, sin, spec.rope, quant, batch, tokens // batch)
+            expected = quantized_products_reference(y, cos, sin, written, quant, batch, tokens // batch)
             if quant.output is not None:
                 expected = quantize_reference(expected, quant.output)
             same = out.view(torch.uint8) == expected.view(torch.uint8)

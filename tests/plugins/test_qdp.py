@@ -11,6 +11,7 @@ that needs TensorRT runs in subprocesses, so no registration leaks into the othe
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import subprocess
@@ -686,6 +687,47 @@ def test_register_called_as_tensorrt_calls_it_gives_y_in_the_normalised_dtype(
     outputs = returned if isinstance(returned, tuple) else (returned,)
     assert [desc.dtype for desc in outputs] == list(fields.output_dtypes("bfloat16"))
     assert all(desc.shape_expr.dims == x.shape_expr.dims for desc in outputs)
+
+
+class ShapeTuple(tuple):
+    """A shape expression of ints that iterates as ShapeExprs does, with the stand-in's `dims`."""
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(self)
+
+
+@pytest.mark.parametrize(
+    ("q", "k", "hidden", "q_out", "k_out"),
+    [
+        ((2, 5, 4, 16), (2, 5, 2, 16), (16, 16), (2, 4, 5, 16), (2, 2, 5, 16)),
+        ((2, 5, 64), (2, 5, 32), (64, 32), (2, 4, 5, 16), (2, 2, 5, 16)),
+    ],
+    ids=["head-rows", "full-width"],
+)
+def test_a_rotary_node_that_moves_heads_registers_b_h_s_d_outputs(
+    q: tuple, k: tuple, hidden: tuple, q_out: tuple, k_out: tuple, dtype_names: None
+) -> None:
+    """register of a token-major rotary node with output_layout HEAD_MAJOR: each output [B, H, S, D] of its
+    activation (H a constant for a full-width norm's [B, S, H·D]), in the normalised dtype (FP8 for q's Q)."""
+    quant = contract.QuantParams(q_output=contract.Quantizer("float8_e4m3fn", 0.5))
+    rotary = dataclasses.replace(ROTARY, output_layout=contract.HeadLayout.HEAD_MAJOR)
+    params = contract.NormParams(float(np.float32(1e-6)), 0.0, WeightMode.AFTER_CAST)
+    fields = NodeFields(contract.QK_NORM_ROPE_QUANT, params, hidden, "bfloat16", quant, rotary)
+    trtp = SimpleNamespace(**vars(STAND_INS), ShapeExprs=SimpleNamespace(from_tuple=ShapeTuple))
+    (definition,) = [d for d in aot.qdp_definitions(trtp) if d.op == contract.QK_NORM_ROPE_QUANT_OP]
+
+    def desc(dtype: str, dims: tuple) -> Desc:
+        described = Desc(dtype, dims)
+        described.shape_expr = ShapeTuple(dims)
+        return described
+
+    weights = [desc("bfloat16", (size,)) for size in hidden]
+    tables = [desc("float32", (1, 5, 16)) for _ in range(2)]
+    inputs = [desc("bfloat16", q), desc("bfloat16", k), *weights, *tables]
+    written_q, written_k = definition.register(*inputs, *field_bytes(fields))
+    assert (written_q.shape_expr.dims, written_k.shape_expr.dims) == (q_out, k_out)
+    assert (written_q.dtype, written_k.dtype) == ("float8_e4m3fn", "bfloat16")
 
 
 @pytest.mark.parametrize("op", [contract.RMS_NORM_QUANT_OP, contract.ADD_RMS_NORM_QUANT_OP])

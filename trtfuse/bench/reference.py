@@ -240,7 +240,8 @@ def qk_norm_rope_reference(
     its rounding (`normalised_reference`), rotated (`rope_reference`), rounded once to T (with the part's product
     stages: y rounded to T, then `quantized_products_reference`) and, where the part has an output quantizer,
     quantized; `magnitude` as `rope_reference`'s. x is the part's activation (any shape of
-    the layout, or rows of its hidden size)."""
+    the layout, or rows of its hidden size); both results have its shape, or its [B, H, S, D] where the spec moves
+    heads."""
     hidden = (spec.q_hidden, spec.k_hidden)[part]
     rows = x.reshape(-1, hidden)
     out_dtype = getattr(torch, spec.out_dtype)
@@ -251,9 +252,14 @@ def qk_norm_rope_reference(
     if quant is not None and quant.cos_product is not None:
         out = quantized_products_reference(y.to(out_dtype), cos, sin, spec.rope, quant, batch, seq_len)
         out = out.reshape(x.shape)
+    magnitude = magnitude.reshape(x.shape)
+    if spec.rope.moves_heads:
+        out, magnitude = (
+            _heads_view(t, spec.rope, batch, seq_len).transpose(1, 2).contiguous() for t in (out, magnitude)
+        )
     if quant is not None and quant.output is not None:
         out = quantize_reference(out, quant.output)
-    return out, magnitude.reshape(x.shape)
+    return out, magnitude
 
 
 def rotated_tolerance(spec: QkNormRopeSpec, reference: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:

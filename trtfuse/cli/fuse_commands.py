@@ -42,9 +42,10 @@ def _add_norm_line(add: AddNormMatch) -> str:
 
 
 def _rotation_line(rotary: RotaryParams) -> str:
+    moved = f" -> {rotary.output_layout.name.lower()}" if rotary.moves_heads else ""
     return (
         f"head_dim={rotary.head_dim} rotary_dim={rotary.rotary_dim} {rotary.rotation.name.lower()} "
-        f"{rotary.layout.name.lower()}"
+        f"{rotary.layout.name.lower()}{moved}"
     )
 
 

@@ -47,7 +47,7 @@ from trtfuse.errors import TrtfuseError
 INT32_MAX = 2**31 - 1
 _MODES = ", ".join(f"{mode.value} ({mode.name})" for mode in WeightMode)
 _CODES = ", ".join(f"{code} ({name})" for name, code in OUTPUT_DTYPE_CODES.items())
-_ROTARY_ENUMS = dict(zip(ROTARY_FIELDS[2:], (Rotation, HeadLayout), strict=True))
+_ROTARY_ENUMS = dict(zip(ROTARY_FIELDS[2:], (Rotation, HeadLayout, HeadLayout), strict=True))
 _QUANT_CODES = ", ".join([f"{QUANT_OFF} (off)", *(f"{code} ({name})" for name, code in QUANT_DTYPE_CODES.items())])
 
 

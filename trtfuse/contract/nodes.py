@@ -61,8 +61,8 @@ class Rotation(enum.IntEnum):
 
 
 class HeadLayout(enum.IntEnum):
-    """How a rotary node's q and k hold heads and tokens: which token a head row belongs to, so which row of cos
-    and sin rotates it."""
+    """How a rotary node's q and k hold heads and tokens (ATTR_LAYOUT): which token a head row belongs to, so which
+    row of cos and sin rotates it; and how its outputs do (ATTR_OUTPUT_LAYOUT)."""
 
     TOKEN_MAJOR = 0  # [B, S, H, D], or [B, S, H·D] (a norm over the whole projection: OLMo2)
     HEAD_MAJOR = 1  # [B, H, S, D] (the norm after the attention's transpose: Gemma3)
@@ -71,21 +71,31 @@ class HeadLayout(enum.IntEnum):
 @dataclass(frozen=True)
 class RotaryParams:
     """The rotary embedding a node applies after its norm (ATTR_HEAD_DIM, ATTR_ROTARY_DIM, ATTR_ROTATION,
-    ATTR_LAYOUT): each normalised row is cut into head rows of `head_dim` D, and the first `rotary_dim` R elements
-    of each are rotated by the cos and sin of the head row's token, as `rotation` pairs them."""
+    ATTR_LAYOUT, ATTR_OUTPUT_LAYOUT): each normalised row is cut into head rows of `head_dim` D, and the first
+    `rotary_dim` R elements of each are rotated by the cos and sin of the head row's token, as `rotation` pairs them.
+    `output_layout` is the outputs' (None: `layout`): a token-major node may write the attention's [B, H, S, D]
+    itself (HEAD_MAJOR), where the graph moves its result there before a QuantizeLinear the node takes in."""
 
     head_dim: int
     rotary_dim: int
     rotation: Rotation
     layout: HeadLayout
+    output_layout: HeadLayout | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rotation", Rotation(self.rotation))
         object.__setattr__(self, "layout", HeadLayout(self.layout))
+        output_layout = self.layout if self.output_layout is None else self.output_layout
+        object.__setattr__(self, "output_layout", HeadLayout(output_layout))
 
-    def numbers(self) -> tuple[int, int, int, int]:
+    @property
+    def moves_heads(self) -> bool:
+        """Whether the outputs are in another layout than the inputs: token-major rows written as [B, H, S, D]."""
+        return self.output_layout is not self.layout
+
+    def numbers(self) -> tuple[int, int, int, int, int]:
         """The fields' values, in ROTARY_FIELDS order."""
-        return (self.head_dim, self.rotary_dim, int(self.rotation), int(self.layout))
+        return (self.head_dim, self.rotary_dim, int(self.rotation), int(self.layout), int(self.output_layout))
 
 
 def rotary_problem(rotary: RotaryParams, hidden_sizes: tuple[int, ...]) -> tuple[str, str] | None:
@@ -98,6 +108,8 @@ def rotary_problem(rotary: RotaryParams, hidden_sizes: tuple[int, ...]) -> tuple
             return ATTR_HEAD_DIM, f"is {rotary.head_dim}, which does not divide the hidden size {hidden}"
         if rotary.layout is HeadLayout.HEAD_MAJOR and hidden != rotary.head_dim:
             return ATTR_LAYOUT, f"is 1 (HEAD_MAJOR), but hidden size {hidden} is not one head row of {rotary.head_dim}"
+    if rotary.layout is HeadLayout.HEAD_MAJOR and rotary.output_layout is not HeadLayout.HEAD_MAJOR:
+        return ATTR_OUTPUT_LAYOUT, "is 0 (TOKEN_MAJOR), but layout is 1 (HEAD_MAJOR): a node moves heads only forward"
     return None
 
 
@@ -117,8 +129,9 @@ ATTR_OUTPUT_DTYPE = "output_dtype"  # int, an ONNX TensorProto code (OUTPUT_DTYP
 ATTR_HEAD_DIM = "head_dim"  # D: the width of one head row, the rotation's unit
 ATTR_ROTARY_DIM = "rotary_dim"  # R: the rotated leading elements of each head row (even, <= D)
 ATTR_ROTATION = "rotation"  # a Rotation
-ATTR_LAYOUT = "layout"  # a HeadLayout
-ROTARY_FIELDS = (ATTR_HEAD_DIM, ATTR_ROTARY_DIM, ATTR_ROTATION, ATTR_LAYOUT)
+ATTR_LAYOUT = "layout"  # a HeadLayout: q's and k's
+ATTR_OUTPUT_LAYOUT = "output_layout"  # a HeadLayout: the outputs' (HEAD_MAJOR from a TOKEN_MAJOR layout: [B, H, S, D])
+ROTARY_FIELDS = (ATTR_HEAD_DIM, ATTR_ROTARY_DIM, ATTR_ROTATION, ATTR_LAYOUT, ATTR_OUTPUT_LAYOUT)
 FLOAT_FIELDS = frozenset({ATTR_EPSILON, ATTR_WEIGHT_OFFSET})  # with every quantizer's scale (below)
 # `aot` (INT, 1) is the ONNX parser's node attribute that asks for a QDP's AOT implementation (fusion/aot_form.py);
 # weight_mode NONE nodes built as AOT get a never-read weight of [H] zeros in this dtype, as a QDP's input count is

@@ -6,7 +6,7 @@ the shapes they feed, before onnxruntime runs the lowered nodes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from trtfuse.contract.codec import NodeFields
 from trtfuse.contract.nodes import HeadLayout, RotaryParams
@@ -14,6 +14,24 @@ from trtfuse.errors import TrtfuseError
 
 # The axis of the tokens in each layout's activations: [B, S, H, D] or [B, S, H*D]; [B, H, S, D].
 TOKEN_AXIS = {HeadLayout.TOKEN_MAJOR: 1, HeadLayout.HEAD_MAJOR: 2}
+Dim = TypeVar("Dim")
+
+
+def output_dims(rotary: RotaryParams | None, hidden: int, dims: Sequence[Dim]) -> tuple[Dim | int, ...]:
+    """The dims of a node's output whose part's activation has `dims` and normalises `hidden` elements: the
+    activation's, or, where a rotary node moves heads (`RotaryParams.moves_heads`), [B, H, S, D] of its token-major
+    [B, S, H, D] or [B, S, H*D] (H = hidden / D, a constant, for the latter). Any dim type: ints, symbols, TensorRT
+    expressions; the constants are ints, for a caller to wrap."""
+    if rotary is None or not rotary.moves_heads:
+        return tuple(dims)
+    return attention_dims(dims, hidden, rotary.head_dim)
+
+
+def attention_dims(dims: Sequence[Dim], hidden: int, head_dim: int) -> tuple[Dim | int, ...]:
+    """[B, H, S, D] of token-major `dims` ([B, S, H, D], or [B, S, H*D] of rows of `hidden` = H*D)."""
+    if len(dims) == 4:
+        return (dims[0], dims[2], dims[1], dims[3])
+    return (dims[0], hidden // head_dim, dims[1], head_dim)
 
 
 def rotary_extents(config: NodeFields, label: str, names: Sequence[str], shapes: Sequence[Any]) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ import onnx
 
 from trtfuse import contract
 from trtfuse.contract.codec import NodeFields, from_node
+from trtfuse.contract.rotary_shapes import output_dims
 from trtfuse.errors import TrtfuseError
 from trtfuse.model.interface import elem_type_name
 
@@ -195,19 +196,25 @@ def _check_part_shapes(op: contract.FusedOp, activations: list[str], where: str,
 
 
 def _check_output_shapes(plugin: PluginNode, types: TensorTypes) -> None:
-    """Each output has the shape of its part's (first) activation: its declared dims, where both are static, must
-    agree with the activation's. An output declared with the other part's shape is a node whose inputs were swapped
-    (q for k) or rewired."""
+    """Each output has the shape of its part's (first) activation (a rotary node that moves heads: that shape's
+    [B, H, S, D], `contract.rotary_shapes.output_dims`): its declared dims, where both are static, must agree with
+    it. An output declared with the other part's shape is a node whose inputs were swapped (q for k) or rewired."""
     op, node = plugin.op, plugin.node
     for output, part in zip(node.output, op.output_parts, strict=True):
         activation = plugin.activations[op.activation_parts.index(part)]
         declared, dims = types.dims(output), types.dims(activation)
         if declared is None or dims is None:
             continue
-        if len(declared) != len(dims) or _static_clash(declared, dims):
+        expected = output_dims(plugin.fields.rotary, plugin.fields.hidden_sizes[part], dims)
+        if len(declared) != len(expected) or _static_clash(declared, expected):
+            given, written = f"'{activation}' {_shape_text(dims)}", f"'{output}' {_shape_text(declared)}"
+            if expected != dims:
+                raise TrtfuseError(
+                    f"{plugin.where}: output {written} is not [B, H, S, D] {_shape_text(expected)} of its input "
+                    f"{given} (inputs swapped?)"
+                )
             raise TrtfuseError(
-                f"{plugin.where}: input '{activation}' {_shape_text(dims)} and its output '{output}' "
-                f"{_shape_text(declared)} must have one shape (inputs swapped?)"
+                f"{plugin.where}: input {given} and its output {written} must have one shape (inputs swapped?)"
             )
 
 

@@ -223,11 +223,12 @@ class _Lowering:
         self, y: str, x: str, name: str, out_type: int, quant: contract.QuantParams | None, output: str
     ) -> str:
         """The float32 y of a rotary node rotated (docs/plugin-nodes.md, "Rotary embedding"), else y itself. Token-
-        major rows are viewed as [B, S, H, D] (a [B, S, H·D] one reshaped, and back to x's shape after), head-major
-        ones are [B, H, S, D]; the tables, [Bc, S, R], get a head axis of 1 and broadcast over the heads. With the
-        part's product stages on, y is rounded to T first and each product rounded to T and through its stage's
-        DQ(Q(·)) before the sum, which is rounded to T; each product stage's tensors named after the part's
-        `output` (`product_tensors`)."""
+        major rows are viewed as [B, S, H, D] (a [B, S, H·D] one reshaped, and back to x's shape after, or
+        transposed to [B, H, S, D] where the node moves heads, `RotaryParams.moves_heads`), head-major ones are
+        [B, H, S, D]; the tables, [Bc, S, R], get a head axis of 1 and broadcast over the heads. With the part's
+        product stages on, y is rounded to T first and each product rounded to T and through its stage's DQ(Q(·))
+        before the sum, which is rounded to T; each product stage's tensors named after the part's `output`
+        (`product_tensors`)."""
         rotary = self.plugin.fields.rotary
         if rotary is None:
             return y
@@ -239,6 +240,11 @@ class _Lowering:
         name = f"{name}/rope"
         token_major = rotary.layout is contract.HeadLayout.TOKEN_MAJOR
         rows = self._reshaped(y, [0, 0, -1, head], f"{name}/heads") if token_major else y
+        if rotary.moves_heads:
+            # Into the outputs' [B, H, S, D] before the rotation, as the graph the node replaced rotates there: each
+            # product stage then holds its values where the graph's QuantizeLinear reads them.
+            rows = self._op("Transpose", [rows], f"{name}/head_major", perm=[0, 2, 1, 3])
+            token_major = False
         cos, sin = self._rotary_tables(head_axis=2 if token_major else 1)
         turned = rows if rotary_dim == head else self._slice(rows, 0, rotary_dim, f"{name}/rotated_part")
         if rotary.rotation is contract.Rotation.HALF_SPLIT:

@@ -62,6 +62,7 @@ def rotary_json(rotary: contract.RotaryParams) -> dict[str, int | str]:
         "rotary_dim": rotary.rotary_dim,
         "rotation": rotary.rotation.name,
         "layout": rotary.layout.name,
+        "output_layout": rotary.output_layout.name,
     }
 
 
@@ -381,7 +382,8 @@ def _qk_norm_rope_node(graph: gs.Graph, names: _Names, rope: QkNormRopeMatch, ta
 
 def _rotated_output(side: RotatedNorm, names: _Names) -> gs.Variable:
     """The tensor the node writes for one rotated norm, with the graph rewired around it: the rotation's result (or
-    its Q's codes) cut from its producer; where layout ops follow the norm, the node writes a new tensor of y's shape
+    its Q's codes) cut from its producer, which the node writes where no layout ops follow the norm or where it
+    writes their [B, H, S, D] itself (`RotaryParams.moves_heads`); else the node writes a new tensor of y's shape
     (`Y/rotated`, or its codes `Y/quantized`) and the layout ops, kept, move it into the result, each tensor between
     them renamed likewise: a name the original gives an unrotated value never holds a rotated one, so what `check`
     compares by name stays the same value. Shape nodes that read a tensor now gone read one of its shape: the node's
@@ -396,9 +398,12 @@ def _rotated_output(side: RotatedNorm, names: _Names) -> gs.Variable:
             final.dtype = contract.QUANT_DTYPE_CODES[taken.quantizer.dtype]
         if final.shape is None:
             final.shape = result.shape
-        _read_instead(result, norm.x)
+        # A Shape of the result reads a tensor of its shape: the codes where the node writes [B, H, S, D], else x.
+        _read_instead(result, final if side.rotary.moves_heads else norm.x)
     _read_instead(norm.y, norm.x)
-    if not layout:
+    if not layout or side.rotary.moves_heads:
+        # The node writes the layout ops' [B, H, S, D] itself: they go with the rotation.
+        _read_instead(side.rotated, final)
         return final
     _read_instead(side.rotated, final)
     suffix = "rotated" if taken is None else "quantized"

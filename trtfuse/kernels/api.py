@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
 from trtfuse.contract import WeightMode
+from trtfuse.contract.rotary_shapes import attention_dims
 from trtfuse.kernels.cache import KernelCache
 from trtfuse.kernels.compiler import AddRmsNormVariant, QkNormRopeVariant, QkNormVariant, RmsNormVariant
 from trtfuse.kernels.device import DeviceInfo, current_device
@@ -67,7 +69,11 @@ def qk_norm_tilings(spec: QkNormSpec, aligned: bool) -> tuple[RowTiling, RowTili
         vector = _vector(hidden, spec.dtype, y_dtype) if aligned else 1
         if isinstance(spec, QkNormRopeSpec):
             vector = rotation_vector(vector, spec.rope.head_dim, spec.rope.rotary_dim, spec.rope.rotation)
-        return row_tiling(hidden, vector, Regime.PREFILL, x_bytes, DTYPE_BYTES[y_dtype])
+        tiling = row_tiling(hidden, vector, Regime.PREFILL, x_bytes, DTYPE_BYTES[y_dtype])
+        if isinstance(spec, QkNormRopeSpec) and spec.rope.moves_heads and hidden > spec.rope.head_dim:
+            # A lane pair's two stores address the row as one run, which its heads, S·D elements apart, are not.
+            tiling = dataclasses.replace(tiling, paired_stores=False)
+        return tiling
 
     q, k = tiling(spec.q_hidden, 0), tiling(spec.k_hidden, 1)
     block = max(q.block_threads, k.block_threads)
@@ -133,10 +139,15 @@ def _weight_ptr(spec: RmsNormSpec | AddRmsNormSpec, w: torch.Tensor | None) -> i
     return w.data_ptr()
 
 
-def _output(what: str, given: torch.Tensor | None, like: torch.Tensor, dtype: str) -> torch.Tensor:
-    """`given`, checked to be of `like`'s shape and `dtype`, or a new such tensor."""
-    out = _empty_like(like, dtype) if given is None else given
-    _check_tensor(what, out, dtype, tuple(like.shape))
+def _output(
+    what: str, given: torch.Tensor | None, like: torch.Tensor, dtype: str, shape: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """`given`, checked to be of `shape` (None: `like`'s) and `dtype`, or a new such tensor on `like`'s device."""
+    import torch
+
+    shape = tuple(like.shape) if shape is None else shape
+    out = torch.empty(shape, dtype=_torch_dtype(dtype), device=like.device) if given is None else given
+    _check_tensor(what, out, dtype, shape)
     return out
 
 
@@ -333,18 +344,22 @@ def _qk_weights_and_outputs(
     wk: torch.Tensor | None,
     q_out: torch.Tensor | None,
     k_out: torch.Tensor | None,
+    shapes: tuple[tuple[int, ...] | None, tuple[int, ...] | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A QK-norm torch call's weights checked (both exactly when weight_mode is not NONE) and its outputs: the given
-    ones checked, or new ones, each in its part's stored dtype."""
+    ones checked, or new ones, each in its part's stored dtype and of its input's shape (or of `shapes`)."""
     none = spec.params.weight_mode is WeightMode.NONE
     if (wq is None or wk is None) != none or (wq is None) != (wk is None):
         raise ValueError("both weights are required exactly when weight_mode is not NONE")
     if wq is not None:
         _check_tensor("wq", wq, spec.weight_dtype, (spec.q_hidden,))
         _check_tensor("wk", wk, spec.weight_dtype, (spec.k_hidden,))
+    shapes = shapes or (None, None)
     q_out, k_out = (
-        _output(name, given, like, spec.part_y_dtype(part))
-        for part, (name, given, like) in enumerate((("q_out", q_out, q), ("k_out", k_out, k)))
+        _output(name, given, like, spec.part_y_dtype(part), shape)
+        for part, (name, given, like, shape) in enumerate(
+            (("q_out", q_out, q, shapes[0]), ("k_out", k_out, k, shapes[1]))
+        )
     )
     return q_out, k_out
 
@@ -420,7 +435,13 @@ class QkNormRopeKernel(_Kernel):
             raise ValueError(f"cos has shape {tuple(cos.shape)}, expected [1 or {batch}, {seq_len}, R]")
         _check_tensor("cos", cos, spec.cos_dtype, (cos.shape[0], seq_len, spec.rope.rotary_dim))
         _check_tensor("sin", sin, spec.cos_dtype, tuple(cos.shape))
-        q_out, k_out = _qk_weights_and_outputs(spec, q, k, wq, wk, q_out, k_out)
+        shapes = None
+        if spec.rope.moves_heads:
+            shapes = tuple(
+                attention_dims(t.shape, hidden, spec.rope.head_dim)
+                for t, hidden in ((q, spec.q_hidden), (k, spec.k_hidden))
+            )
+        q_out, k_out = _qk_weights_and_outputs(spec, q, k, wq, wk, q_out, k_out, shapes)
         pointers = [t.data_ptr() for t in (q, k)] + [0 if w is None else w.data_ptr() for w in (wq, wk)]
         pointers += [t.data_ptr() for t in (cos, sin, q_out, k_out)]
         rows = (q.numel() // spec.q_hidden, k.numel() // spec.k_hidden)
@@ -438,12 +459,6 @@ def _batch_and_sequence(t: torch.Tensor, spec: QkNormRopeSpec) -> tuple[int, int
     if t.dim() not in (3, 4):
         raise ValueError(f"a token-major activation is [B, S, H, D] or [B, S, H*D], got shape {tuple(t.shape)}")
     return t.shape[0], t.shape[1]
-
-
-def _empty_like(t: torch.Tensor, dtype: str) -> torch.Tensor:
-    import torch
-
-    return torch.empty_like(t, dtype=_torch_dtype(dtype))
 
 
 def _get(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, kind: type) -> Any:

@@ -145,10 +145,7 @@ def _cos_row(rotation: _Rotation, row: Int32) -> Int32:
     shared = (rotation.cos_batch == 1) & (rotation.batch != 1)
     table_row = Uint32(0)
     if cutlass.const_expr(rotation.params.layout == "token_major"):
-        if Int64(rotation.rows) * Int64(rotation.rows_per_token) <= Int64(TOKEN_MAGIC_NUMERATOR):
-            table_row = Uint32((Uint64(row) * Uint64(Uint32(rotation.token_magic))) >> TOKEN_SHIFT)
-        else:
-            table_row = row // per_token
+        table_row = _token(rotation, row)
         if shared:
             table_row = table_row % seq_len
     else:
@@ -156,6 +153,58 @@ def _cos_row(rotation: _Rotation, row: Int32) -> Int32:
         if rotation.cos_batch != 1:
             table_row = row // (per_token * seq_len) * seq_len + table_row
     return Int32(table_row)
+
+
+@cute.jit
+def _token(rotation: _Rotation, row: Uint32) -> Uint32:
+    """The token b·S + s of token-major norm row `row`: row / H, by the launch's multiply-shift where it is exact
+    (`declaration.TOKEN_SHIFT`), else by a division."""
+    token = Uint32(0)
+    if Int64(rotation.rows) * Int64(rotation.rows_per_token) <= Int64(TOKEN_MAGIC_NUMERATOR):
+        token = Uint32((Uint64(row) * Uint64(Uint32(rotation.token_magic))) >> TOKEN_SHIFT)
+    else:
+        token = row // Uint32(rotation.rows_per_token)
+    return token
+
+
+@cute.jit
+def _head_major_start(rotation: _Rotation, row: Int32, hidden: cutlass.Constexpr) -> Int64:
+    """Where token-major norm row `row` (of `hidden` elements: one head row, or a token's heads) starts in the
+    outputs' [B, H, S, D]: its first head row's [b, h, s]. With one token per sequence (decode) that is where it
+    starts in the inputs' layout, so decode computes nothing more; a prefill divides only for B > 1."""
+    start = Int64(row) * hidden
+    seq_len = Uint32(rotation.seq_len)
+    if seq_len != Uint32(1):
+        heads_in_row = hidden // rotation.params.head_dim
+        token = _token(rotation, Uint32(row))
+        first_head = (Uint32(row) - token * Uint32(rotation.rows_per_token)) * heads_in_row
+        heads = Uint32(rotation.rows_per_token) * heads_in_row
+        batch = Uint32(0)
+        if rotation.batch != 1:
+            batch = token // seq_len
+        position = token - batch * seq_len
+        start = ((Int64(batch) * Int64(heads) + Int64(first_head)) * Int64(seq_len) + Int64(position)) * (
+            rotation.params.head_dim
+        )
+    return start
+
+
+def _output_row(problem: _Rows, row: Int32, offset: Int64, vec: int) -> cute.Tensor:
+    """y's (vector, vector index) view of norm row `row`, whose inputs start `offset` elements in: at the same
+    offset, or, where the rotation moves heads (`RopeParams.moves_heads`), each head row at its [b, h, s] of the
+    outputs' [B, H, S, D], the row's heads S·D elements apart. Traced inline (its branches are compile-time)."""
+    tiling, rotation = problem.tiling, problem.rotation
+    vectors = tiling.hidden // vec
+    if rotation is None or not rotation.params.moves_heads:
+        return cute.make_tensor(problem.y + offset, cute.make_layout((vec, vectors), stride=(1, vec)))
+    head_dim = rotation.params.head_dim
+    start = cute.assume(_head_major_start(rotation, row, tiling.hidden), divby=vec)
+    if tiling.hidden == head_dim:
+        return cute.make_tensor(problem.y + start, cute.make_layout((vec, vectors), stride=(1, vec)))
+    heads = tiling.hidden // head_dim
+    head_stride = rotation.seq_len * head_dim
+    layout = cute.make_layout((vec, (head_dim // vec, heads)), stride=(1, (vec, head_stride)))
+    return cute.make_tensor(problem.y + start, layout)
 
 
 def smem_bytes(tiling: RowTiling) -> int:
@@ -517,7 +566,7 @@ def _normalize_block_rows(problem: _Rows, block: Int32, math: cutlass.Constexpr)
     # vector (the vector divides the row): each row start is as aligned as the tensor, so accesses stay vector-wide.
     offset = cute.assume(Int64(row) * tiling.hidden, divby=vec)
     g_x = cute.make_tensor(problem.x + offset, row_layout)
-    g_y = cute.make_tensor(problem.y + offset, row_layout)
+    g_y = _output_row(problem, row, offset, vec)
     r_x = cute.make_rmem_tensor(slots_layout, problem.x.dtype)
     r_y = cute.make_rmem_tensor(slots_layout, problem.y.dtype)
     if cutlass.const_expr(has_weight):
@@ -662,7 +711,7 @@ def _rotate_row_by_element(problem: _Rows, row: Int32, lane: Int32, rstd: Float3
     row_layout = cute.make_layout((1, tiling.hidden), stride=(1, 1))
     offset = Int64(row) * tiling.hidden
     g_x = cute.make_tensor(problem.x + offset, row_layout)
-    g_y = cute.make_tensor(problem.y + offset, row_layout)
+    g_y = _output_row(problem, row, offset, 1)
     g_w = cute.make_tensor(problem.w, row_layout)
     rotary_layout = cute.make_layout((1, rotary_dim), stride=(1, 1))
     cos_offset = Int64(_cos_row(rotation, row)) * rotary_dim

@@ -215,14 +215,20 @@ class RopeParams:
     """The rotation applied to each head row of `head_dim` (D) elements after its norm (docs/kernels.md, "QK-norm
     + rotary embedding"): with y the normalised value in float32 and c, s the row's cos and sin,
     out[j] = y[j]·c[j] + rot(y)[j]·s[j] for j < `rotary_dim` (R), out[j] = y[j] beyond it; `rotation` is one of
-    ROTATIONS, `layout` one of HEAD_LAYOUTS."""
+    ROTATIONS, `layout` one of HEAD_LAYOUTS, and `output_layout` the outputs' (None: `layout`): "head_major" from a
+    "token_major" layout writes each head row at [b, h, s] of [B, H, S, D] (the attention's layout)."""
 
     head_dim: int
     rotary_dim: int
     rotation: str
     layout: str
+    output_layout: str | None = None
 
     def __post_init__(self) -> None:
+        if self.output_layout is None:
+            object.__setattr__(self, "output_layout", self.layout)
+        if self.output_layout not in HEAD_LAYOUTS or (self.layout, self.output_layout) == ("head_major", "token_major"):
+            raise ValueError(f"output_layout {self.output_layout!r} is not one of {HEAD_LAYOUTS} after {self.layout!r}")
         _check_hidden("head_dim", self.head_dim)
         if not isinstance(self.rotary_dim, int) or self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be a positive even int, got {self.rotary_dim!r}")
@@ -232,6 +238,11 @@ class RopeParams:
             raise ValueError(f"rotation {self.rotation!r} is not one of {ROTATIONS}")
         if self.layout not in HEAD_LAYOUTS:
             raise ValueError(f"layout {self.layout!r} is not one of {HEAD_LAYOUTS}")
+
+    @property
+    def moves_heads(self) -> bool:
+        """Whether token-major rows are written in the attention's [B, H, S, D]."""
+        return self.output_layout != self.layout
 
 
 @dataclass(frozen=True, repr=False)

@@ -54,6 +54,7 @@ def kernel_spec(fields: NodeFields, dtype: str, weight_dtype: str | None, table_
     extra: dict[str, Any] = {} if fields.quant is None else {"quant": fields.quant}
     rotary = fields.rotary
     if rotary is not None:
-        rope = (rotary.head_dim, rotary.rotary_dim, _ROTATIONS[rotary.rotation], _LAYOUTS[rotary.layout])
+        layouts = (_LAYOUTS[rotary.layout], _LAYOUTS[rotary.output_layout])
+        rope = (rotary.head_dim, rotary.rotary_dim, _ROTATIONS[rotary.rotation], *layouts)
         extra.update(rope=specs.RopeParams(*rope), cos_dtype=table_dtype)
     return spec_class(*fields.hidden_sizes, dtype, weight_dtype, fields.params, fields.output_dtype, **extra)

@@ -26,6 +26,7 @@ from typing import Any
 
 from trtfuse import contract
 from trtfuse.contract.codec import NodeFields, from_qdp
+from trtfuse.contract.rotary_shapes import output_dims
 from trtfuse.errors import TrtfuseError
 from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
 from trtfuse.plugins.trt_module import contract_data_types, load_trt, quant_data_types
@@ -98,7 +99,7 @@ def _definition(trtp: Any, op: contract.FusedOp) -> QdpDefinition:
 
     def outputs_of(arguments: dict[str, Any]) -> Any:
         fields = _fields_of(op, arguments)
-        descs = tuple(_output_desc(op, index, arguments, fields) for index in range(len(op.outputs)))
+        descs = tuple(_output_desc(trtp, op, index, arguments, fields) for index in range(len(op.outputs)))
         return descs[0] if len(descs) == 1 else descs
 
     def combinations_of(arguments: dict[str, Any]) -> list[Any]:
@@ -158,11 +159,16 @@ def _fields_of(op: contract.FusedOp, arguments: dict[str, Any]) -> NodeFields:
     return from_qdp(op, [arguments[name] for name in op.fields])
 
 
-def _output_desc(op: contract.FusedOp, index: int, arguments: dict[str, Any], fields: NodeFields) -> Any:
-    """Output `index`: its part's first activation's shape, in the normalised dtype if it is normalised (y in
-    `output_dtype` or the output quantizer's FP8 / INT8), else in that activation's dtype (the add-norm's h)."""
-    source = arguments[op.activations[op.activation_parts.index(op.output_parts[index])]]
+def _output_desc(trtp: Any, op: contract.FusedOp, index: int, arguments: dict[str, Any], fields: NodeFields) -> Any:
+    """Output `index`: its part's first activation's shape (its [B, H, S, D] where a rotary node moves heads,
+    `contract.rotary_shapes.output_dims`), in the normalised dtype if it is normalised (y in `output_dtype` or the
+    output quantizer's FP8 / INT8), else in that activation's dtype (the add-norm's h)."""
+    part = op.output_parts[index]
+    source = arguments[op.activations[op.activation_parts.index(part)]]
     output = source.like()
+    if fields.rotary is not None and fields.rotary.moves_heads:
+        dims = output_dims(fields.rotary, fields.hidden_sizes[part], list(source.shape_expr))
+        output.shape_expr = trtp.ShapeExprs.from_tuple(tuple(dims))
     if op.normalised_outputs[index]:
         output.dtype = _data_types()[fields.normalised_dtype(index)]
     return output

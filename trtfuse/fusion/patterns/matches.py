@@ -106,7 +106,8 @@ class RotaryTable:
 @dataclass
 class RotatedNorm:
     """One norm of a QK pair and the rotary embedding its output goes through: `layout` are the ops between them
-    (Reshape, Transpose), which stay in the graph after the fused node and then move the rotated values; `nodes` the
+    (Reshape, Transpose), which stay in the graph after the fused node and then move the rotated values (unless the
+    node writes their layout itself, `rotary.output_layout`); `nodes` the
     rotation's own, which the node replaces; `rotated` the tensor the rotation reads (the layout's last output, or
     the norm's y); `result` what it computes, under the graph's name (after the Casts that end it); `quantizer` the
     QuantizeLinear of the result the node takes in as its output stage, if any; `products` the QuantizeLinear ->
@@ -122,6 +123,9 @@ class RotatedNorm:
     rotary: RotaryParams
     quantizer: TakenQuantizer | None = None
     products: tuple[TakenQuantizer, ...] = ()
+    # The layout ops take y from token-major into [B, H, S, D] (no Shape node reading between them): the node may
+    # write that layout itself (`RotaryParams.output_layout`), which it does where it takes a Q after them.
+    moves_into_heads: bool = False
 
     @property
     def quantizers(self) -> tuple[TakenQuantizer, ...]:

@@ -155,10 +155,16 @@ def _rope_of(
         raise _NotTaken(f"only {rotated.name}'s output is rotated, not {plain.name}'s")
     _check_same_rotation(q, k)
     if quant_opset is not None and quant_misses is not None:
+        # Where both layouts end in the attention's [B, H, S, D], the node can write it itself: a Q after them is
+        # then taken whatever it quantizes to, and its Shape readers read the node's output.
+        movable = q.moves_into_heads and k.moves_into_heads
         q, k = (
-            _with_output_quantizer(side, stage, graph_outputs, quant_opset, quant_misses)
+            _with_output_quantizer(side, stage, graph_outputs, quant_opset, quant_misses, movable)
             for side, stage in _output_stages(q, k)
         )
+        if movable and any(side.quantizer is not None for side in (q, k)):
+            rotary = replace(q.rotary, output_layout=HeadLayout.HEAD_MAJOR)
+            q, k = (replace(side, rotary=rotary) for side in (q, k))
     return QkNormRopeMatch(q, k)
 
 
@@ -211,10 +217,11 @@ def _rotated(
         if isinstance(placed, str):
             reasons.append(placed)
             continue
-        head_dim, tables = placed
+        head_dim, tables, axes = placed
         side = _rotated_norm(norm, hypothesis, layout, rotated, formula, head_dim, tables)
         products = _product_quantizers(formula, norm, rotated, product_stages, quant_opset, head_dim)
-        return replace(side, products=products)
+        moves_heads = _moves_into_heads(hypothesis, layout, axes)
+        return replace(side, products=products, moves_into_heads=moves_heads)
     raise _NotTaken(reasons[0])
 
 
@@ -472,10 +479,10 @@ def _placed(
     rotated: gs.Tensor,
     formula: _Formula,
     shapes: Shapes,
-) -> tuple[int | None, tuple[RotaryTable, RotaryTable]] | str:
+) -> tuple[int | None, tuple[RotaryTable, RotaryTable], tuple[str, ...]] | str:
     """Where the rotation's axes are if the norm's y has `layout`: the layout ops carry y's axes to the rotated
-    tensor's, where the rotation must find one row of cos and sin per token; the head width and the tables, or why
-    not."""
+    tensor's, where the rotation must find one row of cos and sin per token; the head width, the tables and the
+    rotated tensor's axes, or why not."""
     y_dims = shapes.of(norm.y) or ()
     axes: tuple[str, ...] = _START_AXES[(len(y_dims), layout)]
     head_dim = y_dims[-1] if len(y_dims) == 4 else None
@@ -485,8 +492,19 @@ def _placed(
             return moved
         axes, head_dim = moved
     if formula.op is not None:
-        return _embedding_axes(formula.op, axes, rotated, shapes, head_dim)
-    return _broadcast_axes(formula, axes, rotated, shapes)
+        found = _embedding_axes(formula.op, axes, rotated, shapes, head_dim)
+    else:
+        found = _broadcast_axes(formula, axes, rotated, shapes)
+    return found if isinstance(found, str) else (*found, axes)
+
+
+def _moves_into_heads(layout: HeadLayout, ops: tuple[gs.Node, ...], axes: tuple[str, ...]) -> bool:
+    """Whether the layout ops take token-major y into [B, H, S, D], which a node may then write itself
+    (`RotaryParams.output_layout`): not where a Shape node reads a tensor between them, which such a node would
+    leave no tensor of that shape for."""
+    if layout is not HeadLayout.TOKEN_MAJOR or not ops or axes != (BATCH, HEAD, TOKEN, ROW):
+        return False
+    return not any(reader.op == "Shape" for op in ops[:-1] for reader in op.outputs[0].outputs)
 
 
 def _rotated_norm(
@@ -693,11 +711,12 @@ def _check_no_cycle(rope: QkNormRopeMatch, enclosing: dict[int, gs.Node]) -> Non
 
 
 def _with_output_quantizer(
-    side: RotatedNorm, stage: QuantStage, graph_outputs: set[str], opset: int, misses: list[NearMiss]
+    side: RotatedNorm, stage: QuantStage, graph_outputs: set[str], opset: int, misses: list[NearMiss], movable: bool
 ) -> RotatedNorm:
     """The side with the QuantizeLinear of its result as the node's `stage`, where the node may take it: the Q is
-    the result's one reader but for Shape nodes, a quantizer of the contract, and (where layout ops move the node's
-    output) INT8; else a quant near miss says why it stays out."""
+    the result's one reader but for Shape nodes, a quantizer of the contract, and, where layout ops stand between
+    the norm and the rotation, either `movable` (the node will write their [B, H, S, D] itself) or INT8 with no Shape
+    node reading the result (the ops then move the node's codes); else a quant near miss says why it stays out."""
     path = widened_reader(side.result, graph_outputs)
     if not path:
         return side
@@ -709,11 +728,11 @@ def _with_output_quantizer(
     shape_readers = [node for tensor in (side.rotated, side.result) for node in tensor.outputs if node.op == "Shape"]
     if readers:
         reason = f"{side.result.name} is also read by {', '.join(readers)}, unquantized"
-    elif side.layout and shape_readers:
+    elif side.layout and shape_readers and not movable:
         reason = f"{describe(shape_readers[0])} reads the shape of what {describe(side.layout[-1])} would move as codes"
     elif isinstance(quantizer, str):
         reason = quantizer
-    elif side.layout and quantizer.dtype != "int8":
+    elif side.layout and quantizer.dtype != "int8" and not movable:
         reason = f"the rotation's result reaches it through {describe(side.layout[-1])}, which would move "
         reason += f"FLOAT8E4M3FN codes: {LAYOUT_FP8}"
     else:

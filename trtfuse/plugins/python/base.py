@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import trtfuse
 from trtfuse.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION, FusedOp, dtype_pair_problem
 from trtfuse.contract.codec import NodeFields
-from trtfuse.contract.rotary_shapes import rotary_extents
+from trtfuse.contract.rotary_shapes import output_dims, rotary_extents
 from trtfuse.errors import MissingDependencyError, TrtfuseError
 from trtfuse.plugins.creation_errors import record_creation_error
 from trtfuse.plugins.kernel_specs import kernel_names, kernel_spec
@@ -173,8 +173,18 @@ class NormPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt
         return [self._output_type(input_types[0], index) for index in range(len(self.OP.outputs))]
 
     def get_output_shapes(self, inputs: Sequence[Any], shape_inputs: Sequence[Any], expr_builder: Any) -> list[Any]:
+        """Each output of its part's first activation's dims, or their [B, H, S, D] where a rotary node moves heads
+        (`contract.rotary_shapes.output_dims`; the head count a constant expression)."""
         self._check_input_count(len(inputs))
-        return [trt.DimsExprs(inputs[self._shape_source(index)]) for index in range(len(self.OP.outputs))]
+        rotary, shapes = self.config.rotary, []
+        for index, part in enumerate(self.OP.output_parts):
+            source = inputs[self._shape_source(index)]
+            if rotary is None or not rotary.moves_heads:
+                shapes.append(trt.DimsExprs(source))
+                continue
+            dims = output_dims(rotary, self.config.hidden_sizes[part], [source[i] for i in range(len(source))])
+            shapes.append(trt.DimsExprs([expr_builder.constant(d) if isinstance(d, int) else d for d in dims]))
+        return shapes
 
     def supports_format_combination(self, pos: int, in_out: Sequence[Any], num_inputs: int) -> bool:
         if num_inputs != len(self._input_names) or not 0 <= pos < len(self._same_type_as):
