@@ -20,8 +20,17 @@ ROTARY_OPS = (contract.QK_NORM_ROPE.name, contract.quantized(contract.QK_NORM_RO
 
 
 def _flip_layout(node: onnx.NodeProto) -> None:
-    (layout,) = [attribute for attribute in node.attribute if attribute.name == contract.ATTR_LAYOUT]
-    layout.i = 1 - layout.i
+    """Both layouts flipped together (a node reading and writing the other layout: valid fields, wrong shapes)."""
+    for attribute in node.attribute:
+        if attribute.name in (contract.ATTR_LAYOUT, contract.ATTR_OUTPUT_LAYOUT):
+            attribute.i = 1 - attribute.i
+
+
+def _reverse_layouts(node: onnx.NodeProto) -> None:
+    """layout HEAD_MAJOR, output_layout TOKEN_MAJOR: fields no node may have."""
+    for attribute in node.attribute:
+        if attribute.name in (contract.ATTR_LAYOUT, contract.ATTR_OUTPUT_LAYOUT):
+            attribute.i = int(attribute.name == contract.ATTR_LAYOUT)
 
 
 def _swap_q_and_k(node: onnx.NodeProto) -> None:
@@ -67,3 +76,16 @@ def test_a_rotary_node_its_inputs_do_not_fit_is_one_line_naming_it(
 def test_the_fused_model_as_written_passes(fused: Path) -> None:
     result = run_cli("check", ORIGINAL, fused)
     assert result.exit_code == 0, result.output
+
+
+def test_a_node_reading_head_major_and_writing_token_major_is_one_line_naming_the_field(
+    fused: Path, tmp_path: Path
+) -> None:
+    edited, name = _edited(fused, _reverse_layouts, tmp_path)
+    result = run_cli("check", ORIGINAL, edited)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.endswith(
+        f"{edited}: node '{name}': attribute output_layout is 0 (TOKEN_MAJOR), but layout is 1 (HEAD_MAJOR): "
+        "a node moves heads only forward"
+    )

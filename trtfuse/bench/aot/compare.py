@@ -106,6 +106,8 @@ def compare_part(spec: Spec, part: PartTensors) -> Comparison:
             reference = qk_norm_rope_reference(x, weight, *extents[:2], rounded, *extents[2:])[0]
             for stage in (part.quant.cos_product, part.quant.sin_product):
                 allowed = allowed + quantization_step(magnitude.double(), stage)
+        # As the output holds them (its [B, H, S, D] where the spec moves heads): rows of the part's width.
+        reference, allowed = (t.reshape(part.rows, part.hidden) for t in (reference, allowed))
     elif part.residual is None:
         reference = norm_reference(x, weight, spec.params, spec.out_dtype, quant)
     else:

@@ -229,8 +229,14 @@ def rope_entries() -> list[MatrixEntry]:
     llama, gemma = NormParams(1e-6, 0.0, after), NormParams(1e-6, 1.0, before)
     olmo = NormParams(1e-6, 0.0, before)
 
-    def rope(head_dim: int, rotary: int | None = None, rotation: str = "half", layout: str = "token_major"):
-        return RopeParams(head_dim, rotary or head_dim, rotation, layout)
+    def rope(
+        head_dim: int,
+        rotary: int | None = None,
+        rotation: str = "half",
+        layout: str = "token_major",
+        output_layout: str | None = None,
+    ):
+        return RopeParams(head_dim, rotary or head_dim, rotation, layout, output_layout)
 
     head_major = rope(256, layout="head_major")
     specs = [
@@ -262,6 +268,23 @@ def rope_entries() -> list[MatrixEntry]:
     specs.append((dataclasses.replace(qwen3_fp16, quant=MODELOPT_FP8_PRODUCTS), (32, 8)))
     with_output = dataclasses.replace(MODELOPT_FP8_PRODUCTS, q_output=Quantizer("int8", 0.029388427734375))
     specs.append((dataclasses.replace(qwen3_fp16, quant=with_output), (32, 8)))
+    # Token-major rows written as the attention's [B, H, S, D]: ModelOpt FP8's Qwen3 node with q's FP8 Q after the
+    # rotation, OLMo2's full-width rows (plain and FP8 q), and a 16-bit x with an fp32 y (no paired stores).
+    head_major_out = rope(128, output_layout="head_major")
+    fp8_q = dataclasses.replace(MODELOPT_FP8_PRODUCTS, q_output=Quantizer("float8_e4m3fn", 0.09918212890625))
+    qwen3_moving = dataclasses.replace(qwen3_fp16, rope=head_major_out)
+    specs.append((dataclasses.replace(qwen3_moving, quant=fp8_q), (32, 8)))
+    olmo2_moving = QkNormRopeSpec(4096, 1024, "bfloat16", "bfloat16", olmo, rope=head_major_out)
+    specs.append((olmo2_moving, (1, 1)))
+    specs.append((dataclasses.replace(olmo2_moving, quant=QuantParams(q_output=fp8)), (1, 1)))
+    specs.append(
+        (
+            QkNormRopeSpec(
+                2048, 512, "bfloat16", "float32", olmo, "float32", rope=rope(128, 64, output_layout="head_major")
+            ),
+            (1, 1),
+        )
+    )
     return [MatrixEntry(spec, heads) for spec, heads in specs]
 
 
@@ -358,6 +381,9 @@ def matrix() -> list[MatrixEntry]:
     return list(dict.fromkeys(entries))
 
 
+_SHORT_DTYPES = {"float8_e4m3fn": "fp8", "int8": "int8"}
+
+
 def entry_name(entry: MatrixEntry) -> str:
     """A readable file-name stem for an entry (unique together with its index in the manifest)."""
     spec = entry.spec
@@ -370,10 +396,12 @@ def entry_name(entry: MatrixEntry) -> str:
     name = f"{kind}-{size}-{spec.dtype}-{weight}-{spec.out_dtype}-{mode}-{numbers}"
     quant = getattr(spec, "quant", None)
     if quant is not None:
-        name += "".join(f"-{stage.value}-{quant.at(stage).dtype}" for stage in quant.stages)
+        # Short dtype names: a file name has 255 bytes, and ModelOpt's rotary entries have five stages.
+        name += "".join(f"-{stage.value}-{_SHORT_DTYPES[quant.at(stage).dtype]}" for stage in quant.stages)
     rope = getattr(spec, "rope", None)
     if rope is not None:
-        name += f"-d{rope.head_dim}-r{rope.rotary_dim}-{rope.rotation}-{rope.layout}-cos-{spec.cos_dtype}"
+        layout = f"{rope.layout}-to-{rope.output_layout}" if rope.moves_heads else rope.layout
+        name += f"-d{rope.head_dim}-r{rope.rotary_dim}-{rope.rotation}-{layout}-cos-{spec.cos_dtype}"
     return name
 
 
