@@ -134,7 +134,7 @@ class HostQkNormRopeKernel(HostKernel):
             x = self._rows(x_ptr, rows, hidden, spec.dtype)
             weight = self._weight(w_ptr, hidden)
             out, _magnitude = qk_norm_rope_reference(x, weight, cos, sin, spec, part, batch, seq_len)
-            self._rows(out_ptr, rows, hidden, spec.part_y_dtype(part)).copy_(out)
+            self._rows(out_ptr, rows, hidden, spec.part_y_dtype(part)).copy_(out.reshape(rows, hidden))
 
 
 # trtfuse.kernels' factory for each stand-in.

@@ -33,7 +33,7 @@ from trtfuse.contract import (
     WeightMode,
 )
 from trtfuse.contract.codec import NodeFields
-from trtfuse.contract.rotary_shapes import TOKEN_AXIS
+from trtfuse.contract.rotary_shapes import TOKEN_AXIS, output_dims
 from trtfuse.plugins.kernel_specs import kernel_spec
 
 Shape = tuple[int, ...]
@@ -88,8 +88,9 @@ class NormCase:
         rotary, tables = self.config.rotary, self.tables
         if rotary is None or tables is None:
             return ""
+        layout = f"{rotary.layout.name}-to-{rotary.output_layout.name}" if rotary.moves_heads else rotary.layout.name
         return (
-            f"-rope-d{rotary.head_dim}r{rotary.rotary_dim}-{rotary.rotation.name}-{rotary.layout.name}"
+            f"-rope-d{rotary.head_dim}r{rotary.rotary_dim}-{rotary.rotation.name}-{layout}"
             f"-cos{tables.dtype}-bc{'B' if tables.per_batch else '1'}"
         )
 
@@ -145,8 +146,13 @@ class NormCase:
         return (first[0] if tables.per_batch else 1, first[TOKEN_AXIS[rotary.layout]], rotary.rotary_dim)
 
     def output_shapes(self, part_shapes: Sequence[Shape]) -> list[Shape]:
-        """By output position: each output has its part's shape."""
-        return [tuple(part_shapes[part]) for part in self.op.output_parts]
+        """By output position: each output has its part's shape (its [B, H, S, D] where a rotary node moves heads,
+        `contract.rotary_shapes.output_dims`)."""
+        config = self.config
+        return [
+            tuple(output_dims(config.rotary, config.hidden_sizes[part], part_shapes[part]))
+            for part in self.op.output_parts
+        ]
 
 
 def _quantizer_label(quantizer: Quantizer) -> str:
@@ -235,8 +241,10 @@ def rope_case(
     max_size: tuple[int, int] = (2, 32),
     runs: Sequence[tuple[int, int]] = ((2, 32), (2, 1), (1, 1)),
     quant: QuantParams | None = None,
+    output_layout: HeadLayout | None = None,
 ) -> NormCase:
-    """A QK-norm + rotary embedding (TrtfuseQkNormRope) over q and k of `layout`: TOKEN_MAJOR [B, S, H, D] (Qwen3),
+    """A QK-norm + rotary embedding (TrtfuseQkNormRope) over q and k of `layout` (its outputs of `output_layout`,
+    default the same): TOKEN_MAJOR [B, S, H, D] (Qwen3),
     or with `full_width` [B, S, H·D] normalised over a token's whole width (OLMo2); HEAD_MAJOR [B, H, S, D] (Gemma3).
     The first `rotary_dim` R (default D) of each head row rotate, paired as `rotation` says, by `tables` (default:
     the activations' dtype, one row for the batch, Qwen3's theta 1e6). Sizes are (B, S): the profile from (1, 1) to
@@ -245,7 +253,7 @@ def rope_case(
     params = _float32_params(epsilon, weight_offset, weight_mode)
     op = QK_NORM_ROPE if quant is None else QUANTIZED_OPS[QK_NORM_ROPE.name]
     widths = (q_heads * head_dim, k_heads * head_dim) if full_width else (head_dim, head_dim)
-    rotary = RotaryParams(head_dim, rotary_dim or head_dim, rotation, layout)
+    rotary = RotaryParams(head_dim, rotary_dim or head_dim, rotation, layout, output_layout)
     config = NodeFields(op, params, widths, dtype, quant, rotary)
 
     def shapes(size: tuple[int, int]) -> tuple[Shape, ...]:
@@ -454,6 +462,16 @@ def rope_quant_cases() -> list[NormCase]:
 
     return [
         rope_case(32, 8, 128, "bfloat16", "bfloat16", quant=QuantParams(q_output=fp8(1 / 64), k_output=fp8(1 / 32))),
+        # ModelOpt FP8's Qwen3 node: q's FP8 Q after the rotation, both outputs written as the attention's [B, H, S, D].
+        rope_case(
+            32,
+            8,
+            128,
+            "float16",
+            "float16",
+            quant=QuantParams(q_output=fp8(1 / 64)),
+            output_layout=HeadLayout.HEAD_MAJOR,
+        ),
         rope_case(
             8,
             4,
