@@ -89,3 +89,15 @@ def test_a_node_reading_head_major_and_writing_token_major_is_one_line_naming_th
         f"{edited}: node '{name}': attribute output_layout is 0 (TOKEN_MAJOR), but layout is 1 (HEAD_MAJOR): "
         "a node moves heads only forward"
     )
+
+
+def test_generate_holds_a_rotary_node_to_its_shapes_before_onnxruntime_runs(fused: Path, tmp_path: Path) -> None:
+    """`generate` on the CPU checks the rotary nodes at its first step's shapes as `check` does: a flipped layout is
+    the same one line naming the node, exit 2."""
+    edited, name = _edited(fused, _flip_layout, tmp_path)
+    result = run_cli("generate", edited, "--no-cache", "--steps", "2")
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert f"{edited}: node '{name}': input" in line and "differ in batch or tokens" in line
+    assert "onnxruntime" not in line
+    assert run_cli("generate", fused, "--no-cache", "--steps", "2").exit_code == 0

@@ -27,6 +27,7 @@ from trtfuse.generate.loop import Generation, default_prompt, greedy_generate, r
 from trtfuse.model.feeds import check_seed
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.onnxrt import CpuSession, Notify, loading_line, lowered_session, original_session, quiet
+from trtfuse.verify.rotary_shapes import check_rotary_shapes
 from trtfuse.verify.verdict import LOWERED_NAME
 
 ORIGINAL_RUNNER = "onnxruntime"
@@ -107,6 +108,12 @@ def generate_file(
     interface.check_drivable(use_cache)
     interface.check_prompt(chosen, steps, use_cache)
     _warn_positions(interface, len(chosen), steps, warn)
+    if is_fused(loaded):
+        # As `check` does: a rotary node whose inputs do not fit its layout is one line, not onnxruntime's error.
+        steps_fed = [interface.feed_shapes(len(chosen), 0)]
+        if use_cache and steps:
+            steps_fed.append(interface.feed_shapes(1, len(chosen)))
+        check_rotary_shapes(loaded, steps_fed)
     session, runner, note = cpu_session(loaded, notify)
     with session:
         generation = repeated(

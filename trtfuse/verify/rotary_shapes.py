@@ -22,18 +22,24 @@ from trtfuse.model.onnx_file import LoadedModel
 Shapes = Mapping[str, tuple[int, ...]]
 
 
-def check_rotary_shapes(fused: LoadedModel, feeds: Iterable[Mapping[str, np.ndarray]]) -> None:
+def check_rotary_shapes(fused: LoadedModel, feeds: Iterable[Shapes]) -> None:
     """Every plugin node of `fused` read (`fusion.fused_nodes.plugin_nodes`), and each rotary node's q, k, cos and
-    sin fitting its layout at every one of `feeds`; one TrtfuseError line naming the node and the inputs otherwise."""
+    sin fitting its layout at every one of `feeds` (each input's shape by name: `feed_shapes` of a feed); one
+    TrtfuseError line naming the node and the inputs otherwise."""
     rotary = [node for node in plugin_nodes(fused.model, fused.path) if node.fields.rotary is not None]
     if not rotary:
         return
     lowered = lower_fused_nodes(fused.model, fused.path)
-    fed_shapes = {tuple(sorted((name, array.shape) for name, array in feed.items())) for feed in feeds}
+    fed_shapes = {tuple(sorted((name, tuple(shape)) for name, shape in feed.items())) for feed in feeds}
     for fed in fed_shapes:
         shapes = _inferred_shapes(lowered, dict(fed))
         for node in rotary:
             _check_node(node, shapes)
+
+
+def feed_shapes(feed: Mapping[str, np.ndarray]) -> Shapes:
+    """Each input's shape in `feed`."""
+    return {name: array.shape for name, array in feed.items()}
 
 
 def _check_node(node: PluginNode, shapes: Shapes) -> None:

@@ -53,7 +53,7 @@ from trtfuse.verify.onnxrt import (
     timed,
     widened_feed,
 )
-from trtfuse.verify.rotary_shapes import check_rotary_shapes
+from trtfuse.verify.rotary_shapes import check_rotary_shapes, feed_shapes
 from trtfuse.verify.tolerances import (
     REFERENCE_MARGIN,
     OutputError,
@@ -370,7 +370,7 @@ def judge_lowered(
     runs, and `compare` without an engine. The fused model's plugin nodes are read, and its rotary nodes held to
     their shape rule at the feeds' shapes, before any session loads, so a broken one is one line and nothing else."""
     check_same_inputs(original, fused)
-    check_rotary_shapes(fused, [step.feed for step in feeds])
+    check_rotary_shapes(fused, [feed_shapes(step.feed) for step in feeds])
     judge = judge_for(original, tolerance, *declared_output_differences(original, fused))
     nodes = node_models(original, fused)
     runner, note = original_session(original, notify, exposed=nodes.exposed)
