@@ -34,7 +34,7 @@ def quantizers(draw: st.DrawFn, stage: contract.QuantStage) -> contract.Quantize
 @st.composite
 def quant_params(draw: st.DrawFn, op: contract.FusedOp, output_dtype: str) -> contract.QuantParams:
     """Some of the op's stages on; a rotation's product stages two by two (a part's cos and sin products), each
-    dequantized to T as the contract has it (`contract.product_problem`)."""
+    dequantized to T as the contract has it (`contract.rotation_stage_problem`)."""
     stages = draw(st.sets(st.sampled_from(op.quant_stages), min_size=1))
     for part in op.part_stages:
         if any(stage.product for stage in stages.intersection(part)):

@@ -69,10 +69,10 @@ from trtfuse.contract.nodes import (
     dtype_of_code,
     dtype_pair_problem,
     norm_quant,
-    product_problem,
     quant_dtype_of_code,
     quantized,
     rotary_problem,
+    rotation_stage_problem,
     rounding_dtype,
 )
 
@@ -140,7 +140,7 @@ __all__ = [
     "dtype_of_code",
     "dtype_pair_problem",
     "norm_quant",
-    "product_problem",
+    "rotation_stage_problem",
     "quant_dtype_of_code",
     "quantized",
     "rotary_problem",

@@ -28,7 +28,7 @@ from onnx import helper
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.fusion.fused_nodes import PluginNode, node_label, plugin_nodes
-from trtfuse.fusion.lowering import lower_fused_nodes, product_tensors, quantizer_input
+from trtfuse.fusion.lowering import lower_fused_nodes, quantizer_input, stage_tensors
 from trtfuse.fusion.patterns.quant import LAYOUT_OPS
 from trtfuse.model.interface import elem_type_name, value_types
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
@@ -380,7 +380,7 @@ def _products(
     for stage in (contract.QuantStage.COS_PRODUCT, contract.QuantStage.SIN_PRODUCT):
         quantize, dequantize = pairs[stage]
         quantizer = quant.at(stage)
-        names = product_tensors(copy.name(plugin.node.output[position]), stage)
+        names = stage_tensors(copy.name(plugin.node.output[position]), stage)
         codes = f"{names.codes}/fp32"
         after.nodes[len(after.nodes)] = helper.make_node(
             "Cast", [names.codes], [codes], to=onnx.TensorProto.FLOAT, name=codes

@@ -442,7 +442,7 @@ def rope_quant_cases() -> list[NormCase]:
     """The QK-norm + rotary's quantizers as ModelOpt's exports put them: FP8 attention inputs (a Q on each rotated
     output), INT8 ones at their own scales on head-major heads, and the rotation's products each through a Q/DQ
     pair before the sum (FP8 with per-batch fp32 tables; INT8 on OLMo2's full width, q's output also quantized).
-    A product stage dequantizes to T (`contract.product_problem`)."""
+    A product stage dequantizes to T (`contract.rotation_stage_problem`)."""
 
     def products(quantize: Callable[..., Quantizer], q_scale: float, k_scale: float, dtype: str) -> dict[str, Any]:
         return {
