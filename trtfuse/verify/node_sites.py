@@ -68,7 +68,9 @@ class JudgedOutput:
     A rotation stage (the normalised one, a product) is judged as an output of its own: `tensor` is the codes of the
     original's QuantizeLinear on the normalised y or the product (`value`), `candidate` the node's codes in float32
     and the original's layout, and `dequantized` / `original_dequantized` the two DequantizeLinear values; a product
-    after a normalised stage names it (`normalised`): where that stage's codes moved, so may the products'. The
+    after a normalised stage names it (`normalised`): where that stage's codes moved, so may the products'; in a
+    part whose inverse root is quantized (`rsqrt_quantized`), a row's r' may be a step of its own grid from the
+    original's (the graph computing r otherwise), and every value of the row moves with it. The
     rotated output the products sum into lists them (`products`): its value is judged within what their steps allow
     (docs/cli.md, "Each fused node")."""
 
@@ -85,6 +87,7 @@ class JudgedOutput:
     original_dequantized: str | None = None
     products: tuple[JudgedOutput, ...] = ()
     normalised: JudgedOutput | None = None
+    rsqrt_quantized: bool = False
 
     @property
     def is_stage(self) -> bool:
@@ -412,7 +415,7 @@ def _stage_output(
     DequantizeLinear `pair` reads: the node's value, codes and dequantized value (`stage_tensors`) moved by `movers`
     into the original's layout."""
     quantize, dequantize = pair
-    quantizer = plugin.fields.part_quant(plugin.op.output_parts[position]).at(stage)
+    quant = plugin.fields.part_quant(plugin.op.output_parts[position])
     names = stage_tensors(copy.name(plugin.node.output[position]), stage)
     codes = f"{names.codes}/fp32"
     after.nodes[len(after.nodes)] = helper.make_node(
@@ -424,12 +427,13 @@ def _stage_output(
         _moved(codes, movers, copy, after, target),
         _moved(names.value, movers, copy, after, target),
         node_label(quantize),
-        quantizer.dtype,
+        quant.at(stage).dtype,
         names.codes,
         _requantize(quantize, names.value, quantize.output[0], after, source),
         names.value,
         _moved(names.dequantized, movers, copy, after, target),
         dequantize.output[0],
+        rsqrt_quantized=quant.rsqrt is not None,
     )
 
 

@@ -16,7 +16,8 @@ Per output of a node:
   --atol), within that, as every float output is. Codes have no tolerance;
 - a rotation stage (the normalised y's pair, a product's): its codes as a quantized output's, each besides at most
   `PRODUCT_STEPS` step of its grid from the original's codes (a product's anywhere in a head row where the
-  normalised stage's codes did not move), its value as any value; the rotated output its products sum into, element
+  normalised stage's codes did not move; none in a part whose inverse root is quantized, whose rows move with their
+  r'), its value as any value; the rotated output its products sum into, element
   by element within the two products' DequantizeLinear differences plus one ulp of its dtype (`_sum_bound`).
 """
 
@@ -362,12 +363,17 @@ def _judged(
     within their dtype's), else against the reference (the original's own values in a float32 original)."""
     node = {"node": site.name, "op": site.op, "tensor": judged.tensor, "value": judged.value}
     codes = None
+    moved = _normalised_moved(judged, candidate, original)
     if judged.quantizer is not None:
-        codes = _codes(judged, candidate, original[judged.tensor], _normalised_moved(judged, candidate, original))
+        codes = _codes(judged, candidate, original[judged.tensor], moved)
     value, expected = np.asarray(candidate[judged.candidate_value]), np.asarray(original[judged.value])
     if value.shape != expected.shape:
         note = f"shape {_shape(value)}, the original's {_shape(expected)}"
         return NodeOutputVerdict(**node, values_passed=False, codes=codes, note=note)
+    if moved is not None:
+        # A product's value where the normalised value it multiplies moved a step is another product: judged in
+        # the rotated output's sum bound, not here.
+        value = np.where(_rows(moved, value.shape), expected, value)
     if judged.products and tolerance is None:
         bound = _sum_bound(judged, value, expected, candidate, original)
         return NodeOutputVerdict(**node, values_passed=bound.passed, codes=codes, bound=bound)
@@ -478,6 +484,12 @@ def _normalised_moved(
     return (_code_values(node, dtype) != _code_values(theirs, dtype)).any(axis=-1, keepdims=True)
 
 
+def _rows(moved: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`_normalised_moved`'s rows as a mask over a product of `shape`: those rows, or, in another layout than the
+    product's (layout ops between the two stages), whether any moved."""
+    return moved if not moved.ndim or moved.shape[:-1] == shape[:-1] else moved.any()
+
+
 def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray, passed: np.ndarray | None) -> StepCheck:
     """How far a rotation stage's codes moved from the original's, in steps of their grid, but where `passed` (the
     rows where the normalised stage before it moved: the product's value moved with it)."""
@@ -485,9 +497,7 @@ def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray, 
     node, theirs = _code_values(moved_codes, dtype), _code_values(original, dtype)
     distance = np.abs(_ordinals(node, dtype) - _ordinals(theirs, dtype))
     if passed is not None:
-        # Rows of another layout than the product's (layout ops between the two stages): whether any moved.
-        passed = passed if not passed.ndim or passed.shape[:-1] == distance.shape[:-1] else passed.any()
-        distance = np.where(passed, 0, distance)
+        distance = np.where(_rows(passed, distance.shape), 0, distance)
     if not distance.size or distance.max() <= PRODUCT_STEPS:
         return StepCheck(int(distance.max(initial=0)))
     index = tuple(int(position) for position in np.unravel_index(int(np.argmax(distance)), distance.shape))
@@ -510,7 +520,9 @@ def _codes(
         moved = codes.size
     else:
         moved = int((_code_values(moved_codes, dtype) != _code_values(original, dtype)).sum())
-        steps = _steps(judged, moved_codes, original, passed) if judged.is_stage else None
+        # A row's r' a step away moves every code of the row: judged as values only.
+        stepped = judged.is_stage and not judged.rsqrt_quantized
+        steps = _steps(judged, moved_codes, original, passed) if stepped else None
     if codes.shape != expected.shape:
         return CodeCheck(dtype, quantizer, codes.size, codes.size, moved, steps=steps)
     wrong = ~_same_codes(codes, expected)
