@@ -140,9 +140,9 @@ __all__ = [
     "dtype_of_code",
     "dtype_pair_problem",
     "norm_quant",
-    "rotation_stage_problem",
     "quant_dtype_of_code",
     "quantized",
     "rotary_problem",
+    "rotation_stage_problem",
     "rounding_dtype",
 ]

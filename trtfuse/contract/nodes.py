@@ -166,7 +166,8 @@ class QuantStage(str, enum.Enum):
     @property
     def norm_stage(self) -> QuantStage:
         """The stage of one norm this stage is (`input`, `rsqrt`, `normalised`, a product or `output`): a QK-norm
-        part's stage is that of the part's own norm, which is what the kernels, the reference and the lowering compute (`norm_quant`)."""
+        part's stage is that of the part's own norm, which is what the kernels, the reference and the lowering
+        compute (`norm_quant`)."""
         return _PART_STAGES.get(self, self)
 
     @property

@@ -357,10 +357,7 @@ def _normalized_float(
 ) -> cute.TensorSSA:
     """y in float32 before its final rounding: what the rotation reads; with the normalised stage on, y rounded to
     T and through its DQ(Q(·)) (a T value), as the graph's pair on the norm's output hands it to the rotation."""
-    if cutlass.const_expr(r_w is None):
-        y = x * rstd
-    else:
-        y = _weighted(x, rstd, r_w, math)
+    y = x * rstd if cutlass.const_expr(r_w is None) else _weighted(x, rstd, r_w, math)
     quantizer = math.stage("normalised")
     if cutlass.const_expr(quantizer is not None):
         rounded = y.to(FLOAT_CUTLASS_DTYPES[math.normalised]).to(Float32)

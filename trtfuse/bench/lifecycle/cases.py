@@ -443,8 +443,8 @@ def rope_quant_cases() -> list[NormCase]:
     output), INT8 ones at their own scales on head-major heads, and the rotation's products each through a Q/DQ
     pair before the sum (FP8 with per-batch fp32 tables, each norm's output through an FP8 pair before the rotation;
     INT8 on OLMo2's full width, q's output also quantized), and the norms' own pairs of ModelOpt's INT8 rotations:
-    OLMo2's on each norm's input and inverse root, Gemma3's on each norm's output before the rotation (head-major). A product or normalised stage dequantizes to T
-    (`contract.rotation_stage_problem`)."""
+    OLMo2's on each norm's input and inverse root, Gemma3's on each norm's output before the rotation (head-major).
+    A product or normalised stage dequantizes to T (`contract.rotation_stage_problem`)."""
 
     def products(quantize: Callable[..., Quantizer], q_scale: float, k_scale: float, dtype: str) -> dict[str, Any]:
         return {
