@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
-from trtfuse.bench.aot.matrix import MODELOPT_INT8_GEMMA3, MODELOPT_INT8_OLMO2
+from trtfuse.bench.aot.matrix import MODELOPT_INT8_GEMMA3, MODELOPT_INT8_OLMO2, rope_entries
 from trtfuse.contract import NormParams, QuantParams, QuantStage, WeightMode
-from trtfuse.kernels import QkNormRopeSpec, RopeParams, get_qk_norm_rope
+from trtfuse.kernels import QkNormRopeSpec, get_qk_norm_rope
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
@@ -40,32 +40,11 @@ LLAMA = NormParams(1e-6, 0.0, WeightMode.AFTER_CAST)
 NORM_STAGES = (QuantStage.INPUT, QuantStage.RSQRT)
 # (tokens, batch, cos/sin per batch row): a decode token, 7 sequences of one token, 3 prompts of 100.
 TOKENS = ((1, 1, False), (7, 7, True), (300, 3, False))
-# (spec, (q heads, k heads)): Gemma3's head-major rows of 64 (odd head counts), OLMo2's full-width norm.
+# (spec, (q heads, k heads)): the AOT matrix's entries, Gemma3's head-major rows of 64 (odd head counts) and OLMo2's
+# full-width norm.
 CASES = {
-    "gemma3-int8": (
-        QkNormRopeSpec(
-            64,
-            64,
-            "float16",
-            "float16",
-            LLAMA,
-            rope=RopeParams(64, 64, "half", "head_major"),
-            quant=MODELOPT_INT8_GEMMA3,
-        ),
-        (7, 3),
-    ),
-    "olmo2-int8": (
-        QkNormRopeSpec(
-            4096,
-            1024,
-            "float16",
-            "float16",
-            LLAMA,
-            rope=RopeParams(128, 128, "half", "token_major"),
-            quant=MODELOPT_INT8_OLMO2,
-        ),
-        (1, 1),
-    ),
+    name: next((entry.spec, entry.heads) for entry in rope_entries() if entry.spec.quant == quant)
+    for name, quant in (("gemma3-int8", MODELOPT_INT8_GEMMA3), ("olmo2-int8", MODELOPT_INT8_OLMO2))
 }
 
 
