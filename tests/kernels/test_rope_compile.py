@@ -235,7 +235,7 @@ def test_a_parts_products_are_quantized_together_and_dequantized_to_t() -> None:
     with pytest.raises(ValueError, match="products are quantized together"):
         QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=QWEN3, quant=one)
     both = dataclasses.replace(one, q_sin_product=Quantizer("float8_e4m3fn", 0.25, True, "float32"))
-    with pytest.raises(ValueError, match="products are summed in T"):
+    with pytest.raises(ValueError, match="the rotation computes in T"):
         QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=QWEN3, quant=both)
     with pytest.raises(ValueError, match="q_cos_product"):
         QkNormSpec(
