@@ -34,14 +34,14 @@ def quantizers(draw: st.DrawFn, stage: contract.QuantStage) -> contract.Quantize
 @st.composite
 def quant_params(draw: st.DrawFn, op: contract.FusedOp, output_dtype: str) -> contract.QuantParams:
     """Some of the op's stages on; a rotation's product stages two by two (a part's cos and sin products), each
-    dequantized to T as the contract has it (`contract.product_problem`)."""
+    rotation stage (normalised, products) dequantized to T, as `contract.rotation_stage_problem` has it."""
     stages = draw(st.sets(st.sampled_from(op.quant_stages), min_size=1))
     for part in op.part_stages:
         if any(stage.product for stage in stages.intersection(part)):
             stages |= {stage for stage in part if stage.product}
     quantizers_on = {stage: draw(quantizers(stage)) for stage in stages}
     for stage in stages:
-        if stage.product:
+        if stage.rotation_input:
             quantizers_on[stage] = dataclasses.replace(quantizers_on[stage], dequant_dtype=output_dtype)
     return contract.QuantParams(**{stage.value: quantizer for stage, quantizer in quantizers_on.items()})
 
@@ -259,17 +259,20 @@ def test_a_quantized_op_is_its_base_op_then_every_stage_of_quantizer_fields() ->
             f"{role}_output_quant_saturate",
         )
     assert len(contract.QK_NORM_QUANT.fields) == 6 + 24
-    # The rotary QK-norm's, after its rotary fields, per part: the rotation's cos and sin product stages, then the
-    # output stage.
+    # The rotary QK-norm's, after its rotary fields, per part in formula order: the norm's input and rsqrt stages
+    # (as the QK-norm's), the normalised stage, the rotation's cos and sin product stages, then the output stage.
     for part, role in enumerate(("q", "k")):
-        start = 11 + 11 * part
-        assert contract.QK_NORM_ROPE_QUANT.fields[start : start + 11] == (
+        start = 11 + 24 * part
+        norm_stages = contract.QK_NORM_QUANT.fields[6 + 12 * part : 6 + 12 * part + 9]
+        assert contract.QK_NORM_ROPE_QUANT.fields[start : start + 24] == (
+            *norm_stages,
+            *(f"{role}_normalised_{name}" for name in PRODUCT_FIELDS),
             *(f"{role}_{product}_product_{name}" for product in ("cos", "sin") for name in PRODUCT_FIELDS),
             f"{role}_output_quant_dtype",
             f"{role}_output_quant_scale",
             f"{role}_output_quant_saturate",
         )
-    assert len(contract.QK_NORM_ROPE_QUANT.fields) == 11 + 22
+    assert len(contract.QK_NORM_ROPE_QUANT.fields) == 11 + 48
     assert set(contract.QUANTIZED_OPS) == {
         contract.RMS_NORM_OP,
         contract.ADD_RMS_NORM_OP,
@@ -533,4 +536,36 @@ def test_a_parts_products_are_quantized_together_and_dequantized_to_t() -> None:
             ROTARY,
         )
     with pytest.raises(ValueError, match="has no stage q_cos_product"):
+        NodeFields(contract.QK_NORM_QUANT, GOOD.params, (128, 64), "float16", quant)
+
+
+def test_a_rotated_norms_own_stages_are_its_parts_norm_stages_and_the_normalised_one_dequantizes_to_t() -> None:
+    """ModelOpt's INT8 OLMo2 (each norm's input and inverse-root pairs) and Gemma3 (a pair on each norm's output
+    before the rotation) rotary nodes: every transport gives them back, each part's stages are its norm's; a
+    normalised stage dequantized to another dtype than T is one line naming the field, in every transport."""
+    int8 = contract.Quantizer("int8", float(np.float32(0.0269)), True, "float16")
+    rsqrt = contract.Quantizer("int8", float(np.float32(0.0253)), True, "float32", "float16")
+    quant = contract.QuantParams(q_input=int8, q_rsqrt=rsqrt, q_normalised=int8, k_normalised=int8, k_rsqrt=rsqrt)
+    fields = NodeFields(contract.QK_NORM_ROPE_QUANT, GOOD.params, (128, 64), "float16", quant, ROTARY)
+    assert fields.part_quant(0) == contract.QuantParams(input=int8, rsqrt=rsqrt, normalised=int8)
+    assert fields.part_quant(1) == contract.QuantParams(rsqrt=rsqrt, normalised=int8)
+    assert from_node(_node(fields), "m.onnx: node 'n'") == fields
+    assert from_plugin_fields(fields.op, _raw_fields(fields), "op 'n'") == fields
+    assert from_qdp(fields.op, [array.tobytes() for array in fields.plugin_arrays().values()]) == fields
+    message = r"k_normalised_dequant_dtype is 1 \(float32\), not output_dtype's 10 \(float16\)"
+    with pytest.raises(TrtfuseError, match=f"node 'n': attribute {message}"):
+        from_node(_node(fields, k_normalised_dequant_dtype=1), "m.onnx: node 'n'")
+    arrays = {**fields.plugin_arrays(), "k_normalised_dequant_dtype": np.array([1], dtype=np.int32)}
+    with pytest.raises(TrtfuseError, match=message):
+        from_qdp(fields.op, [array.tobytes() for array in arrays.values()])
+    with pytest.raises(ValueError, match=message.replace("k_", "q_")):
+        NodeFields(
+            contract.QK_NORM_ROPE_QUANT,
+            GOOD.params,
+            (128, 64),
+            "float16",
+            contract.QuantParams(q_normalised=dataclasses.replace(int8, dequant_dtype="float32")),
+            ROTARY,
+        )
+    with pytest.raises(ValueError, match="has no stage q_normalised"):
         NodeFields(contract.QK_NORM_QUANT, GOOD.params, (128, 64), "float16", quant)

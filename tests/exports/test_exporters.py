@@ -37,12 +37,7 @@ PAIR_OPS = (contract.QK_NORM_OP, contract.QK_NORM_QUANT_OP, contract.QK_NORM_ROP
 # Rotations that stay outside the q/k pair's node, one per layer (docs/patterns.md, "Rotary embedding"): Gemma3's
 # INT8 export quantizes the norms' outputs before the rotation, genai's builder rotates inside GroupQueryAttention.
 # (ModelOpt's Qwen3 exports quantize each product of the rotation: the node takes those pairs in as product stages.)
-ROTATIONS_KEPT_OUT = {
-    "gemma3-modelopt-int8-fp16.onnx": 2,
-    "qwen3-genai-cpu-int4.onnx": 2,
-    # Its q/k norms take input and inverse-root pairs, stages the rotary node does not have.
-    "olmo2-modelopt-int8-fp16-optimum.onnx": 2,
-}
+ROTATIONS_KEPT_OUT = {"qwen3-genai-cpu-int4.onnx": 2}
 
 
 def _fused(name: str) -> tuple[LoadedModel, FuseResult]:
@@ -88,8 +83,8 @@ def test_tool_fixture_pairs_every_qk_norm(name: str) -> None:
 @pytest.mark.parametrize("name", [name for name in NAMES if EXPECTED[name]["qk_norm_calls"]])
 def test_tool_fixture_fuses_every_rotation_one_node_computes(name: str) -> None:
     """Each layer's q/k norms are rotated right after: the pair and its rotation are one TrtfuseQkNormRope (a
-    TrtfuseQkNormRopeQuant where ModelOpt rounds each product), but where the tool quantized the norms' outputs
-    before the rotation or moved it into the attention op (genai), which stays, with its reason."""
+    TrtfuseQkNormRopeQuant where ModelOpt quantizes the norms' inputs, inverse roots or outputs, or each product), but
+    where the tool moved it into the attention op (genai), which stays, with its reason."""
     _, result = _fused(name)
     kinds = Counter(node.kind for node in result.fused)
     kept_out = ROTATIONS_KEPT_OUT.get(name, 0)

@@ -15,6 +15,7 @@ from support.paths import FIXTURES, REPO_ROOT, TOOL_FIXTURES
 KV_EXPORT = "qwen3-modelopt-fp8-kv.onnx"
 LOGITS_EXPORT = "qwen3-modelopt-int8-fp16.onnx"
 OLMO2_INT8_EXPORT = "olmo2-modelopt-int8-fp16-optimum.onnx"
+GENAI_EXPORT = "qwen3-genai-cpu-int4.onnx"
 
 
 def corpus(folder: Path, names: list[str], fixtures: Path = TOOL_FIXTURES, tool_name: str = "modelopt") -> Path:
@@ -90,27 +91,28 @@ def test_pairs_with_their_rotation_count_as_pairs_and_apart(tmp_path: Path) -> N
 
 
 def test_quantized_qk_norms_count_as_pairs(tmp_path: Path) -> None:
-    # ModelOpt's INT8 Gemma3: both q/k pairs are TrtfuseQkNormQuant nodes, the Qs on their outputs taken in; their
-    # rotations (which read the dequantized outputs) stay out.
+    # ModelOpt's INT8 Gemma3: both q/k pairs are TrtfuseQkNormRopeQuant nodes, the pairs on their outputs (which the
+    # rotations read) taken in as their normalised stages, with the products' pairs and q's output Q.
     exports = corpus(tmp_path, ["gemma3-modelopt-int8-fp16.onnx"])
     (outcome,), tables = survey(exports, "--skip", "inspect", "--skip", "compile")
-    assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == 2
-    assert "| 13 / 13 | 2 / 2 | 0 (2 kept out) | 4 / 4 | 0 | 25 (1 kept out) |" in tables
+    assert outcome["qk_norm_nodes"] == outcome["expected_qk_pairs"] == outcome["rope_nodes"] == 2
+    assert "| 13 / 13 | 2 / 2 | 2 | 4 / 4 | 0 | 35 (1 kept out) |" in tables
 
 
 def test_a_rotation_kept_out_gives_its_reason_in_the_export_row(tmp_path: Path) -> None:
-    # ModelOpt's INT8 OLMo2 (optimum's export): its q/k norms take input and inverse-root pairs, for which the rotary
-    # node has no stage: both rotations stay out, and with nothing else kept out or rejected the row's last column
-    # says why. ModelOpt's INT8 Qwen3 quantizes each product of the rotation: both fuse, with their product stages.
-    exports = corpus(tmp_path, [OLMO2_INT8_EXPORT, LOGITS_EXPORT])
+    # onnxruntime-genai's Qwen3 rotates inside GroupQueryAttention: both rotations stay out, and with nothing else
+    # kept out or rejected the row's last column says why. ModelOpt's INT8 OLMo2 (its q/k norms' input and
+    # inverse-root pairs) and INT8 Qwen3 (each product of the rotation quantized) fuse both, with those stages.
+    exports = corpus(tmp_path, [GENAI_EXPORT, OLMO2_INT8_EXPORT, LOGITS_EXPORT])
     outcomes, tables = survey(exports, "--skip", "compile")
     by_file = {outcome["file"]: outcome for outcome in outcomes}
-    assert by_file[OLMO2_INT8_EXPORT]["rope_nodes"] == 0 and len(by_file[OLMO2_INT8_EXPORT]["rope_kept_out"]) == 2
-    row = next(line for line in tables.splitlines() if f"| {OLMO2_INT8_EXPORT} |" in line)
+    assert by_file[GENAI_EXPORT]["rope_nodes"] == 0 and len(by_file[GENAI_EXPORT]["rope_kept_out"]) == 2
+    row = next(line for line in tables.splitlines() if f"| {GENAI_EXPORT} |" in line)
     assert "| 0 (2 kept out) |" in row
-    assert row.endswith("that the rotary node has no stage for; the pair was fused without it |")
-    assert by_file[LOGITS_EXPORT]["rope_nodes"] == by_file[LOGITS_EXPORT]["qk_norm_nodes"] == 2
-    assert by_file[LOGITS_EXPORT]["rope_kept_out"] == []
+    assert row.endswith("the rotary embedding is inside the attention op (do_rotary=1): left alone |"), row
+    for name in (OLMO2_INT8_EXPORT, LOGITS_EXPORT):
+        assert by_file[name]["rope_nodes"] == by_file[name]["qk_norm_nodes"] == 2
+        assert by_file[name]["rope_kept_out"] == []
 
 
 def test_generation_runs_on_kv_exports_whose_manifest_records_no_cache(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ float64 reference rounded to T.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -39,13 +41,31 @@ def _rows(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.nd
     return rng.integers(-8, 9, shape).astype(NUMPY[dtype])
 
 
-def contract_y(x: np.ndarray, weight: np.ndarray | None, mode: WeightMode, offset: float, out: str) -> np.ndarray:
-    """The norm's float32 y before its rounding to T (contract.WeightMode), over the last axis."""
-    rows = x.astype(np.float32)
+def fake_quant(v: np.ndarray, quantizer: contract.Quantizer) -> np.ndarray:
+    """DQ(Q(v)) of an INT8 quantizer in float32 ops, its dequantized value rounded to its dequant dtype."""
+    scale = np.float32(quantizer.scale)
+    codes = np.clip(np.rint(v.astype(np.float32) / scale), -128, 127).astype(np.float32)
+    return (codes * scale).astype(NUMPY[quantizer.dequant_dtype]).astype(np.float32)
+
+
+def contract_y(
+    x: np.ndarray,
+    weight: np.ndarray | None,
+    mode: WeightMode,
+    offset: float,
+    out: str,
+    quant: contract.QuantParams | None = None,
+) -> np.ndarray:
+    """The norm's float32 y before its rounding to T (contract.WeightMode), over the last axis; with one norm's
+    input and rsqrt stages (`quant`, INT8) where on."""
+    quant = quant or contract.QuantParams()
+    rows = x.astype(np.float32) if quant.input is None else fake_quant(x, quant.input)
     width = x.shape[-1]
     inverse_root = np.float32(1) / np.sqrt(
         (rows * rows).sum(axis=-1, keepdims=True, dtype=np.float32) / np.float32(width) + np.float32(EPSILON)
     )
+    if quant.rsqrt is not None:
+        inverse_root = fake_quant(inverse_root, quant.rsqrt)
     normalised = rows * inverse_root
     if mode is WeightMode.NONE:
         return normalised
@@ -186,6 +206,50 @@ def test_quarter_turns_are_the_float64_reference_exactly(case: tuple) -> None:
         y = contract_y(feed[role], weights.get(f"w{role}"), fields.params.weight_mode, 0.5, fields.output_dtype)
         expected = reference_rotate(y, feed["cos"], feed["sin"], fields.rotary).astype(NUMPY[fields.output_dtype])
         np.testing.assert_array_equal(actual, expected.astype(np.float32))
+
+
+def _int8(scale: float, dequant: str, input_dtype: str | None = None) -> contract.Quantizer:
+    """An INT8 fake-quant stage's quantizer, its scale the float32 value nearest `scale`."""
+    return contract.Quantizer("int8", float(np.float32(scale)), True, dequant, input_dtype)
+
+
+# ModelOpt's INT8 q/k norm pairs at scales that move values of small integers: OLMo2's input and inverse-root pairs
+# (full-width rows), Gemma3's pair on each norm's output (head-major rows of float16), each part its own scales.
+NORM_STAGE_CASES = {
+    "olmo2-input-rsqrt": (
+        (HeadLayout.TOKEN_MAJOR, True, Rotation.HALF_SPLIT, HEAD, "float16", "float16", WeightMode.AFTER_CAST, 1),
+        contract.QuantParams(
+            q_input=_int8(3.0, "float16"),
+            q_rsqrt=_int8(0.0078125, "float32", "float32"),
+            k_input=_int8(2.0, "float16"),
+            k_rsqrt=_int8(0.01171875, "float32", "float32"),
+        ),
+    ),
+    "gemma3-normalised": (
+        (HeadLayout.HEAD_MAJOR, False, Rotation.HALF_SPLIT, HEAD, "float16", "float16", WeightMode.AFTER_CAST, BATCH),
+        contract.QuantParams(q_normalised=_int8(0.0269, "float16"), k_normalised=_int8(0.0313, "float16")),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NORM_STAGE_CASES))
+def test_the_norms_stages_of_a_rotary_node_are_the_contract_bit_for_bit(name: str) -> None:
+    """The input and rsqrt stages quantize x and r as a QK-norm's do; the normalised stage rounds y to T and fake-
+    quantizes it before the rotation, which then rotates that T value in float32 and rounds once."""
+    case, quant = NORM_STAGE_CASES[name]
+    fields, shapes, feed, weights = _case(case, quarter_turns=False, seed=5)
+    fields = replace(fields, op=contract.QK_NORM_ROPE_QUANT, quant=quant)
+    outputs = _lowered_run(_model(fields, shapes, case[4], weights, case[5]), feed)
+    out = NUMPY[fields.output_dtype]
+    for part, (role, actual) in enumerate(zip("qk", outputs, strict=True)):
+        part_quant = fields.part_quant(part)
+        y = contract_y(feed[role], weights.get(f"w{role}"), fields.params.weight_mode, 0.5, "float16", part_quant)
+        if part_quant.normalised is not None:
+            y = fake_quant(y.astype(out), part_quant.normalised)
+        expected = contract_rotate(y, feed["cos"], feed["sin"], fields.rotary).astype(out)
+        np.testing.assert_array_equal(actual, expected.astype(np.float32))
+        plain = contract_y(feed[role], weights.get(f"w{role}"), fields.params.weight_mode, 0.5, "float16")
+        assert np.any(actual != contract_rotate(plain, feed["cos"], feed["sin"], fields.rotary).astype(out))
 
 
 def test_the_rotation_is_applied_before_the_only_rounding() -> None:

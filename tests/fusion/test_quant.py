@@ -20,7 +20,7 @@ from trtfuse import contract
 from trtfuse.fusion.fuse import FuseResult, fuse_model
 from trtfuse.fusion.fused_nodes import plugin_nodes
 from trtfuse.fusion.lowering import lower_fused_nodes
-from trtfuse.fusion.options import FusionOptions
+from trtfuse.fusion.options import DEFAULT_FUSION, FusionOptions
 from trtfuse.model.onnx_file import LoadedModel, load_model
 from trtfuse.verify.check import check_fused
 from trtfuse.verify.onnxrt import CpuSession
@@ -463,10 +463,13 @@ def test_the_modelopt_fixture_keeps_no_add_out_and_takes_every_norm_output_quant
     assert _quantize_reads_trtfuse(pairs.model) == []
 
 
-def _fused_fixture(name: str, kinds: dict[str, int]) -> tuple[LoadedModel, FuseResult]:
-    """A tool fixture and its fusion, which must write exactly `kinds` (plugin op -> nodes) and reject no norm."""
+def _fused_fixture(
+    name: str, kinds: dict[str, int], options: FusionOptions = DEFAULT_FUSION
+) -> tuple[LoadedModel, FuseResult]:
+    """A tool fixture and its fusion as `options` say, which must write exactly `kinds` (plugin op -> nodes) and
+    reject no norm."""
     original = load_model(TOOL_FIXTURES / name)
-    result = fuse_model(original.model)
+    result = fuse_model(original.model, options)
     assert _kinds(result) == kinds
     assert result.search.residual_near_misses == [] and result.search.near_misses == []
     return original, result
@@ -480,8 +483,10 @@ def _assert_quantized_and_checked(original: LoadedModel, result: FuseResult) -> 
 
 
 def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantize_at_its_own_scale() -> None:
+    """Without the rotations (`--no-fuse-rope`; with them the pairs are the rotary nodes' normalised stages:
+    tests/fusion/test_rope.py) each q/k pair is one TrtfuseQkNormQuant, each output's Q at its own scale."""
     kinds = {contract.QK_NORM_QUANT_OP: 2, contract.RMS_NORM_QUANT_OP: 5, contract.ADD_RMS_NORM_QUANT_OP: 4}
-    original, result = _fused_fixture("gemma3-modelopt-int8-fp16.onnx", kinds)
+    original, result = _fused_fixture("gemma3-modelopt-int8-fp16.onnx", kinds, FusionOptions(fuse_rope=False))
     # The one Q kept out: the embedding's pair, whose dequantized value the first residual Add reads too.
     [kept] = result.search.quant_near_misses
     assert "is also read by" in kept.reason and "the node reads the dequantized x" in kept.reason
@@ -497,9 +502,11 @@ def test_the_modelopt_int8_gemma3_fixture_takes_each_q_and_k_norm_output_quantiz
 def test_the_modelopt_int8_olmo2_fixture_pairs_each_q_and_k_norm_with_its_own_input_and_rsqrt_pairs() -> None:
     """ModelOpt's INT8 of optimum's OLMo2 export: each layer's full-width q (64) and k (32) norms, each with its input
     pair and its inverse-root pair, are one TrtfuseQkNormQuant taking those four pairs in (they were two
-    TrtfuseRmsNormQuant nodes); every Q taken in as before, and `check` passes at a prefill and a decode step."""
+    TrtfuseRmsNormQuant nodes); every Q taken in as before, and `check` passes at a prefill and a decode step. Without
+    the rotations (`--no-fuse-rope`): with them each pair and its rotation are one TrtfuseQkNormRopeQuant with the
+    same four pairs as its input and rsqrt stages (tests/fusion/test_rope.py)."""
     kinds = {contract.QK_NORM_QUANT_OP: 2, contract.RMS_NORM_QUANT_OP: 4, contract.ADD_RMS_NORM_QUANT_OP: 1}
-    original, result = _fused_fixture("olmo2-modelopt-int8-fp16-optimum.onnx", kinds)
+    original, result = _fused_fixture("olmo2-modelopt-int8-fp16-optimum.onnx", kinds, FusionOptions(fuse_rope=False))
     assert result.search.quant_near_misses == []
     assert result.counts().quantizers_taken == 17 and result.counts().norms == 9
     stages = (*QK_PART_STAGES["q"][:2], *QK_PART_STAGES["k"][:2])

@@ -235,9 +235,32 @@ def test_a_parts_products_are_quantized_together_and_dequantized_to_t() -> None:
     with pytest.raises(ValueError, match="products are quantized together"):
         QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=QWEN3, quant=one)
     both = dataclasses.replace(one, q_sin_product=Quantizer("float8_e4m3fn", 0.25, True, "float32"))
-    with pytest.raises(ValueError, match="products are summed in T"):
+    with pytest.raises(ValueError, match="the rotation computes in T"):
         QkNormRopeSpec(128, 128, "float16", "float16", LLAMA, rope=QWEN3, quant=both)
     with pytest.raises(ValueError, match="q_cos_product"):
         QkNormSpec(
             128, 128, "float16", "float16", LLAMA, quant=dataclasses.replace(both, q_sin_product=one.q_cos_product)
         )
+
+
+@pytest.mark.parametrize("name", ["gemma3", "olmo2"])
+def test_modelopt_int8_norm_stages_compile_into_the_rotary_kernel(name: str, tmp_path: Path) -> None:
+    """ModelOpt's INT8 rotations (the AOT matrix's entries): Gemma3's pair on each norm's output (y rounded to
+    float16, its INT8 level formed and dequantized in float16 before the rotation) and OLMo2's pairs on each norm's
+    input and inverse root, each with the products' pairs, JIT and AOT; the rotation's products and sums still each
+    rounded (no fma), and each stage adds INT8 roundings (cvt.rni) the kernel without it lacks."""
+    from trtfuse.bench.aot.matrix import MODELOPT_INT8_GEMMA3, MODELOPT_INT8_OLMO2, rope_entries
+
+    quant = {"gemma3": MODELOPT_INT8_GEMMA3, "olmo2": MODELOPT_INT8_OLMO2}[name]
+    [spec] = [entry.spec for entry in rope_entries() if entry.spec.quant == quant]
+    ptx = compiled_ptx(spec, tmp_path / "stages")
+    check_rotated_ptx(spec, ptx)
+    assert len(re.findall(r"\badd\.rn\.f32", ptx)) == rotated_sums(variant_of(spec))
+    own = {"gemma3": ("q_normalised", "k_normalised"), "olmo2": ("q_input", "q_rsqrt", "k_input", "k_rsqrt")}[name]
+    products_only = dataclasses.replace(
+        spec, quant=QuantParams(**{s.value: quant.at(s) for s in quant.stages if s.product})
+    )
+    without = compiled_ptx(products_only, tmp_path / "products")
+    assert ptx.count("cvt.rni") > without.count("cvt.rni"), own
+    artifact = qk_norm_rope_artifact(spec, Tactic.PREFILL, ARCH, tmp_path / "aot")
+    check_artifact(artifact, ARCH)

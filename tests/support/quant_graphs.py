@@ -30,7 +30,7 @@ class QuantSpec:
     """One quantized export: the activation dtype, the quantized dtype, the QuantizeLinear's `saturate` (None: the
     attribute is absent, ONNX's default 1) and `precision` (opset 23; None: absent), the opset, which pairs it has
     and, with inverse-root pairs, the dtype of the r they read (`rsqrt_root`: "float32", "rounded" or "core", as
-    `_rsqrt_quantized_norm` takes it)."""
+    `rsqrt_quantized_norm` takes it)."""
 
     dtype: str = "float16"
     quant: str = "int8"
@@ -49,7 +49,7 @@ class QuantSpec:
         return "float32" if self.dtype == "bfloat16" else self.dtype
 
 
-class _Quantizer:
+class Quantizer:
     def __init__(self, b: Builder, spec: QuantSpec) -> None:
         self.b = b
         self.spec = spec
@@ -82,8 +82,8 @@ class _Quantizer:
         return self.dequantize(*self.quantize(tensor, value_range, dtype), dtype)
 
 
-def _rsqrt_quantized_norm(
-    b: Builder, quantizer: _Quantizer, x: str, spec: NormSpec, root: str, rsqrt_range: float = RSQRT_RANGE
+def rsqrt_quantized_norm(
+    b: Builder, quantizer: Quantizer, x: str, spec: NormSpec, root: str, rsqrt_range: float = RSQRT_RANGE
 ) -> str:
     """A Llama norm (TorchScript's spelling) over `spec.hidden` with a pair on r between the root and the normalising
     Mul, of range `rsqrt_range`. `root`: "float32" (the chain in float32, the pair on the float32 r), "rounded" (the
@@ -108,7 +108,7 @@ def quantized_decoder(spec: QuantSpec) -> onnx.ModelProto:
     2·layers residual Adds, 2·layers + 1 norms, the last reading the final sum directly (ModelOpt quantizes no input
     of the final norm)."""
     b = Builder(opset=spec.opset)
-    quantizer = _Quantizer(b, spec)
+    quantizer = Quantizer(b, spec)
     stream = b.input("x", [BATCH, SEQUENCE, HIDDEN], spec.dtype)
     norms = 2 * spec.layers + 1
     for index in range(norms):
@@ -127,10 +127,10 @@ def quantized_decoder(spec: QuantSpec) -> onnx.ModelProto:
     return b.model()
 
 
-def _norm(b: Builder, quantizer: _Quantizer, x: str, spec: QuantSpec) -> str:
+def _norm(b: Builder, quantizer: Quantizer, x: str, spec: QuantSpec) -> str:
     norm_spec = NormSpec(dtype=spec.dtype)
     if spec.rsqrt_pairs:
-        return _rsqrt_quantized_norm(b, quantizer, x, norm_spec, spec.rsqrt_root, spec.rsqrt_range)
+        return rsqrt_quantized_norm(b, quantizer, x, norm_spec, spec.rsqrt_root, spec.rsqrt_range)
     return rms_norm(b, x, norm_spec)
 
 
@@ -142,7 +142,7 @@ def quantized_lm(spec: QuantSpec) -> onnx.ModelProto:
     projection (none of them an output, as in a real export) -> an LM head reading the last norm's -> logits: a
     logits-only model that `check` and `check --generate` (recompute mode) drive."""
     b = Builder(opset=spec.opset)
-    quantizer = _Quantizer(b, spec)
+    quantizer = Quantizer(b, spec)
     elem = ELEM_TYPES[spec.dtype]
     b.inputs.append(onnx.helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]))
     table = b.constant(b.rng.normal(0.0, 1.0, (LM_VOCAB, HIDDEN)), spec.dtype, base="embedding")
@@ -169,7 +169,7 @@ def quantized_norm(case: str, spec: QuantSpec = QuantSpec()) -> onnx.ModelProto:
     QuantizeLinear must stay outside the fused node: "read" (the unquantized y is read by another node too),
     "per-channel" (a scale per hidden channel), "zero-point" (a zero point of 3), "uint8" (quantized to uint8)."""
     b = Builder(opset=spec.opset)
-    quantizer = _Quantizer(b, spec)
+    quantizer = Quantizer(b, spec)
     x = b.input("x", [BATCH, SEQUENCE, HIDDEN], spec.dtype)
     if case == "input-pair":
         x = quantizer.fake(x, SUM_RANGE)
@@ -211,7 +211,7 @@ def olmo2_attention(spec: QuantSpec, output_quantizers: bool = False) -> onnx.Mo
     pair at its own part's range. With `output_quantizers`, a Q on each norm's output too (each a graph output), its
     DequantizeLinear feeding the Reshape."""
     b = Builder(opset=spec.opset)
-    quantizer = _Quantizer(b, spec)
+    quantizer = Quantizer(b, spec)
     x = b.input("x", [BATCH, SEQUENCE, HIDDEN], spec.dtype)
     for role in ("q", "k", "v"):
         width = OLMO2_HEADS.get(role, 2) * OLMO2_HEAD_DIM
@@ -222,7 +222,7 @@ def olmo2_attention(spec: QuantSpec, output_quantizers: bool = False) -> onnx.Mo
             continue
         input_range, rsqrt_range, output_range = OLMO2_RANGES[role]
         norm = NormSpec(dtype=spec.dtype, hidden=width)
-        y = _rsqrt_quantized_norm(
+        y = rsqrt_quantized_norm(
             b, quantizer, quantizer.fake(projected, input_range), norm, spec.rsqrt_root, rsqrt_range
         )
         if output_quantizers:

@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from support.graphs import BATCH, HIDDEN, SEQUENCE, AttentionSpec, Builder, NormSpec, norm_heads
-from support.quant_graphs import QUANT_TYPES
+from support.quant_graphs import QMAX, QUANT_TYPES, Quantizer, QuantSpec, rsqrt_quantized_norm
 
 HEAD_DIM = 16
 Q_HEADS, KV_HEADS = 4, 2
@@ -43,11 +43,15 @@ class RopeSpec:
     quant: str | None = None
     products: str | None = None  # ModelOpt's rotation: a Q/DQ pair of this dtype on each product (PRODUCT_SCALES)
     core_dtype: str | None = None  # the dtype the q/k norms compute in, where not the activations' (NormSpec)
+    # ModelOpt's INT8 q/k norms: OLMo2's "input-rsqrt" (qk-full-width: a pair on each norm's input and one on its
+    # float32 inverse root), Gemma3's "normalised" (a pair on each norm's output before the rotation reads it).
+    norm_pairs: str | None = None
     case: str | None = None
 
     @property
     def opset(self) -> int:
-        return 23 if self.spelling == "rotary-embedding" else 19 if self.quant or self.products else 17
+        quantized = self.quant or self.products or self.norm_pairs or self.case == "normalised-read-again"
+        return 23 if self.spelling == "rotary-embedding" else 19 if quantized else 17
 
 
 # The scales of the pairs on the cos and sin products (ModelOpt's: float16 values, each product its own).
@@ -65,6 +69,8 @@ ROPE_NEAR_MISSES = {
     "quantized-product-read-again": "is read by",
     "quantized-product-per-channel": "is not a one-element constant",
 }
+# The ranges of ModelOpt's INT8 pairs on a q or k norm's input, inverse root and output (the normalised stage).
+NORM_PAIR_RANGES = {"q": (3.0, 1.5, 3.4), "k": (2.0, 1.25, 3.3)}
 
 
 def rope_block(spec: RopeSpec) -> onnx.ModelProto:
@@ -76,8 +82,19 @@ def rope_block(spec: RopeSpec) -> onnx.ModelProto:
     attention = AttentionSpec(spec.layout, dtype=dtype, q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM)
     norm = NormSpec(dtype=dtype, weight=spec.weight, core_dtype=spec.core_dtype or "float32")
     projected = [_project(b, x, heads * HEAD_DIM, dtype) for heads in (Q_HEADS, KV_HEADS, KV_HEADS)]
-    q = norm_heads(b, projected[0], Q_HEADS, attention, norm)
-    k = norm_heads(b, projected[1], KV_HEADS, attention, norm)
+    q, k = (
+        _quantized_norm_heads(b, spec, role, tensor, heads)
+        if spec.norm_pairs == "input-rsqrt"
+        else norm_heads(b, tensor, heads, attention, norm)
+        for role, tensor, heads in (("q", projected[0], Q_HEADS), ("k", projected[1], KV_HEADS))
+    )
+    if spec.norm_pairs == "normalised" or spec.case == "normalised-read-again":
+        q, k = (
+            _fake_quantized(b, tensor, "int8", NORM_PAIR_RANGES[role][2] / QMAX["int8"], dtype)
+            for role, tensor in (("q", q), ("k", k))
+        )
+        if spec.case == "normalised-read-again":
+            b.output(k)
     tables = _Tables(b, spec, positions)
     for role, tensor in (("q", q), ("k", k)):
         if spec.case == "only-q" and role == "k":
@@ -90,6 +107,17 @@ def rope_block(spec: RopeSpec) -> onnx.ModelProto:
         b.output(_quantized(b, spec, rotated) if spec.quant else rotated)
     b.output(projected[2])
     return b.model()
+
+
+def _quantized_norm_heads(b: Builder, spec: RopeSpec, role: str, projected: str, heads: int) -> str:
+    """OLMo2's norm over a whole projection as ModelOpt's INT8 writes it (`MatMul -> Q -> DQ -> norm`, a pair on its
+    float32 inverse root), reshaped to heads and transposed: [B, heads, S, D]."""
+    quantizer = Quantizer(b, QuantSpec(dtype=spec.dtype, rsqrt_pairs=True))
+    input_range, rsqrt_range, _ = NORM_PAIR_RANGES[role]
+    norm = NormSpec(dtype=spec.dtype, hidden=heads * HEAD_DIM)
+    y = rsqrt_quantized_norm(b, quantizer, quantizer.fake(projected, input_range), norm, "float32", rsqrt_range)
+    shape = b.constant([BATCH, SEQUENCE, heads, HEAD_DIM], "int64", base="shape")
+    return b.op("Transpose", b.op("Reshape", y, shape), perm=[0, 2, 1, 3])
 
 
 def _project(b: Builder, x: str, width: int, dtype: str) -> str:

@@ -237,18 +237,20 @@ def qk_norm_rope_reference(
     seq_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, magnitude) of part `part` (0: q, 1: k) of the QK-norm + rotary kernel: the norm's y in float64 before
-    its rounding (`normalised_reference`), rotated (`rope_reference`), rounded once to T (with the part's product
-    stages: y rounded to T, then `quantized_products_reference`) and, where the part has an output quantizer,
-    quantized; `magnitude` as `rope_reference`'s. x is the part's activation (any shape of
-    the layout, or rows of its hidden size); both results have its shape, or its [B, H, S, D] where the spec moves
-    heads."""
+    its rounding (`normalised_reference`, with the part's input and rsqrt stages; with its normalised stage y
+    rounded to T and through that stage's DQ(Q(·))), rotated (`rope_reference`), rounded once to T (with the part's
+    product stages: y rounded to T, then `quantized_products_reference`) and, where the part has an output
+    quantizer, quantized; `magnitude` as `rope_reference`'s. x is the part's activation (any shape of the layout, or
+    rows of its hidden size); both results have its shape, or its [B, H, S, D] where the spec moves heads."""
     hidden = (spec.q_hidden, spec.k_hidden)[part]
     rows = x.reshape(-1, hidden)
     out_dtype = getattr(torch, spec.out_dtype)
-    y = normalised_reference(rows, weight, spec.params, spec.out_dtype)
+    quant = spec.part_quant(part)
+    y = normalised_reference(rows, weight, spec.params, spec.out_dtype, quant)
+    if quant is not None and quant.normalised is not None:
+        y = fake_quant_reference(y.to(out_dtype), quant.normalised).double()
     out, magnitude = rope_reference(y, cos, sin, spec.rope, batch, seq_len)
     out = out.reshape(x.shape).to(out_dtype)
-    quant = spec.part_quant(part)
     if quant is not None and quant.cos_product is not None:
         out = quantized_products_reference(y.to(out_dtype), cos, sin, spec.rope, quant, batch, seq_len)
         out = out.reshape(x.shape)

@@ -70,10 +70,10 @@ from trtfuse.contract.nodes import (
     dtype_of_code,
     dtype_pair_problem,
     norm_quant,
-    product_problem,
     quant_dtype_of_code,
     quantized,
     rotary_problem,
+    rotation_stage_problem,
     rounding_dtype,
 )
 
@@ -142,9 +142,9 @@ __all__ = [
     "dtype_of_code",
     "dtype_pair_problem",
     "norm_quant",
-    "product_problem",
     "quant_dtype_of_code",
     "quantized",
     "rotary_problem",
+    "rotation_stage_problem",
     "rounding_dtype",
 ]

@@ -38,9 +38,9 @@ from trtfuse.contract.nodes import (
     WeightMode,
     dtype_of_code,
     norm_quant,
-    product_problem,
     quant_dtype_of_code,
     rotary_problem,
+    rotation_stage_problem,
 )
 from trtfuse.errors import TrtfuseError
 
@@ -86,7 +86,7 @@ class NodeFields:
         if stray:
             own = ", ".join(stage.value for stage in self.op.quant_stages)
             raise ValueError(f"{self.op.name} has no stage {', '.join(stray)} (its stages: {own})")
-        problem = product_problem(self.quant, self.op.part_stages, self.output_dtype)
+        problem = rotation_stage_problem(self.quant, self.op.part_stages, self.output_dtype)
         if problem is not None:
             raise ValueError(f"{self.op.name}: {' '.join(problem)}")
 
@@ -193,7 +193,7 @@ def decode(op: FusedOp, values: Mapping[str, float | int]) -> NodeFields:
         raise FieldError(ATTR_OUTPUT_DTYPE, f"is {values[ATTR_OUTPUT_DTYPE]}, none of {_CODES}")
     hidden_sizes = tuple(int(values[name]) for name in op.hidden_fields)
     quant = _decode_quant(op, values) if op.quantized else None
-    problem = product_problem(quant, op.part_stages, output_dtype)
+    problem = rotation_stage_problem(quant, op.part_stages, output_dtype)
     if problem is not None:
         raise FieldError(*problem)
     return NodeFields(

@@ -153,6 +153,9 @@ class QuantStage(str, enum.Enum):
 
     INPUT = "input"  # the normalised tensor (x; the add-norm's rounded h) becomes DQ(Q(·)) before the norm reads it
     RSQRT = "rsqrt"  # each row's inverse root r becomes DQ(Q(r)) before it scales the row
+    # A rotated norm's output (ModelOpt's INT8 Gemma3): y, rounded to T, becomes DQ(Q(·)) before the rotation reads
+    # it. One norm's stage only as a rotary op's part stage is (q_normalised, k_normalised).
+    NORMALISED = "normalised"
     # A rotation's two products (ModelOpt's FP8 and INT8 rotations): y·cos and rot(y)·sin, each rounded to T, become
     # DQ(Q(·)) before their sum. One norm's stages only as a rotary op's part stages are (q_cos_product...).
     COS_PRODUCT = "cos_product"
@@ -162,30 +165,39 @@ class QuantStage(str, enum.Enum):
     # stage of one norm it is named after (`norm_stage`).
     Q_INPUT = "q_input"
     Q_RSQRT = "q_rsqrt"
+    Q_NORMALISED = "q_normalised"
     Q_COS_PRODUCT = "q_cos_product"
     Q_SIN_PRODUCT = "q_sin_product"
     Q_OUTPUT = "q_output"
     K_INPUT = "k_input"
     K_RSQRT = "k_rsqrt"
+    K_NORMALISED = "k_normalised"
     K_COS_PRODUCT = "k_cos_product"
     K_SIN_PRODUCT = "k_sin_product"
     K_OUTPUT = "k_output"
 
     @property
     def norm_stage(self) -> QuantStage:
-        """The stage of one norm this stage is (`input`, `rsqrt` or `output`): a QK-norm part's stage is that of the
-        part's own norm, which is what the kernels, the reference and the lowering compute (`norm_quant`)."""
+        """The stage of one norm this stage is (`input`, `rsqrt`, `normalised`, a product or `output`): a QK-norm
+        part's stage is that of the part's own norm, which is what the kernels, the reference and the lowering
+        compute (`norm_quant`)."""
         return _PART_STAGES.get(self, self)
 
     @property
     def fake(self) -> bool:
         """A fake-quant stage quantizes and dequantizes again, so the formula goes on in a float dtype."""
-        return self.norm_stage in (QuantStage.INPUT, QuantStage.RSQRT, *PRODUCT_STAGES)
+        return self.norm_stage in (QuantStage.INPUT, QuantStage.RSQRT, QuantStage.NORMALISED, *PRODUCT_STAGES)
 
     @property
     def product(self) -> bool:
         """The stage rounds a product of the rotation (`cos_product`, `sin_product`) before the sum."""
         return self.norm_stage in PRODUCT_STAGES
+
+    @property
+    def rotation_input(self) -> bool:
+        """The stage rounds what the rotation reads (`normalised`, `cos_product`, `sin_product`): its DQ value is in
+        T, the dtype the rotation computes in (`rotation_stage_problem`)."""
+        return self.norm_stage in (QuantStage.NORMALISED, *PRODUCT_STAGES)
 
     @property
     def quantizes_output(self) -> bool:
@@ -232,11 +244,13 @@ class QuantStage(str, enum.Enum):
 _PART_STAGES = {
     QuantStage.Q_INPUT: QuantStage.INPUT,
     QuantStage.Q_RSQRT: QuantStage.RSQRT,
+    QuantStage.Q_NORMALISED: QuantStage.NORMALISED,
     QuantStage.Q_COS_PRODUCT: QuantStage.COS_PRODUCT,
     QuantStage.Q_SIN_PRODUCT: QuantStage.SIN_PRODUCT,
     QuantStage.Q_OUTPUT: QuantStage.OUTPUT,
     QuantStage.K_INPUT: QuantStage.INPUT,
     QuantStage.K_RSQRT: QuantStage.RSQRT,
+    QuantStage.K_NORMALISED: QuantStage.NORMALISED,
     QuantStage.K_COS_PRODUCT: QuantStage.COS_PRODUCT,
     QuantStage.K_SIN_PRODUCT: QuantStage.SIN_PRODUCT,
     QuantStage.K_OUTPUT: QuantStage.OUTPUT,
@@ -290,16 +304,19 @@ class QuantParams:
 
     input: Quantizer | None = None
     rsqrt: Quantizer | None = None
+    normalised: Quantizer | None = None
     cos_product: Quantizer | None = None
     sin_product: Quantizer | None = None
     output: Quantizer | None = None
     q_input: Quantizer | None = None
     q_rsqrt: Quantizer | None = None
+    q_normalised: Quantizer | None = None
     q_cos_product: Quantizer | None = None
     q_sin_product: Quantizer | None = None
     q_output: Quantizer | None = None
     k_input: Quantizer | None = None
     k_rsqrt: Quantizer | None = None
+    k_normalised: Quantizer | None = None
     k_cos_product: Quantizer | None = None
     k_sin_product: Quantizer | None = None
     k_output: Quantizer | None = None
@@ -329,12 +346,13 @@ def norm_quant(quant: QuantParams | None, stages: tuple[QuantStage, ...]) -> Qua
     return QuantParams(**quantizers) if quantizers else None
 
 
-def product_problem(
+def rotation_stage_problem(
     quant: QuantParams | None, part_stages: tuple[tuple[QuantStage, ...], ...], output_dtype: str
 ) -> tuple[str, str] | None:
-    """(field, why) where a node's product stages are outside the contract, or None: in each part the cos and sin
-    products are quantized together or not at all (their dequantized values are what the rotation adds), each
-    dequantized to T (`output_dtype`), the dtype the graph's Add sums them in and its result's."""
+    """(field, why) where a node's rotation stages are outside the contract, or None: in each part the cos and sin
+    products are quantized together or not at all (their dequantized values are what the rotation adds), and each
+    stage that rounds what the rotation reads (the normalised y, the products) dequantizes to T (`output_dtype`), the
+    dtype the graph's rotation computes in and its result's."""
     if quant is None:
         return None
     for stages in part_stages:
@@ -346,12 +364,12 @@ def product_problem(
                 off.dtype_field,
                 f"is 0 (off), but {on[0].value} is on: a rotation's two products are quantized together",
             )
-        for stage in on:
-            dequant = quant.at(stage).dequant_dtype
-            if dequant != output_dtype:
+        for stage in stages:
+            dequant = None if quant.at(stage) is None or not stage.rotation_input else quant.at(stage).dequant_dtype
+            if dequant is not None and dequant != output_dtype:
                 return stage.dequant_field, (
                     f"is {OUTPUT_DTYPE_CODES.get(dequant, dequant)} ({dequant}), not output_dtype's "
-                    f"{OUTPUT_DTYPE_CODES[output_dtype]} ({output_dtype}): the products are summed in T"
+                    f"{OUTPUT_DTYPE_CODES[output_dtype]} ({output_dtype}): the rotation computes in T"
                 )
     return None
 
@@ -483,16 +501,31 @@ QK_NORM = FusedOp(
 )
 # A QK-norm and the rotary embedding after it (docs/plugin-nodes.md, "Rotary embedding"): TrtfuseQkNorm's tensors and
 # fields, then the cos and sin tables ([Bc, S, R], Bc 1 or B) and the rotary fields; each output the rotated norm.
-# Its quantized form has per part the rotation's product stages (ModelOpt's FP8 and INT8 rotations round y·cos and
-# rot(y)·sin each through a Q/DQ pair before the sum) and the output stage (a Q on the rotation's result): no export
-# seen rotates a norm with input or inverse-root pairs, which the matcher keeps out with that reason.
+# Its quantized form has per part, in formula order, the norm's input and inverse-root stages (ModelOpt's INT8
+# OLMo2), the normalised stage (a Q/DQ pair on the norm's output before the rotation reads it: ModelOpt's INT8
+# Gemma3), the rotation's product stages (ModelOpt's FP8 and INT8 rotations round y·cos and rot(y)·sin each through
+# a Q/DQ pair before the sum) and the output stage (a Q on the rotation's result).
 QK_NORM_ROPE = dataclasses.replace(
     QK_NORM,
     name="TrtfuseQkNormRope",
     rotary_tables=("cos", "sin"),
     part_stages=(
-        (QuantStage.Q_COS_PRODUCT, QuantStage.Q_SIN_PRODUCT, QuantStage.Q_OUTPUT),
-        (QuantStage.K_COS_PRODUCT, QuantStage.K_SIN_PRODUCT, QuantStage.K_OUTPUT),
+        (
+            QuantStage.Q_INPUT,
+            QuantStage.Q_RSQRT,
+            QuantStage.Q_NORMALISED,
+            QuantStage.Q_COS_PRODUCT,
+            QuantStage.Q_SIN_PRODUCT,
+            QuantStage.Q_OUTPUT,
+        ),
+        (
+            QuantStage.K_INPUT,
+            QuantStage.K_RSQRT,
+            QuantStage.K_NORMALISED,
+            QuantStage.K_COS_PRODUCT,
+            QuantStage.K_SIN_PRODUCT,
+            QuantStage.K_OUTPUT,
+        ),
     ),
 )
 # The residual Add in front of a decoder layer's norm, and that norm: x and residual are summed into h (the residual

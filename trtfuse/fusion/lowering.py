@@ -12,9 +12,10 @@ cast r to 16 bits); the output stage quantizes y's T value into the node's outpu
 output (`quantizer_input`) so that `check` can read what the node quantized. A rotary node rotates the float32 y
 (before its rounding to T) by its cos and sin tables, widened to float32: each head row's first R elements become
 y·cos + rotate(y)·sin (each product and the sum a float32 op, as the contract rounds them), the rest pass through,
-and the result is rounded to T once; with a part's product stages, as the graph rounds them: y to T, each product
-to T and through its stage's DQ(Q(·)) into T (what each stage's Q reads, its codes and its DQ value named after the
-output, `product_tensors`), and the sum to T.
+and the result is rounded to T once; with a part's normalised stage, y is rounded to T and goes through that stage's
+DQ(Q(·)) first; with its product stages, as the graph rounds them: y to T, each product to T and through its stage's
+DQ(Q(·)) into T, and the sum to T. What each of those stages' Q reads, its codes and its DQ value are named after the
+output (`stage_tensors`).
 """
 
 from __future__ import annotations
@@ -43,20 +44,22 @@ def quantizer_input(output: str) -> str:
 
 
 @dataclass(frozen=True)
-class ProductTensors:
-    """The lowering's names of one product stage of a rotary node's part, so that `check` can judge the stage where
-    its quantizer reads: `value`, the float32 product rounded to T that the stage's Q reads; `codes`, what that Q
-    writes; `dequantized`, the stage's DQ value (rounded to its dequant dtype) in float32."""
+class StageTensors:
+    """The lowering's names of one rotation stage of a rotary node's part (its normalised stage, a product stage),
+    so that `check` can judge the stage where its quantizer reads: `value`, the float32 value rounded to T that the
+    stage's Q reads; `codes`, what that Q writes; `dequantized`, the stage's DQ value (rounded to its dequant dtype)
+    in float32."""
 
     value: str
     codes: str
     dequantized: str
 
 
-def product_tensors(output: str, stage: contract.QuantStage) -> ProductTensors:
-    """The names of product stage `stage` (`cos_product` or `sin_product`) of the part whose output is `output`."""
+def stage_tensors(output: str, stage: contract.QuantStage) -> StageTensors:
+    """The names of rotation stage `stage` (`normalised`, `cos_product` or `sin_product`) of the part whose output
+    is `output`."""
     base = f"{output}/{stage.norm_stage.value}"
-    return ProductTensors(f"{base}/quantizer_input", f"{base}/codes", f"{base}/dequantized")
+    return StageTensors(f"{base}/quantizer_input", f"{base}/codes", f"{base}/dequantized")
 
 
 def lower_fused_nodes(model: onnx.ModelProto, source: str | Path = "the fused model") -> onnx.ModelProto:
@@ -141,12 +144,12 @@ class _Lowering:
         stage: contract.QuantStage,
         name: str,
         quant: contract.QuantParams | None,
-        exposed: ProductTensors | None = None,
+        exposed: StageTensors | None = None,
     ) -> str:
         """`tensor` (float32) through the stage's DQ(Q(·)), Q reading it rounded to the quantizer's input dtype
         (the rsqrt stage's r, as the graph rounded it), dequantized in float32 and rounded once to the dequant
         dtype, back in float32; `tensor` itself where the stage is off (or the norm has no quantizers, `quant`).
-        `exposed` names what Q reads, its codes and the result (a product stage's, for `check`)."""
+        `exposed` names what Q reads, its codes and the result (a rotation stage's, for `check`)."""
         quantizer = None if quant is None else quant.at(stage)
         if quantizer is None:
             return tensor
@@ -226,12 +229,17 @@ class _Lowering:
         major rows are viewed as [B, S, H, D] (a [B, S, H·D] one reshaped, and back to x's shape after, or
         transposed to [B, H, S, D] where the node moves heads, `RotaryParams.moves_heads`), head-major ones are
         [B, H, S, D]; the tables, [Bc, S, R], get a head axis of 1 and broadcast over the heads. With the part's
-        product stages on, y is rounded to T first and each product rounded to T and through its stage's DQ(Q(·))
-        before the sum, which is rounded to T; each product stage's tensors named after the part's `output`
-        (`product_tensors`)."""
+        normalised stage on, y is rounded to T and goes through its DQ(Q(·)); with its product stages on, y is
+        rounded to T first and each product rounded to T and through its stage's DQ(Q(·)) before the sum, which is
+        rounded to T; each of those stages' tensors named after the part's `output` (`stage_tensors`)."""
         rotary = self.plugin.fields.rotary
         if rotary is None:
             return y
+        if quant is not None and quant.normalised is not None:
+            stage = contract.QuantStage.NORMALISED
+            y = self._fake_quant(
+                self._round_to(y, out_type, f"{name}/y_normalised"), stage, name, quant, stage_tensors(output, stage)
+            )
         products = quant is not None and quant.cos_product is not None
         if products:
             y = self._round_to(y, out_type, f"{name}/rope/y")
@@ -262,9 +270,7 @@ class _Lowering:
         sin_term = self._op("Mul", [partner, sin], f"{name}/sin_term")
         if products:
             cos_term, sin_term = (
-                self._fake_quant(
-                    self._round_to(term, out_type, term), stage, name, quant, product_tensors(output, stage)
-                )
+                self._fake_quant(self._round_to(term, out_type, term), stage, name, quant, stage_tensors(output, stage))
                 for term, stage in (
                     (cos_term, contract.QuantStage.COS_PRODUCT),
                     (sin_term, contract.QuantStage.SIN_PRODUCT),

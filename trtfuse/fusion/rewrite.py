@@ -14,7 +14,7 @@ from trtfuse.contract.codec import NodeFields
 from trtfuse.errors import TrtfuseError
 from trtfuse.fusion.patterns import AddNormMatch, NormSearch, RmsNormMatch, TakenQuantizer
 from trtfuse.fusion.patterns.matches import QkNormRopeMatch, RotaryTable, RotatedNorm
-from trtfuse.fusion.patterns.queries import describe, dtype_name
+from trtfuse.fusion.patterns.queries import describe, dtype_name, look_through_lossless_casts
 from trtfuse.fusion.patterns.search import live_tensors
 
 
@@ -366,14 +366,20 @@ def _qk_norm_rope_node(graph: gs.Graph, names: _Names, rope: QkNormRopeMatch, ta
     hidden = (q.norm.hidden_size, k.norm.hidden_size)
     fields = _quantized(_fields(contract.QK_NORM_ROPE, q.norm, hidden, rotated=q), rope.quantizers)
     cos, sin = (tables.table(graph, table, q.rotary) for table in (q.cos, q.sin))
+    for side in (q, k):
+        if side.normalised is not None:
+            # The norm's own output, which the normalised stage's pair read, is gone with it: its Shape readers read
+            # the node's input, of its shape.
+            _read_instead(look_through_lossless_casts(side.normalised.quantize.inputs[0]), side.norm.x)
     outputs = [_rotated_output(side, names) for side in (q, k)]
     name = names.node(f"{fields.op.name}/{outputs[0].name}")
     _append_node(graph, fields, name, [q.norm.x, k.norm.x, *_weights(q.norm, k.norm), cos, sin], outputs)
     record = _record(fields.op.name, name, (q.norm, k.norm), hidden)
     rotations = tuple(describe(node) for side in (q, k) for node in side.nodes)
+    taken = [node for side in (q, k) for node in _quantizer_nodes(side.rotation_quantizers)]
     return replace(
         record,
-        replaced=(*record.replaced, *rotations, *(describe(node) for node in _quantizer_nodes(rope.quantizers))),
+        replaced=(*record.replaced, *rotations, *(describe(node) for node in taken)),
         output_dtype=fields.output_dtype,
         quantizers=rope.quantizers,
         rotary=q.rotary,

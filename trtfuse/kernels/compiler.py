@@ -80,7 +80,7 @@ def _norm_math(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec, quant: QuantPara
     rounding = rounding_dtype(spec.dtype, spec.out_dtype)
     if quant is None:
         return NormMath(spec.params, rounding)
-    rounds_to_t = quant.output is not None or quant.cos_product is not None
+    rounds_to_t = any(stage is not None for stage in (quant.normalised, quant.cos_product, quant.output))
     return NormMath(spec.params, rounding, quant, spec.out_dtype if rounds_to_t else None)
 
 

@@ -45,10 +45,11 @@ class NormMath:
     params: NormParams
     rounding: str  # the dtype AFTER_CAST rounds x·r to before the weight multiply (contract.rounding_dtype)
     quant: QuantParams | None = None  # the quantizer stages; None: a plain kernel, which traces none of them
-    normalised: str | None = None  # T, y's dtype before the output quantizer (set with that stage or the products')
+    # T, y's dtype before the output quantizer (set with that stage, the normalised one or the products')
+    normalised: str | None = None
 
     def stage(self, name: str) -> object:
-        """The quantizer of stage `name` ("input", "rsqrt", "output"), None when off."""
+        """The quantizer of stage `name` ("input", "rsqrt", "normalised", "cos_product", ...), None when off."""
         return None if self.quant is None else getattr(self.quant, name)
 
 
@@ -403,10 +404,14 @@ def _weighted(x: cute.TensorSSA, rstd: Float32, r_w: cute.Tensor, math: cutlass.
 def _normalized_float(
     x: cute.TensorSSA, rstd: Float32, r_w: cute.Tensor | None, math: cutlass.Constexpr
 ) -> cute.TensorSSA:
-    """y in float32 before its final rounding: what the rotation reads."""
-    if cutlass.const_expr(r_w is None):
-        return x * rstd
-    return _weighted(x, rstd, r_w, math)
+    """y in float32 before its final rounding: what the rotation reads; with the normalised stage on, y rounded to
+    T and through its DQ(Q(·)) (a T value), as the graph's pair on the norm's output hands it to the rotation."""
+    y = x * rstd if cutlass.const_expr(r_w is None) else _weighted(x, rstd, r_w, math)
+    quantizer = math.stage("normalised")
+    if cutlass.const_expr(quantizer is not None):
+        rounded = y.to(FLOAT_CUTLASS_DTYPES[math.normalised]).to(Float32)
+        y = fake_quantized(rounded, quantizer, cute.make_layout(y.shape))
+    return y
 
 
 @cute.jit

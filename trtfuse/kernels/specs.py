@@ -21,7 +21,7 @@ from trtfuse.contract import (
     WeightMode,
     dtype_pair_problem,
     norm_quant,
-    product_problem,
+    rotation_stage_problem,
 )
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
@@ -180,7 +180,7 @@ class QkNormSpec:
         _check_hidden("k_hidden", self.k_hidden)
         _normalise(self)
         _check_quant(self.quant, self.fused_op.quantizable)
-        problem = product_problem(self.quant, self.fused_op.part_stages, self.out_dtype)
+        problem = rotation_stage_problem(self.quant, self.fused_op.part_stages, self.out_dtype)
         if problem is not None:
             raise ValueError(" ".join(problem))
 
@@ -275,7 +275,8 @@ class QkNormRopeSpec(QkNormSpec):
 
     def norm(self) -> QkNormSpec:
         """The QK-norm this rotates the outputs of (the same fields, no rotation, and the quantizers a QK-norm has:
-        not the rotation's product stages)."""
+        not the rotation's normalised and product stages)."""
         fields = (self.q_hidden, self.k_hidden, self.dtype, self.weight_dtype, self.params, self.out_dtype)
-        kept = {} if self.quant is None else {s.value: self.quant.at(s) for s in self.quant.stages if not s.product}
+        own = QK_NORM.quantizable
+        kept = {} if self.quant is None else {s.value: self.quant.at(s) for s in self.quant.stages if s in own}
         return QkNormSpec(*fields, QuantParams(**kept) if kept else None)

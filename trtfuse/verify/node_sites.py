@@ -28,7 +28,7 @@ from onnx import helper
 from trtfuse import contract
 from trtfuse.errors import TrtfuseError, first_line
 from trtfuse.fusion.fused_nodes import PluginNode, node_label, plugin_nodes
-from trtfuse.fusion.lowering import lower_fused_nodes, product_tensors, quantizer_input
+from trtfuse.fusion.lowering import lower_fused_nodes, quantizer_input, stage_tensors
 from trtfuse.fusion.patterns.quant import LAYOUT_OPS
 from trtfuse.model.interface import elem_type_name, value_types
 from trtfuse.model.onnx_file import DEFAULT_DOMAINS, LoadedModel
@@ -45,6 +45,9 @@ _MOVES = ("Cast", "Identity", *LAYOUT_OPS)
 _CANDIDATE_OPS = 16
 _REFERENCE_OPS = 160
 _PARTNER_DEPTH = 4
+# How many ops up from a rotation's sum its normalised pair may stand (the products' pairs, Muls, Casts, a partial
+# rotation's Slice and Concat between).
+_STAGE_DEPTH = 8
 
 
 class _Unjudged(Exception):
@@ -62,10 +65,14 @@ class JudgedOutput:
     `quantized`, the value the node quantized (in the node's layout), and `requantized`, the original's
     QuantizeLinear applied to `quantized`, which `codes` must equal.
 
-    A rotation's product stage is judged as an output of its own: `tensor` is the codes of the original's
-    QuantizeLinear on the product (`value`), `candidate` the node's codes in float32 and the original's layout, and
-    `dequantized` / `original_dequantized` the two DequantizeLinear values. The rotated output the products sum into
-    lists them (`products`): its value is judged within what their steps allow (docs/cli.md, "Each fused node")."""
+    A rotation stage (the normalised one, a product) is judged as an output of its own: `tensor` is the codes of the
+    original's QuantizeLinear on the normalised y or the product (`value`), `candidate` the node's codes in float32
+    and the original's layout, and `dequantized` / `original_dequantized` the two DequantizeLinear values; a product
+    after a normalised stage names it (`normalised`): where that stage's codes moved, so may the products'; in a
+    part whose inverse root is quantized (`rsqrt_quantized`), a row's r' may be a step of its own grid from the
+    original's (the graph computing r otherwise), and every value of the row moves with it. The
+    rotated output the products sum into lists them (`products`): its value is judged within what their steps allow
+    (docs/cli.md, "Each fused node")."""
 
     tensor: str
     value: str
@@ -79,9 +86,12 @@ class JudgedOutput:
     dequantized: str | None = None
     original_dequantized: str | None = None
     products: tuple[JudgedOutput, ...] = ()
+    normalised: JudgedOutput | None = None
+    rsqrt_quantized: bool = False
 
     @property
-    def is_product(self) -> bool:
+    def is_stage(self) -> bool:
+        """A rotation stage's codes, judged in steps of its grid from the original's."""
         return self.original_dequantized is not None
 
 
@@ -334,10 +344,12 @@ def _judged_outputs(
             _requantize(quantize, quantized, tensor, after, source),
             quantized,
         )
-    products = _products(plugin, position, judged.value, pending, copy, after, source, target)
+    normalised = _normalised(plugin, position, judged.value, copy, after, source)
+    products = _products(plugin, position, judged.value, pending, copy, after, source, target, normalised)
+    stages = [normalised] if normalised is not None else []
     if not products:
-        return [judged]
-    return [*products, replace(judged, products=products)]
+        return [*stages, judged]
+    return [*stages, *products, replace(judged, products=products)]
 
 
 def _moved(value: str, movers: list[onnx.NodeProto], copy: _Copy, after: _Copy, target: _Graph) -> str:
@@ -365,10 +377,12 @@ def _products(
     after: _Copy,
     source: _Graph,
     target: _Graph,
+    normalised: JudgedOutput | None,
 ) -> tuple[JudgedOutput, ...]:
     """The product stages of the part whose rotated output is `position`, each judged where the original's
-    QuantizeLinear on that product reads (its rotation's sum is the original's `value`); none where the part has
-    no product stages or rotates part of each head row."""
+    QuantizeLinear on that product reads (its rotation's sum is the original's `value`), after the part's
+    `normalised` stage where it has one; none where the part has no product stages or rotates part of each head
+    row."""
     rotary = plugin.fields.rotary
     quant = plugin.fields.part_quant(plugin.op.output_parts[position]) if rotary else None
     if rotary is None or quant is None or quant.cos_product is None or rotary.rotary_dim < rotary.head_dim:
@@ -376,31 +390,81 @@ def _products(
         # one only where y is the graph's bit for bit).
         return ()
     pairs = _rotation_pairs(value, source)
-    judged = []
-    for stage in (contract.QuantStage.COS_PRODUCT, contract.QuantStage.SIN_PRODUCT):
-        quantize, dequantize = pairs[stage]
-        quantizer = quant.at(stage)
-        names = product_tensors(copy.name(plugin.node.output[position]), stage)
-        codes = f"{names.codes}/fp32"
-        after.nodes[len(after.nodes)] = helper.make_node(
-            "Cast", [names.codes], [codes], to=onnx.TensorProto.FLOAT, name=codes
+    stages = (contract.QuantStage.COS_PRODUCT, contract.QuantStage.SIN_PRODUCT)
+    after_stage = {"normalised": normalised}
+    return tuple(
+        replace(
+            _stage_output(plugin, position, stage, pairs[stage], movers, copy, after, source, target), **after_stage
         )
-        judged.append(
-            JudgedOutput(
-                quantize.output[0],
-                _quantized_value(quantize, set(), source)[0],
-                _moved(codes, movers, copy, after, target),
-                _moved(names.value, movers, copy, after, target),
-                node_label(quantize),
-                None if quantizer is None else quantizer.dtype,
-                names.codes,
-                _requantize(quantize, names.value, quantize.output[0], after, source),
-                names.value,
-                _moved(names.dequantized, movers, copy, after, target),
-                dequantize.output[0],
-            )
-        )
-    return tuple(judged)
+        for stage in stages
+    )
+
+
+def _stage_output(
+    plugin: PluginNode,
+    position: int,
+    stage: contract.QuantStage,
+    pair: tuple[onnx.NodeProto, onnx.NodeProto],
+    movers: list[onnx.NodeProto],
+    copy: _Copy,
+    after: _Copy,
+    source: _Graph,
+    target: _Graph,
+) -> JudgedOutput:
+    """Rotation stage `stage` of the part whose output is `position`, judged where the original's QuantizeLinear ->
+    DequantizeLinear `pair` reads: the node's value, codes and dequantized value (`stage_tensors`) moved by `movers`
+    into the original's layout."""
+    quantize, dequantize = pair
+    quant = plugin.fields.part_quant(plugin.op.output_parts[position])
+    names = stage_tensors(copy.name(plugin.node.output[position]), stage)
+    codes = f"{names.codes}/fp32"
+    after.nodes[len(after.nodes)] = helper.make_node(
+        "Cast", [names.codes], [codes], to=onnx.TensorProto.FLOAT, name=codes
+    )
+    return JudgedOutput(
+        quantize.output[0],
+        _quantized_value(quantize, set(), source)[0],
+        _moved(codes, movers, copy, after, target),
+        _moved(names.value, movers, copy, after, target),
+        node_label(quantize),
+        quant.at(stage).dtype,
+        names.codes,
+        _requantize(quantize, names.value, quantize.output[0], after, source),
+        names.value,
+        _moved(names.dequantized, movers, copy, after, target),
+        dequantize.output[0],
+        rsqrt_quantized=quant.rsqrt is not None,
+    )
+
+
+def _normalised(
+    plugin: PluginNode, position: int, value: str, copy: _Copy, after: _Copy, source: _Graph
+) -> JudgedOutput | None:
+    """The normalised stage of the part whose rotated output is `position`, judged where the original's
+    QuantizeLinear on the norm's y reads (the pair stands before any layout op, so in the node's own layout); None
+    where the part has none. The pair is the first one up from the rotation's sum (the original's `value`), past
+    the products' pairs, whose QuantizeLinear reads a value computed from the part's activation."""
+    part = plugin.op.output_parts[position]
+    quant = plugin.fields.part_quant(part)
+    if quant is None or quant.normalised is None:
+        return None
+    activation = plugin.node.input[plugin.op.activation_parts.index(part)]
+    products = () if quant.cos_product is None else _rotation_pairs(value, source).values()
+    passed = {id(node) for pair in products for node in pair}
+    frontier: list[str] = [value]
+    for _ in range(_STAGE_DEPTH):
+        producers = [node for node in (source.producers.get(name) for name in frontier) if node is not None]
+        for node in producers:
+            quantize = source.producers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+            if id(node) in passed or quantize is None or quantize.op_type != "QuantizeLinear":
+                continue
+            if _computed_from(quantize.input[0], activation, source):
+                stage = contract.QuantStage.NORMALISED
+                return _stage_output(plugin, position, stage, (quantize, node), [], copy, after, source, source)
+        frontier = list(dict.fromkeys(name for node in producers for name in node.input if name))
+    raise _Unjudged(
+        f"no QuantizeLinear -> DequantizeLinear pair on the norm's output leads to the original's '{value}'"
+    )
 
 
 def _rotation_pairs(value: str, source: _Graph) -> dict[contract.QuantStage, tuple[onnx.NodeProto, onnx.NodeProto]]:
@@ -421,6 +485,26 @@ def _rotation_pairs(value: str, source: _Graph) -> dict[contract.QuantStage, tup
     if len(pairs) != 2:
         raise _Unjudged(f"the original's '{value}' is no sum of a cos and a sin product, each quantized")
     return pairs
+
+
+def _computed_from(tensor: str, activation: str, source: _Graph) -> bool:
+    """Whether the original computes `tensor` from the values of `activation` (not only its shape) within twice
+    `_STAGE_DEPTH` ops up (a norm's chain)."""
+    frontier = [tensor]
+    for _ in range(2 * _STAGE_DEPTH):
+        if activation in frontier:
+            return True
+        producers = [source.producers.get(name) for name in frontier]
+        frontier = list(
+            dict.fromkeys(
+                name
+                for node in producers
+                if node is not None and node.op_type != "Shape"
+                for name in node.input
+                if name
+            )
+        )
+    return activation in frontier
 
 
 # The ops between the rotated half's Neg and the Mul by sin (the partner built by Concat, perhaps reshaped or cast).

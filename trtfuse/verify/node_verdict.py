@@ -14,8 +14,10 @@ Per output of a node:
   original's values are the reference (its error 0). Where the reference cannot run, the value is judged within the
   tolerance of its dtype against the original's, and the step says why; where the user gives a tolerance (--rtol,
   --atol), within that, as every float output is. Codes have no tolerance;
-- a rotation's product stage: its codes as a quantized output's, each besides at most `PRODUCT_STEPS` step of its
-  grid from the original's codes, its product value as any value; the rotated output its products sum into, element
+- a rotation stage (the normalised y's pair, a product's): its codes as a quantized output's, each besides at most
+  `PRODUCT_STEPS` step of its grid from the original's codes (a product's anywhere in a head row where the
+  normalised stage's codes did not move; none in a part whose inverse root is quantized, whose rows move with their
+  r'), its value as any value; the rotated output its products sum into, element
   by element within the two products' DequantizeLinear differences plus one ulp of its dtype (`_sum_bound`).
 """
 
@@ -46,8 +48,8 @@ from trtfuse.verify.tolerances import (
 # How progress lines name the two models.
 NODES_NAME = "each fused node on the original's tensors"
 REFERENCE_NAME = "the float32 evaluation of the original's ops at each fused node"
-# How many steps of its quantizer's grid a rotation's product code may move from the original's: where the node's y
-# and the graph's differ in their last bit, a product near a rounding boundary lands on the other side, one step.
+# How many steps of its quantizer's grid a rotation stage's code may move from the original's: where the node's y
+# and the graph's differ in their last bit, a value near a rounding boundary lands on the other side, one step.
 PRODUCT_STEPS = 1
 
 
@@ -329,7 +331,12 @@ def judge_nodes(
         step = []
         for site in sites:
             for judged in site.outputs:
-                names = (judged.tensor, judged.value, *(product.original_dequantized for product in judged.products))
+                names = (
+                    judged.tensor,
+                    judged.value,
+                    *(product.original_dequantized for product in judged.products),
+                    *([judged.normalised.tensor] if judged.normalised is not None else []),
+                )
                 original_values = {name: _original_value(feeds[index], exposed[index], name) for name in names}
                 step.append(
                     _judged(site, judged, candidates[index], original_values, references[index], models, tolerance)
@@ -356,12 +363,17 @@ def _judged(
     within their dtype's), else against the reference (the original's own values in a float32 original)."""
     node = {"node": site.name, "op": site.op, "tensor": judged.tensor, "value": judged.value}
     codes = None
+    moved = _normalised_moved(judged, candidate, original)
     if judged.quantizer is not None:
-        codes = _codes(judged, candidate, original[judged.tensor])
+        codes = _codes(judged, candidate, original[judged.tensor], moved)
     value, expected = np.asarray(candidate[judged.candidate_value]), np.asarray(original[judged.value])
     if value.shape != expected.shape:
         note = f"shape {_shape(value)}, the original's {_shape(expected)}"
         return NodeOutputVerdict(**node, values_passed=False, codes=codes, note=note)
+    if moved is not None:
+        # A product's value where the normalised value it multiplies moved a step is another product: judged in
+        # the rotated output's sum bound, not here.
+        value = np.where(_rows(moved, value.shape), expected, value)
     if judged.products and tolerance is None:
         bound = _sum_bound(judged, value, expected, candidate, original)
         return NodeOutputVerdict(**node, values_passed=bound.passed, codes=codes, bound=bound)
@@ -456,11 +468,36 @@ def _ordinals(values: np.ndarray, dtype: str) -> np.ndarray:
     return np.where(bits & 0x80, -(bits & 0x7F), bits & 0x7F)
 
 
-def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray) -> StepCheck:
-    """How far a product stage's codes moved from the original's, in steps of their grid."""
+def _normalised_moved(
+    judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: Mapping[str, np.ndarray]
+) -> np.ndarray | None:
+    """For a product after a normalised stage, where that stage's codes moved from the original's: per row of the
+    last axis (a head row: each element's partner is in its own), True where one of its codes did; one value for
+    all, whether any did, where the two are not of one shape. None for any other output."""
+    stage = judged.normalised
+    if stage is None:
+        return None
+    node, theirs = np.asarray(candidate[stage.candidate]), np.asarray(original[stage.tensor])
+    dtype = stage.code_dtype or ""
+    if node.shape != theirs.shape:
+        return np.array(True)
+    return (_code_values(node, dtype) != _code_values(theirs, dtype)).any(axis=-1, keepdims=True)
+
+
+def _rows(moved: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`_normalised_moved`'s rows as a mask over a product of `shape`: those rows, or, in another layout than the
+    product's (layout ops between the two stages), whether any moved."""
+    return moved if not moved.ndim or moved.shape[:-1] == shape[:-1] else moved.any()
+
+
+def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray, passed: np.ndarray | None) -> StepCheck:
+    """How far a rotation stage's codes moved from the original's, in steps of their grid, but where `passed` (the
+    rows where the normalised stage before it moved: the product's value moved with it)."""
     dtype = judged.code_dtype or ""
     node, theirs = _code_values(moved_codes, dtype), _code_values(original, dtype)
     distance = np.abs(_ordinals(node, dtype) - _ordinals(theirs, dtype))
+    if passed is not None:
+        distance = np.where(_rows(passed, distance.shape), 0, distance)
     if not distance.size or distance.max() <= PRODUCT_STEPS:
         return StepCheck(int(distance.max(initial=0)))
     index = tuple(int(position) for position in np.unravel_index(int(np.argmax(distance)), distance.shape))
@@ -472,7 +509,9 @@ def _same_codes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(first).view(np.uint8) == np.ascontiguousarray(second).view(np.uint8)
 
 
-def _codes(judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: np.ndarray) -> CodeCheck:
+def _codes(
+    judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: np.ndarray, passed: np.ndarray | None
+) -> CodeCheck:
     codes, expected = np.asarray(candidate[judged.codes]), np.asarray(candidate[judged.requantized])
     dtype, quantizer = judged.code_dtype or "", judged.quantizer or ""
     moved_codes = np.asarray(candidate[judged.candidate])
@@ -481,7 +520,9 @@ def _codes(judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: 
         moved = codes.size
     else:
         moved = int((_code_values(moved_codes, dtype) != _code_values(original, dtype)).sum())
-        steps = _steps(judged, moved_codes, original) if judged.is_product else None
+        # A row's r' a step away moves every code of the row: judged as values only.
+        stepped = judged.is_stage and not judged.rsqrt_quantized
+        steps = _steps(judged, moved_codes, original, passed) if stepped else None
     if codes.shape != expected.shape:
         return CodeCheck(dtype, quantizer, codes.size, codes.size, moved, steps=steps)
     wrong = ~_same_codes(codes, expected)

@@ -268,6 +268,12 @@ def rope_entries() -> list[MatrixEntry]:
     specs.append((dataclasses.replace(qwen3_fp16, quant=MODELOPT_FP8_PRODUCTS), (32, 8)))
     with_output = dataclasses.replace(MODELOPT_FP8_PRODUCTS, q_output=Quantizer("int8", 0.029388427734375))
     specs.append((dataclasses.replace(qwen3_fp16, quant=with_output), (32, 8)))
+    # ModelOpt's INT8 rotations of Gemma3 (head-major rows, a pair on each norm's output, the products', q's result
+    # quantized) and of OLMo2 (full-width rows, each norm's input and inverse-root pairs, the products').
+    gemma3_fp16 = QkNormRopeSpec(64, 64, "float16", "float16", llama, rope=rope(64, layout="head_major"))
+    specs.append((dataclasses.replace(gemma3_fp16, quant=MODELOPT_INT8_GEMMA3), (7, 3)))
+    olmo2_fp16 = QkNormRopeSpec(4096, 1024, "float16", "float16", llama, rope=rope(128))
+    specs.append((dataclasses.replace(olmo2_fp16, quant=MODELOPT_INT8_OLMO2), (1, 1)))
     # Token-major rows written as the attention's [B, H, S, D]: ModelOpt FP8's Qwen3 node with q's FP8 Q after the
     # rotation, OLMo2's full-width rows (plain and FP8 q), and a 16-bit x with an fp32 y (no paired stores).
     head_major_out = rope(128, output_layout="head_major")
@@ -299,6 +305,37 @@ MODELOPT_FP8_PRODUCTS = QuantParams(
     q_sin_product=_product(0.073486328125),
     k_cos_product=_product(0.09619140625),
     k_sin_product=_product(0.07275390625),
+)
+
+
+def _int8(scale: float, input_dtype: str | None = None) -> Quantizer:
+    """A fake-quant INT8 pair as ModelOpt's float16 exports write it: a float16 scale, dequantized to float16 (an
+    inverse root's reading r in `input_dtype`)."""
+    return Quantizer("int8", scale, True, "float16", input_dtype)
+
+
+# The pairs of ModelOpt's INT8 Gemma3 rotation (models/fixtures/tools/gemma3-modelopt-int8-fp16.onnx's first layer):
+# on each norm's output, on each product, and q's result's Q.
+MODELOPT_INT8_GEMMA3 = QuantParams(
+    q_normalised=_int8(0.0269165039062500),
+    q_cos_product=_int8(0.0270690917968750),
+    q_sin_product=_int8(0.0202178955078125),
+    q_output=Quantizer("int8", 0.0293884277343750),
+    k_normalised=_int8(0.0261993408203125),
+    k_cos_product=_int8(0.0261993408203125),
+    k_sin_product=_int8(0.0200805664062500),
+)
+# The pairs of ModelOpt's INT8 OLMo2 rotation (models/fixtures/tools/olmo2-modelopt-int8-fp16-optimum.onnx's first
+# layer): on each norm's input and inverse root (read in float16), and on each product.
+MODELOPT_INT8_OLMO2 = QuantParams(
+    q_input=_int8(8.797645568847656e-05),
+    q_rsqrt=_int8(3.212890625, "float16"),
+    q_cos_product=_int8(0.0301666259765625),
+    q_sin_product=_int8(0.0221557617187500),
+    k_input=_int8(8.082389831542969e-05),
+    k_rsqrt=_int8(2.904296875, "float16"),
+    k_cos_product=_int8(0.0242919921875000),
+    k_sin_product=_int8(0.0169677734375000),
 )
 
 

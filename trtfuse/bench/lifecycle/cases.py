@@ -449,8 +449,10 @@ def quant_cases() -> list[NormCase]:
 def rope_quant_cases() -> list[NormCase]:
     """The QK-norm + rotary's quantizers as ModelOpt's exports put them: FP8 attention inputs (a Q on each rotated
     output), INT8 ones at their own scales on head-major heads, and the rotation's products each through a Q/DQ
-    pair before the sum (FP8 with per-batch fp32 tables; INT8 on OLMo2's full width, q's output also quantized).
-    A product stage dequantizes to T (`contract.product_problem`)."""
+    pair before the sum (FP8 with per-batch fp32 tables, each norm's output through an FP8 pair before the rotation;
+    INT8 on OLMo2's full width, q's output also quantized), and the norms' own pairs of ModelOpt's INT8 rotations:
+    OLMo2's on each norm's input and inverse root, Gemma3's on each norm's output before the rotation (head-major).
+    A product or normalised stage dequantizes to T (`contract.rotation_stage_problem`)."""
 
     def products(quantize: Callable[..., Quantizer], q_scale: float, k_scale: float, dtype: str) -> dict[str, Any]:
         return {
@@ -490,7 +492,11 @@ def rope_quant_cases() -> list[NormCase]:
             "bfloat16",
             "bfloat16",
             tables=RotaryTables("float32", per_batch=True, theta=1e6),
-            quant=QuantParams(**products(fp8, 1 / 64, 1 / 32, "bfloat16")),
+            quant=QuantParams(
+                **products(fp8, 1 / 64, 1 / 32, "bfloat16"),
+                q_normalised=fp8(1 / 128, dequant_dtype="bfloat16"),
+                k_normalised=fp8(1 / 64, dequant_dtype="bfloat16"),
+            ),
         ),
         rope_case(
             16,
@@ -501,5 +507,34 @@ def rope_quant_cases() -> list[NormCase]:
             WeightMode.BEFORE_CAST,
             full_width=True,
             quant=QuantParams(**products(int8, 4 / 127, 6 / 127, "float16"), q_output=int8(4 / 127)),
+        ),
+        rope_case(
+            16,
+            8,
+            128,
+            "float16",
+            "float16",
+            full_width=True,
+            quant=QuantParams(
+                **products(int8, 4 / 127, 6 / 127, "float16"),
+                q_input=int8(6 / 127, "float16"),
+                q_rsqrt=int8(2 / 127, "float16"),
+                k_input=int8(5 / 127, "float16"),
+                k_rsqrt=int8(3 / 127, "float16"),
+            ),
+        ),
+        rope_case(
+            8,
+            4,
+            64,
+            "float16",
+            "float16",
+            layout=HeadLayout.HEAD_MAJOR,
+            quant=QuantParams(
+                **products(int8, 4 / 127, 3 / 127, "float16"),
+                q_normalised=int8(3.4 / 127, "float16"),
+                k_normalised=int8(3.3 / 127, "float16"),
+                q_output=int8(4 / 127),
+            ),
         ),
     ]

@@ -111,7 +111,9 @@ class RotatedNorm:
     rotation's own, which the node replaces; `rotated` the tensor the rotation reads (the layout's last output, or
     the norm's y); `result` what it computes, under the graph's name (after the Casts that end it); `quantizer` the
     QuantizeLinear of the result the node takes in as its output stage, if any; `products` the QuantizeLinear ->
-    DequantizeLinear pairs on the rotation's cos and sin products it takes in as its product stages (ModelOpt)."""
+    DequantizeLinear pairs on the rotation's cos and sin products it takes in as its product stages (ModelOpt);
+    `normalised` the pair on the norm's output that the rotation reads through, taken in as the normalised stage
+    (ModelOpt's INT8 Gemma3: `norm.y` is then that pair's dequantized value, what the rotation reads)."""
 
     norm: RmsNormMatch
     layout: tuple[gs.Node, ...]
@@ -123,14 +125,22 @@ class RotatedNorm:
     rotary: RotaryParams
     quantizer: TakenQuantizer | None = None
     products: tuple[TakenQuantizer, ...] = ()
+    normalised: TakenQuantizer | None = None
     # The layout ops take y from token-major into [B, H, S, D] (no Shape node reading between them): the node may
     # write that layout itself (`RotaryParams.output_layout`), which it does where it takes a Q after them.
     moves_into_heads: bool = False
 
     @property
+    def rotation_quantizers(self) -> tuple[TakenQuantizer, ...]:
+        """The pairs the rotation adds to its norm's: on the norm's output, on its cos and sin products, then its
+        output's QuantizeLinear, in stage order."""
+        ends = (self.normalised, *self.products, self.quantizer)
+        return tuple(taken for taken in ends if taken is not None)
+
+    @property
     def quantizers(self) -> tuple[TakenQuantizer, ...]:
-        """The pairs on its cos and sin products, then its output's QuantizeLinear: the part's stages in order."""
-        return (*self.products, *([self.quantizer] if self.quantizer is not None else []))
+        """The norm's own pairs (input, inverse root), then the rotation's: the part's stages in order."""
+        return (*self.norm.quantizers, *self.rotation_quantizers)
 
     @property
     def output_dtype(self) -> str:

@@ -44,7 +44,15 @@ from trtfuse.fusion.patterns.matches import (
     TakenQuantizer,
 )
 from trtfuse.fusion.patterns.qk import depends, enclosing_nodes
-from trtfuse.fusion.patterns.quant import LAYOUT_FP8, fake_quant, pair_text, quantizer_of, widened_reader
+from trtfuse.fusion.patterns.quant import (
+    LAYOUT_FP8,
+    fake_quant,
+    fake_quant_pair,
+    pair_text,
+    qdq_pair,
+    quantizer_of,
+    widened_reader,
+)
 from trtfuse.fusion.patterns.queries import (
     ONNX_DOMAINS,
     cast_target,
@@ -139,14 +147,16 @@ def _rope_of(
             sides.append(None)
             continue
         output = next((taken for taken in norm.quantizers if taken.stage.norm_stage is QuantStage.OUTPUT), None)
+        normalised = None
         if output is not None:
+            norm, normalised = _normalised_pair(norm, output, _NORMALISED_STAGES[role], graph_outputs, quant_opset)
+        side = _rotated(norm, shapes, graph_outputs, quant_opset, _PRODUCT_STAGES[role])
+        if normalised is not None and normalised.quantizer.dequant_dtype != side.output_dtype:
             raise _NotTaken(
-                f"{norm.name}'s output is quantized ({describe(output.quantize)}) before the rotation reads it"
+                f"the pair on {norm.name}'s output ({describe(normalised.quantize)}) dequantizes to "
+                f"{normalised.quantizer.dequant_dtype}, the rotation computes in {side.output_dtype}"
             )
-        if norm.quantizers:
-            stages = ", ".join(taken.stage.norm_stage.value for taken in norm.quantizers)
-            raise _NotTaken(f"{norm.name} takes quantizer pairs ({stages}) that the rotary node has no stage for")
-        sides.append(_rotated(norm, shapes, graph_outputs, quant_opset, _PRODUCT_STAGES[role]))
+        sides.append(replace(side, normalised=normalised))
     q, k = sides
     if q is None and k is None:
         return None
@@ -168,11 +178,42 @@ def _rope_of(
     return QkNormRopeMatch(q, k)
 
 
-# Each part's stages for the Q/DQ pairs on its rotation's cos and sin products.
+# Each part's stages for the Q/DQ pairs on its rotation's cos and sin products, and on its norm's output.
 _PRODUCT_STAGES = {
     "q": (QuantStage.Q_COS_PRODUCT, QuantStage.Q_SIN_PRODUCT),
     "k": (QuantStage.K_COS_PRODUCT, QuantStage.K_SIN_PRODUCT),
 }
+_NORMALISED_STAGES = {"q": QuantStage.Q_NORMALISED, "k": QuantStage.K_NORMALISED}
+
+
+def _normalised_pair(
+    norm: RmsNormMatch, output: TakenQuantizer, stage: QuantStage, graph_outputs: set[str], opset: int | None
+) -> tuple[RmsNormMatch, TakenQuantizer]:
+    """The norm as its rotation reads it through the QuantizeLinear -> DequantizeLinear pair on its output
+    (ModelOpt's INT8 Gemma3: y -> Q -> DQ -> the rotation), the QuantizeLinear being the one the quantizer search
+    took as its output stage (`output`): its y that pair's dequantized value, and the pair as the part's normalised
+    `stage`; _NotTaken where the pair is none the node computes."""
+    quantize = output.quantize
+    where = f"{norm.name}'s output is quantized ({describe(quantize)}) before the rotation reads it"
+    if output.layout is not None or opset is None:
+        raise _NotTaken(f"{where} after {describe(output.layout)}, not where the norm writes it")
+    codes = quantize.outputs[0]
+    readers = unique(codes.outputs)
+    if codes.name in graph_outputs or len(readers) != 1 or onnx_op(readers[0]) != "DequantizeLinear":
+        found = ", ".join(describe(node) for node in readers) or "nothing"
+        raise _NotTaken(f"{where}, and its codes go to {found}, not to one DequantizeLinear")
+    read = readers[0].outputs[0]
+    rounding = _real_readers(read)
+    if len(rounding) == 1 and onnx_op(rounding[0]) == "Cast" and read.name not in graph_outputs:
+        read = rounding[0].outputs[0]
+    pair = qdq_pair(read)
+    if pair is None or pair.quantize is not quantize:
+        raise _NotTaken(f"{where}, and dequantized by {describe(readers[0])}, which is no rounding of y")
+    taken = fake_quant_pair(stage, pair, opset)
+    if isinstance(taken, str):
+        raise _NotTaken(f"the pair {pair.text} on {norm.name}'s output: {taken}")
+    kept = tuple(quantizer for quantizer in norm.quantizers if quantizer is not output)
+    return replace(norm, y=read, quantizers=kept), replace(taken, nodes=(*output.nodes, *pair.nodes[1:]))
 
 
 def _output_stages(q: RotatedNorm, k: RotatedNorm) -> Iterator[tuple[RotatedNorm, QuantStage]]:
