@@ -116,11 +116,12 @@ def check_quantizer_instructions(spec: RmsNormSpec | AddRmsNormSpec | QkNormSpec
         assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     fake_int8 = any(quant.at(stage).dtype == "int8" for stage in quant.stages if stage.fake)
     if fake_int8:
-        assert "cvt.rni.f32.f32" in ptx  # the level, as a float32, for DQ
+        # The level through int32 and back (the level 0 as +0, as DQ gives it), a float32 for DQ.
+        assert "cvt.rni.s32.f32 i, t;" in ptx and "cvt.rn.f32.s32" in ptx
     if any(quant.at(stage).dtype == "int8" for stage in quant.stages if stage.quantizes_output):
-        # Words of 4 codes: cvt.rni to int32 and cvt.pack.sat; a scalar variant's lone codes: the float level.
+        # Words of 4 codes: cvt.rni to int32 and cvt.pack.sat; a scalar variant's lone codes: the level.
         packed = "cvt.rni.s32.f32" in ptx and len(re.findall(r"\bcvt\.pack\.sat\.s8\.s32\.b32\b", ptx)) >= 2
-        assert packed or "cvt.rni.f32.f32" in ptx
+        assert packed or "cvt.rn.f32.s32" in ptx
     if any(part is not None and part.input is not None and part.input.dtype == "float8_e4m3fn" for part in parts):
         assert "cvt.rn.f16x2.e4m3x2" in ptx  # DQ reads the FP8 codes back
 

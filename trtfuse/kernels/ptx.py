@@ -70,8 +70,13 @@ def _f32(value: float) -> str:
 @dsl_user_op
 def int8_level(quotient: Float32, *, loc: ir.Location | None = None, ip: ir.InsertionPoint | None = None) -> Float32:
     """INT8's Q of a quotient v / s, as a float32: clamped to [-128, 127], then rounded half to even (the bounds are
-    integers, so clamping first changes nothing). max before min takes a NaN to -128, as onnxruntime's does."""
-    text = f"{{ .reg .f32 t; max.f32 t, $1, {_f32(-128.0)}; min.f32 t, t, {_f32(127.0)}; cvt.rni.f32.f32 $0, t; }}"
+    integers, so clamping first changes nothing). max before min takes a NaN to -128, as onnxruntime's does. The
+    level goes through int32 (exact in this range): an INT8 code has no sign of zero, so DQ(Q(-0.3·s)) is +0 in the
+    graph, where a float rounding (cvt.rni.f32.f32) would keep -0 and the DQ give -0."""
+    text = (
+        f"{{ .reg .f32 t; .reg .s32 i; max.f32 t, $1, {_f32(-128.0)}; min.f32 t, t, {_f32(127.0)};"
+        " cvt.rni.s32.f32 i, t; cvt.rn.f32.s32 $0, i; }"
+    )
     return Float32(_asm(T.f32(), [Float32(quotient).ir_value(loc=loc, ip=ip)], text, "=f,f", False, loc, ip))
 
 
