@@ -16,9 +16,10 @@ import pytest
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
 
+from trtfuse.bench.aot.matrix import rope_params as rope
 from trtfuse.contract import NormParams, Quantizer, QuantParams, WeightMode
 from trtfuse.contract.rotary_shapes import attention_dims
-from trtfuse.kernels import QkNormRopeSpec, RopeParams, get_qk_norm_rope
+from trtfuse.kernels import QkNormRopeSpec, get_qk_norm_rope
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 
@@ -160,16 +161,6 @@ def check(spec, tokens, batch, heads, per_batch, **kwargs) -> None:
             at = int((error / allowed).argmax())
             got, expected = float(out.reshape(-1)[at]), float(reference.reshape(-1)[at])
             pytest.fail(f"{what}: {int(bad.sum())} elements off; worst at {at}: {got!r} for {expected!r}")
-
-
-def rope(
-    head_dim: int,
-    rotary_dim: int | None = None,
-    rotation: str = "half",
-    layout: str = "token_major",
-    output_layout: str | None = None,
-):
-    return RopeParams(head_dim, rotary_dim or head_dim, rotation, layout, output_layout)
 
 
 # Token-major rows written in the attention's [B, H, S, D] (the node that takes ModelOpt FP8's Q after the rotation).

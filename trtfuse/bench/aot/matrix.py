@@ -221,6 +221,18 @@ def quant_entries() -> list[MatrixEntry]:
     return [MatrixEntry(spec) for spec in specs] + [MatrixEntry(spec, heads) for spec, heads in qk]
 
 
+def rope_params(
+    head_dim: int,
+    rotary: int | None = None,
+    rotation: str = "half",
+    layout: str = "token_major",
+    output_layout: str | None = None,
+) -> RopeParams:
+    """A rotation with the common choices as defaults: all of each head row rotated, half-split, token-major, its
+    outputs in its inputs' layout."""
+    return RopeParams(head_dim, rotary or head_dim, rotation, layout, output_layout)
+
+
 def rope_entries() -> list[MatrixEntry]:
     """The QK-norm + rotary specs of tests/gpu/test_rope_gpu.py: Qwen3's (bf16 and fp32 tables), Gemma3's head-major
     rows with odd head counts, OLMo2's full-width norm, partial rotary, interleaved pairs, mixed dtypes, no weight,
@@ -229,14 +241,7 @@ def rope_entries() -> list[MatrixEntry]:
     llama, gemma = NormParams(1e-6, 0.0, after), NormParams(1e-6, 1.0, before)
     olmo = NormParams(1e-6, 0.0, before)
 
-    def rope(
-        head_dim: int,
-        rotary: int | None = None,
-        rotation: str = "half",
-        layout: str = "token_major",
-        output_layout: str | None = None,
-    ):
-        return RopeParams(head_dim, rotary or head_dim, rotation, layout, output_layout)
+    rope = rope_params
 
     head_major = rope(256, layout="head_major")
     specs = [
