@@ -1,6 +1,8 @@
 """`check` on a fused model whose rotary node was edited so that its inputs no longer fit it: a flipped `layout`
-(its heads read as its tokens) or q and k swapped at equal widths. Each is one line naming the node and its inputs,
-exit 2, before onnxruntime runs (whose broadcast error, with a misleading `--dim` hint, was all a user saw)."""
+(its heads read as its tokens), q and k swapped at equal widths, or a ModelOpt FP8 node's `output_layout` turned back
+to TOKEN_MAJOR (its outputs then [B, S, H, D] where the attention reads [B, H, S, D]). Each is one line naming the
+node and its inputs, exit 2, before onnxruntime runs (whose broadcast or Reshape error, with a misleading `--dim`
+hint, was all a user saw)."""
 
 from __future__ import annotations
 
@@ -101,3 +103,26 @@ def test_generate_holds_a_rotary_node_to_its_shapes_before_onnxruntime_runs(fuse
     assert f"{edited}: node '{name}': input" in line and "differ in batch or tokens" in line
     assert "onnxruntime" not in line
     assert run_cli("generate", fused, "--no-cache", "--steps", "2").exit_code == 0
+
+
+def _output_layout_back(node: onnx.NodeProto) -> None:
+    for attribute in node.attribute:
+        if attribute.name == contract.ATTR_OUTPUT_LAYOUT:
+            attribute.i = int(contract.HeadLayout.TOKEN_MAJOR)
+
+
+@pytest.mark.parametrize("command", ["check", "generate"])
+def test_a_node_writing_token_major_where_its_output_is_declared_head_major_is_one_line_naming_it(
+    tmp_path: Path, command: str
+) -> None:
+    """Its outputs keep their rank and are declared with symbols ([B', H, S', D]): the sizes the fed shapes give
+    the symbols q's declared dims share show the heads where its tokens go, before onnxruntime's Reshape error."""
+    original = FIXTURES / "tools" / "qwen3-modelopt-fp8-kv.onnx"
+    fused = tmp_path / "fused.onnx"
+    assert run_cli("fuse", original, "-o", fused).exit_code == 0
+    edited, name = _edited(fused, _output_layout_back, tmp_path)
+    result = run_cli("check", original, edited) if command == "check" else run_cli("generate", edited, "--steps", "2")
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert f"{edited}: node '{name}': input 'view' [" in line and "must have one shape" in line
+    assert "onnxruntime" not in line

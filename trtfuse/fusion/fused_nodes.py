@@ -130,7 +130,7 @@ def _checked(node: onnx.NodeProto, fields: NodeFields, where: str, types: Tensor
             what = "last dim" if position < len(op.activations) else "length"
             raise TrtfuseError(f"{where}: {op.hidden_fields[part]} is {hidden}, but input '{name}' has {what} {last}")
     _check_part_shapes(op, given[: len(op.activations)], where, types)
-    _check_output_shapes(plugin, types)
+    check_output_shapes(plugin, types)
     if fields.rotary is not None:
         _check_rotary(plugin, types)
     return plugin
@@ -195,10 +195,11 @@ def _check_part_shapes(op: contract.FusedOp, activations: list[str], where: str,
                 )
 
 
-def _check_output_shapes(plugin: PluginNode, types: TensorTypes) -> None:
+def check_output_shapes(plugin: PluginNode, types: TensorTypes) -> None:
     """Each output has the shape of its part's (first) activation (a rotary node that moves heads: that shape's
     [B, H, S, D], `contract.rotary_shapes.output_dims`): its declared dims, where both are static, must agree with
-    it. An output declared with the other part's shape is a node whose inputs were swapped (q for k) or rewired."""
+    it. An output declared with the other part's shape is a node whose inputs were swapped (q for k) or rewired, or
+    whose output_layout was changed. `types` is anything with TensorTypes' `dims`."""
     op, node = plugin.op, plugin.node
     for output, part in zip(node.output, op.output_parts, strict=True):
         activation = plugin.activations[op.activation_parts.index(part)]

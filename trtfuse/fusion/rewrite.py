@@ -375,7 +375,9 @@ def _qk_norm_rope_node(graph: gs.Graph, names: _Names, rope: QkNormRopeMatch, ta
     name = names.node(f"{fields.op.name}/{outputs[0].name}")
     _append_node(graph, fields, name, [q.norm.x, k.norm.x, *_weights(q.norm, k.norm), cos, sin], outputs)
     record = _record(fields.op.name, name, (q.norm, k.norm), hidden)
-    rotations = tuple(describe(node) for side in (q, k) for node in side.nodes)
+    # Where the node writes [B, H, S, D] itself, the layout ops that moved the result there are gone with it too.
+    moved = [node for side in (q, k) if side.rotary.moves_heads for node in side.layout]
+    rotations = tuple(describe(node) for side in (q, k) for node in side.nodes) + tuple(map(describe, moved))
     taken = [node for side in (q, k) for node in _quantizer_nodes(side.rotation_quantizers)]
     return replace(
         record,

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from trtfuse.contract.rotary_shapes import table_batch, token_extents
-from trtfuse.fusion.fused_nodes import PluginNode, plugin_nodes
+from trtfuse.fusion.fused_nodes import PluginNode, TensorTypes, check_output_shapes, plugin_nodes
 from trtfuse.fusion.lowering import lower_fused_nodes
 from trtfuse.model.onnx_file import LoadedModel
 
@@ -30,11 +30,12 @@ def check_rotary_shapes(fused: LoadedModel, feeds: Iterable[Shapes]) -> None:
     if not rotary:
         return
     lowered = lower_fused_nodes(fused.model, fused.path)
+    declared = TensorTypes(fused.model)
     fed_shapes = {tuple(sorted((name, tuple(shape)) for name, shape in feed.items())) for feed in feeds}
     for fed in fed_shapes:
         shapes = _inferred_shapes(lowered, dict(fed))
         for node in rotary:
-            _check_node(node, shapes)
+            _check_node(node, shapes, declared)
 
 
 def feed_shapes(feed: Mapping[str, np.ndarray]) -> Shapes:
@@ -42,7 +43,7 @@ def feed_shapes(feed: Mapping[str, np.ndarray]) -> Shapes:
     return {name: array.shape for name, array in feed.items()}
 
 
-def _check_node(node: PluginNode, shapes: Shapes) -> None:
+def _check_node(node: PluginNode, shapes: Shapes, declared: TensorTypes) -> None:
     rotary = node.fields.rotary
     activations, tables = node.activations, node.tables
     if not all(name in shapes for name in activations):
@@ -50,6 +51,33 @@ def _check_node(node: PluginNode, shapes: Shapes) -> None:
     batch, tokens = token_extents(rotary, node.where, activations, [shapes[name] for name in activations])
     if all(name in shapes for name in tables):
         table_batch(rotary, node.where, tables, [shapes[name] for name in tables], batch, tokens)
+    check_output_shapes(node, _FedDims(declared, shapes, activations))
+
+
+class _FedDims:
+    """Dims at the fed shapes, for `fusion.fused_nodes.check_output_shapes`: an activation's concrete shape, and
+    an output's declared dims with each symbol an activation's declared dims share taken at its fed size. A token-
+    major [B, S, H, D] node with its output_layout flipped keeps its outputs' rank, and their declared dims are
+    symbols ([B', H, S', D]): only the sizes the fed shapes give those symbols show the heads where its tokens go."""
+
+    def __init__(self, declared: TensorTypes, shapes: Shapes, activations: Iterable[str]) -> None:
+        self._declared = declared
+        self._fed = {name: tuple(shapes[name]) for name in activations}
+        self._sizes: dict[str, int] = {}
+        for name, shape in self._fed.items():
+            dims = declared.dims(name) or ()
+            if len(dims) == len(shape):
+                for dim, size in zip(dims, shape, strict=True):
+                    if isinstance(dim, str):
+                        self._sizes.setdefault(dim, size)
+
+    def dims(self, tensor: str) -> tuple[int | str | None, ...] | None:
+        if tensor in self._fed:
+            return self._fed[tensor]
+        dims = self._declared.dims(tensor)
+        return (
+            None if dims is None else tuple(self._sizes.get(dim, dim) if isinstance(dim, str) else dim for dim in dims)
+        )
 
 
 def _inferred_shapes(lowered: onnx.ModelProto, fed: Shapes) -> Shapes:
