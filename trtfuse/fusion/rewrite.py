@@ -409,11 +409,10 @@ def _rotated_output(side: RotatedNorm, names: _Names) -> gs.Variable:
         # A Shape of the result reads a tensor of its shape: the codes where the node writes [B, H, S, D], else x.
         _read_instead(result, final if side.rotary.moves_heads else norm.x)
     _read_instead(norm.y, norm.x)
-    if not layout or side.rotary.moves_heads:
-        # The node writes the layout ops' [B, H, S, D] itself: they go with the rotation.
-        _read_instead(side.rotated, final)
-        return final
     _read_instead(side.rotated, final)
+    if not layout or side.rotary.moves_heads:
+        # No layout ops, or the node writes their [B, H, S, D] itself: they go with the rotation.
+        return final
     suffix = "rotated" if taken is None else "quantized"
     written = gs.Variable(names.tensor(f"{norm.y.name}/{suffix}"), dtype=final.dtype, shape=norm.y.shape)
     layout[0].inputs[0] = written

@@ -195,13 +195,13 @@ def _output_row(problem: _Rows, row: Int32, offset: Int64, vec: int) -> cute.Ten
     offset, or, where the rotation moves heads (`RopeParams.moves_heads`), each head row at its [b, h, s] of the
     outputs' [B, H, S, D], the row's heads S·D elements apart. Traced inline (its branches are compile-time)."""
     tiling, rotation = problem.tiling, problem.rotation
-    vectors = tiling.hidden // vec
+    flat = cute.make_layout((vec, tiling.hidden // vec), stride=(1, vec))
     if rotation is None or not rotation.params.moves_heads:
-        return cute.make_tensor(problem.y + offset, cute.make_layout((vec, vectors), stride=(1, vec)))
+        return cute.make_tensor(problem.y + offset, flat)
     head_dim = rotation.params.head_dim
     start = cute.assume(_head_major_start(rotation, row, tiling.hidden), divby=vec)
     if tiling.hidden == head_dim:
-        return cute.make_tensor(problem.y + start, cute.make_layout((vec, vectors), stride=(1, vec)))
+        return cute.make_tensor(problem.y + start, flat)
     heads = tiling.hidden // head_dim
     head_stride = rotation.seq_len * head_dim
     layout = cute.make_layout((vec, (head_dim // vec, heads)), stride=(1, (vec, head_stride)))
