@@ -126,3 +126,22 @@ def test_a_node_writing_token_major_where_its_output_is_declared_head_major_is_o
     line = result.output.strip().splitlines()[-1]
     assert f"{edited}: node '{name}': input 'view' [" in line and "must have one shape" in line
     assert "onnxruntime" not in line
+
+
+def test_a_placeholder_symbol_for_every_unknown_dim_is_no_size(fused: Path, tmp_path: Path) -> None:
+    """ModelOpt's AutoCast exports declare q, k and the rotated outputs `[batch, unk, sequence, unk]`: one symbol
+    for heads and head dim alike, so q's fed shape gives it two sizes. It names no size, so k's output (fewer heads
+    than q) is not read as q's head count: `check` and `generate` pass (they failed naming k's output)."""
+    model = onnx.load(str(fused))
+    (node, *_rest) = [node for node in model.graph.node if node.op_type in ROTARY_OPS]
+    values = {value.name: value for value in [*model.graph.value_info, *model.graph.input, *model.graph.output]}
+    for name in (*node.input[:2], *node.output):
+        dims = values[name].type.tensor_type.shape.dim
+        assert len(dims) == 4
+        for axis in (1, 3):  # the heads (head-major) or tokens, and the head dim
+            dims[axis].Clear()
+            dims[axis].dim_param = "unk"
+    edited = tmp_path / "placeholders.onnx"
+    onnx.save(model, str(edited))
+    assert run_cli("check", ORIGINAL, edited).exit_code == 0
+    assert run_cli("generate", edited, "--no-cache", "--steps", "2").exit_code == 0

@@ -58,18 +58,21 @@ class _FedDims:
     """Dims at the fed shapes, for `fusion.fused_nodes.check_output_shapes`: an activation's concrete shape, and
     an output's declared dims with each symbol an activation's declared dims share taken at its fed size. A token-
     major [B, S, H, D] node with its output_layout flipped keeps its outputs' rank, and their declared dims are
-    symbols ([B', H, S', D]): only the sizes the fed shapes give those symbols show the heads where its tokens go."""
+    symbols ([B', H, S', D]): only the sizes the fed shapes give those symbols show the heads where its tokens go.
+    A symbol the fed shapes give two sizes stands for none: some exporters write one placeholder for every unknown
+    dim (ModelOpt's AutoCast declares q and k `[batch, unk, sequence, unk]`, heads and head dim alike)."""
 
     def __init__(self, declared: TensorTypes, shapes: Shapes, activations: Iterable[str]) -> None:
         self._declared = declared
         self._fed = {name: tuple(shapes[name]) for name in activations}
-        self._sizes: dict[str, int] = {}
+        sizes: dict[str, set[int]] = {}
         for name, shape in self._fed.items():
             dims = declared.dims(name) or ()
             if len(dims) == len(shape):
                 for dim, size in zip(dims, shape, strict=True):
                     if isinstance(dim, str):
-                        self._sizes.setdefault(dim, size)
+                        sizes.setdefault(dim, set()).add(size)
+        self._sizes = {dim: found.pop() for dim, found in sizes.items() if len(found) == 1}
 
     def dims(self, tensor: str) -> tuple[int | str | None, ...] | None:
         if tensor in self._fed:
