@@ -68,7 +68,9 @@ class JudgedOutput:
     A rotation stage (the normalised one, a product) is judged as an output of its own: `tensor` is the codes of the
     original's QuantizeLinear on the normalised y or the product (`value`), `candidate` the node's codes in float32
     and the original's layout, and `dequantized` / `original_dequantized` the two DequantizeLinear values; a product
-    after a normalised stage names it (`normalised`): where that stage's codes moved, so may the products'; in a
+    after a normalised stage names it (`normalised`) and the original's operand its Mul multiplies the normalised
+    side by (`table`: cos or sin): where that stage's codes moved, the products' may move as far as that move times
+    the table allows; in a
     part whose inverse root is quantized (`rsqrt_quantized`), a row's r' may be a step of its own grid from the
     original's (the graph computing r otherwise), and every value of the row moves with it. The
     rotated output the products sum into lists them (`products`): its value is judged within what their steps allow
@@ -87,6 +89,7 @@ class JudgedOutput:
     original_dequantized: str | None = None
     products: tuple[JudgedOutput, ...] = ()
     normalised: JudgedOutput | None = None
+    table: str | None = None
     rsqrt_quantized: bool = False
 
     @property
@@ -240,7 +243,7 @@ def node_models(original: LoadedModel, fused: LoadedModel) -> NodeModels:
         for name in [
             *site.reads,
             *site.reference_reads,
-            *(t for out in site.outputs for t in (out.tensor, out.value, out.original_dequantized) if t),
+            *(t for out in site.outputs for t in (out.tensor, out.value, out.original_dequantized, out.table) if t),
         ]
         if name not in source.inputs
     }
@@ -391,13 +394,31 @@ def _products(
         return ()
     pairs = _rotation_pairs(value, source)
     stages = (contract.QuantStage.COS_PRODUCT, contract.QuantStage.SIN_PRODUCT)
-    after_stage = {"normalised": normalised}
+    activation = plugin.node.input[plugin.op.activation_parts.index(plugin.op.output_parts[position])]
     return tuple(
         replace(
-            _stage_output(plugin, position, stage, pairs[stage], movers, copy, after, source, target), **after_stage
+            _stage_output(plugin, position, stage, pairs[stage], movers, copy, after, source, target),
+            normalised=normalised,
+            table=None if normalised is None else _product_table(pairs[stage][0], activation, source),
         )
         for stage in stages
     )
+
+
+def _product_table(quantize: onnx.NodeProto, activation: str, source: _Graph) -> str | None:
+    """The operand of the original's Mul whose product `quantize` quantizes that is not computed from the part's
+    `activation` (the cos or sin the normalised side is multiplied by), where the original's run gives it (None for
+    a constant: no export has one there, and its products' moved rows then go unbounded, as before)."""
+    product = _quantized_value(quantize, set(), source)[0]
+    mul = source.producers.get(product)
+    if mul is None or mul.op_type != "Mul":
+        return None
+    tables = [name for name in mul.input if not _computed_from(name, activation, source)]
+    if len(tables) != 1:
+        return None
+    producer = source.producers.get(tables[0])
+    computed = producer is not None and producer.op_type != "Constant"
+    return tables[0] if computed or tables[0] in source.inputs else None
 
 
 def _stage_output(

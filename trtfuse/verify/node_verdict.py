@@ -60,23 +60,31 @@ def _index(index: tuple[int, ...]) -> str:
 @dataclass(frozen=True)
 class StepCheck:
     """A product stage's codes against the original's own codes: at most `PRODUCT_STEPS` steps of the quantizer's
-    grid apart; `steps` the most, at `index` (the original's layout) with the node's code and the original's."""
+    grid apart (in a row where the normalised stage before it moved, as far again as that move allows: `allowed`
+    there); `steps` the most outside such rows, or the failing code's, at `index` (the original's layout) with the
+    node's code and the original's."""
 
     steps: int
     index: tuple[int, ...] | None = None
     code: float | None = None
     original: float | None = None
+    allowed: int = PRODUCT_STEPS
 
     @property
     def passed(self) -> bool:
-        return self.steps <= PRODUCT_STEPS
+        return self.steps <= self.allowed
 
     def text(self) -> str:
         if self.passed:
             return f"at most {PRODUCT_STEPS} step from the original's"
+        allowed = (
+            f"{PRODUCT_STEPS} step"
+            if self.allowed == PRODUCT_STEPS
+            else f"{self.allowed} steps there, where its normalised value moved"
+        )
         return (
             f"a code {self.steps} steps from the original's at {_index(self.index or ())}: {self.code:g}, the "
-            f"original's {self.original:g} (a product may move {PRODUCT_STEPS} step)"
+            f"original's {self.original:g} (a product may move {allowed})"
         )
 
 
@@ -335,7 +343,12 @@ def judge_nodes(
                     judged.tensor,
                     judged.value,
                     *(product.original_dequantized for product in judged.products),
-                    *([judged.normalised.tensor] if judged.normalised is not None else []),
+                    *(
+                        [judged.normalised.tensor, judged.normalised.original_dequantized, judged.original_dequantized]
+                        if judged.normalised is not None
+                        else []
+                    ),
+                    *([judged.table] if judged.table is not None else []),
                 )
                 original_values = {name: _original_value(feeds[index], exposed[index], name) for name in names}
                 step.append(
@@ -365,7 +378,9 @@ def _judged(
     codes = None
     moved = _normalised_moved(judged, candidate, original)
     if judged.quantizer is not None:
-        codes = _codes(judged, candidate, original[judged.tensor], moved)
+        stage = judged.normalised
+        extra = None if moved is None or stage is None else _moved_row_steps(judged, stage, moved, candidate, original)
+        codes = _codes(judged, candidate, original[judged.tensor], extra)
     value, expected = np.asarray(candidate[judged.candidate_value]), np.asarray(original[judged.value])
     if value.shape != expected.shape:
         note = f"shape {_shape(value)}, the original's {_shape(expected)}"
@@ -490,18 +505,61 @@ def _rows(moved: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return moved if not moved.ndim or moved.shape[:-1] == shape[:-1] else moved.any()
 
 
-def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray, passed: np.ndarray | None) -> StepCheck:
-    """How far a rotation stage's codes moved from the original's, in steps of their grid, but where `passed` (the
-    rows where the normalised stage before it moved: the product's value moved with it)."""
+def _moved_row_steps(
+    judged: JudgedOutput,
+    stage: JudgedOutput,
+    moved: np.ndarray,
+    candidate: Mapping[str, np.ndarray],
+    original: Mapping[str, np.ndarray],
+) -> np.ndarray:
+    """For a product after a normalised `stage`: the steps of its grid a code may move beyond `PRODUCT_STEPS` in
+    each row where that stage's codes moved (`moved`), 0 elsewhere. The graph multiplies the normalised value by a
+    table entry t and quantizes: a normalised value d away moves the product at most d·|t| (d the row's largest
+    move, |t| the table's largest), which is at most that many steps of the product's grid at the smaller of the
+    two codes, plus one for the two roundings. Unbounded where the table is not known (a constant; no export has
+    one) or the product's scale cannot be read off its codes (every code 0)."""
+    theirs = np.asarray(original[judged.tensor])
+    rows = _rows(moved, theirs.shape)
+    drift = np.abs(
+        np.asarray(candidate[stage.dequantized or ""]).astype(np.float64)
+        - np.asarray(original[stage.original_dequantized or ""]).astype(np.float64)
+    )
+    drift = drift.max(axis=-1, keepdims=True) if drift.shape == theirs.shape else np.array(drift.max(initial=0.0))
+    dtype = judged.code_dtype or ""
+    codes = _code_values(theirs, dtype)
+    nonzero = codes != 0
+    if judged.table is None or not nonzero.any():
+        return np.where(rows, np.iinfo(np.int64).max // 2, 0)
+    dequantized = np.asarray(original[judged.original_dequantized or ""]).astype(np.float64)
+    scale = float(np.median(np.abs(dequantized[nonzero] / codes[nonzero])))
+    table = float(np.abs(np.asarray(original[judged.table]).astype(np.float64)).max(initial=0.0))
+    node = _code_values(np.asarray(candidate[judged.candidate]), dtype)
+    smaller = np.where(np.sign(node) == np.sign(codes), np.minimum(np.abs(node), np.abs(codes)), 0.0)
+    steps = np.ceil(drift * table / (scale * _grid_spacing(smaller, dtype))) + 1
+    return np.where(rows, steps, 0).astype(np.int64)
+
+
+def _grid_spacing(magnitudes: np.ndarray, dtype: str) -> np.ndarray:
+    """The spacing of a code dtype's grid at each of `magnitudes` (code values, not scaled): 1 for INT8; for E4M3FN
+    its binade's (3 mantissa bits), the subnormals' below 2^-6."""
+    if dtype == "int8":
+        return np.ones_like(magnitudes)
+    _, exponent = np.frexp(magnitudes)
+    return np.ldexp(1.0, np.maximum(exponent - 1, -6) - 3)
+
+
+def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray, extra: np.ndarray | None) -> StepCheck:
+    """How far a rotation stage's codes moved from the original's, in steps of their grid: at most `PRODUCT_STEPS`,
+    plus `extra` where given (the rows where the normalised stage before it moved: `_moved_row_steps`)."""
     dtype = judged.code_dtype or ""
     node, theirs = _code_values(moved_codes, dtype), _code_values(original, dtype)
     distance = np.abs(_ordinals(node, dtype) - _ordinals(theirs, dtype))
-    if passed is not None:
-        distance = np.where(_rows(passed, distance.shape), 0, distance)
-    if not distance.size or distance.max() <= PRODUCT_STEPS:
-        return StepCheck(int(distance.max(initial=0)))
-    index = tuple(int(position) for position in np.unravel_index(int(np.argmax(distance)), distance.shape))
-    return StepCheck(int(distance[index]), index, float(node[index]), float(theirs[index]))
+    allowed = np.broadcast_to(PRODUCT_STEPS + (0 if extra is None else extra), distance.shape)
+    beyond = distance - allowed
+    if not distance.size or beyond.max() <= 0:
+        return StepCheck(int(np.where(allowed == PRODUCT_STEPS, distance, 0).max(initial=0)))
+    index = tuple(int(position) for position in np.unravel_index(int(np.argmax(beyond)), distance.shape))
+    return StepCheck(int(distance[index]), index, float(node[index]), float(theirs[index]), int(allowed[index]))
 
 
 def _same_codes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -510,7 +568,7 @@ def _same_codes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
 
 
 def _codes(
-    judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: np.ndarray, passed: np.ndarray | None
+    judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: np.ndarray, extra: np.ndarray | None
 ) -> CodeCheck:
     codes, expected = np.asarray(candidate[judged.codes]), np.asarray(candidate[judged.requantized])
     dtype, quantizer = judged.code_dtype or "", judged.quantizer or ""
@@ -522,7 +580,7 @@ def _codes(
         moved = int((_code_values(moved_codes, dtype) != _code_values(original, dtype)).sum())
         # A row's r' a step away moves every code of the row: judged as values only.
         stepped = judged.is_stage and not judged.rsqrt_quantized
-        steps = _steps(judged, moved_codes, original, passed) if stepped else None
+        steps = _steps(judged, moved_codes, original, extra) if stepped else None
     if codes.shape != expected.shape:
         return CodeCheck(dtype, quantizer, codes.size, codes.size, moved, steps=steps)
     wrong = ~_same_codes(codes, expected)
