@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtfuse.verify.node_sites import JudgedOutput
-from trtfuse.verify.node_verdict import PRODUCT_STEPS, _codes, _moved_row_steps, _normalised_moved
+from trtfuse.verify.node_verdict import PRODUCT_STEPS, StepCheck, _codes, _moved_row_steps, _normalised_moved
 
 SCALE = 0.02  # both stages' INT8 scale
 ROWS, HEAD = 4, 8
@@ -41,11 +41,14 @@ def _arrays(normalised_move: int, product_move: int) -> tuple[dict, dict]:
     return candidate, original
 
 
-def _steps_check(product: JudgedOutput, candidate: dict, original: dict):
+def _steps_check(product: JudgedOutput, candidate: dict, original: dict) -> StepCheck:
     moved = _normalised_moved(product, candidate, original)
     assert product.normalised is not None and moved is not None
     extra = _moved_row_steps(product, product.normalised, moved, candidate, original)
-    return _codes(product, candidate, original["p_codes"], extra).steps
+    codes = _codes(product, candidate, original["p_codes"], extra)
+    assert codes.steps is not None
+    assert codes.to_json()["steps_allowed"] == codes.steps.allowed
+    return codes.steps
 
 
 def test_a_product_in_a_moved_row_may_move_as_far_as_the_normalised_move_allows() -> None:

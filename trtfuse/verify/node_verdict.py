@@ -139,6 +139,7 @@ class CodeCheck:
             if self.first is None
             else {"index": list(self.first), "code": self.code, "quantizer_gives": self.expected, "value": self.value},
             "steps_from_original": None if self.steps is None else self.steps.steps,
+            "steps_allowed": None if self.steps is None else self.steps.allowed,
         }
 
 
