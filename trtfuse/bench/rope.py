@@ -71,21 +71,31 @@ def hf_qk_norm_rope(
 
 
 class RopeInputs:
-    """`sets` fresh input sets of one shape (q, k, cos, sin of real positions) and our poisoned outputs."""
+    """`sets` fresh input sets of one shape (q, k, cos, sin of real positions) and our poisoned outputs, in the
+    layout of `spec` (default `qwen3_spec()`: [B, S, H, D]; a head-major one [B, H, S, D]; outputs [B, H, S, D] where
+    it moves heads), on `device`."""
 
-    def __init__(self, tokens: int, decode: bool, sets: int) -> None:
+    def __init__(
+        self, tokens: int, decode: bool, sets: int, spec: QkNormRopeSpec | None = None, device: str = "cuda"
+    ) -> None:
         q_heads, k_heads, head_dim = QK_HEADS
+        self.spec = spec or qwen3_spec()
+        rope = self.spec.rope
         self.batch, self.seq_len = (tokens, 1) if decode else (1, tokens)
-        shapes = [(self.batch, self.seq_len, heads, head_dim) for heads in (q_heads, k_heads)]
+        batch, seq_len = self.batch, self.seq_len
+        head_major = [(batch, heads, seq_len, head_dim) for heads in (q_heads, k_heads)]
+        token_major = [(batch, seq_len, heads, head_dim) for heads in (q_heads, k_heads)]
+        shapes = head_major if rope.layout == "head_major" else token_major
+        out_shapes = head_major if rope.moves_heads else shapes
         bf16 = torch.bfloat16
-        self.ins = [tuple(torch.randn(shape, device="cuda", dtype=bf16) for shape in shapes) for _ in range(sets)]
-        self.outs = [tuple(torch.full(shape, float("nan"), device="cuda", dtype=bf16) for shape in shapes)]
+        self.ins = [tuple(torch.randn(shape, device=device, dtype=bf16) for shape in shapes) for _ in range(sets)]
+        self.outs = [tuple(torch.full(shape, float("nan"), device=device, dtype=bf16) for shape in out_shapes)]
         self.outs += [tuple(torch.empty_like(out) for out in self.outs[0]) for _ in range(sets - 1)]
-        self.weights = tuple(torch.randn(head_dim, device="cuda", dtype=bf16) for _ in range(2))
+        self.weights = tuple(torch.randn(head_dim, device=device, dtype=bf16) for _ in range(2))
         # Decode: each sequence at its own position; prefill: positions 0..S-1 of one sequence.
-        positions = torch.randint(0, 32768, (self.batch, 1), device="cuda") if decode else None
+        positions = torch.randint(0, 32768, (batch, 1), device=device) if decode else None
         if positions is None:
-            positions = torch.arange(self.seq_len, device="cuda")[None, :]
+            positions = torch.arange(seq_len, device=device)[None, :]
         self.tables = [rotary_tables(positions, head_dim, THETA, "half", bf16) for _ in range(sets)]
         self.rows = (tokens * q_heads, tokens * k_heads)
 
@@ -100,7 +110,7 @@ class RopeInputs:
 def check_rotated(outs: tuple[torch.Tensor, torch.Tensor], inputs: RopeInputs, i: int, what: str) -> float:
     """Both outputs against the float64 reference: no NaN, max relative error within 2e-2; returns that error."""
     worst = 0.0
-    spec = qwen3_spec()
+    spec = inputs.spec
     cos, sin = inputs.tables[i]
     for part, (x, w, out) in enumerate(zip(inputs.ins[i], inputs.weights, outs, strict=True)):
         reference = qk_norm_rope_reference(x, w, cos, sin, spec, part, inputs.batch, inputs.seq_len)[0]
