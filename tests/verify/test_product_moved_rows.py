@@ -8,7 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 from trtfuse.verify.node_sites import JudgedOutput
-from trtfuse.verify.node_verdict import PRODUCT_STEPS, StepCheck, _codes, _moved_row_steps, _normalised_moved
+from trtfuse.verify.node_verdict import (
+    PRODUCT_STEPS,
+    StepCheck,
+    _codes,
+    _grid_spacing,
+    _moved_row_steps,
+    _normalised_moved,
+)
 
 SCALE = 0.02  # both stages' INT8 scale
 ROWS, HEAD = 4, 8
@@ -79,3 +86,10 @@ def test_outside_the_moved_rows_a_product_may_move_one_step() -> None:
 
 def test_without_a_known_table_a_moved_row_stays_unbounded() -> None:
     assert _steps_check(_product(table=None), *_arrays(normalised_move=1, product_move=40)).passed
+
+
+def test_the_e4m3_grid_spacing_is_its_binade_s_and_the_subnormals_below_it() -> None:
+    magnitudes = np.array([0.0, 2.0**-8, 2.0**-6, 1.0, 1.5, 448.0])
+    expected = [2.0**-9, 2.0**-9, 2.0**-9, 0.125, 0.125, 32.0]
+    assert _grid_spacing(magnitudes, "float8e4m3fn").tolist() == expected
+    assert _grid_spacing(magnitudes, "int8").tolist() == [1.0] * 6

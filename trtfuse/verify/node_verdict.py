@@ -546,7 +546,8 @@ def _grid_spacing(magnitudes: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "int8":
         return np.ones_like(magnitudes)
     _, exponent = np.frexp(magnitudes)
-    return np.ldexp(1.0, np.maximum(exponent - 1, -6) - 3)
+    binade = np.where(magnitudes < 2.0**-6, -6, exponent - 1)
+    return np.ldexp(1.0, binade - 3)
 
 
 def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray, extra: np.ndarray | None) -> StepCheck:
