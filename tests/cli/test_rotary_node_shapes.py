@@ -128,17 +128,29 @@ def test_a_node_writing_token_major_where_its_output_is_declared_head_major_is_o
     assert "onnxruntime" not in line
 
 
-def test_a_placeholder_symbol_for_every_unknown_dim_is_no_size(fused: Path, tmp_path: Path) -> None:
-    """ModelOpt's AutoCast exports declare q, k and the rotated outputs `[batch, unk, sequence, unk]`: one symbol
-    for heads and head dim alike, so q's fed shape gives it two sizes. It names no size, so k's output (fewer heads
-    than q) is not read as q's head count: `check` and `generate` pass (they failed naming k's output)."""
+@pytest.mark.parametrize(
+    "placeholders",
+    [
+        pytest.param(((0, 1, 3), (1, 1, 3), (2, 1, 3), (3, 1, 3)), id="every-unknown-dim"),
+        pytest.param(((0, 2), (2, 2), (3, 2)), id="q-heads-and-the-outputs-heads"),
+    ],
+)
+def test_a_placeholder_symbol_sizes_no_other_part_and_no_two_axes(
+    fused: Path, tmp_path: Path, placeholders: tuple[tuple[int, ...], ...]
+) -> None:
+    """ModelOpt's AutoCast exports declare q, k and the rotated outputs `[batch, unk, sequence, unk]`: one symbol for
+    heads and head dim alike, so q's fed shape gives it two sizes and it names none. Nor does a symbol of q size k's
+    output (here q and both outputs `unk` at the heads, k's heads static): `check` and `generate` pass (each case
+    failed naming k's output, whose 1 head was read as q's 2). `placeholders`: (the node's input 0, 1 or output 2, 3;
+    the axes made `unk`)."""
     model = onnx.load(str(fused))
     (node, *_rest) = [node for node in model.graph.node if node.op_type in ROTARY_OPS]
     values = {value.name: value for value in [*model.graph.value_info, *model.graph.input, *model.graph.output]}
-    for name in (*node.input[:2], *node.output):
-        dims = values[name].type.tensor_type.shape.dim
+    tensors = (*node.input[:2], *node.output)
+    for position, *axes in placeholders:
+        dims = values[tensors[position]].type.tensor_type.shape.dim
         assert len(dims) == 4
-        for axis in (1, 3):  # the heads (head-major) or tokens, and the head dim
+        for axis in axes:
             dims[axis].Clear()
             dims[axis].dim_param = "unk"
     edited = tmp_path / "placeholders.onnx"

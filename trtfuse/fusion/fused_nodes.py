@@ -46,6 +46,15 @@ class PluginNode:
         return tuple(self.node.input[start : start + (len(self.op.weights) if self.fields.has_weight else 0)])
 
     @property
+    def output_activations(self) -> tuple[tuple[str, str], ...]:
+        """Each output with its part's (first) activation, whose shape it has (or, moving heads, whose [B, H, S, D])."""
+        op = self.op
+        return tuple(
+            (output, self.activations[op.activation_parts.index(part)])
+            for output, part in zip(self.node.output, op.output_parts, strict=True)
+        )
+
+    @property
     def tables(self) -> tuple[str, ...]:
         """A rotary op's cos and sin inputs (none for the other ops)."""
         return tuple(self.node.input[len(self.node.input) - len(self.op.rotary_tables) :]) if self.op.rotary else ()
@@ -200,9 +209,8 @@ def check_output_shapes(plugin: PluginNode, types: TensorTypes) -> None:
     [B, H, S, D], `contract.rotary_shapes.output_dims`): its declared dims, where both are static, must agree with
     it. An output declared with the other part's shape is a node whose inputs were swapped (q for k) or rewired, or
     whose output_layout was changed. `types` is anything with TensorTypes' `dims`."""
-    op, node = plugin.op, plugin.node
-    for output, part in zip(node.output, op.output_parts, strict=True):
-        activation = plugin.activations[op.activation_parts.index(part)]
+    op = plugin.op
+    for (output, activation), part in zip(plugin.output_activations, op.output_parts, strict=True):
         declared, dims = types.dims(output), types.dims(activation)
         if declared is None or dims is None:
             continue

@@ -51,36 +51,41 @@ def _check_node(node: PluginNode, shapes: Shapes, declared: TensorTypes) -> None
     batch, tokens = token_extents(rotary, node.where, activations, [shapes[name] for name in activations])
     if all(name in shapes for name in tables):
         table_batch(rotary, node.where, tables, [shapes[name] for name in tables], batch, tokens)
-    check_output_shapes(node, _FedDims(declared, shapes, activations))
+    check_output_shapes(node, _FedDims(declared, shapes, node))
 
 
 class _FedDims:
     """Dims at the fed shapes, for `fusion.fused_nodes.check_output_shapes`: an activation's concrete shape, and
-    an output's declared dims with each symbol an activation's declared dims share taken at its fed size. A token-
-    major [B, S, H, D] node with its output_layout flipped keeps its outputs' rank, and their declared dims are
+    an output's declared dims with each symbol its part's activation's declared dims share taken at its fed size. A
+    token-major [B, S, H, D] node with its output_layout flipped keeps its outputs' rank, and their declared dims are
     symbols ([B', H, S', D]): only the sizes the fed shapes give those symbols show the heads where its tokens go.
-    A symbol the fed shapes give two sizes stands for none: some exporters write one placeholder for every unknown
-    dim (ModelOpt's AutoCast declares q and k `[batch, unk, sequence, unk]`, heads and head dim alike)."""
+    The sizes come from the output's own part alone, and a symbol they give two sizes stands for none: some
+    exporters write one placeholder for every unknown dim (ModelOpt's AutoCast declares q, k and their rotations
+    `[batch, unk, sequence, unk]`, heads and head dim alike), which q's heads would otherwise size in k's output."""
 
-    def __init__(self, declared: TensorTypes, shapes: Shapes, activations: Iterable[str]) -> None:
+    def __init__(self, declared: TensorTypes, shapes: Shapes, node: PluginNode) -> None:
         self._declared = declared
-        self._fed = {name: tuple(shapes[name]) for name in activations}
-        sizes: dict[str, set[int]] = {}
-        for name, shape in self._fed.items():
-            dims = declared.dims(name) or ()
-            if len(dims) == len(shape):
-                for dim, size in zip(dims, shape, strict=True):
-                    if isinstance(dim, str):
-                        sizes.setdefault(dim, set()).add(size)
-        self._sizes = {dim: found.pop() for dim, found in sizes.items() if len(found) == 1}
+        self._fed = {name: tuple(shapes[name]) for name in node.activations}
+        self._sizes = {
+            output: _symbol_sizes(declared.dims(activation), self._fed[activation])
+            for output, activation in node.output_activations
+        }
 
     def dims(self, tensor: str) -> tuple[int | str | None, ...] | None:
         if tensor in self._fed:
             return self._fed[tensor]
-        dims = self._declared.dims(tensor)
-        return (
-            None if dims is None else tuple(self._sizes.get(dim, dim) if isinstance(dim, str) else dim for dim in dims)
-        )
+        dims, sizes = self._declared.dims(tensor), self._sizes.get(tensor, {})
+        return None if dims is None else tuple(sizes.get(dim, dim) if isinstance(dim, str) else dim for dim in dims)
+
+
+def _symbol_sizes(dims: tuple[int | str | None, ...] | None, shape: tuple[int, ...]) -> dict[str, int]:
+    """The size `shape` gives each symbol of `dims` (an activation's declared dims), but a symbol given two."""
+    sizes: dict[str, set[int]] = {}
+    if dims is not None and len(dims) == len(shape):
+        for dim, size in zip(dims, shape, strict=True):
+            if isinstance(dim, str):
+                sizes.setdefault(dim, set()).add(size)
+    return {dim: found.pop() for dim, found in sizes.items() if len(found) == 1}
 
 
 def _inferred_shapes(lowered: onnx.ModelProto, fed: Shapes) -> Shapes:
