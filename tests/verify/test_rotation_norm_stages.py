@@ -73,8 +73,14 @@ def test_olmo2_s_rotations_with_input_and_rsqrt_stages_pass(fused) -> None:
     assert report["exit_code"] == 0, report
     for step in report["steps"]:
         entries = _rotary_entries(step)
-        # Two rotary nodes, each with q's and k's two products and their two sums; the products move with r'.
-        assert len(entries) == 12 and all(entry["passed"] for entry in entries)
+        # Two rotary nodes, each with q's and k's rsqrt stage, two products and their sum.
+        assert len(entries) == 16 and all(entry["passed"] for entry in entries)
+        # The rsqrt stage on the original's inverse root (the Div of q_norm / k_norm), at most a step from it; the
+        # products after it move with r', as far as its largest relative move allows (a few steps, never unbounded).
+        rsqrt = [entry for entry in entries if "_norm/Div_output_0_QuantizeLinear" in entry["output"]]
+        assert len(rsqrt) == 4 and all(entry["codes"]["steps_from_original"] <= 1 for entry in rsqrt)
+        stages = [entry for entry in entries if entry["codes"] and entry["codes"]["steps_allowed"] is not None]
+        assert len(stages) == 12 and all(entry["codes"]["steps_allowed"] <= 4 for entry in stages)
 
 
 def _tampered(fused: Path, tmp_path: Path, field: str, factor: float) -> tuple[Path, str]:

@@ -15,7 +15,7 @@ y·cos + rotate(y)·sin (each product and the sum a float32 op, as the contract 
 and the result is rounded to T once; with a part's normalised stage, y is rounded to T and goes through that stage's
 DQ(Q(·)) first; with its product stages, as the graph rounds them: y to T, each product to T and through its stage's
 DQ(Q(·)) into T, and the sum to T. What each of those stages' Q reads, its codes and its DQ value are named after the
-output (`stage_tensors`).
+output (`stage_tensors`), and so are a rotary part's rsqrt stage's.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ def quantizer_input(output: str) -> str:
 
 @dataclass(frozen=True)
 class StageTensors:
-    """The lowering's names of one rotation stage of a rotary node's part (its normalised stage, a product stage),
-    so that `check` can judge the stage where its quantizer reads: `value`, the float32 value rounded to T that the
-    stage's Q reads; `codes`, what that Q writes; `dequantized`, the stage's DQ value (rounded to its dequant dtype)
-    in float32."""
+    """The lowering's names of one stage of a rotary node's part (its rsqrt stage, its normalised stage, a product
+    stage), so that `check` can judge the stage where its quantizer reads: `value`, the float32 value rounded to T
+    (the rsqrt stage: to its quantizer's input dtype) that the stage's Q reads; `codes`, what that Q writes;
+    `dequantized`, the stage's DQ value (rounded to its dequant dtype) in float32."""
 
     value: str
     codes: str
@@ -56,8 +56,8 @@ class StageTensors:
 
 
 def stage_tensors(output: str, stage: contract.QuantStage) -> StageTensors:
-    """The names of rotation stage `stage` (`normalised`, `cos_product` or `sin_product`) of the part whose output
-    is `output`."""
+    """The names of stage `stage` (`rsqrt`, `normalised`, `cos_product` or `sin_product`) of the rotary node's part
+    whose output is `output`."""
     base = f"{output}/{stage.norm_stage.value}"
     return StageTensors(f"{base}/quantizer_input", f"{base}/codes", f"{base}/dequantized")
 
@@ -149,7 +149,7 @@ class _Lowering:
         """`tensor` (float32) through the stage's DQ(Q(·)), Q reading it rounded to the quantizer's input dtype
         (the rsqrt stage's r, as the graph rounded it), dequantized in float32 and rounded once to the dequant
         dtype, back in float32; `tensor` itself where the stage is off (or the norm has no quantizers, `quant`).
-        `exposed` names what Q reads, its codes and the result (a rotation stage's, for `check`)."""
+        `exposed` names what Q reads, its codes and the result (a rotary part's stage, for `check`)."""
         quantizer = None if quant is None else quant.at(stage)
         if quantizer is None:
             return tensor
@@ -211,7 +211,9 @@ class _Lowering:
         variance = self._op("Add", [mean, epsilon], f"{name}/add_epsilon")
         root = self._op("Sqrt", [variance], f"{name}/sqrt")
         inverse_root = self._op("Reciprocal", [root], f"{name}/rsqrt")
-        inverse_root = self._fake_quant(inverse_root, contract.QuantStage.RSQRT, name, quant)
+        rsqrt = contract.QuantStage.RSQRT
+        exposed = stage_tensors(y, rsqrt) if self.plugin.fields.rotary is not None else None
+        inverse_root = self._fake_quant(inverse_root, rsqrt, name, quant, exposed)
         normalised = self._op("Mul", [x32, inverse_root], f"{name}/normalise")
         if mode == contract.WeightMode.NONE:
             value = normalised

@@ -70,9 +70,10 @@ class JudgedOutput:
     and the original's layout, and `dequantized` / `original_dequantized` the two DequantizeLinear values; a product
     after a normalised stage names it (`normalised`) and the original's operand its Mul multiplies the normalised
     side by (`table`: cos or sin): where that stage's codes moved, the products' may move as far as that move times
-    the table allows; in a
-    part whose inverse root is quantized (`rsqrt_quantized`), a row's r' may be a step of its own grid from the
-    original's (the graph computing r otherwise), and every value of the row moves with it. The
+    the table allows. A part whose inverse root is quantized has an rsqrt stage, judged where the original's
+    QuantizeLinear on r reads; the stages after it name it (`rsqrt`): a row's r' may be a step of its own grid from
+    the original's (the graph computing r otherwise), and every value of the row moves with it, as far as the
+    largest relative move of r' allows. The
     rotated output the products sum into lists them (`products`): its value is judged within what their steps allow
     (docs/cli.md, "Each fused node")."""
 
@@ -90,7 +91,7 @@ class JudgedOutput:
     products: tuple[JudgedOutput, ...] = ()
     normalised: JudgedOutput | None = None
     table: str | None = None
-    rsqrt_quantized: bool = False
+    rsqrt: JudgedOutput | None = None
 
     @property
     def is_stage(self) -> bool:
@@ -347,9 +348,13 @@ def _judged_outputs(
             _requantize(quantize, quantized, tensor, after, source),
             quantized,
         )
+    rsqrt = _rsqrt(plugin, position, judged.value, copy, after, source)
     normalised = _normalised(plugin, position, judged.value, copy, after, source)
+    if normalised is not None:
+        normalised = replace(normalised, rsqrt=rsqrt)
     products = _products(plugin, position, judged.value, pending, copy, after, source, target, normalised)
-    stages = [normalised] if normalised is not None else []
+    products = tuple(replace(product, rsqrt=rsqrt) for product in products)
+    stages = [stage for stage in (rsqrt, normalised) if stage is not None]
     if not products:
         return [*stages, judged]
     return [*stages, *products, replace(judged, products=products)]
@@ -454,7 +459,6 @@ def _stage_output(
         names.value,
         _moved(names.dequantized, movers, copy, after, target),
         dequantize.output[0],
-        rsqrt_quantized=quant.rsqrt is not None,
     )
 
 
@@ -488,6 +492,34 @@ def _normalised(
     )
 
 
+def _rsqrt(
+    plugin: PluginNode, position: int, value: str, copy: _Copy, after: _Copy, source: _Graph
+) -> JudgedOutput | None:
+    """The rsqrt stage of a rotary node's part whose rotated output is `position`, judged where the original's
+    QuantizeLinear on the inverse root reads (per row, before any layout op: in the node's own layout); None where
+    the part has none (or the node no rotation: its outputs are judged bit for bit or as values, not in steps). The
+    pair is the one up from the rotation's sum (the original's `value`) whose QuantizeLinear reads a value computed
+    from the part's activation only through a reduction."""
+    part = plugin.op.output_parts[position]
+    quant = plugin.fields.part_quant(part)
+    if plugin.fields.rotary is None or quant is None or quant.rsqrt is None:
+        return None
+    activation = plugin.node.input[plugin.op.activation_parts.index(part)]
+    frontier: list[str] = [value]
+    for _ in range(4 * _STAGE_DEPTH):
+        producers = [node for node in (source.producers.get(name) for name in frontier) if node is not None]
+        for node in producers:
+            quantize = source.producers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+            if quantize is None or quantize.op_type != "QuantizeLinear":
+                continue
+            reads = quantize.input[0]
+            if _computed_from(reads, activation, source) and not _computed_from(reads, activation, source, _REDUCTIONS):
+                stage = contract.QuantStage.RSQRT
+                return _stage_output(plugin, position, stage, (quantize, node), [], copy, after, source, source)
+        frontier = list(dict.fromkeys(name for node in producers for name in node.input if name))
+    raise _Unjudged(f"no QuantizeLinear -> DequantizeLinear pair on the inverse root leads to the original's '{value}'")
+
+
 def _rotation_pairs(value: str, source: _Graph) -> dict[contract.QuantStage, tuple[onnx.NodeProto, onnx.NodeProto]]:
     """The QuantizeLinear -> DequantizeLinear pairs on the two products the original's Add `value` sums, by stage:
     the sin product's is the one whose Mul reads the rotated half (a Neg a few layout ops up), read off the
@@ -508,9 +540,14 @@ def _rotation_pairs(value: str, source: _Graph) -> dict[contract.QuantStage, tup
     return pairs
 
 
-def _computed_from(tensor: str, activation: str, source: _Graph) -> bool:
+# Ops whose output element depends on many elements of a row: a value computed from an activation only through one
+# of them (a norm's inverse root) is computed from the row, not element by element.
+_REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2")
+
+
+def _computed_from(tensor: str, activation: str, source: _Graph, stops: tuple[str, ...] = ()) -> bool:
     """Whether the original computes `tensor` from the values of `activation` (not only its shape) within twice
-    `_STAGE_DEPTH` ops up (a norm's chain)."""
+    `_STAGE_DEPTH` ops up (a norm's chain), not through any op of `stops`."""
     frontier = [tensor]
     for _ in range(2 * _STAGE_DEPTH):
         if activation in frontier:
@@ -520,7 +557,7 @@ def _computed_from(tensor: str, activation: str, source: _Graph) -> bool:
             dict.fromkeys(
                 name
                 for node in producers
-                if node is not None and node.op_type != "Shape"
+                if node is not None and node.op_type != "Shape" and node.op_type not in stops
                 for name in node.input
                 if name
             )

@@ -59,10 +59,10 @@ def _index(index: tuple[int, ...]) -> str:
 
 @dataclass(frozen=True)
 class StepCheck:
-    """A product stage's codes against the original's own codes: at most `PRODUCT_STEPS` steps of the quantizer's
-    grid apart (in a row where the normalised stage before it moved, as far again as that move allows: `allowed`
-    there); `steps` the most outside such rows, or the failing code's, at `index` (the original's layout) with the
-    node's code and the original's."""
+    """A rotation stage's codes against the original's own codes: at most `PRODUCT_STEPS` steps of the quantizer's
+    grid apart (where a stage before it moved, a normalised code or a row's r', as far again as that move allows:
+    `allowed` there); `steps` the most, or the failing code's, at `index` (the original's layout) with the node's
+    code and the original's."""
 
     steps: int
     index: tuple[int, ...] | None = None
@@ -76,11 +76,12 @@ class StepCheck:
 
     def text(self) -> str:
         if self.passed:
-            return f"at most {PRODUCT_STEPS} step from the original's"
+            where = "" if self.allowed == PRODUCT_STEPS else " (where a stage before it moved)"
+            return f"at most {max(self.steps, PRODUCT_STEPS)} step{'s' * (self.steps > 1)} from the original's{where}"
         allowed = (
             f"{PRODUCT_STEPS} step"
             if self.allowed == PRODUCT_STEPS
-            else f"{self.allowed} steps there, where its normalised value moved"
+            else f"{self.allowed} steps there, where a stage before it moved"
         )
         return (
             f"a code {self.steps} steps from the original's at {_index(self.index or ())}: {self.code:g}, the "
@@ -350,6 +351,11 @@ def judge_nodes(
                         else []
                     ),
                     *([judged.table] if judged.table is not None else []),
+                    *(
+                        [judged.rsqrt.original_dequantized, judged.original_dequantized]
+                        if judged.rsqrt is not None
+                        else []
+                    ),
                 )
                 original_values = {name: _original_value(feeds[index], exposed[index], name) for name in names}
                 step.append(
@@ -379,9 +385,7 @@ def _judged(
     codes = None
     moved = _normalised_moved(judged, candidate, original)
     if judged.quantizer is not None:
-        stage = judged.normalised
-        extra = None if moved is None or stage is None else _moved_row_steps(judged, stage, moved, candidate, original)
-        codes = _codes(judged, candidate, original[judged.tensor], extra)
+        codes = _codes(judged, candidate, original[judged.tensor], _extra_steps(judged, moved, candidate, original))
     value, expected = np.asarray(candidate[judged.candidate_value]), np.asarray(original[judged.value])
     if value.shape != expected.shape:
         note = f"shape {_shape(value)}, the original's {_shape(expected)}"
@@ -506,6 +510,43 @@ def _rows(moved: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return moved if not moved.ndim or moved.shape[:-1] == shape[:-1] else moved.any()
 
 
+def _extra_steps(
+    judged: JudgedOutput,
+    moved: np.ndarray | None,
+    candidate: Mapping[str, np.ndarray],
+    original: Mapping[str, np.ndarray],
+) -> np.ndarray | None:
+    """The steps a rotation stage's codes may move beyond `PRODUCT_STEPS`, element by element, for what moved
+    before them: the normalised stage's codes (`moved`, its rows: `_moved_row_steps`) and the rows' r'
+    (`_rsqrt_steps`); None where nothing before them is quantized."""
+    extra = []
+    if moved is not None and judged.normalised is not None:
+        extra.append(_moved_row_steps(judged, judged.normalised, moved, candidate, original))
+    if judged.rsqrt is not None:
+        extra.append(_rsqrt_steps(judged, judged.rsqrt, candidate, original))
+    return sum(extra[1:], extra[0]) if extra else None
+
+
+def _grid(
+    judged: JudgedOutput, candidate: Mapping[str, np.ndarray], original: Mapping[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """A stage's DQ values in the original, and its grid's spacing (in values) at the smaller of each element's
+    two codes (the node's, the original's), the scale read off the original's codes; None where every code is 0."""
+    dtype = judged.code_dtype or ""
+    codes = _code_values(np.asarray(original[judged.tensor]), dtype)
+    nonzero = codes != 0
+    if not nonzero.any():
+        return None
+    dequantized = np.asarray(original[judged.original_dequantized or ""]).astype(np.float64)
+    scale = float(np.median(np.abs(dequantized[nonzero] / codes[nonzero])))
+    node = _code_values(np.asarray(candidate[judged.candidate]), dtype)
+    smaller = np.where(np.sign(node) == np.sign(codes), np.minimum(np.abs(node), np.abs(codes)), 0.0)
+    return dequantized, scale * _grid_spacing(smaller, dtype)
+
+
+_UNBOUNDED = np.iinfo(np.int64).max // 4  # steps allowed where nothing bounds a move (two extras may add up)
+
+
 def _moved_row_steps(
     judged: JudgedOutput,
     stage: JudgedOutput,
@@ -526,18 +567,37 @@ def _moved_row_steps(
         - np.asarray(original[stage.original_dequantized or ""]).astype(np.float64)
     )
     drift = drift.max(axis=-1, keepdims=True) if drift.shape == theirs.shape else np.array(drift.max(initial=0.0))
-    dtype = judged.code_dtype or ""
-    codes = _code_values(theirs, dtype)
-    nonzero = codes != 0
-    if judged.table is None or not nonzero.any():
-        return np.where(rows, np.iinfo(np.int64).max // 2, 0)
-    dequantized = np.asarray(original[judged.original_dequantized or ""]).astype(np.float64)
-    scale = float(np.median(np.abs(dequantized[nonzero] / codes[nonzero])))
+    grid = _grid(judged, candidate, original)
+    if judged.table is None or grid is None:
+        return np.where(rows, _UNBOUNDED, 0)
     table = float(np.abs(np.asarray(original[judged.table]).astype(np.float64)).max(initial=0.0))
-    node = _code_values(np.asarray(candidate[judged.candidate]), dtype)
-    smaller = np.where(np.sign(node) == np.sign(codes), np.minimum(np.abs(node), np.abs(codes)), 0.0)
-    steps = np.ceil(drift * table / (scale * _grid_spacing(smaller, dtype))) + 1
+    steps = np.ceil(drift * table / grid[1]) + 1
     return np.where(rows, steps, 0).astype(np.int64)
+
+
+def _rsqrt_steps(
+    judged: JudgedOutput, stage: JudgedOutput, candidate: Mapping[str, np.ndarray], original: Mapping[str, np.ndarray]
+) -> np.ndarray:
+    """For a stage after a part's rsqrt `stage` (its normalised stage, a product): the steps of its grid a code may
+    move beyond `PRODUCT_STEPS` because a row's r' moved. Every value of a row is proportional to its r', so a
+    relative move ρ of r' (the largest of any row) moves a value v by at most |v|·ρ, with |v| at most the original's
+    DQ value plus a step: that many steps at the smaller of the two codes, plus one for the two roundings; none where
+    no r' moved. Unbounded where the scale cannot be read off the codes (every code 0) or an r' of 0 moved."""
+    ours = np.asarray(candidate[stage.dequantized or ""]).astype(np.float64)
+    theirs = np.asarray(original[stage.original_dequantized or ""]).astype(np.float64)
+    shape = np.asarray(original[judged.tensor]).shape
+    if ours.size != theirs.size:
+        return np.full(shape, _UNBOUNDED)
+    ours, theirs = ours.reshape(-1), theirs.reshape(-1)
+    moved = ours != theirs
+    if not moved.any():
+        return np.zeros(shape, dtype=np.int64)
+    grid = _grid(judged, candidate, original)
+    if grid is None or (theirs[moved] == 0).any():
+        return np.full(shape, _UNBOUNDED)
+    rho = float((np.abs(ours[moved] - theirs[moved]) / np.abs(theirs[moved])).max())
+    dequantized, spacing = grid
+    return (np.ceil((np.abs(dequantized) + spacing) * rho / spacing) + 1).astype(np.int64)
 
 
 def _grid_spacing(magnitudes: np.ndarray, dtype: str) -> np.ndarray:
@@ -556,10 +616,13 @@ def _steps(judged: JudgedOutput, moved_codes: np.ndarray, original: np.ndarray, 
     dtype = judged.code_dtype or ""
     node, theirs = _code_values(moved_codes, dtype), _code_values(original, dtype)
     distance = np.abs(_ordinals(node, dtype) - _ordinals(theirs, dtype))
+    if not distance.size:
+        return StepCheck(0)
     allowed = np.broadcast_to(PRODUCT_STEPS + (0 if extra is None else extra), distance.shape)
     beyond = distance - allowed
-    if not distance.size or beyond.max() <= 0:
-        return StepCheck(int(np.where(allowed == PRODUCT_STEPS, distance, 0).max(initial=0)))
+    if beyond.max() <= 0:
+        farthest = np.unravel_index(int(np.argmax(distance)), distance.shape)
+        return StepCheck(int(distance[farthest]), allowed=int(allowed[farthest]))
     index = tuple(int(position) for position in np.unravel_index(int(np.argmax(beyond)), distance.shape))
     return StepCheck(int(distance[index]), index, float(node[index]), float(theirs[index]), int(allowed[index]))
 
@@ -580,9 +643,7 @@ def _codes(
         moved = codes.size
     else:
         moved = int((_code_values(moved_codes, dtype) != _code_values(original, dtype)).sum())
-        # A row's r' a step away moves every code of the row: judged as values only.
-        stepped = judged.is_stage and not judged.rsqrt_quantized
-        steps = _steps(judged, moved_codes, original, extra) if stepped else None
+        steps = _steps(judged, moved_codes, original, extra) if judged.is_stage else None
     if codes.shape != expected.shape:
         return CodeCheck(dtype, quantizer, codes.size, codes.size, moved, steps=steps)
     wrong = ~_same_codes(codes, expected)

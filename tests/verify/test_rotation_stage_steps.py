@@ -1,7 +1,9 @@
-"""A rotation's product stage in a head row where the normalised stage before it moved (ModelOpt's INT8 Gemma3:
-`y -> Q -> DQ -> the rotation`, each product quantized again): the product's codes may move as far as the
-normalised value's move times the table allows, and no further. Before, such rows were not step-judged at all, so a
-product wrong only there (and the rotated output, whose bound sums the products' moves) passed `check`."""
+"""How far a rotation stage's codes may move from the original's where a stage before it moved. After a normalised
+stage (ModelOpt's INT8 Gemma3: `y -> Q -> DQ -> the rotation`, each product quantized again), in a head row where a
+normalised code moved: as far as that move times the table allows. After an rsqrt stage (its INT8 OLMo2: r' per
+row through a pair), wherever a row's r' moved: as far as the largest relative move of r' allows. No further in
+either: before, such codes were not step-judged at all, so a product wrong only there (and the rotated output, whose
+bound sums the products' moves) passed `check`."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from trtfuse.verify.node_verdict import (
     PRODUCT_STEPS,
     StepCheck,
     _codes,
+    _extra_steps,
     _grid_spacing,
-    _moved_row_steps,
     _normalised_moved,
 )
 
@@ -49,9 +51,7 @@ def _arrays(normalised_move: int, product_move: int) -> tuple[dict, dict]:
 
 
 def _steps_check(product: JudgedOutput, candidate: dict, original: dict) -> StepCheck:
-    moved = _normalised_moved(product, candidate, original)
-    assert product.normalised is not None and moved is not None
-    extra = _moved_row_steps(product, product.normalised, moved, candidate, original)
+    extra = _extra_steps(product, _normalised_moved(product, candidate, original), candidate, original)
     codes = _codes(product, candidate, original["p_codes"], extra)
     assert codes.steps is not None
     assert codes.to_json()["steps_allowed"] == codes.steps.allowed
@@ -61,7 +61,8 @@ def _steps_check(product: JudgedOutput, candidate: dict, original: dict) -> Step
 def test_a_product_in_a_moved_row_may_move_as_far_as_the_normalised_move_allows() -> None:
     # One normalised step times cos 0.9 is under one product step: 1 + 1 more steps, 3 in all.
     check = _steps_check(_product(), *_arrays(normalised_move=1, product_move=3))
-    assert check.passed and check.steps <= PRODUCT_STEPS
+    assert check.passed and (check.steps, check.allowed) == (3, 3)
+    assert check.text() == "at most 3 steps from the original's (where a stage before it moved)"
 
 
 def test_a_product_wrong_only_in_a_moved_row_fails_naming_the_code() -> None:
@@ -69,7 +70,7 @@ def test_a_product_wrong_only_in_a_moved_row_fails_naming_the_code() -> None:
     assert not check.passed
     assert (check.steps, check.index, check.allowed) == (9, (1, 0), 3)
     assert "a code 9 steps from the original's at [1, 0]" in check.text()
-    assert "may move 3 steps there, where its normalised value moved" in check.text()
+    assert "may move 3 steps there, where a stage before it moved" in check.text()
 
 
 def test_a_larger_normalised_move_allows_a_larger_product_move() -> None:
@@ -93,3 +94,41 @@ def test_the_e4m3_grid_spacing_is_its_binade_s_and_the_subnormals_below_it() -> 
     expected = [2.0**-9, 2.0**-9, 2.0**-9, 0.125, 0.125, 32.0]
     assert _grid_spacing(magnitudes, "float8e4m3fn").tolist() == expected
     assert _grid_spacing(magnitudes, "int8").tolist() == [1.0] * 6
+
+
+RSQRT = JudgedOutput(
+    "r_codes", "r", "node_r_codes", "node_r", "r_q", "int8", "node_r_raw", "node_r_requantized", "node_r",
+    "node_r_dq", "r_dq",
+)  # fmt: skip
+
+
+def _after_rsqrt(r_move: float, product_move: int) -> tuple[JudgedOutput, dict, dict]:
+    """A product after an rsqrt stage: row 2's r' moved by `r_move` (relative), the product code at [1, 0] (60, a
+    value of 1.2) `product_move` steps; every other code the original's."""
+    product = JudgedOutput(
+        "p_codes", "p", "node_p_codes", "node_p", "p_q", "int8", "node_p_raw", "node_p_requantized", "node_p",
+        "node_p_dq", "p_dq", rsqrt=RSQRT,
+    )  # fmt: skip
+    r = np.linspace(0.5, 2.0, ROWS)[:, None]
+    node_r = r.copy()
+    node_r[2] *= 1 + r_move
+    p = np.zeros((ROWS, HEAD), dtype=np.float32)
+    p[1, 0] = 60
+    node_p = p.copy()
+    node_p[1, 0] += product_move
+    original = {"r_dq": r, "p_codes": p, "p_dq": p * SCALE}
+    candidate = {"node_r_dq": node_r, "node_p_codes": node_p, "node_p_raw": node_p, "node_p_requantized": node_p}
+    return product, candidate, original
+
+
+def test_after_an_rsqrt_stage_a_code_may_move_as_far_as_the_largest_relative_move_of_r_allows() -> None:
+    # r' 1 % off: (1.2 + one step) x 1 % is under one step, so 1 + 1 more: 3 steps in all, everywhere in the part.
+    assert _steps_check(*_after_rsqrt(r_move=0.01, product_move=3)).passed
+    check = _steps_check(*_after_rsqrt(r_move=0.01, product_move=4))
+    assert not check.passed and (check.steps, check.index, check.allowed) == (4, (1, 0), 3)
+
+
+def test_after_an_rsqrt_stage_no_r_moved_allows_one_step() -> None:
+    assert _steps_check(*_after_rsqrt(r_move=0.0, product_move=1)).passed
+    check = _steps_check(*_after_rsqrt(r_move=0.0, product_move=2))
+    assert not check.passed and check.allowed == PRODUCT_STEPS
