@@ -399,7 +399,7 @@ def _products(
         return ()
     pairs = _rotation_pairs(value, source)
     stages = (contract.QuantStage.COS_PRODUCT, contract.QuantStage.SIN_PRODUCT)
-    activation = plugin.node.input[plugin.op.activation_parts.index(plugin.op.output_parts[position])]
+    activation = plugin.output_activations[position][1]
     return tuple(
         replace(
             _stage_output(plugin, position, stage, pairs[stage], movers, copy, after, source, target),
@@ -469,27 +469,24 @@ def _normalised(
     QuantizeLinear on the norm's y reads (the pair stands before any layout op, so in the node's own layout); None
     where the part has none. The pair is the first one up from the rotation's sum (the original's `value`), past
     the products' pairs, whose QuantizeLinear reads a value computed from the part's activation."""
-    part = plugin.op.output_parts[position]
-    quant = plugin.fields.part_quant(part)
+    quant = plugin.fields.part_quant(plugin.op.output_parts[position])
     if quant is None or quant.normalised is None:
         return None
-    activation = plugin.node.input[plugin.op.activation_parts.index(part)]
+    activation = plugin.output_activations[position][1]
     products = () if quant.cos_product is None else _rotation_pairs(value, source).values()
     passed = {id(node) for pair in products for node in pair}
-    frontier: list[str] = [value]
-    for _ in range(_STAGE_DEPTH):
-        producers = [node for node in (source.producers.get(name) for name in frontier) if node is not None]
-        for node in producers:
-            quantize = source.producers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
-            if id(node) in passed or quantize is None or quantize.op_type != "QuantizeLinear":
-                continue
-            if _computed_from(quantize.input[0], activation, source):
-                stage = contract.QuantStage.NORMALISED
-                return _stage_output(plugin, position, stage, (quantize, node), [], copy, after, source, source)
-        frontier = list(dict.fromkeys(name for node in producers for name in node.input if name))
-    raise _Unjudged(
-        f"no QuantizeLinear -> DequantizeLinear pair on the norm's output leads to the original's '{value}'"
+    pair = _pair_above(
+        value,
+        source,
+        _STAGE_DEPTH,
+        lambda dequantize, reads: id(dequantize) not in passed and _computed_from(reads, activation, source),
     )
+    if pair is None:
+        raise _Unjudged(
+            f"no QuantizeLinear -> DequantizeLinear pair on the norm's output leads to the original's '{value}'"
+        )
+    stage = contract.QuantStage.NORMALISED
+    return _stage_output(plugin, position, stage, pair, [], copy, after, source, source)
 
 
 def _rsqrt(
@@ -500,24 +497,36 @@ def _rsqrt(
     the part has none (or the node no rotation: its outputs are judged bit for bit or as values, not in steps). The
     pair is the one up from the rotation's sum (the original's `value`) whose QuantizeLinear reads a value computed
     from the part's activation only through a reduction."""
-    part = plugin.op.output_parts[position]
-    quant = plugin.fields.part_quant(part)
+    quant = plugin.fields.part_quant(plugin.op.output_parts[position])
     if plugin.fields.rotary is None or quant is None or quant.rsqrt is None:
         return None
-    activation = plugin.node.input[plugin.op.activation_parts.index(part)]
+    activation = plugin.output_activations[position][1]
+
+    def on_the_root(_dequantize: onnx.NodeProto, reads: str) -> bool:
+        return _computed_from(reads, activation, source) and not _computed_from(reads, activation, source, _REDUCTIONS)
+
+    pair = _pair_above(value, source, 4 * _STAGE_DEPTH, on_the_root)
+    if pair is None:
+        raise _Unjudged(
+            f"no QuantizeLinear -> DequantizeLinear pair on the inverse root leads to the original's '{value}'"
+        )
+    return _stage_output(plugin, position, contract.QuantStage.RSQRT, pair, [], copy, after, source, source)
+
+
+def _pair_above(
+    value: str, source: _Graph, depth: int, accept: Callable[[onnx.NodeProto, str], bool]
+) -> tuple[onnx.NodeProto, onnx.NodeProto] | None:
+    """The first QuantizeLinear -> DequantizeLinear pair of the original within `depth` ops up from `value` (breadth
+    first) that `accept`s (given the DequantizeLinear and what its QuantizeLinear reads); None where none does."""
     frontier: list[str] = [value]
-    for _ in range(4 * _STAGE_DEPTH):
+    for _ in range(depth):
         producers = [node for node in (source.producers.get(name) for name in frontier) if node is not None]
         for node in producers:
             quantize = source.producers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
-            if quantize is None or quantize.op_type != "QuantizeLinear":
-                continue
-            reads = quantize.input[0]
-            if _computed_from(reads, activation, source) and not _computed_from(reads, activation, source, _REDUCTIONS):
-                stage = contract.QuantStage.RSQRT
-                return _stage_output(plugin, position, stage, (quantize, node), [], copy, after, source, source)
+            if quantize is not None and quantize.op_type == "QuantizeLinear" and accept(node, quantize.input[0]):
+                return quantize, node
         frontier = list(dict.fromkeys(name for node in producers for name in node.input if name))
-    raise _Unjudged(f"no QuantizeLinear -> DequantizeLinear pair on the inverse root leads to the original's '{value}'")
+    return None
 
 
 def _rotation_pairs(value: str, source: _Graph) -> dict[contract.QuantStage, tuple[onnx.NodeProto, onnx.NodeProto]]:
